@@ -1,0 +1,219 @@
+"""Read and write the trace formats of CONTRACTS.md: NODES.csv, JOBS.csv, QUOTAS.csv.
+
+Bad rows raise :class:`TraceError` naming the file, the line and the column, so a user can fix them.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from scheduling.engine.types import KINDS, TOPOLOGIES, JobRequest, NodeSpec, QuotaSpec
+
+NODE_COLUMNS = (
+    "node,rack,gpus,model,gpu_memory_gib,nvlink_domain,cpus,memory_gib,price_per_gpu_hour".split(",")
+)
+JOB_COLUMNS = (
+    "job,tenant,kind,submit_s,duration_s,gpus,replicas,model,priority,preemptible,"
+    "time_limit_s,cpus,memory_gib"
+).split(",")
+JOB_OPTIONAL = (
+    "topology,min_gpus,max_gpus,checkpoint_s,grace_s,min_available,node_selector".split(",")
+)
+QUOTA_COLUMNS = "tenant,model,guaranteed,limit,weight".split(",")
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be read; the message names file, line and column."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceJob:
+    """A job of JOBS.csv: the engine's request plus what only the simulator knows."""
+
+    request: JobRequest
+    submit_s: float
+    duration_s: float | None  # work to do on the GPUs asked for; None in some pack files
+
+
+def parse_labels(text: str) -> tuple[tuple[str, str], ...]:
+    """``k:v;k:v`` → sorted pairs. Raises ValueError on an entry without ``:``."""
+    pairs = []
+    for item in (text or "").split(";"):
+        item = item.strip()
+        if not item:
+            continue
+        key, sep, value = item.partition(":")
+        if not sep or not key:
+            raise ValueError(f"label {item!r} is not key:value")
+        pairs.append((key.strip(), value.strip()))
+    return tuple(sorted(pairs))
+
+
+def _rows(path: Path, required: Iterable[str]) -> Iterable[tuple[int, dict[str, str]]]:
+    with open(path, newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        header = reader.fieldnames or []
+        missing = [c for c in required if c not in header]
+        if missing:
+            raise TraceError(f"{path}: missing column(s) {', '.join(missing)}")
+        for lineno, row in enumerate(reader, start=2):
+            yield lineno, {k: (v or "").strip() for k, v in row.items() if k is not None}
+
+
+class _Field:
+    """Typed access to one CSV row with errors that say where."""
+
+    def __init__(self, path: Path, lineno: int, row: dict[str, str]):
+        self.path, self.lineno, self.row = path, lineno, row
+
+    def fail(self, column: str, why: str) -> TraceError:
+        value = self.row.get(column, "")
+        return TraceError(f"{self.path}:{self.lineno}: column {column!r} = {value!r}: {why}")
+
+    def text(self, column: str, default: str = "") -> str:
+        return self.row.get(column, "") or default
+
+    def number(self, column: str, default: float | None = None, minimum: float = 0.0) -> float:
+        raw = self.row.get(column, "")
+        if raw == "":
+            if default is None:
+                raise self.fail(column, "a number is required")
+            return default
+        try:
+            value = float(raw)
+        except ValueError:
+            raise self.fail(column, "not a number") from None
+        if value != value or value < minimum:
+            raise self.fail(column, f"must be >= {minimum:g}")
+        return value
+
+    def optional(self, column: str) -> float | None:
+        return None if self.row.get(column, "") == "" else self.number(column)
+
+    def integer(self, column: str, default: int | None = None, minimum: int = 0) -> int:
+        value = self.number(column, None if default is None else float(default), minimum)
+        if value != int(value):
+            raise self.fail(column, "must be a whole number")
+        return int(value)
+
+    def boolean(self, column: str, default: bool) -> bool:
+        raw = self.row.get(column, "").lower()
+        if raw == "":
+            return default
+        if raw in ("true", "1", "yes"):
+            return True
+        if raw in ("false", "0", "no"):
+            return False
+        raise self.fail(column, "must be true or false")
+
+    def labels(self, column: str) -> tuple[tuple[str, str], ...]:
+        try:
+            return parse_labels(self.row.get(column, ""))
+        except ValueError as exc:
+            raise self.fail(column, str(exc)) from None
+
+
+def read_nodes(path: str | Path) -> list[NodeSpec]:
+    path = Path(path)
+    nodes: list[NodeSpec] = []
+    seen: set[str] = set()
+    for lineno, row in _rows(path, NODE_COLUMNS):
+        f = _Field(path, lineno, row)
+        name = f.text("node")
+        if not name:
+            raise f.fail("node", "a node name is required")
+        if name in seen:
+            raise f.fail("node", "duplicate node name")
+        seen.add(name)
+        rack = f.text("rack", "default")
+        gpus = f.integer("gpus")
+        domain = f.integer("nvlink_domain", default=1, minimum=1)
+        labels = dict(f.labels("labels"))
+        labels["rack"] = rack
+        nodes.append(
+            NodeSpec(
+                name=name,
+                rack=rack,
+                model=f.text("model"),
+                gpus=gpus,
+                nvlink_domain=min(domain, gpus) if gpus else 1,
+                cpus=f.number("cpus", 0.0),
+                memory_gib=f.number("memory_gib", 0.0),
+                price_per_gpu_hour=f.number("price_per_gpu_hour", 0.0),
+                kind=f.text("kind", "gpu"),
+                labels=tuple(sorted(labels.items())),
+            )
+        )
+    return nodes
+
+
+def read_jobs(path: str | Path) -> list[TraceJob]:
+    path = Path(path)
+    jobs: list[TraceJob] = []
+    for lineno, row in _rows(path, JOB_COLUMNS):
+        f = _Field(path, lineno, row)
+        job_id = f.text("job")
+        if not job_id:
+            raise f.fail("job", "a job id is required")
+        kind = f.text("kind", "batch")
+        if kind not in KINDS:
+            raise f.fail("kind", f"must be one of {', '.join(KINDS)}")
+        topology = f.text("topology", "any")
+        if topology not in TOPOLOGIES:
+            raise f.fail("topology", f"must be one of {', '.join(TOPOLOGIES)}")
+        gpus = f.number("gpus", 1.0)
+        replicas = f.integer("replicas", default=1, minimum=1)
+        if 0 < gpus < 1 and replicas != 1:
+            raise f.fail("replicas", "a fractional job has exactly one replica")
+        if gpus >= 1 and gpus != int(gpus):
+            raise f.fail("gpus", "above 1 a GPU count is a whole number")
+        min_gpus = f.optional("min_gpus")
+        max_gpus = f.optional("max_gpus")
+        min_available = f.optional("min_available")
+        request = JobRequest(
+            id=job_id,
+            tenant=f.text("tenant", "default"),
+            kind=kind,
+            gpus=gpus,
+            replicas=replicas,
+            min_available=int(min_available) if min_available is not None else None,
+            accelerators=tuple(m for m in f.text("model").split("|") if m),
+            topology=topology,
+            priority=f.integer("priority", default=0, minimum=-(10**9)),
+            preemptible=f.boolean("preemptible", kind != "inference"),
+            grace_s=f.number("grace_s", 30.0),
+            checkpoint_s=f.optional("checkpoint_s"),
+            time_limit_s=f.optional("time_limit_s"),
+            cpus=f.number("cpus", 0.0),
+            memory_gib=f.number("memory_gib", 0.0),
+            node_selector=f.labels("node_selector"),
+            elastic_min_gpus=int(min_gpus) if min_gpus is not None else None,
+            elastic_max_gpus=int(max_gpus) if max_gpus is not None else None,
+            submitted_at=f.number("submit_s", 0.0),
+        )
+        jobs.append(TraceJob(request, request.submitted_at, f.optional("duration_s")))
+    return jobs
+
+
+def read_quotas(path: str | Path) -> list[QuotaSpec]:
+    path = Path(path)
+    quotas: list[QuotaSpec] = []
+    for lineno, row in _rows(path, QUOTA_COLUMNS):
+        f = _Field(path, lineno, row)
+        guaranteed = f.number("guaranteed", 0.0)
+        limit = f.number("limit", guaranteed)
+        if limit < guaranteed:
+            raise f.fail("limit", "must be at least the guaranteed amount")
+        quotas.append(
+            QuotaSpec(
+                tenant=f.text("tenant"),
+                model=f.text("model", "*"),
+                guaranteed=guaranteed,
+                limit=limit,
+                weight=f.number("weight", 1.0),
+            )
+        )
+    return quotas
