@@ -1,0 +1,115 @@
+"""Typed helpers for env-driven settings: each fails loudly, naming the variable, on a bad value."""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import urlparse
+
+
+class ImproperlyConfiguredEnv(RuntimeError):
+    """A setting's environment variable holds a value that cannot be used."""
+
+
+def env_str(name: str, default: str = "") -> str:
+    return os.environ.get(name, default)
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ImproperlyConfiguredEnv(f"{name}={raw!r}: expected true/false, 1/0, yes/no or on/off")
+
+
+def env_int(name: str, default: int, minimum: int | None = None) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ImproperlyConfiguredEnv(f"{name}={raw!r}: expected an integer") from None
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfiguredEnv(f"{name}={raw!r}: must be at least {minimum}")
+    return value
+
+
+def env_float(name: str, default: float, minimum: float | None = None) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ImproperlyConfiguredEnv(f"{name}={raw!r}: expected a number") from None
+    if value != value or (minimum is not None and value < minimum):
+        raise ImproperlyConfiguredEnv(f"{name}={raw!r}: must be a number >= {minimum}")
+    return value
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def env_url(name: str, schemes: tuple[str, ...]) -> str:
+    """An optional URL: '' when unset; otherwise it must parse and use one of ``schemes``."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return ""
+    parsed = urlparse(raw)
+    if parsed.scheme not in schemes or not (parsed.netloc or parsed.path):
+        raise ImproperlyConfiguredEnv(
+            f"{name}={raw!r}: expected a URL starting with {' or '.join(s + '://' for s in schemes)}"
+        )
+    return raw
+
+
+def env_secret(name: str, dev_default: str, debug: bool) -> str:
+    """A secret: required outside debug mode, so production never runs on the dev default."""
+    raw = os.environ.get(name, "")
+    if raw:
+        return raw
+    if not debug:
+        raise ImproperlyConfiguredEnv(f"{name} must be set when TESSERA_DEBUG is off")
+    return dev_default
+
+
+def database_from_url(url: str, base_dir: os.PathLike[str] | str) -> dict[str, object]:
+    """Django DATABASES['default'] from DATABASE_URL ('' = the embedded SQLite file)."""
+    if not url:
+        return {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": os.path.join(base_dir, "var", "tessera.sqlite3"),
+            "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
+        }
+    parsed = urlparse(url)
+    if parsed.scheme == "sqlite":
+        return {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": parsed.path or os.path.join(base_dir, "var", "tessera.sqlite3"),
+            "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
+        }
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": parsed.path.lstrip("/") or "tessera",
+        "USER": parsed.username or "postgres",
+        "PASSWORD": parsed.password or "",
+        "HOST": parsed.hostname or "127.0.0.1",
+        "PORT": str(parsed.port or 5432),
+        "CONN_MAX_AGE": 0,
+        "TEST": {"NAME": "test_" + (parsed.path.lstrip("/") or "tessera")},
+    }
+
+
+def redis_db_url(url: str, db: int) -> str:
+    """The same Redis server, another logical database (broker, layer and results stay apart)."""
+    parsed = urlparse(url)
+    return parsed._replace(path=f"/{db}").geturl()

@@ -1,0 +1,165 @@
+"""Tessera's one settings module, driven by the environment.
+
+Unset, everything runs embedded (SQLite, in-memory channel layer, passes in-process). Setting
+``DATABASE_URL``, ``REDIS_URL`` and ``PROMETHEUS_URL`` switches each part to the real service.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from controlplane.env import (
+    database_from_url,
+    env_bool,
+    env_float,
+    env_int,
+    env_list,
+    env_secret,
+    env_url,
+    redis_db_url,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = BASE_DIR / "var"
+
+DEBUG = env_bool("TESSERA_DEBUG", True)
+SECRET_KEY = env_secret("TESSERA_SECRET_KEY", "insecure-dev-key-change-me-" + "x" * 24, DEBUG)
+ALLOWED_HOSTS = env_list("TESSERA_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env_list("TESSERA_CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "django_filters",
+    "drf_spectacular",
+    "channels",
+    "scheduling",
+    "monitoring",
+    "frontend",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "controlplane.urls"
+ASGI_APPLICATION = "controlplane.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASE_URL = env_url("DATABASE_URL", ("postgres", "postgresql", "sqlite"))
+DATABASES = {"default": database_from_url(DATABASE_URL, BASE_DIR)}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = env_url("REDIS_URL", ("redis", "rediss"))
+PROMETHEUS_URL = env_url("PROMETHEUS_URL", ("http", "https"))
+
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [redis_db_url(REDIS_URL, env_int("TESSERA_REDIS_LAYER_DB", 1))]},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+# Celery: used only when Redis is configured; the embedded default runs passes in-process.
+CELERY_BROKER_URL = redis_db_url(REDIS_URL, env_int("TESSERA_REDIS_BROKER_DB", 0)) if REDIS_URL else ""
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_ALWAYS_EAGER = False
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/login/"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATIC_ROOT = VAR_DIR / "static"
+
+# Largest request body accepted (bytes); above it the API answers 413.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("TESSERA_MAX_BODY_BYTES", 1_048_576, minimum=1024)
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 100,
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "scheduling.api.errors.exception_handler",
+    "DEFAULT_PARSER_CLASSES": ["scheduling.api.parsers.StrictJSONParser"],
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Tessera API",
+    "DESCRIPTION": "Submit and watch GPU jobs; inspect nodes, tenants and quotas.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": "WARNING"},
+    "loggers": {"tessera": {"level": "INFO" if DEBUG else "WARNING"}},
+}
+
+# --- Tessera's own knobs ------------------------------------------------------------------------
+TESSERA = {
+    # The scheduling pass: in-process loop in the embedded default, Celery beat with Redis.
+    "EMBEDDED_PASSES": not REDIS_URL or env_bool("TESSERA_EMBEDDED_PASSES", False),
+    "PASS_INTERVAL_S": env_float("TESSERA_PASS_INTERVAL_S", 5.0, minimum=0.1),
+    "MAX_STARTS_PER_PASS": env_int("TESSERA_MAX_STARTS_PER_PASS", 2000, minimum=1),
+    "MAX_JOB_GPUS": env_int("TESSERA_MAX_JOB_GPUS", 4096, minimum=1),
+    "LOG_CAP_BYTES": env_int("TESSERA_LOG_CAP_BYTES", 4 * 1024 * 1024, minimum=1024),
+    "HEARTBEAT_TIMEOUT_S": env_float("TESSERA_HEARTBEAT_TIMEOUT_S", 30.0, minimum=1.0),
+    "LEASE_S": env_float("TESSERA_LEASE_S", 60.0, minimum=1.0),
+    "IDEMPOTENCY_TTL_S": env_int("TESSERA_IDEMPOTENCY_TTL_S", 24 * 3600, minimum=60),
+    "RETRY_BACKOFF_S": env_float("TESSERA_RETRY_BACKOFF_S", 10.0, minimum=0.0),
+}

@@ -1,0 +1,291 @@
+"""Tessera's data: tenants and quotas, nodes and devices, jobs, their allocations and history.
+
+Models hold data and derived read-only properties; every write path is in ``scheduling.services``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from scheduling.choices import (
+    QUEUE_LEVEL_NAMES,
+    EventType,
+    JobKind,
+    JobState,
+    NodeState,
+    PendingCode,
+    Topology,
+)
+
+
+def hash_secret(raw: str) -> str:
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def new_secret() -> str:
+    return secrets.token_urlsafe(32)
+
+
+class TenantQuerySet(models.QuerySet["Tenant"]):
+    def visible_to(self, user) -> TenantQuerySet:
+        if not getattr(user, "is_authenticated", False):
+            return self.none()
+        if user.is_staff:
+            return self.all()
+        return self.filter(members__user=user)
+
+
+class Tenant(models.Model):
+    name = models.SlugField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = TenantQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Membership(models.Model):
+    """A user's tenant. Operators (staff) have none and see everything."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="membership"
+    )
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="members")
+
+    def __str__(self) -> str:
+        return f"{self.user} @ {self.tenant}"
+
+
+class Quota(models.Model):
+    """GPUs guaranteed to and usable by a tenant on one model (``*`` = any model without a row)."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="quotas")
+    model = models.CharField(max_length=64)
+    guaranteed = models.FloatField(default=0)
+    limit = models.FloatField(default=0)
+    weight = models.FloatField(default=1.0)
+
+    class Meta:
+        ordering = ["tenant__name", "model"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "model"], name="one_quota_per_tenant_model"),
+            models.CheckConstraint(condition=Q(limit__gte=models.F("guaranteed")), name="limit_ge_guaranteed"),
+            models.CheckConstraint(condition=Q(guaranteed__gte=0), name="guaranteed_nonnegative"),
+            models.CheckConstraint(condition=Q(weight__gt=0), name="weight_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant}:{self.model} {self.guaranteed:g}/{self.limit:g}"
+
+
+class JoinToken(models.Model):
+    """Made by an operator; an agent presents it once to register and get its own credential."""
+
+    name = models.CharField(max_length=64, blank=True)
+    token_hash = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked = models.BooleanField(default=False)
+
+    def __str__(self) -> str:
+        return self.name or f"join token {self.pk}"
+
+
+class Node(models.Model):
+    name = models.CharField(max_length=128, unique=True)
+    rack = models.CharField(max_length=64, default="default")
+    kind = models.CharField(max_length=16, default="gpu")
+    labels = models.JSONField(default=dict, blank=True)
+    taints = models.JSONField(default=list, blank=True)
+    state = models.CharField(max_length=16, choices=NodeState.choices, default=NodeState.READY)
+    nvlink_domain = models.PositiveIntegerField(default=1)
+    cpus = models.FloatField(default=0)
+    memory_gib = models.FloatField(default=0)
+    price_per_gpu_hour = models.FloatField(default=0)
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    credential_hash = models.CharField(max_length=64, unique=True, null=True, blank=True)
+    metrics_url = models.CharField(max_length=256, blank=True)
+    # Bumped on every allocation change: the pass's version check against stale decisions.
+    version = models.PositiveBigIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Device(models.Model):
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="devices")
+    index = models.PositiveIntegerField()
+    uuid = models.CharField(max_length=128)
+    model = models.CharField(max_length=64)
+    memory_gib = models.FloatField(default=0)
+    nvlink_island = models.PositiveIntegerField(default=0)
+    healthy = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["node__name", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["node", "index"], name="one_device_per_node_index"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node.name}/{self.index} {self.model}"
+
+
+class JobQuerySet(models.QuerySet["Job"]):
+    def visible_to(self, user) -> JobQuerySet:
+        """The one place tenant scoping lives: operators see all, others their tenant's jobs."""
+        return self.filter(tenant__in=Tenant.objects.visible_to(user))
+
+
+class Job(models.Model):
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="jobs")
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="jobs"
+    )
+    name = models.CharField(max_length=128)
+    kind = models.CharField(max_length=16, choices=JobKind.choices)
+    command = models.JSONField()
+    gpus = models.FloatField(default=1)
+    replicas = models.PositiveIntegerField(default=1)
+    min_available = models.PositiveIntegerField(default=1)
+    accelerators = models.JSONField(default=list, blank=True)
+    topology = models.CharField(max_length=8, choices=Topology.choices, default=Topology.ANY)
+    priority = models.IntegerField(default=0)
+    preemptible = models.BooleanField(default=True)
+    grace_seconds = models.PositiveIntegerField(default=30)
+    checkpoint_seconds = models.PositiveIntegerField(null=True, blank=True)
+    time_limit_seconds = models.PositiveIntegerField(null=True, blank=True)
+    cpus = models.FloatField(default=0)
+    memory_gib = models.FloatField(default=0)
+    env = models.JSONField(default=dict, blank=True)
+    node_selector = models.JSONField(default=dict, blank=True)
+    max_retries = models.PositiveIntegerField(default=0)
+    elastic_min_gpus = models.PositiveIntegerField(null=True, blank=True)
+    elastic_max_gpus = models.PositiveIntegerField(null=True, blank=True)
+
+    state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING)
+    queue_level = models.PositiveSmallIntegerField(default=2)
+    pending_reason = models.TextField(null=True, blank=True)
+    pending_code = models.CharField(max_length=16, choices=PendingCode.choices, null=True, blank=True)
+    estimated_start = models.DateTimeField(null=True, blank=True)
+    submitted_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    exit_code = models.IntegerField(null=True, blank=True)
+    not_before = models.DateTimeField(null=True, blank=True)  # retry backoff
+    stop_reason = models.CharField(max_length=64, blank=True)  # why it is terminating
+    stop_deadline = models.DateTimeField(null=True, blank=True)  # end of the grace period
+    last_checkpoint_at = models.DateTimeField(null=True, blank=True)
+    log_bytes = models.PositiveBigIntegerField(default=0)
+    log_truncated = models.BooleanField(default=False)
+
+    objects = JobQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [
+            models.Index(fields=["state", "queue_level"]),
+            models.Index(fields=["tenant", "state"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.pk} {self.name} ({self.state})"
+
+    @property
+    def queue_level_name(self) -> str:
+        return QUEUE_LEVEL_NAMES.get(self.queue_level, str(self.queue_level))
+
+    @property
+    def is_elastic(self) -> bool:
+        return self.elastic_min_gpus is not None
+
+
+class Allocation(models.Model):
+    """One replica's use of one device: ``share_milli`` of 1000 (fractions are shares of one GPU).
+
+    Active while ``released_at`` is null; kept afterwards as history.
+    """
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="allocations")
+    device = models.ForeignKey(Device, on_delete=models.PROTECT, related_name="allocations")
+    replica = models.PositiveIntegerField(default=0)
+    share_milli = models.PositiveIntegerField(default=1000)
+    attempt = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["job_id", "replica", "device__index"]
+        indexes = [models.Index(fields=["device", "released_at"])]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(share_milli__gte=1) & Q(share_milli__lte=1000), name="share_in_range"
+            ),
+        ]
+
+    @property
+    def share(self) -> float:
+        return self.share_milli / 1000
+
+
+class JobEvent(models.Model):
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    type = models.CharField(max_length=16, choices=EventType.choices)
+    at = models.DateTimeField()
+    reason = models.CharField(max_length=256, blank=True)
+    allocations = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["job_id", "at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} {self.type} @ {self.at:%H:%M:%S}"
+
+
+class LogChunk(models.Model):
+    """A piece of a job's output; offsets are bytes from the start of the replica's log."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="log_chunks")
+    replica = models.PositiveIntegerField(default=0)
+    offset = models.PositiveBigIntegerField()
+    data = models.BinaryField()
+
+    class Meta:
+        ordering = ["job_id", "replica", "offset"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "replica", "offset"], name="one_chunk_per_offset"),
+        ]
+
+
+class IdempotencyKey(models.Model):
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE)
+    key = models.CharField(max_length=255)
+    body_hash = models.CharField(max_length=64)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "key"], name="one_key_per_user")]
+
+
+class SchedulerState(models.Model):
+    """One row: the cluster-wide version the pass checks, and the last pass's record."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    last_pass_at = models.DateTimeField(null=True, blank=True)
+    last_pass_seconds = models.FloatField(default=0)
+    last_pass_decisions = models.JSONField(default=dict, blank=True)

@@ -1,0 +1,245 @@
+"""Write paths of a job's life: submit, cancel, and every state change with its event.
+
+``do_transition`` is the one function that changes a job's state: it checks the state machine,
+records the event and publishes the change after commit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from scheduling.choices import HOLDING_STATES, QUEUE_LEVELS, TERMINAL_STATES, EventType, JobState
+from scheduling.models import Allocation, Device, IdempotencyKey, Job, JobEvent, Node
+from scheduling.services import live
+from scheduling.states import check_transition
+
+
+class IdempotencyConflict(Exception):
+    """The same Idempotency-Key was used with another body."""
+
+
+def allocations_payload(allocs) -> list[dict[str, Any]]:
+    """Allocation rows → the contract's ``[{"node", "gpus", "share", "replica"}]``."""
+    grouped: dict[tuple[int, str, int], list[int]] = {}
+    for a in sorted(allocs, key=lambda a: (a.replica, a.device.node.name, a.device.index)):
+        grouped.setdefault((a.replica, a.device.node.name, a.share_milli), []).append(a.device.index)
+    return [
+        {"node": node, "gpus": gpus, "share": share / 1000, "replica": replica}
+        for (replica, node, share), gpus in grouped.items()
+    ]
+
+
+def active_allocations_of(job: Job):
+    return job.allocations.filter(released_at__isnull=True).select_related("device", "device__node")
+
+
+def record_event(job: Job, type_: str, reason: str = "", allocations=None, at: datetime | None = None):
+    return JobEvent.objects.create(
+        job=job, type=type_, at=at or timezone.now(), reason=reason[:256], allocations=allocations
+    )
+
+
+def do_transition(
+    job: Job,
+    target: str,
+    event: str,
+    reason: str = "",
+    allocations: list[dict[str, Any]] | None = None,
+    at: datetime | None = None,
+    **fields: Any,
+) -> Job:
+    """Move ``job`` (locked by the caller) to ``target``, recording ``event``."""
+    check_transition(job.pk, job.state, target)
+    job.state = target
+    for name, value in fields.items():
+        setattr(job, name, value)
+    if target != JobState.PENDING:
+        job.pending_reason = None
+        job.pending_code = None
+        job.estimated_start = None
+    job.save()
+    record_event(job, event, reason, allocations, at)
+    live.publish_job(job)
+    return job
+
+
+def _body_hash(body: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def do_submit_job(
+    user, tenant, cleaned: dict[str, Any], body: dict[str, Any], idempotency_key: str | None = None
+) -> tuple[Job, bool]:
+    """Store a validated job (``cleaned``: model field values). Returns (job, created).
+
+    With an idempotency key, a retry of the same body within the TTL returns the first job; the
+    same key with another body raises :class:`IdempotencyConflict`. All in one transaction, so a
+    web process killed mid-submit leaves nothing half-stored.
+    """
+    digest = _body_hash(body)
+    if idempotency_key:
+        existing = _find_idempotent(user, idempotency_key)
+        if existing is not None:
+            if existing.body_hash != digest:
+                raise IdempotencyConflict()
+            return existing.job, False
+    try:
+        with transaction.atomic():
+            job = Job.objects.create(
+                tenant=tenant,
+                owner=user,
+                queue_level=QUEUE_LEVELS.get(cleaned["kind"], 2),
+                pending_code="priority",
+                pending_reason="waiting for the next scheduling pass",
+                **cleaned,
+            )
+            if idempotency_key:
+                IdempotencyKey.objects.create(
+                    user=user, key=idempotency_key, body_hash=digest, job=job
+                )
+            record_event(job, EventType.SUBMITTED, at=job.submitted_at)
+            live.publish_job(job)
+            request_pass_on_commit()
+    except IntegrityError:
+        # A concurrent retry with the same key won the race: answer with its job.
+        existing = _find_idempotent(user, idempotency_key) if idempotency_key else None
+        if existing is None:
+            raise
+        if existing.body_hash != digest:
+            raise IdempotencyConflict() from None
+        return existing.job, False
+    return job, True
+
+
+def _find_idempotent(user, key: str) -> IdempotencyKey | None:
+    ttl = timedelta(seconds=settings.TESSERA["IDEMPOTENCY_TTL_S"])
+    row = IdempotencyKey.objects.select_related("job").filter(user=user, key=key).first()
+    if row is None:
+        return None
+    if row.created_at < timezone.now() - ttl:
+        row.delete()
+        return None
+    return row
+
+
+def do_cancel_job(job_id: int) -> Job:
+    """Cancel: pending/scheduled-but-not-started jobs at once; running ones get the stop signal.
+
+    Idempotent for cancelled jobs; a succeeded or failed job raises InvalidTransition (409).
+    """
+    with transaction.atomic():
+        job = Job.objects.select_for_update().select_related("tenant").get(pk=job_id)
+        if job.state == JobState.CANCELLED or (
+            job.state == JobState.TERMINATING and job.stop_reason == "cancelled"
+        ):
+            return job
+        if job.state in (JobState.PENDING, JobState.SCHEDULED):
+            released = release_allocations(job)
+            do_transition(job, JobState.CANCELLED, EventType.CANCELLED, "cancelled by user",
+                          finished_at=timezone.now())
+            if released:
+                request_pass_on_commit()
+            return job
+        if job.state == JobState.RUNNING:
+            return begin_stop(job, "cancelled")
+        if job.state == JobState.TERMINATING:
+            job.stop_reason = "cancelled"
+            job.save(update_fields=["stop_reason"])
+            return job
+        check_transition(job.pk, job.state, JobState.CANCELLED)  # raises for finished jobs
+        return job
+
+
+def begin_stop(job: Job, reason: str, now: datetime | None = None) -> Job:
+    """Send the stop signal: state ``terminating``; the job keeps its GPUs through its grace."""
+    now = now or timezone.now()
+    do_transition(
+        job, JobState.TERMINATING, EventType.TERMINATING, reason,
+        stop_reason=reason, stop_deadline=now + timedelta(seconds=job.grace_seconds),
+    )
+    for node_id in set(active_allocations_of(job).values_list("device__node_id", flat=True)):
+        live.wake_agent(node_id)
+    return job
+
+
+def release_allocations(job: Job, at: datetime | None = None) -> list[dict[str, Any]]:
+    """Free a job's GPUs (its process has exited, or its node is fenced). Returns device rows."""
+    at = at or timezone.now()
+    allocs = list(active_allocations_of(job))
+    if not allocs:
+        return []
+    Allocation.objects.filter(pk__in=[a.pk for a in allocs]).update(released_at=at)
+    node_ids = {a.device.node_id for a in allocs}
+    bump_node_versions(node_ids)
+    from scheduling.services.inventory import device_rows
+
+    rows = device_rows(Device.objects.filter(pk__in=[a.device_id for a in allocs]).select_related("node"))
+    live.publish_devices(rows)
+    return rows
+
+
+def bump_node_versions(node_ids) -> None:
+    from django.db.models import F
+
+    Node.objects.filter(pk__in=list(node_ids)).update(version=F("version") + 1)
+
+
+def do_record_exit(job: Job, exit_code: int | None, at: datetime | None = None) -> Job:
+    """The job's process ended (all replicas): settle its final or next state and free its GPUs.
+
+    ``job`` must be locked by the caller.
+    """
+    at = at or timezone.now()
+    if job.state in TERMINAL_STATES or job.state == JobState.PENDING:
+        return job
+    release_allocations(job, at)
+    stop = job.stop_reason if job.state == JobState.TERMINATING else ""
+    common = {"exit_code": exit_code, "stop_deadline": None}
+    if stop == "cancelled":
+        do_transition(job, JobState.CANCELLED, EventType.CANCELLED, "cancelled by user",
+                      at=at, finished_at=at, **common)
+    elif stop.startswith("preempt"):
+        do_transition(job, JobState.PENDING, EventType.PREEMPTED, stop, at=at,
+                      attempts=job.attempts + 1, stop_reason="", **common)
+        record_event(job, EventType.REQUEUED, "from last checkpoint", at=at)
+    elif stop == "time-limit":
+        do_transition(job, JobState.FAILED, EventType.FAILED, "time-limit", at=at,
+                      finished_at=at, **common)
+    elif exit_code == 0:
+        do_transition(job, JobState.SUCCEEDED, EventType.SUCCEEDED, "", at=at,
+                      finished_at=at, **common)
+    elif job.attempts < job.max_retries:
+        backoff = settings.TESSERA["RETRY_BACKOFF_S"] * (2 ** job.attempts)
+        do_transition(job, JobState.PENDING, EventType.RETRYING, f"exit {exit_code}", at=at,
+                      attempts=job.attempts + 1, not_before=at + timedelta(seconds=backoff),
+                      stop_reason="", **common)
+    else:
+        reason = f"exit {exit_code}" if exit_code is not None else "lost"
+        do_transition(job, JobState.FAILED, EventType.FAILED, reason, at=at, finished_at=at, **common)
+    request_pass_on_commit()
+    return job
+
+
+def do_mark_running(job: Job, at: datetime | None = None) -> Job:
+    """The agent started the job's process (every replica it holds). ``job`` locked by caller."""
+    if job.state != JobState.SCHEDULED:
+        return job
+    at = at or timezone.now()
+    return do_transition(job, JobState.RUNNING, EventType.STARTED, at=at, started_at=at)
+
+
+def holding_jobs():
+    return Job.objects.filter(state__in=list(HOLDING_STATES))
+
+
+def request_pass_on_commit() -> None:
+    from scheduling.services.triggers import request_pass
+
+    transaction.on_commit(request_pass)

@@ -1,0 +1,32 @@
+"""Tiny flags in Redis shared by all workers (e.g. "one more pass"): losing them loses no job."""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import redis
+from django.conf import settings
+
+from controlplane.env import redis_db_url
+
+log = logging.getLogger("tessera.flags")
+
+
+@functools.lru_cache(maxsize=1)
+def client() -> redis.Redis:
+    return redis.Redis.from_url(redis_db_url(settings.REDIS_URL, 2), socket_timeout=2)
+
+
+def set_flag(name: str, ttl_s: int = 60) -> None:
+    try:
+        client().set(f"tessera:{name}", "1", ex=ttl_s)
+    except redis.RedisError:
+        log.warning("could not set flag %s", name)
+
+
+def take_flag(name: str) -> bool:
+    try:
+        return client().getdel(f"tessera:{name}") is not None
+    except redis.RedisError:
+        return False

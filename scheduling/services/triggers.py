@@ -1,0 +1,59 @@
+"""What wakes the scheduling pass: one code path, two triggers.
+
+With Redis configured, a request queues the Celery task ``scheduling.tasks.scheduling_pass`` (beat
+adds a periodic safety pass). In the embedded default, a thread in the web process runs the same
+:func:`scheduling.services.passes.run_pass` when woken, and every ``PASS_INTERVAL_S`` anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from django.conf import settings
+
+log = logging.getLogger("tessera.triggers")
+
+_wake = threading.Event()
+_loop_started = threading.Event()
+
+
+def request_pass() -> None:
+    if settings.TESSERA["EMBEDDED_PASSES"]:
+        _wake.set()
+        return
+    try:
+        from scheduling.tasks import scheduling_pass
+
+        scheduling_pass.delay()
+    except Exception:  # the broker is down: beat's safety pass will catch up
+        log.warning("could not queue a scheduling pass", exc_info=True)
+
+
+def start_embedded_loop() -> None:
+    """Start the in-process pass loop once (the embedded default's web process)."""
+    if _loop_started.is_set():
+        return
+    _loop_started.set()
+    thread = threading.Thread(target=_loop, name="tessera-scheduler", daemon=True)
+    thread.start()
+
+
+def _loop() -> None:
+    from django.db import close_old_connections
+
+    from scheduling.services.health import sweep_nodes
+    from scheduling.services.passes import run_pass
+
+    interval = settings.TESSERA["PASS_INTERVAL_S"]
+    while True:
+        _wake.wait(timeout=interval)
+        _wake.clear()
+        close_old_connections()
+        try:
+            sweep_nodes()
+            run_pass()
+        except Exception:
+            log.exception("scheduling pass failed")
+        finally:
+            close_old_connections()
