@@ -78,7 +78,9 @@ class Quota(models.Model):
         ordering = ["tenant__name", "model"]
         constraints = [
             models.UniqueConstraint(fields=["tenant", "model"], name="one_quota_per_tenant_model"),
-            models.CheckConstraint(condition=Q(limit__gte=models.F("guaranteed")), name="limit_ge_guaranteed"),
+            models.CheckConstraint(
+                condition=Q(limit__gte=models.F("guaranteed")), name="limit_ge_guaranteed"
+            ),
             models.CheckConstraint(condition=Q(guaranteed__gte=0), name="guaranteed_nonnegative"),
             models.CheckConstraint(condition=Q(weight__gt=0), name="weight_positive"),
         ]
@@ -237,6 +239,9 @@ class Allocation(models.Model):
             ),
         ]
 
+    def __str__(self) -> str:
+        return f"job {self.job_id} replica {self.replica} on device {self.device_id}"
+
     @property
     def share(self) -> float:
         return self.share_milli / 1000
@@ -270,6 +275,9 @@ class LogChunk(models.Model):
             models.UniqueConstraint(fields=["job", "replica", "offset"], name="one_chunk_per_offset"),
         ]
 
+    def __str__(self) -> str:
+        return f"job {self.job_id} replica {self.replica} @ {self.offset}"
+
 
 class IdempotencyKey(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE)
@@ -281,6 +289,9 @@ class IdempotencyKey(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["user", "key"], name="one_key_per_user")]
 
+    def __str__(self) -> str:
+        return f"{self.key} → job {self.job_id}"
+
 
 class SchedulerState(models.Model):
     """One row: the cluster-wide version the pass checks, and the last pass's record."""
@@ -289,3 +300,6 @@ class SchedulerState(models.Model):
     last_pass_at = models.DateTimeField(null=True, blank=True)
     last_pass_seconds = models.FloatField(default=0)
     last_pass_decisions = models.JSONField(default=dict, blank=True)
+
+    def __str__(self) -> str:
+        return f"last pass {self.last_pass_at}"
