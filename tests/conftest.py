@@ -1,0 +1,92 @@
+"""Shared fixtures: the three-user world, and access to the real services.
+
+Who may see what (CONTRACTS.md): alice (owner) and carol (teammate) are both in tenant ``vision``
+and see each other's jobs; bob is in ``nlp`` and sees none of vision's; admin is an operator
+(staff, no tenant) and sees everything.
+
+Services: tests marked ``services`` need PostgreSQL/Redis. Without them they skip — unless
+``TESSERA_REQUIRE_SERVICES=1`` (CI), where a missing service fails the test instead.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from urllib.parse import urlparse
+
+import pytest
+
+REQUIRE_SERVICES = os.environ.get("TESSERA_REQUIRE_SERVICES", "") in ("1", "true", "yes")
+
+
+def need_service(what: str) -> None:
+    """Skip (or, under TESSERA_REQUIRE_SERVICES=1, fail) because ``what`` is missing."""
+    if REQUIRE_SERVICES:
+        pytest.fail(f"{what} is required (TESSERA_REQUIRE_SERVICES=1) but not available")
+    pytest.skip(f"{what} not available")
+
+
+def _answers(url: str, default_port: int) -> bool:
+    parsed = urlparse(url)
+    try:
+        with socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or default_port), 1):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def redis_url() -> str:
+    url = os.environ.get("REDIS_URL", "")
+    if not url or not _answers(url, 6379):
+        need_service("Redis (set REDIS_URL)")
+    return url
+
+
+@pytest.fixture
+def require_postgres(settings) -> None:
+    if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
+        need_service("PostgreSQL (set DATABASE_URL)")
+
+
+@dataclass
+class World:
+    vision: object
+    nlp: object
+    alice: object
+    carol: object
+    bob: object
+    admin: object
+    tokens: dict[str, str]
+
+    def client(self, who: str | None):
+        """An API client authenticated with ``who``'s token (None = anonymous)."""
+        from rest_framework.test import APIClient
+
+        client = APIClient()
+        if who is not None:
+            client.credentials(HTTP_AUTHORIZATION=f"Token {self.tokens[who]}")
+        return client
+
+
+@pytest.fixture
+def world(db) -> World:
+    from django.contrib.auth.models import User
+    from rest_framework.authtoken.models import Token
+
+    from scheduling.models import Membership, Quota, Tenant
+
+    vision = Tenant.objects.create(name="vision")
+    nlp = Tenant.objects.create(name="nlp")
+    Quota.objects.create(tenant=vision, model="*", guaranteed=16, limit=64)
+    Quota.objects.create(tenant=nlp, model="*", guaranteed=16, limit=64)
+    users = {}
+    for name, tenant in (("alice", vision), ("carol", vision), ("bob", nlp)):
+        user = User.objects.create_user(name, password=f"{name}-pass-123")
+        Membership.objects.create(user=user, tenant=tenant)
+        users[name] = user
+    users["admin"] = User.objects.create_user("admin", password="admin-pass-123", is_staff=True,
+                                              is_superuser=True)
+    tokens = {name: Token.objects.create(user=u).key for name, u in users.items()}
+    return World(vision, nlp, users["alice"], users["carol"], users["bob"], users["admin"], tokens)
