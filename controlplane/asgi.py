@@ -12,7 +12,15 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from django.conf import settings  # noqa: E402
+
 from frontend.routing import websocket_urlpatterns  # noqa: E402
+
+if settings.TESSERA["EMBEDDED_PASSES"]:
+    # The embedded default: the scheduling pass runs in this web process (see triggers.py).
+    from scheduling.services.triggers import start_embedded_loop
+
+    start_embedded_loop()
 
 application = ProtocolTypeRouter(
     {
