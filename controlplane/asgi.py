@@ -1,4 +1,8 @@
-"""ASGI entry point: HTTP through Django, websockets through Channels (session-authenticated)."""
+"""ASGI entry point: HTTP through Django, websockets through Channels (session-authenticated).
+
+daphne serves static files itself through ``ASGIStaticFilesHandler``, so the embedded default and
+a small deployment need no separate web server; a large one may put a proxy in front.
+"""
 
 import os
 
@@ -11,8 +15,8 @@ django_asgi_app = get_asgi_application()
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
-
 from django.conf import settings  # noqa: E402
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from frontend.routing import websocket_urlpatterns  # noqa: E402
 
@@ -24,7 +28,7 @@ if settings.TESSERA["EMBEDDED_PASSES"]:
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": ASGIStaticFilesHandler(django_asgi_app),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )
