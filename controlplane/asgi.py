@@ -20,7 +20,7 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 
 from frontend.routing import websocket_urlpatterns  # noqa: E402
 
-if settings.TESSERA["EMBEDDED_PASSES"]:
+if settings.TESSERA["PASS_LOOP"]:
     # The embedded default: the scheduling pass runs in this web process (see triggers.py).
     from scheduling.services.triggers import start_embedded_loop
 

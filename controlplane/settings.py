@@ -6,6 +6,7 @@ Unset, everything runs embedded (SQLite, in-memory channel layer, passes in-proc
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from controlplane.env import (
@@ -154,6 +155,13 @@ LOGGING = {
 TESSERA = {
     # The scheduling pass: in-process loop in the embedded default, Celery beat with Redis.
     "EMBEDDED_PASSES": not REDIS_URL or env_bool("TESSERA_EMBEDDED_PASSES", False),
+    # Whether this process starts the in-process pass loop (the embedded default's web process).
+    # Off by default inside pytest (PYTEST_VERSION), where tests run passes explicitly; a test
+    # that starts a web server subprocess sets TESSERA_PASS_LOOP=1 for it.
+    "PASS_LOOP": env_bool(
+        "TESSERA_PASS_LOOP", (not REDIS_URL or env_bool("TESSERA_EMBEDDED_PASSES", False))
+        and not os.environ.get("PYTEST_VERSION")
+    ),
     "PASS_INTERVAL_S": env_float("TESSERA_PASS_INTERVAL_S", 5.0, minimum=0.1),
     "MAX_STARTS_PER_PASS": env_int("TESSERA_MAX_STARTS_PER_PASS", 2000, minimum=1),
     "MAX_JOB_GPUS": env_int("TESSERA_MAX_JOB_GPUS", 4096, minimum=1),
