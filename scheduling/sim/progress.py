@@ -33,9 +33,7 @@ class ProgressBar:
         filled = int(frac * self.width)
         bar = "#" * filled + "." * (self.width - filled)
         elapsed = now - self.start
-        self.stream.write(
-            f"\r{self.label} [{bar}] {frac * 100:3.0f}% {done:g}/{total:g} {elapsed:.1f}s"
-        )
+        self.stream.write(f"\r{self.label} [{bar}] {frac * 100:3.0f}% {done:g}/{total:g} {elapsed:.1f}s")
         self.stream.flush()
         self._drawn = True
 

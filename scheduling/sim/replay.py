@@ -90,8 +90,7 @@ class _Job:
 def allocations(placements: Sequence[Placement]) -> list[dict[str, Any]]:
     """Placements as the events file lists them."""
     return [
-        {"node": p.node, "gpus": list(p.gpus), "share": p.share, "replica": p.replica}
-        for p in placements
+        {"node": p.node, "gpus": list(p.gpus), "share": p.share, "replica": p.replica} for p in placements
     ]
 
 

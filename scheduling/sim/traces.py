@@ -12,13 +12,41 @@ from pathlib import Path
 
 from scheduling.engine.types import KINDS, TOPOLOGIES, JobRequest, NodeSpec, QuotaSpec
 
-NODE_COLUMNS = (
-    ["node", "rack", "gpus", "model", "gpu_memory_gib", "nvlink_domain", "cpus", "memory_gib", "price_per_gpu_hour"]
-)
-JOB_COLUMNS = ["job", "tenant", "kind", "submit_s", "duration_s", "gpus", "replicas", "model", "priority", "preemptible", "time_limit_s", "cpus", "memory_gib"]
-JOB_OPTIONAL = (
-    ["topology", "min_gpus", "max_gpus", "checkpoint_s", "grace_s", "min_available", "node_selector"]
-)
+NODE_COLUMNS = [
+    "node",
+    "rack",
+    "gpus",
+    "model",
+    "gpu_memory_gib",
+    "nvlink_domain",
+    "cpus",
+    "memory_gib",
+    "price_per_gpu_hour",
+]
+JOB_COLUMNS = [
+    "job",
+    "tenant",
+    "kind",
+    "submit_s",
+    "duration_s",
+    "gpus",
+    "replicas",
+    "model",
+    "priority",
+    "preemptible",
+    "time_limit_s",
+    "cpus",
+    "memory_gib",
+]
+JOB_OPTIONAL = [
+    "topology",
+    "min_gpus",
+    "max_gpus",
+    "checkpoint_s",
+    "grace_s",
+    "min_available",
+    "node_selector",
+]
 QUOTA_COLUMNS = ["tenant", "model", "guaranteed", "limit", "weight"]
 
 

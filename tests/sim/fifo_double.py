@@ -137,9 +137,7 @@ class FifoFirstFit:
                     return placed
         return None
 
-    def _place_in(
-        self, job: JobRequest, count: int, nodes: list[NodeSpec]
-    ) -> tuple[Placement, ...] | None:
+    def _place_in(self, job: JobRequest, count: int, nodes: list[NodeSpec]) -> tuple[Placement, ...] | None:
         gpus, cpus, mem = self._per(job)
         free = {n.name: list(self.free[n.name]) for n in nodes}
         cpu = {n.name: self.cpu[n.name] for n in nodes}
@@ -150,9 +148,7 @@ class FifoFirstFit:
             for n in nodes:
                 if one_node and out and n.name != out[0].node:
                     continue
-                if (n.cpus and cpu[n.name] < cpus - 1e-9) or (
-                    n.memory_gib and memory[n.name] < mem - 1e-9
-                ):
+                if (n.cpus and cpu[n.name] < cpus - 1e-9) or (n.memory_gib and memory[n.name] < mem - 1e-9):
                     continue
                 got = self._gpus_on(job, n, free[n.name], gpus, out)
                 if got is None:

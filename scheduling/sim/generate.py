@@ -1,0 +1,289 @@
+"""Generate a dynamic workload: ``nodes.csv``, ``jobs.csv`` and ``quotas.csv`` (CONTRACTS.md).
+
+openb gives real request sizes but no load over time; this module writes the workloads it cannot:
+tenants with quotas, inference services, multi-node gangs, fine-tunes, short batch jobs. The shapes
+follow what the Philly (ATC'19), Helios (SC'21) and PAI (NSDI'22) trace studies report: most jobs
+ask for one GPU and run minutes, most GPU-time goes to a few large, long jobs, users' time
+estimates are mostly far too long, and arrivals follow the working day. Everything is drawn from
+``random.Random(seed)``: the same arguments write the same files.
+
+Cluster (``--gpus``, default 600): three pools of racks — H100 nodes (8 GPUs, one NVLink island
+of 8, label ``net:ib``), A100 nodes (8 GPUs, islands of 4), T4 nodes (4 PCIe GPUs, islands of 1) —
+in the ratio ~43 : 43 : 15 of GPUs, 8 nodes a rack (2 below 300 GPUs).
+
+Tenants: ``prod`` (weight 2), ``vision``, ``nlp``, ``speech``, ``research``. On every model each
+is guaranteed its fixed fraction (30/25/20/15/10%) of the model's GPUs — the guarantees sum to the
+cluster — and may use up to 2.5× its guarantee (at most the model's whole capacity).
+
+Jobs (fractions of the number of jobs; durations are lognormal with the given median and σ of
+the log, capped; ``work`` is ``duration_s`` on the GPUs asked for):
+
+| kind | share | GPUs | median, σ, cap | other |
+| --- | --- | --- | --- | --- |
+| batch | 50% | 1 (77%), 2 (10%), ½ (10%), 0 (3%) | 12 min, 1.4, 12 h | priority 0; ckpt 10 min (20%) |
+| inference | 10% | ¼ (20%), ½ (25%), 1 (40%), 2 (15%) | 3 h, 1.0, 2 d | not preemptible, prio 100 |
+| finetune | 22% | 1/2/4/8 (35/25/25/15%) | 80 min, 1.0, 2 d | `nvlink` 40% of multi-GPU; ckpt 15/30 min |
+| training, one node | 12% | 1/2/4/8 (20/20/25/35%) | 3 h, 1.2, 7 d | checkpoint 30/60 min |
+| training, gang | 6% | 8 (2×4), 16, 32, 64 (8 a replica) | 3 h, 1.1, 7 d | `rack` 40%, elastic 30% |
+
+Gangs: elastic ones range from half their GPUs to all of them; 10% ask `net:ib` (H100 only).
+Models: batch any (60%), T4 (20%), A100|T4 (20%); inference T4|A100 (50%), any (30%), A100 (20%);
+fine-tunes H100|A100 (60%), A100 (20%), H100 (20%; every 8-GPU `nvlink` one); training H100|A100
+(50%) or H100 (50%). CPUs 4–8 and memory 32 GiB per GPU (2 CPUs, 8 GiB for a fraction).
+
+Time limits (the user's estimate): missing for 20% (60% of inference), too short for 10%
+(0.5–0.9× the duration: the job fails with `time-limit`), too long for the rest (1.2–5×, rounded
+up to the hour). Arrivals: a Poisson process whose rate follows the day, peaking at 14:00 at 3× the
+04:00 trough.
+
+Load: jobs are drawn until Σ(GPUs × duration) reaches ``load`` × cluster GPUs × arrival span, the
+last one trimmed; then every duration is scaled by the tiny factor that makes the realised load —
+measured on the written file, span = last submit − first submit — equal ``load``.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from scheduling.sim.traces import JOB_COLUMNS, JOB_OPTIONAL, NODE_COLUMNS, QUOTA_COLUMNS
+
+DAY = 86_400.0
+TENANTS = (("prod", 0.30, 2.0), ("vision", 0.25, 1.0), ("nlp", 0.20, 1.0),
+           ("speech", 0.15, 1.0), ("research", 0.10, 1.0))  # fmt: skip
+LIMIT_FACTOR = 2.5
+#: model -> (GPUs a node, NVLink island, CPUs, memory GiB, GPU memory GiB, price per GPU-hour)
+MODELS = {
+    "H100": (8, 8, 128, 2048, 80, 4.0),
+    "A100": (8, 4, 96, 1024, 80, 2.0),
+    "T4": (4, 1, 48, 256, 16, 0.5),
+}
+
+
+@dataclass
+class Job:
+    kind: str
+    gpus: float
+    duration: float
+    replicas: int = 1
+    model: str = ""
+    priority: int = 0
+    preemptible: bool = True
+    topology: str = ""
+    min_gpus: int | None = None
+    max_gpus: int | None = None
+    checkpoint: float | None = None
+    grace: float | None = None
+    selector: str = ""
+    tenant: str = ""
+    submit: float = 0.0
+    limit: float | None = None
+    cpus: float = 0.0
+    memory: float = 0.0
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    nodes: list[dict[str, object]]
+    gpus_by_model: dict[str, int]
+
+    @property
+    def gpus(self) -> int:
+        return sum(self.gpus_by_model.values())
+
+
+def make_cluster(gpus: int = 600) -> Cluster:
+    """Racks of H100, A100 and T4 nodes adding up to about ``gpus`` GPUs."""
+    if gpus < 8:
+        raise ValueError("--gpus must be at least 8")
+    per_rack = 8 if gpus >= 300 else 2
+    big = per_rack * max(1, round(gpus * 0.427 / (8 * per_rack)))
+    t4 = max(1, round((gpus - 16 * big) / 4))
+    nodes: list[dict[str, object]] = []
+    counts = {"H100": big, "A100": big, "T4": t4}
+    rack_no = 0
+    for model, count in counts.items():
+        size, island, cpus, mem, gmem, price = MODELS[model]
+        for i in range(count):
+            if i % per_rack == 0:
+                rack_no += 1
+            nodes.append({
+                "node": f"{model.lower()}-{i + 1:03d}", "rack": f"r{rack_no:02d}", "gpus": size,
+                "model": model, "gpu_memory_gib": gmem, "nvlink_domain": island, "cpus": cpus,
+                "memory_gib": mem, "price_per_gpu_hour": price,
+                "labels": "net:ib" if model == "H100" else "",
+            })  # fmt: skip
+    return Cluster(nodes, {m: c * MODELS[m][0] for m, c in counts.items()})
+
+
+def _pick(rng: random.Random, table: list[tuple[object, float]]) -> object:
+    x, acc = rng.random(), 0.0
+    for value, p in table:
+        acc += p
+        if x < acc:
+            return value
+    return table[-1][0]
+
+
+def _lognormal(rng: random.Random, median: float, sigma: float, cap: float) -> float:
+    return min(cap, max(30.0, median * math.exp(rng.gauss(0.0, sigma))))
+
+
+def draw_job(rng: random.Random, max_gang: int) -> Job:
+    """One job's shape (everything but tenant, arrival and time limit)."""
+    kind = _pick(rng, [("batch", 0.50), ("inference", 0.10), ("finetune", 0.22),
+                       ("training", 0.18)])  # fmt: skip
+    if kind == "batch":
+        gpus = float(_pick(rng, [(1, 0.77), (2, 0.10), (0.5, 0.10), (0, 0.03)]))  # type: ignore[arg-type]
+        job = Job("batch", gpus, _lognormal(rng, 720, 1.4, 12 * 3600))
+        job.model = str(_pick(rng, [("", 0.6), ("T4", 0.2), ("A100|T4", 0.2)]))
+        if rng.random() < 0.2:
+            job.checkpoint = 600.0
+        return job
+    if kind == "inference":
+        gpus = float(_pick(rng, [(0.25, 0.2), (0.5, 0.25), (1, 0.4), (2, 0.15)]))  # type: ignore[arg-type]
+        job = Job("inference", gpus, _lognormal(rng, 3 * 3600, 1.0, 2 * DAY))
+        job.model = str(_pick(rng, [("T4|A100", 0.5), ("", 0.3), ("A100", 0.2)]))
+        job.priority, job.preemptible = 100, False
+        return job
+    if kind == "finetune":
+        gpus = float(_pick(rng, [(1, 0.35), (2, 0.25), (4, 0.25), (8, 0.15)]))  # type: ignore[arg-type]
+        job = Job("finetune", gpus, _lognormal(rng, 4800, 1.0, 2 * DAY), priority=5)
+        job.model = str(_pick(rng, [("H100|A100", 0.6), ("A100", 0.2), ("H100", 0.2)]))
+        if gpus > 1 and rng.random() < 0.4:
+            job.topology = "nvlink"
+            if gpus > 4:
+                job.model = "H100"
+        job.checkpoint = float(rng.choice((900, 1800)))
+        return job
+    job = Job("training", 1.0, 0.0, priority=10, grace=float(rng.choice((60, 120))))
+    job.checkpoint = float(rng.choice((1800, 3600)))
+    job.model = str(_pick(rng, [("H100|A100", 0.5), ("H100", 0.5)]))
+    if rng.random() < 1 / 3 and max_gang >= 8:
+        sizes = [s for s in (8, 16, 32, 64) if s <= max_gang]
+        weights = {8: 0.2, 16: 0.3, 32: 0.3, 64: 0.2}
+        gpus = float(_pick(rng, [(s, weights[s] / sum(weights[x] for x in sizes)) for s in sizes]))  # type: ignore[arg-type]
+        job.gpus, job.replicas = gpus, (2 if gpus == 8 else int(gpus) // 8)
+        job.duration = _lognormal(rng, 3 * 3600, 1.1, 7 * DAY)
+        if rng.random() < 0.4:
+            job.topology = "rack"
+        if rng.random() < 0.3:
+            per = int(gpus) // job.replicas
+            job.min_gpus, job.max_gpus = max(per, int(gpus) // 2 // per * per), int(gpus)
+        if rng.random() < 0.1:
+            job.selector, job.model = "net:ib", "H100"
+    else:
+        job.gpus = float(_pick(rng, [(1, 0.2), (2, 0.2), (4, 0.25), (8, 0.35)]))  # type: ignore[arg-type]
+        job.duration = _lognormal(rng, 3 * 3600, 1.2, 7 * DAY)
+    return job
+
+
+def _time_limit(rng: random.Random, job: Job) -> float | None:
+    if rng.random() < (0.6 if job.kind == "inference" else 0.2):
+        return None
+    if rng.random() < 0.125:  # 10% of all jobs: too short
+        return round(job.duration * rng.uniform(0.5, 0.9))
+    return math.ceil(job.duration * rng.uniform(1.2, 5.0) / 3600) * 3600
+
+
+def _arrivals(rng: random.Random, count: int, span: float) -> list[float]:
+    """``count`` sorted arrival times in [0, span) from a day-shaped rate (peak 14:00, 3× 04:00)."""
+    out: list[float] = []
+    while len(out) < count:
+        t = rng.random() * span
+        rate = 0.5 + 0.25 * math.cos(2 * math.pi * ((t % DAY) / DAY - 14 / 24))  # 0.25..0.75
+        if rng.random() * 0.75 < rate:
+            out.append(round(t, 1))
+    out.sort()
+    return out
+
+
+def realised_load(jobs: list[Job], cluster_gpus: int) -> float:
+    """Σ(GPUs × duration) ÷ (cluster GPUs × (last submit − first submit))."""
+    span = max(j.submit for j in jobs) - min(j.submit for j in jobs)
+    work = sum(j.gpus * j.duration for j in jobs)
+    return work / (cluster_gpus * span) if span > 0 else float("inf")
+
+
+def generate_workload(seed: int, days: float, load: float, gpus: int = 600) -> tuple[Cluster, list[Job]]:
+    """The cluster and its jobs, in submit order, with the realised load equal to ``load``."""
+    if days <= 0 or load <= 0:
+        raise ValueError("--days and --load must be positive")
+    rng = random.Random(seed)
+    cluster = make_cluster(gpus)
+    span = days * DAY
+    target = load * cluster.gpus * span
+    max_gang = min(64, cluster.gpus_by_model["H100"] // 2)
+    jobs: list[Job] = []
+    work = 0.0
+    while work < target:
+        job = draw_job(rng, max_gang)
+        if job.gpus * job.duration + work > target and job.gpus > 0:
+            job.duration = max(60.0, (target - work) / job.gpus)  # trim the last one
+        work += job.gpus * job.duration
+        jobs.append(job)
+    if len(jobs) < 2:
+        raise ValueError("the load and span are too small to draw two jobs")
+    for job, t in zip(jobs, _arrivals(rng, len(jobs), span), strict=True):
+        job.submit = t
+        tenant = _pick(rng, [(name, share) for name, share, _ in TENANTS])
+        job.tenant = "prod" if job.kind == "inference" and rng.random() < 0.5 else str(tenant)
+    scale = load / realised_load(jobs, cluster.gpus)
+    for job in jobs:
+        job.duration = max(1.0, round(job.duration * scale, 1))
+        job.limit = _time_limit(rng, job)
+        per_gpu_cpu = float(rng.choice((4, 8)))
+        if 0 < job.gpus < 1:
+            job.cpus, job.memory = 2.0, 8.0
+        else:
+            job.cpus = max(1.0, job.gpus * per_gpu_cpu)
+            job.memory = max(8.0, job.gpus * 32.0)
+    return cluster, jobs
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return ""
+    return str(int(value)) if float(value).is_integer() else f"{value:.10g}"
+
+
+def write_workload(out: str | Path, cluster: Cluster, jobs: list[Job]) -> dict[str, float]:
+    """Write the three files into ``out`` and return a few facts about them."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "nodes.csv", "w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, fieldnames=[*NODE_COLUMNS, "labels"])
+        w.writeheader()
+        w.writerows(cluster.nodes)
+    with open(out / "jobs.csv", "w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow([*JOB_COLUMNS, *JOB_OPTIONAL])
+        for i, j in enumerate(jobs):
+            w.writerow([
+                f"j{i + 1}", j.tenant, j.kind, _fmt(j.submit), _fmt(j.duration), _fmt(j.gpus),
+                j.replicas, j.model, j.priority, str(j.preemptible).lower(), _fmt(j.limit),
+                _fmt(j.cpus), _fmt(j.memory), j.topology, _fmt(j.min_gpus), _fmt(j.max_gpus),
+                _fmt(j.checkpoint), _fmt(j.grace), "", j.selector,
+            ])  # fmt: skip
+    with open(out / "quotas.csv", "w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(QUOTA_COLUMNS)
+        for name, share, weight in TENANTS:
+            for model, total in cluster.gpus_by_model.items():
+                guaranteed = round(total * share, 2)
+                limit = min(float(total), round(guaranteed * LIMIT_FACTOR, 2))
+                w.writerow([name, model, _fmt(guaranteed), _fmt(limit), _fmt(weight)])
+    return {
+        "jobs": len(jobs),
+        "gpus": cluster.gpus,
+        "load": realised_load(jobs, cluster.gpus),
+    }
+
+
+def generate(out: str | Path, seed: int, days: float, load: float, gpus: int = 600) -> dict:
+    cluster, jobs = generate_workload(seed, days, load, gpus)
+    return write_workload(out, cluster, jobs)
