@@ -1,0 +1,98 @@
+"""The scheduling pass: snapshot → engine → apply, all or nothing, never double-booked."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+from django.utils import timezone
+
+from scheduling.choices import EventType, JobState
+from scheduling.engine.types import Binding, Decisions, Placement
+from scheduling.models import Allocation, Node
+from scheduling.services import passes
+from scheduling.services.snapshot import load_snapshot
+
+helpers = importlib.import_module("tests.scheduling.helpers")
+
+
+@pytest.fixture
+def two_nodes(world):
+    return helpers.make_node("a100-01"), helpers.make_node("a100-02")
+
+
+def test_a_pass_binds_a_pending_job_to_gpus_of_one_node(world, two_nodes):
+    job = helpers.submit(world.alice, world.vision, gpus=2)
+    result = passes.run_pass()
+    job.refresh_from_db()
+    assert job.state == JobState.SCHEDULED
+    assert result.bound == [str(job.pk)]
+    allocs = list(Allocation.objects.filter(job=job, released_at__isnull=True))
+    assert len(allocs) == 2
+    assert len({a.device.node_id for a in allocs}) == 1
+    scheduled = job.events.get(type=EventType.SCHEDULED)
+    assert scheduled.allocations[0]["gpus"] == sorted(a.device.index for a in allocs)
+
+
+def test_a_gang_is_bound_whole_or_not_at_all(world, two_nodes):
+    job = helpers.submit(world.alice, world.vision, gpus=24, replicas=3, min_available=3)
+    passes.run_pass()
+    job.refresh_from_db()
+    assert job.state == JobState.PENDING
+    assert not Allocation.objects.filter(job=job).exists()
+    assert job.pending_code
+    assert job.pending_reason
+
+
+def test_a_decision_on_a_stale_node_is_dropped(world, two_nodes):
+    job = helpers.submit(world.alice, world.vision, gpus=1)
+    loaded = load_snapshot(timezone.now())
+    Node.objects.filter(name="a100-01").update(version=99)  # something moved since the snapshot
+    decisions = Decisions(bindings=[Binding(str(job.pk), (Placement(0, "a100-01", (0,)),))])
+    result = passes.apply_decisions(loaded, decisions, timezone.now())
+    job.refresh_from_db()
+    assert result.dropped == [str(job.pk)]
+    assert job.state == JobState.PENDING
+
+
+def test_a_gpu_is_never_bound_twice_even_by_a_wrong_decision(world, two_nodes):
+    first = helpers.submit(world.alice, world.vision, gpus=1)
+    second = helpers.submit(world.bob, world.nlp, gpus=1)
+    loaded = load_snapshot(timezone.now())
+    same_gpu = (Placement(0, "a100-01", (3,)),)
+    decisions = Decisions(bindings=[Binding(str(first.pk), same_gpu)])
+    passes.apply_decisions(loaded, decisions, timezone.now())
+    # A decision from the same (now stale) snapshot for the same GPU must be refused.
+    loaded.node_versions["a100-01"] = Node.objects.get(name="a100-01").version
+    passes.apply_decisions(loaded, Decisions(bindings=[Binding(str(second.pk), same_gpu)]), timezone.now())
+    second.refresh_from_db()
+    assert second.state == JobState.PENDING
+    assert Allocation.objects.filter(device__index=3, released_at__isnull=True).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_pass_that_finds_the_lock_taken_asks_for_one_more(two_nodes):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connection
+
+    def other_worker():  # another thread: another database connection, like another worker
+        try:
+            return passes.run_pass()
+        finally:
+            connection.close()
+
+    with passes.pass_lock() as got:
+        assert got
+        with ThreadPoolExecutor(1) as pool:
+            assert pool.submit(other_worker).result(timeout=30) is None  # it does not wait
+    assert passes._take_again() is True
+
+
+def test_every_pending_job_gets_a_reason(world, two_nodes):
+    jobs = [helpers.submit(world.alice, world.vision, gpus=8) for _ in range(3)]
+    passes.run_pass()
+    states = {j.pk: j for j in type(jobs[0]).objects.filter(pk__in=[j.pk for j in jobs])}
+    pending = [j for j in states.values() if j.state == JobState.PENDING]
+    assert len(pending) == 1
+    assert pending[0].pending_code and pending[0].pending_reason
