@@ -1,0 +1,132 @@
+"""The demo cluster's people and quotas: the one write path behind ``manage.py seed_demo``.
+
+Idempotent: running it again converges on the same tenants, users, memberships and quotas, but
+every run gives each demo user a fresh random password and a fresh API token (the old ones stop
+working), and mints a fresh join token for the demo's agents. Nodes are not made here: the
+agents register them, as on a real cluster.
+"""
+
+from __future__ import annotations
+
+import io
+import secrets
+from dataclasses import dataclass, field
+
+from django.contrib.auth.models import User
+from django.core.management import call_command, get_commands
+from django.db import transaction
+from rest_framework.authtoken.models import Token
+
+from scheduling.models import JoinToken, Membership, Quota, Tenant, hash_secret, new_secret
+
+# (tenant, model) → (guaranteed, limit). The demo cluster: 32 H100, 32 A100, 16 T4 (80 GPUs).
+# Guarantees add up to the cluster; limits let each tenant borrow up to the whole of a model.
+DEMO_QUOTAS: dict[str, dict[str, tuple[float, float]]] = {
+    "vision": {"H100": (16, 32), "A100": (16, 32), "T4": (8, 16)},
+    "nlp": {"H100": (16, 32), "A100": (16, 32), "T4": (8, 16)},
+}
+# username → tenant (None: an operator, who belongs to no tenant and sees everything).
+DEMO_USERS: dict[str, str | None] = {"admin": None, "alice": "vision", "carol": "vision", "bob": "nlp"}
+DEMO_JOIN_TOKEN_NAME = "demo"
+ENV_JOIN_TOKEN_NAME = "from-env"
+
+
+@dataclass(frozen=True)
+class DemoUser:
+    username: str
+    tenant: str | None
+    password: str
+    token: str
+
+    @property
+    def operator(self) -> bool:
+        return self.tenant is None
+
+
+@dataclass
+class DemoSeed:
+    users: list[DemoUser] = field(default_factory=list)
+    join_token: str = ""
+    quotas: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "users": [
+                {"username": u.username, "tenant": u.tenant, "operator": u.operator,
+                 "password": u.password, "token": u.token}
+                for u in self.users
+            ],
+            "join_token": self.join_token,
+            "quotas": {t: {m: {"guaranteed": g, "limit": lim} for m, (g, lim) in rows.items()}
+                       for t, rows in self.quotas.items()},
+        }
+
+
+def _password() -> str:
+    # Short enough to type, long enough (~72 bits) to be safe on a reachable demo.
+    return secrets.token_urlsafe(9)
+
+
+@transaction.atomic
+def do_seed_demo_people() -> DemoSeed:
+    """Tenants, quotas and users of the demo, each user with a new password and token."""
+    seed = DemoSeed(quotas=DEMO_QUOTAS)
+    tenants: dict[str, Tenant] = {}
+    for name, rows in DEMO_QUOTAS.items():
+        tenants[name], _ = Tenant.objects.get_or_create(name=name)
+        for model, (guaranteed, limit) in rows.items():
+            Quota.objects.update_or_create(
+                tenant=tenants[name], model=model,
+                defaults={"guaranteed": guaranteed, "limit": limit, "weight": 1.0},
+            )
+    for username, tenant_name in DEMO_USERS.items():
+        user, _ = User.objects.get_or_create(username=username)
+        user.is_active = True
+        user.is_staff = user.is_superuser = tenant_name is None
+        password = _password()
+        user.set_password(password)
+        user.save()
+        if tenant_name is None:
+            Membership.objects.filter(user=user).delete()
+        else:
+            Membership.objects.update_or_create(user=user, defaults={"tenant": tenants[tenant_name]})
+        # A fresh token every run: whatever an earlier run printed stops working.
+        Token.objects.filter(user=user).delete()
+        token = Token.objects.create(user=user)
+        seed.users.append(DemoUser(username, tenant_name, password, token.key))
+    return seed
+
+
+def _valid_join_token(secret: str) -> bool:
+    return JoinToken.objects.filter(token_hash=hash_secret(secret), revoked=False).exists()
+
+
+def do_mint_join_token() -> str:
+    """A fresh join token for the demo's agents; earlier demo join tokens are revoked.
+
+    Prefer the agent's own ``create_join_token`` command (it may set expiry and other rules);
+    its last printed word is taken as the token only if it really is a valid one.
+    """
+    JoinToken.objects.filter(name=DEMO_JOIN_TOKEN_NAME, revoked=False).update(revoked=True)
+    if "create_join_token" in get_commands():
+        out = io.StringIO()
+        try:
+            call_command("create_join_token", stdout=out)
+        except Exception:  # its options may differ; the direct path below still works
+            out = io.StringIO()
+        words = out.getvalue().split()
+        if words and _valid_join_token(words[-1]):
+            return words[-1]
+    secret = new_secret()
+    JoinToken.objects.create(name=DEMO_JOIN_TOKEN_NAME, token_hash=hash_secret(secret))
+    return secret
+
+
+def do_register_join_token(secret: str) -> str:
+    """Accept ``secret`` (chosen by the deployer, e.g. docker-compose's) as a join token."""
+    if not secret.strip():
+        raise ValueError("an empty join token would let anyone register a node")
+    JoinToken.objects.update_or_create(
+        token_hash=hash_secret(secret), defaults={"name": ENV_JOIN_TOKEN_NAME, "revoked": False}
+    )
+    return secret

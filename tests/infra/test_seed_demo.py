@@ -1,0 +1,113 @@
+"""``manage.py seed_demo``: the demo's tenants, quotas and users, idempotent, fresh secrets each run."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from django.contrib.auth import authenticate
+from django.core.management import call_command
+from rest_framework.authentication import TokenAuthentication
+from rest_framework.exceptions import AuthenticationFailed
+
+from scheduling.models import JoinToken, Membership, Quota, Tenant, hash_secret
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def fast_hashing(settings):
+    # Real password hashing costs ~0.3 s a user; these tests check who gets which password.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def seed() -> dict:
+    out = io.StringIO()
+    call_command("seed_demo", "--json", stdout=out)
+    return json.loads(out.getvalue())
+
+
+def users_of(result: dict) -> dict[str, dict]:
+    return {u["username"]: u for u in result["users"]}
+
+
+def test_seed_demo_makes_the_demo_tenants_users_and_quotas():
+    users = users_of(seed())
+    assert set(Tenant.objects.values_list("name", flat=True)) == {"vision", "nlp"}
+    assert set(users) == {"admin", "alice", "carol", "bob"}
+    rows = Membership.objects.select_related("user", "tenant")
+    memberships = {m.user.username: m.tenant.name for m in rows}
+    assert memberships == {"alice": "vision", "carol": "vision", "bob": "nlp"}
+    for tenant in ("vision", "nlp"):
+        models = set(Quota.objects.filter(tenant__name=tenant).values_list("model", flat=True))
+        assert models == {"H100", "A100", "T4"}
+    for quota in Quota.objects.all():
+        assert 0 < quota.guaranteed <= quota.limit
+
+
+def test_admin_is_an_operator_without_a_tenant_and_the_others_are_not_operators():
+    users = users_of(seed())
+    assert users["admin"]["operator"] and users["admin"]["tenant"] is None
+    admin = authenticate(username="admin", password=users["admin"]["password"])
+    assert admin is not None and admin.is_staff and admin.is_superuser
+    for name in ("alice", "carol", "bob"):
+        person = authenticate(username=name, password=users[name]["password"])
+        assert person is not None and not person.is_staff and not person.is_superuser
+
+
+def test_seeding_twice_converges_on_the_same_cluster():
+    seed()
+    before = (
+        sorted(Tenant.objects.values_list("name", flat=True)),
+        sorted(Quota.objects.values_list("tenant__name", "model", "guaranteed", "limit")),
+        sorted(Membership.objects.values_list("user__username", "tenant__name")),
+    )
+    seed()
+    after = (
+        sorted(Tenant.objects.values_list("name", flat=True)),
+        sorted(Quota.objects.values_list("tenant__name", "model", "guaranteed", "limit")),
+        sorted(Membership.objects.values_list("user__username", "tenant__name")),
+    )
+    assert after == before
+
+
+def test_each_run_gives_fresh_passwords_and_tokens_and_the_old_ones_stop_working():
+    first = users_of(seed())
+    second = users_of(seed())
+    for name in ("admin", "alice", "carol", "bob"):
+        assert first[name]["password"] != second[name]["password"]
+        assert first[name]["token"] != second[name]["token"]
+        assert authenticate(username=name, password=first[name]["password"]) is None
+        assert authenticate(username=name, password=second[name]["password"]) is not None
+    auth = TokenAuthentication()
+    with pytest.raises(AuthenticationFailed):
+        auth.authenticate_credentials(first["alice"]["token"])
+    user, _ = auth.authenticate_credentials(second["alice"]["token"])
+    assert user.username == "alice"
+
+
+def test_the_printed_join_token_is_a_valid_one_and_only_hashed_in_the_database():
+    result = seed()
+    token = result["join_token"]
+    assert len(token) >= 20
+    row = JoinToken.objects.get(token_hash=hash_secret(token))
+    assert not row.revoked
+    assert not JoinToken.objects.filter(token_hash=token).exists()
+
+
+def test_join_token_from_env_registers_the_deployers_token(monkeypatch):
+    monkeypatch.setenv("TESSERA_JOIN_TOKEN", "compose-chosen-secret-1234567890")
+    call_command("seed_demo", "--join-token-from-env", stdout=io.StringIO())
+    call_command("seed_demo", "--join-token-from-env", stdout=io.StringIO())
+    rows = JoinToken.objects.filter(token_hash=hash_secret("compose-chosen-secret-1234567890"))
+    assert rows.count() == 1 and not rows.get().revoked
+
+
+def test_join_token_from_env_refuses_an_empty_token(monkeypatch):
+    from django.core.management.base import CommandError
+
+    monkeypatch.setenv("TESSERA_JOIN_TOKEN", "  ")
+    with pytest.raises(CommandError):
+        call_command("seed_demo", "--join-token-from-env", stdout=io.StringIO())
+    assert not JoinToken.objects.exists()
