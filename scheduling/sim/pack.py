@@ -215,8 +215,9 @@ def workload(pods: list[Pod], capacity: int, seed: int) -> list[Pod]:
     return order
 
 
-def _choose_gpus(cl: PackCluster, i: int, pod: Pod, value: int | None, policy: str,
-                 rng: random.Random) -> list[int]:
+def _choose_gpus(
+    cl: PackCluster, i: int, pod: Pod, value: int | None, policy: str, rng: random.Random
+) -> list[int]:
     gpus = cl.gpu[i]
     if pod.count == 0:
         return []

@@ -1,0 +1,267 @@
+"""The incremental cluster state: free capacity per node, kept exact in integer units.
+
+* GPU capacity in milli-GPU per device (1000 = a whole free GPU, 0 = used or unhealthy);
+  CPU in milli-CPU and memory in MiB, ``UNTRACKED`` when the node does not report them.
+* Each node keeps buddy free lists per NVLink island (:mod:`.buddy`) for whole-GPU requests.
+* Nodes in the same class (model, size, islands, labels, taints) and the same free state form a
+  *group* with an integer id; placement scores a request once per group, not once per node, and a
+  change of one node moves it between two groups. The expected fragmentation ``F(n)`` of each
+  node is looked up per state (memoised) and summed incrementally.
+"""
+
+from __future__ import annotations
+
+import bisect
+import random
+from dataclasses import dataclass
+
+from .buddy import IslandBuddy, order_for
+from .fragmentation import UNTRACKED, FragmentationModel, to_milli
+from .types import MILLI, NodeSpec
+
+GroupKey = tuple[int, int, int, tuple[int, ...]]  # class id, cpu free, memory free, free per GPU
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaReq:
+    """What one replica needs on its node."""
+
+    milli: int  # share of each GPU: 1000 for whole GPUs, 0 for CPU-only
+    count: int  # GPUs (1 for a fraction, 0 for CPU-only)
+    cpu: int = 0  # milli-CPU
+    mem: int = 0  # MiB
+    nvlink: bool = False  # all of the replica's GPUs inside one island
+
+    @property
+    def demand(self) -> int:
+        return self.milli * self.count
+
+    @property
+    def charge(self) -> int:
+        """What quotas count: a fraction as its share, whole GPUs as the buddy block they take."""
+        if self.milli < MILLI:
+            return self.milli * self.count
+        return MILLI * (1 << order_for(self.count)) if self.count else 0
+
+
+@dataclass(frozen=True, slots=True)
+class Alloc:
+    """One replica's hold on one node."""
+
+    node: int
+    gpus: tuple[int, ...]
+    milli: int
+    cpu: int
+    mem: int
+    replica: int
+
+
+class NodeState:
+    """Free capacity of one node."""
+
+    __slots__ = ("index", "spec", "free", "cpu", "mem", "islands", "cls", "rank", "labels")
+
+    def __init__(self, index: int, spec: NodeSpec, cls: int, rank: int):
+        self.index = index
+        self.spec = spec
+        self.cls = cls
+        self.rank = rank
+        bad = set(spec.unhealthy_gpus)
+        self.free = [0 if g in bad else MILLI for g in range(spec.gpus)]
+        self.cpu = to_milli(spec.cpus) if spec.cpus > 0 else UNTRACKED
+        self.mem = int(round(spec.memory_gib * 1024)) if spec.memory_gib > 0 else UNTRACKED
+        d = max(1, min(spec.nvlink_domain, spec.gpus)) if spec.gpus else 1
+        self.islands = [
+            IslandBuddy(b, min(d, spec.gpus - b), tuple(sorted(bad))) for b in range(0, spec.gpus, d)
+        ]
+        self.labels = dict(spec.labels)
+
+    def key(self) -> GroupKey:
+        return (self.cls, self.cpu, self.mem, tuple(self.free))
+
+    def frag_key(self) -> tuple[str, int, tuple[int, ...]]:
+        return (self.spec.model, self.cpu, tuple(sorted(self.free)))
+
+    def largest_block(self) -> int:
+        return max((isl.largest() for isl in self.islands), default=0)
+
+    def whole_free(self) -> int:
+        return sum(1 for v in self.free if v >= MILLI)
+
+
+def fits_state(key: GroupKey, req: ReplicaReq, island: int, ngpus: int) -> bool:
+    """Does ``req`` fit a node in state ``key`` (``island`` GPUs per island, ``ngpus`` GPUs)?"""
+    _cls, cpu, mem, free = key
+    if req.cpu > cpu or req.mem > mem:
+        return False
+    if req.count == 0:
+        return True
+    if req.milli < MILLI:
+        return any(v >= req.milli for v in free)
+    if not req.nvlink:
+        return sum(1 for v in free if v >= MILLI) >= req.count
+    if req.count > island:
+        return False
+    for base in range(0, ngpus, island):
+        if sum(1 for v in free[base : base + island] if v >= MILLI) >= req.count:
+            return True
+    return False
+
+
+class ClusterState:
+    """Every node's free capacity, the groups, the running fragmentation sums and who holds what."""
+
+    def __init__(self, specs: list[NodeSpec] | tuple[NodeSpec, ...], frag: FragmentationModel,
+                 seed: int = 0):
+        self.frag = frag
+        order = list(range(len(specs)))
+        random.Random(seed).shuffle(order)  # the seeded node order that breaks score ties
+        rank = [0] * len(specs)
+        for r, i in enumerate(order):
+            rank[i] = r
+        classes: dict[tuple, int] = {}
+        self.nodes: list[NodeState] = []
+        for i, s in enumerate(specs):
+            labels = tuple(kv for kv in s.labels if kv[0] != "rack")
+            ckey = (s.model, s.gpus, s.nvlink_domain, s.kind, labels, s.taints, s.schedulable,
+                    s.unhealthy_gpus)
+            cls = classes.setdefault(ckey, len(classes))
+            self.nodes.append(NodeState(i, s, cls, rank[i]))
+        self.by_name = {n.spec.name: n.index for n in self.nodes}
+        self.by_rank = [0] * len(specs)
+        for n in self.nodes:
+            self.by_rank[n.rank] = n.index
+        self.class_spec = {n.cls: n.spec for n in self.nodes}
+        self.groups: dict[GroupKey, list[int]] = {}  # key -> sorted ranks of its nodes
+        self.gid: dict[GroupKey, int] = {}
+        self._next_gid = 0
+        self.version = 0  # bumped on every change; memoised failures are keyed by it
+        self.total_f = 0.0
+        self.total_free = 0
+        self.allocs: dict[str, list[Alloc]] = {}
+        for n in self.nodes:
+            self._join(n)
+
+    # -- groups and fragmentation ---------------------------------------------------------------
+    def _join(self, n: NodeState) -> None:
+        key = n.key()
+        ranks = self.groups.get(key)
+        if ranks is None:
+            ranks = self.groups[key] = []
+            self.gid[key] = self._next_gid
+            self._next_gid += 1
+        bisect.insort(ranks, n.rank)
+        if n.spec.schedulable:
+            self.total_f += self.frag.node(*n.frag_key())
+            self.total_free += sum(n.free)
+
+    def _leave(self, n: NodeState) -> None:
+        key = n.key()
+        ranks = self.groups[key]
+        del ranks[bisect.bisect_left(ranks, n.rank)]
+        if not ranks:
+            del self.groups[key]
+            del self.gid[key]
+        if n.spec.schedulable:
+            self.total_f -= self.frag.node(*n.frag_key())
+            self.total_free -= sum(n.free)
+
+    def set_frag(self, frag: FragmentationModel) -> None:
+        """Switch to another request mix: recompute the sums once (not per decision)."""
+        self.frag = frag
+        self.total_f = sum(frag.node(*n.frag_key()) for n in self.nodes if n.spec.schedulable)
+
+    def fragmentation_rate(self) -> float:
+        return self.total_f / self.total_free if self.total_free > 0 else 0.0
+
+    # -- choosing GPUs inside a node -----------------------------------------------------------
+    def choose_gpus(self, n: NodeState, req: ReplicaReq, value: int | None = None) -> list[int]:
+        """GPU indices for ``req`` on ``n`` (which fits it): a fraction on a GPU with free share
+        ``value`` (lowest index); whole GPUs from the smallest buddy block that holds them."""
+        if req.count == 0:
+            return []
+        if req.milli < MILLI:
+            if value is None:
+                value = min(v for v in n.free if v >= req.milli)
+            return [n.free.index(value)]
+        k = order_for(req.count)
+        best: tuple[int, int] | None = None  # (block order, first GPU)
+        for isl in n.islands:
+            for order in range(k, len(isl.free)):
+                if isl.free[order]:
+                    cand = (order, isl.base + min(isl.free[order]))
+                    if best is None or cand < best:
+                        best = cand
+                    break
+        if best is not None:
+            return list(range(best[1], best[1] + req.count))
+        if req.nvlink:  # no aligned block: any free GPUs of one island
+            for isl in n.islands:
+                got = [g for g in range(isl.base, isl.base + isl.size) if n.free[g] >= MILLI]
+                if len(got) >= req.count:
+                    return got[: req.count]
+            raise ValueError("no island holds the request")
+        # 1. Larger than any island: whole free blocks, largest first, then the smallest rest.
+        blocks = sorted(
+            (b for isl in n.islands for b in isl.blocks()), key=lambda b: (-b[1], b[0])
+        )
+        out: list[int] = []
+        for first, size in blocks:
+            out.extend(range(first, first + min(size, req.count - len(out))))
+            if len(out) == req.count:
+                break
+        return out
+
+    # -- binding and freeing ---------------------------------------------------------------------
+    def take(self, job_id: str, node: int, gpus: list[int] | tuple[int, ...], milli: int, cpu: int,
+             mem: int, replica: int) -> Alloc:
+        n = self.nodes[node]
+        self._leave(n)
+        for g in gpus:
+            if n.free[g] < milli:
+                self._join(n)
+                raise ValueError(f"GPU {g} of {n.spec.name} has {n.free[g]} milli free, not {milli}")
+            if n.free[g] == MILLI:
+                self._island(n, g).take(g)
+            n.free[g] -= milli
+        if n.cpu < UNTRACKED:
+            n.cpu -= cpu
+        if n.mem < UNTRACKED:
+            n.mem -= mem
+        self._join(n)
+        self.version += 1
+        alloc = Alloc(node, tuple(gpus), milli, cpu, mem, replica)
+        self.allocs.setdefault(job_id, []).append(alloc)
+        return alloc
+
+    def give(self, alloc: Alloc) -> None:
+        n = self.nodes[alloc.node]
+        self._leave(n)
+        for g in alloc.gpus:
+            n.free[g] += alloc.milli
+            if n.free[g] == MILLI:
+                self._island(n, g).give(g)
+        if n.cpu < UNTRACKED:
+            n.cpu += alloc.cpu
+        if n.mem < UNTRACKED:
+            n.mem += alloc.mem
+        self._join(n)
+        self.version += 1
+
+    def release(self, job_id: str) -> list[Alloc]:
+        allocs = self.allocs.pop(job_id, [])
+        for a in allocs:
+            self.give(a)
+        return allocs
+
+    def release_replica(self, job_id: str, alloc: Alloc) -> None:
+        held = self.allocs.get(job_id, [])
+        held.remove(alloc)
+        if not held:
+            self.allocs.pop(job_id, None)
+        self.give(alloc)
+
+    @staticmethod
+    def _island(n: NodeState, g: int) -> IslandBuddy:
+        d = n.islands[0].size if n.islands else 1
+        return n.islands[g // d]
