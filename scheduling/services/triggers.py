@@ -14,13 +14,20 @@ from django.conf import settings
 
 log = logging.getLogger("tessera.triggers")
 
+QUEUED_FLAG = "pass-queued"
 _wake = threading.Event()
 _loop_started = threading.Event()
 
 
 def request_pass() -> None:
+    """Ask for a pass soon. Coalesced: while one pass task is queued and not yet started, more
+    requests add nothing (a burst of 1,000 submits causes a handful of passes, not 1,000)."""
     if settings.TESSERA["EMBEDDED_PASSES"]:
         _wake.set()
+        return
+    from scheduling.services.redis_flags import set_flag_once
+
+    if not set_flag_once(QUEUED_FLAG):
         return
     try:
         from scheduling.tasks import scheduling_pass

@@ -1,0 +1,43 @@
+"""Pass triggers on the real broker: a burst of requests queues one pass task, not one each."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+from django.conf import settings as django_settings
+
+from controlplane.env import redis_db_url
+from scheduling.services import redis_flags, triggers
+
+
+@pytest.fixture
+def celery_mode(redis_url, settings, monkeypatch):
+    if not django_settings.CELERY_BROKER_URL:
+        pytest.fail("REDIS_URL must be set when the settings load for the Celery broker test")
+    monkeypatch.setitem(settings.TESSERA, "EMBEDDED_PASSES", False)
+    broker = redis.Redis.from_url(django_settings.CELERY_BROKER_URL)
+    broker.delete("celery")
+    redis_flags.client().delete(f"tessera:{triggers.QUEUED_FLAG}")
+    yield broker
+    broker.delete("celery")
+    redis_flags.client().delete(f"tessera:{triggers.QUEUED_FLAG}")
+
+
+def test_a_burst_of_requests_queues_a_single_pass(celery_mode, db):
+    for _ in range(1000):
+        triggers.request_pass()
+    assert celery_mode.llen("celery") == 1
+
+
+def test_a_request_after_the_pass_started_queues_another(celery_mode, db):
+    from scheduling.tasks import scheduling_pass
+
+    triggers.request_pass()
+    scheduling_pass.run()  # the worker's side: takes the "queued" flag, then runs the pass
+    triggers.request_pass()
+    assert celery_mode.llen("celery") == 2
+
+
+def test_flags_live_in_their_own_redis_database(redis_url):
+    assert redis_flags.client().connection_pool.connection_kwargs["db"] == 2
+    assert redis_db_url(redis_url, 2).endswith("/2")
