@@ -147,7 +147,8 @@ class Checker:
             return
         if not req.preemptible:
             self._fail(where, "a non-preemptible job was preempted")
-        self._advance(js, max(js.since, t - req.grace_s))  # no work after the stop signal
+        self._advance(js, max(js.since, t - req.grace_s))
+        js.rate = 0.0  # no work after the stop signal, though the GPUs are held until now
         interval = req.checkpoint_s or 0.0
         saved = math.floor(js.work / interval + EPS) * interval if interval > 0 else 0.0
         js.work = min(js.work, saved)

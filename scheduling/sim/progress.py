@@ -21,13 +21,16 @@ class ProgressBar:
         self.start = time.monotonic()
         self._last = 0.0
         self._drawn = False
+        self._final_drawn = False
 
     def __call__(self, done: float, total: float) -> None:
         if self.stream is None:
             return
         now = time.monotonic()
-        if now - self._last < self.every_s and done < total:
+        final = done >= total
+        if (now - self._last < self.every_s and not final) or (final and self._final_drawn):
             return
+        self._final_drawn = final
         self._last = now
         frac = 0.0 if total <= 0 else min(1.0, max(0.0, done / total))
         filled = int(frac * self.width)

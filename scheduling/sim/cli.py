@@ -1,0 +1,189 @@
+"""``python -m scheduling.sim replay|pack|generate|check`` (CONTRACTS.md, Simulator).
+
+Bad arguments or bad files end with one clear line on stderr (``error: FILE:LINE: ...``) and a
+non-zero exit (2), never a traceback; ``check`` exits 1 when it finds violations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import re
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+from scheduling.sim import policies
+from scheduling.sim.events import EventsError, read_events
+from scheduling.sim.replay import ReplayError
+from scheduling.sim.traces import TraceError, read_jobs, read_nodes, read_quotas
+
+SHOWN = 50  # violations printed in full; the rest are counted by kind
+
+COMPARE_HELP = "run these policies side by side into OUT/<policy>/, plus OUT/compare.md and .png"
+POLICY_NAMES = ("tessera", "fcfs-node", "fcfs-device", "random", "best-fit", "fgd")
+
+
+def _positive(kind: type) -> object:
+    def parse(text: str) -> object:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+        return value
+
+    return parse
+
+
+def _policy_list(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("give at least one policy name")
+    return names
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m scheduling.sim",
+        description="Tessera's simulator: replay a workload, run the packing benchmark, "
+        "generate a workload, or check an events file.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("replay", help="run a workload through simulated time under a policy")
+    p.add_argument("--nodes", required=True, type=Path, help="NODES.csv")
+    p.add_argument("--jobs", required=True, type=Path, help="JOBS.csv")
+    p.add_argument("--quotas", type=Path, help="QUOTAS.csv (default: no quotas)")
+    p.add_argument("--policy", default="tessera", help="policy name (default tessera)")
+    p.add_argument("--compare", type=_policy_list, metavar="P1,P2,...",
+                   help=COMPARE_HELP)  # fmt: skip
+    p.add_argument("--out", required=True, type=Path, help="output directory")
+    p.add_argument("--seed", type=int, default=0, help="the policy's seed (default 0)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    p = sub.add_parser("pack", help="the FGD packing benchmark (PACKING.md)")
+    p.add_argument("--nodes", required=True, type=Path, help="NODES.csv")
+    p.add_argument("--jobs", required=True, type=Path, help="JOBS.csv (the pod list)")
+    p.add_argument("--policy", default="tessera", help="policy name (default tessera)")
+    p.add_argument("--compare", type=_policy_list, metavar="P1,P2,...",
+                   help=COMPARE_HELP)  # fmt: skip
+    p.add_argument("--out", required=True, type=Path, help="output directory")
+    p.add_argument("--seeds", type=_positive(int), default=10, help="seeds 42, 43, ... (default 10)")
+    p.add_argument("--processes", type=_positive(int), default=2, help="worker processes (default 2)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    p = sub.add_parser("generate", help="write nodes.csv, jobs.csv and quotas.csv")
+    p.add_argument("--out", required=True, type=Path, help="output directory")
+    p.add_argument("--seed", type=int, required=True, help="random seed")
+    p.add_argument("--days", type=_positive(float), required=True, help="arrival span in days")
+    p.add_argument("--load", type=_positive(float), required=True, help="offered load (1.0 = full)")
+    p.add_argument("--gpus", type=_positive(int), default=600, help="cluster size (default ~600)")
+
+    p = sub.add_parser("check", help="check an events file against its inputs")
+    p.add_argument("nodes", type=Path, metavar="NODES.csv")
+    p.add_argument("jobs", type=Path, metavar="JOBS.csv")
+    p.add_argument("events", type=Path, metavar="EVENTS.jsonl")
+    p.add_argument("quotas", type=Path, nargs="?", metavar="QUOTAS.csv")
+    return parser
+
+
+def _known_policies(requested: Sequence[str]) -> None:
+    known = policies.names() or POLICY_NAMES
+    policies.check_names(requested, known)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from scheduling.sim import runner
+
+    names = args.compare or [args.policy]
+    _known_policies(names)
+    if args.compare:
+        summaries = runner.compare_replay(
+            args.nodes, args.jobs, args.quotas, names, args.out, args.seed, show_progress=not args.quiet
+        )
+        print((args.out / "compare.md").read_text(encoding="utf-8"))
+        return 0 if all(s["check"]["ok"] for s in summaries.values()) else 1
+    s = runner.run_replay(
+        args.nodes, args.jobs, args.quotas, args.policy, args.out, args.seed, show_progress=not args.quiet
+    )
+    print(runner.replay_table({args.policy: s}))
+    print(f"wrote {args.out}/events.jsonl, summary.json and plots")
+    return 0
+
+
+def _pack(args: argparse.Namespace) -> int:
+    from scheduling.sim import runner
+
+    names = args.compare or [args.policy]
+    _known_policies(names)
+    if args.compare:
+        runner.compare_pack(
+            args.nodes, args.jobs, names, args.out, args.seeds, args.processes, not args.quiet
+        )
+        print((args.out / "compare.md").read_text(encoding="utf-8"))
+        return 0
+    s = runner.run_pack_policy(
+        args.nodes, args.jobs, args.policy, args.out, args.seeds, args.processes, not args.quiet
+    )
+    print(runner.pack_table({args.policy: s}))
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from scheduling.sim.generate import generate
+
+    try:
+        info = generate(args.out, args.seed, args.days, args.load, args.gpus)
+    except ValueError as exc:  # bounds the parser cannot see (e.g. too small a span)
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(info))
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from scheduling.sim.check import check
+
+    nodes = read_nodes(args.nodes)
+    jobs = read_jobs(args.jobs)
+    quotas = read_quotas(args.quotas) if args.quotas else None
+    report = check(nodes, jobs, read_events(args.events), quotas)
+    for line in report.violations[:SHOWN]:
+        print(line)
+    if len(report.violations) > SHOWN:
+        kinds = Counter(_kind(v) for v in report.violations)
+        print(f"... and {len(report.violations) - SHOWN} more; by kind:")
+        for kind, n in kinds.most_common():
+            print(f"  {n:6d}  {kind}")
+    verdict = "OK" if report.ok else f"{len(report.violations)} violation(s)"
+    print(f"check: {report.jobs} jobs, {report.events} events: {verdict}")
+    return 0 if report.ok else 1
+
+
+def _kind(violation: str) -> str:
+    """A violation's message without its place and numbers, to count violations by kind."""
+    why = violation.split("): ", 1)[-1] if violation.startswith("line ") else violation.split(": ", 1)[-1]
+    return re.sub(r"\S*\d\S*", "#", why.split(" (")[0])
+
+
+COMMANDS = {"replay": _replay, "pack": _pack, "generate": _generate, "check": _check}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except (TraceError, EventsError, ReplayError, policies.PolicyError, csv.Error) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+    except (OSError, UnicodeDecodeError) as exc:
+        where = getattr(exc, "filename", None)
+        why = getattr(exc, "strerror", None) or str(exc)
+        print(f"error: {where}: {why}" if where else f"error: {why}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 2

@@ -1,0 +1,43 @@
+"""Where the simulator gets its policies: the engine's registry (``scheduling.engine.registry``).
+
+The simulator never ships a policy of its own: ``tessera`` and the baselines all come from the
+engine, so that what is measured offline is the code that runs online.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from scheduling.engine.types import NodeSpec, QuotaSpec, Scheduler
+
+SchedulerFactory = Callable[[str, Sequence[NodeSpec], Sequence[QuotaSpec], int], Scheduler]
+
+
+class PolicyError(ValueError):
+    """An unknown policy name, or no policy registry to ask."""
+
+
+def names() -> tuple[str, ...]:
+    """The registered policy names (empty when the engine's registry is missing)."""
+    try:
+        from scheduling.engine.registry import POLICIES
+    except ImportError:
+        return ()
+    return tuple(POLICIES)
+
+
+def make(name: str, nodes: Sequence[NodeSpec], quotas: Sequence[QuotaSpec] = (), seed: int = 0) -> Scheduler:
+    """A fresh scheduler of policy ``name`` for ``nodes``."""
+    try:
+        from scheduling.engine.registry import POLICIES, make_scheduler
+    except ImportError as exc:
+        raise PolicyError(f"no policy registry (scheduling.engine.registry): {exc}") from None
+    if name not in POLICIES:
+        raise PolicyError(f"unknown policy {name!r}; one of {', '.join(POLICIES)}")
+    return make_scheduler(name, list(nodes), quotas=tuple(quotas), seed=seed)
+
+
+def check_names(requested: Sequence[str], known: Sequence[str]) -> None:
+    unknown = [n for n in requested if n not in known]
+    if unknown:
+        raise PolicyError(f"unknown policy {unknown[0]!r}; one of {', '.join(known)}")

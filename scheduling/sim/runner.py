@@ -1,0 +1,218 @@
+"""The simulator's commands as functions: replay and pack one policy or several side by side.
+
+Each writes its files into an output directory and returns its summary; :mod:`.cli` only parses
+arguments and reports errors. ``--compare`` runs each policy into ``OUT/<policy>/`` and writes
+``OUT/compare.md`` (one markdown table) and ``OUT/compare.png`` (all policies on the same axes).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from scheduling.sim import policies
+from scheduling.sim.check import check
+from scheduling.sim.events import read_events, write_events
+from scheduling.sim.metrics import summarize
+from scheduling.sim.plots import plot_compare, plot_pack_compare, plot_run
+from scheduling.sim.progress import ProgressBar
+from scheduling.sim.replay import replay
+from scheduling.sim.traces import read_jobs, read_nodes, read_quotas
+
+PACK_SEED0 = 42
+
+
+def _dump(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+
+
+def run_replay(
+    nodes_csv: str | Path,
+    jobs_csv: str | Path,
+    quotas_csv: str | Path | None,
+    policy: str,
+    out: str | Path,
+    seed: int = 0,
+    *,
+    factory: policies.SchedulerFactory | None = None,
+    show_progress: bool = True,
+    tick_s: float = 300.0,
+) -> dict[str, Any]:
+    """Replay one policy; write events.jsonl, summary.json, series.json and the plots."""
+    out = Path(out)
+    nodes = read_nodes(nodes_csv)
+    jobs = read_jobs(jobs_csv)
+    quotas = read_quotas(quotas_csv) if quotas_csv else []
+    out.mkdir(parents=True, exist_ok=True)
+    scheduler = (factory or policies.make)(policy, nodes, quotas, seed)
+    bar = ProgressBar(f"replay {policy}", stream=sys.stderr if show_progress else None)
+    try:
+        result = replay(nodes, jobs, scheduler, tick_s=tick_s, progress=bar)
+    finally:
+        bar.close()
+    write_events(out / "events.jsonl", result.events)
+    began = time.perf_counter()
+    summary, series = summarize(nodes, jobs, result.events, quotas)
+    report = check(nodes, jobs, read_events(out / "events.jsonl"), quotas if quotas_csv else None)
+    summary = {
+        "policy": policy,
+        "seed": seed,
+        "nodes": str(nodes_csv),
+        "jobs_file": str(jobs_csv),
+        "quotas": str(quotas_csv) if quotas_csv else None,
+        **summary,
+        "check": {"ok": report.ok, "violations": len(report.violations)},
+        "wall_s": result.wall_s,
+        "policy_s": result.decide_s,
+        "driver_s": result.wall_s - result.decide_s,
+        "decide_calls": result.decide_calls,
+        "metrics_s": time.perf_counter() - began,
+    }
+    _dump(out / "summary.json", summary)
+    (out / "series.json").write_text(json.dumps(series, separators=(",", ":")), encoding="utf-8")
+    if report.violations:
+        (out / "check.txt").write_text("\n".join(report.violations) + "\n", encoding="utf-8")
+    plot_run(out, series, policy)
+    return summary
+
+
+def _fmt(value: Any, scale: float = 1.0, digits: int = 1, pct: bool = False) -> str:
+    if value is None:
+        return "–"
+    if pct:
+        return f"{100 * value:.{digits}f}%"
+    return f"{value / scale:.{digits}f}"
+
+
+REPLAY_COLUMNS = (
+    ("alloc. while arriving", lambda s: _fmt(s["gpu_allocation_rate_while_arriving"], pct=True)),
+    ("alloc. overall", lambda s: _fmt(s["gpu_allocation_rate"], pct=True)),
+    ("avg JCT (h)", lambda s: _fmt(s["avg_jct_s"], 3600, 2)),
+    ("p99 JCT (h)", lambda s: _fmt(s["p99_jct_s"], 3600, 1)),
+    ("avg queue (h)", lambda s: _fmt(s["avg_queue_s"], 3600, 2)),
+    ("max queue (h)", lambda s: _fmt(s["max_queue_s"], 3600, 1)),
+    ("inference p99 queue (s)", lambda s: _fmt(s["by_kind"].get("inference", {}).get("p99_queue_s"), 1, 0)),
+    ("frag.", lambda s: _fmt(s["avg_fragmentation_rate"], pct=True)),
+    ("preempt.", lambda s: str(s["preemptions"])),
+    ("lost work", lambda s: _fmt(s["lost_work_fraction"], pct=True, digits=2)),
+    ("rejected", lambda s: str(s["rejected"])),
+    ("unfinished", lambda s: str(s["unfinished"])),
+    ("check", lambda s: "OK" if s["check"]["ok"] else f"{s['check']['violations']} violations"),
+    ("wall (s)", lambda s: f"{s['wall_s']:.1f}"),
+)
+
+
+def replay_table(summaries: dict[str, dict[str, Any]]) -> str:
+    head = ["policy", *(name for name, _ in REPLAY_COLUMNS)]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for policy, s in summaries.items():
+        lines.append("| " + " | ".join([policy, *(f(s) for _, f in REPLAY_COLUMNS)]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def wait_by_kind_table(summaries: dict[str, dict[str, Any]]) -> str:
+    """Longest and p99 wait per kind (hours), one row per policy."""
+    kinds = ("inference", "training", "finetune", "batch")
+    head = ["policy", *(f"{k} max / p99 wait (h)" for k in kinds)]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for policy, s in summaries.items():
+        cells = []
+        for k in kinds:
+            b = s["by_kind"].get(k, {})
+            cells.append(f"{_fmt(b.get('max_queue_s'), 3600, 2)} / {_fmt(b.get('p99_queue_s'), 3600, 2)}")
+        lines.append("| " + " | ".join([policy, *cells]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def compare_replay(
+    nodes_csv: str | Path,
+    jobs_csv: str | Path,
+    quotas_csv: str | Path | None,
+    names: Sequence[str],
+    out: str | Path,
+    seed: int = 0,
+    *,
+    factory: policies.SchedulerFactory | None = None,
+    show_progress: bool = True,
+) -> dict[str, dict[str, Any]]:
+    out = Path(out)
+    summaries: dict[str, dict[str, Any]] = {}
+    runs: dict[str, Any] = {}
+    for name in names:
+        summaries[name] = run_replay(
+            nodes_csv, jobs_csv, quotas_csv, name, out / name, seed,
+            factory=factory, show_progress=show_progress,
+        )  # fmt: skip
+        runs[name] = json.loads((out / name / "series.json").read_text(encoding="utf-8"))
+    title = f"replay {Path(jobs_csv).name} on {Path(nodes_csv).name}"
+    text = f"## {title}\n\n{replay_table(summaries)}\n{wait_by_kind_table(summaries)}"
+    (out / "compare.md").write_text(text, encoding="utf-8")
+    plot_compare(out / "compare.png", runs, title)
+    return summaries
+
+
+def run_pack_policy(
+    nodes_csv: str | Path,
+    jobs_csv: str | Path,
+    policy: str,
+    out: str | Path,
+    seeds: int = 10,
+    processes: int = 2,
+    show_progress: bool = True,
+) -> dict[str, Any]:
+    from scheduling.sim.pack import run_pack
+
+    read_nodes(nodes_csv)  # fail early, with the file's line, on a bad input
+    read_jobs(jobs_csv)
+    bar = ProgressBar(f"pack {policy}", stream=sys.stderr if show_progress else None)
+    began = time.perf_counter()
+    try:
+        summary = run_pack(
+            nodes_csv, jobs_csv, policy, out, list(range(PACK_SEED0, PACK_SEED0 + seeds)),
+            progress=bar, processes=processes,
+        )  # fmt: skip
+    finally:
+        bar.close()
+    summary["wall_s"] = time.perf_counter() - began
+    _dump(Path(out) / "summary.json", summary)
+    return summary
+
+
+def pack_table(results: dict[str, dict[str, Any]]) -> str:
+    head = ["policy", "alloc. at 100% arrived", "alloc. at 130% arrived", "frag. at 90%", "seeds", "wall (s)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for policy, s in results.items():
+        row = [
+            policy,
+            _fmt(s.get("gpu_allocation_rate_at_100"), pct=True, digits=2),
+            _fmt(s.get("gpu_allocation_rate_at_130"), pct=True, digits=2),
+            _fmt(s.get("fragmentation_rate_at_90"), pct=True, digits=1),
+            str(len(s.get("seeds", []))),
+            f"{s.get('wall_s', 0.0):.0f}",
+        ]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def compare_pack(
+    nodes_csv: str | Path,
+    jobs_csv: str | Path,
+    names: Sequence[str],
+    out: str | Path,
+    seeds: int = 10,
+    processes: int = 2,
+    show_progress: bool = True,
+) -> dict[str, dict[str, Any]]:
+    out = Path(out)
+    results = {
+        name: run_pack_policy(nodes_csv, jobs_csv, name, out / name, seeds, processes, show_progress)
+        for name in names
+    }
+    title = f"pack {Path(jobs_csv).name} ({seeds} seeds)"
+    (out / "compare.md").write_text(f"## {title}\n\n{pack_table(results)}", encoding="utf-8")
+    plot_pack_compare(out / "compare.png", results, title)
+    return results
