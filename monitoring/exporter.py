@@ -1,12 +1,31 @@
 """The control plane's own Prometheus metrics.
 
-Gauges are computed at scrape time from PostgreSQL (a custom collector), so every web process
-reports the same truth; the pass-duration histogram is observed where passes run.
+Gauges are computed at scrape time from the database (a custom collector, a handful of aggregate
+queries), so every web process reports the same truth; the pass-duration histogram is observed
+where passes run (the worker, or the web process in the embedded default).
+
+| metric | labels | what |
+| --- | --- | --- |
+| ``tessera_scheduling_pass_seconds`` | | histogram of pass durations |
+| ``tessera_jobs_pending`` | ``kind`` | pending jobs |
+| ``tessera_jobs`` | ``state`` | jobs by state (terminal ones included) |
+| ``tessera_gpus_total`` | ``model`` | GPUs known to the control plane |
+| ``tessera_gpus_allocated`` | ``model`` | allocated GPU capacity (a fraction counts as its share) |
+| ``tessera_gpus_unhealthy`` | ``model`` | GPUs reported unhealthy |
+| ``tessera_nodes`` | ``state`` | nodes by state |
 """
 
 from __future__ import annotations
 
-from prometheus_client import Histogram
+import logging
+import threading
+from collections.abc import Iterator
+
+from prometheus_client import REGISTRY, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector, CollectorRegistry
+
+log = logging.getLogger("tessera.metrics")
 
 PASS_SECONDS = Histogram(
     "tessera_scheduling_pass_seconds",
@@ -17,3 +36,80 @@ PASS_SECONDS = Histogram(
 
 def observe_pass(seconds: float) -> None:
     PASS_SECONDS.observe(seconds)
+
+
+class ClusterCollector(Collector):
+    """Reads the cluster's totals from the database when Prometheus scrapes."""
+
+    def describe(self) -> list:
+        # No queries at registration time (the database may not exist yet).
+        return []
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            families = _cluster_families()
+        except Exception:  # a scrape must never take the web process down; the gap shows in Grafana
+            log.warning("cluster metrics unavailable", exc_info=True)
+            return
+        yield from families
+
+
+def _cluster_families() -> list[GaugeMetricFamily]:
+    from django.db.models import Count, Sum
+
+    from scheduling.choices import JobKind, JobState, NodeState
+    from scheduling.models import Allocation, Device, Job, Node
+
+    pending = GaugeMetricFamily("tessera_jobs_pending", "Pending jobs by kind.", labels=["kind"])
+    counts = dict(
+        Job.objects.filter(state=JobState.PENDING).values_list("kind").annotate(n=Count("id")).order_by()
+    )
+    for kind in JobKind.values:
+        pending.add_metric([kind], counts.get(kind, 0))
+
+    jobs = GaugeMetricFamily("tessera_jobs", "Jobs by state.", labels=["state"])
+    by_state = dict(Job.objects.values_list("state").annotate(n=Count("id")).order_by())
+    for state in JobState.values:
+        jobs.add_metric([state], by_state.get(state, 0))
+
+    total = GaugeMetricFamily("tessera_gpus_total", "GPUs by model.", labels=["model"])
+    unhealthy = GaugeMetricFamily("tessera_gpus_unhealthy", "Unhealthy GPUs by model.", labels=["model"])
+    allocated = GaugeMetricFamily(
+        "tessera_gpus_allocated",
+        "Allocated GPU capacity by model (a fractional share counts as its share).",
+        labels=["model"],
+    )
+    models: dict[str, tuple[int, int]] = {}
+    rows = Device.objects.values_list("model", "healthy").annotate(n=Count("id")).order_by()
+    for model, healthy, n in rows:
+        all_n, bad_n = models.get(model, (0, 0))
+        models[model] = (all_n + n, bad_n + (0 if healthy else n))
+    used = dict(
+        Allocation.objects.filter(released_at__isnull=True)
+        .values_list("device__model")
+        .annotate(milli=Sum("share_milli"))
+        .order_by()
+    )
+    for model in sorted(models):
+        total.add_metric([model], models[model][0])
+        unhealthy.add_metric([model], models[model][1])
+        allocated.add_metric([model], (used.get(model) or 0) / 1000)
+
+    nodes = GaugeMetricFamily("tessera_nodes", "Nodes by state.", labels=["state"])
+    by_node_state = dict(Node.objects.values_list("state").annotate(n=Count("id")).order_by())
+    for state in NodeState.values:
+        nodes.add_metric([state], by_node_state.get(state, 0))
+    return [pending, jobs, total, allocated, unhealthy, nodes]
+
+
+_registered: set[int] = set()
+_lock = threading.Lock()
+
+
+def register_collector(registry: CollectorRegistry = REGISTRY) -> None:
+    """Register the cluster collector with ``registry`` once (safe to call on every app start)."""
+    with _lock:
+        if id(registry) in _registered:
+            return
+        registry.register(ClusterCollector())
+        _registered.add(id(registry))

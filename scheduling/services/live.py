@@ -39,13 +39,17 @@ def job_payload(job) -> dict[str, Any]:
         "id": job.pk,
         "name": job.name,
         "tenant": job.tenant.name,
+        "tenant_id": job.tenant_id,
         "kind": job.kind,
         "state": job.state,
         "gpus": job.gpus,
         "queue_level": job.queue_level,
+        "queue_level_name": job.queue_level_name,
+        "priority": job.priority,
         "pending_reason": job.pending_reason,
         "pending_code": job.pending_code,
         "submitted_at": job.submitted_at.isoformat() if job.submitted_at else None,
+        "started_at": job.started_at.isoformat() if job.started_at else None,
     }
 
 

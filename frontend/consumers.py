@@ -1,0 +1,73 @@
+"""The dashboard's websocket: job and GPU deltas for one signed-in person.
+
+Access is checked before any group is joined (as AWX's consumers do): anonymous sockets are refused
+at the handshake; a tenant's user joins ``jobs.tenant.<its tenant id>`` and ``gpus``, an operator
+``jobs.operators`` and ``gpus``. ``gpu.update`` rows are redacted for the viewer before they leave,
+and a ``job.update`` whose tenant is not the viewer's is dropped even if it reached the group, so
+another tenant's job never reaches a tenant's socket.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from frontend.redaction import Viewer, redact_device, viewer_for
+
+log = logging.getLogger("tessera.ws")
+
+GPU_GROUP = "gpus"
+# Close code for a refused handshake (4000–4999 are the application's own).
+CLOSE_UNAUTHENTICATED = 4401
+
+
+class DashboardConsumer(AsyncJsonWebsocketConsumer):
+    viewer: Viewer | None = None
+    joined: list[str]
+
+    async def connect(self) -> None:
+        self.joined = []
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        self.viewer = await database_sync_to_async(viewer_for)(user)
+        for group in [*self.viewer.job_groups(), GPU_GROUP]:
+            await self.channel_layer.group_add(group, self.channel_name)
+            self.joined.append(group)
+        await self.accept()
+        # Joined: from here on no delta is missed, so the page may fetch its snapshot now.
+        await self.send_json({"type": "ready", "viewer": self.viewer.as_json()})
+
+    async def disconnect(self, code: int) -> None:
+        for group in self.joined:
+            await self.channel_layer.group_discard(group, self.channel_name)
+        self.joined = []
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        # The socket is push-only; a client's "ping" gets a "pong" so it can check liveness.
+        if isinstance(content, dict) and content.get("type") == "ping":
+            await self.send_json({"type": "pong"})
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kw: Any) -> None:
+        # Garbage from a client is ignored, never a traceback.
+        try:
+            await super().receive(text_data=text_data, bytes_data=bytes_data, **kw)
+        except ValueError:
+            return
+
+    async def job_update(self, event: dict[str, Any]) -> None:
+        job = event.get("job") or {}
+        if self.viewer is None or not self.viewer.may_see_job(job):
+            log.warning("dropped a job.update outside %s's scope", getattr(self.viewer, "username", "?"))
+            return
+        await self.send_json({"type": "job.update", "job": job})
+
+    async def gpu_update(self, event: dict[str, Any]) -> None:
+        if self.viewer is None:
+            return
+        devices = [redact_device(row, self.viewer) for row in event.get("devices", [])]
+        await self.send_json({"type": "gpu.update", "devices": devices})

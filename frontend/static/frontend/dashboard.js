@@ -1,0 +1,295 @@
+/* Tessera dashboard: a snapshot over REST, then deltas over the websocket (no reload, no build).
+ *
+ * 1. Open /ws/dashboard/. The server answers "ready" once it has joined this viewer's groups, so
+ *    from then on no delta is missed; deltas that arrive before the snapshot are buffered.
+ * 2. Fetch state.json (the snapshot) and build the model: nodes by name, jobs by id.
+ * 3. Apply each delta by replacing the row with the same key (device: node + index; job: id);
+ *    a finished job leaves the live list. A device of an unknown node means the cluster changed
+ *    shape: fetch the snapshot again.
+ * 4. On a lost connection, reconnect with backoff; the next "ready" refetches the snapshot.
+ *
+ * Everything that comes from users (job names, node names) is set with textContent, never HTML.
+ */
+(function () {
+  "use strict";
+
+  const root = document.getElementById("dashboard");
+  if (!root) return;
+
+  const T = (window.TESSERA = {
+    loadedAt: Date.now(), // a marker that a reload would reset (the browser test checks it)
+    model: null,
+    deltas: 0,
+    lastDeltaAt: 0,
+    snapshots: 0,
+    connected: false,
+  });
+
+  let terminal = new Set(["succeeded", "failed", "cancelled"]);
+  let buffered = [];
+  let socket = null;
+  let retryMs = 500;
+  let renderTimer = null;
+
+  // ---- the model ------------------------------------------------------------------------------
+
+  function buildModel(snapshot) {
+    if (snapshot.states && snapshot.states.terminal) terminal = new Set(snapshot.states.terminal);
+    const nodes = {};
+    for (const node of snapshot.nodes) {
+      const devices = {};
+      for (const d of node.devices) devices[d.index] = d;
+      nodes[node.name] = Object.assign({}, node, { devices: devices });
+    }
+    const jobs = {};
+    for (const job of snapshot.jobs) jobs[job.id] = job;
+    return { viewer: snapshot.viewer, nodes: nodes, jobs: jobs, truncated: !!snapshot.jobs_truncated };
+  }
+
+  /* Apply one delta to a model; returns false if only a fresh snapshot can bring it up to date. */
+  function applyDelta(model, msg) {
+    if (msg.type === "job.update") {
+      const job = msg.job;
+      if (terminal.has(job.state)) delete model.jobs[job.id];
+      else model.jobs[job.id] = job;
+      return true;
+    }
+    if (msg.type === "gpu.update") {
+      for (const d of msg.devices) {
+        const node = model.nodes[d.node];
+        if (!node) return false;
+        node.devices[d.index] = d;
+      }
+      return true;
+    }
+    return true;
+  }
+
+  /* A plain, ordered copy of a model: what "equal" means between deltas and a fresh fetch. */
+  function normalize(model) {
+    const nodes = Object.keys(model.nodes).sort().map(function (name) {
+      const node = model.nodes[name];
+      const devices = Object.keys(node.devices)
+        .map(Number)
+        .sort(function (a, b) { return a - b; })
+        .map(function (i) { return node.devices[i]; });
+      return Object.assign({}, node, { devices: devices });
+    });
+    const jobs = Object.keys(model.jobs)
+      .map(Number)
+      .sort(function (a, b) { return a - b; })
+      .map(function (id) { return model.jobs[id]; });
+    return { nodes: nodes, jobs: jobs };
+  }
+
+  async function fetchSnapshot() {
+    const response = await fetch(root.dataset.stateUrl, {
+      credentials: "same-origin",
+      headers: { Accept: "application/json" },
+    });
+    if (response.status === 401 || response.status === 403) {
+      window.location.assign("/login/?next=/");
+      throw new Error("signed out");
+    }
+    if (!response.ok) throw new Error("state.json answered " + response.status);
+    return response.json();
+  }
+
+  async function resync() {
+    const snapshot = await fetchSnapshot();
+    const model = buildModel(snapshot);
+    const pending = buffered;
+    buffered = null;
+    for (const msg of pending) applyDelta(model, msg);
+    T.model = model;
+    T.snapshots += 1;
+    scheduleRender();
+  }
+
+  T.normalize = normalize;
+  T.fetchNormalized = async function () { return normalize(buildModel(await fetchSnapshot())); };
+  T.currentNormalized = function () { return T.model ? normalize(T.model) : null; };
+
+  // ---- the socket -----------------------------------------------------------------------------
+
+  function setLive(on, text) {
+    T.connected = on;
+    const badge = document.getElementById("live");
+    badge.textContent = text;
+    badge.className = "live " + (on ? "live-on" : "live-off");
+  }
+
+  function connect() {
+    const scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
+    socket = new WebSocket(scheme + window.location.host + root.dataset.wsPath);
+    buffered = [];
+    socket.onmessage = function (event) {
+      let msg;
+      try { msg = JSON.parse(event.data); } catch (e) { return; }
+      if (msg.type === "ready") {
+        retryMs = 500;
+        setLive(true, "live");
+        resync().catch(function (err) { console.error(err); socket.close(); });
+        return;
+      }
+      if (msg.type !== "job.update" && msg.type !== "gpu.update") return;
+      T.deltas += 1;
+      T.lastDeltaAt = Date.now();
+      if (buffered !== null || !T.model) { (buffered = buffered || []).push(msg); return; }
+      if (!applyDelta(T.model, msg)) {
+        buffered = [];
+        resync().catch(function (err) { console.error(err); socket.close(); });
+        return;
+      }
+      scheduleRender();
+    };
+    socket.onclose = function () {
+      setLive(false, "reconnecting…");
+      window.setTimeout(connect, retryMs);
+      retryMs = Math.min(retryMs * 2, 15000);
+    };
+  }
+
+  // ---- rendering ------------------------------------------------------------------------------
+
+  function el(tag, attrs, children) {
+    const node = document.createElement(tag);
+    for (const key in attrs || {}) {
+      if (key === "text") node.textContent = attrs[key];
+      else if (key === "class") node.className = attrs[key];
+      else node.setAttribute(key, attrs[key]);
+    }
+    for (const child of children || []) if (child) node.appendChild(child);
+    return node;
+  }
+
+  function scheduleRender() {
+    if (renderTimer !== null) return;
+    renderTimer = window.setTimeout(function () { renderTimer = null; render(); }, 16);
+  }
+
+  function pct(share) { return Math.round(share * 100) + "%"; }
+
+  function jobLabel(id) {
+    const job = T.model.jobs[id];
+    return "job " + id + (job ? " " + job.name : "");
+  }
+
+  /* The cell's colour and its hover text, as this viewer may see them. */
+  function describeCell(node, d) {
+    const lines = [node.name + " · GPU " + d.index + " · " + d.model];
+    const classes = ["cell"];
+    if (d.state === "unhealthy") classes.push("unhealthy");
+    else if (d.state === "free") classes.push("free");
+    else if (!T.model.viewer.operator && d.jobs.length === 0) classes.push("in-use");
+    else classes.push(d.state);
+    if (!T.model.viewer.operator && d.jobs.length > 0) classes.push("mine");
+    lines.push(d.state === "unhealthy" ? "unhealthy" : d.state === "free" ? "free" : "");
+    for (const j of d.jobs) {
+      let line = jobLabel(j.job_id) + " · " + pct(j.share);
+      if (j.tenant) line += " · " + j.tenant;
+      lines.push(line);
+    }
+    if (d.others > 0) lines.push("in use · " + pct(d.others));
+    return { classes: classes.join(" "), title: lines.filter(Boolean).join("\n") };
+  }
+
+  function renderHeatmap() {
+    const model = T.model;
+    const byRack = {};
+    for (const name of Object.keys(model.nodes).sort()) {
+      const node = model.nodes[name];
+      (byRack[node.rack] = byRack[node.rack] || []).push(node);
+    }
+    const box = document.getElementById("heatmap");
+    const racks = Object.keys(byRack).sort();
+    if (racks.length === 0) {
+      box.replaceChildren(el("p", { class: "muted", text: "No nodes have joined yet." }));
+      return;
+    }
+    let total = 0, free = 0;
+    const sections = racks.map(function (rack) {
+      const rows = byRack[rack].map(function (node) {
+        const indexes = Object.keys(node.devices).map(Number).sort(function (a, b) { return a - b; });
+        const island = Math.max(1, node.nvlink_domain || 1);
+        const cells = indexes.map(function (i) {
+          const d = node.devices[i];
+          total += 1;
+          if (d.state === "free") free += 1;
+          const look = describeCell(node, d);
+          const cell = el("span", {
+            class: look.classes + (i > 0 && i % island === 0 ? " island-start" : ""),
+            title: look.title,
+            "data-node": node.name,
+            "data-index": String(i),
+            "data-state": d.state,
+          });
+          if (d.jobs.length) cell.dataset.jobs = d.jobs.map(function (j) { return j.job_id; }).join(" ");
+          return cell;
+        });
+        return el("div", { class: "node-row node-" + node.state }, [
+          el("div", { class: "node-name" }, [
+            el("span", { text: node.name }),
+            el("span", { class: "node-meta", text: node.models.join("/") + (node.state !== "ready" ? " · " + node.state : "") }),
+          ]),
+          el("div", { class: "cells" }, cells),
+        ]);
+      });
+      return el("div", { class: "rack" }, [el("h3", { text: "rack " + rack })].concat(rows));
+    });
+    box.replaceChildren.apply(box, sections);
+    document.getElementById("totals").textContent = total + " GPUs · " + free + " free";
+  }
+
+  function jobItem(job, showState) {
+    const meta = [job.kind, job.gpus + " GPU" + (job.gpus === 1 ? "" : "s")];
+    if (model().viewer.operator) meta.push(job.tenant);
+    if (job.priority) meta.push("priority " + job.priority);
+    const head = el("div", { class: "job-head" }, [
+      el("span", { class: "job-id", text: "#" + job.id }),
+      el("span", { class: "job-name", text: job.name }),
+      showState ? el("span", { class: "chip chip-" + job.state, text: job.state }) : null,
+    ]);
+    const children = [head, el("div", { class: "job-meta muted", text: meta.join(" · ") })];
+    if (job.state === "pending" && job.pending_reason) {
+      children.push(el("div", { class: "job-reason", text: job.pending_reason }));
+    }
+    return el("li", { class: "job", "data-job-id": String(job.id), "data-state": job.state }, children);
+  }
+
+  function model() { return T.model; }
+
+  function renderQueue() {
+    const jobs = Object.keys(T.model.jobs).map(function (id) { return T.model.jobs[id]; });
+    const order = function (a, b) {
+      return a.queue_level - b.queue_level || b.priority - a.priority || a.id - b.id;
+    };
+    const pending = jobs.filter(function (j) { return j.state === "pending"; }).sort(order);
+    const running = jobs.filter(function (j) { return j.state !== "pending"; }).sort(order);
+    const levels = {};
+    for (const job of pending) (levels[job.queue_level] = levels[job.queue_level] || []).push(job);
+    const queue = document.getElementById("queue");
+    const blocks = Object.keys(levels).map(Number).sort(function (a, b) { return a - b; }).map(function (level) {
+      const items = levels[level];
+      return el("div", { class: "level" }, [
+        el("h3", { text: "level " + level + " · " + items[0].queue_level_name + " (" + items.length + ")" }),
+        el("ul", { class: "jobs" }, items.map(function (j) { return jobItem(j, false); })),
+      ]);
+    });
+    queue.replaceChildren.apply(queue, blocks.length ? blocks : [el("p", { class: "muted", text: "Nothing is waiting." })]);
+    const run = document.getElementById("running");
+    run.replaceChildren(running.length
+      ? el("ul", { class: "jobs" }, running.map(function (j) { return jobItem(j, true); }))
+      : el("p", { class: "muted", text: "Nothing is running." }));
+    document.getElementById("queue-count").textContent = pending.length + " pending" + (T.model.truncated ? " (list cut)" : "");
+    document.getElementById("running-count").textContent = String(running.length);
+  }
+
+  function render() {
+    if (!T.model) return;
+    renderHeatmap();
+    renderQueue();
+  }
+
+  connect();
+})();
