@@ -145,7 +145,10 @@ class Checker:
         if js.state != "running":
             self._fail(where, "preempt of a job that is not running")
             return
-        if not req.preemptible:
+        # A live export's retry after a failed attempt, or requeue after a lost node, also
+        # releases and requeues (scheduling/services/export.py): not a preemption.
+        requeue = str(ev.get("reason", "")).startswith(("retry", "node-lost"))
+        if not req.preemptible and not requeue:
             self._fail(where, "a non-preemptible job was preempted")
         self._advance(js, max(js.since, t - req.grace_s))
         js.rate = 0.0  # no work after the stop signal, though the GPUs are held until now

@@ -1,0 +1,147 @@
+"""Export the live cluster's history in the simulator's formats (CONTRACTS.md), so the same
+checker (``python -m scheduling.sim check``) judges live runs and simulated ones.
+
+Event mapping: ``submitted``→``submit``, ``scheduled``→``start`` (with allocations),
+``preempted``→``preempt``, ``resized``→``resize``, ``succeeded``→``finish``, ``failed``→``fail``,
+``cancelled``→``cancel``. A retry after a failed attempt, and a requeue after a lost node, release
+the job's GPUs and put it back in the queue: they become ``preempt`` with ``reason`` ``retry: …``
+or ``node-lost`` (the checker does not count those as preemptions of non-preemptible jobs).
+``started``, ``terminating`` and the ``requeued`` that follows a preemption add nothing.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from scheduling.models import Job, JobEvent, Node, Quota
+from scheduling.sim.traces import JOB_COLUMNS, JOB_OPTIONAL, NODE_COLUMNS, QUOTA_COLUMNS
+
+SIMPLE = {
+    "submitted": "submit",
+    "scheduled": "start",
+    "preempted": "preempt",
+    "resized": "resize",
+    "succeeded": "finish",
+    "failed": "fail",
+    "cancelled": "cancel",
+}
+
+
+def _num(value: float | int | None) -> str:
+    if value is None:
+        return ""
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def node_rows() -> Iterator[dict[str, Any]]:
+    for node in Node.objects.prefetch_related("devices").order_by("name"):
+        devices = sorted(node.devices.all(), key=lambda d: d.index)
+        labels = ";".join(f"{k}:{v}" for k, v in sorted((node.labels or {}).items()) if k != "rack")
+        yield {
+            "node": node.name,
+            "rack": node.rack,
+            "gpus": len(devices),
+            "model": devices[0].model if devices else "",
+            "gpu_memory_gib": _num(devices[0].memory_gib if devices else 0),
+            "nvlink_domain": node.nvlink_domain,
+            "cpus": _num(node.cpus),
+            "memory_gib": _num(node.memory_gib),
+            "price_per_gpu_hour": _num(node.price_per_gpu_hour),
+            "kind": node.kind,
+            "labels": labels,
+        }
+
+
+def _last_attempt_seconds(job: Job, events: list[JobEvent]) -> float | None:
+    starts = [e.at for e in events if e.type == "scheduled"]
+    if not starts or job.finished_at is None:
+        return None
+    started = job.started_at if job.started_at and job.started_at >= starts[-1] else starts[-1]
+    return max(0.0, (job.finished_at - started).total_seconds())
+
+
+def job_rows(origin, events_by_job: dict[int, list[JobEvent]]) -> Iterator[dict[str, Any]]:
+    for job in Job.objects.select_related("tenant").order_by("id"):
+        yield {
+            "job": str(job.pk),
+            "tenant": job.tenant.name,
+            "kind": job.kind,
+            "submit_s": _num((job.submitted_at - origin).total_seconds()),
+            "duration_s": _num(_last_attempt_seconds(job, events_by_job.get(job.pk, []))),
+            "gpus": _num(job.gpus),
+            "replicas": job.replicas,
+            "model": "|".join(job.accelerators or []),
+            "priority": job.priority,
+            "preemptible": "true" if job.preemptible else "false",
+            "time_limit_s": _num(job.time_limit_seconds),
+            "cpus": _num(job.cpus),
+            "memory_gib": _num(job.memory_gib),
+            "topology": job.topology,
+            "min_gpus": _num(job.elastic_min_gpus),
+            "max_gpus": _num(job.elastic_max_gpus),
+            "checkpoint_s": _num(job.checkpoint_seconds),
+            "grace_s": _num(job.grace_seconds),
+            "min_available": job.min_available,
+            "node_selector": ";".join(f"{k}:{v}" for k, v in sorted((job.node_selector or {}).items())),
+        }
+
+
+def sim_event(event: JobEvent, origin) -> dict[str, Any] | None:
+    t = round((event.at - origin).total_seconds(), 6)
+    out: dict[str, Any] = {"t": t, "job": str(event.job_id)}
+    if event.type in SIMPLE:
+        out["event"] = SIMPLE[event.type]
+        if event.type in ("scheduled", "resized"):
+            out["allocations"] = event.allocations or []
+    elif event.type == "retrying":
+        out["event"], out["reason"] = "preempt", f"retry: {event.reason}"
+    elif event.type == "requeued" and event.reason == "node-lost":
+        out["event"] = "preempt"
+    else:
+        return None
+    if event.reason and "reason" not in out:
+        out["reason"] = event.reason
+    return out
+
+
+def export_trace(directory: str | Path) -> dict[str, int]:
+    """Write nodes.csv, jobs.csv, quotas.csv and events.jsonl into ``directory``; return counts."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    first = Job.objects.order_by("submitted_at").values_list("submitted_at", flat=True).first()
+    events = list(JobEvent.objects.order_by("at", "id"))
+    origin = min([e.at for e in events] + ([first] if first else [])) if (events or first) else None
+    by_job: dict[int, list[JobEvent]] = {}
+    for e in events:
+        by_job.setdefault(e.job_id, []).append(e)
+
+    with open(out / "nodes.csv", "w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, [*NODE_COLUMNS, "kind", "labels"])
+        writer.writeheader()
+        nodes = list(node_rows())
+        writer.writerows(nodes)
+    with open(out / "jobs.csv", "w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, [*JOB_COLUMNS, *JOB_OPTIONAL])
+        writer.writeheader()
+        jobs = list(job_rows(origin, by_job)) if origin else []
+        writer.writerows(jobs)
+    with open(out / "quotas.csv", "w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, QUOTA_COLUMNS)
+        writer.writeheader()
+        for q in Quota.objects.select_related("tenant").order_by("tenant__name", "model"):
+            writer.writerow(
+                {"tenant": q.tenant.name, "model": q.model, "guaranteed": _num(q.guaranteed),
+                 "limit": _num(q.limit), "weight": _num(q.weight)}
+            )
+    written = 0
+    with open(out / "events.jsonl", "w", encoding="utf-8") as fh:
+        for event in events:
+            row = sim_event(event, origin)
+            if row is not None:
+                fh.write(json.dumps(row, separators=(",", ":")) + "\n")
+                written += 1
+    return {"nodes": len(nodes), "jobs": len(jobs), "events": written}

@@ -1,0 +1,93 @@
+"""``export_trace``: the live history in the simulator's formats, judged by the same checker."""
+
+from __future__ import annotations
+
+import importlib
+import json
+
+from django.core.management import call_command
+from django.db import transaction
+
+from scheduling.models import Allocation, Job
+from scheduling.services import passes
+from scheduling.services.jobs import begin_stop, do_cancel_job, do_mark_running, do_record_exit
+from scheduling.sim.check import check
+from scheduling.sim.events import read_events
+from scheduling.sim.traces import read_jobs, read_nodes, read_quotas
+
+helpers = importlib.import_module("tests.scheduling.helpers")
+
+
+def _locked(job):
+    return Job.objects.select_for_update().select_related("tenant").get(pk=job.pk)
+
+
+def _start(job):
+    passes.run_pass()
+    with transaction.atomic():
+        do_mark_running(_locked(job))
+
+
+def _exit(job, code):
+    with transaction.atomic():
+        do_record_exit(_locked(job), code)
+
+
+def _check_dir(path):
+    return check(
+        read_nodes(path / "nodes.csv"),
+        read_jobs(path / "jobs.csv"),
+        read_events(path / "events.jsonl"),
+        read_quotas(path / "quotas.csv"),
+    )
+
+
+def _live_history(world):
+    helpers.make_node("a100-01")
+    ok = helpers.submit(world.alice, world.vision, gpus=2)
+    _start(ok)
+    _exit(ok, 0)
+    retried = helpers.submit(world.bob, world.nlp, gpus=1, max_retries=1, kind="inference",
+                             preemptible=False)
+    _start(retried)
+    _exit(retried, 1)
+    Job.objects.filter(pk=retried.pk).update(not_before=None)
+    _start(retried)
+    _exit(retried, 0)
+    preempted = helpers.submit(world.alice, world.vision, gpus=4)
+    _start(preempted)
+    with transaction.atomic():
+        begin_stop(_locked(preempted), "preempted: for a test")
+    _exit(preempted, -15)
+    _start(preempted)
+    _exit(preempted, 0)
+    cancelled = helpers.submit(world.carol, world.vision, gpus=1)
+    do_cancel_job(cancelled.pk)
+
+
+def test_an_exported_live_history_passes_the_simulators_checker(world, tmp_path):
+    _live_history(world)
+    call_command("export_trace", str(tmp_path))
+    report = _check_dir(tmp_path)
+    assert report.violations == []
+    assert report.jobs == 4
+    kinds = [json.loads(line)["event"] for line in open(tmp_path / "events.jsonl")]
+    assert kinds.count("start") == 5 and kinds.count("finish") == 3 and kinds.count("cancel") == 1
+
+
+def test_the_checker_catches_a_gpu_bound_to_two_jobs_in_a_live_history(world, tmp_path):
+    helpers.make_node("a100-01")
+    first = helpers.submit(world.alice, world.vision, gpus=1)
+    _start(first)
+    second = helpers.submit(world.bob, world.nlp, gpus=1)
+    _start(second)
+    # Corrupt the history as a double-booking bug would: the second job on the first's GPU.
+    event = second.events.get(type="scheduled")
+    event.allocations = first.events.get(type="scheduled").allocations
+    event.save()
+    for job in (first, second):
+        _exit(job, 0)
+    call_command("export_trace", str(tmp_path))
+    report = _check_dir(tmp_path)
+    assert any("over-committed" in v for v in report.violations)
+    assert Allocation.objects.count() == 2
