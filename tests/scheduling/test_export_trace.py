@@ -71,7 +71,7 @@ def test_an_exported_live_history_passes_the_simulators_checker(world, tmp_path)
     report = _check_dir(tmp_path)
     assert report.violations == []
     assert report.jobs == 4
-    kinds = [json.loads(line)["event"] for line in open(tmp_path / "events.jsonl")]
+    kinds = [json.loads(line)["event"] for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert kinds.count("start") == 5 and kinds.count("finish") == 3 and kinds.count("cancel") == 1
 
 
