@@ -1,0 +1,44 @@
+# Tessera's two commands are `make demo` and `make test`; the rest are conveniences.
+# Every target works from a clean clone: it creates .venv and installs the project first.
+
+PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+# Reinstall only when the dependencies change (the stamp is older than pyproject.toml).
+STAMP := $(VENV)/.installed
+
+.PHONY: help demo test bench eval lint venv install deps clean-demo
+
+help:
+	@echo "make demo   - start the embedded demo cluster (web, scheduler, 12 simulated agents)"
+	@echo "make test   - the whole test suite (.venv/bin/pytest; env such as DATABASE_URL passes through)"
+	@echo "make bench  - scheduling benchmarks;  make eval - the simulator's evaluation"
+	@echo "make lint   - ruff;  make install - create .venv and install the project"
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --disable-pip-version-check -q -e '.[dev]'
+	@touch $@
+
+venv install deps: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python scripts/demo.py
+
+test: $(STAMP)
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python -m scheduling.bench
+
+eval: $(STAMP)
+	bash scripts/eval.sh
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+# Forget the demo's database (users, jobs, nodes); the next `make demo` starts afresh.
+clean-demo:
+	rm -f var/tessera.sqlite3 var/tessera.sqlite3-wal var/tessera.sqlite3-shm
