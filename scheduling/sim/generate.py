@@ -234,7 +234,7 @@ def generate_workload(seed: int, days: float, load: float, gpus: int = 600) -> t
         job.tenant = "prod" if job.kind == "inference" and rng.random() < 0.5 else str(tenant)
     scale = load / realised_load(jobs, cluster.gpus)
     for job in jobs:
-        job.duration = max(1.0, round(job.duration * scale, 1))
+        job.duration = min(7 * DAY, max(1.0, round(job.duration * scale, 1)))
         job.limit = _time_limit(rng, job)
         per_gpu_cpu = float(rng.choice((4, 8)))
         if 0 < job.gpus < 1:

@@ -155,12 +155,12 @@ class Replay:
         heap = self.heap
         while heap:
             now = heap[0][0]
-            need_decision = False
+            need_decision = ticked = False
             while heap and heap[0][0] <= now:
                 _, kind, _, job_id, tag = heapq.heappop(heap)
                 if kind == _TICK:
                     self.tick_at = None
-                    need_decision = True
+                    need_decision = ticked = True
                 elif kind == _CKPT:
                     self._checkpoint(now, job_id, tag)
                 else:
@@ -169,12 +169,13 @@ class Replay:
                 changed = self._decide(now)
                 if (
                     not changed
+                    and ticked
                     and self.active == 0
                     and self.arrivals_left == 0
                     and self.pending
                     and not any(k != _TICK for _, k, *_ in heap)
                 ):
-                    break  # nothing will ever change again: the pending jobs are stuck
+                    break  # a quiet tick changed nothing and nothing else will: the rest is stuck
             if self.pending and self.tick_s > 0 and self.tick_at is None:
                 self.tick_at = now + self.tick_s
                 self._push(self.tick_at, _TICK, "", 0)

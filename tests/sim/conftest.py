@@ -1,10 +1,15 @@
-"""Simulator tests need no database: make the repository importable however pytest is started."""
+"""Simulator tests need no database: make the repository and the test double importable.
+
+pytest runs with ``--import-mode=importlib`` (no ``sys.path`` changes), and the editable install
+may predate the packages, so both directories are put on the path here.
+"""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-ROOT = str(Path(__file__).resolve().parents[2])
-if ROOT not in sys.path:  # the editable install may predate the packages (empty mapping)
-    sys.path.insert(0, ROOT)
+HERE = Path(__file__).resolve().parent
+for path in (str(HERE.parents[1]), str(HERE)):
+    if path not in sys.path:
+        sys.path.insert(0, path)
