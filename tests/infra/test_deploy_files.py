@@ -1,0 +1,126 @@
+"""The deployment files: docker-compose.yml and deploy/prometheus.yml are valid and agree.
+
+Validated by the real tools (Debian's docker-compose 1.29 and Prometheus's promtool). Without them
+these tests skip — unless TESSERA_REQUIRE_SERVICES=1 (CI), where a missing tool is a failure.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "docker-compose.yml"
+PROMETHEUS = ROOT / "deploy" / "prometheus.yml"
+REQUIRE = os.environ.get("TESSERA_REQUIRE_SERVICES", "") in ("1", "true", "yes")
+STACK = {"postgres", "redis", "web", "worker", "beat", "prometheus"}
+APP_SERVICES = ("web", "worker", "beat")
+
+
+def tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        message = f"{name} is not installed (apt-get install --no-install-recommends {name})"
+        if REQUIRE:
+            pytest.fail(f"{message}; required under TESSERA_REQUIRE_SERVICES=1")
+        pytest.skip(message)
+    return path
+
+
+def run(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+
+
+@functools.cache
+def _resolved_compose() -> str:
+    result = run(tool("docker-compose"), "-f", str(COMPOSE), "config")
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def compose_config() -> dict:
+    """The file as docker-compose resolves it (anchors merged, variables filled in)."""
+    return yaml.safe_load(_resolved_compose())
+
+
+def agent_services(config: dict) -> dict[str, dict]:
+    return {name: svc for name, svc in config["services"].items()
+            if "agent" in (svc.get("command") or [])}
+
+
+def test_docker_compose_accepts_the_compose_file():
+    result = run(tool("docker-compose"), "-f", str(COMPOSE), "config", "-q")
+    assert result.returncode == 0, result.stderr
+
+
+def test_docker_compose_would_reject_an_unknown_key(tmp_path):
+    # The check above must be able to fail: a misspelt key is refused.
+    broken = tmp_path / "docker-compose.yml"
+    broken.write_text(COMPOSE.read_text().replace("  worker:\n", "  worker:\n    comand: nope\n", 1))
+    result = run(tool("docker-compose"), "-f", str(broken), "--project-directory", str(ROOT),
+                 "config", "-q")
+    assert result.returncode != 0
+    assert "comand" in result.stderr
+
+
+def test_the_stack_has_every_process_and_two_simulated_agents():
+    config = compose_config()
+    assert set(config["services"]) >= STACK
+    agents = agent_services(config)
+    assert len(agents) >= 2
+    for svc in agents.values():
+        assert "--simulate" in svc["command"] and "--server" in svc["command"]
+
+
+def test_app_services_point_at_the_real_services_in_production_mode():
+    config = compose_config()
+    services = config["services"]
+    for name in (*APP_SERVICES, *agent_services(config)):
+        env = services[name]["environment"]
+        assert env["DATABASE_URL"].startswith("postgres://"), name
+        assert env["REDIS_URL"].startswith("redis://"), name
+        assert env["PROMETHEUS_URL"].startswith("http://"), name
+        assert env["TESSERA_DEBUG"] == "0", name
+        assert env["TESSERA_SECRET_KEY"] and env["TESSERA_ALLOWED_HOSTS"], name
+
+
+def test_agents_get_the_join_token_from_the_environment_not_argv():
+    for name, svc in agent_services(compose_config()).items():
+        assert svc["environment"].get("TESSERA_JOIN_TOKEN"), name
+        assert not any("join-token" in str(arg) for arg in svc["command"]), name
+
+
+def test_beat_keeps_its_schedule_in_a_writable_file():
+    command = compose_config()["services"]["beat"]["command"]
+    assert "beat" in command and "-s" in command
+    assert command[command.index("-s") + 1].startswith("/tmp/")
+
+
+def test_promtool_accepts_the_prometheus_config():
+    result = run(tool("promtool"), "check", "config", str(PROMETHEUS))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_promtool_would_reject_a_broken_config(tmp_path):
+    broken = tmp_path / "prometheus.yml"
+    broken.write_text(PROMETHEUS.read_text().replace("scrape_interval: 5s", "scrape_interval: soon"))
+    result = run(tool("promtool"), "check", "config", str(broken))
+    assert result.returncode != 0
+
+
+def test_prometheus_scrapes_the_web_metrics_and_every_agent_service():
+    config = compose_config()
+    scrape = yaml.safe_load(PROMETHEUS.read_text())["scrape_configs"]
+    targets = {t for job in scrape for group in job.get("static_configs", []) for t in group["targets"]}
+    web_jobs = [job for job in scrape if any("web:8000" in g["targets"] for g in job["static_configs"])]
+    assert web_jobs and web_jobs[0].get("metrics_path", "/metrics") == "/metrics"
+    for name, svc in agent_services(config).items():
+        port = svc["command"][svc["command"].index("--metrics-port") + 1]
+        assert f"{name}:{port}" in targets, f"Prometheus does not scrape agent {name}"
