@@ -1,0 +1,18 @@
+"""Fixtures for the dashboard's tests: a small cluster built through the ORM, and session cookies.
+
+The cluster: rack r1 holds n01 (4×H100, NVLink islands of 2); rack r2 holds n02 (2×T4). Nodes have
+a fresh heartbeat, so the scheduling pass may place jobs on them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.frontend.helpers import make_node
+
+
+@pytest.fixture
+def cluster(db) -> list[Any]:
+    return [make_node("n01", "r1", 4, "H100", nvlink=2), make_node("n02", "r2", 2, "T4")]

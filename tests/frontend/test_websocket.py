@@ -1,0 +1,237 @@
+"""The dashboard's websocket: who receives what, over the real consumer stack (session auth,
+origin check, groups) and, where Redis answers, over the Redis channel layer.
+
+Who may see what: alice and carol (tenant vision) see vision's jobs; bob (nlp) sees the GPUs that
+vision uses only as "in use", never a vision job's id, name or tenant; admin (operator) sees all.
+Jobs move through the real services: submitted over the REST API, bound by a scheduling pass,
+started and finished through the job services.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync, sync_to_async
+from channels.testing import WebsocketCommunicator
+
+from tests.frontend.helpers import session_cookie
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TERMINAL = {"succeeded", "failed", "cancelled"}
+
+
+@pytest.fixture
+def redis_layer(redis_url: str, settings: Any) -> str:
+    """Channels over Redis on its own database (/5), empty before and after the test."""
+    import redis
+
+    from controlplane.env import redis_db_url
+
+    url = redis_db_url(redis_url, 5)
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    settings.CHANNEL_LAYERS = {
+        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [url]}}
+    }
+    yield url
+    client.flushdb()
+    client.close()
+
+
+def communicator(cookie: str | None) -> WebsocketCommunicator:
+    from controlplane.asgi import application
+
+    headers = [(b"origin", b"http://127.0.0.1"), (b"host", b"127.0.0.1")]
+    if cookie is not None:
+        headers.append((b"cookie", cookie.encode()))
+    return WebsocketCommunicator(application, "/ws/dashboard/", headers=headers)
+
+
+async def open_socket(user: Any) -> WebsocketCommunicator:
+    comm = communicator(await sync_to_async(session_cookie)(user))
+    connected, _ = await comm.connect(timeout=5)
+    assert connected
+    ready = await comm.receive_json_from(timeout=5)
+    assert ready["type"] == "ready"
+    return comm
+
+
+async def drain(comm: WebsocketCommunicator, quiet_s: float = 0.5) -> list[dict[str, Any]]:
+    """Everything the socket holds until it has been quiet for ``quiet_s``."""
+    out = []
+    # receive_nothing leaves the consumer running (a timed-out receive would cancel it).
+    while not await comm.receive_nothing(timeout=quiet_s):
+        out.append(await comm.receive_json_from(timeout=5))
+    return out
+
+
+def submit(world: Any, who: str, name: str, gpus: int = 2) -> int:
+    response = world.client(who).post(
+        "/api/v1/jobs/",
+        {"name": name, "kind": "training", "command": ["python", "-c", "pass"], "gpus": gpus},
+        format="json",
+    )
+    assert response.status_code == 201, response.content
+    return response.json()["id"]
+
+
+def run_job_to_success(job_id: int) -> None:
+    """Bind it (a pass), start it and let it exit 0, as the agent's reports would."""
+    from django.db import transaction
+
+    from scheduling.models import Job
+    from scheduling.services.jobs import do_mark_running, do_record_exit
+    from scheduling.services.passes import run_pass
+
+    run_pass()
+    for step in (do_mark_running, lambda job: do_record_exit(job, 0)):
+        with transaction.atomic():
+            job = Job.objects.select_for_update().select_related("tenant").get(pk=job_id)
+            step(job)
+
+
+def states_of(messages: list[dict[str, Any]], job_id: int) -> list[str]:
+    return [m["job"]["state"] for m in messages if m["type"] == "job.update" and m["job"]["id"] == job_id]
+
+
+def test_anonymous_connection_is_refused(db: Any) -> None:
+    async def scenario() -> tuple[bool, int | None]:
+        return await communicator(None).connect(timeout=5)
+
+    connected, code = async_to_sync(scenario)()
+    assert not connected
+    assert code == 4401
+
+
+@pytest.mark.services
+def test_alice_receives_her_jobs_changes_and_bob_receives_none_of_its_details(
+    world: Any, cluster: Any, redis_layer: str
+) -> None:
+    async def scenario() -> tuple[int, list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+        alice, bob, admin = [await open_socket(u) for u in (world.alice, world.bob, world.admin)]
+        job_id = await sync_to_async(submit)(world, "alice", "vision-secret-run")
+        await sync_to_async(run_job_to_success)(job_id)
+        got = [await drain(c) for c in (alice, bob, admin)]
+        for c in (alice, bob, admin):
+            await c.disconnect()
+        return job_id, *got
+
+    job_id, to_alice, to_bob, to_admin = async_to_sync(scenario)()
+
+    assert states_of(to_alice, job_id) == ["pending", "scheduled", "running", "succeeded"]
+    assert states_of(to_admin, job_id)[-1] == "succeeded"
+    # bob saw the GPUs being taken and freed, as "in use" only...
+    bob_gpus = [d for m in to_bob if m["type"] == "gpu.update" for d in m["devices"]]
+    assert any(d["others"] > 0 for d in bob_gpus)
+    assert any(d["state"] == "free" for d in bob_gpus)
+    # ...and nothing of alice's job: no update, no id, no name, no tenant.
+    assert [m for m in to_bob if m["type"] == "job.update"] == []
+    assert all(d["jobs"] == [] for d in bob_gpus)
+    raw = json.dumps(to_bob)
+    assert "vision-secret-run" not in raw and "vision" not in raw
+
+
+def test_carol_sees_her_teammates_job_on_the_gpus_it_holds(world: Any, cluster: Any) -> None:
+    async def scenario() -> tuple[int, list[dict[str, Any]]]:
+        carol = await open_socket(world.carol)
+        job_id = await sync_to_async(submit)(world, "alice", "shared-by-the-team")
+        from scheduling.services.passes import run_pass
+
+        await sync_to_async(run_pass)()
+        got = await drain(carol)
+        await carol.disconnect()
+        return job_id, got
+
+    job_id, to_carol = async_to_sync(scenario)()
+    held = [d for m in to_carol if m["type"] == "gpu.update" for d in m["devices"] if d["jobs"]]
+    assert len(held) == 2
+    assert {j["job_id"] for d in held for j in d["jobs"]} == {job_id}
+    assert states_of(to_carol, job_id) == ["pending", "scheduled"]
+
+
+def test_a_job_update_outside_the_viewers_tenant_is_dropped_even_if_it_reaches_its_group(
+    world: Any, cluster: Any
+) -> None:
+    """Defence in depth: a misrouted message (a bug in a publisher) still never reaches bob."""
+    from channels.layers import get_channel_layer
+
+    async def scenario() -> list[dict[str, Any]]:
+        bob = await open_socket(world.bob)
+        layer = get_channel_layer()
+        misrouted = {
+            "id": 1,
+            "name": "vision-job",
+            "tenant": "vision",
+            "tenant_id": world.vision.pk,
+            "state": "running",
+        }
+        await layer.group_send(f"jobs.tenant.{world.nlp.pk}", {"type": "job.update", "job": misrouted})
+        got = await drain(bob)
+        await bob.disconnect()
+        return got
+
+    assert async_to_sync(scenario)() == []
+
+
+# --- snapshot plus deltas (CONVENTIONS.md 6) -------------------------------------------------------
+
+
+def apply_delta(model: dict[str, Any], message: dict[str, Any]) -> None:
+    """The page's rule (frontend/static/frontend/dashboard.js, applyDelta), restated."""
+    if message["type"] == "job.update":
+        job = message["job"]
+        if job["state"] in TERMINAL:
+            model["jobs"].pop(job["id"], None)
+        else:
+            model["jobs"][job["id"]] = job
+    elif message["type"] == "gpu.update":
+        for row in message["devices"]:
+            model["nodes"][row["node"]]["devices"][row["index"]] = row
+
+
+def as_model(snapshot: dict[str, Any]) -> dict[str, Any]:
+    nodes = {n["name"]: {**n, "devices": {d["index"]: d for d in n["devices"]}} for n in snapshot["nodes"]}
+    return {"nodes": nodes, "jobs": {j["id"]: j for j in snapshot["jobs"]}}
+
+
+@pytest.mark.parametrize("who", ["alice", "bob", "admin"])
+def test_applying_pushed_deltas_to_a_snapshot_equals_fetching_again(
+    world: Any, cluster: Any, who: str
+) -> None:
+    from django.test import Client
+
+    user = getattr(world, who)
+    browser = Client()
+    browser.force_login(user)
+
+    def fetch() -> dict[str, Any]:
+        response = browser.get("/dashboard/state.json")
+        assert response.status_code == 200
+        return response.json()
+
+    async def scenario() -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+        comm = await open_socket(user)
+        before = await sync_to_async(fetch)()
+        finished = await sync_to_async(submit)(world, "alice", "finishes", gpus=2)
+        await sync_to_async(run_job_to_success)(finished)
+        await sync_to_async(submit)(world, "alice", "keeps-running", gpus=4)
+        await sync_to_async(submit)(world, "bob", "bobs-share", gpus=1)
+        await sync_to_async(submit)(world, "bob", "too-big-to-fit", gpus=8)
+        from scheduling.services.passes import run_pass
+
+        await sync_to_async(run_pass)()
+        deltas = await drain(comm)
+        after = await sync_to_async(fetch)()
+        await comm.disconnect()
+        return before, deltas, after
+
+    before, deltas, after = async_to_sync(scenario)()
+    assert deltas, "the scenario must push something"
+    model = as_model(before)
+    for message in deltas:
+        apply_delta(model, message)
+    assert model == as_model(after)
+    assert model != as_model(before)
