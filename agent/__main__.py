@@ -1,0 +1,7 @@
+"""``python -m agent``: see :mod:`agent.cli`."""
+
+import sys
+
+from agent.cli import main
+
+sys.exit(main())

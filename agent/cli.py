@@ -1,0 +1,231 @@
+"""``python -m agent``: register this node, then run its jobs until Ctrl-C.
+
+    python -m agent --server URL --join-token-file PATH [--simulate "8xA100,nvlink=4,rack=r2"]
+    TESSERA_JOIN_TOKEN=... python -m agent --server URL [--simulate SPEC]
+    python -m agent --server URL --join-token - < token-file
+
+Exit codes: 0 after Ctrl-C/SIGTERM; 1 the server could not be reached in time; 2 bad arguments,
+a refused join token or no GPU found; 3 the node's credential was revoked while running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+from agent import state
+from agent.client import AgentClient, Rejected, ServerError
+from agent.inventory import Inventory, ModelMap, NoGPUs, nvml_inventory, simulated_inventory
+from agent.metrics import GpuCollector, UtilProfiles, make_registry, nvml_reader, serve
+from agent.node import Agent, CredentialRevoked
+from agent.process import job_path, resolve_run_as, runs_as
+from agent.spec import SpecError, parse_labels, parse_spec
+
+log = logging.getLogger("tessera.agent")
+TOKEN_ENV = "TESSERA_JOIN_TOKEN"
+
+
+class Fatal(Exception):
+    """Stop with a message and an exit code."""
+
+    def __init__(self, message: str, code: int = 2):
+        super().__init__(message)
+        self.code = code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m agent", description="Tessera node agent")
+    p.add_argument("--server", default=os.environ.get("TESSERA_SERVER"),
+                   help="control plane URL, e.g. http://127.0.0.1:8000 (or $TESSERA_SERVER)")
+    p.add_argument("--join-token", metavar="T",
+                   help="join token; '-' reads it from stdin. Prefer $TESSERA_JOIN_TOKEN or "
+                        "--join-token-file: a literal token is visible in ps until the agent re-executes")
+    p.add_argument("--join-token-file", metavar="PATH", help="file holding the join token")
+    p.add_argument("--join-token-fd", type=int, help=argparse.SUPPRESS)  # internal: after re-exec
+    p.add_argument("--simulate", metavar="SPEC",
+                   help='simulated GPUs: COUNTxMODEL[,nvlink=N][,rack=R][,cpus=N][,memory_gib=N]'
+                        '[,labels=k:v;k:v], e.g. "8xA100,nvlink=4,rack=r2"')
+    p.add_argument("--name", default=socket.gethostname(), help="node name (default: hostname)")
+    p.add_argument("--rack", default="default", help="rack (NVML mode; a SPEC sets its own)")
+    p.add_argument("--labels", default="", help="k:v;k:v (NVML mode; a SPEC sets its own)")
+    p.add_argument("--nvlink", type=int, help="GPUs per NVLink island (NVML mode; default: detected)")
+    p.add_argument("--model-map", metavar="FILE", help="JSON {NVML name: short model} extending the table")
+    p.add_argument("--metrics-port", type=int, default=9400, help="/metrics port (0 = any free port)")
+    p.add_argument("--metrics-addr", default="0.0.0.0", help="address /metrics listens on")
+    p.add_argument("--advertise-host", help="host in the metrics URL given to the server "
+                   "(default: --metrics-addr, or the hostname when that is 0.0.0.0)")
+    p.add_argument("--state-dir", type=Path, help="credential and job directories "
+                   "(default: $TESSERA_AGENT_STATE_DIR, /var/lib/tessera-agent/NAME as root)")
+    p.add_argument("--run-as", default="nobody", help="unprivileged user for jobs when run as root")
+    p.add_argument("--poll-interval", type=float, default=1.0, help="seconds between heartbeats")
+    p.add_argument("--util-speed", type=float, default=1.0,
+                   help="simulated utilisation: trace samples (minutes) per minute of job time")
+    p.add_argument("--shutdown-grace", type=float, default=10.0,
+                   help="on Ctrl-C, seconds jobs get between SIGTERM and SIGKILL")
+    p.add_argument("--register-timeout", type=float, default=120.0,
+                   help="seconds to keep trying to reach the server at start")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return p
+
+
+def reexec_without_literal_token(argv: list[str]) -> None:
+    """A literal ``--join-token T`` is in our argv, which ``ps`` shows to every user: pass it
+    through a pipe instead and re-execute. (It was visible for the moment before this.)"""
+    token, rest, i = None, [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--join-token" and i + 1 < len(argv) and argv[i + 1] != "-":
+            token, i = argv[i + 1], i + 2
+            continue
+        if arg.startswith("--join-token=") and arg != "--join-token=-":
+            token, i = arg.split("=", 1)[1], i + 1
+            continue
+        rest.append(arg)
+        i += 1
+    if token is None:
+        return
+    print("tessera-agent: warning: --join-token on the command line is visible in ps; use "
+          f"${TOKEN_ENV} or --join-token-file (re-executing without it)", file=sys.stderr)
+    read_end, write_end = os.pipe()
+    os.write(write_end, token.encode())
+    os.close(write_end)
+    os.set_inheritable(read_end, True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "agent", *rest, "--join-token-fd", str(read_end)])
+
+
+def join_token(args: argparse.Namespace) -> str | None:
+    if args.join_token_fd is not None:
+        return state.read_secret_fd(args.join_token_fd) or None
+    if args.join_token_file:
+        try:
+            return state.read_secret_file(args.join_token_file)
+        except (OSError, ValueError) as exc:
+            raise Fatal(f"--join-token-file: {exc}") from None
+    if args.join_token == "-":
+        return sys.stdin.readline().strip() or None
+    token = os.environ.pop(TOKEN_ENV, "").strip()  # not passed on to anything we start
+    return token or None
+
+
+def inventory_from(args: argparse.Namespace) -> Inventory:
+    if args.simulate:
+        try:
+            spec = parse_spec(args.simulate)
+        except SpecError as exc:
+            raise Fatal(f"bad --simulate spec {args.simulate!r}: {exc}") from None
+        return simulated_inventory(args.name, spec)
+    try:
+        model_map = ModelMap.from_file(args.model_map)
+        labels = parse_labels(args.labels)
+    except (ValueError, SpecError) as exc:
+        raise Fatal(str(exc)) from None
+    try:
+        inventory = nvml_inventory(args.name, model_map, args.nvlink)
+    except NoGPUs as exc:
+        raise Fatal(f"{exc}. Use --simulate SPEC for a node without GPUs.") from None
+    inventory.rack, inventory.labels = args.rack, labels
+    return inventory
+
+
+def register(client: AgentClient, inventory: Inventory, metrics_url: str, token: str | None,
+             state_dir: Path, timeout: float) -> dict:
+    stored = state.read_credential(state_dir)
+    if token is None and stored is None:
+        raise Fatal(f"no join token: set ${TOKEN_ENV}, or use --join-token-file PATH or --join-token -")
+    client.credential = stored
+    deadline = time.monotonic() + timeout
+    delay = 0.5
+    while True:
+        try:
+            answer = client.register(inventory.register_body(metrics_url), token)
+            break
+        except Rejected as exc:
+            raise Fatal(f"the server refused to register {inventory.name!r}: {exc}") from None
+        except ServerError as exc:
+            if time.monotonic() > deadline:
+                raise Fatal(f"could not reach the server: {exc}", 1) from None
+            log.warning("server not answering yet (%s); retrying", exc)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+    state.write_credential(state_dir, answer["credential"])
+    return answer
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    reexec_without_literal_token(argv)
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s agent: %(message)s")
+    try:
+        return run(args)
+    except Fatal as exc:
+        print(f"tessera-agent: {exc}", file=sys.stderr)
+        return exc.code
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.server:
+        raise Fatal("--server URL is required (or set $TESSERA_SERVER)")
+    if not 0.01 <= args.poll_interval <= 60 or args.util_speed <= 0 or not 0 <= args.metrics_port < 65536:
+        raise Fatal("--poll-interval must be 0.01..60, --util-speed > 0, --metrics-port 0..65535")
+    token = join_token(args)
+    inventory = inventory_from(args)
+    try:
+        run_as = resolve_run_as(args.run_as)
+    except ValueError as exc:
+        raise Fatal(str(exc)) from None
+    state_dir = state.prepare_state_dir(args.state_dir or state.default_state_dir(args.name))
+    if not runs_as(["/bin/sh", "-c", 'cd "$0"', str(state_dir / "jobs")], run_as):
+        raise Fatal(f"user {run_as.name} cannot reach {state_dir}/jobs (a parent directory is not "
+                    "traversable): choose another --state-dir")
+    agent = Agent(AgentClient(args.server), inventory, state_dir, run_as, job_path(state_dir, run_as),
+                  poll_interval=args.poll_interval)
+
+    profiles = UtilProfiles.load() if inventory.simulated else None
+    collector = GpuCollector(inventory, agent.gpu_uses, profiles, args.util_speed,
+                             None if inventory.simulated else nvml_reader())
+    try:
+        server = serve(make_registry(collector), args.metrics_port, args.metrics_addr)
+    except OSError as exc:
+        raise Fatal(f"cannot serve metrics on {args.metrics_addr}:{args.metrics_port}: {exc}") from None
+    host = args.advertise_host or (
+        args.metrics_addr if args.metrics_addr not in ("0.0.0.0", "::") else socket.gethostname()
+    )
+    metrics_url = f"http://{host}:{server.server_port}/metrics"
+
+    answer = register(agent.client, inventory, metrics_url, token, state_dir, args.register_timeout)
+    agent.lease_seconds = float(answer.get("lease_seconds", agent.lease_seconds))
+    log.info("registered %s (%d GPUs, %s) as node %s; metrics at %s; jobs run as %s", inventory.name,
+             len(inventory.devices), "simulated" if inventory.simulated else "NVML", answer["node"],
+             metrics_url, run_as.name)
+
+    stop = threading.Event()
+
+    def on_signal(signum, _frame) -> None:
+        log.info("signal %d: stopping (jobs are stopped; the server requeues them after their lease)",
+                 signum)
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    code = 0
+    try:
+        agent.run(stop)
+    except CredentialRevoked as exc:
+        print(f"tessera-agent: the server no longer accepts this node's credential ({exc}); "
+              "register again with a join token", file=sys.stderr)
+        code = 3
+    finally:
+        agent.shutdown(args.shutdown_grace)
+        server.shutdown()
+        server.server_close()
+    return code

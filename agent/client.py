@@ -1,0 +1,93 @@
+"""The agent's side of the HTTP protocol (``/api/v1/agent/``; see docs/agent.md).
+
+Secrets travel only in the ``Authorization`` header. Each thread gets its own ``requests``
+session (sessions are not guaranteed thread-safe); every call has a timeout.
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+from typing import Any
+
+import requests
+
+TIMEOUT_S = 10.0
+
+
+class ServerError(Exception):
+    """The server could not be reached or answered 5xx: try again later."""
+
+
+class Rejected(Exception):
+    """The server refused the request (4xx): retrying the same request will not help."""
+
+    def __init__(self, status: int, body: Any):
+        super().__init__(f"HTTP {status}: {body}")
+        self.status, self.body = status, body
+
+
+class AgentClient:
+    def __init__(self, server: str, timeout: float = TIMEOUT_S):
+        self.base = server.rstrip("/") + "/api/v1/agent/"
+        self.timeout = timeout
+        self.credential: str | None = None
+        self._local = threading.local()
+
+    def _session(self) -> requests.Session:
+        session = getattr(self._local, "session", None)
+        if session is None:
+            session = self._local.session = requests.Session()
+            session.trust_env = False  # no proxies from the environment for the control plane
+        return session
+
+    def _post(self, path: str, body: dict[str, Any], auth: str) -> Any:
+        try:
+            response = self._session().post(
+                self.base + path, json=body, headers={"Authorization": auth}, timeout=self.timeout
+            )
+        except requests.RequestException as exc:
+            raise ServerError(f"{path}: {exc.__class__.__name__}: {exc}") from None
+        if response.status_code >= 500:
+            raise ServerError(f"{path}: HTTP {response.status_code}")
+        try:
+            data = response.json()
+        except ValueError:
+            data = response.text[:500]
+        if response.status_code >= 400:
+            raise Rejected(response.status_code, data)
+        return data
+
+    def _node_auth(self) -> str:
+        if not self.credential:
+            raise RuntimeError("not registered")
+        return f"Node {self.credential}"
+
+    def register(self, body: dict[str, Any], join_token: str | None) -> dict[str, Any]:
+        """Register with the join token, or (none given) re-register with the stored credential."""
+        auth = f"Join {join_token}" if join_token else self._node_auth()
+        data = self._post("register", body, auth)
+        self.credential = data["credential"]
+        return data
+
+    def heartbeat(self, running: list[dict[str, int]]) -> dict[str, Any]:
+        return self._post("heartbeat", {"running": running}, self._node_auth())
+
+    def started(self, job_id: int, attempt: int, replica: int, pid: int) -> dict[str, Any]:
+        body = {"attempt": attempt, "replica": replica, "pid": pid}
+        return self._post(f"jobs/{job_id}/started", body, self._node_auth())
+
+    def logs(self, job_id: int, attempt: int, replica: int, offset: int, data: bytes) -> dict[str, Any]:
+        body = {
+            "attempt": attempt,
+            "replica": replica,
+            "offset": offset,
+            "data": base64.b64encode(data).decode("ascii"),
+        }
+        return self._post(f"jobs/{job_id}/logs", body, self._node_auth())
+
+    def exited(
+        self, job_id: int, attempt: int, replica: int, exit_code: int | None, reason: str = ""
+    ) -> dict[str, Any]:
+        body = {"attempt": attempt, "replica": replica, "exit_code": exit_code, "reason": reason}
+        return self._post(f"jobs/{job_id}/exited", body, self._node_auth())

@@ -1,0 +1,171 @@
+"""DCGM-style GPU metrics on the agent's own ``/metrics``.
+
+Series (as NVIDIA's dcgm-exporter names them): ``DCGM_FI_DEV_GPU_UTIL`` (percent),
+``DCGM_FI_PROF_SM_ACTIVE`` (0..1), ``DCGM_FI_DEV_FB_USED`` (MiB), each with the labels ``gpu``,
+``UUID``, ``Hostname``, ``modelName`` and ``job`` (the running job's id; empty when idle).
+
+Simulated GPUs replay real utilisation: the per-minute profiles of inference pods in
+``pod_gpu_util.csv.gz`` (Alibaba GenAI trace). A job gets one pod's profile, chosen from its id
+(stable across restarts and agents), starting at the profile's first busy sample; it advances one
+sample per minute of job time times ``util_speed``. SM activity and framebuffer use are derived
+from utilisation (SM active ≈ 0.85 × util; memory ≈ 35% of the GPU plus a share that follows util),
+and everything is 0 on an idle GPU. Real GPUs are read through NVML (SM activity is a profiling
+metric NVML does not expose; it is approximated from utilisation there too).
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import logging
+import os
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from agent.inventory import Inventory
+
+log = logging.getLogger("tessera.agent")
+
+LABELS = ["gpu", "UUID", "Hostname", "modelName", "job"]
+TRACE_ENV = "TESSERA_GPU_UTIL_TRACE"
+
+
+@dataclass(frozen=True)
+class GpuUse:
+    """One job's use of one GPU, as the metrics see it."""
+
+    job_id: int
+    elapsed_s: float
+    share: float = 1.0
+
+
+def trace_path() -> Path | None:
+    """``$TESSERA_GPU_UTIL_TRACE``, else the copy packaged with the agent."""
+    env = os.environ.get(TRACE_ENV)
+    if env:
+        return Path(env)
+    packaged = resources.files("agent").joinpath("data/pod_gpu_util.csv.gz")
+    return Path(str(packaged)) if packaged.is_file() else None
+
+
+class UtilProfiles:
+    """Per-pod utilisation series (percent, one sample a minute)."""
+
+    def __init__(self, profiles: dict[str, list[float]]):
+        self.pods = sorted(p for p, series in profiles.items() if any(v > 0 for v in series))
+        self.series = {p: profiles[p] for p in self.pods}
+        self.first_busy = {p: next(i for i, v in enumerate(s) if v > 0) for p, s in self.series.items()}
+
+    @classmethod
+    def load(cls, path: Path | None = None) -> UtilProfiles:
+        path = path or trace_path()
+        if path is None or not path.is_file():
+            raise FileNotFoundError(f"GPU utilisation trace not found (set {TRACE_ENV})")
+        rows: dict[str, list[tuple[float, float]]] = {}
+        with gzip.open(path, "rb") as raw, io.TextIOWrapper(raw, encoding="utf-8") as text:
+            for row in csv.DictReader(text):
+                rows.setdefault(row["pod"], []).append((float(row["t_s"]), float(row["gpu_util_pct"])))
+        return cls({pod: [v for _, v in sorted(samples)] for pod, samples in rows.items()})
+
+    def pod_for(self, job_id: int) -> str:
+        return self.pods[zlib.crc32(str(job_id).encode()) % len(self.pods)]
+
+    def util(self, job_id: int, elapsed_s: float, speed: float = 1.0) -> float:
+        """The job's utilisation (percent) ``elapsed_s`` seconds into its run."""
+        pod = self.pod_for(job_id)
+        series = self.series[pod]
+        step = self.first_busy[pod] + int(max(0.0, elapsed_s) * speed / 60.0)
+        return series[step % len(series)]
+
+
+def derived(util_pct: float, memory_gib: float) -> tuple[float, float]:
+    """(SM active 0..1, framebuffer used MiB) that go with a utilisation, for a busy GPU."""
+    util = max(0.0, min(100.0, util_pct))
+    total_mib = memory_gib * 1024
+    return round(0.85 * util / 100, 4), round(total_mib * (0.35 + 0.45 * util / 100), 1)
+
+
+class GpuCollector(Collector):
+    """Builds the three series at scrape time from the agent's view of its GPUs."""
+
+    def __init__(
+        self,
+        inventory: Inventory,
+        uses: Callable[[], dict[int, list[GpuUse]]],
+        profiles: UtilProfiles | None = None,
+        util_speed: float = 1.0,
+        nvml_reader: Callable[[int], tuple[float, float, float]] | None = None,
+    ):
+        self.inventory = inventory
+        self.uses = uses
+        self.profiles = profiles
+        self.util_speed = util_speed
+        self.nvml_reader = nvml_reader
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        util = GaugeMetricFamily("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", labels=LABELS)
+        sm = GaugeMetricFamily(
+            "DCGM_FI_PROF_SM_ACTIVE", "Ratio of cycles an SM has at least 1 warp assigned.", labels=LABELS
+        )
+        fb = GaugeMetricFamily("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", labels=LABELS)
+        uses = self.uses()
+        for device in self.inventory.devices:
+            on_it = uses.get(device.index, [])
+            job = ",".join(str(u.job_id) for u in sorted(on_it, key=lambda u: u.job_id))
+            labels = [str(device.index), device.uuid, self.inventory.name, device.model, job]
+            values = self._values(device.index, device.memory_gib, on_it)
+            util.add_metric(labels, values[0])
+            sm.add_metric(labels, values[1])
+            fb.add_metric(labels, values[2])
+        yield util
+        yield sm
+        yield fb
+
+    def _values(self, index: int, memory_gib: float, on_it: list[GpuUse]) -> tuple[float, float, float]:
+        if self.nvml_reader is not None:
+            try:
+                return self.nvml_reader(index)
+            except Exception:  # a GPU that fell off the bus must not break the whole scrape
+                log.warning("NVML read of GPU %d failed", index, exc_info=True)
+                return 0.0, 0.0, 0.0
+        if not on_it or self.profiles is None:
+            return 0.0, 0.0, 0.0
+        total = sum(self.profiles.util(u.job_id, u.elapsed_s, self.util_speed) * u.share for u in on_it)
+        total = min(100.0, total)
+        sm_active, fb_used = derived(total, memory_gib)
+        return total, sm_active, fb_used
+
+
+def nvml_reader() -> Callable[[int], tuple[float, float, float]]:
+    """Read utilisation and memory of a real GPU (NVML already initialised by discovery)."""
+    import pynvml
+
+    def read(index: int) -> tuple[float, float, float]:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        util = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+        used_mib = pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20
+        return util, round(util / 100, 4), round(used_mib, 1)
+
+    return read
+
+
+def make_registry(collector: GpuCollector) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return registry
+
+
+def serve(registry: CollectorRegistry, port: int, addr: str):
+    """Serve ``/metrics`` on a daemon thread; returns the server (``server_port`` is the real port)."""
+    from prometheus_client import start_http_server
+
+    server, _thread = start_http_server(port, addr=addr, registry=registry)
+    return server

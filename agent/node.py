@@ -1,0 +1,150 @@
+"""The agent's main loop: heartbeat, start what is bound here, stop what must stop, keep the lease.
+
+Each heartbeat reports the processes running here and gets back the bindings to start and the
+stop orders (docs/agent.md). Starts are idempotent: a (job, attempt, replica) is started at most
+once per agent life. Fencing: if no heartbeat has succeeded for a lease period, every job is
+killed — by then the control plane may have requeued them elsewhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from agent.client import AgentClient, Rejected, ServerError
+from agent.inventory import Inventory
+from agent.metrics import GpuUse
+from agent.process import JobProcess, RunAs
+
+log = logging.getLogger("tessera.agent")
+
+Key = tuple[int, int, int]
+
+
+class CredentialRevoked(Exception):
+    """The server no longer accepts this node's credential (re-registered elsewhere or removed)."""
+
+
+class Agent:
+    def __init__(
+        self,
+        client: AgentClient,
+        inventory: Inventory,
+        state_dir: Path,
+        run_as: RunAs,
+        job_path: str,
+        poll_interval: float = 1.0,
+        lease_seconds: float = 60.0,
+    ):
+        self.client, self.inventory, self.state_dir = client, inventory, state_dir
+        self.run_as, self.job_path = run_as, job_path
+        self.poll_interval = poll_interval
+        self.lease_seconds = lease_seconds
+        self.jobs: dict[Key, JobProcess] = {}
+        self.ever_started: set[Key] = set()
+        self._lock = threading.Lock()
+        self.last_ok = time.monotonic()
+        self.fenced = False
+
+    # --- what the metrics and the heartbeat read ------------------------------------------------
+
+    def running_reports(self) -> list[dict[str, int]]:
+        with self._lock:
+            return [
+                {"job_id": p.job_id, "attempt": p.attempt, "replica": p.replica, "pid": p.pid}
+                for p in self.jobs.values()
+            ]
+
+    def gpu_uses(self) -> dict[int, list[GpuUse]]:
+        now = time.monotonic()
+        uses: dict[int, list[GpuUse]] = {}
+        with self._lock:
+            live = [p for p in self.jobs.values() if p.exit_code is None and p.proc is not None]
+        for p in live:
+            for gpu in p.gpus:
+                uses.setdefault(gpu, []).append(GpuUse(p.job_id, now - p.started_at, p.share))
+        return uses
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        """Heartbeat every ``poll_interval`` until ``stop`` is set (or the credential is revoked)."""
+        failures = 0
+        while not stop.is_set():
+            sent_at = time.monotonic()
+            try:
+                orders = self.client.heartbeat(self.running_reports())
+            except Rejected as exc:
+                if exc.status in (401, 403):
+                    raise CredentialRevoked(str(exc)) from None
+                log.error("heartbeat refused: %s", exc)
+            except ServerError as exc:
+                failures += 1
+                if failures in (1, 10) or failures % 60 == 0:
+                    log.warning("heartbeat failed (%d in a row): %s", failures, exc)
+            else:
+                failures = 0
+                self.last_ok = sent_at  # the lease counts from the send: the server's is later
+                self.fenced = False
+                self.lease_seconds = float(orders.get("lease_seconds", self.lease_seconds))
+                self.apply(orders)
+            self._fence_if_expired()
+            self._reap()
+            stop.wait(self.poll_interval)
+
+    def apply(self, orders: dict[str, Any]) -> None:
+        """Stops first (an old attempt makes way for a new one), then starts."""
+        for order in orders.get("stop", []):
+            key = (int(order["job_id"]), int(order["attempt"]), int(order["replica"]))
+            with self._lock:
+                process = self.jobs.get(key)
+            if process is not None:
+                process.stop(str(order.get("reason") or "stopped"), float(order.get("grace_left_seconds", 0)))
+        for binding in orders.get("start", []):
+            key = (int(binding["job_id"]), int(binding["attempt"]), int(binding.get("replica", 0)))
+            with self._lock:
+                if key in self.jobs or key in self.ever_started:
+                    continue
+                if any(k[0] == key[0] and k[2] == key[2] and k[1] > key[1] for k in self.ever_started):
+                    log.info("ignoring binding of job %s attempt %s: a later attempt ran here", *key[:2])
+                    continue
+                self.ever_started.add(key)
+                process = JobProcess(binding, self.client, self.state_dir, self.run_as, self.job_path)
+                self.jobs[key] = process
+            log.info("starting job %s attempt %s replica %s on GPUs %s", *key, binding.get("gpus"))
+            process.start()
+
+    def _fence_if_expired(self) -> None:
+        if time.monotonic() - self.last_ok < self.lease_seconds or self.fenced:
+            return
+        with self._lock:
+            processes = list(self.jobs.values())
+        if processes:
+            log.error("lease expired (no heartbeat for %.0fs): killing %d job(s)",
+                      self.lease_seconds, len(processes))
+        for process in processes:
+            process.stop("lease expired", 0)
+        self.fenced = True
+
+    def _reap(self) -> None:
+        with self._lock:
+            for key in [k for k, p in self.jobs.items() if p.done.is_set()]:
+                del self.jobs[key]
+
+    def shutdown(self, grace_s: float) -> None:
+        """Stop every job (SIGTERM, SIGKILL after at most ``grace_s``) without reporting exits.
+
+        The control plane learns of it through the lease: the node goes not-ready and its jobs are
+        requeued once their leases have expired (docs/agent.md, "Stopping the agent").
+        """
+        with self._lock:
+            processes = list(self.jobs.values())
+        for process in processes:
+            process.silence()
+            process.stop("shutdown", min(grace_s, float(process.binding.get("grace_seconds") or 0)))
+        deadline = time.monotonic() + grace_s + 2.0
+        for process in processes:
+            process.done.wait(max(0.0, deadline - time.monotonic()))

@@ -1,0 +1,367 @@
+"""One job replica's process on this node: start it, stream its output, stop it, report its end.
+
+The process runs in a clean environment (not the agent's: the credential and the join token never
+reach it), as an unprivileged user when the agent is root, in its own session (so a stop signals
+its whole process group), in a per-job working directory. A supervisor thread ships its output in
+chunks with byte offsets, enforces its time limit and its kill deadline, and reports its exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent.client import AgentClient, Rejected, ServerError
+
+log = logging.getLogger("tessera.agent")
+
+CHUNK_BYTES = 256 * 1024
+MAX_BUFFER_BYTES = 32 * 1024 * 1024
+TICK_S = 0.25
+SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
+PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class RunAs:
+    """The user jobs run as (None fields: the agent's own user, when it is not root)."""
+
+    name: str
+    uid: int | None = None
+    gid: int | None = None
+
+
+def resolve_run_as(user: str) -> RunAs:
+    """As root: the named unprivileged user (never root). Otherwise: the agent's own user."""
+    if os.geteuid() != 0:
+        return RunAs(pwd.getpwuid(os.geteuid()).pw_name)
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        raise ValueError(f"--run-as {user!r}: no such user") from None
+    if entry.pw_uid == 0:
+        raise ValueError(f"--run-as {user!r} is root; jobs must run as an unprivileged user")
+    return RunAs(user, entry.pw_uid, entry.pw_gid)
+
+
+def run_as_kwargs(run_as: RunAs) -> dict[str, Any]:
+    if run_as.uid is None:
+        return {}
+    return {"user": run_as.uid, "group": run_as.gid, "extra_groups": []}
+
+
+def runs_as(argv: list[str], run_as: RunAs, cwd: str = "/") -> bool:
+    """Whether ``argv`` runs successfully as the job user (e.g. can it reach this Python?)."""
+    try:
+        done = subprocess.run(
+            argv, cwd=cwd, env={"PATH": SAFE_PATH}, stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=20, **run_as_kwargs(run_as),
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
+
+
+def job_path(state_dir: Path, run_as: RunAs) -> str:
+    """PATH for jobs: the agent's Python first, so ``python`` works as the job asked.
+
+    When the job user cannot run the agent's interpreter (a venv under a private home), a
+    ``python`` link to one it can run is made in ``STATE/bin``.
+    """
+    exe_dir = os.path.dirname(sys.executable)
+    if os.path.exists(os.path.join(exe_dir, "python")) and runs_as(
+        [os.path.join(exe_dir, "python"), "-c", "pass"], run_as
+    ):
+        return f"{exe_dir}:{SAFE_PATH}"
+    bin_dir = state_dir / "bin"
+    bin_dir.mkdir(mode=0o755, exist_ok=True)
+    for candidate in (os.path.realpath(sys.executable), shutil.which("python3", path=SAFE_PATH)):
+        if candidate and runs_as([candidate, "-c", "pass"], run_as):
+            for name in ("python", "python3"):
+                link = bin_dir / name
+                if link.is_symlink() or link.exists():
+                    link.unlink()
+                link.symlink_to(candidate)
+            return f"{bin_dir}:{SAFE_PATH}"
+    log.warning("no Python the job user %s can run; jobs get PATH=%s", run_as.name, SAFE_PATH)
+    return SAFE_PATH
+
+
+def job_environment(
+    binding: dict[str, Any], run_as: RunAs, path: str, workdir: Path, checkpoint_dir: Path
+) -> dict[str, str]:
+    """The job's whole environment: its own ``env``, then what Tessera sets (which wins)."""
+    env: dict[str, str] = {
+        "PATH": path,
+        "HOME": str(workdir),
+        "USER": run_as.name,
+        "LOGNAME": run_as.name,
+        "LANG": "C.UTF-8",
+        "PYTHONUNBUFFERED": "1",  # so output streams while the job runs, not at its exit
+    }
+    env.update({str(k): str(v) for k, v in (binding.get("env") or {}).items()})
+    env.update({
+        "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in binding.get("gpus", [])),
+        "TESSERA_JOB_ID": str(binding["job_id"]),
+        "TESSERA_ATTEMPT": str(binding["attempt"]),
+        "TESSERA_REPLICA": str(binding.get("replica", 0)),
+        "TESSERA_REPLICAS": str(binding.get("replicas", 1)),
+        "TESSERA_CHECKPOINT_DIR": str(checkpoint_dir),
+    })
+    share = float(binding.get("share", 1.0))
+    if share < 1.0:
+        env["TESSERA_GPU_SHARE"] = f"{share:g}"
+    return env
+
+
+def _die_with_agent() -> None:
+    """In the child, after it dropped privileges: SIGKILL it if the agent dies (no orphans).
+
+    Set after setuid on purpose: the kernel clears it when the credentials change.
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _owned_dir(path: Path, run_as: RunAs) -> Path:
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if run_as.uid is not None:
+        os.chown(path, run_as.uid, run_as.gid or 0)
+    return path
+
+
+class JobProcess:
+    """A replica's process and the thread that watches it."""
+
+    def __init__(
+        self, binding: dict[str, Any], client: AgentClient, state_dir: Path, run_as: RunAs, path: str
+    ):
+        self.binding = binding
+        self.job_id = int(binding["job_id"])
+        self.attempt = int(binding["attempt"])
+        self.replica = int(binding.get("replica", 0))
+        self.gpus = [int(g) for g in binding.get("gpus", [])]
+        self.share = float(binding.get("share", 1.0))
+        self.client, self.state_dir, self.run_as, self.path = client, state_dir, run_as, path
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started_at = time.monotonic()
+        self.exit_code: int | None = None
+        self.exit_reason = ""
+        self.stop_reason: str | None = None
+        self.kill_at: float | None = None
+        self.killed = False
+        self.silent = False  # the agent is shutting down: no more reports
+        self.done = threading.Event()  # the exit was reported (or abandoned)
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._buffer = bytearray()
+        self._pump_done = threading.Event()
+        self._offset = int(binding.get("log_offset", 0))
+        self._drop_logs = False
+        self._started_pending = True
+        self.workdir = state_dir / "jobs" / f"{self.job_id}-{self.attempt}-{self.replica}"
+        self.checkpoint_dir = state_dir / "checkpoints" / str(self.job_id)
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        return (self.job_id, self.attempt, self.replica)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid if self.proc is not None else 0
+
+    # --- starting ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Spawn the process (from the agent's main thread) and its supervisor thread."""
+        try:
+            _owned_dir(self.workdir, self.run_as)
+            _owned_dir(self.checkpoint_dir, self.run_as)
+            env = job_environment(self.binding, self.run_as, self.path, self.workdir, self.checkpoint_dir)
+            command = [str(c) for c in self.binding["command"]]
+            if not command:
+                raise ValueError("the job's command is empty")
+            self.proc = subprocess.Popen(
+                command, cwd=self.workdir, env=env, stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                close_fds=True, preexec_fn=_die_with_agent, **run_as_kwargs(self.run_as),
+            )
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+            self._note(f"could not start {self.binding.get('command')!r}: {exc}")
+            self.exit_code, self.exit_reason = 127, "spawn-failed"
+            self._started_pending = False
+            self._pump_done.set()
+        else:
+            threading.Thread(target=self._pump, name=f"job-{self.job_id}-out", daemon=True).start()
+        self.started_at = time.monotonic()
+        threading.Thread(target=self._supervise, name=f"job-{self.job_id}", daemon=True).start()
+
+    # --- stopping ------------------------------------------------------------------------------
+
+    def stop(self, reason: str, grace_s: float) -> None:
+        """SIGTERM the process group now; SIGKILL it when ``grace_s`` has passed."""
+        with self._lock:
+            deadline = time.monotonic() + max(0.0, grace_s)
+            if self.kill_at is None or deadline < self.kill_at:
+                self.kill_at = deadline
+            first = self.stop_reason is None
+            if first:
+                self.stop_reason = reason
+        if first and self.proc is not None and self.proc.poll() is None:
+            self._note(f"stopping ({reason}): SIGTERM, SIGKILL in {max(0.0, grace_s):g}s")
+            self._signal(signal.SIGTERM)
+        self._wake.set()
+
+    def silence(self) -> None:
+        """The agent is leaving: report nothing more; the lease decides the job's fate."""
+        self.silent = True
+        self._wake.set()
+
+    def _signal(self, sig: int) -> None:
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, sig)
+
+    def _enforce(self, now: float) -> None:
+        limit = self.binding.get("time_limit_seconds")
+        if limit and self.stop_reason is None and now - self.started_at >= float(limit):
+            self._note(f"time limit of {limit}s reached")
+            self.stop("time-limit", float(self.binding.get("grace_seconds") or 0))
+        if self.kill_at is not None and now >= self.kill_at and not self.killed:
+            if self.proc is not None and self.proc.poll() is None:
+                self._note("grace period over: SIGKILL")
+                self._signal(signal.SIGKILL)
+            self.killed = True
+
+    # --- output --------------------------------------------------------------------------------
+
+    def _note(self, text: str) -> None:
+        """A line from the agent in the job's log, so its owner sees why it stopped."""
+        self._append(f"[tessera-agent] {text}\n".encode())
+
+    def _append(self, data: bytes) -> None:
+        with self._lock:
+            if len(self._buffer) + len(data) <= MAX_BUFFER_BYTES:
+                self._buffer += data
+        self._wake.set()
+
+    def _pump(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        try:
+            while chunk := os.read(fd, 65536):
+                self._append(chunk)
+        except OSError:
+            pass
+        finally:
+            self._pump_done.set()
+            self._wake.set()
+
+    def _ship_logs(self) -> bool:
+        """Send what is buffered; False when the server could not be reached (retry later)."""
+        while not self._drop_logs:
+            with self._lock:
+                data = bytes(self._buffer[:CHUNK_BYTES])
+            if not data:
+                return True
+            try:
+                answer = self.client.logs(self.job_id, self.attempt, self.replica, self._offset, data)
+            except ServerError:
+                return False
+            except Rejected as exc:
+                log.info("job %s: logs refused (%s); dropping them", self.job_id, exc)
+                self._drop_logs = True
+                break
+            with self._lock:
+                del self._buffer[: len(data)]
+            self._offset += len(data)
+            if answer.get("truncated"):
+                self._drop_logs = True  # the job's cap is reached: the rest would be dropped anyway
+        with self._lock:
+            self._buffer.clear()
+        return True
+
+    # --- the supervisor ------------------------------------------------------------------------
+
+    def _report_started(self) -> None:
+        try:
+            self.client.started(self.job_id, self.attempt, self.replica, self.pid)
+        except ServerError:
+            return  # next tick
+        except Rejected as exc:
+            log.warning("job %s attempt %s: start refused (%s); stopping it", self.job_id, self.attempt, exc)
+            self.stop("not bound", 0)
+        self._started_pending = False
+
+    def _supervise(self) -> None:
+        exited_at: float | None = None
+        while True:
+            now = time.monotonic()
+            if self._started_pending and not self.silent:
+                self._report_started()
+            self._enforce(now)
+            if not self.silent:
+                self._ship_logs()
+            if self.proc is not None and exited_at is None and self.proc.poll() is not None:
+                exited_at = now
+            finished = self.proc is None or exited_at is not None
+            # A background child may hold the output pipe open: give it a moment, then end it.
+            if finished and (self._pump_done.is_set() or now - (exited_at or now) > 2.0):
+                break
+            self._wake.wait(TICK_S)
+            self._wake.clear()
+        if self.proc is not None:
+            self._signal(signal.SIGKILL)  # leftovers of the group; the job itself has exited
+            self.proc.wait()
+            self._pump_done.wait(2.0)
+            self.exit_code = self.proc.returncode
+            self.exit_reason = self._reason()
+        self._finish()
+
+    def _reason(self) -> str:
+        if self.stop_reason is None:
+            return ""
+        if self.stop_reason == "time-limit":
+            return "time-limit"
+        if self.stop_reason in ("lease expired", "shutdown"):
+            return "lost"
+        return "stopped"
+
+    def _finish(self) -> None:
+        delay = 0.5
+        while not self.silent:
+            if self._started_pending and self.exit_reason != "spawn-failed":
+                self._report_started()
+                if self._started_pending:
+                    time.sleep(delay)
+                    continue
+            if not self._ship_logs():
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            try:
+                self.client.exited(self.job_id, self.attempt, self.replica, self.exit_code, self.exit_reason)
+                break
+            except ServerError:
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+            except Rejected as exc:
+                log.info("job %s: exit report refused (%s)", self.job_id, exc)
+                break
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        self.done.set()
+        log.info("job %s attempt %s replica %s exited %s %s", self.job_id, self.attempt, self.replica,
+                 self.exit_code, self.exit_reason)

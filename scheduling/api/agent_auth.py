@@ -1,0 +1,138 @@
+"""Authentication for node agents, kept apart from people's.
+
+An agent authenticates with ``Authorization: Node <credential>``: the per-node credential it got at
+registration (only its hash is stored, in ``Node.credential_hash``). This class is listed ONLY on
+the agent views (``scheduling/api/agents.py``); user endpoints keep the project defaults (Token and
+Session authentication, ``IsAuthenticated``), which do not recognise the ``Node`` keyword, so an
+agent's credential there answers 401. Conversely, the principal set here is not a ``User`` and the
+agent views demand it, so a user's token cannot call them.
+
+Registration authenticates with ``Authorization: Join <join token>`` (made by
+``manage.py create_join_token``), or with the node's current credential when a node re-registers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.db.models import Q
+from django.utils import timezone
+from rest_framework.authentication import BaseAuthentication, get_authorization_header
+from rest_framework.exceptions import AuthenticationFailed
+from rest_framework.permissions import BasePermission
+
+from scheduling.models import JoinToken, Node, hash_secret
+
+NODE_KEYWORD = "Node"
+JOIN_KEYWORD = "Join"
+
+
+@dataclass
+class NodePrincipal:
+    """``request.user`` for an agent: a node, never a person (no tenant, not staff)."""
+
+    node: Node
+    is_authenticated: bool = True
+    is_active: bool = True
+    is_staff: bool = False
+    is_superuser: bool = False
+    is_anonymous: bool = False
+
+    @property
+    def pk(self) -> None:  # not a User: anything that looks a user up by pk finds nothing
+        return None
+
+    def __str__(self) -> str:
+        return f"node {self.node.name}"
+
+
+@dataclass
+class JoinPrincipal:
+    """``request.user`` while registering with a join token."""
+
+    token: JoinToken
+    is_authenticated: bool = True
+    is_active: bool = True
+    is_staff: bool = False
+    is_superuser: bool = False
+    is_anonymous: bool = False
+
+    @property
+    def pk(self) -> None:
+        return None
+
+
+def _secret_after(request, keyword: str) -> str | None:
+    """The secret after ``keyword`` in the Authorization header, None if another scheme is used."""
+    parts = get_authorization_header(request).split()
+    if not parts or parts[0].lower() != keyword.lower().encode():
+        return None
+    if len(parts) != 2:
+        raise AuthenticationFailed(f"Malformed {keyword} header: expected '{keyword} <secret>'.")
+    try:
+        return parts[1].decode("ascii")
+    except UnicodeDecodeError:
+        raise AuthenticationFailed("Invalid credential.") from None
+
+
+def node_for_credential(secret: str) -> Node | None:
+    return Node.objects.filter(credential_hash=hash_secret(secret)).first()
+
+
+def valid_join_token(secret: str) -> JoinToken | None:
+    now = timezone.now()
+    return (
+        JoinToken.objects.filter(token_hash=hash_secret(secret), revoked=False)
+        .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now))
+        .first()
+    )
+
+
+class NodeCredentialAuthentication(BaseAuthentication):
+    """``Authorization: Node <credential>`` → a :class:`NodePrincipal`."""
+
+    def authenticate(self, request):
+        secret = _secret_after(request, NODE_KEYWORD)
+        if secret is None:
+            return None
+        node = node_for_credential(secret)
+        if node is None:
+            raise AuthenticationFailed("Invalid node credential.")
+        return NodePrincipal(node), node
+
+    def authenticate_header(self, request) -> str:
+        return NODE_KEYWORD
+
+
+class JoinTokenAuthentication(BaseAuthentication):
+    """``Authorization: Join <token>`` → a :class:`JoinPrincipal` (registration only)."""
+
+    def authenticate(self, request):
+        secret = _secret_after(request, JOIN_KEYWORD)
+        if secret is None:
+            return None
+        token = valid_join_token(secret)
+        if token is None:
+            raise AuthenticationFailed("Invalid, expired or revoked join token.")
+        return JoinPrincipal(token), token
+
+    def authenticate_header(self, request) -> str:
+        return JOIN_KEYWORD
+
+
+class IsNode(BasePermission):
+    """Only an authenticated node agent."""
+
+    message = "Only a node agent may call this endpoint."
+
+    def has_permission(self, request, view) -> bool:
+        return isinstance(request.user, NodePrincipal)
+
+
+class IsNodeOrJoin(BasePermission):
+    """A join token holder, or a node re-registering itself."""
+
+    message = "A join token or the node's own credential is required."
+
+    def has_permission(self, request, view) -> bool:
+        return isinstance(request.user, NodePrincipal | JoinPrincipal)

@@ -1,0 +1,216 @@
+"""The node agent's API (``/api/v1/agent/``): register, heartbeat, and per-job reports.
+
+Only agents call these: every view authenticates with :mod:`scheduling.api.agent_auth` and nothing
+else, and a node acts only for itself and the jobs bound to it (another node's job answers 404).
+The protocol is described in ``docs/agent.md``; the write paths are in
+``scheduling.services.agents``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from typing import Any
+from urllib.parse import urlparse
+
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import serializers, status
+from rest_framework.exceptions import NotFound, PermissionDenied
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from scheduling.api.agent_auth import (
+    IsNode,
+    IsNodeOrJoin,
+    JoinTokenAuthentication,
+    NodeCredentialAuthentication,
+    NodePrincipal,
+)
+from scheduling.api.errors import Conflict
+from scheduling.services import agents as svc
+
+MAX_INT = 2**31 - 1
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+NODE_KINDS = ("gpu", "tpu", "npu", "cpu")
+EXIT_REASONS = ("", "time-limit", "stopped", "lost", "spawn-failed")
+
+
+# --- Bodies ------------------------------------------------------------------------------------
+
+
+class DeviceIn(serializers.Serializer):
+    index = serializers.IntegerField(min_value=0, max_value=1023)
+    uuid = serializers.CharField(max_length=128)
+    model = serializers.CharField(max_length=64)
+    memory_gib = serializers.FloatField(min_value=0, max_value=1e6, default=0.0)
+
+
+class RegisterIn(serializers.Serializer):
+    name = serializers.CharField(max_length=128)
+    rack = serializers.CharField(max_length=64, default="default")
+    labels = serializers.DictField(child=serializers.CharField(max_length=128, allow_blank=True),
+                                   default=dict)
+    kind = serializers.ChoiceField(choices=NODE_KINDS, default="gpu")
+    cpus = serializers.FloatField(min_value=0, max_value=1e6, default=0.0)
+    memory_gib = serializers.FloatField(min_value=0, max_value=1e9, default=0.0)
+    nvlink_domain = serializers.IntegerField(min_value=1, max_value=1024, default=1)
+    metrics_url = serializers.CharField(max_length=256, allow_blank=True, default="")
+    devices = serializers.ListField(child=DeviceIn(), max_length=1024, default=list)
+
+    def validate_name(self, value: str) -> str:
+        if not NAME_RE.match(value):
+            raise serializers.ValidationError("Letters, digits, '.', '_' and '-' only.")
+        return value
+
+    def validate_labels(self, value: dict[str, str]) -> dict[str, str]:
+        if len(value) > 64:
+            raise serializers.ValidationError("At most 64 labels.")
+        for key in value:
+            if not key or len(key) > 64 or "\x00" in key or not key.isprintable():
+                raise serializers.ValidationError(f"Bad label name {key[:64]!r}.")
+        return value
+
+    def validate_metrics_url(self, value: str) -> str:
+        if value and (urlparse(value).scheme not in ("http", "https") or not urlparse(value).netloc):
+            raise serializers.ValidationError("An http:// or https:// URL, or empty.")
+        return value
+
+    def validate_devices(self, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        indices = [d["index"] for d in value]
+        if len(set(indices)) != len(indices):
+            raise serializers.ValidationError("Device indices must be unique.")
+        return value
+
+
+class RunningIn(serializers.Serializer):
+    job_id = serializers.IntegerField(min_value=1, max_value=svc.MAX_DB_INT)
+    attempt = serializers.IntegerField(min_value=0, max_value=MAX_INT)
+    replica = serializers.IntegerField(min_value=0, max_value=MAX_INT)
+    pid = serializers.IntegerField(min_value=0, max_value=MAX_INT, default=0)
+
+
+class HeartbeatIn(serializers.Serializer):
+    running = serializers.ListField(child=RunningIn(), max_length=4096, default=list)
+
+
+class ReplicaIn(serializers.Serializer):
+    attempt = serializers.IntegerField(min_value=0, max_value=MAX_INT)
+    replica = serializers.IntegerField(min_value=0, max_value=MAX_INT, default=0)
+
+
+class StartedIn(ReplicaIn):
+    pid = serializers.IntegerField(min_value=0, max_value=MAX_INT, default=0)
+
+
+class ExitedIn(ReplicaIn):
+    exit_code = serializers.IntegerField(min_value=-255, max_value=255, allow_null=True)
+    reason = serializers.ChoiceField(choices=EXIT_REASONS, default="")
+
+
+class LogsIn(ReplicaIn):
+    offset = serializers.IntegerField(min_value=0, max_value=svc.MAX_DB_INT)
+    data = serializers.CharField(allow_blank=True, trim_whitespace=False, help_text="base64 bytes")
+
+    def validate_data(self, value: str) -> bytes:
+        try:
+            return base64.b64decode(value.encode("ascii"), validate=True)
+        except (binascii.Error, UnicodeEncodeError):
+            raise serializers.ValidationError("Not valid base64.") from None
+
+
+def _valid(serializer_class, request: Request) -> dict[str, Any]:
+    serializer = serializer_class(data=request.data)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
+class AgentView(APIView):
+    """Agent credential only; never a person's token or session."""
+
+    authentication_classes = [NodeCredentialAuthentication]
+    permission_classes = [IsNode]
+
+    def node(self, request: Request):
+        principal: NodePrincipal = request.user
+        return principal.node
+
+
+def _job_call(fn, *args):
+    try:
+        return fn(*args)
+    except svc.NotYours:
+        raise NotFound("No such job on this node.") from None
+    except svc.Stale as exc:
+        raise Conflict(str(exc)) from None
+
+
+# --- Views -------------------------------------------------------------------------------------
+
+_OK = inline_serializer("AgentOk", {"state": serializers.CharField()})
+
+
+class RegisterView(APIView):
+    authentication_classes = [JoinTokenAuthentication, NodeCredentialAuthentication]
+    permission_classes = [IsNodeOrJoin]
+
+    @extend_schema(request=RegisterIn, responses={201: inline_serializer("Registered", {
+        "node": serializers.CharField(), "node_id": serializers.IntegerField(),
+        "credential": serializers.CharField(), "lease_seconds": serializers.FloatField()})})
+    def post(self, request: Request) -> Response:
+        desc = _valid(RegisterIn, request)
+        as_node = request.user.node if isinstance(request.user, NodePrincipal) else None
+        try:
+            node, credential, created = svc.do_register_node(desc, as_node)
+        except svc.NameTaken:
+            raise PermissionDenied("A node credential may only re-register its own node.") from None
+        from django.conf import settings
+
+        body = {
+            "node": node.name,
+            "node_id": node.pk,
+            "credential": credential,
+            "lease_seconds": settings.TESSERA["LEASE_S"],
+        }
+        return Response(body, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+
+class HeartbeatView(AgentView):
+    @extend_schema(request=HeartbeatIn, responses={200: inline_serializer("Orders", {
+        "node": serializers.CharField(), "lease_seconds": serializers.FloatField(),
+        "start": serializers.ListField(child=serializers.DictField()),
+        "stop": serializers.ListField(child=serializers.DictField())})})
+    def post(self, request: Request) -> Response:
+        data = _valid(HeartbeatIn, request)
+        running = [svc.Reported(**r) for r in data["running"]]
+        return Response(svc.do_heartbeat(self.node(request), running))
+
+
+class StartedView(AgentView):
+    @extend_schema(request=StartedIn, responses={200: _OK})
+    def post(self, request: Request, job_id: str) -> Response:
+        data = _valid(StartedIn, request)
+        job = _job_call(svc.do_report_started, self.node(request), int(job_id), data["attempt"],
+                        data["replica"])
+        return Response({"state": job.state})
+
+
+class ExitedView(AgentView):
+    @extend_schema(request=ExitedIn, responses={200: _OK})
+    def post(self, request: Request, job_id: str) -> Response:
+        data = _valid(ExitedIn, request)
+        job, recorded = _job_call(svc.do_report_exit, self.node(request), int(job_id), data["attempt"],
+                                  data["replica"], data["exit_code"], data["reason"])
+        return Response({"state": job.state, "recorded": recorded})
+
+
+class LogsView(AgentView):
+    @extend_schema(request=LogsIn, responses={200: inline_serializer("LogStored", {
+        "stored": serializers.IntegerField(), "next_offset": serializers.IntegerField(),
+        "truncated": serializers.BooleanField()})})
+    def post(self, request: Request, job_id: str) -> Response:
+        data = _valid(LogsIn, request)
+        result = _job_call(svc.do_append_log, self.node(request), int(job_id), data["attempt"],
+                           data["replica"], data["offset"], data["data"])
+        return Response(result)

@@ -1,0 +1,402 @@
+"""Write paths of the node agent protocol: join tokens, registration, heartbeats and job reports.
+
+Every function here is called by the agent API (``scheduling/api/agents.py``) or the
+``create_join_token`` command; job state changes go through ``scheduling.services.jobs``
+(``do_mark_running``, ``do_record_exit``, ``begin_stop``) with the job row locked.
+
+Replicas: a job's replicas may lie on several nodes. A replica that exits releases its own GPUs
+(its process is gone); the job settles (``do_record_exit``) when its last replica has exited. A
+replica that fails while others still run puts the job in ``terminating`` with the reason
+``exit N`` (or ``lost``), so the others get stop orders and the job ends failed (or retries).
+
+Attempts: every allocation carries the job's attempt number; reports of another attempt than the
+job's current one are stale (:class:`Stale`) and the agent drops them.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from scheduling.choices import HOLDING_STATES, JobState, NodeState
+from scheduling.models import Allocation, Device, Job, JoinToken, LogChunk, Node, hash_secret, new_secret
+from scheduling.services import live
+from scheduling.services.inventory import device_rows
+from scheduling.services.jobs import (
+    begin_stop,
+    bump_node_versions,
+    do_mark_running,
+    do_record_exit,
+    request_pass_on_commit,
+)
+
+log = logging.getLogger("tessera.agents")
+
+# The server stops a job this long after its time limit if its agent has not (the agent's own
+# timer is the precise one; this is the safety net for an agent that missed it).
+TIME_LIMIT_SLACK_S = 5.0
+MAX_DB_INT = 2**63 - 1
+
+
+class NotYours(Exception):
+    """The job does not exist or never had a replica on the calling node (answered 404)."""
+
+
+class Stale(Exception):
+    """A report about an attempt or a replica that is no longer bound to the node (answered 409)."""
+
+
+class NameTaken(Exception):
+    """A node tried to re-register under another node's name (answered 403)."""
+
+
+# --- Join tokens -------------------------------------------------------------------------------
+
+
+def do_create_join_token(name: str = "", expires_hours: float | None = None) -> tuple[JoinToken, str]:
+    """A fresh join token: returns the row (holding only the hash) and the secret, shown once."""
+    raw = new_secret()
+    expires_at = timezone.now() + timedelta(hours=expires_hours) if expires_hours else None
+    token = JoinToken.objects.create(name=name[:64], token_hash=hash_secret(raw), expires_at=expires_at)
+    return token, raw
+
+
+# --- Registration ------------------------------------------------------------------------------
+
+
+def do_register_node(desc: dict[str, Any], as_node: Node | None = None) -> tuple[Node, str, bool]:
+    """Create or update the node and its devices; issue a new credential (the old one stops working).
+
+    ``desc``: validated fields (name, rack, labels, kind, cpus, memory_gib, nvlink_domain,
+    metrics_url, devices [{index, uuid, model, memory_gib}]). ``as_node``: set when the caller
+    authenticated with a node credential rather than a join token; it may only re-register itself.
+    Returns (node, credential, created).
+
+    A re-registering node has restarted its agent: the processes of its running replicas are gone,
+    so those replicas are settled as lost (the job retries per ``max_retries`` or fails); replicas
+    bound but not yet started stay, and the new agent starts them.
+    """
+    now = timezone.now()
+    credential = new_secret()
+    with transaction.atomic():
+        node = Node.objects.select_for_update().filter(name=desc["name"]).first()
+        if as_node is not None and (node is None or node.pk != as_node.pk):
+            raise NameTaken(desc["name"])
+        created = node is None
+        if node is None:
+            node = Node(name=desc["name"], state=NodeState.READY)
+        elif node.state == NodeState.NOT_READY:
+            node.state = NodeState.READY
+        for field in ("rack", "labels", "kind", "cpus", "memory_gib", "nvlink_domain", "metrics_url"):
+            setattr(node, field, desc[field])
+        node.last_heartbeat = now
+        node.credential_hash = hash_secret(credential)
+        node.version = (node.version or 0) + 1
+        node.save()
+        _sync_devices(node, desc["devices"])
+        if not created:
+            _settle_lost_replicas(node, now)
+        live.publish_devices(device_rows(node.devices.select_related("node")))
+        request_pass_on_commit()
+    log.info("node %s registered (%d devices)", node.name, len(desc["devices"]))
+    return node, credential, created
+
+
+def _sync_devices(node: Node, devices: list[dict[str, Any]]) -> None:
+    domain = max(1, node.nvlink_domain)
+    existing = {d.index: d for d in node.devices.all()}
+    for spec in devices:
+        device = existing.pop(spec["index"], None) or Device(node=node, index=spec["index"])
+        device.uuid, device.model, device.memory_gib = spec["uuid"], spec["model"], spec["memory_gib"]
+        device.nvlink_island = spec["index"] // domain
+        device.healthy = True
+        device.save()
+    for gone in existing.values():
+        # A device the node no longer reports: drop it, unless history (PROTECT) holds it.
+        if gone.allocations.exists():
+            Device.objects.filter(pk=gone.pk).update(healthy=False)
+        else:
+            gone.delete()
+
+
+def _settle_lost_replicas(node: Node, now: datetime) -> None:
+    started = (
+        Allocation.objects.filter(
+            device__node=node,
+            released_at__isnull=True,
+            job__state__in=[JobState.RUNNING, JobState.TERMINATING],
+        )
+        .values_list("job_id", "replica")
+        .distinct()
+    )
+    for job_id, replica in sorted(set(started)):
+        job = _lock_job(job_id)
+        if job.state in (JobState.RUNNING, JobState.TERMINATING):
+            _settle_replica(job, node.pk, replica, None, "lost", now)
+
+
+# --- Heartbeats --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reported:
+    """One process the agent says is running."""
+
+    job_id: int
+    attempt: int
+    replica: int
+    pid: int
+
+
+def do_heartbeat(node: Node, running: list[Reported]) -> dict[str, Any]:
+    """Renew the node's lease; answer with the bindings to start and the processes to stop."""
+    now = timezone.now()
+    with transaction.atomic():
+        Node.objects.filter(pk=node.pk).update(last_heartbeat=now)
+        if Node.objects.filter(pk=node.pk, state=NodeState.NOT_READY).update(state=NodeState.READY):
+            request_pass_on_commit()  # capacity came back
+    reported = {(r.job_id, r.replica): r for r in running}
+    held = _held_replicas(node)
+    start: list[dict[str, Any]] = []
+    stop: list[dict[str, Any]] = []
+    for (job_id, replica), allocs in sorted(held.items()):
+        job, attempt = allocs[0].job, allocs[0].attempt
+        seen = reported.get((job_id, replica))
+        is_running = seen is not None and seen.attempt == attempt
+        if job.state in (JobState.SCHEDULED, JobState.RUNNING):
+            job = _check_started_and_time_limit(job, attempt, is_running, now)
+        if job.state in (JobState.SCHEDULED, JobState.RUNNING) and not is_running:
+            start.append(_binding(job, attempt, replica, allocs))
+        elif job.state == JobState.TERMINATING and is_running:
+            stop.append(_stop_order(job_id, attempt, replica, job.stop_reason, job.stop_deadline, now))
+        elif job.state == JobState.TERMINATING:
+            # Stopping, and its process is not running here (never started, or gone): settle it.
+            with transaction.atomic():
+                locked = _lock_job(job_id)
+                if locked.state == JobState.TERMINATING and locked.attempts == attempt:
+                    _settle_replica(locked, node.pk, replica, None, "", now)
+    for key, seen in sorted(reported.items()):
+        allocs = held.get(key)
+        if allocs is None or allocs[0].attempt != seen.attempt:
+            # Not (or no longer) bound here: a stale attempt, a cancelled or a lost job. Stop now.
+            stop.append(_stop_order(seen.job_id, seen.attempt, seen.replica, "not bound", now, now))
+    return {
+        "node": node.name,
+        "lease_seconds": settings.TESSERA["LEASE_S"],
+        "start": start,
+        "stop": stop,
+    }
+
+
+def _held_replicas(node: Node) -> dict[tuple[int, int], list[Allocation]]:
+    held: dict[tuple[int, int], list[Allocation]] = {}
+    allocs = (
+        Allocation.objects.filter(device__node=node, released_at__isnull=True)
+        .select_related("job", "device")
+        .order_by("job_id", "replica", "device__index")
+    )
+    for a in allocs:
+        held.setdefault((a.job_id, a.replica), []).append(a)
+    return held
+
+
+def _check_started_and_time_limit(job: Job, attempt: int, is_running: bool, now: datetime) -> Job:
+    """Catch up a lost ``started`` report; stop a job its agent let run past its time limit."""
+    late = (
+        job.state == JobState.RUNNING
+        and job.time_limit_seconds
+        and job.started_at is not None
+        and now > job.started_at + timedelta(seconds=job.time_limit_seconds + TIME_LIMIT_SLACK_S)
+    )
+    if not (late or (is_running and job.state == JobState.SCHEDULED)):
+        return job
+    with transaction.atomic():
+        locked = _lock_job(job.pk)
+        if locked.attempts != attempt:
+            return locked
+        if is_running and locked.state == JobState.SCHEDULED:
+            do_mark_running(locked, now)
+        elif late and locked.state == JobState.RUNNING:
+            begin_stop(locked, "time-limit", now)
+        return locked
+
+
+def _binding(job: Job, attempt: int, replica: int, allocs: list[Allocation]) -> dict[str, Any]:
+    return {
+        "job_id": job.pk,
+        "attempt": attempt,
+        "replica": replica,
+        "replicas": job.replicas,
+        "name": job.name,
+        "command": list(job.command),
+        "env": dict(job.env or {}),
+        "gpus": [a.device.index for a in allocs],
+        "share": allocs[0].share_milli / 1000,
+        "grace_seconds": job.grace_seconds,
+        "time_limit_seconds": job.time_limit_seconds,
+        "checkpoint_seconds": job.checkpoint_seconds,
+        # Offsets continue across attempts, so a retry's output follows the first's.
+        "log_offset": _log_end(job.pk, replica),
+    }
+
+
+def _stop_order(
+    job_id: int, attempt: int, replica: int, reason: str, deadline: datetime | None, now: datetime
+) -> dict[str, Any]:
+    deadline = deadline or now
+    return {
+        "job_id": job_id,
+        "attempt": attempt,
+        "replica": replica,
+        "reason": reason,
+        "deadline": deadline.isoformat(),
+        # Relative too, so an agent whose clock is off still keeps the grace period.
+        "grace_left_seconds": max(0.0, (deadline - now).total_seconds()),
+    }
+
+
+# --- Job reports -------------------------------------------------------------------------------
+
+
+def _lock_job(job_id: int) -> Job:
+    return Job.objects.select_for_update().select_related("tenant").get(pk=job_id)
+
+
+def _owned_job(node: Node, job_id: int) -> Job:
+    """The job, locked, if it ever had a replica on ``node``; otherwise :class:`NotYours`."""
+    if not 0 < job_id <= MAX_DB_INT:
+        raise NotYours(job_id)
+    if not Allocation.objects.filter(job_id=job_id, device__node=node).exists():
+        raise NotYours(job_id)
+    return _lock_job(job_id)
+
+
+def _active(job: Job, node_id: int, replica: int, attempt: int):
+    return Allocation.objects.filter(
+        job=job, device__node_id=node_id, replica=replica, attempt=attempt, released_at__isnull=True
+    )
+
+
+def do_report_started(node: Node, job_id: int, attempt: int, replica: int) -> Job:
+    """The agent started a replica's process. Stale if that replica is no longer bound here."""
+    with transaction.atomic():
+        job = _owned_job(node, job_id)
+        bound = attempt == job.attempts and _active(job, node.pk, replica, attempt).exists()
+        if not bound or job.state not in HOLDING_STATES:
+            raise Stale(f"job {job_id} attempt {attempt} replica {replica} is not bound to {node.name}")
+        do_mark_running(job)
+        return job
+
+
+def do_report_exit(
+    node: Node, job_id: int, attempt: int, replica: int, exit_code: int | None, reason: str = ""
+) -> tuple[Job, bool]:
+    """A replica's process ended. Returns (job, recorded); a repeated report is not recorded again."""
+    now = timezone.now()
+    with transaction.atomic():
+        job = _owned_job(node, job_id)
+        if attempt == job.attempts and _active(job, node.pk, replica, attempt).exists():
+            _settle_replica(job, node.pk, replica, exit_code, reason, now)
+            return job, True
+        already = Allocation.objects.filter(
+            job=job, device__node=node, replica=replica, attempt=attempt, released_at__isnull=False
+        ).exists()
+        if already:
+            return job, False  # a retried report: the first one counted
+        raise Stale(f"job {job_id} attempt {attempt} replica {replica} is not bound to {node.name}")
+
+
+def _settle_replica(
+    job: Job, node_id: int, replica: int, exit_code: int | None, reason: str, now: datetime
+) -> None:
+    """One replica's process is gone (``job`` locked): free its GPUs; settle the job if it was the last.
+
+    ``reason``: ``time-limit`` when the agent stopped it at its limit; ``lost`` when its process
+    vanished with the agent; empty otherwise.
+    """
+    if job.state == JobState.SCHEDULED:
+        do_mark_running(job, now)  # its ``started`` report was lost; keep the history in order
+    others = (
+        Allocation.objects.filter(job=job, released_at__isnull=True)
+        .exclude(device__node_id=node_id, replica=replica)
+        .exists()
+    )
+    if job.state == JobState.RUNNING:
+        if reason == "time-limit":
+            begin_stop(job, "time-limit", now)
+        elif others and (exit_code != 0 or reason == "lost"):
+            begin_stop(job, "lost" if exit_code is None else f"exit {exit_code}", now)
+    _release_replica(job, node_id, replica, now)
+    if others:
+        return
+    code = exit_code
+    if job.state == JobState.TERMINATING and job.stop_reason.startswith("exit "):
+        try:
+            code = int(job.stop_reason[5:])
+        except ValueError:
+            code = None
+    elif job.state == JobState.TERMINATING and job.stop_reason == "lost":
+        code = None
+    do_record_exit(job, code, now)
+
+
+def _release_replica(job: Job, node_id: int, replica: int, at: datetime) -> None:
+    allocs = list(
+        Allocation.objects.filter(
+            job=job, device__node_id=node_id, replica=replica, released_at__isnull=True
+        )
+    )
+    if not allocs:
+        return
+    Allocation.objects.filter(pk__in=[a.pk for a in allocs]).update(released_at=at)
+    bump_node_versions({node_id})
+    live.publish_devices(
+        device_rows(Device.objects.filter(pk__in=[a.device_id for a in allocs]).select_related("node"))
+    )
+    request_pass_on_commit()
+
+
+# --- Logs --------------------------------------------------------------------------------------
+
+
+def _log_end(job_id: int, replica: int) -> int:
+    last = LogChunk.objects.filter(job_id=job_id, replica=replica).order_by("-offset").first()
+    return last.offset + len(bytes(last.data)) if last is not None else 0
+
+
+def do_append_log(
+    node: Node, job_id: int, attempt: int, replica: int, offset: int, data: bytes
+) -> dict[str, Any]:
+    """Store a chunk of a replica's output at byte ``offset``.
+
+    Idempotent on (job, replica, offset): a chunk already stored (a retry) is skipped, an
+    overlapping one keeps only its new tail. Output past the job's cap
+    (``TESSERA["LOG_CAP_BYTES"]``) is dropped and the job marked ``log_truncated``.
+    """
+    cap = settings.TESSERA["LOG_CAP_BYTES"]
+    with transaction.atomic():
+        job = _owned_job(node, job_id)
+        if attempt != job.attempts:
+            raise Stale(f"job {job_id} is at attempt {job.attempts}, not {attempt}")
+        end = _log_end(job.pk, replica)
+        if offset + len(data) <= end:
+            return {"stored": 0, "next_offset": end, "truncated": job.log_truncated}
+        if offset < end:
+            data, offset = data[end - offset :], end
+        room = max(0, cap - job.log_bytes)
+        if len(data) > room:
+            data = data[:room]
+            job.log_truncated = True
+        if data:
+            LogChunk.objects.create(job=job, replica=replica, offset=offset, data=data)
+            Job.objects.filter(pk=job.pk).update(log_bytes=F("log_bytes") + len(data))
+        if job.log_truncated:
+            Job.objects.filter(pk=job.pk).update(log_truncated=True)
+        return {"stored": len(data), "next_offset": offset + len(data), "truncated": job.log_truncated}
