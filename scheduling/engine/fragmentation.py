@@ -111,6 +111,10 @@ class FragmentationModel:
     def from_jobs(cls, jobs: Iterable[JobRequest], coverage: float = 0.95) -> FragmentationModel:
         return cls(typical_requests((shape_of(j) for j in jobs), coverage))
 
+    @classmethod
+    def from_shapes(cls, shapes: Iterable[Shape], coverage: float = 0.95) -> FragmentationModel:
+        return cls(typical_requests(shapes, coverage))
+
     def node(self, model: str, cpu_free: int, gpu_free: tuple[int, ...]) -> float:
         """``F(n)`` in milli-GPU; ``gpu_free`` must be sorted (it is the cache key)."""
         key = (model, cpu_free, gpu_free)

@@ -114,6 +114,7 @@ class ClusterState:
     def __init__(self, specs: list[NodeSpec] | tuple[NodeSpec, ...], frag: FragmentationModel,
                  seed: int = 0):
         self.frag = frag
+        self.min_split_order = 0  # blocks smaller than 2^this are not split off for whole GPUs
         order = list(range(len(specs)))
         random.Random(seed).shuffle(order)  # the seeded node order that breaks score ties
         rank = [0] * len(specs)
@@ -184,15 +185,18 @@ class ClusterState:
             if value is None:
                 value = min(v for v in n.free if v >= req.milli)
             return [n.free.index(value)]
-        k = order_for(req.count)
         best: tuple[int, int] | None = None  # (block order, first GPU)
-        for isl in n.islands:
-            for order in range(k, len(isl.free)):
-                if isl.free[order]:
-                    cand = (order, isl.base + min(isl.free[order]))
-                    if best is None or cand < best:
-                        best = cand
-                    break
+        for k in dict.fromkeys((max(order_for(req.count), self.min_split_order),
+                                order_for(req.count))):
+            for isl in n.islands:
+                for order in range(k, len(isl.free)):
+                    if isl.free[order]:
+                        cand = (order, isl.base + min(isl.free[order]))
+                        if best is None or cand < best:
+                            best = cand
+                        break
+            if best is not None:
+                break
         if best is not None:
             return list(range(best[1], best[1] + req.count))
         if req.nvlink:  # no aligned block: any free GPUs of one island

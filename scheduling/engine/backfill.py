@@ -1,0 +1,111 @@
+"""Reservations and backfill: a blocked job gets a start time and nodes, and no job that starts
+after it may delay that start.
+
+1. The expected end of a running job is its start plus its time limit, else a runtime predicted
+   from history (mean of the last runs of the same tenant and kind), else a default.
+2. For a blocked job, every node that could hold one replica is "ready" at the earliest expected
+   end after which its holders have freed enough for the replica (now, if it fits already). The
+   job's reservation is its ``replicas`` earliest-ready nodes, and its start is the latest of them.
+3. Backfill: a later job may use a reserved node only if it is sure to be gone by the reserved
+   start (now + its time limit or predicted runtime <= start); otherwise it must go elsewhere.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from .placement import Constraints, Placer
+from .state import Alloc, ReplicaReq, fits_state
+from .types import MILLI, JobRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    job_id: str
+    nodes: tuple[int, ...]
+    start: float
+
+
+class History:
+    """Runtimes of finished jobs, per (tenant, kind), for jobs that give no time limit."""
+
+    def __init__(self, keep: int = 10):
+        self.keep = keep
+        self.runs: dict[tuple[str, str], deque[float]] = {}
+
+    def record(self, job: JobRequest, runtime: float) -> None:
+        q = self.runs.setdefault((job.tenant, job.kind), deque(maxlen=self.keep))
+        q.append(max(0.0, runtime))
+
+    def predict(self, job: JobRequest) -> float | None:
+        if job.time_limit_s:
+            return job.time_limit_s
+        q = self.runs.get((job.tenant, job.kind))
+        return sum(q) / len(q) if q else None
+
+
+def node_ready_time(placer: Placer, node: int, req: ReplicaReq,
+                    holders: list[tuple[float, Alloc]], now: float) -> float | None:
+    """When ``req`` fits on ``node`` if its holders leave at their expected ends (None: never)."""
+    state = placer.state
+    n = state.nodes[node]
+    spec = n.spec
+    d = max(1, min(spec.nvlink_domain, spec.gpus)) if spec.gpus else 1
+    free = list(n.free)
+    cpu, mem = n.cpu, n.mem
+    if fits_state((n.cls, cpu, mem, tuple(free)), req, d, spec.gpus):
+        return now
+    for end, a in sorted(holders, key=lambda t: (t[0], t[1].gpus)):
+        for g in a.gpus:
+            free[g] = min(MILLI, free[g] + a.milli)
+        cpu += a.cpu
+        mem += a.mem
+        if fits_state((n.cls, cpu, mem, tuple(free)), req, d, spec.gpus):
+            return max(now, end)
+    return None
+
+
+def reserve(placer: Placer, job: JobRequest, req: ReplicaReq, replicas: int, c: Constraints,
+            holders: dict[int, list[tuple[float, Alloc]]], taken: set[int],
+            now: float) -> Reservation | None:
+    """The reservation for ``job`` (step 2), avoiding nodes already reserved (``taken``)."""
+    ready: list[tuple[float, int, int]] = []
+    for n in placer.state.nodes:
+        if n.index in taken or placer.class_pref(n.cls, c) is None:
+            continue
+        if any(k == "rack" and n.spec.rack != v for k, v in c.selector):
+            continue
+        t = node_ready_time(placer, n.index, req, holders.get(n.index, []), now)
+        if t is not None:
+            ready.append((t, n.rank, n.index))
+    if len(ready) < replicas:
+        return None
+    ready.sort()
+    chosen = ready[:replicas]
+    return Reservation(job.id, tuple(sorted(i for _, _, i in chosen)), chosen[-1][0])
+
+
+class Reservations:
+    """The reservations of one pass and the backfill rule (step 3)."""
+
+    def __init__(self) -> None:
+        self.items: list[Reservation] = []
+        self.start_by_node: dict[int, float] = {}
+        self.owner_by_node: dict[int, str] = {}
+
+    def add(self, r: Reservation) -> None:
+        self.items.append(r)
+        for i in r.nodes:
+            if r.start < self.start_by_node.get(i, float("inf")):
+                self.start_by_node[i] = r.start
+                self.owner_by_node[i] = r.job_id
+
+    def taken(self) -> set[int]:
+        return set(self.start_by_node)
+
+    def allows(self, node: int, now: float, runtime: float | None) -> bool:
+        start = self.start_by_node.get(node)
+        if start is None:
+            return True
+        return runtime is not None and now + runtime <= start

@@ -1,0 +1,51 @@
+"""The engine's knobs, in one frozen dataclass (defaults are what Tessera ships with)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    # Queue level by job kind: 0 is served first.
+    levels: tuple[tuple[str, int], ...] = (
+        ("inference", 0),
+        ("training", 1),
+        ("finetune", 2),
+        ("batch", 2),
+    )
+    level_names: tuple[str, ...] = ("inference", "training", "finetune/batch")
+    aging_s: float = 4 * 3600.0  # a job waiting longer is promoted to level 0 and reserved for
+    max_reservations: int = 8  # reservations per pass (aged jobs first, then the blocked head)
+    preempt_min_run_s: float = 300.0  # a job runs this long before it can be preempted (again)
+    min_split_gpus: int = 1  # smallest buddy block a whole-GPU replica claims (power of two)
+    # Preferred accelerators by kind, used when a job names none (earlier = preferred).
+    kind_accelerators: tuple[tuple[str, tuple[str, ...]], ...] = field(default_factory=tuple)
+    alpha: float = 0.0  # weight of price per GPU-hour in the placement score
+    beta: float = 0.0  # weight of (1 - utilisation); needs live metrics, 0 without them
+    gamma: float = 0.0  # weight of expected wait (seconds / 3600) when choosing a model
+    delta: float = 10.0  # weight of locality: gang replicas on the same node / rack
+    max_starts_per_pass: int = 100_000
+    default_runtime_s: float = 4 * 3600.0  # runtime assumed for reservations when nothing tells
+    frag_window: int = 1000  # typical requests from the last N submitted jobs
+    reject_over_capacity: bool = False  # live: larger than the cluster stays pending (nodes join)
+    preemption: bool = True
+    backfill: bool = True
+    seed: int = 0  # the node order that breaks placement ties
+
+    def level_of(self, kind: str) -> int:
+        for k, lv in self.levels:
+            if k == kind:
+                return lv
+        return max((lv for _, lv in self.levels), default=0)
+
+    def level_name(self, level: int) -> str:
+        if 0 <= level < len(self.level_names):
+            return self.level_names[level]
+        return f"level-{level}"
+
+    def preferred(self, kind: str) -> tuple[str, ...]:
+        for k, models in self.kind_accelerators:
+            if k == kind:
+                return models
+        return ()

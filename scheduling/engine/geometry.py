@@ -1,0 +1,100 @@
+"""A job's shape in engine units: per-replica request, how many replicas, how many needed at once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .buddy import order_for
+from .fragmentation import to_milli
+from .placement import Constraints, class_allows
+from .quota import Quotas
+from .state import ClusterState, ReplicaReq
+from .types import MILLI, JobRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Geometry:
+    req: ReplicaReq
+    replicas: int  # the most replicas it may run (elastic: max_gpus / per-replica size)
+    need: int  # replicas that must start together
+    charge: int  # quota milli-GPU per replica (a block rounded up counts whole)
+
+
+def geometry(job: JobRequest, min_split: int = 1) -> Geometry:
+    replicas = max(1, job.replicas)
+    per = job.gpus / replicas
+    cpu = to_milli(job.cpus / replicas)
+    mem = int(round(job.memory_gib * 1024 / replicas))
+    if per <= 0:
+        req = ReplicaReq(0, 0, cpu, mem)
+    elif per < 1:
+        req = ReplicaReq(to_milli(per), 1, cpu, mem)
+    else:
+        req = ReplicaReq(MILLI, int(round(per)), cpu, mem, job.topology == "nvlink")
+    top, need = replicas, job.min_available or replicas
+    if job.elastic_max_gpus and per > 0:
+        top = max(1, int(job.elastic_max_gpus // per))
+        if job.min_available is None and job.elastic_min_gpus:
+            need = max(1, -(-int(job.elastic_min_gpus) // max(1, int(round(per)))))
+    need = max(1, min(need, top))
+    if req.milli >= MILLI and req.count:
+        charge = MILLI * max(1 << order_for(req.count), min_split)
+    else:
+        charge = req.milli * req.count
+    return Geometry(req, top, need, charge)
+
+
+def constraints(job: JobRequest, models: tuple[str, ...] | None = None) -> Constraints:
+    if job.gpus <= 0:
+        return Constraints((), job.node_selector, job.tolerations, gpu_job=False)
+    return Constraints(job.accelerators if models is None else models, job.node_selector,
+                       job.tolerations, gpu_job=True)
+
+
+def static_check(state: ClusterState, quotas: Quotas, job: JobRequest, geo: Geometry,
+             memo: dict) -> tuple[str, str] | None:
+    """('reject', why) for a job that can never run here; ('capacity', why) for one larger
+    than the cluster; None otherwise. Memoised per shape."""
+    key = (geo, job.accelerators, job.node_selector, job.tolerations, job.topology,
+           job.tenant, job.preemptible)
+    if key in memo:
+        return memo[key]
+    req, need = geo.req, geo.need
+    c = constraints(job)
+    whole_job = job.topology in ("node", "nvlink")
+    total = 0
+    holders = 0
+    models_ok: list[str] = []
+    for n in state.nodes:
+        spec = n.spec
+        if class_allows(spec, c) is None:
+            continue
+        if any(k == "rack" and spec.rack != v for k, v in job.node_selector):
+            continue
+        k = need if whole_job else 1
+        size = (spec.nvlink_domain if req.nvlink else spec.gpus) - len(spec.unhealthy_gpus)
+        if req.count and req.milli >= MILLI and req.count * k > size:
+            continue
+        if (spec.cpus and req.cpu * k > to_milli(spec.cpus)) or (
+            spec.memory_gib and req.mem * k > spec.memory_gib * 1024
+        ):
+            continue
+        holders += 1
+        total += MILLI * (spec.gpus - len(spec.unhealthy_gpus))
+        if spec.model not in models_ok:
+            models_ok.append(spec.model)
+    result: tuple[str, str] | None = None
+    what = "|".join(job.accelerators) if job.accelerators else "GPUs"
+    if holders == 0:
+        result = ("reject", "no node can ever hold one replica "
+                            f"({geo.req.demand / MILLI:g} {what} each, topology {job.topology})")
+    elif req.count and quotas.enabled and not any(
+        quotas.ever_admits(job.tenant, m, geo.charge * need, job.preemptible)
+        for m in models_ok
+    ):
+        result = ("reject", f"quota: no quota of {job.tenant} admits {job.gpus:g} {what}")
+    elif req.count and total < req.demand * need:
+        result = ("capacity", f"capacity: needs {req.demand * need / MILLI:g} {what}; the "
+                              f"cluster has {total / MILLI:g} it may use")
+    memo[key] = result
+    return result

@@ -1,0 +1,193 @@
+"""Steps 2-6 of a pass (see :mod:`.policy`), kept apart so each part stays readable."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from . import queues
+from .backfill import Reservations
+from .geometry import geometry
+from .types import Decisions, PendingReason, Preemption, Resize
+
+if TYPE_CHECKING:
+    from .policy import TesseraScheduler
+
+
+def _minutes(seconds: float) -> str:
+    return f"~{max(1, round(seconds / 60))} min"
+
+
+def run_pass(s: TesseraScheduler, now: float) -> Decisions:
+    from .policy import diagnose_job, placements_of
+
+    cfg = s.config
+    d = Decisions()
+    res = Reservations()
+    starts = 0
+    blocked_seen = False
+    to_diagnose: list = []
+    hypo = None
+    for job in queues.order(list(s.pending.values()), now, cfg, s.quotas):
+        if job.held:
+            d.pending[job.id] = PendingReason("held", "held: released by its owner or an operator")
+            continue
+        if job.not_before > now:
+            d.pending[job.id] = PendingReason(
+                "backoff", f"backoff: retrying in {_minutes(job.not_before - now)}", job.not_before
+            )
+            continue
+        geo = geometry(job, cfg.min_split_gpus)
+        static = s._static_check(job, geo)
+        if static is not None:
+            if static[0] == "reject" or cfg.reject_over_capacity:
+                d.rejections[job.id] = static[1]
+                s.pending.pop(job.id, None)
+            else:
+                d.pending[job.id] = PendingReason("capacity", static[1])
+            continue
+        if starts >= cfg.max_starts_per_pass:
+            d.pending[job.id] = PendingReason(
+                "priority", f"priority: this pass started its limit of {cfg.max_starts_per_pass} "
+                            "jobs; next pass")
+            continue
+        runtime = s.history.predict(job)
+        node_ok = None
+        if res.items:
+            def node_ok(i: int, runtime=runtime) -> bool:
+                return res.allows(i, now, runtime)
+        allocs, refusal = s._try_place(job, geo, node_ok)
+        if allocs:
+            s._bind(job, geo, allocs, now, d)
+            starts += 1
+            continue
+        if refusal is not None:
+            d.pending[job.id] = PendingReason(*refusal)
+            continue
+        if node_ok is not None:  # does it fit without the reservations? then they hold it back
+            probe, _ = s._try_place(job, geo, None)
+            if probe:
+                for a in probe:
+                    s.state.release_replica(job.id, a)
+                owner = next((r for r in res.items), None)
+                d.pending[job.id] = PendingReason(
+                    "reserved",
+                    f"reserved: the free room is held for job {owner.job_id}, expected to start "
+                    f"in {_minutes(owner.start - now)}" if owner else "reserved",
+                )
+                continue
+        # 4. shrink elastic jobs, else preempt, else reserve
+        if geo.req.count and cfg.preemption:
+            if _shrink_for(s, job, geo, now, d):
+                continue
+            if hypo is None:
+                hypo = s.new_hypo()
+            victims = s.victims(job, geo, now)
+            plan = None
+            if victims or hypo.terminating:
+                from .placement import Constraints
+
+                models, _ranked = s._models_for(job)
+                c = Constraints(models, job.node_selector, job.tolerations, True)
+                plan = _plan(s, hypo, job, geo, c, victims)
+            if plan is not None:
+                for v in plan:
+                    s.running[v.job_id].terminating = True
+                    d.preemptions.append(Preemption(
+                        v.job_id, f"priority: for job {job.id}" if queues.rank(
+                            s.running[v.job_id].job, cfg) > queues.rank(job, cfg)
+                        else f"reclaim: {job.tenant} needs its guarantee", job.id))
+                waiting = f"preempting {len(plan)} job(s)" if plan else "waiting for "\
+                    "terminating jobs"
+                d.pending[job.id] = PendingReason(
+                    "reserved", f"reserved: {waiting} to make room; starts when they exit")
+                continue
+        aged = queues.is_aged(job, now, cfg)
+        if cfg.backfill and len(res.items) < cfg.max_reservations and (aged or not blocked_seen):
+            blocked_seen = True
+            r = s.reserve_for(job, geo, res, now)
+            if r is not None:
+                res.add(r)
+                d.pending[job.id] = PendingReason(
+                    "reserved", f"reserved: {len(r.nodes)} node(s) held for it, expected to start "
+                                f"in {_minutes(r.start - now)}", r.start)
+                continue
+        to_diagnose.append((job, geo))
+    _grow(s, now, d, res)
+    s.last_reservations = list(res.items)
+    cache: dict = {}
+    for job, geo in to_diagnose:
+        key = (geo, job.accelerators, job.node_selector, job.tolerations, job.topology)
+        reason = cache.get(key)
+        if reason is None:
+            reason = cache[key] = diagnose_job(s, job, geo)
+        d.pending[job.id] = reason
+    del placements_of
+    return d
+
+
+def _plan(s: TesseraScheduler, hypo, job, geo, c, victims):
+    from .preemption import choose_victims
+
+    return choose_victims(s.placer, hypo, geo.req, geo.need, c, victims)
+
+
+def _shrink_for(s: TesseraScheduler, job, geo, now: float, d: Decisions) -> bool:
+    """Shrink elastic jobs behind ``job`` (or borrowing) if that alone lets it start."""
+    from .policy import placements_of
+
+    eligible = {v.job_id for vs in s.victims(job, geo, now).values() for v in vs}
+    shrunk: list[tuple[str, object]] = []
+    for jid in sorted(eligible):
+        run = s.running[jid]
+        if run.job.elastic_max_gpus is None:
+            continue
+        allocs = sorted(s.state.allocs.get(jid, ()), key=lambda a: -a.replica)
+        for a in allocs[: max(0, len(allocs) - run.geo.need)]:
+            s.state.release_replica(jid, a)
+            shrunk.append((jid, a))
+    if not shrunk:
+        return False
+    allocs, _ = s._try_place(job, geo, None)
+    if not allocs:
+        for jid, a in reversed(shrunk):
+            s.state.take(jid, a.node, a.gpus, a.milli, a.cpu, a.mem, a.replica)
+        return False
+    # keep only the shrinks that were needed? simple and safe: keep them all, grow later
+    for jid in dict.fromkeys(j for j, _ in shrunk):
+        run = s.running[jid]
+        left = s.state.allocs.get(jid, [])
+        removed = len([1 for j, _ in shrunk if j == jid])
+        for _ in range(removed):
+            model, milli = run.charged.pop()
+            s.quotas.add(run.job.tenant, model, -milli)
+        d.resizes.append(Resize(jid, placements_of(left, s.state)))
+    s._bind(job, geo, allocs, now, d)
+    return True
+
+
+def _grow(s: TesseraScheduler, now: float, d: Decisions, res: Reservations) -> None:
+    """Step 5: elastic jobs and partially started gangs take more replicas if room is left."""
+    from .policy import placements_of
+
+    for jid in sorted(s.running):
+        run = s.running[jid]
+        if run.terminating or run.cancelled:
+            continue
+        have = s.state.allocs.get(jid, [])
+        if len(have) >= run.geo.replicas or not have:
+            continue
+        runtime = s.history.predict(run.job)
+        used = {a.replica for a in have}
+        nxt = max(used) + 1
+
+        def node_ok(i: int, runtime=runtime) -> bool:
+            return res.allows(i, now, runtime)
+
+        more, _ = s._try_place(run.job, run.geo, node_ok, nxt,
+                               top=run.geo.replicas - len(have), need=1)
+        if not more:
+            continue
+        for a in more:
+            s._charge(run, s.nodes[a.node].model, run.geo.charge if a.gpus else 0)
+        d.resizes.append(Resize(jid, placements_of(s.state.allocs[jid], s.state)))
+

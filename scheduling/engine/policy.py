@@ -1,0 +1,286 @@
+"""Tessera's policy: one scheduling pass, in this order.
+
+1. Refresh the request mix that defines fragmentation (last ``frag_window`` submitted jobs).
+2. Order the pending jobs (:mod:`.queues`): level (aged jobs promoted), priority, fair share,
+   arrival.
+3. For each job: held / backoff / never-runnable (rejected) / quota; then try to place it
+   (:mod:`.topology`), honouring the reservations made so far (:mod:`.backfill`).
+4. If it does not fit: shrink elastic jobs behind it if that alone makes room; else preempt
+   (:mod:`.preemption`); else, if it is aged or the first blocked job, reserve nodes for it.
+5. Grow elastic jobs and partially started gangs with what is left.
+6. Give every job still pending its reason (:mod:`.reasons`), diagnosed on the final state.
+
+Bindings, resizes and preemption marks are applied to the engine's own state as they are made;
+a preempted job keeps its GPUs until the driver calls :meth:`TesseraScheduler.release`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from . import queues
+from .backfill import History, Reservations, reserve
+from .buddy import order_for
+from .config import EngineConfig
+from .fragmentation import FragmentationModel, Shape, shape_of, to_milli
+from .geometry import Geometry, constraints, geometry, static_check
+from .placement import Constraints, Placer
+from .preemption import Hypo, Victim
+from .quota import Quotas
+from .reasons import diagnose
+from .state import Alloc, ClusterState
+from .topology import place_gang
+from .types import (
+    MILLI,
+    Binding,
+    Decisions,
+    JobRequest,
+    NodeSpec,
+    PendingReason,
+    Placement,
+    QuotaSpec,
+    Snapshot,
+)
+
+
+@dataclass(slots=True)
+class Running:
+    job: JobRequest
+    geo: Geometry
+    started_at: float
+    last_checkpoint: float | None = None
+    terminating: bool = False
+    cancelled: bool = False
+    charged: list[tuple[str, int]] = field(default_factory=list)  # (model, milli) per replica
+
+
+def placements_of(allocs: list[Alloc], state: ClusterState) -> tuple[Placement, ...]:
+    out = []
+    for a in sorted(allocs, key=lambda a: a.replica):
+        share = 1.0 if a.milli >= MILLI or not a.gpus else a.milli / MILLI
+        out.append(Placement(a.replica, state.nodes[a.node].spec.name, a.gpus, share))
+    return tuple(out)
+
+
+class TesseraScheduler:
+    """The default policy; implements :class:`~.types.Scheduler`."""
+
+    def __init__(self, nodes: tuple[NodeSpec, ...] | list[NodeSpec],
+                 quotas: tuple[QuotaSpec, ...] | list[QuotaSpec] = (),
+                 config: EngineConfig | None = None):
+        self.config = config or EngineConfig()
+        self.nodes = tuple(nodes)
+        self.state = ClusterState(self.nodes, FragmentationModel(()), seed=self.config.seed)
+        self.state.min_split_order = order_for(max(1, self.config.min_split_gpus))
+        self.placer = Placer(self.state, self.config.alpha)
+        self.quotas = Quotas(quotas)
+        self.pending: dict[str, JobRequest] = {}
+        self.running: dict[str, Running] = {}
+        self.history = History()
+        self.recent: deque[Shape] = deque(maxlen=self.config.frag_window)
+        self._recent_changes = 0
+        self._static: dict[tuple, tuple[str, str] | None] = {}
+        self.models = tuple(sorted({n.model for n in self.nodes if n.gpus and n.model}))
+        self.last_reservations: list = []
+
+    # -- the driver's calls -----------------------------------------------------------------------
+    @classmethod
+    def from_snapshot(cls, snapshot: Snapshot, config: EngineConfig | None = None
+                      ) -> TesseraScheduler:
+        s = cls(snapshot.nodes, snapshot.quotas, config)
+        for job in snapshot.pending:
+            s.submit(job)
+        for run in snapshot.running:
+            s.adopt(run.job, run.placements, run.started_at, run.last_checkpoint_at,
+                    run.terminating)
+        return s
+
+    def adopt(self, job: JobRequest, placements: tuple[Placement, ...], started_at: float,
+              last_checkpoint: float | None = None, terminating: bool = False) -> None:
+        """Record a job that already holds GPUs (from a snapshot)."""
+        geo = geometry(job, self.config.min_split_gpus)
+        run = Running(job, geo, started_at, last_checkpoint, terminating)
+        self.running[job.id] = run
+        self._note(job)
+        for p in placements:
+            node = self.state.by_name[p.node]
+            milli = MILLI if p.share >= 1 else to_milli(p.share)
+            self.state.take(job.id, node, p.gpus, milli if p.gpus else 0, geo.req.cpu,
+                            geo.req.mem, p.replica)
+            self._charge(run, self.nodes[node].model, geo.charge if p.gpus else 0)
+
+    def submit(self, job: JobRequest) -> None:
+        self.pending[job.id] = job
+        self._note(job)
+
+    def cancel(self, job_id: str) -> None:
+        self.pending.pop(job_id, None)
+        run = self.running.get(job_id)
+        if run is not None:  # it keeps its GPUs until its processes exit (release)
+            run.cancelled = True
+
+    def release(self, job_id: str, now: float) -> None:
+        run = self.running.pop(job_id, None)
+        self.state.release(job_id)
+        if run is None:
+            return
+        for model, milli in run.charged:
+            self.quotas.add(run.job.tenant, model, -milli)
+        if not run.terminating and not run.cancelled:
+            self.history.record(run.job, now - run.started_at)
+
+    def requeue(self, job: JobRequest) -> None:
+        if job.id in self.running:
+            self.release(job.id, job.submitted_at)
+        self.pending[job.id] = job
+
+    def checkpoint(self, job_id: str, at: float) -> None:
+        run = self.running.get(job_id)
+        if run is not None:
+            run.last_checkpoint = at
+
+    # -- bookkeeping ------------------------------------------------------------------------------
+    def _note(self, job: JobRequest) -> None:
+        self.recent.append(shape_of(job))
+        self._recent_changes += 1
+
+    def _charge(self, run: Running, model: str, milli: int) -> None:
+        run.charged.append((model, milli))
+        self.quotas.add(run.job.tenant, model, milli)
+
+    def _refresh_frag(self) -> None:
+        if self._recent_changes and (
+            self._recent_changes >= max(1, len(self.recent) // 10) or not self.state.frag.typical
+        ):
+            self.state.set_frag(FragmentationModel.from_shapes(list(self.recent)))
+            self.placer = Placer(self.state, self.config.alpha)
+            self._recent_changes = 0
+
+    def _models_for(self, job: JobRequest) -> tuple[tuple[str, ...], bool]:
+        """Acceptable models in preference order, and whether the order ranks them."""
+        if job.accelerators:
+            return job.accelerators, True
+        preferred = self.config.preferred(job.kind)
+        if preferred:
+            rest = tuple(m for m in self.models if m not in preferred)
+            return tuple(m for m in preferred if m in self.models) + rest, True
+        return self.models, False
+
+    def _static_check(self, job: JobRequest, geo: Geometry) -> tuple[str, str] | None:
+        return static_check(self.state, self.quotas, job, geo, self._static)
+
+    # -- placing one job --------------------------------------------------------------------------
+    def _try_place(self, job: JobRequest, geo: Geometry, node_ok, first_replica: int = 0,
+                   top: int | None = None, need: int | None = None
+                   ) -> tuple[list[Alloc] | None, tuple[str, str] | None]:
+        """(allocations, None) on success; (None, quota reason or None) otherwise."""
+        top = geo.replicas if top is None else top
+        need = geo.need if need is None else need
+        if geo.req.count == 0:
+            c = constraints(job)
+            return place_gang(self.placer, job.id, geo.req, top, need, job.topology, c, node_ok,
+                              first_replica), None
+        models, ranked = self._models_for(job)
+        allowed: list[tuple[str, int]] = []
+        refusal: tuple[str, str] | None = None
+        for m in models:
+            fit = 0
+            for r in range(top, need - 1, -1):
+                if self.quotas.check(job.tenant, m, geo.charge * r, job.preemptible) is None:
+                    fit = r
+                    break
+            if fit:
+                allowed.append((m, fit))
+            elif refusal is None:
+                refusal = self.quotas.check(job.tenant, m, geo.charge * need, job.preemptible)
+        if not allowed:
+            return None, refusal
+        if top == 1 or job.topology in ("node", "nvlink"):
+            attempts = [(tuple(m for m, _ in allowed), min(r for _, r in allowed))]
+        else:
+            attempts = [((m,), r) for m, r in allowed]
+        for ms, r in attempts:
+            c = Constraints(ms if ranked or len(ms) < len(self.models) else (), job.node_selector,
+                            job.tolerations, True)
+            got = place_gang(self.placer, job.id, geo.req, r, need, job.topology, c, node_ok,
+                             first_replica)
+            if got:
+                return got, None
+        return None, None
+
+    def _bind(self, job: JobRequest, geo: Geometry, allocs: list[Alloc], now: float,
+              d: Decisions) -> None:
+        run = Running(job, geo, now)
+        for a in allocs:
+            self._charge(run, self.nodes[a.node].model, geo.charge if a.gpus else 0)
+        self.running[job.id] = run
+        self.pending.pop(job.id, None)
+        d.bindings.append(Binding(job.id, placements_of(allocs, self.state)))
+
+    # -- the pass ---------------------------------------------------------------------------------
+    def decide(self, now: float) -> Decisions:
+        from .passes import run_pass
+
+        self._refresh_frag()
+        return run_pass(self, now)
+
+    # helpers used by the pass ----------------------------------------------------------------------
+    def expected_end(self, run: Running, now: float) -> float:
+        est = self.history.predict(run.job)
+        end = run.started_at + (est if est is not None else self.config.default_runtime_s)
+        return max(end, now)
+
+    def victims(self, job: JobRequest, geo: Geometry, now: float) -> dict[int, list[Victim]]:
+        """Eligible victims per node, cheapest first (see :mod:`.preemption`)."""
+        mine = queues.rank(job, self.config)
+        out: dict[int, list[Victim]] = {}
+        for jid, run in self.running.items():
+            v = run.job
+            if (not v.preemptible or run.terminating or run.cancelled
+                    or now - run.started_at < self.config.preempt_min_run_s):
+                continue
+            behind = queues.rank(v, self.config) > mine
+            reclaim = False
+            if not behind and self.quotas.enabled and v.tenant != job.tenant:
+                for model, _m in run.charged:
+                    if (self.quotas.borrowed(v.tenant, model) > 0
+                            and self.quotas.under_guarantee(job.tenant, model,
+                                                            geo.charge * geo.need)):
+                        reclaim = True
+                        break
+            if not (behind or reclaim):
+                continue
+            allocs = tuple(self.state.allocs.get(jid, ()))
+            since = max(run.started_at, run.last_checkpoint or run.started_at)
+            gpus = sum(len(a.gpus) * a.milli for a in allocs) / MILLI
+            victim = Victim(jid, gpus * max(0.0, now - since), v.priority, allocs)
+            for node in sorted({a.node for a in allocs}):
+                out.setdefault(node, []).append(victim)
+        for lst in out.values():
+            lst.sort(key=lambda v: (v.lost, v.priority, v.job_id))
+        return out
+
+    def new_hypo(self) -> Hypo:
+        term = [(jid, tuple(self.state.allocs.get(jid, ()))) for jid, r in self.running.items()
+                if r.terminating or r.cancelled]
+        return Hypo(self.placer, term)
+
+    def reserve_for(self, job: JobRequest, geo: Geometry, res: Reservations, now: float):
+        holders: dict[int, list] = {}
+        for jid, run in self.running.items():
+            end = self.expected_end(run, now)
+            for a in self.state.allocs.get(jid, ()):
+                holders.setdefault(a.node, []).append((end, a))
+        c = constraints(job)
+        return reserve(self.placer, job, geo.req, geo.need, c, holders, res.taken(), now)
+
+
+def diagnose_job(s: TesseraScheduler, job: JobRequest, geo: Geometry) -> PendingReason:
+    c = constraints(job)
+    reason = diagnose(s.placer, job, geo.req, geo.replicas, geo.need, c)
+    if reason.code == "gang" and job.topology in ("node", "nvlink", "rack") and geo.need > 1:
+        return PendingReason("topology", f"topology: {geo.need} replicas of "
+                                         f"{geo.req.demand / MILLI:g} GPUs do not fit in one "
+                                         f"{job.topology} now")
+    return reason

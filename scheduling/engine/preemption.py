@@ -1,0 +1,151 @@
+"""Choosing victims: the least lost work that makes room, or no preemption at all.
+
+Eligible victims (decided by the policy): preemptible, not already terminating, running at least
+the minimum run time, and either strictly behind the job in (level, priority) or, for a reclaim,
+running on capacity their tenant borrowed. Jobs already terminating count as capacity coming free
+at no cost, so a job never preempts twice for the same room.
+
+1. Every node the job may use starts from its hypothetical free state for this pass (actual free
+   capacity plus terminating holders, minus what earlier preemptors of this pass claimed).
+2. For each replica: on each node, add the node's eligible victims in order of least lost work
+   (GPU-seconds since their last checkpoint), then lowest priority, then id, until the replica fits.
+   That node's cost is the lost work of the victims newly added, then their number.
+3. Take the cheapest node (then lowest rank); the victims' capacity on every node they hold comes
+   free; the replica's need is taken from that node's hypothetical state.
+4. If some replica cannot be covered, no victim is taken (a preemption that does not make room is
+   never made). Otherwise the victims are returned and the claimed room stays claimed for the pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .placement import Constraints, Placer
+from .state import Alloc, ReplicaReq, fits_state
+from .types import MILLI
+
+
+@dataclass(frozen=True, slots=True)
+class Victim:
+    job_id: str
+    lost: float  # GPU-seconds of work since the last checkpoint
+    priority: int
+    allocs: tuple[Alloc, ...]
+
+
+class Hypo:
+    """Hypothetical free capacity per node for one pass (lazily copied from the state)."""
+
+    def __init__(self, placer: Placer, terminating: list[tuple[str, tuple[Alloc, ...]]]):
+        self.placer = placer
+        self.nodes: dict[int, list] = {}
+        self.terminating = terminating
+        self._loaded = False
+
+    def load(self) -> None:
+        if not self._loaded:
+            self._loaded = True
+            for _jid, allocs in self.terminating:
+                for a in allocs:
+                    self._add(self._raw(a.node), a)
+
+    def get(self, i: int) -> list:
+        self.load()
+        st = self.nodes.get(i)
+        if st is None:
+            st = self._raw(i)
+        return st
+
+    def _raw(self, i: int) -> list:
+        st = self.nodes.get(i)
+        if st is None:
+            n = self.placer.state.nodes[i]
+            st = self.nodes[i] = [list(n.free), n.cpu, n.mem]
+        return st
+
+    @staticmethod
+    def _add(st: list, a: Alloc) -> None:
+        for g in a.gpus:
+            st[0][g] = min(MILLI, st[0][g] + a.milli)
+        st[1] += a.cpu
+        st[2] += a.mem
+
+
+def _fits(placer: Placer, i: int, st: list, req: ReplicaReq) -> bool:
+    n = placer.state.nodes[i]
+    spec = n.spec
+    d = max(1, min(spec.nvlink_domain, spec.gpus)) if spec.gpus else 1
+    return fits_state((n.cls, st[1], st[2], tuple(st[0])), req, d, spec.gpus)
+
+
+def _take(placer: Placer, i: int, st: list, req: ReplicaReq) -> None:
+    n = placer.state.nodes[i]
+    if req.milli < MILLI:
+        if req.count:
+            g = max(range(len(st[0])), key=lambda k: (st[0][k] >= req.milli, -st[0][k], -k))
+            st[0][g] -= req.milli
+    else:
+        full = [g for g, v in enumerate(st[0]) if v >= MILLI][: req.count]
+        for g in full:
+            st[0][g] = 0
+    if st[1] < 1 << 59:
+        st[1] -= req.cpu
+    if st[2] < 1 << 59:
+        st[2] -= req.mem
+    del n
+
+
+def choose_victims(placer: Placer, hypo: Hypo, req: ReplicaReq, replicas: int, c: Constraints,
+                   victims_by_node: dict[int, list[Victim]]) -> list[Victim] | None:
+    state = placer.state
+    chosen: dict[str, Victim] = {}
+    hypo.load()
+    work = {i: [list(st[0]), st[1], st[2]] for i, st in hypo.nodes.items()}
+
+    def view(i: int) -> list:
+        st = work.get(i)
+        if st is None:
+            base = hypo.get(i)
+            st = work[i] = [list(base[0]), base[1], base[2]]
+        return st
+
+    allowed = [n.index for n in state.nodes if placer.class_pref(n.cls, c) is not None
+               and not any(k == "rack" and n.spec.rack != v for k, v in c.selector)]
+    for _r in range(replicas):
+        best: tuple[tuple[float, int, int], int, list[Victim]] | None = None
+        for i in allowed:
+            st = view(i)
+            trial = [list(st[0]), st[1], st[2]]
+            added: list[Victim] = []
+            cost = 0.0
+            ok = _fits(placer, i, trial, req)
+            if not ok:
+                for v in victims_by_node.get(i, []):
+                    if v.job_id in chosen:
+                        continue
+                    for a in v.allocs:
+                        if a.node == i:
+                            Hypo._add(trial, a)
+                    added.append(v)
+                    cost += v.lost
+                    if _fits(placer, i, trial, req):
+                        ok = True
+                        break
+            if not ok:
+                continue
+            key = (cost, len(added), state.nodes[i].rank)
+            if best is None or key < best[0]:
+                best = (key, i, added)
+                if cost == 0 and not added:
+                    break
+        if best is None:
+            return None
+        _key, i, added = best
+        for v in added:
+            chosen[v.job_id] = v
+            for a in v.allocs:
+                Hypo._add(view(a.node), a)
+        _take(placer, i, view(i), req)
+    for i, st in work.items():  # step 4: the room stays claimed for the rest of the pass
+        hypo.nodes[i] = st
+    return sorted(chosen.values(), key=lambda v: v.job_id)

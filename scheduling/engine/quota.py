@@ -1,0 +1,96 @@
+"""Quotas per tenant and model (CONTRACTS.md): guaranteed, limit, weight; borrowing; fair share.
+
+* A tenant's row for a model applies to it; the ``*`` row covers every model without its own row
+  (usage on all of those models is summed against it); no row: the tenant may not use the model.
+* Usage counts a fraction as its share and a whole-GPU replica as the buddy block it takes.
+* Above the guarantee a tenant borrows; only preemptible jobs may borrow, so borrowed capacity can
+  always be given back by preemption.
+* Fair share = allocated GPUs / guaranteed GPUs (summed over models) / weight; lowest first.
+Without any quota rows every tenant is unlimited with weight 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .types import MILLI, QuotaSpec
+
+
+def fmt_gpus(milli: int | float) -> str:
+    value = milli / MILLI
+    return f"{value:g}" if value == int(value) else f"{value:.2f}"
+
+
+class Quotas:
+    def __init__(self, specs: Iterable[QuotaSpec]):
+        self.rows: dict[str, dict[str, QuotaSpec]] = {}
+        for q in specs:
+            self.rows.setdefault(q.tenant, {})[q.model] = q
+        self.enabled = bool(self.rows)
+        self.usage: dict[tuple[str, str], int] = {}  # (tenant, row model) -> milli-GPU
+        self.total: dict[str, int] = {}  # tenant -> milli-GPU over all models
+
+    def row(self, tenant: str, model: str) -> QuotaSpec | None:
+        rows = self.rows.get(tenant)
+        if rows is None:
+            return None
+        return rows.get(model) or rows.get("*")
+
+    def _row_key(self, tenant: str, model: str) -> tuple[str, str]:
+        rows = self.rows.get(tenant, {})
+        return (tenant, model if model in rows else "*")
+
+    def used(self, tenant: str, model: str) -> int:
+        return self.usage.get(self._row_key(tenant, model), 0)
+
+    def add(self, tenant: str, model: str, milli: int) -> None:
+        key = self._row_key(tenant, model)
+        self.usage[key] = self.usage.get(key, 0) + milli
+        self.total[tenant] = self.total.get(tenant, 0) + milli
+
+    def check(self, tenant: str, model: str, milli: int, preemptible: bool) -> tuple[str, str] | None:
+        """None if ``tenant`` may take ``milli`` more on ``model``, else (code, message)."""
+        if not self.enabled or milli == 0:
+            return None
+        q = self.row(tenant, model)
+        if q is None:
+            return ("quota", f"quota: {tenant} has no quota for {model}")
+        used = self.used(tenant, model)
+        label = model if q.model != "*" else f"{model} (* row)"
+        if used + milli > round(q.limit * MILLI):
+            return ("quota", f"quota: {tenant} uses {fmt_gpus(used)} of {q.limit:g} {label} (limit)")
+        if not preemptible and used + milli > round(q.guaranteed * MILLI):
+            return (
+                "borrow-limit",
+                f"borrow-limit: {tenant} uses {fmt_gpus(used)} of {q.guaranteed:g} guaranteed "
+                f"{label}; only preemptible jobs may borrow",
+            )
+        return None
+
+    def ever_admits(self, tenant: str, model: str, milli: int, preemptible: bool) -> bool:
+        if not self.enabled or milli == 0:
+            return True
+        q = self.row(tenant, model)
+        if q is None:
+            return False
+        cap = q.limit if preemptible else q.guaranteed
+        return milli <= round(cap * MILLI)
+
+    def borrowed(self, tenant: str, model: str) -> int:
+        q = self.row(tenant, model)
+        if q is None:
+            return 0
+        return max(0, self.used(tenant, model) - round(q.guaranteed * MILLI))
+
+    def under_guarantee(self, tenant: str, model: str, milli: int) -> bool:
+        """Would ``tenant`` stay within its guarantee after taking ``milli`` more?"""
+        q = self.row(tenant, model)
+        return q is not None and self.used(tenant, model) + milli <= round(q.guaranteed * MILLI)
+
+    def share(self, tenant: str) -> float:
+        """Weighted dominant share (GPUs are the dominant resource here)."""
+        rows = self.rows.get(tenant, {})
+        guaranteed = sum(q.guaranteed for q in rows.values())
+        weight = max((q.weight for q in rows.values()), default=1.0) or 1.0
+        allocated = self.total.get(tenant, 0) / MILLI
+        return allocated / (guaranteed or 1.0) / weight

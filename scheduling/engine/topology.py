@@ -1,0 +1,120 @@
+"""Gangs on the rack -> node -> island hierarchy (HiveD's cells, OSDI'20, kept simple).
+
+A job of ``replicas`` members, each of one :class:`~.state.ReplicaReq` on one node:
+
+* ``nvlink``: every GPU of the job in one NVLink island: the whole job is placed as one request
+  inside one island (needs ``replicas x count`` free GPUs there) and cut into replicas;
+* ``node``: the whole job on one node, likewise;
+* ``rack``: every replica in one rack; racks are tried tightest first (fewest free GPUs of the job's
+  models that still hold it), then by name;
+* ``any``: replica by replica; a replica goes first where the previous one went if it fits there
+  (a gang on as few nodes as possible), else to the best-scored node.
+A replica the size of a node needs a fully free node, so it gets a whole node.
+
+Placement is tentative: if fewer than ``need`` replicas fit, everything placed is given back at
+once, so a gang never holds a partial allocation while it waits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .placement import Constraints, Placer
+from .state import Alloc, ReplicaReq, fits_state
+from .types import MILLI
+
+
+def _rollback(placer: Placer, job_id: str, allocs: list[Alloc]) -> None:
+    for a in allocs:
+        placer.state.release_replica(job_id, a)
+
+
+def _rack_filter(c: Constraints) -> str | None:
+    for k, v in c.selector:
+        if k == "rack":
+            return v
+    return None
+
+
+def place_gang(
+    placer: Placer,
+    job_id: str,
+    req: ReplicaReq,
+    replicas: int,
+    need: int,
+    topology: str,
+    c: Constraints,
+    node_ok: Callable[[int], bool] | None = None,
+    first_replica: int = 0,
+) -> list[Alloc] | None:
+    """Place between ``need`` and ``replicas`` replicas (as many as fit), or none (None)."""
+    state = placer.state
+    rack = _rack_filter(c)
+    if rack is not None:
+        inner = node_ok
+
+        def node_ok(i: int, inner=inner) -> bool:  # type: ignore[misc]
+            return state.nodes[i].spec.rack == rack and (inner is None or inner(i))
+
+    if topology in ("nvlink", "node") and replicas > 1 and req.count > 0:
+        for k in range(replicas, need - 1, -1):
+            whole = ReplicaReq(req.milli, req.count * k if req.milli >= MILLI else req.count,
+                               req.cpu * k, req.mem * k, topology == "nvlink")
+            if req.milli < MILLI and k > 1:
+                continue  # several fractional replicas never share one request; see below
+            pick = placer.best(whole, c, node_ok)
+            if pick is None:
+                continue
+            node, _ = pick
+            gpus = state.choose_gpus(state.nodes[node], whole, None)
+            allocs = [
+                state.take(job_id, node, gpus[r * req.count : (r + 1) * req.count], req.milli,
+                           req.cpu, req.mem, first_replica + r)
+                for r in range(k)
+            ]
+            return allocs
+        return None
+    if topology == "rack" and replicas > 1:
+        racks: dict[str, int] = {}
+        for n in state.nodes:
+            if placer.class_pref(n.cls, c) is not None and (node_ok is None or node_ok(n.index)):
+                racks[n.spec.rack] = racks.get(n.spec.rack, 0) + sum(n.free)
+        need_milli = req.demand * need
+        for r_name in sorted((r for r, f in racks.items() if f >= need_milli),
+                             key=lambda r: (racks[r], r)):
+            inner2 = node_ok
+
+            def in_rack(i: int, r_name=r_name, inner2=inner2) -> bool:
+                return state.nodes[i].spec.rack == r_name and (inner2 is None or inner2(i))
+
+            got = _greedy(placer, job_id, req, replicas, need, c, in_rack, first_replica)
+            if got is not None:
+                return got
+        return None
+    return _greedy(placer, job_id, req, replicas, need, c, node_ok, first_replica)
+
+
+def _greedy(placer: Placer, job_id: str, req: ReplicaReq, replicas: int, need: int,
+            c: Constraints, node_ok: Callable[[int], bool] | None,
+            first_replica: int) -> list[Alloc] | None:
+    state = placer.state
+    allocs: list[Alloc] = []
+    last: int | None = None
+    for r in range(replicas):
+        pick = None
+        if last is not None and req.count > 0:
+            n = state.nodes[last]
+            spec = n.spec
+            d = max(1, min(spec.nvlink_domain, spec.gpus)) if spec.gpus else 1
+            if fits_state(n.key(), req, d, spec.gpus):
+                pick = (last, None)
+        if pick is None:
+            pick = placer.best(req, c, node_ok)
+        if pick is None:
+            break
+        allocs.append(placer.place(job_id, pick[0], req, pick[1], first_replica + r))
+        last = pick[0]
+    if len(allocs) < need:
+        _rollback(placer, job_id, allocs)
+        return None
+    return allocs
