@@ -1,0 +1,238 @@
+"""Strict serializer fields: JSON types exactly as the contract states them.
+
+DRF's stock fields coerce (``"3"`` becomes 3, ``"true"`` becomes True) and some of their error
+messages echo the input back. These do neither: an integer must be a JSON integer (not a string,
+not a boolean), a boolean a JSON boolean, and every string — dict keys and list items included —
+is refused when it carries a NUL character or a lone surrogate, which PostgreSQL cannot store and
+UTF-8 cannot encode. Errors are flat lists of words (``{"field": ["reason"]}``), never nested.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from django.conf import settings
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+
+def text_problem(value: str) -> str | None:
+    """Why ``value`` cannot be stored as text (None when it can)."""
+    if "\x00" in value:
+        return "must not contain NUL characters"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "must not contain lone surrogates"
+    return None
+
+
+def utf8_len(value: str) -> int:
+    return len(value.encode("utf-8"))
+
+
+def is_json_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_json_number(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return True
+    return isinstance(value, float) and math.isfinite(value)
+
+
+class StrictCharField(serializers.CharField):
+    """A JSON string with no NUL or lone surrogate; ``printable`` also refuses control characters."""
+
+    def __init__(self, *, printable: bool = False, choices: tuple[str, ...] | None = None, **kwargs: Any):
+        kwargs.setdefault("trim_whitespace", False)
+        super().__init__(**kwargs)
+        self.printable = printable
+        self.choices = choices
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        problem = text_problem(data)
+        if problem:
+            raise serializers.ValidationError(problem)
+        if self.printable and not data.isprintable():
+            raise serializers.ValidationError("must contain printable characters only")
+        if self.choices is not None and data not in self.choices:
+            raise serializers.ValidationError("must be one of: " + ", ".join(self.choices))
+        return super().to_internal_value(data)
+
+
+class StrictIntegerField(serializers.IntegerField):
+    """A JSON integer (not a boolean, string or float), within the given bounds."""
+
+    default_error_messages = {"invalid": "must be an integer"}
+
+    def to_internal_value(self, data: Any) -> int:
+        if not is_json_int(data):
+            self.fail("invalid")
+        if self.min_value is not None and data < self.min_value:
+            raise serializers.ValidationError(f"must be at least {self.min_value}")
+        limit = self.max_value if self.max_value is not None else settings.TESSERA["MAX_JOB_GPUS"]
+        if data > limit:
+            raise serializers.ValidationError(f"must be at most {limit}")
+        return data
+
+
+class StrictFloatField(serializers.FloatField):
+    """A finite JSON number (integer or not, never a boolean or a string), within bounds."""
+
+    default_error_messages = {"invalid": "must be a number"}
+
+    def to_internal_value(self, data: Any) -> float:
+        if not is_json_number(data):
+            self.fail("invalid")
+        value = float(data) if abs(data) < 1e300 else math.inf
+        if not math.isfinite(value):
+            self.fail("invalid")
+        if self.min_value is not None and value < self.min_value:
+            raise serializers.ValidationError(f"must be at least {self.min_value:g}")
+        if self.max_value is not None and value > self.max_value:
+            raise serializers.ValidationError(f"must be at most {self.max_value:g}")
+        return value
+
+
+class StrictBooleanField(serializers.BooleanField):
+    default_error_messages = {"invalid": "must be true or false"}
+
+    def to_internal_value(self, data: Any) -> bool:
+        if not isinstance(data, bool):
+            self.fail("invalid")
+        return data
+
+
+@extend_schema_field({"type": "array", "items": {"type": "string"}})
+class StringListField(serializers.Field):
+    """A JSON list of strings, bounded in items, bytes and item length."""
+
+    def __init__(
+        self,
+        *,
+        max_items: int,
+        max_bytes: int,
+        min_items: int = 0,
+        item_max_length: int | None = None,
+        item_min_length: int = 0,
+        **kwargs: Any,
+    ):
+        super().__init__(**kwargs)
+        self.max_items, self.max_bytes, self.min_items = max_items, max_bytes, min_items
+        self.item_max_length, self.item_min_length = item_max_length, item_min_length
+
+    def to_internal_value(self, data: Any) -> list[str]:
+        if not isinstance(data, list):
+            raise serializers.ValidationError("must be a list of strings")
+        if len(data) > self.max_items:
+            raise serializers.ValidationError(f"must have at most {self.max_items} items")
+        if len(data) < self.min_items:
+            raise serializers.ValidationError(f"must have at least {self.min_items} item(s)")
+        total = 0
+        for i, item in enumerate(data):
+            if not isinstance(item, str):
+                raise serializers.ValidationError(f"item {i} must be a string")
+            problem = text_problem(item)
+            if problem:
+                raise serializers.ValidationError(f"item {i} {problem}")
+            if len(item) < self.item_min_length:
+                raise serializers.ValidationError(f"item {i} must not be empty")
+            if self.item_max_length is not None and len(item) > self.item_max_length:
+                raise serializers.ValidationError(
+                    f"item {i} must be at most {self.item_max_length} characters"
+                )
+            total += utf8_len(item)
+            if total > self.max_bytes:
+                raise serializers.ValidationError(f"must be at most {self.max_bytes} bytes in all")
+        return list(data)
+
+    def to_representation(self, value: Any) -> list[str]:
+        return list(value or [])
+
+
+@extend_schema_field({"type": "object", "additionalProperties": {"type": "string"}})
+class StringMapField(serializers.Field):
+    """A JSON object of string → string, bounded in entries and bytes (keys plus values)."""
+
+    def __init__(self, *, max_entries: int, max_bytes: int, key_max_length: int = 1024, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.max_entries, self.max_bytes, self.key_max_length = max_entries, max_bytes, key_max_length
+
+    def to_internal_value(self, data: Any) -> dict[str, str]:
+        if not isinstance(data, dict):
+            raise serializers.ValidationError("must be an object of strings to strings")
+        if len(data) > self.max_entries:
+            raise serializers.ValidationError(f"must have at most {self.max_entries} entries")
+        total = 0
+        for key, value in data.items():
+            problem = text_problem(key)
+            if problem:
+                raise serializers.ValidationError(f"keys {problem}")
+            if not key or len(key) > self.key_max_length:
+                raise serializers.ValidationError(f"keys must be 1 to {self.key_max_length} characters")
+            if not isinstance(value, str):
+                raise serializers.ValidationError("values must be strings")
+            problem = text_problem(value)
+            if problem:
+                raise serializers.ValidationError(f"values {problem}")
+            total += utf8_len(key) + utf8_len(value)
+            if total > self.max_bytes:
+                raise serializers.ValidationError(f"must be at most {self.max_bytes} bytes in all")
+        return dict(data)
+
+    def to_representation(self, value: Any) -> dict[str, str]:
+        return dict(value or {})
+
+
+@extend_schema_field(OpenApiTypes.NUMBER)
+class GpuCountField(serializers.Field):
+    """``gpus``: an integer ≥ 0, or a fraction strictly between 0 and 1 (a share of one GPU).
+
+    Fractions are kept to thousandths (the allocation unit), so one must be 0.001 to 0.999.
+    """
+
+    def __init__(self, *, max_value: int | None = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.max_value = max_value  # None: settings.TESSERA["MAX_JOB_GPUS"], read per request
+
+    def to_internal_value(self, data: Any) -> float:
+        if not is_json_number(data):
+            raise serializers.ValidationError("must be a number")
+        if data < 0:
+            raise serializers.ValidationError("must be at least 0")
+        limit = self.max_value if self.max_value is not None else settings.TESSERA["MAX_JOB_GPUS"]
+        if data > limit:
+            raise serializers.ValidationError(f"must be at most {limit}")
+        if isinstance(data, float) and not data.is_integer():
+            if data > 1:
+                raise serializers.ValidationError(
+                    "must be a whole number, or a fraction strictly between 0 and 1"
+                )
+            if data < 1 and not 1 <= round(data * 1000) <= 999:
+                raise serializers.ValidationError("a fraction must be between 0.001 and 0.999")
+        return float(data)
+
+    def to_representation(self, value: float) -> int | float:
+        return int(value) if float(value).is_integer() else float(value)
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every string made encodable (lone surrogates escaped), keys included.
+
+    Error bodies may name what the client sent (an unknown field's name); this keeps them from
+    breaking the UTF-8 renderer.
+    """
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {json_safe(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value

@@ -1,0 +1,286 @@
+"""The job body (CONTRACTS.md, "Job body"): its validation, and the job as the API returns it.
+
+``JobSubmitSerializer`` checks every field's JSON type and bound and the rules between fields
+(gang sizes, elastic range); ``JobSerializer`` renders a stored job: the body's fields echoed back
+plus its state, queue level, pending reason and active allocations.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from scheduling.api.fields import (
+    GpuCountField,
+    StrictBooleanField,
+    StrictCharField,
+    StrictFloatField,
+    StrictIntegerField,
+    StringListField,
+    StringMapField,
+    is_json_int,
+    json_safe,
+)
+from scheduling.choices import JobKind, Topology
+from scheduling.models import Job, JobEvent
+from scheduling.services.jobs import allocations_payload
+
+MAX_PRIORITY = 1_000_000
+MAX_SECONDS = 10 * 365 * 24 * 3600  # ten years: far beyond any real limit, within a 32-bit column
+MAX_GRACE_SECONDS = 24 * 3600
+MAX_REPLICAS = 4096
+MAX_CPUS = 1_000_000.0
+MAX_MEMORY_GIB = 1_000_000_000.0
+
+
+def max_job_gpus() -> int:
+    return settings.TESSERA["MAX_JOB_GPUS"]
+
+
+@extend_schema_field(
+    {
+        "type": "object",
+        "properties": {"min_gpus": {"type": "integer"}, "max_gpus": {"type": "integer"}},
+        "required": ["min_gpus", "max_gpus"],
+    }
+)
+class ElasticField(serializers.Field):
+    """``{"min_gpus": int, "max_gpus": int}``; the range checks against ``gpus`` come later."""
+
+    def to_internal_value(self, data: Any) -> dict[str, int]:
+        if not isinstance(data, dict):
+            raise serializers.ValidationError("must be an object with min_gpus and max_gpus")
+        unknown = sorted(set(data) - {"min_gpus", "max_gpus"})
+        if unknown:
+            raise serializers.ValidationError("unknown key(s): " + ", ".join(json_safe(unknown)))
+        out = {}
+        for key in ("min_gpus", "max_gpus"):
+            if key not in data:
+                raise serializers.ValidationError(f"{key} is required")
+            if not is_json_int(data[key]):
+                raise serializers.ValidationError(f"{key} must be an integer")
+            if not 1 <= data[key] <= max_job_gpus():
+                raise serializers.ValidationError(f"{key} must be 1 to {max_job_gpus()}")
+            out[key] = data[key]
+        if out["min_gpus"] > out["max_gpus"]:
+            raise serializers.ValidationError("min_gpus must not exceed max_gpus")
+        return out
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
+class JobSubmitSerializer(serializers.Serializer):
+    """Validates a submitted job body; ``model_fields()`` gives the values to store."""
+
+    tenant = StrictCharField(
+        required=False,
+        max_length=64,
+        help_text="Operators only (they belong to no tenant): the tenant to submit for. "
+        "A tenant's user may omit it or name their own tenant.",
+    )
+    name = StrictCharField(min_length=1, max_length=128, printable=True)
+    kind = StrictCharField(choices=tuple(JobKind.values))
+    command = StringListField(min_items=1, max_items=4096, max_bytes=256 * 1024)
+    gpus = GpuCountField(required=False)
+    replicas = StrictIntegerField(required=False, min_value=1, max_value=MAX_REPLICAS)
+    min_available = StrictIntegerField(required=False, min_value=1, max_value=MAX_REPLICAS)
+    accelerators = StringListField(
+        required=False, max_items=64, max_bytes=64 * 64, item_min_length=1, item_max_length=64
+    )
+    topology = StrictCharField(required=False, choices=tuple(Topology.values))
+    priority = StrictIntegerField(required=False, min_value=-MAX_PRIORITY, max_value=MAX_PRIORITY)
+    preemptible = StrictBooleanField(required=False)
+    grace_seconds = StrictIntegerField(required=False, min_value=0, max_value=MAX_GRACE_SECONDS)
+    checkpoint_seconds = StrictIntegerField(
+        required=False, allow_null=True, min_value=1, max_value=MAX_SECONDS
+    )
+    time_limit_seconds = StrictIntegerField(
+        required=False, allow_null=True, min_value=1, max_value=MAX_SECONDS
+    )
+    cpus = StrictFloatField(required=False, min_value=0, max_value=MAX_CPUS)
+    memory_gib = StrictFloatField(required=False, min_value=0, max_value=MAX_MEMORY_GIB)
+    env = StringMapField(required=False, max_entries=256, max_bytes=64 * 1024)
+    node_selector = StringMapField(required=False, max_entries=64, max_bytes=16 * 1024, key_max_length=253)
+    max_retries = StrictIntegerField(required=False, min_value=0, max_value=100)
+    elastic = ElasticField(required=False, allow_null=True)
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        if not isinstance(data, dict):
+            raise serializers.ValidationError({"detail": "Request body must be a JSON object."})
+        unknown = [key for key in data if key not in self.fields]
+        if unknown:
+            raise serializers.ValidationError({json_safe(k): ["unknown field"] for k in unknown})
+        return super().to_internal_value(data)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        errors: dict[str, list[str]] = {}
+        limit = max_job_gpus()
+        gpus = attrs.get("gpus", 1.0)
+        replicas = attrs.get("replicas", 1)
+        elastic = attrs.get("elastic")
+        fraction = 0 < gpus < 1
+        if gpus > limit:
+            errors["gpus"] = [f"must be at most {limit}"]
+        elif fraction and replicas != 1:
+            errors["replicas"] = ["must be 1 when gpus is a fraction of one GPU"]
+        elif not fraction and int(gpus) % replicas:
+            errors["replicas"] = ["must divide gpus (each replica gets gpus / replicas GPUs)"]
+        if errors:
+            raise serializers.ValidationError(errors)
+        per_replica = gpus / replicas
+        min_available = attrs.get("min_available")
+        if elastic is not None:
+            if gpus < 1:
+                raise serializers.ValidationError({"elastic": ["needs gpus of at least 1"]})
+            per = int(per_replica)
+            if not elastic["min_gpus"] <= gpus <= elastic["max_gpus"]:
+                raise serializers.ValidationError({"elastic": ["min_gpus ≤ gpus ≤ max_gpus must hold"]})
+            if elastic["min_gpus"] % per or elastic["max_gpus"] % per:
+                raise serializers.ValidationError(
+                    {"elastic": [f"min_gpus and max_gpus must be multiples of the per-replica size {per}"]}
+                )
+            derived = elastic["min_gpus"] // per
+            if min_available is not None and min_available != derived:
+                raise serializers.ValidationError(
+                    {"min_available": [f"disagrees with elastic: min_gpus / per-replica size = {derived}"]}
+                )
+            min_available = derived
+        elif min_available is None:
+            min_available = replicas
+        if min_available > replicas:
+            raise serializers.ValidationError({"min_available": ["must be at most replicas"]})
+        attrs["gpus"], attrs["replicas"], attrs["min_available"] = gpus, replicas, min_available
+        return attrs
+
+    def model_fields(self) -> dict[str, Any]:
+        """The validated body as ``Job`` field values (defaults filled in)."""
+        data = dict(self.validated_data)
+        data.pop("tenant", None)
+        elastic = data.pop("elastic", None)
+        kind = data["kind"]
+        data.setdefault("preemptible", kind != JobKind.INFERENCE)
+        for key in ("accelerators",):
+            data.setdefault(key, [])
+        for key in ("env", "node_selector"):
+            data.setdefault(key, {})
+        data["elastic_min_gpus"] = elastic["min_gpus"] if elastic else None
+        data["elastic_max_gpus"] = elastic["max_gpus"] if elastic else None
+        return data
+
+    def minimum_gpus(self) -> float:
+        """The fewest GPUs the job can ever start with (a gang's ``min_available`` replicas)."""
+        data = self.validated_data
+        return data["gpus"] / data["replicas"] * data["min_available"]
+
+
+@extend_schema_field(
+    {
+        "type": "array",
+        "items": {
+            "type": "object",
+            "properties": {
+                "node": {"type": "string"},
+                "gpus": {"type": "array", "items": {"type": "integer"}},
+                "share": {"type": "number"},
+                "replica": {"type": "integer"},
+            },
+        },
+    }
+)
+class AllocationsField(serializers.Field):
+    def __init__(self, **kwargs: Any):
+        kwargs["read_only"] = True
+        kwargs.setdefault("source", "*")
+        super().__init__(**kwargs)
+
+    def to_representation(self, job: Job) -> list[dict[str, Any]]:
+        allocs = getattr(job, "active_allocations", None)
+        if allocs is None:  # not prefetched (one job): read them now
+            allocs = job.allocations.filter(released_at__isnull=True).select_related("device__node")
+        return allocations_payload(allocs)
+
+
+class JobSerializer(serializers.ModelSerializer):
+    """A job as the API returns it: the body echoed, plus its state and placement."""
+
+    tenant = serializers.CharField(source="tenant.name", read_only=True)
+    queue_level_name = serializers.CharField(read_only=True)
+    gpus = GpuCountField(read_only=True)
+    command = StringListField(max_items=4096, max_bytes=256 * 1024, read_only=True)
+    accelerators = StringListField(max_items=64, max_bytes=4096, read_only=True)
+    env = StringMapField(max_entries=256, max_bytes=65536, read_only=True)
+    node_selector = StringMapField(max_entries=64, max_bytes=16384, read_only=True)
+    elastic = serializers.SerializerMethodField()
+    allocations = AllocationsField()
+
+    class Meta:
+        model = Job
+        fields = [
+            "id",
+            "name",
+            "kind",
+            "tenant",
+            "state",
+            "queue_level",
+            "queue_level_name",
+            "pending_reason",
+            "pending_code",
+            "estimated_start",
+            "allocations",
+            "submitted_at",
+            "started_at",
+            "finished_at",
+            "attempts",
+            "exit_code",
+            "command",
+            "gpus",
+            "replicas",
+            "min_available",
+            "accelerators",
+            "topology",
+            "priority",
+            "preemptible",
+            "grace_seconds",
+            "checkpoint_seconds",
+            "time_limit_seconds",
+            "cpus",
+            "memory_gib",
+            "env",
+            "node_selector",
+            "max_retries",
+            "elastic",
+            "log_truncated",
+        ]
+        read_only_fields = fields
+
+    @extend_schema_field(ElasticField(allow_null=True))
+    def get_elastic(self, job: Job) -> dict[str, int] | None:
+        if job.elastic_min_gpus is None:
+            return None
+        return {"min_gpus": job.elastic_min_gpus, "max_gpus": job.elastic_max_gpus}
+
+
+class JobEventSerializer(serializers.ModelSerializer):
+    reason = serializers.SerializerMethodField()
+
+    class Meta:
+        model = JobEvent
+        fields = ["type", "at", "reason", "allocations"]
+        read_only_fields = fields
+
+    def get_reason(self, event: JobEvent) -> str | None:
+        return event.reason or None
+
+
+class LogPageSerializer(serializers.Serializer):
+    """A page of a job's output (the schema of ``/jobs/{id}/logs/``)."""
+
+    offset = serializers.IntegerField()
+    next_offset = serializers.IntegerField()
+    data = serializers.CharField()
+    eof = serializers.BooleanField()
+    truncated = serializers.BooleanField()

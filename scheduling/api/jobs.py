@@ -1,0 +1,204 @@
+"""``/api/v1/jobs/``: submit, list, read and cancel jobs; their events and logs.
+
+Every read goes through ``Job.objects.visible_to(user)``, so another tenant's job is simply not
+found (404). Writes go through the services (``do_submit_job``, ``do_cancel_job``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import Prefetch, QuerySet
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
+from rest_framework import serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound, ParseError, PermissionDenied, ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from scheduling.api.errors import Unprocessable
+from scheduling.api.fields import text_problem
+from scheduling.api.job_serializers import (
+    JobEventSerializer,
+    JobSerializer,
+    JobSubmitSerializer,
+    LogPageSerializer,
+)
+from scheduling.api.logs import MAX_OFFSET, read_log
+from scheduling.api.lookups import parse_nonnegative, parse_pk
+from scheduling.api.pagination import BoundedLimitOffsetPagination
+from scheduling.api.permissions import is_operator, tenant_of
+from scheduling.choices import JobKind, JobState
+from scheduling.models import Allocation, Job, Tenant
+from scheduling.services.jobs import IdempotencyConflict, do_cancel_job, do_submit_job
+from scheduling.services.quotas import check_job_admissible
+
+MAX_IDEMPOTENCY_KEY = 255
+
+
+def submit_tenant(user, named: str | None) -> Tenant:
+    """The tenant a submission is for: the user's own, or, for operators, the one they name."""
+    if is_operator(user) and named is not None:
+        tenant = Tenant.objects.visible_to(user).filter(name=named).first()
+        if tenant is None:
+            raise ValidationError({"tenant": ["no such tenant"]})
+        return tenant
+    own = tenant_of(user)
+    if own is None:
+        if is_operator(user):
+            raise ValidationError(
+                {"tenant": ["operators belong to no tenant: name the tenant to submit the job for"]}
+            )
+        raise PermissionDenied("You belong to no tenant; ask an operator to add you to one.")
+    if named is not None and named != own.name:
+        raise ValidationError({"tenant": ["you may submit jobs only for your own tenant"]})
+    return own
+
+
+def idempotency_key(request: Request) -> str | None:
+    key = request.headers.get("Idempotency-Key")
+    if key is None:
+        return None
+    if not 1 <= len(key) <= MAX_IDEMPOTENCY_KEY or not key.isprintable() or not key.isascii():
+        raise ValidationError(
+            {"detail": f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} printable ASCII characters."}
+        )
+    return key
+
+
+LIST_FILTERS = [
+    OpenApiParameter("state", str, enum=list(JobState.values), description="only jobs in this state"),
+    OpenApiParameter("kind", str, enum=list(JobKind.values), description="only jobs of this kind"),
+    OpenApiParameter("name", str, description="only jobs with exactly this name"),
+]
+
+
+@extend_schema_view(
+    list=extend_schema(summary="The caller's tenant's jobs", parameters=LIST_FILTERS),
+    retrieve=extend_schema(summary="One job"),
+)
+class JobViewSet(viewsets.GenericViewSet):
+    serializer_class = JobSerializer
+    pagination_class = BoundedLimitOffsetPagination
+    lookup_field = "pk"
+    lookup_value_regex = "[^/]+"
+
+    def get_queryset(self) -> QuerySet[Job]:
+        active = Allocation.objects.filter(released_at__isnull=True).select_related("device__node")
+        return (
+            Job.objects.visible_to(self.request.user)
+            .select_related("tenant")
+            .prefetch_related(Prefetch("allocations", queryset=active, to_attr="active_allocations"))
+        )
+
+    def get_object(self) -> Job:
+        job = self.get_queryset().filter(pk=parse_pk(self.kwargs.get("pk", ""), "job")).first()
+        if job is None:
+            raise NotFound("No such job.")
+        return job
+
+    def filter_queryset(self, queryset: QuerySet[Job]) -> QuerySet[Job]:
+        params = self.request.query_params
+        errors: dict[str, list[str]] = {}
+        for field, choices in (("state", JobState.values), ("kind", JobKind.values)):
+            value = params.get(field)
+            if value is None:
+                continue
+            if value not in choices:
+                errors[field] = ["must be one of: " + ", ".join(choices)]
+            else:
+                queryset = queryset.filter(**{field: value})
+        name = params.get("name")
+        if name is not None:
+            problem = text_problem(name) or ("must be at most 128 characters" if len(name) > 128 else None)
+            if problem:
+                errors["name"] = [problem]
+            else:
+                queryset = queryset.filter(name=name)
+        if errors:
+            raise ValidationError(errors)
+        return queryset
+
+    def list(self, request: Request) -> Response:
+        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
+        return self.get_paginated_response(JobSerializer(page, many=True).data)
+
+    def retrieve(self, request: Request, pk: str) -> Response:
+        return Response(JobSerializer(self.get_object()).data)
+
+    @extend_schema(
+        summary="Submit a job",
+        request=JobSubmitSerializer,
+        parameters=[
+            OpenApiParameter(
+                "Idempotency-Key",
+                str,
+                OpenApiParameter.HEADER,
+                description="Makes retries safe: the same key and body within 24 h returns the first "
+                "job (200); the same key with another body answers 422. Keys are per user.",
+            )
+        ],
+        responses={201: JobSerializer, 200: JobSerializer},
+    )
+    def create(self, request: Request) -> Response:
+        body = request.data  # parsed by StrictJSONParser: 400/413 for what is not a JSON object
+        if request.stream is None:  # no body at all: DRF would hand us an empty dict
+            raise ParseError("Request body is empty; a JSON object is expected.")
+        key = idempotency_key(request)
+        submit = JobSubmitSerializer(data=body)
+        submit.is_valid(raise_exception=True)
+        tenant = submit_tenant(request.user, submit.validated_data.get("tenant"))
+        cleaned = submit.model_fields()
+        why = check_job_admissible(tenant, submit.minimum_gpus(), cleaned["accelerators"])
+        if why:
+            raise ValidationError({"accelerators": [why]})
+        try:
+            job, created = do_submit_job(request.user, tenant, cleaned, body, idempotency_key=key)
+        except IdempotencyConflict:
+            raise Unprocessable("This Idempotency-Key was already used with another body.") from None
+        job = self.get_queryset().get(pk=job.pk)
+        return Response(
+            JobSerializer(job).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
+        )
+
+    @extend_schema(
+        summary="Cancel a job",
+        description="Idempotent: cancelling a cancelled job returns it. 409 if it already succeeded "
+        "or failed. A running job is sent its stop signal and ends `cancelled` after it exits.",
+        request=None,
+        responses={200: JobSerializer},
+    )
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str) -> Response:
+        job = self.get_object()
+        do_cancel_job(job.pk)
+        return Response(JobSerializer(self.get_object()).data)
+
+    @extend_schema(summary="A job's history, in order", responses={200: JobEventSerializer(many=True)})
+    @action(detail=True, methods=["get"])
+    def events(self, request: Request, pk: str) -> Response:
+        job = self.get_object()
+        events = job.events.order_by("at", "id")
+        return Response(JobEventSerializer(events, many=True).data)
+
+    @extend_schema(
+        summary="A job's output from a byte offset",
+        parameters=[
+            OpenApiParameter("offset", OpenApiTypes.INT, description="byte offset to read from (0)"),
+            OpenApiParameter("replica", OpenApiTypes.INT, description="which replica's output (0)"),
+        ],
+        responses={200: LogPageSerializer},
+    )
+    @action(detail=True, methods=["get"])
+    def logs(self, request: Request, pk: str) -> Response:
+        job = self.get_object()
+        params = request.query_params
+        offset = parse_nonnegative(params.get("offset"), "offset", 0, MAX_OFFSET)
+        replica = parse_nonnegative(params.get("replica"), "replica", 0, 2**31 - 1)
+        if replica >= job.replicas:
+            raise ValidationError({"replica": [f"must be less than the job's {job.replicas} replica(s)"]})
+        return Response(read_log(job, replica, offset).as_dict())
+
+    def get_serializer_class(self) -> type[serializers.BaseSerializer[Any]]:
+        return JobSubmitSerializer if self.action == "create" else JobSerializer
