@@ -33,3 +33,42 @@ def session_cookie(user: Any) -> str:
     client = Client()
     client.force_login(user)
     return f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
+
+
+def seed_browser_world() -> dict[str, Any]:
+    """Users, quotas and a small cluster for a web server subprocess (run inside its settings).
+
+    Returns each user's password and API token. Racks r1 (two 8×H100 nodes, one NVLink island
+    each) and r2 (8×A100 in islands of 4, and 4×T4).
+    """
+    from django.contrib.auth.models import User
+    from rest_framework.authtoken.models import Token
+
+    from scheduling.models import Membership, Quota, Tenant
+
+    out: dict[str, Any] = {}
+    tenants = {name: Tenant.objects.create(name=name) for name in ("vision", "nlp")}
+    for tenant in tenants.values():
+        Quota.objects.create(tenant=tenant, model="*", guaranteed=16, limit=64)
+    for name, tenant in (("alice", "vision"), ("carol", "vision"), ("bob", "nlp"), ("admin", None)):
+        password = f"{name}-browser-pass"
+        user = User.objects.create_user(name, password=password, is_staff=tenant is None)
+        if tenant is not None:
+            Membership.objects.create(user=user, tenant=tenants[tenant])
+        out[name] = {"password": password, "token": Token.objects.create(user=user).key}
+    make_node("h100-a", "r1", 8, "H100", nvlink=8)
+    make_node("h100-b", "r1", 8, "H100", nvlink=8)
+    make_node("a100-a", "r2", 8, "A100", nvlink=4)
+    make_node("t4-a", "r2", 4, "T4")
+    return out
+
+
+def need(what: str) -> None:
+    """Skip for a missing tool, or fail under TESSERA_REQUIRE_SERVICES=1 (as CI runs)."""
+    import os
+
+    import pytest
+
+    if os.environ.get("TESSERA_REQUIRE_SERVICES", "") in ("1", "true", "yes"):
+        pytest.fail(f"{what} is required (TESSERA_REQUIRE_SERVICES=1) but not available")
+    pytest.skip(f"{what} not available")
