@@ -186,7 +186,16 @@ def agent_flags(python: str, env: dict[str, str]) -> list[str] | None:
         return None
     if result.returncode != 0:
         return None
-    return [flag for flag in ("--name", "--metrics-port") if flag in result.stdout]
+    wanted = ("--name", "--metrics-port", "--metrics-addr", "--state-dir")
+    return [flag for flag in wanted if flag in result.stdout]
+
+
+def traversable_by_all(path: Path) -> bool:
+    """Whether every directory above ``path`` lets other users through (o+x).
+
+    As root, the agent runs jobs as an unprivileged user, who must reach the job directories.
+    """
+    return all(p.stat().st_mode & 0o001 for p in path.resolve().parents if p.exists())
 
 
 def child_env(db: str | None) -> dict[str, str]:
@@ -246,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--db", help="SQLite file (default var/tessera.sqlite3)")
     parser.add_argument("--agents", type=int, default=len(NODES), help="how many of the 12 nodes")
     parser.add_argument("--log-dir", default=str(ROOT / "var" / "demo-logs"))
+    parser.add_argument("--state-dir", default=str(ROOT / "var" / "agents"),
+                        help="the agents' state (credentials, job directories), one folder each")
     parser.add_argument("--credentials-file", help="also write the users' credentials here (JSON)")
     parser.add_argument("--ready-timeout", type=float, default=90.0)
     args = parser.parse_args(argv)
@@ -309,12 +320,21 @@ def run(demo: Demo, args: argparse.Namespace, python: str, env: dict[str, str], 
         log("the node agent (python -m agent) is not available: running without agents")
         nodes = []
     agent_env = {**env, "TESSERA_JOIN_TOKEN": seed["join_token"]}  # never in argv, so never in ps
+    flags = flags or []
+    state_root = Path(args.state_dir).resolve()
+    # As root, jobs run as an unprivileged user who must reach the job directories; where this
+    # checkout is private, the agent's own default (/var/lib/tessera-agent/NAME) is used instead.
+    use_state_dir = "--state-dir" in flags and (os.geteuid() != 0 or traversable_by_all(state_root))
     for name, spec in nodes:
         argv = [python, "-m", "agent", "--server", base, "--simulate", spec]
-        if "--name" in (flags or []):
+        if "--name" in flags:
             argv += ["--name", name]
-        if "--metrics-port" in (flags or []):
+        if "--metrics-port" in flags:
             argv += ["--metrics-port", "0"]  # any free port: twelve agents share this host
+        if "--metrics-addr" in flags:
+            argv += ["--metrics-addr", args.host]  # not on every interface: this is a demo
+        if use_state_dir:
+            argv += ["--state-dir", str(state_root / name)]
         demo.spawn(name, argv, agent_env, log_dir)
     if args.credentials_file:
         path = Path(args.credentials_file)
