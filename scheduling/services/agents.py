@@ -344,7 +344,8 @@ def _settle_replica(
             code = None
     elif job.state == JobState.TERMINATING and job.stop_reason == "lost":
         code = None
-    do_record_exit(job, code, now)
+    # Stamped now, not at ``now``: a ``terminating`` event just recorded must stay before it.
+    do_record_exit(job, code)
 
 
 def _release_replica(job: Job, node_id: int, replica: int, at: datetime) -> None:

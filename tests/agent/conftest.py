@@ -1,0 +1,18 @@
+"""Fixtures for the agent tests: fast password hashing for the shared world, and a join token."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings) -> None:
+    """The world's users are made with passwords; real hashing costs seconds per test here."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture
+def join_token(db) -> str:
+    return importlib.import_module("tests.agent.helpers").new_join_token()
