@@ -1,0 +1,94 @@
+"""Fixtures for the monitoring tests: a real Prometheus server, and tools the tests need.
+
+A missing tool skips its test, or fails it under ``TESSERA_REQUIRE_SERVICES=1`` (CI), as the root
+conftest's ``need_service`` does (which importlib mode does not let us import from here).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+PROMETHEUS = "/usr/bin/prometheus"
+
+
+def need(what: str) -> None:
+    if os.environ.get("TESSERA_REQUIRE_SERVICES", "") in ("1", "true", "yes"):
+        pytest.fail(f"{what} is required (TESSERA_REQUIRE_SERVICES=1) but not available")
+    pytest.skip(f"{what} not available")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def scrape_config(targets: dict[str, str]) -> str:
+    """A Prometheus config scraping each ``name: host:port[/path]`` every second."""
+    lines = ["global:", "  scrape_interval: 1s", "  evaluation_interval: 1s", "scrape_configs:"]
+    for name, target in targets.items():
+        address, _, path = target.partition("/")
+        lines += [
+            f"  - job_name: {name}",
+            "    scrape_interval: 1s",
+            "    scrape_timeout: 1s",
+            f"    metrics_path: /{path or 'metrics'}",
+            "    static_configs:",
+            f"      - targets: ['{address}']",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path) -> Iterator[Callable[[dict[str, str]], str]]:
+    """Start a real Prometheus scraping the given targets; returns its URL. Stopped afterwards."""
+    binary = PROMETHEUS if Path(PROMETHEUS).exists() else shutil.which("prometheus")
+    if binary is None:
+        need("Prometheus (apt-get install prometheus)")
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(targets: dict[str, str]) -> str:
+        config = tmp_path / "prometheus.yml"
+        config.write_text(scrape_config(targets))
+        port = free_port()
+        log = open(tmp_path / "prometheus.log", "wb")  # noqa: SIM115 - the process holds it
+        proc = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        started.append(proc)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if requests.get(url + "/-/ready", timeout=1).status_code == 200:
+                    return url
+            except requests.ConnectionError:
+                pass
+            assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()[-2000:]
+            assert time.monotonic() < deadline, "Prometheus was not ready within 20 s"
+            time.sleep(0.1)
+
+    yield start
+    for proc in started:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,93 @@
+"""The control plane's own /metrics: unauthenticated, cheap, and counting what the database holds.
+
+Built through the real paths: jobs submitted over the API, bound by a scheduling pass.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.test import Client
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.frontend.helpers import make_node
+
+
+def scrape(client: Client | None = None) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    response = (client or Client()).get("/metrics")
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain")
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(response.content.decode())
+        for s in family.samples
+    }
+
+
+def submit(world: Any, who: str, **body: Any) -> int:
+    body = {"name": "m", "kind": "training", "command": ["true"], **body}
+    response = world.client(who).post("/api/v1/jobs/", body, format="json")
+    assert response.status_code == 201, response.content
+    return response.json()["id"]
+
+
+@pytest.fixture
+def busy_cluster(world: Any) -> Any:
+    """4 H100 and 2 T4; alice holds 2 H100, bob half a T4; one job of each kind can never fit."""
+    from scheduling.services.passes import run_pass
+
+    make_node("n01", "r1", 4, "H100")
+    make_node("n02", "r2", 2, "T4")
+    submit(world, "alice", gpus=2, accelerators=["H100"])
+    submit(world, "bob", gpus=0.5, accelerators=["T4"], kind="inference")
+    submit(world, "bob", gpus=64, kind="batch")
+    submit(world, "alice", gpus=64, kind="training")
+    run_pass()
+    return world
+
+
+def test_metrics_count_jobs_gpus_and_nodes_with_fractions_as_their_share(busy_cluster: Any) -> None:
+    got = scrape()  # no credentials: Prometheus scrapes anonymously
+    assert got[("tessera_gpus_total", (("model", "H100"),))] == 4
+    assert got[("tessera_gpus_total", (("model", "T4"),))] == 2
+    assert got[("tessera_gpus_allocated", (("model", "H100"),))] == 2
+    assert got[("tessera_gpus_allocated", (("model", "T4"),))] == 0.5
+    assert got[("tessera_jobs_pending", (("kind", "batch"),))] == 1
+    assert got[("tessera_jobs_pending", (("kind", "training"),))] == 1
+    assert got[("tessera_jobs_pending", (("kind", "inference"),))] == 0
+    assert got[("tessera_jobs", (("state", "scheduled"),))] == 2
+    assert got[("tessera_jobs", (("state", "pending"),))] == 2
+    assert got[("tessera_nodes", (("state", "ready"),))] == 2
+    assert got[("tessera_nodes", (("state", "not-ready"),))] == 0
+    assert got[("tessera_scheduling_pass_seconds_count", ())] >= 1
+
+
+def test_an_unhealthy_gpu_is_counted_and_freed_capacity_is_no_longer_allocated(busy_cluster: Any) -> None:
+    from django.db import transaction
+
+    from scheduling.models import Device, Job
+    from scheduling.services.jobs import do_record_exit
+
+    Device.objects.filter(node__name="n01", index=3).update(healthy=False)
+    with transaction.atomic():
+        job = Job.objects.select_for_update().select_related("tenant").get(state="scheduled", gpus=2)
+        do_record_exit(job, 0)
+    got = scrape()
+    assert got[("tessera_gpus_unhealthy", (("model", "H100"),))] == 1
+    assert got[("tessera_gpus_allocated", (("model", "H100"),))] == 0
+    assert got[("tessera_jobs", (("state", "succeeded"),))] == 1
+
+
+def test_a_scrape_takes_the_same_few_queries_however_big_the_cluster(
+    busy_cluster: Any, django_assert_max_num_queries: Any
+) -> None:
+    for i in range(20):
+        make_node(f"extra-{i}", "r3", 8, "A100")
+    with django_assert_max_num_queries(6):
+        got = scrape()
+    assert got[("tessera_gpus_total", (("model", "A100"),))] == 160
+
+
+def test_metrics_refuse_writes(db: Any) -> None:
+    assert Client().post("/metrics").status_code == 405
