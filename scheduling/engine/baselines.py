@@ -92,10 +92,6 @@ class BaselineScheduler:
                 d.pending[job.id] = PendingReason("backoff", "backoff: waiting to retry",
                                                   job.not_before)
                 continue
-            if head is not None:
-                d.pending[job.id] = PendingReason(
-                    "priority", f"priority: behind job {head} (first come, first served)")
-                continue
             geo = geometry(job)  # elastic jobs run at their asked size here; all replicas at once
             geo = replace(geo, replicas=max(1, job.replicas), need=max(1, job.replicas))
             static = static_check(self.state, self.quotas, job, geo, self._static)
@@ -105,7 +101,11 @@ class BaselineScheduler:
                     del self.pending[job.id]
                 else:
                     d.pending[job.id] = PendingReason("capacity", static[1])
-                    head = job.id
+                    head = head or job.id
+                continue
+            if head is not None:
+                d.pending[job.id] = PendingReason(
+                    "priority", f"priority: behind job {head} (first come, first served)")
                 continue
             refusal = self._quota(job, geo)
             if refusal is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from . import queues
@@ -180,10 +181,21 @@ def _grow(s: TesseraScheduler, now: float, d: Decisions, res: Reservations) -> N
         used = {a.replica for a in have}
         nxt = max(used) + 1
 
-        def node_ok(i: int, runtime=runtime) -> bool:
+        topo = run.job.topology
+        if topo == "nvlink":
+            continue  # growing would leave the island the job started in
+        home_nodes = {a.node for a in have}
+        home_racks = {s.state.nodes[a.node].spec.rack for a in have}
+
+        def node_ok(i: int, runtime=runtime, topo=topo, home_nodes=home_nodes,
+                    home_racks=home_racks) -> bool:
+            if topo == "node" and i not in home_nodes:
+                return False
+            if topo == "rack" and s.state.nodes[i].spec.rack not in home_racks:
+                return False
             return res.allows(i, now, runtime)
 
-        more, _ = s._try_place(run.job, run.geo, node_ok, nxt,
+        more, _ = s._try_place(replace(run.job, topology="any"), run.geo, node_ok, nxt,
                                top=run.geo.replicas - len(have), need=1)
         if not more:
             continue
