@@ -307,6 +307,26 @@ class JobProcess:
         self._started_pending = False
 
     def _supervise(self) -> None:
+        try:
+            self._watch()
+        except Exception:  # a bug here must not leave the job unwatched and never reported
+            log.exception("job %s: supervisor failed; killing the job", self.job_id)
+            self._signal(signal.SIGKILL)
+        if self.proc is not None:
+            self._signal(signal.SIGKILL)  # leftovers of the group; the job itself has exited
+            self.proc.wait()
+            self._pump_done.wait(2.0)
+            self.exit_code = self.proc.returncode
+            self.exit_reason = self._reason()
+        try:
+            self._finish()
+        except Exception:
+            log.exception("job %s: could not report its exit", self.job_id)
+        finally:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.done.set()
+
+    def _watch(self) -> None:
         exited_at: float | None = None
         while True:
             now = time.monotonic()
@@ -323,13 +343,6 @@ class JobProcess:
                 break
             self._wake.wait(TICK_S)
             self._wake.clear()
-        if self.proc is not None:
-            self._signal(signal.SIGKILL)  # leftovers of the group; the job itself has exited
-            self.proc.wait()
-            self._pump_done.wait(2.0)
-            self.exit_code = self.proc.returncode
-            self.exit_reason = self._reason()
-        self._finish()
 
     def _reason(self) -> str:
         if self.stop_reason is None:
@@ -361,7 +374,5 @@ class JobProcess:
             except Rejected as exc:
                 log.info("job %s: exit report refused (%s)", self.job_id, exc)
                 break
-        shutil.rmtree(self.workdir, ignore_errors=True)
-        self.done.set()
         log.info("job %s attempt %s replica %s exited %s %s", self.job_id, self.attempt, self.replica,
                  self.exit_code, self.exit_reason)

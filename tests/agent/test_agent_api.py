@@ -211,9 +211,10 @@ def test_log_chunks_are_idempotent_on_their_offset_and_capped_per_job(world, joi
 def test_a_bad_log_chunk_is_refused_naming_the_field(world, join_token):
     node, _ = h.register(join_token)
     job = h.bind(h.submit(world.alice, world.vision), "gpu-01", [0, 1])
-    answer = node.post(f"{AGENT}jobs/{job.pk}/logs", {"attempt": 0, "offset": 0, "data": "%%%"}, format="json")
+    url = f"{AGENT}jobs/{job.pk}/logs"
+    answer = node.post(url, {"attempt": 0, "offset": 0, "data": "%%%"}, format="json")
     assert answer.status_code == 400 and list(answer.json()) == ["data"]
-    answer = node.post(f"{AGENT}jobs/{job.pk}/logs", {"attempt": 0, "offset": -1, "data": ""}, format="json")
+    answer = node.post(url, {"attempt": 0, "offset": -1, "data": ""}, format="json")
     assert answer.status_code == 400 and list(answer.json()) == ["offset"]
 
 

@@ -1,0 +1,99 @@
+"""A stand-in for the control plane at the HTTP edge, recording what the agent reports."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from agent.client import Rejected
+
+
+class FakeServer:
+    """Implements :class:`agent.client.AgentClient`'s calls; thread-safe."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.chunks: dict[tuple[int, int], list[tuple[int, bytes]]] = {}
+        self.exits: list[dict[str, Any]] = []
+        self.orders: list[dict[str, Any]] = []
+        self.refuse_started = False
+
+    def _record(self, what: str, **body: Any) -> None:
+        with self.lock:
+            self.calls.append((what, body))
+
+    def heartbeat(self, running: list[dict[str, int]]) -> dict[str, Any]:
+        self._record("heartbeat", running=running)
+        with self.lock:
+            orders, self.orders = self.orders, []
+        start = [o for o in orders if "command" in o]
+        stop = [o for o in orders if "command" not in o]
+        return {"node": "fake", "lease_seconds": 60, "start": start, "stop": stop}
+
+    def started(self, job_id: int, attempt: int, replica: int, pid: int) -> dict[str, Any]:
+        self._record("started", job_id=job_id, attempt=attempt, replica=replica, pid=pid)
+        if self.refuse_started:
+            raise Rejected(409, {"detail": "not bound"})
+        return {"state": "running"}
+
+    def logs(self, job_id: int, attempt: int, replica: int, offset: int, data: bytes) -> dict[str, Any]:
+        self._record("logs", job_id=job_id, offset=offset, size=len(data))
+        with self.lock:
+            self.chunks.setdefault((job_id, replica), []).append((offset, data))
+        return {"stored": len(data), "next_offset": offset + len(data), "truncated": False}
+
+    def exited(self, job_id: int, attempt: int, replica: int, exit_code: int | None,
+               reason: str = "") -> dict[str, Any]:
+        self._record("exited", job_id=job_id, exit_code=exit_code, reason=reason)
+        with self.lock:
+            self.exits.append({"job_id": job_id, "attempt": attempt, "replica": replica,
+                               "exit_code": exit_code, "reason": reason})
+        return {"state": "succeeded" if exit_code == 0 else "failed", "recorded": True}
+
+    def output(self, job_id: int, replica: int = 0) -> bytes:
+        with self.lock:
+            return b"".join(data for _, data in sorted(self.chunks.get((job_id, replica), [])))
+
+    def exit_of(self, job_id: int, timeout: float = 20.0) -> dict[str, Any]:
+        found = wait_for(lambda: next((e for e in self.exits if e["job_id"] == job_id), None), timeout)
+        assert found is not None, f"job {job_id} did not exit within {timeout}s: {self.calls}"
+        return found
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 20.0, every: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(every)
+    return check()
+
+
+def binding(job_id: int = 1, command: list[str] | None = None, **overrides: Any) -> dict[str, Any]:
+    b = {
+        "job_id": job_id, "attempt": 0, "replica": 0, "replicas": 1, "name": "t",
+        "command": command or ["true"], "env": {}, "gpus": [0, 1], "share": 1.0,
+        "grace_seconds": 5, "time_limit_seconds": None, "checkpoint_seconds": None, "log_offset": 0,
+    }
+    b.update(overrides)
+    return b
+
+
+@contextmanager
+def job_user_state_dir() -> Iterator[Path]:
+    """A state dir the job user can reach (pytest's tmp_path is private to root)."""
+    from agent.state import prepare_state_dir
+
+    path = Path(tempfile.mkdtemp(prefix="tessera-agent-test-", dir="/tmp"))
+    try:
+        yield prepare_state_dir(path)
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,154 @@
+"""A job's process on the node: environment, user, output with offsets, time limits, stop orders.
+
+These run real processes; only the control plane is replaced by a recording fake (the HTTP edge).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import time
+
+import pytest
+
+from agent.process import JobProcess, job_path, resolve_run_as
+
+fakes = importlib.import_module("tests.agent.fakes")
+
+
+@pytest.fixture
+def node():
+    """(fake server, state dir, run-as user, job PATH), with a secret in the agent's environment."""
+    os.environ["TESSERA_JOIN_TOKEN"] = "join-secret-never-in-jobs"
+    try:
+        with fakes.job_user_state_dir() as state_dir:
+            (state_dir / "credential").write_text("node-credential-never-in-jobs")
+            run_as = resolve_run_as("nobody")
+            yield fakes.FakeServer(), state_dir, run_as, job_path(state_dir, run_as)
+    finally:
+        os.environ.pop("TESSERA_JOIN_TOKEN", None)
+
+
+def start(node, **binding) -> tuple[JobProcess, object]:
+    server, state_dir, run_as, path = node
+    process = JobProcess(fakes.binding(**binding), server, state_dir, run_as, path)
+    process.start()
+    return process, server
+
+
+def test_the_job_sees_its_gpus_and_ids_but_never_the_agents_secrets(node):
+    script = "import os, json; print(json.dumps(dict(os.environ)))"
+    process, server = start(node, job_id=11, attempt=2, gpus=[3, 5], env={"WANDB_MODE": "offline"},
+                            command=["python", "-c", script])
+    assert server.exit_of(11)["exit_code"] == 0
+    import json
+
+    job_env = json.loads(server.output(11))
+    assert job_env["CUDA_VISIBLE_DEVICES"] == "3,5"
+    assert (job_env["TESSERA_JOB_ID"], job_env["TESSERA_ATTEMPT"]) == ("11", "2")
+    assert job_env["TESSERA_CHECKPOINT_DIR"].endswith("/checkpoints/11")
+    assert job_env["WANDB_MODE"] == "offline"
+    text = json.dumps(job_env)
+    assert "join-secret-never-in-jobs" not in text and "node-credential-never-in-jobs" not in text
+    assert not {k for k in job_env if "TOKEN" in k or "CREDENTIAL" in k}
+    assert "DJANGO_SETTINGS_MODULE" not in job_env  # a clean environment, not the agent's
+
+
+def test_the_job_cannot_override_its_gpus_or_ids(node):
+    process, server = start(node, job_id=12, gpus=[1], env={"CUDA_VISIBLE_DEVICES": "0,1,2,3",
+                                                           "TESSERA_JOB_ID": "999"},
+                            command=["sh", "-c", 'echo "$CUDA_VISIBLE_DEVICES $TESSERA_JOB_ID"'])
+    server.exit_of(12)
+    assert server.output(12) == b"1 12\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="dropping privileges needs an agent running as root")
+def test_a_job_of_a_root_agent_runs_as_an_unprivileged_user(node):
+    process, server = start(node, job_id=13, command=["sh", "-c", "id -u; id -g; pwd; touch ok && echo w"])
+    assert server.exit_of(13)["exit_code"] == 0
+    uid, gid, cwd, wrote = server.output(13).decode().split()
+    assert uid != "0" and int(uid) == node[2].uid and gid != "0"
+    assert cwd.endswith("/jobs/13-0-0") and wrote == "w"
+
+
+def test_the_credential_file_is_private_to_the_agent(node):
+    from agent.state import read_credential, write_credential
+
+    server, state_dir, run_as, _ = node
+    path = write_credential(state_dir, "secret-cred")
+    assert path.stat().st_mode & 0o777 == 0o600 and read_credential(state_dir) == "secret-cred"
+    process, server = start(node, job_id=14, command=["sh", "-c", f"cat {path} || echo denied"])
+    server.exit_of(14)
+    if run_as.uid is not None:
+        assert b"secret-cred" not in server.output(14) and b"denied" in server.output(14)
+
+
+def test_output_is_streamed_in_chunks_with_byte_offsets(node):
+    script = "import time\nfor i in range(3):\n    print('line', i, flush=True); time.sleep(0.4)"
+    process, server = start(node, job_id=15, command=["python", "-c", script], log_offset=100)
+    server.exit_of(15)
+    chunks = server.chunks[(15, 0)]
+    assert len(chunks) >= 2, chunks  # streamed while running, not all at the exit
+    offsets = [o for o, _ in chunks]
+    assert offsets[0] == 100  # continues where the previous attempt's output ended
+    for (offset, data), (next_offset, _) in zip(chunks, chunks[1:], strict=False):
+        assert next_offset == offset + len(data)
+    assert server.output(15) == b"line 0\nline 1\nline 2\n"
+    kinds = [c[0] for c in server.calls]
+    assert kinds.index("started") < kinds.index("logs") and kinds[-1] == "exited"
+
+
+def test_a_nonzero_exit_code_is_reported(node):
+    process, server = start(node, job_id=16, command=["sh", "-c", "echo bye >&2; exit 3"])
+    assert server.exit_of(16) == {"job_id": 16, "attempt": 0, "replica": 0, "exit_code": 3, "reason": ""}
+    assert server.output(16) == b"bye\n"  # stderr is in the same stream
+
+
+def test_a_command_that_cannot_start_is_reported_as_exit_127_with_the_reason_in_its_log(node):
+    process, server = start(node, job_id=17, command=["/no/such/program"])
+    assert server.exit_of(17)["exit_code"] == 127
+    assert b"could not start" in server.output(17)
+
+
+def test_a_job_past_its_time_limit_is_stopped_and_reported_as_time_limit(node):
+    began = time.monotonic()
+    process, server = start(node, job_id=18, command=["sleep", "30"], time_limit_seconds=1, grace_seconds=5)
+    result = server.exit_of(18, timeout=15)
+    assert result["reason"] == "time-limit" and result["exit_code"] == -15
+    assert 0.9 <= time.monotonic() - began < 5  # sleep obeys SIGTERM: no need to wait for the kill
+    assert b"time limit of 1s reached" in server.output(18)
+
+
+def test_a_stop_order_sends_sigterm_then_sigkill_after_the_grace(node):
+    script = (
+        "import signal, sys, time\n"
+        "def term(*_):\n    print('got SIGTERM, ignoring it', flush=True)\n"
+        "signal.signal(signal.SIGTERM, term)\n"
+        "print('ready', flush=True)\n"
+        "while True: time.sleep(0.05)\n"
+    )
+    process, server = start(node, job_id=19, command=["python", "-c", script])
+    assert fakes.wait_for(lambda: b"ready" in server.output(19), 10)
+    began = time.monotonic()
+    process.stop("cancelled", 1.5)
+    result = server.exit_of(19, timeout=15)
+    elapsed = time.monotonic() - began
+    assert result == {"job_id": 19, "attempt": 0, "replica": 0, "exit_code": -9, "reason": "stopped"}
+    assert 1.4 <= elapsed < 5, elapsed
+    assert b"got SIGTERM, ignoring it" in server.output(19)
+
+
+def test_a_stop_reaches_the_jobs_children_too(node):
+    process, server = start(node, job_id=20, command=["sh", "-c", "sleep 30 & echo $!; wait"])
+    pid = int(fakes.wait_for(lambda: server.output(20).split(b"\n")[0], 10) or 0)
+    process.stop("cancelled", 0.5)
+    server.exit_of(20, timeout=10)
+    assert fakes.wait_for(lambda: not os.path.exists(f"/proc/{pid}"), 5), "the child outlived the stop"
+
+
+def test_a_start_the_server_refuses_is_stopped_at_once(node):
+    server, state_dir, run_as, path = node
+    server.refuse_started = True
+    process = JobProcess(fakes.binding(job_id=21, command=["sleep", "30"]), server, state_dir, run_as, path)
+    process.start()
+    assert server.exit_of(21, timeout=10)["reason"] == "stopped"
