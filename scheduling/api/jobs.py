@@ -26,7 +26,7 @@ from scheduling.api.job_serializers import (
     LogPageSerializer,
 )
 from scheduling.api.logs import MAX_OFFSET, read_log
-from scheduling.api.lookups import parse_nonnegative, parse_pk
+from scheduling.api.lookups import ID_PARAMETER, parse_nonnegative, parse_pk
 from scheduling.api.pagination import BoundedLimitOffsetPagination
 from scheduling.api.permissions import is_operator, tenant_of
 from scheduling.choices import JobKind, JobState
@@ -76,7 +76,7 @@ LIST_FILTERS = [
 
 @extend_schema_view(
     list=extend_schema(summary="The caller's tenant's jobs", parameters=LIST_FILTERS),
-    retrieve=extend_schema(summary="One job"),
+    retrieve=extend_schema(summary="One job", parameters=[ID_PARAMETER]),
 )
 class JobViewSet(viewsets.GenericViewSet):
     serializer_class = JobSerializer
@@ -164,6 +164,7 @@ class JobViewSet(viewsets.GenericViewSet):
 
     @extend_schema(
         summary="Cancel a job",
+        parameters=[ID_PARAMETER],
         description="Idempotent: cancelling a cancelled job returns it. 409 if it already succeeded "
         "or failed. A running job is sent its stop signal and ends `cancelled` after it exits.",
         request=None,
@@ -175,7 +176,11 @@ class JobViewSet(viewsets.GenericViewSet):
         do_cancel_job(job.pk)
         return Response(JobSerializer(self.get_object()).data)
 
-    @extend_schema(summary="A job's history, in order", responses={200: JobEventSerializer(many=True)})
+    @extend_schema(
+        summary="A job's history, in order",
+        parameters=[ID_PARAMETER],
+        responses={200: JobEventSerializer(many=True)},
+    )
     @action(detail=True, methods=["get"])
     def events(self, request: Request, pk: str) -> Response:
         job = self.get_object()
@@ -185,6 +190,7 @@ class JobViewSet(viewsets.GenericViewSet):
     @extend_schema(
         summary="A job's output from a byte offset",
         parameters=[
+            ID_PARAMETER,
             OpenApiParameter("offset", OpenApiTypes.INT, description="byte offset to read from (0)"),
             OpenApiParameter("replica", OpenApiTypes.INT, description="which replica's output (0)"),
         ],

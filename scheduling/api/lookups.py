@@ -6,9 +6,14 @@ would be a type error: both are simply "not found" here.
 
 from __future__ import annotations
 
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter
 from rest_framework.exceptions import NotFound, ValidationError
 
 MAX_PK = 2**63 - 1
+
+# URLs take the id as text (so that a malformed one is our JSON 404); the schema says integer.
+ID_PARAMETER = OpenApiParameter("id", OpenApiTypes.INT, OpenApiParameter.PATH, description="the object's id")
 
 
 def parse_pk(raw: object, what: str) -> int:

@@ -17,7 +17,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from scheduling.api.fields import StrictCharField, StrictFloatField, json_safe
-from scheduling.api.lookups import parse_pk
+from scheduling.api.lookups import ID_PARAMETER, parse_pk
 from scheduling.api.pagination import BoundedLimitOffsetPagination
 from scheduling.api.permissions import OperatorWritesOnly
 from scheduling.models import Quota, Tenant
@@ -90,7 +90,7 @@ class QuotaWriteSerializer(serializers.Serializer):
 
 @extend_schema_view(
     list=extend_schema(summary="Quotas of the tenants visible to the caller"),
-    retrieve=extend_schema(summary="One quota"),
+    retrieve=extend_schema(summary="One quota", parameters=[ID_PARAMETER]),
     create=extend_schema(
         summary="Create a quota (operators only)",
         request=QuotaWriteSerializer,
@@ -98,10 +98,13 @@ class QuotaWriteSerializer(serializers.Serializer):
     ),
     partial_update=extend_schema(
         summary="Change a quota's numbers (operators only)",
+        parameters=[ID_PARAMETER],
         request=QuotaWriteSerializer,
         responses={200: QuotaSerializer},
     ),
-    destroy=extend_schema(summary="Delete a quota (operators only)", responses={204: None}),
+    destroy=extend_schema(
+        summary="Delete a quota (operators only)", parameters=[ID_PARAMETER], responses={204: None}
+    ),
 )
 class QuotaViewSet(viewsets.GenericViewSet):
     serializer_class = QuotaSerializer

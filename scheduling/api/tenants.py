@@ -7,7 +7,7 @@ from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, viewsets
 from rest_framework.exceptions import NotFound
 
-from scheduling.api.lookups import parse_pk
+from scheduling.api.lookups import ID_PARAMETER, parse_pk
 from scheduling.api.pagination import BoundedLimitOffsetPagination
 from scheduling.models import Tenant
 
@@ -21,7 +21,7 @@ class TenantSerializer(serializers.ModelSerializer):
 
 @extend_schema_view(
     list=extend_schema(summary="Tenants visible to the caller"),
-    retrieve=extend_schema(summary="One tenant"),
+    retrieve=extend_schema(summary="One tenant", parameters=[ID_PARAMETER]),
 )
 class TenantViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     serializer_class = TenantSerializer

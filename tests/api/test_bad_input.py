@@ -1,0 +1,202 @@
+"""Malformed job bodies: each is a 400 naming the field (or ``detail``), 413 when too big; none is
+stored, and the service keeps answering. The table runs on PostgreSQL (where NUL characters and
+lone surrogates would break the database) and on whatever database is configured (SQLite by default).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from scheduling.models import IdempotencyKey, Job, JobEvent
+from tests.api.conftest import valid_body
+
+JOBS = "/api/v1/jobs/"
+OK = valid_body()
+
+
+def raw(text: str) -> bytes:
+    """A body written as JSON text by hand (for escapes ``json.dumps`` would never produce)."""
+    return text.encode("utf-8")
+
+
+def with_(**fields: Any) -> dict[str, Any]:
+    return valid_body(**fields)
+
+
+def without(field: str) -> dict[str, Any]:
+    body = valid_body()
+    body.pop(field)
+    return body
+
+
+# (case id, body: dict/list/... sent as JSON, or bytes sent as they are, expected status, the key
+# the error must name)
+CASES: list[tuple[str, Any, int, str]] = [
+    ("missing-name", without("name"), 400, "name"),
+    ("missing-kind", without("kind"), 400, "kind"),
+    ("missing-command", without("command"), 400, "command"),
+    ("empty-name", with_(name=""), 400, "name"),
+    ("long-name", with_(name="n" * 129), 400, "name"),
+    ("name-with-newline", with_(name="a\nb"), 400, "name"),
+    ("name-a-number", with_(name=5), 400, "name"),
+    ("unknown-kind", with_(kind="gaming"), 400, "kind"),
+    ("unknown-topology", with_(topology="galaxy"), 400, "topology"),
+    ("command-a-string", with_(command="python train.py"), 400, "command"),
+    ("command-of-numbers", with_(command=[1, 2]), 400, "command"),
+    ("command-empty", with_(command=[]), 400, "command"),
+    ("command-100000-items", with_(command=["x"] * 100_000), 400, "command"),
+    ("command-over-256KiB", with_(command=["x" * 300_000]), 400, "command"),
+    ("gpus-negative", with_(gpus=-1), 400, "gpus"),
+    ("gpus-huge", with_(gpus=10**6), 400, "gpus"),
+    (
+        "gpus-enormous-integer",
+        raw('{"name":"a","kind":"batch","command":["x"],"gpus":' + "9" * 400 + "}"),
+        400,
+        "gpus",
+    ),
+    ("gpus-overflowing-float", raw('{"name":"a","kind":"batch","command":["x"],"gpus":1e400}'), 400, "gpus"),
+    ("gpus-fraction-above-1", with_(gpus=1.5), 400, "gpus"),
+    ("gpus-too-small-fraction", with_(gpus=0.0001), 400, "gpus"),
+    ("gpus-a-string", with_(gpus="2"), 400, "gpus"),
+    ("gpus-a-boolean", with_(gpus=True), 400, "gpus"),
+    ("fraction-with-replicas", with_(gpus=0.5, replicas=2), 400, "replicas"),
+    ("gpus-not-divisible", with_(gpus=3, replicas=2), 400, "replicas"),
+    ("replicas-zero", with_(replicas=0), 400, "replicas"),
+    ("replicas-a-float", with_(replicas=1.0), 400, "replicas"),
+    ("min-available-above-replicas", with_(gpus=2, replicas=2, min_available=3), 400, "min_available"),
+    ("min-available-zero", with_(min_available=0), 400, "min_available"),
+    ("elastic-excludes-gpus", with_(gpus=8, elastic={"min_gpus": 2, "max_gpus": 6}), 400, "elastic"),
+    ("elastic-min-above-max", with_(gpus=8, elastic={"min_gpus": 9, "max_gpus": 4}), 400, "elastic"),
+    (
+        "elastic-not-multiple",
+        with_(gpus=4, replicas=2, elastic={"min_gpus": 3, "max_gpus": 8}),
+        400,
+        "elastic",
+    ),
+    (
+        "elastic-disagrees-with-min-available",
+        with_(gpus=4, replicas=2, min_available=2, elastic={"min_gpus": 2, "max_gpus": 8}),
+        400,
+        "min_available",
+    ),
+    ("elastic-unknown-key", with_(elastic={"min_gpus": 2, "max_gpus": 8, "step": 2}), 400, "elastic"),
+    ("elastic-a-list", with_(elastic=[2, 8]), 400, "elastic"),
+    ("priority-a-string", with_(priority="high"), 400, "priority"),
+    ("priority-huge", with_(priority=10**12), 400, "priority"),
+    ("preemptible-a-string", with_(preemptible="yes"), 400, "preemptible"),
+    ("preemptible-an-integer", with_(preemptible=1), 400, "preemptible"),
+    ("grace-negative", with_(grace_seconds=-1), 400, "grace_seconds"),
+    ("checkpoint-zero", with_(checkpoint_seconds=0), 400, "checkpoint_seconds"),
+    ("time-limit-a-float", with_(time_limit_seconds=1.5), 400, "time_limit_seconds"),
+    ("cpus-negative", with_(cpus=-1), 400, "cpus"),
+    ("memory-a-string", with_(memory_gib="lots"), 400, "memory_gib"),
+    ("env-a-list", with_(env=["A=1"]), 400, "env"),
+    ("env-value-a-number", with_(env={"A": 1}), 400, "env"),
+    ("env-300-entries", with_(env={f"K{i}": "v" for i in range(300)}), 400, "env"),
+    ("env-1MB", with_(env={"BIG": "x" * 1_000_000}), 400, "env"),
+    ("node-selector-value-a-number", with_(node_selector={"rack": 1}), 400, "node_selector"),
+    ("max-retries-above-100", with_(max_retries=101), 400, "max_retries"),
+    ("accelerators-a-string", with_(accelerators="H100"), 400, "accelerators"),
+    ("accelerators-empty-name", with_(accelerators=[""]), 400, "accelerators"),
+    ("unknown-field", with_(colour="blue"), 400, "colour"),
+    ("nul-in-name", raw('{"name":"a\\u0000b","kind":"batch","command":["x"]}'), 400, "name"),
+    ("surrogate-in-name", raw('{"name":"a\\ud800b","kind":"batch","command":["x"]}'), 400, "name"),
+    (
+        "nul-in-env-value",
+        raw('{"name":"a","kind":"batch","command":["x"],"env":{"A":"\\u0000"}}'),
+        400,
+        "env",
+    ),
+    (
+        "surrogate-in-env-key",
+        raw('{"name":"a","kind":"batch","command":["x"],"env":{"\\udfff":"v"}}'),
+        400,
+        "env",
+    ),
+    ("nul-in-command", raw('{"name":"a","kind":"batch","command":["x\\u0000"]}'), 400, "command"),
+    (
+        "surrogate-in-accelerator",
+        raw('{"name":"a","kind":"batch","command":["x"],"accelerators":["\\ud800"]}'),
+        400,
+        "accelerators",
+    ),
+    (
+        "surrogate-in-unknown-field-name",
+        raw('{"name":"a","kind":"batch","command":["x"],"\\ud800":1}'),
+        400,
+        "\\ud800",
+    ),
+    ("body-a-list", [OK], 400, "detail"),
+    ("body-a-string", "job", 400, "detail"),
+    ("body-a-number", 3, 400, "detail"),
+    ("body-null", None, 400, "detail"),
+    ("body-not-utf8", b'{"name": "\xff\xfe", "kind": "batch", "command": ["x"]}', 400, "detail"),
+    ("body-empty", b"", 400, "detail"),
+    ("body-not-json", b'{"name": ', 400, "detail"),
+    ("body-nan", raw('{"name":"a","kind":"batch","command":["x"],"gpus":NaN}'), 400, "detail"),
+    ("body-deeply-nested", raw("[" * 100_000 + "]" * 100_000), 400, "detail"),
+    ("body-over-size-limit", with_(env={"BIG": "x" * 2_000_000}), 413, "detail"),
+]
+
+
+def send(client, body: Any, **extra: Any):
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return client.generic("POST", JOBS, data, content_type="application/json", **extra)
+
+
+def check_table(world) -> None:
+    client = world.client("alice")
+    counts = (Job.objects.count(), JobEvent.objects.count(), IdempotencyKey.objects.count())
+    for case, body, status, key in CASES:
+        response = send(client, body, HTTP_IDEMPOTENCY_KEY=f"key-{case}")
+        assert response.status_code == status, (case, response.content[:300])
+        error = response.json()
+        assert key in error, (case, error)
+        assert all(isinstance(v, list | str) for v in error.values()), (case, error)
+        assert (Job.objects.count(), JobEvent.objects.count(), IdempotencyKey.objects.count()) == counts, case
+    response = send(client, OK)
+    assert response.status_code == 201, response.json()
+    assert Job.objects.count() == counts[0] + 1
+
+
+def test_the_table_has_at_least_25_cases_and_unique_ids():
+    assert len(CASES) >= 25
+    assert len({c[0] for c in CASES}) == len(CASES)
+
+
+def test_malformed_bodies_are_refused_and_not_stored_on_postgresql(require_postgres, world):
+    check_table(world)
+
+
+def test_malformed_bodies_are_refused_and_not_stored_on_the_configured_database(world):
+    check_table(world)
+
+
+def test_a_body_that_is_not_json_content_is_a_400(world):
+    client = world.client("alice")
+    response = client.generic("POST", JOBS, b"name=a", content_type="application/x-www-form-urlencoded")
+    assert response.status_code == 400 and "detail" in response.json()
+    response = client.generic("POST", JOBS, json.dumps(OK).encode(), content_type="text/plain")
+    assert response.status_code == 400 and "detail" in response.json()
+    assert Job.objects.count() == 0
+
+
+def test_a_post_without_the_trailing_slash_is_a_json_404_not_a_500(world):
+    response = send(world.client("alice"), OK).wsgi_request  # warm-up: a valid submit works
+    assert response is not None
+    response = world.client("alice").generic(
+        "POST", "/api/v1/jobs", json.dumps(OK).encode(), content_type="application/json"
+    )
+    assert response.status_code == 404 and "/api/v1/jobs/" in response.json()["detail"]
+    assert world.client("alice").get("/api/v1/jobs").status_code == 301
+    assert world.client("alice").get("/api/v1/nothing-here/").json() == {"detail": "Not found."}
+
+
+@pytest.mark.parametrize("key", ["", "k" * 256, "tab\there"])
+def test_a_malformed_idempotency_key_is_a_400(world, key):
+    response = send(world.client("alice"), OK, HTTP_IDEMPOTENCY_KEY=key)
+    assert response.status_code == 400 and "detail" in response.json()
+    assert Job.objects.count() == 0

@@ -1,0 +1,55 @@
+"""Idempotency-Key: a retried submit returns the first job; the same key with another body is 422."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from scheduling.models import IdempotencyKey, Job
+from tests.api.conftest import post_json, valid_body
+
+JOBS = "/api/v1/jobs/"
+
+
+def test_a_retry_with_the_same_key_and_body_returns_the_first_job_with_200(world):
+    client = world.client("alice")
+    first = post_json(client, JOBS, valid_body(), HTTP_IDEMPOTENCY_KEY="ci-run-42")
+    again = post_json(client, JOBS, valid_body(), HTTP_IDEMPOTENCY_KEY="ci-run-42")
+    assert first.status_code == 201 and again.status_code == 200
+    assert again.json()["id"] == first.json()["id"]
+    assert Job.objects.count() == 1
+
+
+def test_the_same_key_with_another_body_is_a_422_and_stores_nothing(world):
+    client = world.client("alice")
+    post_json(client, JOBS, valid_body(), HTTP_IDEMPOTENCY_KEY="k1")
+    response = post_json(client, JOBS, valid_body(gpus=4), HTTP_IDEMPOTENCY_KEY="k1")
+    assert response.status_code == 422 and "detail" in response.json()
+    assert Job.objects.count() == 1
+
+
+def test_keys_are_per_user(world):
+    alice = post_json(world.client("alice"), JOBS, valid_body(), HTTP_IDEMPOTENCY_KEY="shared")
+    carol = post_json(world.client("carol"), JOBS, valid_body(), HTTP_IDEMPOTENCY_KEY="shared")
+    bob = post_json(world.client("bob"), JOBS, valid_body(gpus=4), HTTP_IDEMPOTENCY_KEY="shared")
+    assert (alice.status_code, carol.status_code, bob.status_code) == (201, 201, 201)
+    assert len({alice.json()["id"], carol.json()["id"], bob.json()["id"]}) == 3
+
+
+def test_without_a_key_every_submit_is_a_new_job(world):
+    client = world.client("alice")
+    ids = {post_json(client, JOBS, valid_body()).json()["id"] for _ in range(2)}
+    assert len(ids) == 2
+
+
+def test_a_key_older_than_its_ttl_starts_afresh(world, settings):
+    client = world.client("alice")
+    first = post_json(client, JOBS, valid_body(), HTTP_IDEMPOTENCY_KEY="old")
+    IdempotencyKey.objects.update(created_at=IdempotencyKey.objects.get().created_at - timedelta(days=2))
+    again = post_json(client, JOBS, valid_body(), HTTP_IDEMPOTENCY_KEY="old")
+    assert again.status_code == 201 and again.json()["id"] != first.json()["id"]
+
+
+def test_an_invalid_body_does_not_consume_the_key(world):
+    client = world.client("alice")
+    assert post_json(client, JOBS, valid_body(gpus=-1), HTTP_IDEMPOTENCY_KEY="k").status_code == 400
+    assert post_json(client, JOBS, valid_body(), HTTP_IDEMPOTENCY_KEY="k").status_code == 201

@@ -1,0 +1,238 @@
+"""Tenant isolation, enumerated: every URL pattern of the API, every method it answers.
+
+The endpoints are read from ``scheduling.api.urls`` itself, so a new one fails
+``test_every_endpoint_has_an_isolation_rule`` until a rule below says what bob (the outsider),
+carol (alice's teammate) and an anonymous caller get from it. The agents' protocol (``agent/``) is
+checked by its own tests with agent credentials.
+
+Who may see what: bob never reads or changes vision's objects (404; 403 for what only operators
+may do); carol reads and changes them as alice does; nobody without a token gets anything (401).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from django.urls import URLPattern, URLResolver, reverse
+
+from scheduling.models import Job, Quota
+from tests.api.conftest import valid_body
+
+SKIPPED_PREFIXES = ("agent/",)  # the agents' own authentication; tested with agent credentials
+IGNORED_NAMES = {"api-not-found"}  # the JSON 404 for every other path
+
+
+def api_endpoints() -> Iterator[tuple[str, str]]:
+    """(url name, HTTP method) for every pattern under /api/v1/, read from its URLconf."""
+    from scheduling.api import urls
+
+    def walk(patterns, prefix: str) -> Iterator[tuple[str, Any, str]]:
+        for p in patterns:
+            route = prefix + str(p.pattern)
+            if isinstance(p, URLResolver):
+                yield from walk(p.url_patterns, route)
+            elif isinstance(p, URLPattern):
+                yield route, p.callback, p.name
+
+    for route, callback, name in walk(urls.urlpatterns, ""):
+        if route.startswith(SKIPPED_PREFIXES) or name in IGNORED_NAMES:
+            continue
+        actions = getattr(callback, "actions", None)
+        if actions:
+            methods = list(actions)
+        else:
+            view = callback.view_class
+            methods = [m for m in view.http_method_names if m not in ("options", "head") and hasattr(view, m)]
+        for method in methods:
+            yield name, method.upper()
+
+
+@dataclass
+class Objects:
+    job: Job
+    quota: Quota
+    node: str
+
+
+def no_vision_in(response) -> None:
+    """bob's view of a shared resource names neither vision nor its job."""
+    text = response.content.decode()
+    assert response.status_code == 200
+    assert '"vision"' not in text
+
+
+def shows_vision(response) -> None:
+    assert response.status_code == 200
+    assert '"vision"' in response.content.decode() or "alice-train" in response.content.decode()
+
+
+def status(code: int) -> Callable[[Any], None]:
+    def check(response) -> None:
+        assert response.status_code == code, response.content[:300]
+
+    return check
+
+
+@dataclass
+class Rule:
+    url: Callable[[Objects], str]
+    bob: Callable[[Any], None]
+    carol: Callable[[Any], None]
+    body: Callable[[Objects], Any] | None = None
+    admin: Callable[[Any], None] | None = None
+
+
+def job_url(name: str) -> Callable[[Objects], str]:
+    return lambda o: reverse(name, kwargs={"pk": o.job.pk})
+
+
+def bob_job_list(response) -> None:
+    assert response.status_code == 200
+    assert response.json()["count"] == 0
+
+
+def carol_job_list(response) -> None:
+    assert response.status_code == 200
+    assert [j["name"] for j in response.json()["results"]] == ["alice-train"]
+
+
+def bob_submit_for_vision(response) -> None:
+    assert response.status_code == 400 and "tenant" in response.json()
+    assert not Job.objects.filter(tenant__name="vision", name="intruder").exists()
+
+
+def device_uses(response) -> list[dict[str, Any]]:
+    data = response.json()
+    nodes = data["results"] if "results" in data else [data]
+    return [use for node in nodes for device in node["devices"] for use in device["jobs"]]
+
+
+def carol_sees_alices_job_on_the_node(response) -> None:
+    assert response.status_code == 200
+    alice_job = Job.objects.get(name="alice-train").pk
+    assert [(u["job_id"], u["tenant"]) for u in device_uses(response)] == [(alice_job, "vision")] * 2
+
+
+def bob_sees_the_gpus_only_as_in_use(response) -> None:
+    no_vision_in(response)
+    uses = device_uses(response)
+    assert len(uses) == 2 and all(u["job_id"] is None and u["tenant"] is None for u in uses)
+
+
+def unchanged_quota(code: int) -> Callable[[Any], None]:
+    def check(response) -> None:
+        assert response.status_code == code
+        assert Quota.objects.filter(tenant__name="vision", model="*", limit=64).exists()
+
+    return check
+
+
+RULES: dict[tuple[str, str], Rule] = {
+    ("job-list", "GET"): Rule(lambda o: reverse("job-list"), bob_job_list, carol_job_list),
+    ("job-list", "POST"): Rule(
+        lambda o: reverse("job-list"),
+        bob_submit_for_vision,
+        status(201),
+        body=lambda o: valid_body(name="intruder", tenant="vision"),
+    ),
+    ("job-detail", "GET"): Rule(job_url("job-detail"), status(404), status(200)),
+    ("job-cancel", "POST"): Rule(job_url("job-cancel"), status(404), status(200)),
+    ("job-events", "GET"): Rule(job_url("job-events"), status(404), status(200)),
+    ("job-logs", "GET"): Rule(job_url("job-logs"), status(404), status(200)),
+    ("node-list", "GET"): Rule(
+        lambda o: reverse("node-list"), bob_sees_the_gpus_only_as_in_use, carol_sees_alices_job_on_the_node
+    ),
+    ("node-detail", "GET"): Rule(
+        lambda o: reverse("node-detail", kwargs={"name": o.node}),
+        bob_sees_the_gpus_only_as_in_use,
+        carol_sees_alices_job_on_the_node,
+    ),
+    ("tenant-list", "GET"): Rule(lambda o: reverse("tenant-list"), no_vision_in, shows_vision),
+    ("tenant-detail", "GET"): Rule(
+        lambda o: reverse("tenant-detail", kwargs={"pk": o.quota.tenant_id}), status(404), status(200)
+    ),
+    ("quota-list", "GET"): Rule(lambda o: reverse("quota-list"), no_vision_in, shows_vision),
+    ("quota-list", "POST"): Rule(
+        lambda o: reverse("quota-list"),
+        status(403),
+        status(403),
+        body=lambda o: {"tenant": "vision", "model": "H100", "guaranteed": 1, "limit": 2},
+        admin=status(201),
+    ),
+    ("quota-detail", "GET"): Rule(
+        lambda o: reverse("quota-detail", kwargs={"pk": o.quota.pk}), status(404), status(200)
+    ),
+    ("quota-detail", "PATCH"): Rule(
+        lambda o: reverse("quota-detail", kwargs={"pk": o.quota.pk}),
+        unchanged_quota(403),
+        unchanged_quota(403),
+        body=lambda o: {"limit": 1000},
+        admin=status(200),
+    ),
+    ("quota-detail", "DELETE"): Rule(
+        lambda o: reverse("quota-detail", kwargs={"pk": o.quota.pk}),
+        unchanged_quota(403),
+        unchanged_quota(403),
+        admin=status(204),
+    ),
+    ("cluster", "GET"): Rule(lambda o: reverse("cluster"), no_vision_in, status(200)),
+}
+
+ENDPOINTS = sorted(set(api_endpoints()))
+
+
+def test_every_endpoint_has_an_isolation_rule():
+    assert set(ENDPOINTS) - set(RULES) == set(), "add a rule for each new endpoint"
+    assert set(RULES) - set(ENDPOINTS) == set(), "a rule names an endpoint that no longer exists"
+
+
+def request(client, method: str, url: str, body: Any):
+    data = json.dumps(body).encode() if body is not None else b""
+    return client.generic(method, url, data, content_type="application/json")
+
+
+@pytest.fixture
+def objects(world, alice_job) -> Objects:
+    return Objects(job=alice_job, quota=Quota.objects.get(tenant=world.vision, model="*"), node="n01")
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS, ids=lambda e: f"{e[1]} {e[0]}")
+def test_bob_cannot_reach_vision_objects_and_carol_can(world, objects, endpoint):
+    name, method = endpoint
+    rule = RULES[endpoint]
+    url = rule.url(objects)
+    body = rule.body(objects) if rule.body else None
+    rule.bob(request(world.client("bob"), method, url, body))
+    rule.carol(request(world.client("carol"), method, url, body))
+    if rule.admin is not None:
+        rule.admin(request(world.client("admin"), method, url, body))
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS, ids=lambda e: f"{e[1]} {e[0]}")
+def test_no_token_is_a_401(world, objects, endpoint):
+    rule = RULES[endpoint]
+    body = rule.body(objects) if rule.body else None
+    response = request(world.client(None), endpoint[1], rule.url(objects), body)
+    assert response.status_code == 401
+    assert "detail" in response.json()
+    assert Job.objects.count() == 1 and Quota.objects.count() == 2
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS, ids=lambda e: f"{e[1]} {e[0]}")
+def test_a_wrong_token_is_a_401(world, objects, endpoint):
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION="Token " + "0" * 40)
+    rule = RULES[endpoint]
+    body = rule.body(objects) if rule.body else None
+    assert request(client, endpoint[1], rule.url(objects), body).status_code == 401
+
+
+def test_bobs_cancel_leaves_alices_job_running(world, objects):
+    request(world.client("bob"), "POST", reverse("job-cancel", kwargs={"pk": objects.job.pk}), None)
+    assert Job.objects.get(pk=objects.job.pk).state == "running"
