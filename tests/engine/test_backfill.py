@@ -1,0 +1,59 @@
+"""Aging, reservations and backfill: a reservation is never delayed by a job started after it."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scheduling.engine.config import EngineConfig
+from scheduling.engine.policy import TesseraScheduler
+from scheduling.engine.types import JobRequest
+from tests.engine.engine_cases import node
+
+
+def _cluster():
+    return [node(f"n{i}", gpus=4, nvlink=4, rack=f"r{i // 2}") for i in range(4)]
+
+
+def test_an_aged_job_gets_a_reservation_with_an_estimated_start():
+    cfg = EngineConfig(aging_s=100.0)
+    s = TesseraScheduler(_cluster(), config=cfg)
+    for i in range(4):
+        s.submit(JobRequest(f"r{i}", "nlp", "training", 3, time_limit_s=1000.0))
+    s.decide(0.0)
+    s.submit(JobRequest("big", "vision", "batch", 4, submitted_at=0.0))
+    d = s.decide(200.0)
+    assert d.pending["big"].code == "reserved"
+    assert d.pending["big"].estimated_start == 1000.0
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    limits=st.lists(st.sampled_from([300.0, 900.0, 2000.0, None]), min_size=4, max_size=4),
+    later=st.lists(st.tuples(st.sampled_from([1, 2, 0.5]),
+                             st.sampled_from([100.0, 500.0, 5000.0, None])),
+                   min_size=1, max_size=12),
+)
+def test_an_aged_jobs_reservation_is_never_delayed_by_a_later_start(limits, later):
+    cfg = EngineConfig(aging_s=50.0, default_runtime_s=3000.0, preemption=False)
+    s = TesseraScheduler(_cluster(), config=cfg)
+    for i, lim in enumerate(limits):
+        s.submit(JobRequest(f"run{i}", "nlp", "training", 3, time_limit_s=lim))
+    s.decide(0.0)
+    s.submit(JobRequest("big", "vision", "batch", 8, replicas=2, submitted_at=0.0))
+    s.decide(100.0)  # big is aged: it gets a reservation
+    reservations = [r for r in s.last_reservations if r.job_id == "big"]
+    assert reservations, "the aged job got no reservation"
+    res = reservations[0]
+    for k, (g, lim) in enumerate(later):
+        s.submit(JobRequest(f"late{k}", "speech", "batch", g, time_limit_s=lim,
+                            submitted_at=101.0 + k))
+    limits_by_id = {f"late{k}": lim for k, (_g, lim) in enumerate(later)}
+    d = s.decide(101.0)
+    for b in d.bindings:
+        if b.job_id == "big":
+            continue
+        job_limit = limits_by_id[b.job_id]
+        on_reserved = {p.node for p in b.placements} & {s.nodes[i].name for i in res.nodes}
+        if on_reserved:  # it may only use a reserved node if it is sure to be gone in time
+            assert job_limit is not None and 101.0 + job_limit <= res.start
