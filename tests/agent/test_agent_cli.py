@@ -1,0 +1,133 @@
+"""The real agent process against a live control plane: secrets, registration, a job, Ctrl-C.
+
+The scheduling pass is not involved here (jobs are bound by hand); the end-to-end test in
+tests/integration runs everything together.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from scheduling.choices import JobState, NodeState
+from scheduling.models import Job, Node
+
+h = importlib.import_module("tests.agent.helpers")
+fakes = importlib.import_module("tests.agent.fakes")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def state_dir():
+    with fakes.job_user_state_dir() as path:
+        yield path
+
+
+def start_agent(server: str, state_dir: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "agent", "--server", server, "--simulate", "4xA100,nvlink=2,rack=r9",
+            "--name", "cli-node", "--metrics-port", "0", "--metrics-addr", "127.0.0.1",
+            "--state-dir", str(state_dir), "--poll-interval", "0.2", "--shutdown-grace", "2", *extra]
+    clean = {k: v for k, v in os.environ.items() if k != "TESSERA_JOIN_TOKEN"}
+    return subprocess.Popen(argv, cwd=ROOT, env={**clean, **(env or {})}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def stop_agent(agent: subprocess.Popen) -> str:
+    if agent.poll() is None:
+        agent.send_signal(signal.SIGINT)
+        try:
+            agent.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(agent.pid, signal.SIGKILL)
+            agent.wait(5)
+    return agent.stdout.read() if agent.stdout else ""
+
+
+def registered(state_dir: Path, name: str = "cli-node", timeout: float = 30) -> Node:
+    """The node, once the agent has registered it and stored its credential."""
+    ours = Node.objects.filter(name=name, credential_hash__isnull=False)
+    node = fakes.wait_for(ours.first, timeout)
+    assert node is not None, "the agent did not register"
+    assert fakes.wait_for(lambda: (state_dir / "credential").exists(), 10)
+    return node
+
+
+def descendants(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+@pytest.mark.slow
+def test_the_agent_keeps_its_join_token_out_of_ps_and_its_credential_private(live_server, world, state_dir):
+    token = h.new_join_token()
+    agent = start_agent(live_server.url, state_dir, "--join-token", token)
+    try:
+        node = registered(state_dir)
+        cmdline = Path(f"/proc/{agent.pid}/cmdline").read_bytes()
+        assert token.encode() not in cmdline and b"--simulate" in cmdline
+        assert token.encode() not in Path(f"/proc/{agent.pid}/environ").read_bytes()
+        credential = state_dir / "credential"
+        assert credential.stat().st_mode & 0o777 == 0o600 and credential.stat().st_uid == os.geteuid()
+        assert credential.read_text().encode() not in cmdline
+        assert (node.rack, node.nvlink_domain, node.devices.count()) == ("r9", 2, 4)
+        with urllib.request.urlopen(node.metrics_url, timeout=5) as answer:
+            assert "DCGM_FI_DEV_GPU_UTIL" in answer.read().decode()
+    finally:
+        output = stop_agent(agent)
+    assert agent.returncode == 0, output
+    assert "visible in ps" in output and token not in output
+
+
+@pytest.mark.slow
+def test_the_agent_runs_a_bound_job_and_ctrl_c_stops_its_jobs(live_server, world, state_dir):
+    token_file = state_dir / "join-token"
+    token_file.write_text(h.new_join_token())
+    agent = start_agent(live_server.url, state_dir, "--join-token-file", str(token_file),
+                        "--util-speed", "60")
+    try:
+        node = registered(state_dir)
+        done = h.bind(h.submit(world.alice, world.vision, command=["sh", "-c", "echo $CUDA_VISIBLE_DEVICES"]),
+                      "cli-node", [2, 3])
+        assert fakes.wait_for(lambda: Job.objects.get(pk=done.pk).state == JobState.SUCCEEDED, 20)
+        assert b"".join(bytes(c.data) for c in Job.objects.get(pk=done.pk).log_chunks.all()) == b"2,3\n"
+
+        long = h.bind(h.submit(world.alice, world.vision, command=["sleep", "300"]), "cli-node", [0, 1])
+        assert fakes.wait_for(lambda: Job.objects.get(pk=long.pk).state == JobState.RUNNING, 20)
+        with urllib.request.urlopen(node.metrics_url, timeout=5) as answer:
+            text = answer.read().decode()
+        busy = [line for line in text.splitlines()
+                if line.startswith("DCGM_FI_DEV_GPU_UTIL{") and f'job="{long.pk}"' in line]
+        assert len(busy) == 2 and all(float(line.rsplit(" ", 1)[1]) > 0 for line in busy)
+        children = descendants(agent.pid)
+        assert children, "the job's process is not a child of the agent"
+    finally:
+        output = stop_agent(agent)
+    assert agent.returncode == 0, output
+    assert fakes.wait_for(lambda: not any(os.path.exists(f"/proc/{c}") for c in children), 5)
+    # The agent did not report the stopped job: its fate is left to its lease.
+    assert Job.objects.get(pk=long.pk).state == JobState.RUNNING
+    assert Node.objects.get(name="cli-node").state == NodeState.READY
+
+
+@pytest.mark.slow
+def test_an_agent_with_a_refused_join_token_exits_2_saying_so(live_server, db, state_dir):
+    agent = start_agent(live_server.url, state_dir, env={"TESSERA_JOIN_TOKEN": "not-a-real-token"})
+    output = agent.communicate(timeout=60)[0]
+    assert agent.returncode == 2
+    assert "refused to register 'cli-node'" in output and "Invalid, expired or revoked join token" in output
+    assert "not-a-real-token" not in output
