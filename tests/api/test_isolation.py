@@ -107,7 +107,7 @@ def bob_submit_for_vision(response) -> None:
 
 def device_uses(response) -> list[dict[str, Any]]:
     data = response.json()
-    nodes = data["results"] if "results" in data else [data]
+    nodes = data.get("results", [data])
     return [use for node in nodes for device in node["devices"] for use in device["jobs"]]
 
 

@@ -1,0 +1,290 @@
+"""The operators' console (Django admin) for every model of the scheduling app.
+
+Read-mostly: what the scheduler and agents own (jobs, allocations, events, devices, logs) is shown,
+never edited by hand. The writes an operator does make go through the services, like the API's:
+quotas (``services.quotas``), cancelling jobs (``do_cancel_job``), join tokens
+(``services.agents``), cordoning nodes and revoking tokens (``services.operators``). The admin is
+for staff only, and its job and tenant lists go through the same ``visible_to`` querysets as the API.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import Count, QuerySet
+from django.http import HttpRequest
+
+from scheduling.models import (
+    Allocation,
+    Device,
+    IdempotencyKey,
+    Job,
+    JobEvent,
+    JoinToken,
+    LogChunk,
+    Membership,
+    Node,
+    Quota,
+    SchedulerState,
+    Tenant,
+)
+from scheduling.services import operators
+from scheduling.services.quotas import do_create_quota, do_delete_quota, do_update_quota
+from scheduling.states import InvalidTransition
+
+
+class ReadOnlyMixin:
+    """Shown, never edited here: the rows belong to the scheduler, the agents or the services."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class ReadOnlyInline(ReadOnlyMixin, admin.TabularInline):
+    extra = 0
+    can_delete = False
+    show_change_link = False
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 0
+    autocomplete_fields = ["user"]
+
+
+@admin.register(Tenant)
+class TenantAdmin(admin.ModelAdmin):
+    list_display = ["name", "member_count", "job_count", "created_at"]
+    search_fields = ["name"]
+    inlines = [MembershipInline]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Tenant]:
+        return Tenant.objects.visible_to(request.user).annotate(
+            members_n=Count("members", distinct=True), jobs_n=Count("jobs", distinct=True)
+        )
+
+    @admin.display(description="members", ordering="members_n")
+    def member_count(self, tenant: Tenant) -> int:
+        return tenant.members_n
+
+    @admin.display(description="jobs", ordering="jobs_n")
+    def job_count(self, tenant: Tenant) -> int:
+        return tenant.jobs_n
+
+
+@admin.register(Membership)
+class MembershipAdmin(admin.ModelAdmin):
+    list_display = ["user", "tenant"]
+    list_filter = ["tenant"]
+    search_fields = ["user__username", "tenant__name"]
+    autocomplete_fields = ["user", "tenant"]
+    list_select_related = ["user", "tenant"]
+
+
+@admin.register(Quota)
+class QuotaAdmin(admin.ModelAdmin):
+    """Quotas: every save and delete goes through ``services.quotas`` (which asks for a pass)."""
+
+    list_display = ["tenant", "model", "guaranteed", "limit", "weight"]
+    list_filter = ["tenant", "model"]
+    search_fields = ["tenant__name", "model"]
+    list_select_related = ["tenant"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Quota]:
+        return super().get_queryset(request).filter(tenant__in=Tenant.objects.visible_to(request.user))
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Quota | None = None) -> list[str]:
+        return ["tenant", "model"] if obj is not None else []  # as in the API: delete and re-create
+
+    def save_model(self, request: HttpRequest, obj: Quota, form: Any, change: bool) -> None:
+        numbers = {"guaranteed": obj.guaranteed, "limit": obj.limit, "weight": obj.weight}
+        if change:
+            do_update_quota(obj, **numbers)
+        else:
+            created = do_create_quota(obj.tenant, obj.model, **numbers)
+            obj.pk = created.pk
+
+    def delete_model(self, request: HttpRequest, obj: Quota) -> None:
+        do_delete_quota(obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Quota]) -> None:
+        for quota in queryset:
+            do_delete_quota(quota)
+
+
+@admin.register(JoinToken)
+class JoinTokenAdmin(admin.ModelAdmin):
+    """Join tokens: made here or by ``manage.py create_join_token``; the secret is shown once."""
+
+    list_display = ["__str__", "created_at", "expires_at", "revoked"]
+    list_filter = ["revoked"]
+    search_fields = ["name"]
+    fields = ["name", "expires_at", "revoked", "created_at"]
+    readonly_fields = ["created_at"]
+    actions = ["revoke"]
+
+    def save_model(self, request: HttpRequest, obj: JoinToken, form: Any, change: bool) -> None:
+        if change:
+            super().save_model(request, obj, form, change)
+            return
+        from django.utils import timezone
+
+        from scheduling.services.agents import do_create_join_token
+
+        hours = None
+        if obj.expires_at is not None:
+            hours = max((obj.expires_at - timezone.now()).total_seconds() / 3600, 1 / 3600)
+        token, raw = do_create_join_token(obj.name, hours)
+        obj.pk, obj.token_hash, obj.created_at = token.pk, token.token_hash, token.created_at
+        messages.warning(request, f"Join token for agents (shown only now; only its hash is kept): {raw}")
+
+    @admin.action(description="Revoke the selected join tokens")
+    def revoke(self, request: HttpRequest, queryset: QuerySet[JoinToken]) -> None:
+        n = operators.do_revoke_join_tokens(queryset.values_list("pk", flat=True))
+        self.message_user(request, f"{n} token(s) revoked.")
+
+
+class DeviceInline(ReadOnlyInline):
+    model = Device
+    fields = ["index", "model", "uuid", "memory_gib", "nvlink_island", "healthy"]
+
+
+@admin.register(Node)
+class NodeAdmin(ReadOnlyMixin, admin.ModelAdmin):
+    list_display = ["name", "rack", "kind", "state", "gpu_count", "last_heartbeat", "version"]
+    list_filter = ["state", "rack", "kind"]
+    search_fields = ["name", "rack"]
+    exclude = ["credential_hash"]  # a hash, but still nothing an operator needs to see
+    inlines = [DeviceInline]
+    actions = ["cordon", "uncordon"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Node]:
+        return super().get_queryset(request).annotate(gpus_n=Count("devices"))
+
+    @admin.display(description="GPUs", ordering="gpus_n")
+    def gpu_count(self, node: Node) -> int:
+        return node.gpus_n
+
+    @admin.action(description="Cordon: take no new jobs (running ones continue)")
+    def cordon(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
+        n = operators.do_cordon_nodes(queryset.values_list("pk", flat=True))
+        self.message_user(request, f"{n} node(s) cordoned.")
+
+    @admin.action(description="Uncordon: schedulable again")
+    def uncordon(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
+        n = operators.do_uncordon_nodes(queryset.values_list("pk", flat=True))
+        self.message_user(request, f"{n} node(s) uncordoned.")
+
+
+@admin.register(Device)
+class DeviceAdmin(ReadOnlyMixin, admin.ModelAdmin):
+    list_display = ["__str__", "node", "index", "model", "memory_gib", "nvlink_island", "healthy"]
+    list_filter = ["model", "healthy", "node__rack"]
+    search_fields = ["uuid", "node__name", "model"]
+    list_select_related = ["node"]
+
+
+class AllocationInline(ReadOnlyInline):
+    model = Allocation
+    fields = ["device", "replica", "share_milli", "attempt", "created_at", "released_at"]
+    readonly_fields = fields
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Allocation]:
+        return super().get_queryset(request).select_related("device__node")
+
+
+class JobEventInline(ReadOnlyInline):
+    model = JobEvent
+    fields = ["type", "at", "reason", "allocations"]
+    readonly_fields = fields
+
+
+@admin.register(Job)
+class JobAdmin(ReadOnlyMixin, admin.ModelAdmin):
+    """Jobs are read here; the one change an operator makes is to cancel them."""
+
+    list_display = [
+        "id",
+        "name",
+        "tenant",
+        "kind",
+        "state",
+        "gpus",
+        "replicas",
+        "queue_level",
+        "priority",
+        "pending_code",
+        "attempts",
+        "submitted_at",
+    ]
+    list_filter = ["state", "kind", "queue_level", "pending_code", "tenant"]
+    search_fields = ["=id", "name", "tenant__name", "owner__username"]
+    list_select_related = ["tenant"]
+    date_hierarchy = "submitted_at"
+    inlines = [AllocationInline, JobEventInline]
+    actions = ["cancel"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
+        return Job.objects.visible_to(request.user).select_related("tenant", "owner")
+
+    @admin.action(description="Cancel the selected jobs")
+    def cancel(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        from scheduling.services.jobs import do_cancel_job
+
+        done, refused = 0, []
+        for job_id in queryset.values_list("pk", flat=True):
+            try:
+                do_cancel_job(job_id)
+                done += 1
+            except InvalidTransition:
+                refused.append(str(job_id))
+        self.message_user(request, f"{done} job(s) cancelled or being stopped.")
+        if refused:
+            self.message_user(
+                request, "Already finished, not cancelled: " + ", ".join(refused), level=messages.WARNING
+            )
+
+
+@admin.register(Allocation)
+class AllocationAdmin(ReadOnlyMixin, admin.ModelAdmin):
+    list_display = ["job", "device", "replica", "share_milli", "attempt", "created_at", "released_at"]
+    list_filter = [("released_at", admin.EmptyFieldListFilter)]
+    search_fields = ["=job__id", "device__node__name"]
+    list_select_related = ["job", "device__node"]
+
+
+@admin.register(JobEvent)
+class JobEventAdmin(ReadOnlyMixin, admin.ModelAdmin):
+    list_display = ["job", "type", "at", "reason"]
+    list_filter = ["type"]
+    search_fields = ["=job__id", "reason"]
+    list_select_related = ["job"]
+    date_hierarchy = "at"
+
+
+@admin.register(LogChunk)
+class LogChunkAdmin(ReadOnlyMixin, admin.ModelAdmin):
+    list_display = ["job", "replica", "offset"]
+    search_fields = ["=job__id"]
+    exclude = ["data"]  # bytes; read them through /api/v1/jobs/{id}/logs/
+    list_select_related = ["job"]
+
+
+@admin.register(IdempotencyKey)
+class IdempotencyKeyAdmin(ReadOnlyMixin, admin.ModelAdmin):
+    list_display = ["key", "user", "job", "created_at"]
+    search_fields = ["key", "user__username"]
+    exclude = ["body_hash"]
+    list_select_related = ["user", "job"]
+
+
+@admin.register(SchedulerState)
+class SchedulerStateAdmin(ReadOnlyMixin, admin.ModelAdmin):
+    list_display = ["__str__", "last_pass_at", "last_pass_seconds", "last_pass_decisions"]

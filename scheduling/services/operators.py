@@ -1,0 +1,41 @@
+"""Operators' actions from the admin console: cordon and uncordon nodes, revoke join tokens.
+
+A cordoned node keeps its running jobs but takes no new ones (the snapshot marks it unschedulable);
+uncordoning it asks for a scheduling pass, since pending jobs may now fit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from django.db import transaction
+from django.db.models import F
+
+from scheduling.choices import NodeState
+from scheduling.models import JoinToken, Node
+from scheduling.services.jobs import request_pass_on_commit
+
+
+def do_cordon_nodes(node_ids: Iterable[int]) -> int:
+    """Stop placing new work on these nodes (those ready or not-ready). Returns how many changed."""
+    with transaction.atomic():
+        changed = Node.objects.filter(
+            pk__in=list(node_ids), state__in=[NodeState.READY, NodeState.NOT_READY]
+        ).update(state=NodeState.CORDONED, version=F("version") + 1)
+    return changed
+
+
+def do_uncordon_nodes(node_ids: Iterable[int]) -> int:
+    """Make cordoned nodes schedulable again. Returns how many changed."""
+    with transaction.atomic():
+        changed = Node.objects.filter(pk__in=list(node_ids), state=NodeState.CORDONED).update(
+            state=NodeState.READY, version=F("version") + 1
+        )
+        if changed:
+            request_pass_on_commit()
+    return changed
+
+
+def do_revoke_join_tokens(token_ids: Iterable[int]) -> int:
+    """Revoked tokens register no more agents (nodes already registered keep their credentials)."""
+    return JoinToken.objects.filter(pk__in=list(token_ids), revoked=False).update(revoked=True)

@@ -1,0 +1,137 @@
+"""The operators' console: every model has a page, writes go through the services."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib import admin as django_admin
+from django.urls import reverse
+
+from scheduling import models
+from scheduling.models import JoinToken, Job, Node, Quota, hash_secret
+from tests.api.conftest import post_json, submit, valid_body
+
+ALL_MODELS = [
+    models.Tenant,
+    models.Membership,
+    models.Quota,
+    models.JoinToken,
+    models.Node,
+    models.Device,
+    models.Job,
+    models.Allocation,
+    models.JobEvent,
+    models.LogChunk,
+    models.IdempotencyKey,
+    models.SchedulerState,
+]
+
+
+@pytest.fixture
+def console(world, client):
+    client.force_login(world.admin)
+    return client
+
+
+def test_every_model_is_registered():
+    from django.apps import apps
+
+    app_models = set(apps.get_app_config("scheduling").get_models())
+    assert app_models == set(ALL_MODELS)
+    assert all(django_admin.site.is_registered(m) for m in app_models)
+
+
+@pytest.mark.parametrize("model", ALL_MODELS, ids=lambda m: m.__name__)
+def test_every_list_and_detail_page_renders(console, world, alice_job, model):
+    from django.utils import timezone
+
+    from scheduling.models import SchedulerState
+
+    SchedulerState.objects.create(last_pass_at=timezone.now())
+    JoinToken.objects.create(name="t", token_hash="h" * 64)
+    post_json(world.client("alice"), "/api/v1/jobs/", valid_body(), HTTP_IDEMPOTENCY_KEY="k")
+    meta = model._meta
+    response = console.get(reverse(f"admin:{meta.app_label}_{meta.model_name}_changelist"))
+    assert response.status_code == 200
+    obj = model.objects.first()
+    assert obj is not None
+    response = console.get(reverse(f"admin:{meta.app_label}_{meta.model_name}_change", args=[obj.pk]))
+    assert response.status_code == 200
+
+
+def test_tenant_users_cannot_open_the_console(world, client):
+    client.force_login(world.alice)
+    response = client.get(reverse("admin:scheduling_job_changelist"))
+    assert response.status_code == 302 and "/login/" in response["Location"]
+
+
+def test_the_cancel_action_cancels_through_the_service(console, world, alice_job):
+    pending = submit(world.bob, world.nlp, name="bob-pending")
+    response = console.post(
+        reverse("admin:scheduling_job_changelist"),
+        {"action": "cancel", "_selected_action": [alice_job.pk, pending.pk]},
+        follow=True,
+    )
+    assert response.status_code == 200
+    assert Job.objects.get(pk=pending.pk).state == "cancelled"
+    assert Job.objects.get(pk=alice_job.pk).state == "terminating"  # running: stop signal first
+    assert pending.events.filter(type="cancelled").exists()
+
+
+def test_jobs_are_not_editable_in_the_console(console, alice_job):
+    url = reverse("admin:scheduling_job_change", args=[alice_job.pk])
+    console.post(url, {"state": "succeeded"})
+    assert Job.objects.get(pk=alice_job.pk).state == "running"
+    assert console.get(reverse("admin:scheduling_job_add")).status_code == 403
+
+
+def test_a_quota_saved_in_the_console_goes_through_the_service(
+    console, world, monkeypatch, django_capture_on_commit_callbacks
+):
+    passes = []
+    monkeypatch.setattr("scheduling.services.triggers.request_pass", lambda: passes.append(1))
+    with django_capture_on_commit_callbacks(execute=True):
+        response = console.post(
+            reverse("admin:scheduling_quota_add"),
+            {"tenant": world.nlp.pk, "model": "H100", "guaranteed": 2, "limit": 4, "weight": 1},
+        )
+    assert response.status_code == 302, response.content[:2000]
+    quota = Quota.objects.get(tenant=world.nlp, model="H100")
+    with django_capture_on_commit_callbacks(execute=True):
+        console.post(
+            reverse("admin:scheduling_quota_change", args=[quota.pk]),
+            {"guaranteed": 2, "limit": 8, "weight": 1},
+        )
+    assert Quota.objects.get(pk=quota.pk).limit == 8
+    assert len(passes) == 2
+
+
+def test_an_invalid_quota_is_refused_by_the_console_form(console, world):
+    response = console.post(
+        reverse("admin:scheduling_quota_add"),
+        {"tenant": world.nlp.pk, "model": "H100", "guaranteed": 8, "limit": 4, "weight": 1},
+    )
+    assert response.status_code == 200  # the form again, with its error
+    assert not Quota.objects.filter(model="H100").exists()
+
+
+def test_a_join_token_made_in_the_console_is_shown_once_and_stored_hashed(console):
+    response = console.post(reverse("admin:scheduling_jointoken_add"), {"name": "rack-7"}, follow=True)
+    assert response.status_code == 200
+    shown = [str(m) for m in response.context["messages"] if "shown only now" in str(m)]
+    assert len(shown) == 1
+    raw = shown[0].rsplit(": ", 1)[1]
+    token = JoinToken.objects.get(name="rack-7")
+    assert token.token_hash == hash_secret(raw) and raw not in token.token_hash
+    console.post(
+        reverse("admin:scheduling_jointoken_changelist"), {"action": "revoke", "_selected_action": [token.pk]}
+    )
+    assert JoinToken.objects.get(pk=token.pk).revoked
+
+
+def test_cordon_and_uncordon_a_node(console, cluster):
+    url = reverse("admin:scheduling_node_changelist")
+    node = cluster["n01"]
+    console.post(url, {"action": "cordon", "_selected_action": [node.pk]})
+    assert Node.objects.get(pk=node.pk).state == "cordoned"
+    console.post(url, {"action": "uncordon", "_selected_action": [node.pk]})
+    assert Node.objects.get(pk=node.pk).state == "ready"
