@@ -7,7 +7,7 @@ from django.contrib import admin as django_admin
 from django.urls import reverse
 
 from scheduling import models
-from scheduling.models import JoinToken, Job, Node, Quota, hash_secret
+from scheduling.models import Job, JoinToken, Node, Quota, hash_secret
 from tests.api.conftest import post_json, submit, valid_body
 
 ALL_MODELS = [
