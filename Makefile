@@ -4,8 +4,11 @@
 PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
-# Reinstall only when the dependencies change (the stamp is older than pyproject.toml).
+# Reinstall only when the dependencies change (a stamp older than pyproject.toml). The demo needs
+# only the runtime packages (quicker on a fresh clone); tests need the dev extras too.
 STAMP := $(VENV)/.installed
+RUNTIME_STAMP := $(VENV)/.installed-runtime
+PIP := $(BIN)/python -m pip install --disable-pip-version-check -q
 
 .PHONY: help demo test bench eval lint venv install deps clean-demo
 
@@ -19,12 +22,16 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --disable-pip-version-check -q -e '.[dev]'
+	$(PIP) -e '.[dev]'
+	@touch $@ $(RUNTIME_STAMP)
+
+$(RUNTIME_STAMP): pyproject.toml | $(BIN)/python
+	$(PIP) -e .
 	@touch $@
 
 venv install deps: $(STAMP)
 
-demo: $(STAMP)
+demo: $(RUNTIME_STAMP)
 	$(BIN)/python scripts/demo.py
 
 test: $(STAMP)
