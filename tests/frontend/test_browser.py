@@ -93,9 +93,9 @@ def server(tmp_path: Path) -> Iterator[dict[str, Any]]:
         deadline = time.monotonic() + 30
         while True:
             try:
-                if requests.get(url + "/login/", timeout=1).status_code == 200:
+                if requests.get(url + "/login/", timeout=5).status_code == 200:
                     break
-            except requests.ConnectionError:
+            except requests.RequestException:  # not listening yet, or still importing
                 pass
             assert proc.poll() is None, (tmp_path / "daphne.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "daphne did not answer within 30 s"

@@ -78,7 +78,7 @@ def prometheus(tmp_path: Path) -> Iterator[Callable[[dict[str, str]], str]]:
             try:
                 if requests.get(url + "/-/ready", timeout=1).status_code == 200:
                     return url
-            except requests.ConnectionError:
+            except requests.RequestException:
                 pass
             assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()[-2000:]
             assert time.monotonic() < deadline, "Prometheus was not ready within 20 s"

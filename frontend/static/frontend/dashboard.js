@@ -225,6 +225,8 @@
             "data-state": d.state,
           });
           if (d.jobs.length) cell.dataset.jobs = d.jobs.map(function (j) { return j.job_id; }).join(" ");
+          // A partly used GPU fills from the bottom in proportion to its share.
+          if (d.state === "shared" && d.used > 0 && d.used < 1) cell.style.setProperty("--fill", pct(d.used));
           return cell;
         });
         return el("div", { class: "node-row node-" + node.state }, [
@@ -250,6 +252,8 @@
       el("span", { class: "job-name", text: job.name }),
       showState ? el("span", { class: "chip chip-" + job.state, text: job.state }) : null,
     ]);
+    const where = placementOf(job.id);
+    if (where) meta.push("on " + where);
     const children = [head, el("div", { class: "job-meta muted", text: meta.join(" · ") })];
     if (job.state === "pending" && job.pending_reason) {
       children.push(el("div", { class: "job-reason", text: job.pending_reason }));
@@ -258,6 +262,29 @@
   }
 
   function model() { return T.model; }
+
+  /* Where a job runs, read off the heatmap's rows: "n01 [0-3], n02 [0]". */
+  function placementOf(jobId) {
+    const parts = [];
+    for (const name of Object.keys(T.model.nodes).sort()) {
+      const node = T.model.nodes[name];
+      const held = Object.keys(node.devices).map(Number).sort(function (a, b) { return a - b; })
+        .filter(function (i) { return node.devices[i].jobs.some(function (j) { return j.job_id === jobId; }); });
+      if (held.length) parts.push(name + " [" + ranges(held) + "]");
+    }
+    return parts.join(", ");
+  }
+
+  function ranges(indexes) {
+    const out = [];
+    let start = indexes[0], prev = indexes[0];
+    for (const i of indexes.slice(1).concat([null])) {
+      if (i !== null && i === prev + 1) { prev = i; continue; }
+      out.push(start === prev ? String(start) : start + "-" + prev);
+      start = prev = i;
+    }
+    return out.join(",");
+  }
 
   function renderQueue() {
     const jobs = Object.keys(T.model.jobs).map(function (id) { return T.model.jobs[id]; });
