@@ -171,11 +171,6 @@ class JobSubmitSerializer(serializers.Serializer):
         data["elastic_max_gpus"] = elastic["max_gpus"] if elastic else None
         return data
 
-    def minimum_gpus(self) -> float:
-        """The fewest GPUs the job can ever start with (a gang's ``min_available`` replicas)."""
-        data = self.validated_data
-        return data["gpus"] / data["replicas"] * data["min_available"]
-
 
 @extend_schema_field(
     {

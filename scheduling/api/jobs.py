@@ -150,7 +150,7 @@ class JobViewSet(viewsets.GenericViewSet):
         submit.is_valid(raise_exception=True)
         tenant = submit_tenant(request.user, submit.validated_data.get("tenant"))
         cleaned = submit.model_fields()
-        why = check_job_admissible(tenant, submit.minimum_gpus(), cleaned["accelerators"])
+        why = check_job_admissible(tenant, cleaned)
         if why:
             raise ValidationError({"accelerators": [why]})
         try:

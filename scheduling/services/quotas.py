@@ -7,9 +7,12 @@ start, a lowered guarantee may let others reclaim borrowed GPUs.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from django.db import IntegrityError, transaction
 
+from scheduling.engine.geometry import geometry
+from scheduling.engine.types import MILLI, JobRequest
 from scheduling.models import Quota, Tenant
 from scheduling.services.jobs import request_pass_on_commit
 
@@ -20,40 +23,66 @@ class QuotaExists(Exception):
     """The tenant already has a quota row for that model."""
 
 
-def applicable_limits(quotas: Iterable[Quota], accelerators: Sequence[str]) -> list[float]:
-    """The limits that could cover a job accepting ``accelerators`` (empty = any model).
+def applicable_rows(quotas: Iterable[Quota], accelerators: Sequence[str]) -> list[Quota]:
+    """The rows that could cover a job accepting ``accelerators`` (empty = any model).
 
     A row for a model covers that model; the ``*`` row covers every model without its own row.
     """
-    by_model = {q.model: q.limit for q in quotas}
+    by_model = {q.model: q for q in quotas}
     if not accelerators:
         return list(by_model.values())
-    limits = []
+    rows = []
     for model in accelerators:
         if model in by_model:
-            limits.append(by_model[model])
+            rows.append(by_model[model])
         elif ANY_MODEL in by_model:
-            limits.append(by_model[ANY_MODEL])
-    return limits
+            rows.append(by_model[ANY_MODEL])
+    return rows
 
 
-def check_job_admissible(tenant: Tenant, minimum_gpus: float, accelerators: Sequence[str]) -> str | None:
-    """Why no quota of ``tenant`` could ever admit a job of ``minimum_gpus`` (None when one could).
-
-    ``minimum_gpus`` is the least the job can start with (its gang's ``min_available`` replicas, or
-    its elastic minimum). A CPU-only job uses no GPU model and so needs no quota row.
+def quota_charge(cleaned: dict[str, Any]) -> float:
+    """The GPUs the smallest start of a job counts against a quota (its gang's ``min_available``
+    replicas, or its elastic minimum), each replica's GPUs rounded up to the allocation block it
+    takes. The engine's own geometry decides, so what is admitted here is what the engine admits.
     """
-    if minimum_gpus <= 0:
+    job = JobRequest(
+        id="new",
+        tenant="",
+        kind=cleaned["kind"],
+        gpus=float(cleaned["gpus"]),
+        replicas=cleaned["replicas"],
+        min_available=cleaned["min_available"],
+        topology=cleaned.get("topology", "any"),
+        elastic_min_gpus=cleaned.get("elastic_min_gpus"),
+        elastic_max_gpus=cleaned.get("elastic_max_gpus"),
+    )
+    if job.gpus <= 0:
+        return 0.0
+    geo = geometry(job)
+    return geo.charge * geo.need / MILLI
+
+
+def check_job_admissible(tenant: Tenant, cleaned: dict[str, Any]) -> str | None:
+    """Why no quota of ``tenant`` could ever admit the job ``cleaned`` (None when one could).
+
+    Admitting means some applicable row's limit — its guarantee, for a job that is not preemptible,
+    since only preemptible jobs may borrow — holds the job's smallest start (``quota_charge``). A
+    CPU-only job uses no GPU model and so needs no quota row.
+    """
+    charge = quota_charge(cleaned)
+    if charge <= 0:
         return None
-    limits = applicable_limits(Quota.objects.filter(tenant=tenant), accelerators)
-    if not limits:
+    accelerators = cleaned.get("accelerators") or []
+    rows = applicable_rows(Quota.objects.filter(tenant=tenant), accelerators)
+    if not rows:
         which = ", ".join(accelerators) if accelerators else "any model"
         return f"tenant {tenant.name} has no quota for {which}"
-    best = max(limits)
-    if minimum_gpus > best:
+    preemptible = cleaned.get("preemptible", True)
+    best = max(q.limit if preemptible else q.guaranteed for q in rows)
+    if charge > best:
+        cap = "quota limit" if preemptible else "guarantee (a job that is not preemptible may not borrow)"
         return (
-            f"needs at least {minimum_gpus:g} GPUs but tenant {tenant.name}'s largest applicable "
-            f"quota limit is {best:g}"
+            f"needs at least {charge:g} GPUs but tenant {tenant.name}'s largest applicable {cap} is {best:g}"
         )
     return None
 

@@ -128,6 +128,21 @@ def test_a_job_no_quota_could_ever_admit_is_refused_naming_accelerators(world):
     assert post_json(client, JOBS, valid_body(gpus=0, accelerators=["H100"])).status_code == 201
 
 
+def test_a_job_that_may_not_borrow_must_fit_in_the_guarantee_and_blocks_count_whole(world):
+    from scheduling.models import Quota
+
+    Quota.objects.filter(tenant=world.vision).update(guaranteed=2, limit=3)
+    client = world.client("alice")
+    # Not preemptible: it may never borrow, so the guarantee (2) is its ceiling.
+    response = post_json(client, JOBS, valid_body(gpus=3, preemptible=False))
+    assert response.status_code == 400 and "guarantee" in response.json()["accelerators"][0]
+    assert post_json(client, JOBS, valid_body(gpus=2, kind="inference")).status_code == 201
+    # 3 GPUs on one node take a block of 4, which is above the limit of 3.
+    response = post_json(client, JOBS, valid_body(gpus=3))
+    assert response.status_code == 400 and "4" in response.json()["accelerators"][0]
+    assert post_json(client, JOBS, valid_body(gpus=0.5, kind="inference")).status_code == 201
+
+
 def test_the_star_quota_covers_models_without_their_own_row(world):
     from scheduling.models import Quota
 
