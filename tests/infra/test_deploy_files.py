@@ -82,7 +82,7 @@ def test_the_stack_has_every_process_and_two_simulated_agents():
 def test_app_services_point_at_the_real_services_in_production_mode():
     config = compose_config()
     services = config["services"]
-    for name in (*APP_SERVICES, *agent_services(config)):
+    for name in APP_SERVICES:
         env = services[name]["environment"]
         assert env["DATABASE_URL"].startswith("postgres://"), name
         assert env["REDIS_URL"].startswith("redis://"), name
@@ -95,6 +95,16 @@ def test_agents_get_the_join_token_from_the_environment_not_argv():
     for name, svc in agent_services(compose_config()).items():
         assert svc["environment"].get("TESSERA_JOIN_TOKEN"), name
         assert not any("join-token" in str(arg) for arg in svc["command"]), name
+
+
+def test_only_web_and_the_agents_see_the_join_token_and_agents_see_no_database():
+    config = compose_config()
+    agents = agent_services(config)
+    for name, svc in config["services"].items():
+        env = svc.get("environment") or {}
+        assert ("TESSERA_JOIN_TOKEN" in env) == (name == "web" or name in agents), name
+        if name in agents:
+            assert not {"DATABASE_URL", "REDIS_URL", "TESSERA_SECRET_KEY"} & set(env), name
 
 
 def test_beat_keeps_its_schedule_in_a_writable_file():
