@@ -65,11 +65,13 @@ def static_check(state: ClusterState, quotas: Quotas, job: JobRequest, geo: Geom
     total = 0
     holders = 0
     models_ok: list[str] = []
-    for n in state.nodes:
-        spec = n.spec
+    rack = next((v for k, v in job.node_selector if k == "rack"), None)
+    for cls, spec in state.class_spec.items():  # a class is nodes alike but for the rack
         if class_allows(spec, c) is None:
             continue
-        if any(k == "rack" and spec.rack != v for k, v in job.node_selector):
+        count = state.class_racks[cls].get(rack, 0) if rack else sum(
+            state.class_racks[cls].values())
+        if not count:
             continue
         k = need if whole_job else 1
         size = (spec.nvlink_domain if req.nvlink else spec.gpus) - len(spec.unhealthy_gpus)
@@ -79,8 +81,8 @@ def static_check(state: ClusterState, quotas: Quotas, job: JobRequest, geo: Geom
             spec.memory_gib and req.mem * k > spec.memory_gib * 1024
         ):
             continue
-        holders += 1
-        total += MILLI * (spec.gpus - len(spec.unhealthy_gpus))
+        holders += count
+        total += count * MILLI * (spec.gpus - len(spec.unhealthy_gpus))
         if spec.model not in models_ok:
             models_ok.append(spec.model)
     result: tuple[str, str] | None = None

@@ -28,6 +28,7 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
     blocked_seen = False
     to_diagnose: list = []
     hypo = None
+    s.begin_pass(now)
     for job in queues.order(list(s.pending.values()), now, cfg, s.quotas):
         if job.held:
             d.pending[job.id] = PendingReason("held", "held: released by its owner or an operator")
@@ -56,7 +57,7 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
         if res.items:
             def node_ok(i: int, runtime=runtime) -> bool:
                 return res.allows(i, now, runtime)
-        allocs, refusal = s._try_place(job, geo, node_ok)
+        allocs, refusal = s._try_place(job, geo, node_ok, token=(len(res.items), runtime))
         if allocs:
             s._bind(job, geo, allocs, now, d)
             starts += 1
@@ -84,13 +85,19 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
                 hypo = s.new_hypo()
             victims = s.victims(job, geo, now)
             plan = None
-            if victims or hypo.terminating:
+            fail_key = (geo, job.accelerators, job.node_selector, job.tolerations,
+                        queues.rank(job, cfg), job.tenant)
+            if (victims or hypo.terminating) and fail_key not in s._preempt_fail:
                 from .placement import Constraints
 
                 models, _ranked = s._models_for(job)
                 c = Constraints(models, job.node_selector, job.tolerations, True)
                 plan = _plan(s, hypo, job, geo, c, victims)
+                if plan is None:
+                    s._preempt_fail.add(fail_key)
             if plan is not None:
+                if plan:
+                    s._victim_memo.clear()
                 for v in plan:
                     s.running[v.job_id].terminating = True
                     d.preemptions.append(Preemption(
@@ -153,7 +160,8 @@ def _shrink_for(s: TesseraScheduler, job, geo, now: float, d: Decisions) -> bool
         for jid, a in reversed(shrunk):
             s.state.take(jid, a.node, a.gpus, a.milli, a.cpu, a.mem, a.replica)
         return False
-    # keep only the shrinks that were needed? simple and safe: keep them all, grow later
+    # keep every shrink made (they are cheap to undo by growing later); the victims changed
+    s._victim_memo.clear()
     for jid in dict.fromkeys(j for j, _ in shrunk):
         run = s.running[jid]
         left = s.state.allocs.get(jid, [])

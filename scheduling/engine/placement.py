@@ -155,45 +155,79 @@ class Placer:
         per[gid] = result
         return result
 
-    def candidates(self, req: ReplicaReq, c: Constraints) -> list[tuple[tuple, list[int], int | None]]:
+    def allowed_classes(self, c: Constraints) -> list[tuple[int, int]]:
+        """(class, preference) of every class the job may use, from the class table (small)."""
+        out = []
+        for cls in self.state.by_class:
+            pref = self.class_pref(cls, c)
+            if pref is not None:
+                out.append((cls, pref))
+        return out
+
+    def candidates(self, req: ReplicaReq, c: Constraints, sort: bool = True
+                   ) -> list[tuple[tuple, list[int], int | None]]:
         """Every group that can take ``req``: (sort key, its node ranks, GPU value), best first."""
         out = []
-        gids = self.state.gid
-        for key, ranks in self.state.groups.items():
-            pref = self.class_pref(key[0], c)
-            if pref is None:
-                continue
-            sc = self._group_score(key, gids[key], req)
-            if sc is None:
-                continue
-            out.append(((-pref, sc[0], -ranks[0]), ranks, sc[1]))
-        out.sort(key=lambda t: t[0], reverse=True)
+        per = self._score.get(req)
+        if per is None:
+            per = self._score[req] = {}
+        for cls, pref in self.allowed_classes(c):
+            for g in self.state.by_class[cls].values():
+                sc = per.get(g.gid, MISS)
+                if sc is MISS:
+                    sc = self._group_score(g.key, g.gid, req)
+                if sc is None:
+                    continue
+                out.append(((-pref, sc[0], -g.ranks[0]), g.ranks, sc[1]))  # type: ignore[index]
+        if sort:
+            out.sort(key=lambda t: t[0], reverse=True)
         return out
 
     def best(self, req: ReplicaReq, c: Constraints,
              node_ok: Callable[[int], bool] | None = None) -> tuple[int, int | None] | None:
         """The best node index for ``req`` and the GPU value (fractions), or None."""
+        by_rank = self.state.by_rank
+        if node_ok is not None:
+            cands = self.candidates(req, c, sort=False)
+            for _ in range(4):  # usually the best group has an allowed node: no full sort
+                if not cands:
+                    return None
+                top = max(range(len(cands)), key=lambda k: cands[k][0])
+                _k, ranks, value = cands.pop(top)
+                for r in ranks:
+                    if node_ok(by_rank[r]):
+                        return by_rank[r], value
+            cands.sort(key=lambda t: t[0], reverse=True)
+            for _k, ranks, value in cands:
+                for r in ranks:
+                    if node_ok(by_rank[r]):
+                        return by_rank[r], value
+            return None
+        per = self._score.get(req)
+        if per is None:
+            per = self._score[req] = {}
         best_key: tuple | None = None
         best_pick: tuple[int, int | None] | None = None
-        gids = self.state.gid
-        by_rank = self.state.by_rank
-        if node_ok is None:
-            for key, ranks in self.state.groups.items():
-                pref = self.class_pref(key[0], c)
-                if pref is None:
-                    continue
-                sc = self._group_score(key, gids[key], req)
+        for cls, pref in self.allowed_classes(c):
+            top_score: float | None = None
+            top_rank = 0
+            top_value: int | None = None
+            for g in self.state.by_class[cls].values():
+                sc = per.get(g.gid, MISS)
+                if sc is MISS:
+                    sc = self._group_score(g.key, g.gid, req)
                 if sc is None:
                     continue
-                k = (-pref, sc[0], -ranks[0])
-                if best_key is None or k > best_key:
-                    best_key, best_pick = k, (by_rank[ranks[0]], sc[1])
-            return best_pick
-        for _k, ranks, value in self.candidates(req, c):
-            for r in ranks:
-                if node_ok(by_rank[r]):
-                    return by_rank[r], value
-        return None
+                s0 = sc[0]  # type: ignore[index]
+                r0 = g.ranks[0]
+                if top_score is None or s0 > top_score or (s0 == top_score and r0 < top_rank):
+                    top_score, top_rank, top_value = s0, r0, sc[1]  # type: ignore[index]
+            if top_score is None:
+                continue
+            k = (-pref, top_score, -top_rank)
+            if best_key is None or k > best_key:
+                best_key, best_pick = k, (by_rank[top_rank], top_value)
+        return best_pick
 
     def place(self, job_id: str, node: int, req: ReplicaReq, value: int | None,
               replica: int) -> Alloc:

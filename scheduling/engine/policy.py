@@ -83,6 +83,7 @@ class TesseraScheduler:
         self._static: dict[tuple, tuple[str, str] | None] = {}
         self.models = tuple(sorted({n.model for n in self.nodes if n.gpus and n.model}))
         self.last_reservations: list = []
+        self._fail_memo: dict[tuple, int] = {}
 
     # -- the driver's calls -----------------------------------------------------------------------
     @classmethod
@@ -172,9 +173,26 @@ class TesseraScheduler:
 
     # -- placing one job --------------------------------------------------------------------------
     def _try_place(self, job: JobRequest, geo: Geometry, node_ok, first_replica: int = 0,
-                   top: int | None = None, need: int | None = None
+                   top: int | None = None, need: int | None = None, token: tuple | None = None
                    ) -> tuple[list[Alloc] | None, tuple[str, str] | None]:
-        """(allocations, None) on success; (None, quota reason or None) otherwise."""
+        """(allocations, None) on success; (None, quota reason or None) otherwise.
+
+        A failure is memoised with the state's version and ``token`` (what ``node_ok`` depends
+        on): the same request on an unchanged state fails again without a search."""
+        memo_key = None
+        if token is not None or node_ok is None:
+            memo_key = (geo, job.accelerators, job.node_selector, job.tolerations, job.topology,
+                        job.tenant, job.preemptible, top, need, token)
+            if self._fail_memo.get(memo_key) == self.state.version:
+                return None, None
+        got, refusal = self._try_place_inner(job, geo, node_ok, first_replica, top, need)
+        if got is None and refusal is None and memo_key is not None:
+            self._fail_memo[memo_key] = self.state.version
+        return got, refusal
+
+    def _try_place_inner(self, job: JobRequest, geo: Geometry, node_ok, first_replica: int,
+                         top: int | None, need: int | None
+                         ) -> tuple[list[Alloc] | None, tuple[str, str] | None]:
         top = geo.replicas if top is None else top
         need = geo.need if need is None else need
         if geo.req.count == 0:
@@ -231,16 +249,30 @@ class TesseraScheduler:
         end = run.started_at + (est if est is not None else self.config.default_runtime_s)
         return max(end, now)
 
+    def begin_pass(self, now: float) -> None:
+        """Per-pass indexes: who may be preempted at all (min run time, preemptible)."""
+        self._victim_memo: dict[tuple, dict[int, list[Victim]]] = {}
+        self._preempt_fail: set[tuple] = set()
+        self._eligible = [
+            (queues.rank(run.job, self.config), jid, run) for jid, run in self.running.items()
+            if run.job.preemptible and not run.terminating and not run.cancelled
+            and now - run.started_at >= self.config.preempt_min_run_s
+        ]
+
     def victims(self, job: JobRequest, geo: Geometry, now: float) -> dict[int, list[Victim]]:
-        """Eligible victims per node, cheapest first (see :mod:`.preemption`)."""
+        """Eligible victims per node, cheapest first (see :mod:`.preemption`). Memoised per
+        (rank, tenant, size) until the next preemption of the pass."""
         mine = queues.rank(job, self.config)
+        memo_key = (mine, job.tenant, geo.charge * geo.need)
+        hit = self._victim_memo.get(memo_key)
+        if hit is not None:
+            return hit
         out: dict[int, list[Victim]] = {}
-        for jid, run in self.running.items():
+        for vrank, jid, run in self._eligible:
             v = run.job
-            if (not v.preemptible or run.terminating or run.cancelled
-                    or now - run.started_at < self.config.preempt_min_run_s):
+            if run.terminating:
                 continue
-            behind = queues.rank(v, self.config) > mine
+            behind = vrank > mine
             reclaim = False
             if not behind and self.quotas.enabled and v.tenant != job.tenant:
                 for model, _m in run.charged:
@@ -259,6 +291,7 @@ class TesseraScheduler:
                 out.setdefault(node, []).append(victim)
         for lst in out.values():
             lst.sort(key=lambda v: (v.lost, v.priority, v.job_id))
+        self._victim_memo[memo_key] = out
         return out
 
     def new_hypo(self) -> Hypo:

@@ -108,6 +108,18 @@ def fits_state(key: GroupKey, req: ReplicaReq, island: int, ngpus: int) -> bool:
     return False
 
 
+class Group:
+    """Nodes of one class in one free state: their seeded ranks, sorted."""
+
+    __slots__ = ("gid", "cls", "key", "ranks")
+
+    def __init__(self, gid: int, key: GroupKey):
+        self.gid = gid
+        self.cls = key[0]
+        self.key = key
+        self.ranks: list[int] = []
+
+
 class ClusterState:
     """Every node's free capacity, the groups, the running fragmentation sums and who holds what."""
 
@@ -133,8 +145,12 @@ class ClusterState:
         for n in self.nodes:
             self.by_rank[n.rank] = n.index
         self.class_spec = {n.cls: n.spec for n in self.nodes}
-        self.groups: dict[GroupKey, list[int]] = {}  # key -> sorted ranks of its nodes
-        self.gid: dict[GroupKey, int] = {}
+        self.class_racks: dict[int, dict[str, int]] = {}  # class -> rack -> nodes
+        for n in self.nodes:
+            racks = self.class_racks.setdefault(n.cls, {})
+            racks[n.spec.rack] = racks.get(n.spec.rack, 0) + 1
+        self.groups: dict[GroupKey, Group] = {}
+        self.by_class: dict[int, dict[GroupKey, Group]] = {}  # class -> its groups
         self._next_gid = 0
         self.version = 0  # bumped on every change; memoised failures are keyed by it
         self.total_f = 0.0
@@ -146,23 +162,23 @@ class ClusterState:
     # -- groups and fragmentation ---------------------------------------------------------------
     def _join(self, n: NodeState) -> None:
         key = n.key()
-        ranks = self.groups.get(key)
-        if ranks is None:
-            ranks = self.groups[key] = []
-            self.gid[key] = self._next_gid
+        group = self.groups.get(key)
+        if group is None:
+            group = self.groups[key] = Group(self._next_gid, key)
+            self.by_class.setdefault(n.cls, {})[key] = group
             self._next_gid += 1
-        bisect.insort(ranks, n.rank)
+        bisect.insort(group.ranks, n.rank)
         if n.spec.schedulable:
             self.total_f += self.frag.node(*n.frag_key())
             self.total_free += sum(n.free)
 
     def _leave(self, n: NodeState) -> None:
         key = n.key()
-        ranks = self.groups[key]
+        ranks = self.groups[key].ranks
         del ranks[bisect.bisect_left(ranks, n.rank)]
         if not ranks:
             del self.groups[key]
-            del self.gid[key]
+            del self.by_class[n.cls][key]
         if n.spec.schedulable:
             self.total_f -= self.frag.node(*n.frag_key())
             self.total_free -= sum(n.free)
