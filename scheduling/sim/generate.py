@@ -27,7 +27,8 @@ the log, capped; ``work`` is ``duration_s`` on the GPUs asked for):
 | training, gang | 6% | 8 (2×4), 16, 32, 64 (8 a replica) | 3 h, 1.1, 7 d | `rack` 40%, elastic 30% |
 
 Gangs: elastic ones range from half their GPUs to all of them; 10% ask `net:ib` (H100 only).
-Models: batch any (60%), T4 (20%), A100|T4 (20%); inference T4|A100 (50%), any (30%), A100 (20%);
+Models: batch any (60%), T4 (20%), A100|T4 (20%) (CPU-only ones: any);
+inference T4|A100 (50%), any (30%), A100 (20%);
 fine-tunes H100|A100 (60%), A100 (20%), H100 (20%; every 8-GPU `nvlink` one); training H100|A100
 (50%) or H100 (50%). CPUs 4–8 and memory 32 GiB per GPU (2 CPUs, 8 GiB for a fraction).
 
@@ -141,6 +142,8 @@ def draw_job(rng: random.Random, max_gang: int) -> Job:
         gpus = float(_pick(rng, [(1, 0.77), (2, 0.10), (0.5, 0.10), (0, 0.03)]))  # type: ignore[arg-type]
         job = Job("batch", gpus, _lognormal(rng, 720, 1.4, 12 * 3600))
         job.model = str(_pick(rng, [("", 0.6), ("T4", 0.2), ("A100|T4", 0.2)]))
+        if gpus == 0:
+            job.model = ""  # a CPU-only job names no GPU model
         if rng.random() < 0.2:
             job.checkpoint = 600.0
         return job

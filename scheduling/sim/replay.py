@@ -37,6 +37,7 @@ from scheduling.sim.traces import TraceJob
 # Internal event kinds, in the order they are handled at one time (releases first).
 _FINISH, _LIMIT, _GRACE, _CKPT, _ARRIVE, _TICK = range(6)
 _EPS = 1e-9
+PENDING_SAMPLE_EVERY = 10  # tally pending reasons on every 10th decision (cheap, representative)
 
 Progress = Callable[[float, float], None]
 
@@ -56,6 +57,8 @@ class ReplayResult:
     decide_s: float = 0.0  # wall time spent inside the policy
     wall_s: float = 0.0  # wall time of the whole replay
     unfinished: list[str] = field(default_factory=list)  # jobs that never ended
+    #: pending reason code -> mean number of jobs pending with it, over sampled decisions
+    pending_codes: dict[str, float] = field(default_factory=dict)
 
 
 class _Job:
@@ -133,6 +136,8 @@ class Replay:
         self.ended = 0
         self.tick_at: float | None = None
         self.result = ReplayResult(self.events)
+        self._pending_counts: Counter[str] = Counter()
+        self._pending_samples = 0
 
     # -- the event queue ----------------------------------------------------------------------
 
@@ -182,6 +187,10 @@ class Replay:
             if self.progress is not None:
                 self.progress(self.ended, total)
         self.result.unfinished = [j.id for j in self.jobs.values() if j.state != "done"]
+        samples = max(1, self._pending_samples)
+        self.result.pending_codes = {
+            code: n / samples for code, n in sorted(self._pending_counts.items(), key=lambda kv: -kv[1])
+        }
         self.result.wall_s = time.perf_counter() - began
         return self.result
 
@@ -277,6 +286,10 @@ class Replay:
         decisions: Decisions = self.sched.decide(now)
         self.result.decide_s += time.perf_counter() - began
         self.result.decide_calls += 1
+        if self.result.decide_calls % PENDING_SAMPLE_EVERY == 1 and decisions.pending:
+            self._pending_samples += 1
+            for reason in decisions.pending.values():
+                self._pending_counts[reason.code] += 1
         return self._apply(now, decisions)
 
     def _set_rate(self, job: _Job, placements: tuple[Placement, ...]) -> None:

@@ -70,6 +70,7 @@ def run_replay(
         "policy_s": result.decide_s,
         "driver_s": result.wall_s - result.decide_s,
         "decide_calls": result.decide_calls,
+        "pending_reasons": result.pending_codes,
         "metrics_s": time.perf_counter() - began,
     }
     _dump(out / "summary.json", summary)
