@@ -17,6 +17,7 @@ in the same state share one entry and a change of one node costs one dictionary 
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -120,12 +121,29 @@ class FragmentationModel:
         key = (model, cpu_free, gpu_free)
         value = self._cache.get(key)
         if value is None:
-            value = 0.0
-            for req in self.typical:
-                value += req.p * unusable(req, model, cpu_free, gpu_free)
+            value = self._compute(model, cpu_free, gpu_free)
             if len(self._cache) > 500_000:  # bound memory on very long runs
                 self._cache.clear()
             self._cache[key] = value
+        return value
+
+    def _compute(self, model: str, cpu_free: int, gpus: tuple[int, ...]) -> float:
+        """Same as summing :func:`unusable` over the typical requests, with prefix sums."""
+        prefix = [0]
+        for v in gpus:
+            prefix.append(prefix[-1] + v)
+        total = prefix[-1]
+        full = len(gpus) - bisect_left(gpus, MILLI)
+        partial = total - MILLI * full
+        value = 0.0
+        for req in self.typical:
+            if req.count == 0 or req.cpu > cpu_free or (req.models and model not in req.models):
+                value += req.p * total
+            elif req.milli < MILLI:
+                i = bisect_left(gpus, req.milli)
+                value += req.p * (prefix[i] if i < len(gpus) else total)
+            else:
+                value += req.p * (partial if full >= req.count else total)
         return value
 
 

@@ -27,6 +27,7 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
     starts = 0
     blocked_seen = False
     to_diagnose: list = []
+    quota_blocked: list = []
     hypo = None
     s.begin_pass(now)
     for job in queues.order(list(s.pending.values()), now, cfg, s.quotas):
@@ -63,7 +64,7 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
             starts += 1
             continue
         if refusal is not None:
-            d.pending[job.id] = PendingReason(*refusal)
+            quota_blocked.append((job, geo))  # worded at the end, on the final usage
             continue
         if node_ok is not None:  # does it fit without the reservations? then they hold it back
             probe, _ = s._try_place(job, geo, None)
@@ -122,12 +123,19 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
         to_diagnose.append((job, geo))
     _grow(s, now, d, res)
     s.last_reservations = list(res.items)
+    for job, geo in quota_blocked:
+        refusal = s.quota_refusal(job, geo)
+        if refusal is not None:
+            d.pending[job.id] = PendingReason(*refusal)
+        else:
+            to_diagnose.append((job, geo))
     cache: dict = {}
+    summaries: dict = {}
     for job, geo in to_diagnose:
         key = (geo, job.accelerators, job.node_selector, job.tolerations, job.topology)
         reason = cache.get(key)
         if reason is None:
-            reason = cache[key] = diagnose_job(s, job, geo)
+            reason = cache[key] = diagnose_job(s, job, geo, summaries)
         d.pending[job.id] = reason
     del placements_of
     return d

@@ -227,6 +227,19 @@ class TesseraScheduler:
                 return got, None
         return None, None
 
+    def quota_refusal(self, job: JobRequest, geo: Geometry) -> tuple[str, str] | None:
+        """The quota reason that stops ``job`` on the current usage (None: quotas admit it)."""
+        if geo.req.count == 0:
+            return None
+        models, _ranked = self._models_for(job)
+        first = None
+        for m in models:
+            why = self.quotas.check(job.tenant, m, geo.charge * geo.need, job.preemptible)
+            if why is None:
+                return None
+            first = first or why
+        return first
+
     def _bind(self, job: JobRequest, geo: Geometry, allocs: list[Alloc], now: float,
               d: Decisions) -> None:
         run = Running(job, geo, now)
@@ -309,9 +322,10 @@ class TesseraScheduler:
         return reserve(self.placer, job, geo.req, geo.need, c, holders, res.taken(), now)
 
 
-def diagnose_job(s: TesseraScheduler, job: JobRequest, geo: Geometry) -> PendingReason:
+def diagnose_job(s: TesseraScheduler, job: JobRequest, geo: Geometry,
+                 summaries: dict | None = None) -> PendingReason:
     c = constraints(job)
-    reason = diagnose(s.placer, job, geo.req, geo.replicas, geo.need, c)
+    reason = diagnose(s.placer, job, geo.req, geo.replicas, geo.need, c, summaries)
     if reason.code == "gang" and job.topology in ("node", "nvlink", "rack") and geo.need > 1:
         return PendingReason("topology", f"topology: {geo.need} replicas of "
                                          f"{geo.req.demand / MILLI:g} GPUs do not fit in one "

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from .placement import Constraints, Placer
 from .quota import fmt_gpus
-from .state import ReplicaReq, fits_state
+from .state import ClusterState, ReplicaReq, fits_state
 from .types import MILLI, JobRequest, PendingReason
 
 
@@ -25,43 +25,87 @@ def _models(c: Constraints) -> str:
     return "|".join(c.models) if c.models else "GPUs"
 
 
+class ClassSummary:
+    """Free capacity of the nodes of one class (optionally in one rack), from one scan."""
+
+    __slots__ = ("nodes", "gpus", "whole_free", "free_milli", "max_whole", "max_block",
+                 "max_island", "max_gpu", "model")
+
+    def __init__(self, model: str):
+        self.model = model
+        self.nodes = self.gpus = self.whole_free = self.free_milli = 0
+        self.max_whole: tuple[int, str] = (0, "")
+        self.max_block: tuple[int, str] = (0, "")
+        self.max_island = 0
+        self.max_gpu = 0
+
+
+def summarize(state: ClusterState, rack: str | None = None) -> dict[int, ClassSummary]:
+    out: dict[int, ClassSummary] = {}
+    for n in state.nodes:
+        spec = n.spec
+        if not spec.schedulable or (rack is not None and spec.rack != rack):
+            continue
+        cs = out.get(n.cls)
+        if cs is None:
+            cs = out[n.cls] = ClassSummary(spec.model)
+        cs.nodes += 1
+        cs.gpus += spec.gpus - len(spec.unhealthy_gpus)
+        whole = n.whole_free()
+        cs.whole_free += whole
+        cs.free_milli += sum(n.free)
+        if whole > cs.max_whole[0]:
+            cs.max_whole = (whole, spec.name)
+        blk = n.largest_block()
+        if blk > cs.max_block[0]:
+            cs.max_block = (blk, spec.name)
+        for isl in n.islands:
+            cs.max_island = max(cs.max_island, isl.free_count())
+        cs.max_gpu = max(cs.max_gpu, max(n.free, default=0))
+    return out
+
+
 def diagnose(placer: Placer, job: JobRequest, req: ReplicaReq, replicas: int, need: int,
-             c: Constraints) -> PendingReason:
+             c: Constraints, summaries: dict[str | None, dict[int, ClassSummary]] | None = None,
+             ) -> PendingReason:
     """Why ``job`` (which did not fit) cannot start on the current state."""
     state = placer.state
     rack = next((v for k, v in c.selector if k == "rack"), None)
+    if summaries is None:
+        summaries = {}
+    summary = summaries.get(rack)
+    if summary is None:
+        summary = summaries[rack] = summarize(state, rack)
     total_need = req.demand * need
-    mine_total = mine_free = other_free = 0
-    fit_nodes = 0
+    mine_total = mine_free = other_free = selector_excluded = 0
+    gpu_ok = False
     best_block: tuple[int, str] = (0, "")
     best_node: tuple[int, str] = (0, "")
-    gpu_ok_nodes = 0
-    selector_excluded = 0
-    for n in state.nodes:
-        spec = n.spec
-        if not spec.schedulable:
+    for cls, cs in summary.items():
+        if placer.class_pref(cls, c) is None:
+            if c.models and cs.model in c.models:
+                selector_excluded += cs.free_milli
+            other_free += cs.free_milli
             continue
-        allowed = placer.class_pref(n.cls, c) is not None and (rack is None or spec.rack == rack)
-        if not allowed:
-            if c.models and spec.model in c.models:
-                selector_excluded += sum(n.free)
-            other_free += sum(n.free)
-            continue
-        mine_total += MILLI * (spec.gpus - len(spec.unhealthy_gpus))
-        mine_free += sum(n.free) if req.milli < MILLI else MILLI * n.whole_free()
-        d = max(1, min(spec.nvlink_domain, spec.gpus)) if spec.gpus else 1
-        if fits_state(n.key(), req, d, spec.gpus):
-            fit_nodes += 1
-        gpu_only = ReplicaReq(req.milli, req.count, 0, 0, req.nvlink)
-        if fits_state(n.key(), gpu_only, d, spec.gpus):
-            gpu_ok_nodes += 1
-        blk = n.largest_block()
-        if blk > best_block[0]:
-            best_block = (blk, spec.name)
-        whole = n.whole_free()
-        if whole > best_node[0]:
-            best_node = (whole, spec.name)
+        mine_total += MILLI * cs.gpus
+        mine_free += cs.free_milli if req.milli < MILLI else MILLI * cs.whole_free
+        if req.milli < MILLI:
+            gpu_ok = gpu_ok or cs.max_gpu >= req.milli
+        elif req.nvlink:
+            gpu_ok = gpu_ok or cs.max_island >= req.count
+        else:
+            gpu_ok = gpu_ok or cs.max_whole[0] >= req.count
+        best_block = max(best_block, cs.max_block, key=lambda t: t[0])
+        best_node = max(best_node, cs.max_whole, key=lambda t: t[0])
     what = _models(c)
+    fit_nodes = 0
+    if need > 1:  # gangs: how many single replicas would fit now
+        for n in state.nodes:
+            if placer.class_pref(n.cls, c) is None or (rack is not None and n.spec.rack != rack):
+                continue
+            d = max(1, min(n.spec.nvlink_domain, n.spec.gpus)) if n.spec.gpus else 1
+            if fits_state(n.key(), req, d, n.spec.gpus):
+                fit_nodes += 1
     if fit_nodes:
         if fit_nodes < need:
             return PendingReason(
@@ -94,11 +138,11 @@ def diagnose(placer: Placer, job: JobRequest, req: ReplicaReq, replicas: int, ne
         return PendingReason(
             "capacity", f"capacity: needs {fmt_gpus(total_need)} {what}, {fmt_gpus(mine_free)} free"
         )
-    if gpu_ok_nodes:
+    if gpu_ok:
         return PendingReason(
             "capacity",
-            f"capacity: {gpu_ok_nodes} node(s) have the GPUs but not "
-            f"{req.cpu / 1000:g} CPUs / {req.mem / 1024:g} GiB free",
+            f"capacity: the nodes with the GPUs free lack {req.cpu / 1000:g} CPUs / "
+            f"{req.mem / 1024:g} GiB free",
         )
     if req.nvlink:
         return PendingReason(
@@ -112,8 +156,6 @@ def diagnose(placer: Placer, job: JobRequest, req: ReplicaReq, replicas: int, ne
             f"fragmentation: {fmt_gpus(mine_free)} {what} free, no GPU with "
             f"{fmt_gpus(req.milli)} free",
         )
-    if replicas > 1 and c.models is not None and req.count > 0 and best_node[0] >= req.count:
-        return PendingReason("topology", f"topology: no rack or node holds all {need} replicas")
     return PendingReason(
         "fragmentation",
         f"fragmentation: {fmt_gpus(mine_free)} {what} free, in blocks of at most "
