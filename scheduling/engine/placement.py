@@ -124,6 +124,7 @@ class Placer:
         self.alpha = alpha
         self._cls_ok: dict[tuple[int, Constraints], int | None] = {}
         self._score: dict[ReplicaReq, dict[int, tuple[float, int | None] | None]] = {}
+        self._allowed: dict[Constraints, list[tuple[int, int]]] = {}
 
     def class_pref(self, cls: int, c: Constraints) -> int | None:
         """None if no node of class ``cls`` may ever take the job, else its model's preference."""
@@ -157,12 +158,13 @@ class Placer:
 
     def allowed_classes(self, c: Constraints) -> list[tuple[int, int]]:
         """(class, preference) of every class the job may use, from the class table (small)."""
-        out = []
-        for cls in self.state.by_class:
-            pref = self.class_pref(cls, c)
-            if pref is not None:
-                out.append((cls, pref))
-        return out
+        hit = self._allowed.get(c)
+        if hit is None:
+            hit = self._allowed[c] = [
+                (cls, pref) for cls in sorted(self.state.class_spec)
+                if (pref := self.class_pref(cls, c)) is not None
+            ]
+        return hit
 
     def candidates(self, req: ReplicaReq, c: Constraints, sort: bool = True
                    ) -> list[tuple[tuple, list[int], int | None]]:
@@ -171,7 +173,10 @@ class Placer:
         per = self._score.get(req)
         if per is None:
             per = self._score[req] = {}
+        may_fit = self.state.class_may_fit
         for cls, pref in self.allowed_classes(c):
+            if not may_fit(cls, req):
+                continue
             for g in self.state.by_class[cls].values():
                 sc = per.get(g.gid, MISS)
                 if sc is MISS:
@@ -188,6 +193,9 @@ class Placer:
         """The best node index for ``req`` and the GPU value (fractions), or None."""
         by_rank = self.state.by_rank
         if node_ok is not None:
+            quick = self.best(req, c)
+            if quick is None or node_ok(quick[0]):
+                return quick
             cands = self.candidates(req, c, sort=False)
             for _ in range(4):  # usually the best group has an allowed node: no full sort
                 if not cands:
@@ -208,7 +216,10 @@ class Placer:
             per = self._score[req] = {}
         best_key: tuple | None = None
         best_pick: tuple[int, int | None] | None = None
+        may_fit = self.state.class_may_fit
         for cls, pref in self.allowed_classes(c):
+            if not may_fit(cls, req):
+                continue
             top_score: float | None = None
             top_rank = 0
             top_value: int | None = None

@@ -151,6 +151,10 @@ class ClusterState:
             racks[n.spec.rack] = racks.get(n.spec.rack, 0) + 1
         self.groups: dict[GroupKey, Group] = {}
         self.by_class: dict[int, dict[GroupKey, Group]] = {}  # class -> its groups
+        # Per class: nodes by number of whole free GPUs, and by their largest free share; a
+        # request that no node of a class could take skips the class without a scan.
+        self.whole_hist: dict[int, list[int]] = {}
+        self.share_hist: dict[int, dict[int, int]] = {}
         self._next_gid = 0
         self.version = 0  # bumped on every change; memoised failures are keyed by it
         self.total_f = 0.0
@@ -168,6 +172,14 @@ class ClusterState:
             self.by_class.setdefault(n.cls, {})[key] = group
             self._next_gid += 1
         bisect.insort(group.ranks, n.rank)
+        hist = self.whole_hist.get(n.cls)
+        if hist is None:
+            hist = self.whole_hist[n.cls] = [0] * (n.spec.gpus + 1)
+            self.share_hist[n.cls] = {}
+        hist[n.whole_free()] += 1
+        top = max(n.free, default=0)
+        shares = self.share_hist[n.cls]
+        shares[top] = shares.get(top, 0) + 1
         if n.spec.schedulable:
             self.total_f += self.frag.node(*n.frag_key())
             self.total_free += sum(n.free)
@@ -179,9 +191,24 @@ class ClusterState:
         if not ranks:
             del self.groups[key]
             del self.by_class[n.cls][key]
+        self.whole_hist[n.cls][n.whole_free()] -= 1
+        shares = self.share_hist[n.cls]
+        top = max(n.free, default=0)
+        shares[top] -= 1
+        if not shares[top]:
+            del shares[top]
         if n.spec.schedulable:
             self.total_f -= self.frag.node(*n.frag_key())
             self.total_free -= sum(n.free)
+
+    def class_may_fit(self, cls: int, req: ReplicaReq) -> bool:
+        """A necessary condition (GPUs only) for some node of ``cls`` to take ``req``."""
+        if req.count == 0:
+            return True
+        if req.milli < MILLI:
+            return any(v >= req.milli for v in self.share_hist[cls])
+        hist = self.whole_hist[cls]
+        return any(hist[req.count:])
 
     def set_frag(self, frag: FragmentationModel) -> None:
         """Switch to another request mix: recompute the sums once (not per decision)."""

@@ -76,8 +76,9 @@ def place_gang(
         return None
     if topology == "rack" and replicas > 1:
         racks: dict[str, int] = {}
+        allowed = {cls for cls, _ in placer.allowed_classes(c)}
         for n in state.nodes:
-            if placer.class_pref(n.cls, c) is not None and (node_ok is None or node_ok(n.index)):
+            if n.cls in allowed and (node_ok is None or node_ok(n.index)):
                 racks[n.spec.rack] = racks.get(n.spec.rack, 0) + sum(n.free)
         need_milli = req.demand * need
         for r_name in sorted((r for r, f in racks.items() if f >= need_milli),
