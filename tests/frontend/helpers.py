@@ -38,8 +38,8 @@ def session_cookie(user: Any) -> str:
 def seed_browser_world() -> dict[str, Any]:
     """Users, quotas and a small cluster for a web server subprocess (run inside its settings).
 
-    Returns each user's password and API token. Racks r1 (two 8×H100 nodes, one NVLink island
-    each) and r2 (8×A100 in islands of 4, and 4×T4).
+    Returns each user's password and API token, and a join token for a real agent. Racks r1 (two
+    8×H100 nodes, one NVLink island each) and r2 (8×A100 in islands of 4, and 4×T4).
     """
     from django.contrib.auth.models import User
     from rest_framework.authtoken.models import Token
@@ -60,6 +60,9 @@ def seed_browser_world() -> dict[str, Any]:
     make_node("h100-b", "r1", 8, "H100", nvlink=8)
     make_node("a100-a", "r2", 8, "A100", nvlink=4)
     make_node("t4-a", "r2", 4, "T4")
+    from scheduling.services.agents import do_create_join_token
+
+    out["join_token"] = do_create_join_token("browser-test")[1]
     return out
 
 

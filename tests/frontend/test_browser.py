@@ -2,9 +2,10 @@
 real ASGI server (daphne, in a subprocess) with websockets and the embedded pass loop.
 
 alice signs in and sees the cluster; bob's jobs show to her only as "in use". When she submits a
-job, the pass binds it and her GPU cells change on the open page — pushed over the websocket, with
-no reload. The page's model after those deltas equals a fresh snapshot. bob, on his own page, sees
-her GPUs only as "in use". A screenshot goes to ``test-artifacts/dashboard.png``.
+job, the pass binds it to the GPUs of a real agent's node and the agent starts it: her GPU cells
+and her running list change on the open page — pushed over the websocket, with no reload. The
+page's model after those deltas equals a fresh snapshot. bob, on his own page, sees her GPUs only
+as "in use". A screenshot goes to ``test-artifacts/dashboard.png``.
 
 The server runs on its own SQLite file (the embedded default), so it shares nothing with pytest's
 test database and needs no other service.
@@ -19,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -76,9 +78,13 @@ def server(tmp_path: Path) -> Iterator[dict[str, Any]]:
         assert done.returncode == 0, done.stderr[-3000:]
         return done.stdout
 
-    run(python, "manage.py", "migrate", "--noinput", "-v", "0")
-    seed = "import django, json; django.setup(); from tests.frontend.helpers import seed_browser_world; "
-    users = json.loads(run(python, "-c", seed + "print(json.dumps(seed_browser_world()))").splitlines()[-1])
+    # One interpreter for both steps: start-up is a good part of the cost on a busy machine.
+    seed = (
+        "import django, json; django.setup(); from django.core.management import call_command; "
+        "call_command('migrate', interactive=False, verbosity=0); "
+        "from tests.frontend.helpers import seed_browser_world; print(json.dumps(seed_browser_world()))"
+    )
+    users = json.loads(run(python, "-c", seed).splitlines()[-1])
     port = free_port()
     log = open(tmp_path / "daphne.log", "wb")  # noqa: SIM115 - closed after the process ends
     proc = subprocess.Popen(
@@ -100,7 +106,7 @@ def server(tmp_path: Path) -> Iterator[dict[str, Any]]:
             assert proc.poll() is None, (tmp_path / "daphne.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "daphne did not answer within 30 s"
             time.sleep(0.1)
-        yield {"url": url, "users": users, "log": tmp_path / "daphne.log"}
+        yield {"url": url, "users": users, "log": tmp_path / "daphne.log", "env": env}
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -109,6 +115,65 @@ def server(tmp_path: Path) -> Iterator[dict[str, Any]]:
             proc.kill()
             proc.wait()
         log.close()
+
+
+@pytest.fixture
+def agent(server: dict[str, Any], tmp_path: Path) -> Iterator[str]:
+    """A real node agent (4 simulated L40S in rack r3) registered with the server; its name."""
+    name = "gpu-live"
+    token_file = tmp_path / "join-token"
+    token_file.write_text(server["users"]["join_token"])
+    # Jobs run as an unprivileged user when the agent is root: it must reach the state directory.
+    state_dir = Path(tempfile.mkdtemp(prefix="tessera-agent-"))
+    state_dir.chmod(0o711)
+    log = open(tmp_path / "agent.log", "wb")  # noqa: SIM115 - closed after the process ends
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "agent",
+            "--server",
+            server["url"],
+            "--join-token-file",
+            str(token_file),
+            "--simulate",
+            "4xL40S,nvlink=2,rack=r3",
+            "--name",
+            name,
+            "--metrics-port",
+            "0",
+            "--metrics-addr",
+            "127.0.0.1",
+            "--state-dir",
+            str(state_dir / "state"),
+            "--poll-interval",
+            "0.2",
+            "--shutdown-grace",
+            "1",
+        ],
+        cwd=ROOT,
+        env=server["env"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        admin = {"Authorization": f"Token {server['users']['admin']['token']}"}
+        node_url = f"{server['url']}/api/v1/nodes/{name}/"
+        deadline = time.monotonic() + 30
+        while requests.get(node_url, headers=admin, timeout=5).status_code != 200:
+            assert proc.poll() is None, (tmp_path / "agent.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the agent did not register within 30 s"
+            time.sleep(0.2)
+        yield name
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        shutil.rmtree(state_dir, ignore_errors=True)
 
 
 def submit(server: dict[str, Any], who: str, **body: Any) -> int:
@@ -146,14 +211,14 @@ def wait_quiet(page: Any, quiet_ms: int = 1500, timeout_s: float = 15) -> None:
     pytest.fail("the dashboard kept receiving deltas")
 
 
-def test_alice_sees_her_job_take_its_gpus_live_without_a_reload(server: dict[str, Any]) -> None:
+def test_alice_sees_her_job_take_its_gpus_live_without_a_reload(server: dict[str, Any], agent: str) -> None:
     if not Path(CHROMIUM).exists() or shutil.which("chromium") is None:
         need("Chromium (apt-get install chromium)")
     from playwright.sync_api import sync_playwright
 
     # bob is already using the cluster; one job of his cannot fit anywhere.
-    bob_job = submit(server, "bob", name="bob-pretraining", gpus=8)
-    submit(server, "bob", name="bob-notebook", gpus=0.5, kind="inference")
+    bob_job = submit(server, "bob", name="bob-pretraining", gpus=8, accelerators=["H100"])
+    submit(server, "bob", name="bob-notebook", gpus=0.5, kind="inference", accelerators=["T4"])
     submit(server, "bob", name="bob-too-big", gpus=64)
 
     with sync_playwright() as p:
@@ -168,17 +233,18 @@ def test_alice_sees_her_job_take_its_gpus_live_without_a_reload(server: dict[str
             loaded_at = alice.evaluate("window.TESSERA.loadedAt")
             snapshots = alice.evaluate("window.TESSERA.snapshots")
 
-            job_id = submit(server, "alice", name="alice-resnet", gpus=4, accelerators=["A100"])
+            # The job runs for real on the agent's node: bound by the pass, started by the agent.
+            job_id = submit(server, "alice", name="alice-resnet", gpus=4, accelerators=["L40S"])
             mine = f".cell.mine[data-jobs~='{job_id}']"
             alice.wait_for_function(f'document.querySelectorAll("{mine}").length === 4', timeout=15_000)
             cells = alice.eval_on_selector_all(
                 mine, "cells => cells.map(c => [c.dataset.node, c.dataset.state, c.title])"
             )
-            assert {node for node, _, _ in cells} == {"a100-a"}
-            assert all(
-                state == "allocated" and f"job {job_id} alice-resnet" in title for _, state, title in cells
-            )
-            alice.wait_for_selector(f"#running li[data-job-id='{job_id}']", timeout=5_000)
+            assert {node for node, _, _ in cells} == {agent}
+            for _, state, title in cells:
+                assert state == "allocated" and f"job {job_id} alice-resnet" in title
+            running = f"#running li[data-job-id='{job_id}'][data-state='running']"
+            alice.wait_for_selector(running, timeout=15_000)
 
             # Pushed, not reloaded: the page's own state survived, and no second snapshot was needed.
             assert alice.evaluate("window.__noReloadMarker") == "still here"
@@ -199,7 +265,7 @@ def test_alice_sees_her_job_take_its_gpus_live_without_a_reload(server: dict[str
             bob = sign_in(browser, server, "bob")
             bob.wait_for_function("document.querySelectorAll('.cell.in-use').length >= 4", timeout=10_000)
             titles = bob.eval_on_selector_all(
-                ".cell[data-node='a100-a']", "cells => cells.map(c => c.className + ' ' + c.title)"
+                f".cell[data-node='{agent}']", "cells => cells.map(c => c.className + ' ' + c.title)"
             )
             assert sum("in-use" in t for t in titles) == 4
             assert "alice-resnet" not in bob.content() and f"job {job_id}" not in bob.content()
