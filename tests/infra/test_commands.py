@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -11,8 +12,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def make_dry_run(target: str) -> str:
     # A stamp newer than pyproject.toml would hide the install step; -B shows every step.
-    result = subprocess.run(["make", "-n", "-B", target], cwd=ROOT, capture_output=True, text=True,
-                            timeout=30, stdin=subprocess.DEVNULL)
+    # Under `make test` the parent make's variables would make this one print "Entering directory".
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    result = subprocess.run(["make", "--no-print-directory", "-n", "-B", target], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
     assert result.returncode == 0, result.stderr
     return result.stdout
 
