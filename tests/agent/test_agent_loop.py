@@ -1,0 +1,119 @@
+"""The agent's loop: idempotent starts, stale attempts, stop orders, lease fencing, shutdown.
+
+Real processes; the control plane is the recording fake of tests/agent/fakes.py.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+import time
+
+import pytest
+
+from agent.client import ServerError
+from agent.inventory import simulated_inventory
+from agent.node import Agent
+from agent.process import job_path, resolve_run_as
+from agent.spec import parse_spec
+
+fakes = importlib.import_module("tests.agent.fakes")
+
+
+@pytest.fixture
+def agent():
+    with fakes.job_user_state_dir() as state_dir:
+        run_as = resolve_run_as("nobody")
+        server = fakes.FakeServer()
+        node = Agent(server, simulated_inventory("loop", parse_spec("4xT4")), state_dir, run_as,
+                     job_path(state_dir, run_as), poll_interval=0.05)
+        yield node, server
+        node.shutdown(0.5)
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_binding_is_started_once_even_when_delivered_again(agent):
+    node, server = agent
+    sleeper = fakes.binding(job_id=1, command=["sleep", "30"])
+    node.apply({"start": [sleeper]})
+    node.apply({"start": [dict(sleeper)]})
+    assert [r["job_id"] for r in node.running_reports()] == [1]
+    assert len([c for c in server.calls if c[0] == "started"]) <= 1
+    assert fakes.wait_for(lambda: [c for c in server.calls if c[0] == "started"], 5)
+
+
+def test_a_binding_of_an_older_attempt_than_one_run_here_is_ignored(agent):
+    node, server = agent
+    node.apply({"start": [fakes.binding(job_id=2, attempt=1, command=["true"])]})
+    server.exit_of(2)
+    node.apply({"start": [fakes.binding(job_id=2, attempt=0, command=["true"])]})
+    assert [r for r in node.running_reports() if r["job_id"] == 2 and r["attempt"] == 0] == []
+
+
+def test_a_stop_order_reaches_only_its_process(agent):
+    node, server = agent
+    node.apply({"start": [fakes.binding(job_id=3, command=["sleep", "30"]),
+                          fakes.binding(job_id=4, command=["sleep", "30"], gpus=[2, 3])]})
+    node.apply({"stop": [{"job_id": 3, "attempt": 0, "replica": 0, "reason": "cancelled",
+                          "grace_left_seconds": 1}]})
+    assert server.exit_of(3, timeout=10)["reason"] == "stopped"
+    assert node.jobs[(4, 0, 0)].proc.poll() is None and node.jobs[(4, 0, 0)].stop_reason is None
+    node._reap()  # the loop's housekeeping: a reported exit leaves the heartbeat's list
+    assert [r["job_id"] for r in node.running_reports()] == [4]
+
+
+def test_the_heartbeat_reports_running_processes_and_applies_the_answer(agent):
+    node, server = agent
+    server.orders.append(fakes.binding(job_id=5, command=["sleep", "30"]))
+    stop = threading.Event()
+    loop = threading.Thread(target=node.run, args=(stop,), daemon=True)
+    loop.start()
+    try:
+        assert fakes.wait_for(lambda: any(
+            c[0] == "heartbeat" and any(r["job_id"] == 5 and r["pid"] > 0 for r in c[1]["running"])
+            for c in list(server.calls)), 10)
+    finally:
+        stop.set()
+        loop.join(5)
+
+
+def test_jobs_are_killed_when_the_lease_cannot_be_renewed(agent):
+    node, server = agent
+    node.apply({"start": [fakes.binding(job_id=6, command=["sleep", "30"], grace_seconds=30)]})
+    pid = fakes.wait_for(lambda: node.jobs[(6, 0, 0)].pid, 5)
+
+    def unreachable(running):
+        raise ServerError("connection refused")
+
+    server.heartbeat = unreachable
+    node.lease_seconds = 0.5
+    node.last_ok = time.monotonic()
+    stop = threading.Event()
+    loop = threading.Thread(target=node.run, args=(stop,), daemon=True)
+    loop.start()
+    try:
+        assert fakes.wait_for(lambda: not alive(pid), 5), "the job outlived the lease"
+        assert server.exit_of(6, timeout=5)["reason"] == "lost"
+    finally:
+        stop.set()
+        loop.join(5)
+
+
+def test_shutdown_stops_jobs_without_reporting_their_exits(agent):
+    node, server = agent
+    node.apply({"start": [fakes.binding(job_id=7, command=["sleep", "30"])]})
+    pid = fakes.wait_for(lambda: node.jobs[(7, 0, 0)].pid, 5)
+    began = time.monotonic()
+    node.shutdown(2.0)
+    assert not alive(pid) and time.monotonic() - began < 4
+    time.sleep(0.3)
+    assert server.exits == []
+    assert os.path.isdir(node.state_dir)
