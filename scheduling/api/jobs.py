@@ -2,6 +2,14 @@
 
 Every read goes through ``Job.objects.visible_to(user)``, so another tenant's job is simply not
 found (404). Writes go through the services (``do_submit_job``, ``do_cancel_job``).
+
+Who submits for whom: a tenant's user submits for their own tenant (the body may omit ``tenant``
+or name that tenant; any other name is a 400). Operators (staff) belong to no tenant, so their
+body must carry ``"tenant": "<name>"`` naming the tenant the job is for (400 naming ``tenant``
+otherwise). A user with no tenant who is not an operator may not submit (403).
+
+At submit the job is checked against its tenant's quotas (``services.quotas``): a job that no
+quota row could ever admit is a 400 naming ``accelerators``.
 """
 
 from __future__ import annotations

@@ -66,3 +66,23 @@ def test_a_valid_body_with_one_field_replaced_gets_a_201_or_a_400(world, field, 
     code = post(world.client("alice"), {**valid_body(), field: value})
     assert code in (201, 400)
     assert Job.objects.count() == before + (code == 201)
+
+
+QUOTA_FIELDS = ["tenant", "model", "guaranteed", "limit", "weight"]
+
+
+@FUZZ
+@given(
+    body=st.dictionaries(
+        TEXT | st.sampled_from(QUOTA_FIELDS), JSON | st.sampled_from(["nlp", "H100"]), max_size=6
+    )
+)
+def test_any_json_object_as_a_quota_gets_a_201_or_a_400(world, body):
+    from scheduling.models import Quota
+
+    before = Quota.objects.count()
+    response = world.client("admin").generic(
+        "POST", "/api/v1/quotas/", json.dumps(body).encode(), content_type="application/json"
+    )
+    assert response.status_code in (201, 400)
+    assert Quota.objects.count() == before + (response.status_code == 201)

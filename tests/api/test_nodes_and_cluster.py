@@ -97,6 +97,20 @@ def test_fragmentation_counts_free_gpus_the_typical_request_cannot_use(world, cl
     assert world.client("alice").get("/api/v1/cluster/").json()["fragmentation_rate"] == pytest.approx(0.8)
 
 
+def test_cluster_totals_take_a_fixed_number_of_queries(world, cluster, django_assert_max_num_queries):
+    for i in range(3, 13):
+        make_node(f"n{i:02}", "T4", 4)
+    for i in range(4):
+        job = submit(world.alice, world.vision, gpus=1)
+        bind(job, cluster["n01"], [i])
+    submit(world.bob, world.nlp, gpus=2)
+    # token, devices, allocations, pending by level, jobs by state, nodes by state, recent jobs,
+    # ready nodes, CPU use of holding jobs
+    with django_assert_max_num_queries(9):
+        totals = world.client("bob").get("/api/v1/cluster/").json()
+    assert totals["gpus"] == 52 and totals["allocated_gpus"] == 4
+
+
 def test_an_empty_cluster_has_zero_rates(world):
     totals = world.client("alice").get("/api/v1/cluster/").json()
     assert (totals["gpus"], totals["allocation_rate"], totals["fragmentation_rate"]) == (0, 0.0, 0.0)
