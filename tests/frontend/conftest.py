@@ -16,3 +16,10 @@ from tests.frontend.helpers import make_node
 @pytest.fixture
 def cluster(db) -> list[Any]:
     return [make_node("n01", "r1", 4, "H100", nvlink=2), make_node("n02", "r2", 2, "T4")]
+
+
+@pytest.fixture(autouse=True)
+def memory_layer(settings: Any) -> None:
+    """An in-process channel layer by default, so no other process's updates (another test run
+    sharing the machine's Redis) reach these sockets. Tests that need Redis ask for it."""
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}

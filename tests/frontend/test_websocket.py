@@ -10,6 +10,8 @@ started and finished through the job services.
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,20 +26,30 @@ TERMINAL = {"succeeded", "failed", "cancelled"}
 
 
 @pytest.fixture
-def redis_layer(redis_url: str, settings: Any) -> str:
-    """Channels over Redis on its own database (/5), empty before and after the test."""
+def redis_layer(redis_url: str, settings: Any) -> Iterator[str]:
+    """Channels over Redis, on its own database (/5) and under a prefix of its own, so parallel
+    test runs on one machine cannot hear each other; its keys are deleted before and after."""
     import redis
 
     from controlplane.env import redis_db_url
 
     url = redis_db_url(redis_url, 5)
+    prefix = f"tessera-test-{uuid.uuid4().hex[:12]}"
     client = redis.Redis.from_url(url)
-    client.flushdb()
+
+    def flush() -> None:
+        for key in client.scan_iter(match=prefix + "*"):
+            client.delete(key)
+
+    flush()
     settings.CHANNEL_LAYERS = {
-        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [url]}}
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [url], "prefix": prefix},
+        }
     }
     yield url
-    client.flushdb()
+    flush()
     client.close()
 
 
@@ -110,6 +122,11 @@ def test_anonymous_connection_is_refused(db: Any) -> None:
 def test_alice_receives_her_jobs_changes_and_bob_receives_none_of_its_details(
     world: Any, cluster: Any, redis_layer: str
 ) -> None:
+    from channels.layers import get_channel_layer
+    from channels_redis.core import RedisChannelLayer
+
+    assert isinstance(get_channel_layer(), RedisChannelLayer)
+
     async def scenario() -> tuple[int, list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
         alice, bob, admin = [await open_socket(u) for u in (world.alice, world.bob, world.admin)]
         job_id = await sync_to_async(submit)(world, "alice", "vision-secret-run")
