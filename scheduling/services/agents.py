@@ -86,6 +86,11 @@ def do_register_node(desc: dict[str, Any], as_node: Node | None = None) -> tuple
     now = timezone.now()
     credential = new_secret()
     with transaction.atomic():
+        # Lock order as everywhere else (jobs, then nodes), so a concurrent exit report, which
+        # locks its job and then bumps the node's version, cannot deadlock with this.
+        previous = Node.objects.filter(name=desc["name"]).first()
+        if previous is not None:
+            list(Job.objects.select_for_update().filter(pk__in=_started_job_ids(previous)).order_by("pk"))
         node = Node.objects.select_for_update().filter(name=desc["name"]).first()
         if as_node is not None and (node is None or node.pk != as_node.pk):
             raise NameTaken(desc["name"])
@@ -126,17 +131,23 @@ def _sync_devices(node: Node, devices: list[dict[str, Any]]) -> None:
             gone.delete()
 
 
-def _settle_lost_replicas(node: Node, now: datetime) -> None:
-    started = (
+def _started_replicas(node: Node) -> set[tuple[int, int]]:
+    """(job, replica) pairs on ``node`` whose processes were started (running or stopping)."""
+    return set(
         Allocation.objects.filter(
             device__node=node,
             released_at__isnull=True,
             job__state__in=[JobState.RUNNING, JobState.TERMINATING],
-        )
-        .values_list("job_id", "replica")
-        .distinct()
+        ).values_list("job_id", "replica")
     )
-    for job_id, replica in sorted(set(started)):
+
+
+def _started_job_ids(node: Node) -> list[int]:
+    return sorted({job_id for job_id, _ in _started_replicas(node)})
+
+
+def _settle_lost_replicas(node: Node, now: datetime) -> None:
+    for job_id, replica in sorted(_started_replicas(node)):
         job = _lock_job(job_id)
         if job.state in (JobState.RUNNING, JobState.TERMINATING):
             _settle_replica(job, node.pk, replica, None, "lost", now)

@@ -322,3 +322,24 @@ def test_a_job_id_out_of_range_answers_404_not_500(join_token):
     for job_id in ("0", "999999999999999999", "99999999999999999999999"):
         answer = h.report(node, job_id, "started", attempt=0, replica=0)
         assert answer.status_code == 404, (job_id, answer.content)
+
+
+def test_a_gang_succeeds_only_when_its_last_replica_exits_zero(world, join_token):
+    node, _ = h.register(join_token, "gpu-01")
+    job = h.submit(world.alice, world.vision, gpus=4, replicas=2, min_available=2)
+    h.bind(job, "gpu-01", [0, 1], replica=0)
+    for i in (2, 3):
+        Allocation.objects.create(job=job, device=Device.objects.get(node__name="gpu-01", index=i), replica=1)
+    assert sorted((b["replica"], tuple(b["gpus"])) for b in h.heartbeat(node)["start"]) == [
+        (0, (0, 1)), (1, (2, 3))]
+    for replica in (0, 1):
+        h.report(node, job.pk, "started", attempt=0, replica=replica)
+    h.report(node, job.pk, "exited", attempt=0, replica=0, exit_code=0)
+    job.refresh_from_db()
+    assert job.state == JobState.RUNNING
+    assert list(Allocation.objects.filter(job=job, released_at__isnull=True)
+                .values_list("device__index", flat=True).order_by("device__index")) == [2, 3]
+    h.report(node, job.pk, "exited", attempt=0, replica=1, exit_code=0)
+    job.refresh_from_db()
+    assert job.state == JobState.SUCCEEDED
+    assert _types(job) == ["submitted", "scheduled", "started", "succeeded"]
