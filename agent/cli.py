@@ -170,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     except Fatal as exc:
         print(f"tessera-agent: {exc}", file=sys.stderr)
         return exc.code
+    except KeyboardInterrupt:  # Ctrl-C before the loop started: nothing runs yet
+        print("tessera-agent: interrupted", file=sys.stderr)
+        return 130
 
 
 def run(args: argparse.Namespace) -> int:

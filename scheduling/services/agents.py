@@ -347,7 +347,7 @@ def _settle_replica(
     _release_replica(job, node_id, replica, now)
     if others:
         return
-    code = exit_code
+    code = None if reason == "lost" else exit_code  # killed by its agent's fencing: not its own code
     if job.state == JobState.TERMINATING and job.stop_reason.startswith("exit "):
         try:
             code = int(job.stop_reason[5:])

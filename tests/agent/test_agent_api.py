@@ -343,3 +343,12 @@ def test_a_gang_succeeds_only_when_its_last_replica_exits_zero(world, join_token
     job.refresh_from_db()
     assert job.state == JobState.SUCCEEDED
     assert _types(job) == ["submitted", "scheduled", "started", "succeeded"]
+
+
+def test_a_replica_killed_by_its_agents_fencing_counts_as_lost_not_as_its_signal(world, join_token):
+    node, _ = h.register(join_token)
+    job = h.bind(h.submit(world.alice, world.vision), "gpu-01", [0, 1])
+    h.report(node, job.pk, "started", attempt=0, replica=0)
+    h.report(node, job.pk, "exited", attempt=0, replica=0, exit_code=-9, reason="lost")
+    job.refresh_from_db()
+    assert job.state == JobState.FAILED and job.events.order_by("-id").first().reason == "lost"
