@@ -11,6 +11,7 @@ from importlib.util import find_spec
 
 from django.urls import include, path, re_path
 
+from scheduling.api import schema  # noqa: F401  (registers the agents' auth schemes in the schema)
 from scheduling.api.cluster import ClusterView
 from scheduling.api.errors import not_found
 from scheduling.api.jobs import JobViewSet

@@ -16,16 +16,15 @@ def test_the_schema_lists_the_jobs_endpoint_and_the_job_body(world):
         assert path in schema["paths"], path
 
 
-def test_the_schema_builds_without_errors_for_our_endpoints():
+def test_the_schema_builds_without_errors_or_warnings():
     from drf_spectacular.drainage import GENERATOR_STATS
     from drf_spectacular.generators import SchemaGenerator
 
     GENERATOR_STATS.reset()
     with GENERATOR_STATS.silence():
         SchemaGenerator().get_schema(request=None, public=True)
-    mine = [w for w in GENERATOR_STATS._warn_cache if "agent" not in w.lower()]
-    assert GENERATOR_STATS._error_cache == {}
-    assert mine == []
+    assert list(GENERATOR_STATS._error_cache) == []
+    assert list(GENERATOR_STATS._warn_cache) == []
 
 
 def test_the_docs_page_is_served(world):
