@@ -252,3 +252,17 @@ def test_applying_pushed_deltas_to_a_snapshot_equals_fetching_again(
         apply_delta(model, message)
     assert model == as_model(after)
     assert model != as_model(before)
+
+
+def test_garbage_from_a_client_is_ignored_and_the_socket_keeps_answering(world: Any) -> None:
+    async def scenario() -> dict[str, Any]:
+        comm = await open_socket(world.alice)
+        await comm.send_to(text_data="not json {")
+        await comm.send_to(bytes_data=b"\xff\x00")
+        await comm.send_to(text_data='["a list"]')
+        await comm.send_json_to({"type": "ping"})
+        answer = await comm.receive_json_from(timeout=5)
+        await comm.disconnect()
+        return answer
+
+    assert async_to_sync(scenario)() == {"type": "pong"}
