@@ -97,6 +97,10 @@ def allocations(placements: Sequence[Placement]) -> list[dict[str, Any]]:
     ]
 
 
+def _gpu_set(placements: Sequence[Placement]) -> set[tuple[str, int, float]]:
+    return {(p.node, g, p.share) for p in placements for g in p.gpus}
+
+
 def _capacity(placements: Sequence[Placement]) -> float:
     return sum(len(p.gpus) * p.share for p in placements)
 
@@ -308,6 +312,25 @@ class Replay:
             self._emit(now, "reject", job_id, reason=why)
             self._end(job)
             changed = True
+        # Resizes first: a shrink the policy made in the same pass as a preemption of that job
+        # already freed GPUs in its own state. Several resizes of one job in one pass: the last
+        # one is its new set. A set that only grows is written after the starts, any other before.
+        final: dict[str, tuple[Placement, ...]] = {}
+        for r in d.resizes:
+            final[r.job_id] = r.placements
+        grow: list[tuple[_Job, tuple[Placement, ...]]] = []
+        for job_id, placements in final.items():
+            job = self.jobs.get(job_id)
+            if job is None or job.state not in ("running", "terminating"):
+                continue
+            before, after = _gpu_set(job.placements), _gpu_set(placements)
+            if before == after:
+                continue  # e.g. a shrink and a grow back in one pass
+            if before <= after:
+                grow.append((job, placements))
+            else:
+                self._resize(now, job, placements)
+            changed = True
         for p in d.preemptions:
             job = self.jobs.get(p.job_id)
             if job is None or job.state != "running":
@@ -318,16 +341,6 @@ class Replay:
             job.attempt += 1
             job.state = "terminating"
             self._push(now + job.tj.request.grace_s, _GRACE, job.id, job.attempt)
-            changed = True
-        grow: list[tuple[_Job, tuple[Placement, ...]]] = []
-        for r in d.resizes:
-            job = self.jobs.get(r.job_id)
-            if job is None or job.state != "running":
-                continue
-            if _capacity(r.placements) < job.allocated - _EPS:
-                self._resize(now, job, r.placements)
-            else:
-                grow.append((job, r.placements))
             changed = True
         for b in d.bindings:
             job = self.jobs.get(b.job_id)
@@ -352,7 +365,10 @@ class Replay:
 
     def _resize(self, now: float, job: _Job, placements: tuple[Placement, ...]) -> None:
         job.advance(now)
-        self._set_rate(job, placements)
+        if job.state == "terminating":  # in its grace period: new GPUs, still no work
+            job.placements, job.allocated = placements, _capacity(placements)
+        else:
+            self._set_rate(job, placements)
         self._emit(now, "resize", job.id, allocations=allocations(placements))
         self._schedule_work(now, job)
 

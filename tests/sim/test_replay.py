@@ -189,3 +189,20 @@ def test_every_registered_policy_passes_the_checker(small: Path, policy: str, tm
     assert summary["unfinished"] == 0
     for name in ("events.jsonl", "summary.json", "allocation.png", "queue.png", "jct.png"):
         assert (tmp_path / name).exists()
+
+
+def test_a_shrink_and_a_preemption_in_one_pass_release_the_shrunk_gpus_at_once() -> None:
+    job = tj("a", gpus=16, replicas=2, elastic_min_gpus=8, elastic_max_gpus=16, grace_s=30)
+    both = (on("n1", *range(8)), on("n2", *range(8), replica=1))
+    script = {
+        0: bind("a", *both),
+        10: lambda: Decisions(
+            resizes=[Resize("a", both[:1]), Resize("a", both)], preemptions=[Preemption("a", "x")]
+        ),
+        11: lambda: Decisions(resizes=[Resize("a", both[:1])]),
+    }
+    jobs = [job, tj("x", submit=10, duration=1), tj("y", submit=11, duration=1)]
+    result = replay(NODES, jobs, Scripted(script), tick_s=0)
+    seen = [(e["t"], e["event"], len(e.get("allocations", []))) for e in result.events if e["job"] == "a"]
+    # The last resize of a pass wins; a resize during the grace changes GPUs, not progress.
+    assert seen[:4] == [(0, "submit", 0), (0, "start", 2), (11, "resize", 1), (40, "preempt", 0)]
