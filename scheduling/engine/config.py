@@ -26,6 +26,8 @@ class EngineConfig:
     gamma: float = 0.0  # weight of expected wait (seconds / 3600) when choosing a model
     delta: float = 10.0  # weight of locality: gang replicas on the same node / rack
     max_starts_per_pass: int = 100_000
+    max_preemptions_per_pass: int = 256  # victims marked per pass (the rest wait a pass)
+    max_preemption_attempts: int = 512  # victim searches per pass (each scans the cluster)
     default_runtime_s: float = 4 * 3600.0  # runtime assumed for reservations when nothing tells
     frag_window: int = 1000  # typical requests from the last N submitted jobs
     reject_over_capacity: bool = False  # live: larger than the cluster stays pending (nodes join)

@@ -29,6 +29,7 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
     to_diagnose: list = []
     quota_blocked: list = []
     hypo = None
+    attempts = 0
     s.begin_pass(now)
     for job in queues.order(list(s.pending.values()), now, cfg, s.quotas):
         if job.held:
@@ -88,7 +89,10 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
             plan = None
             fail_key = (geo, job.accelerators, job.node_selector, job.tolerations,
                         queues.rank(job, cfg), job.tenant)
-            if (victims or hypo.terminating) and fail_key not in s._preempt_fail:
+            if ((victims or hypo.terminating) and fail_key not in s._preempt_fail
+                    and attempts < cfg.max_preemption_attempts
+                    and len(d.preemptions) < cfg.max_preemptions_per_pass):
+                attempts += 1
                 from .placement import Constraints
 
                 models, _ranked = s._models_for(job)
@@ -97,8 +101,6 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
                 if plan is None:
                     s._preempt_fail.add(fail_key)
             if plan is not None:
-                if plan:
-                    s._victim_memo.clear()
                 for v in plan:
                     s.running[v.job_id].terminating = True
                     d.preemptions.append(Preemption(
@@ -144,19 +146,25 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
 def _plan(s: TesseraScheduler, hypo, job, geo, c, victims):
     from .preemption import choose_victims
 
-    return choose_victims(s.placer, hypo, geo.req, geo.need, c, victims)
+    def gone(jid: str) -> bool:
+        run = s.running.get(jid)
+        return run is None or run.terminating
+
+    return choose_victims(s.placer, hypo, geo.req, geo.need, c, victims, gone)
 
 
 def _shrink_for(s: TesseraScheduler, job, geo, now: float, d: Decisions) -> bool:
     """Shrink elastic jobs behind ``job`` (or borrowing) if that alone lets it start."""
     from .policy import placements_of
 
+    elastic = [jid for _r, jid, run, _v, _m in s._elastic
+               if not run.terminating and len(s.state.allocs.get(jid, ())) > run.geo.need]
+    if not elastic:
+        return False
     eligible = {v.job_id for vs in s.victims(job, geo, now).values() for v in vs}
     shrunk: list[tuple[str, object]] = []
-    for jid in sorted(eligible):
+    for jid in sorted(j for j in elastic if j in eligible):
         run = s.running[jid]
-        if run.job.elastic_max_gpus is None:
-            continue
         allocs = sorted(s.state.allocs.get(jid, ()), key=lambda a: -a.replica)
         for a in allocs[: max(0, len(allocs) - run.geo.need)]:
             s.state.release_replica(jid, a)

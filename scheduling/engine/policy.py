@@ -263,48 +263,53 @@ class TesseraScheduler:
         return max(end, now)
 
     def begin_pass(self, now: float) -> None:
-        """Per-pass indexes: who may be preempted at all (min run time, preemptible)."""
+        """Per-pass indexes: who may be preempted at all (min run time, preemptible), with the
+        work each would lose, computed once."""
         self._victim_memo: dict[tuple, dict[int, list[Victim]]] = {}
         self._preempt_fail: set[tuple] = set()
-        self._eligible = [
-            (queues.rank(run.job, self.config), jid, run) for jid, run in self.running.items()
-            if run.job.preemptible and not run.terminating and not run.cancelled
-            and now - run.started_at >= self.config.preempt_min_run_s
-        ]
-
-    def victims(self, job: JobRequest, geo: Geometry, now: float) -> dict[int, list[Victim]]:
-        """Eligible victims per node, cheapest first (see :mod:`.preemption`). Memoised per
-        (rank, tenant, size) until the next preemption of the pass."""
-        mine = queues.rank(job, self.config)
-        memo_key = (mine, job.tenant, geo.charge * geo.need)
-        hit = self._victim_memo.get(memo_key)
-        if hit is not None:
-            return hit
-        out: dict[int, list[Victim]] = {}
-        for vrank, jid, run in self._eligible:
-            v = run.job
-            if run.terminating:
-                continue
-            behind = vrank > mine
-            reclaim = False
-            if not behind and self.quotas.enabled and v.tenant != job.tenant:
-                for model, _m in run.charged:
-                    if (self.quotas.borrowed(v.tenant, model) > 0
-                            and self.quotas.under_guarantee(job.tenant, model,
-                                                            geo.charge * geo.need)):
-                        reclaim = True
-                        break
-            if not (behind or reclaim):
+        self._eligible = []
+        for jid, run in self.running.items():
+            if (not run.job.preemptible or run.terminating or run.cancelled
+                    or now - run.started_at < self.config.preempt_min_run_s):
                 continue
             allocs = tuple(self.state.allocs.get(jid, ()))
             since = max(run.started_at, run.last_checkpoint or run.started_at)
             gpus = sum(len(a.gpus) * a.milli for a in allocs) / MILLI
-            victim = Victim(jid, gpus * max(0.0, now - since), v.priority, allocs)
-            for node in sorted({a.node for a in allocs}):
+            victim = Victim(jid, gpus * max(0.0, now - since), run.job.priority, allocs)
+            models = tuple(sorted({m for m, _ in run.charged}))
+            self._eligible.append((queues.rank(run.job, self.config), jid, run, victim, models))
+        self._elastic = [e for e in self._eligible if e[2].job.elastic_max_gpus is not None]
+
+    def victims(self, job: JobRequest, geo: Geometry, now: float) -> dict[int, list[Victim]]:
+        """Eligible victims per node, cheapest first (see :mod:`.preemption`): jobs strictly
+        behind ``job``, plus, when its tenant is under its guarantee, jobs running on borrowed
+        capacity of that model. Memoised per pass; terminating jobs are skipped by the caller."""
+        mine = queues.rank(job, self.config)
+        under: tuple[str, ...] = ()
+        borrowing: tuple[tuple[str, str], ...] = ()
+        if self.quotas.enabled and geo.req.count:
+            models, _ = self._models_for(job)
+            under = tuple(m for m in models if self.quotas.under_guarantee(
+                job.tenant, m, geo.charge * geo.need))
+            if under:
+                borrowing = tuple(sorted(
+                    (t, m) for t in self.quotas.rows for m in under
+                    if t != job.tenant and self.quotas.borrowed(t, m) > 0))
+        key = (mine, job.tenant, under, borrowing)
+        hit = self._victim_memo.get(key)
+        if hit is not None:
+            return hit
+        out: dict[int, list[Victim]] = {}
+        for vrank, _jid, run, victim, vmodels in self._eligible:
+            if not vrank > mine and not (
+                borrowing and any((run.job.tenant, m) in borrowing for m in vmodels)
+            ):
+                continue
+            for node in sorted({a.node for a in victim.allocs}):
                 out.setdefault(node, []).append(victim)
         for lst in out.values():
             lst.sort(key=lambda v: (v.lost, v.priority, v.job_id))
-        self._victim_memo[memo_key] = out
+        self._victim_memo[key] = out
         return out
 
     def new_hypo(self) -> Hypo:

@@ -18,6 +18,7 @@ at no cost, so a job never preempts twice for the same room.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .placement import Constraints, Placer
@@ -96,7 +97,8 @@ def _take(placer: Placer, i: int, st: list, req: ReplicaReq) -> None:
 
 
 def choose_victims(placer: Placer, hypo: Hypo, req: ReplicaReq, replicas: int, c: Constraints,
-                   victims_by_node: dict[int, list[Victim]]) -> list[Victim] | None:
+                   victims_by_node: dict[int, list[Victim]],
+                   gone: Callable[[str], bool] = lambda _j: False) -> list[Victim] | None:
     state = placer.state
     chosen: dict[str, Victim] = {}
     hypo.load()
@@ -109,8 +111,12 @@ def choose_victims(placer: Placer, hypo: Hypo, req: ReplicaReq, replicas: int, c
             st = work[i] = [list(base[0]), base[1], base[2]]
         return st
 
-    allowed = [n.index for n in state.nodes if placer.class_pref(n.cls, c) is not None
-               and not any(k == "rack" and n.spec.rack != v for k, v in c.selector)]
+    classes = {cls for cls, _ in placer.allowed_classes(c)}
+    rack = next((v for k, v in c.selector if k == "rack"), None)
+    # Only nodes with victims or with capacity coming free can help (placement just failed).
+    touched = sorted(set(victims_by_node) | set(hypo.nodes))
+    allowed = [i for i in touched if state.nodes[i].cls in classes
+               and (rack is None or state.nodes[i].spec.rack == rack)]
     for _r in range(replicas):
         best: tuple[tuple[float, int, int], int, list[Victim]] | None = None
         for i in allowed:
@@ -121,8 +127,10 @@ def choose_victims(placer: Placer, hypo: Hypo, req: ReplicaReq, replicas: int, c
             ok = _fits(placer, i, trial, req)
             if not ok:
                 for v in victims_by_node.get(i, []):
-                    if v.job_id in chosen:
+                    if v.job_id in chosen or gone(v.job_id):
                         continue
+                    if best is not None and (cost + v.lost, len(added) + 1) > best[0][:2]:
+                        break  # victims come cheapest first: this node cannot beat the best
                     for a in v.allocs:
                         if a.node == i:
                             Hypo._add(trial, a)
