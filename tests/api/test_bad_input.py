@@ -185,7 +185,10 @@ def test_a_body_that_is_not_json_content_is_a_400(world):
 
 
 def test_a_path_without_its_trailing_slash_is_a_redirect_or_a_json_404_never_a_500(world):
-    client = world.client("alice")
+    from rest_framework.test import APIClient
+
+    client = APIClient(enforce_csrf_checks=True)  # as a real server: the CSRF middleware is on
+    client.credentials(HTTP_AUTHORIZATION=f"Token {world.tokens['alice']}")
     response = client.generic(
         "POST", "/api/v1/jobs", json.dumps(OK).encode(), content_type="application/json"
     )
