@@ -66,6 +66,11 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
             return
         await self.send_json({"type": "job.update", "job": job})
 
+    async def node_update(self, event: dict[str, Any]) -> None:
+        # Nodes are shared by every tenant: the outlet sends only fields anyone may see.
+        if self.viewer is not None:
+            await self.send_json({"type": "node.update", "node": event.get("node") or {}})
+
     async def gpu_update(self, event: dict[str, Any]) -> None:
         if self.viewer is None:
             return

@@ -1,7 +1,8 @@
 """The dashboard's snapshot: nodes with their GPUs, and the live queue, as one viewer may see them.
 
 The rows have exactly the shapes the websocket pushes (``gpu.update`` device rows after
-:func:`frontend.redaction.redact_device`, ``job.update`` jobs from ``live.job_payload``), so the
+:func:`frontend.redaction.redact_device`, ``job.update`` jobs from ``live.job_payload``,
+``node.update`` fields from ``live.node_payload``), so the
 page replaces a row by its key when a delta arrives, and a fresh snapshot equals the old one plus
 its deltas.
 """
@@ -14,7 +15,7 @@ from frontend.redaction import Viewer, redact_device
 from scheduling.choices import TERMINAL_STATES, JobState
 from scheduling.models import Device, Job, Node
 from scheduling.services.inventory import device_rows
-from scheduling.services.live import job_payload
+from scheduling.services.live import job_payload, node_payload
 
 # Enough for any real queue view; beyond it the page says the list is cut.
 MAX_JOBS = 2000
@@ -30,11 +31,7 @@ def nodes_state(viewer: Viewer) -> list[dict[str, Any]]:
         by_node.setdefault(row["node"], []).append(redact_device(row, viewer))
     return [
         {
-            "name": node.name,
-            "rack": node.rack,
-            "state": node.state,
-            "kind": node.kind,
-            "nvlink_domain": node.nvlink_domain,
+            **node_payload(node),  # the fields a node.update replaces
             "models": sorted({d["model"] for d in by_node[node.name]}),
             "devices": by_node[node.name],
         }

@@ -3,7 +3,8 @@
 Groups:
 - ``jobs.tenant.<tenant_id>``: full job updates for that tenant's users;
 - ``jobs.operators``: every job, for operators;
-- ``gpus``: per-GPU state; consumers redact other tenants' jobs to "in use" before sending;
+- ``gpus``: per-GPU state (``gpu.update``; consumers redact other tenants' jobs to "in use" before
+  sending) and nodes' own fields (``node.update``);
 - ``agent.<node_id>``: wake-ups for one node's agent (new bindings, stop orders).
 """
 
@@ -63,6 +64,22 @@ def publish_devices(devices: list[dict[str, Any]]) -> None:
     """``devices``: [{"node", "index", "state", "job_id", "tenant_id", "tenant"}]."""
     if devices:
         publish_on_commit("gpus", {"type": "gpu.update", "devices": devices})
+
+
+def node_payload(node) -> dict[str, Any]:
+    """What every signed-in person may see of a node (nodes are shared: nothing to redact)."""
+    return {
+        "name": node.name,
+        "rack": node.rack,
+        "state": node.state,
+        "kind": node.kind,
+        "nvlink_domain": node.nvlink_domain,
+    }
+
+
+def publish_node(node) -> None:
+    """A node's own fields changed (state: ready, not-ready, cordoned, draining; rack; ...)."""
+    publish_on_commit("gpus", {"type": "node.update", "node": node_payload(node)})
 
 
 def wake_agent(node_id: int) -> None:

@@ -204,6 +204,8 @@ def apply_delta(model: dict[str, Any], message: dict[str, Any]) -> None:
             model["jobs"].pop(job["id"], None)
         else:
             model["jobs"][job["id"]] = job
+    elif message["type"] == "node.update":
+        model["nodes"][message["node"]["name"]].update(message["node"])
     elif message["type"] == "gpu.update":
         for row in message["devices"]:
             model["nodes"][row["node"]]["devices"][row["index"]] = row
@@ -212,6 +214,20 @@ def apply_delta(model: dict[str, Any], message: dict[str, Any]) -> None:
 def as_model(snapshot: dict[str, Any]) -> dict[str, Any]:
     nodes = {n["name"]: {**n, "devices": {d["index"]: d for d in n["devices"]}} for n in snapshot["nodes"]}
     return {"nodes": nodes, "jobs": {j["id"]: j for j in snapshot["jobs"]}}
+
+
+def cordon(name: str) -> None:
+    """An operator cordons a node (no service owns this write yet: the outlet is called here)."""
+    from django.db import transaction
+
+    from scheduling.models import Node
+    from scheduling.services import live
+
+    with transaction.atomic():
+        node = Node.objects.select_for_update().get(name=name)
+        node.state = "cordoned"
+        node.save(update_fields=["state"])
+        live.publish_node(node)
 
 
 @pytest.mark.parametrize("who", ["alice", "bob", "admin"])
@@ -240,6 +256,7 @@ def test_applying_pushed_deltas_to_a_snapshot_equals_fetching_again(
         from scheduling.services.passes import run_pass
 
         await sync_to_async(run_pass)()
+        await sync_to_async(cordon)("n02")
         deltas = await drain(comm)
         after = await sync_to_async(fetch)()
         await comm.disconnect()

@@ -3,8 +3,8 @@
  * 1. Open /ws/dashboard/. The server answers "ready" once it has joined this viewer's groups, so
  *    from then on no delta is missed; deltas that arrive before the snapshot are buffered.
  * 2. Fetch state.json (the snapshot) and build the model: nodes by name, jobs by id.
- * 3. Apply each delta by replacing the row with the same key (device: node + index; job: id);
- *    a finished job leaves the live list. A device of an unknown node means the cluster changed
+ * 3. Apply each delta by replacing the row with the same key (device: node + index; job: id;
+ *    a node's own fields: name); a finished job leaves the live list. A device of an unknown node means the cluster changed
  *    shape: fetch the snapshot again.
  * 4. On a lost connection, reconnect with backoff; the next "ready" refetches the snapshot.
  *
@@ -52,6 +52,12 @@
       const job = msg.job;
       if (terminal.has(job.state)) delete model.jobs[job.id];
       else model.jobs[job.id] = job;
+      return true;
+    }
+    if (msg.type === "node.update") {
+      const node = model.nodes[msg.node.name];
+      if (!node) return false;
+      Object.assign(node, msg.node); // its own fields; its devices come with gpu.update
       return true;
     }
     if (msg.type === "gpu.update") {
@@ -132,7 +138,7 @@
         resync().catch(function (err) { console.error(err); socket.close(); });
         return;
       }
-      if (msg.type !== "job.update" && msg.type !== "gpu.update") return;
+      if (["job.update", "gpu.update", "node.update"].indexOf(msg.type) < 0) return;
       T.deltas += 1;
       T.lastDeltaAt = Date.now();
       if (buffered !== null || !T.model) { (buffered = buffered || []).push(msg); return; }
