@@ -14,9 +14,12 @@ quota row could ever admit is a 400 naming ``accelerators``.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db.models import Prefetch, QuerySet
+from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import serializers, status, viewsets
@@ -38,7 +41,7 @@ from scheduling.api.lookups import ID_PARAMETER, parse_nonnegative, parse_pk
 from scheduling.api.pagination import BoundedLimitOffsetPagination
 from scheduling.api.permissions import is_operator, tenant_of
 from scheduling.choices import JobKind, JobState
-from scheduling.models import Allocation, Job, Tenant
+from scheduling.models import Allocation, IdempotencyKey, Job, Tenant
 from scheduling.services.jobs import IdempotencyConflict, do_cancel_job, do_submit_job
 from scheduling.services.quotas import check_job_admissible
 
@@ -73,6 +76,14 @@ def idempotency_key(request: Request) -> str | None:
             {"detail": f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} printable ASCII characters."}
         )
     return key
+
+
+def is_retry(user, key: str | None) -> bool:
+    """Whether ``key`` is a live Idempotency-Key of ``user`` (the service decides the answer)."""
+    if key is None:
+        return False
+    ttl = timedelta(seconds=settings.TESSERA["IDEMPOTENCY_TTL_S"])
+    return IdempotencyKey.objects.filter(user=user, key=key, created_at__gte=timezone.now() - ttl).exists()
 
 
 LIST_FILTERS = [
@@ -158,7 +169,8 @@ class JobViewSet(viewsets.GenericViewSet):
         submit.is_valid(raise_exception=True)
         tenant = submit_tenant(request.user, submit.validated_data.get("tenant"))
         cleaned = submit.model_fields()
-        why = check_job_admissible(tenant, cleaned)
+        # A retry of a stored submit answers with the first job even if quotas changed since.
+        why = None if is_retry(request.user, key) else check_job_admissible(tenant, cleaned)
         if why:
             raise ValidationError({"accelerators": [why]})
         try:

@@ -53,3 +53,14 @@ def test_an_invalid_body_does_not_consume_the_key(world):
     client = world.client("alice")
     assert post_json(client, JOBS, valid_body(gpus=-1), HTTP_IDEMPOTENCY_KEY="k").status_code == 400
     assert post_json(client, JOBS, valid_body(), HTTP_IDEMPOTENCY_KEY="k").status_code == 201
+
+
+def test_a_retry_returns_the_first_job_even_after_the_quota_was_lowered(world):
+    from scheduling.models import Quota
+
+    client = world.client("alice")
+    first = post_json(client, JOBS, valid_body(gpus=8), HTTP_IDEMPOTENCY_KEY="k")
+    Quota.objects.filter(tenant=world.vision).update(guaranteed=1, limit=1)
+    again = post_json(client, JOBS, valid_body(gpus=8), HTTP_IDEMPOTENCY_KEY="k")
+    assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
+    assert post_json(client, JOBS, valid_body(gpus=8), HTTP_IDEMPOTENCY_KEY="new").status_code == 400
