@@ -103,6 +103,7 @@ def reexec_without_literal_token(argv: list[str]) -> None:
 
 
 def join_token(args: argparse.Namespace) -> str | None:
+    from_env = os.environ.pop(TOKEN_ENV, "").strip()  # passed on to nothing we start
     if args.join_token_fd is not None:
         return state.read_secret_fd(args.join_token_fd) or None
     if args.join_token_file:
@@ -112,8 +113,7 @@ def join_token(args: argparse.Namespace) -> str | None:
             raise Fatal(f"--join-token-file: {exc}") from None
     if args.join_token == "-":
         return sys.stdin.readline().strip() or None
-    token = os.environ.pop(TOKEN_ENV, "").strip()  # not passed on to anything we start
-    return token or None
+    return from_env or None
 
 
 def inventory_from(args: argparse.Namespace) -> Inventory:
