@@ -144,11 +144,13 @@ def scenario(name: str, n_nodes: int, n_pending: int, fill: float, seed: int = 0
     config = EngineConfig()
     elapsed, placed, preempted = one_pass(snap, config)
     gpus = sum(n.gpus for n in nodes)
+    held = sum(len(p.gpus) for r in running for p in r.placements)
     return {
         "scenario": name,
         "nodes": n_nodes,
         "gpus": gpus,
         "running": len(running),
+        "allocated_before": round(held / gpus, 3),
         "pending": n_pending,
         "pass_s": round(elapsed, 3),
         "placements": placed,

@@ -80,18 +80,18 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
                 )
                 continue
         # 4. shrink elastic jobs, else preempt, else reserve
-        if geo.req.count and cfg.preemption:
+        budget = (attempts < cfg.max_preemption_attempts
+                  and len(d.preemptions) < cfg.max_preemptions_per_pass)
+        if geo.req.count and cfg.preemption and budget:
             if _shrink_for(s, job, geo, now, d):
                 continue
             if hypo is None:
                 hypo = s.new_hypo()
-            victims = s.victims(job, geo, now)
             plan = None
             fail_key = (geo, job.accelerators, job.node_selector, job.tolerations,
                         queues.rank(job, cfg), job.tenant)
-            if ((victims or hypo.terminating) and fail_key not in s._preempt_fail
-                    and attempts < cfg.max_preemption_attempts
-                    and len(d.preemptions) < cfg.max_preemptions_per_pass):
+            victims = s.victims(job, geo, now) if fail_key not in s._preempt_fail else {}
+            if victims or (hypo.terminating and fail_key not in s._preempt_fail):
                 attempts += 1
                 from .placement import Constraints
 

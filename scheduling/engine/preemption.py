@@ -35,34 +35,38 @@ class Victim:
 
 
 class Hypo:
-    """Hypothetical free capacity per node for one pass (lazily copied from the state)."""
+    """Hypothetical free capacity per node for one pass: the current state, plus what
+    terminating jobs (and victims chosen this pass) will free, minus the room that preemptors of
+    this pass already claimed. Recomputed from the live state on each look, so bindings made
+    earlier in the pass are never counted as free."""
 
     def __init__(self, placer: Placer, terminating: list[tuple[str, tuple[Alloc, ...]]]):
         self.placer = placer
-        self.nodes: dict[int, list] = {}
         self.terminating = terminating
-        self._loaded = False
+        self.freed: dict[int, list[Alloc]] = {}
+        self.claims: dict[int, list[ReplicaReq]] = {}
+        for _jid, allocs in terminating:
+            for a in allocs:
+                self.freed.setdefault(a.node, []).append(a)
 
-    def load(self) -> None:
-        if not self._loaded:
-            self._loaded = True
-            for _jid, allocs in self.terminating:
-                for a in allocs:
-                    self._add(self._raw(a.node), a)
+    def nodes_of_interest(self) -> set[int]:
+        return set(self.freed) | set(self.claims)
 
     def get(self, i: int) -> list:
-        self.load()
-        st = self.nodes.get(i)
-        if st is None:
-            st = self._raw(i)
+        n = self.placer.state.nodes[i]
+        st = [list(n.free), n.cpu, n.mem]
+        for a in self.freed.get(i, ()):
+            self._add(st, a)
+        for req in self.claims.get(i, ()):
+            _take(self.placer, i, st, req)
         return st
 
-    def _raw(self, i: int) -> list:
-        st = self.nodes.get(i)
-        if st is None:
-            n = self.placer.state.nodes[i]
-            st = self.nodes[i] = [list(n.free), n.cpu, n.mem]
-        return st
+    def commit(self, victims: list[Victim], claims: list[tuple[int, ReplicaReq]]) -> None:
+        for v in victims:
+            for a in v.allocs:
+                self.freed.setdefault(a.node, []).append(a)
+        for i, req in claims:
+            self.claims.setdefault(i, []).append(req)
 
     @staticmethod
     def _add(st: list, a: Alloc) -> None:
@@ -80,7 +84,6 @@ def _fits(placer: Placer, i: int, st: list, req: ReplicaReq) -> bool:
 
 
 def _take(placer: Placer, i: int, st: list, req: ReplicaReq) -> None:
-    n = placer.state.nodes[i]
     if req.milli < MILLI:
         if req.count:
             g = max(range(len(st[0])), key=lambda k: (st[0][k] >= req.milli, -st[0][k], -k))
@@ -93,7 +96,7 @@ def _take(placer: Placer, i: int, st: list, req: ReplicaReq) -> None:
         st[1] -= req.cpu
     if st[2] < 1 << 59:
         st[2] -= req.mem
-    del n
+
 
 
 def choose_victims(placer: Placer, hypo: Hypo, req: ReplicaReq, replicas: int, c: Constraints,
@@ -101,26 +104,29 @@ def choose_victims(placer: Placer, hypo: Hypo, req: ReplicaReq, replicas: int, c
                    gone: Callable[[str], bool] = lambda _j: False) -> list[Victim] | None:
     state = placer.state
     chosen: dict[str, Victim] = {}
-    hypo.load()
-    work = {i: [list(st[0]), st[1], st[2]] for i, st in hypo.nodes.items()}
+    work: dict[int, list] = {}  # nodes this search changed
+    claims: list[tuple[int, ReplicaReq]] = []
+
+    def base(i: int) -> list:
+        st = work.get(i)
+        return st if st is not None else hypo.get(i)
 
     def view(i: int) -> list:
         st = work.get(i)
         if st is None:
-            base = hypo.get(i)
-            st = work[i] = [list(base[0]), base[1], base[2]]
+            st = work[i] = hypo.get(i)
         return st
 
     classes = {cls for cls, _ in placer.allowed_classes(c)}
     rack = next((v for k, v in c.selector if k == "rack"), None)
     # Only nodes with victims or with capacity coming free can help (placement just failed).
-    touched = sorted(set(victims_by_node) | set(hypo.nodes))
+    touched = sorted(set(victims_by_node) | hypo.nodes_of_interest())
     allowed = [i for i in touched if state.nodes[i].cls in classes
                and (rack is None or state.nodes[i].spec.rack == rack)]
     for _r in range(replicas):
         best: tuple[tuple[float, int, int], int, list[Victim]] | None = None
         for i in allowed:
-            st = view(i)
+            st = base(i)
             trial = [list(st[0]), st[1], st[2]]
             added: list[Victim] = []
             cost = 0.0
@@ -154,6 +160,7 @@ def choose_victims(placer: Placer, hypo: Hypo, req: ReplicaReq, replicas: int, c
             for a in v.allocs:
                 Hypo._add(view(a.node), a)
         _take(placer, i, view(i), req)
-    for i, st in work.items():  # step 4: the room stays claimed for the rest of the pass
-        hypo.nodes[i] = st
-    return sorted(chosen.values(), key=lambda v: v.job_id)
+        claims.append((i, req))
+    result = sorted(chosen.values(), key=lambda v: v.job_id)
+    hypo.commit(result, claims)  # step 4: the room stays claimed for the rest of the pass
+    return result
