@@ -173,14 +173,13 @@ def do_heartbeat(node: Node, running: list[Reported]) -> dict[str, Any]:
         Node.objects.filter(pk=node.pk).update(last_heartbeat=now)
         if Node.objects.filter(pk=node.pk, state=NodeState.NOT_READY).update(state=NodeState.READY):
             request_pass_on_commit()  # capacity came back
-    reported = {(r.job_id, r.replica): r for r in running}
+    reported = {(r.job_id, r.attempt, r.replica): r for r in running}
     held = _held_replicas(node)
     start: list[dict[str, Any]] = []
     stop: list[dict[str, Any]] = []
     for (job_id, replica), allocs in sorted(held.items()):
         job, attempt = allocs[0].job, allocs[0].attempt
-        seen = reported.get((job_id, replica))
-        is_running = seen is not None and seen.attempt == attempt
+        is_running = (job_id, attempt, replica) in reported
         if job.state in (JobState.SCHEDULED, JobState.RUNNING):
             job = _check_started_and_time_limit(job, attempt, is_running, now)
         if job.state in (JobState.SCHEDULED, JobState.RUNNING) and not is_running:
@@ -193,9 +192,9 @@ def do_heartbeat(node: Node, running: list[Reported]) -> dict[str, Any]:
                 locked = _lock_job(job_id)
                 if locked.state == JobState.TERMINATING and locked.attempts == attempt:
                     _settle_replica(locked, node.pk, replica, None, "", now)
-    for key, seen in sorted(reported.items()):
-        allocs = held.get(key)
-        if allocs is None or allocs[0].attempt != seen.attempt:
+    for (job_id, attempt, replica), seen in sorted(reported.items()):
+        allocs = held.get((job_id, replica))
+        if allocs is None or allocs[0].attempt != attempt:
             # Not (or no longer) bound here: a stale attempt, a cancelled or a lost job. Stop now.
             stop.append(_stop_order(seen.job_id, seen.attempt, seen.replica, "not bound", now, now))
     return {

@@ -352,3 +352,15 @@ def test_a_replica_killed_by_its_agents_fencing_counts_as_lost_not_as_its_signal
     h.report(node, job.pk, "exited", attempt=0, replica=0, exit_code=-9, reason="lost")
     job.refresh_from_db()
     assert job.state == JobState.FAILED and job.events.order_by("-id").first().reason == "lost"
+
+
+def test_an_old_attempts_process_is_stopped_while_the_new_one_keeps_running(world, join_token):
+    node, _ = h.register(join_token)
+    job = h.bind(h.submit(world.alice, world.vision), "gpu-01", [0, 1])
+    Job.objects.filter(pk=job.pk).update(attempts=1)
+    Allocation.objects.filter(job=job).update(attempt=1)
+    h.report(node, job.pk, "started", attempt=1, replica=0)
+    both = [{"job_id": job.pk, "attempt": a, "replica": 0, "pid": 10 + a} for a in (0, 1)]
+    answer = h.heartbeat(node, both)
+    assert [(s["attempt"], s["grace_left_seconds"]) for s in answer["stop"]] == [(0, 0.0)]
+    assert answer["start"] == []
