@@ -193,7 +193,10 @@ def run(args: argparse.Namespace) -> int:
     agent = Agent(AgentClient(args.server), inventory, state_dir, run_as, job_path(state_dir, run_as),
                   poll_interval=args.poll_interval)
 
-    profiles = UtilProfiles.load() if inventory.simulated else None
+    try:
+        profiles = UtilProfiles.load() if inventory.simulated else None
+    except (OSError, ValueError, KeyError) as exc:
+        raise Fatal(f"cannot read the GPU utilisation trace for simulated GPUs: {exc}") from None
     collector = GpuCollector(inventory, agent.gpu_uses, profiles, args.util_speed,
                              None if inventory.simulated else nvml_reader())
     try:

@@ -68,7 +68,8 @@ class UtilProfiles:
     def load(cls, path: Path | None = None) -> UtilProfiles:
         path = path or trace_path()
         if path is None or not path.is_file():
-            raise FileNotFoundError(f"GPU utilisation trace not found (set {TRACE_ENV})")
+            where = f"{path} does not exist" if path is not None else "no packaged copy"
+            raise FileNotFoundError(f"GPU utilisation trace: {where} (set {TRACE_ENV} to its path)")
         rows: dict[str, list[tuple[float, float]]] = {}
         with gzip.open(path, "rb") as raw, io.TextIOWrapper(raw, encoding="utf-8") as text:
             for row in csv.DictReader(text):

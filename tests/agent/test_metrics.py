@@ -96,3 +96,9 @@ def test_the_metrics_are_served_over_http_on_a_free_port(profiles):
         server.server_close()
     assert 'DCGM_FI_DEV_GPU_UTIL{Hostname="sim-07",UUID="GPU-' in text
     assert 'gpu="0",job="5",modelName="H100"' in text
+
+
+def test_a_missing_trace_is_a_clear_error_naming_the_path(tmp_path, monkeypatch):
+    monkeypatch.setenv("TESSERA_GPU_UTIL_TRACE", str(tmp_path / "nope.csv.gz"))
+    with pytest.raises(FileNotFoundError, match=r"nope.csv.gz does not exist \(set TESSERA_GPU_UTIL_TRACE"):
+        UtilProfiles.load()
