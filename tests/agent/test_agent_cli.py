@@ -97,8 +97,8 @@ def test_the_agent_keeps_its_join_token_out_of_ps_and_its_credential_private(liv
 def test_the_agent_runs_a_bound_job_and_ctrl_c_stops_its_jobs(live_server, world, state_dir):
     token_file = state_dir / "join-token"
     token_file.write_text(h.new_join_token())
-    agent = start_agent(live_server.url, state_dir, "--join-token-file", str(token_file),
-                        "--util-speed", "60")
+    # The default --util-speed: the profile's first busy sample lasts a minute of job time.
+    agent = start_agent(live_server.url, state_dir, "--join-token-file", str(token_file))
     try:
         node = registered(state_dir)
         done = h.bind(h.submit(world.alice, world.vision, command=["sh", "-c", "echo $CUDA_VISIBLE_DEVICES"]),
