@@ -22,6 +22,8 @@ from django.db.models import F
 from django.utils import timezone
 
 from scheduling.choices import EventType, JobState
+from scheduling.engine.config import EngineConfig
+from scheduling.engine.policy import TesseraScheduler
 from scheduling.engine.types import Binding, Decisions
 from scheduling.models import Allocation, Device, Job, Node, SchedulerState
 from scheduling.services import live
@@ -99,13 +101,12 @@ def run_pass(now: datetime | None = None, max_rounds: int = 3) -> PassResult | N
         return result
 
 
-def make_policy(loaded: LoadedSnapshot):
-    try:
-        from scheduling.engine.policy import TesseraScheduler
-    except ImportError:  # until the engine lands: the foundation's first-fit
-        from scheduling.engine.firstfit import FirstFit as TesseraScheduler
+def make_policy(loaded: LoadedSnapshot) -> TesseraScheduler:
+    return TesseraScheduler.from_snapshot(loaded.snapshot, engine_config())
 
-    return TesseraScheduler.from_snapshot(loaded.snapshot)
+
+def engine_config() -> EngineConfig:
+    return EngineConfig(max_starts_per_pass=settings.TESSERA["MAX_STARTS_PER_PASS"])
 
 
 def _one_pass(now: datetime | None) -> PassResult:
