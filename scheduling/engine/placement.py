@@ -11,6 +11,7 @@ stay whole for the requests that need them.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -125,6 +126,7 @@ class Placer:
         self._cls_ok: dict[tuple[int, Constraints], int | None] = {}
         self._score: dict[ReplicaReq, dict[int, tuple[float, int | None] | None]] = {}
         self._allowed: dict[Constraints, list[tuple[int, int]]] = {}
+        self._heaps: dict[tuple[ReplicaReq, int], list] = {}
 
     def class_pref(self, cls: int, c: Constraints) -> int | None:
         """None if no node of class ``cls`` may ever take the job, else its model's preference."""
@@ -211,34 +213,74 @@ class Placer:
                     if node_ok(by_rank[r]):
                         return by_rank[r], value
             return None
-        per = self._score.get(req)
-        if per is None:
-            per = self._score[req] = {}
         best_key: tuple | None = None
         best_pick: tuple[int, int | None] | None = None
         may_fit = self.state.class_may_fit
         for cls, pref in self.allowed_classes(c):
             if not may_fit(cls, req):
                 continue
-            top_score: float | None = None
-            top_rank = 0
-            top_value: int | None = None
-            for g in self.state.by_class[cls].values():
+            top = self._class_top(req, cls)
+            if top is None:
+                continue
+            score, rank, value = top
+            k = (-pref, score, -rank)
+            if best_key is None or k > best_key:
+                best_key, best_pick = k, (by_rank[rank], value)
+        return best_pick
+
+    # The best group of one class for one request, kept in a heap of (-score, first rank, gid).
+    # A group's score never changes (its state is its key); what changes is which groups exist
+    # and their first node, and the state logs exactly those events per class. So a query reads
+    # the log entries it has not seen, pushes them, and drops stale tops: amortised O(log n)
+    # instead of a scan of every group.
+    def _class_top(self, req: ReplicaReq, cls: int) -> tuple[float, int, int | None] | None:
+        state = self.state
+        per = self._score.get(req)
+        if per is None:
+            per = self._score[req] = {}
+        log = state.log.get(cls, [])
+        base = state.log_base.get(cls, 0)
+        end = base + len(log)
+        hk = (req, cls)
+        h = self._heaps.get(hk)
+        groups = state.by_class[cls]
+        if (h is None or h[1] < base or end - h[1] > 2 * len(groups) + 64
+                or len(h[0]) > 4 * len(groups) + 64):
+            heap = []
+            for g in groups.values():
                 sc = per.get(g.gid, MISS)
                 if sc is MISS:
                     sc = self._group_score(g.key, g.gid, req)
-                if sc is None:
+                if sc is not None:
+                    heap.append((-sc[0], g.ranks[0], g.gid))  # type: ignore[index]
+            heapq.heapify(heap)
+            h = self._heaps[hk] = [heap, end]
+        else:
+            heap = h[0]
+            by_gid = state.group_by_gid
+            for gid in log[h[1] - base:]:
+                g = by_gid.get(gid)
+                if g is None:
                     continue
-                s0 = sc[0]  # type: ignore[index]
-                r0 = g.ranks[0]
-                if top_score is None or s0 > top_score or (s0 == top_score and r0 < top_rank):
-                    top_score, top_rank, top_value = s0, r0, sc[1]  # type: ignore[index]
-            if top_score is None:
+                sc = per.get(gid, MISS)
+                if sc is MISS:
+                    sc = self._group_score(g.key, gid, req)
+                if sc is not None:
+                    heapq.heappush(heap, (-sc[0], g.ranks[0], gid))  # type: ignore[index]
+            h[1] = end
+        heap = h[0]
+        by_gid = state.group_by_gid
+        while heap:
+            negs, r0, gid = heap[0]
+            g = by_gid.get(gid)
+            if g is None:
+                heapq.heappop(heap)
                 continue
-            k = (-pref, top_score, -top_rank)
-            if best_key is None or k > best_key:
-                best_key, best_pick = k, (by_rank[top_rank], top_value)
-        return best_pick
+            if g.ranks[0] != r0:
+                heapq.heapreplace(heap, (negs, g.ranks[0], gid))
+                continue
+            return -negs, r0, per[gid][1]  # type: ignore[index]
+        return None
 
     def place(self, job_id: str, node: int, req: ReplicaReq, value: int | None,
               replica: int) -> Alloc:

@@ -153,6 +153,11 @@ class ClusterState:
         self.by_class: dict[int, dict[GroupKey, Group]] = {}  # class -> its groups
         # Per class: nodes by number of whole free GPUs, and by their largest free share; a
         # request that no node of a class could take skips the class without a scan.
+        # Per class, an append-only log of groups that appeared or got a new first node; the
+        # placer's per-request heaps read it to stay current without rescanning (see placement).
+        self.group_by_gid: dict[int, Group] = {}
+        self.log: dict[int, list[int]] = {}
+        self.log_base: dict[int, int] = {}
         self.whole_hist: dict[int, list[int]] = {}
         self.share_hist: dict[int, dict[int, int]] = {}
         self._next_gid = 0
@@ -170,7 +175,18 @@ class ClusterState:
         if group is None:
             group = self.groups[key] = Group(self._next_gid, key)
             self.by_class.setdefault(n.cls, {})[key] = group
+            self.group_by_gid[group.gid] = group
             self._next_gid += 1
+        if not group.ranks or n.rank < group.ranks[0]:
+            log = self.log.get(n.cls)
+            if log is None:
+                log = self.log[n.cls] = []
+                self.log_base[n.cls] = 0
+            log.append(group.gid)
+            if len(log) > 4 * len(self.by_class[n.cls]) + 1024:
+                drop = len(log) // 2
+                del log[:drop]
+                self.log_base[n.cls] += drop
         bisect.insort(group.ranks, n.rank)
         hist = self.whole_hist.get(n.cls)
         if hist is None:
@@ -186,11 +202,13 @@ class ClusterState:
 
     def _leave(self, n: NodeState) -> None:
         key = n.key()
-        ranks = self.groups[key].ranks
+        group = self.groups[key]
+        ranks = group.ranks
         del ranks[bisect.bisect_left(ranks, n.rank)]
         if not ranks:
             del self.groups[key]
             del self.by_class[n.cls][key]
+            del self.group_by_gid[group.gid]
         self.whole_hist[n.cls][n.whole_free()] -= 1
         shares = self.share_hist[n.cls]
         top = max(n.free, default=0)
