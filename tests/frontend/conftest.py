@@ -23,3 +23,9 @@ def memory_layer(settings: Any) -> None:
     """An in-process channel layer by default, so no other process's updates (another test run
     sharing the machine's Redis) reach these sockets. Tests that need Redis ask for it."""
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings: Any) -> None:
+    """The test world hashes four passwords per test; the production hasher is slow on purpose."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
