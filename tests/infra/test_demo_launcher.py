@@ -20,6 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+SLEEPER = "import time; time.sleep(120)"
 
 
 def free_port() -> int:
@@ -76,6 +77,13 @@ def listening_ports(pids) -> set[int]:
     return ports
 
 
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def port_listens(port: int) -> bool:
     with socket.socket() as sock:
         return sock.connect_ex(("127.0.0.1", port)) == 0
@@ -126,7 +134,17 @@ def test_demo_serves_runs_a_job_and_ctrl_c_leaves_no_process_or_port(tmp_path):
         assert job["state"] == "succeeded", job
         assert "42" in api(base, token, f"/api/v1/jobs/{job['id']}/logs/")["data"]
 
+        # A job still running at Ctrl-C must not outlive the demo either.
+        sleeper = api(base, token, "/api/v1/jobs/", {"name": "sleeper", "kind": "batch", "gpus": 1,
+                                                     "command": ["python", "-c", SLEEPER]})
+        deadline = time.monotonic() + 30
+        while sleeper["state"] != "running" and time.monotonic() < deadline:
+            time.sleep(0.3)
+            sleeper = api(base, token, f"/api/v1/jobs/{sleeper['id']}/")
+        assert sleeper["state"] == "running", sleeper
+
         tree = process_tree(demo.pid)
+        assert any(SLEEPER in cmdline(pid) for pid in tree), "the job's process is not in the tree"
         ports = listening_ports(tree)
         assert len(tree) >= 14  # the launcher, web, 12 agents
         assert port in ports and len(ports) >= 13  # web, and each agent's /metrics
