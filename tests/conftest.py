@@ -71,12 +71,14 @@ class World:
 
 
 @pytest.fixture
-def world(db) -> World:
+def world(db, settings) -> World:
     from django.contrib.auth.models import User
     from rest_framework.authtoken.models import Token
 
     from scheduling.models import Membership, Quota, Tenant
 
+    # The users have passwords; real hashing costs ~2 s per test on this machine.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     vision = Tenant.objects.create(name="vision")
     nlp = Tenant.objects.create(name="nlp")
     Quota.objects.create(tenant=vision, model="*", guaranteed=16, limit=64)

@@ -26,12 +26,6 @@ from scheduling.services.jobs import (
 )
 
 
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings) -> None:
-    """The world's four users are made with passwords; real hashing costs ~2 s per test here."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 def valid_body(**overrides: Any) -> dict[str, Any]:
     body: dict[str, Any] = {
         "name": "resnet",
