@@ -17,6 +17,7 @@ from typing import Any
 from django.conf import settings
 
 GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
+SM_ACTIVE = "DCGM_FI_PROF_SM_ACTIVE"
 JOB_LABELS = ("exported_job", "job")  # the agent's job label, renamed or kept (see above)
 NODE_LABEL = "Hostname"
 DEFAULT_TIMEOUT_S = 5
@@ -91,6 +92,25 @@ def _samples(result: Any) -> list[Sample]:
     return samples
 
 
+def gpu_series(
+    metric: str, job_id: int | str | None = None, node: str | None = None, url: str | None = None
+) -> list[Sample]:
+    """The latest value of one per-GPU agent series (e.g. ``DCGM_FI_PROF_SM_ACTIVE``) for every
+    GPU, optionally only one job's GPUs or one node's."""
+    if not re.fullmatch(r"[A-Za-z_:][A-Za-z0-9_:]*", metric):
+        raise ValueError(f"not a metric name: {metric!r}")
+    base = _matchers(**{NODE_LABEL: node})
+    if job_id is None:
+        return query(f"{metric}{{{base}}}", url)
+    parts = [
+        f"{metric}{{{','.join(p for p in (base, _matchers(**{label: str(job_id)})) if p)}}}"
+        for label in JOB_LABELS
+    ]
+    samples = query(" or ".join(parts), url)
+    # A series matched by the scrape job's own name (label "job") is not a Tessera job's GPU.
+    return [s for s in samples if _job_of(s) == str(job_id)]
+
+
 def gpu_utilisation(
     job_id: int | str | None = None, node: str | None = None, url: str | None = None
 ) -> list[Sample]:
@@ -98,16 +118,14 @@ def gpu_utilisation(
 
     Without ``job_id``, every GPU's series; with it, the GPUs the agents report that job on.
     """
-    base = _matchers(**{NODE_LABEL: node})
-    if job_id is None:
-        return query(f"{GPU_UTIL}{{{base}}}", url)
-    parts = [
-        f"{GPU_UTIL}{{{','.join(p for p in (base, _matchers(**{label: str(job_id)})) if p)}}}"
-        for label in JOB_LABELS
-    ]
-    samples = query(" or ".join(parts), url)
-    # A series matched by the scrape job's own name (label "job") is not a Tessera job's GPU.
-    return [s for s in samples if _job_of(s) == str(job_id)]
+    return gpu_series(GPU_UTIL, job_id, node, url)
+
+
+def sm_active(
+    job_id: int | str | None = None, node: str | None = None, url: str | None = None
+) -> list[Sample]:
+    """The share of cycles with a warp on an SM (0..1): closer to real use than utilisation."""
+    return gpu_series(SM_ACTIVE, job_id, node, url)
 
 
 def _job_of(sample: Sample) -> str | None:

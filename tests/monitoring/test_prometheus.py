@@ -137,6 +137,8 @@ def test_the_reader_gets_the_running_jobs_gpu_utilisation_from_a_real_prometheus
     assert sample.labels["gpu"] == str(device.index)
     assert 0 <= sample.value <= 100
     assert reader.gpu_utilisation(job_id=job_id + 1000, url=url) == []
+    (active,) = reader.sm_active(job_id=job_id, url=url)
+    assert active.labels["UUID"] == device.uuid and 0 <= active.value <= 1
     # The node's other GPU is idle: reported, at 0, with no job.
     on_node = reader.gpu_utilisation(node=NODE, url=url)
     assert {s.labels["gpu"] for s in on_node} == {"0", "1"}
@@ -168,3 +170,8 @@ def test_the_reader_says_clearly_that_prometheus_cannot_be_reached(settings: Any
 
 def test_label_values_are_escaped_so_a_job_id_cannot_inject_promql() -> None:
     assert reader._matchers(job='1"} or up{x="') == 'job="1\\"} or up{x=\\""'
+
+
+def test_a_metric_name_that_is_not_one_is_refused_before_any_query() -> None:
+    with pytest.raises(ValueError):
+        reader.gpu_series("up or vector(1)")
