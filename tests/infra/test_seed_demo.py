@@ -99,7 +99,10 @@ def test_the_printed_join_token_is_a_valid_one_and_only_hashed_in_the_database()
 def test_join_token_from_env_registers_the_deployers_token(monkeypatch):
     monkeypatch.setenv("TESSERA_JOIN_TOKEN", "compose-chosen-secret-1234567890")
     call_command("seed_demo", "--join-token-from-env", stdout=io.StringIO())
-    call_command("seed_demo", "--join-token-from-env", stdout=io.StringIO())
+    out = io.StringIO()
+    call_command("seed_demo", "--join-token-from-env", stdout=out)
+    assert "compose-chosen-secret" not in out.getvalue()  # not repeated in the deployment's logs
+    assert "password" in out.getvalue()
     rows = JoinToken.objects.filter(token_hash=hash_secret("compose-chosen-secret-1234567890"))
     assert rows.count() == 1 and not rows.get().revoked
 

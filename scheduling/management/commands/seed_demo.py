@@ -44,4 +44,8 @@ class Command(BaseCommand):
         for u in seed.users:
             role = "operator" if u.operator else f"tenant {u.tenant}"
             self.stdout.write(f"user {u.username:6} ({role}): password {u.password}  token {u.token}")
-        self.stdout.write(f"join token: {seed.join_token}")
+        if options["join_token_from_env"]:
+            # The deployer chose it and has it; logs (docker-compose logs) need not repeat it.
+            self.stdout.write("join token: the one in $TESSERA_JOIN_TOKEN")
+        else:
+            self.stdout.write(f"join token: {seed.join_token}")
