@@ -8,12 +8,10 @@ agents register them, as on a real cluster.
 
 from __future__ import annotations
 
-import io
 import secrets
 from dataclasses import dataclass, field
 
 from django.contrib.auth.models import User
-from django.core.management import call_command, get_commands
 from django.db import transaction
 from rest_framework.authtoken.models import Token
 
@@ -97,28 +95,20 @@ def do_seed_demo_people() -> DemoSeed:
     return seed
 
 
-def _valid_join_token(secret: str) -> bool:
-    return JoinToken.objects.filter(token_hash=hash_secret(secret), revoked=False).exists()
-
-
 def do_mint_join_token() -> str:
     """A fresh join token for the demo's agents; earlier demo join tokens are revoked.
 
-    Prefer the agent's own ``create_join_token`` command (it may set expiry and other rules);
-    its last printed word is taken as the token only if it really is a valid one.
+    Made by the agents' own service (``scheduling.services.agents.do_create_join_token``, behind
+    ``manage.py create_join_token``), so that the demo's token follows the same rules.
     """
     JoinToken.objects.filter(name=DEMO_JOIN_TOKEN_NAME, revoked=False).update(revoked=True)
-    if "create_join_token" in get_commands():
-        out = io.StringIO()
-        try:
-            call_command("create_join_token", stdout=out)
-        except Exception:  # its options may differ; the direct path below still works
-            out = io.StringIO()
-        words = out.getvalue().split()
-        if words and _valid_join_token(words[-1]):
-            return words[-1]
-    secret = new_secret()
-    JoinToken.objects.create(name=DEMO_JOIN_TOKEN_NAME, token_hash=hash_secret(secret))
+    try:
+        from scheduling.services.agents import do_create_join_token
+    except ImportError:  # a checkout without the agent's services: the same row, made here
+        secret = new_secret()
+        JoinToken.objects.create(name=DEMO_JOIN_TOKEN_NAME, token_hash=hash_secret(secret))
+        return secret
+    _, secret = do_create_join_token(DEMO_JOIN_TOKEN_NAME)
     return secret
 
 

@@ -114,3 +114,11 @@ def test_join_token_from_env_refuses_an_empty_token(monkeypatch):
     with pytest.raises(CommandError):
         call_command("seed_demo", "--join-token-from-env", stdout=io.StringIO())
     assert not JoinToken.objects.exists()
+
+
+def test_a_new_demo_join_token_revokes_the_previous_one():
+    first = seed()["join_token"]
+    second = seed()["join_token"]
+    assert first != second
+    assert JoinToken.objects.get(token_hash=hash_secret(first)).revoked
+    assert not JoinToken.objects.get(token_hash=hash_secret(second)).revoked
