@@ -66,6 +66,7 @@ def test_a_stop_order_reaches_only_its_process(agent):
                           "grace_left_seconds": 1}]})
     assert server.exit_of(3, timeout=10)["reason"] == "stopped"
     assert node.jobs[(4, 0, 0)].proc.poll() is None and node.jobs[(4, 0, 0)].stop_reason is None
+    assert node.jobs[(3, 0, 0)].done.wait(5)
     node._reap()  # the loop's housekeeping: a reported exit leaves the heartbeat's list
     assert [r["job_id"] for r in node.running_reports()] == [4]
 
