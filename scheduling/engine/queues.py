@@ -4,6 +4,9 @@ Level by kind (inference above training above fine-tune and batch, configurable)
 waited past the aging bound is promoted to level 0 (and gets a reservation, see
 :mod:`.backfill`). Within a level: priority (higher first), then the tenant's weighted fair share
 at the start of the pass (lower first), then arrival, then id (so equal inputs give equal orders).
+Before all of these within a level, jobs their tenant's guarantee covers come before jobs that
+would borrow: capacity reclaimed for an owner goes to the owner, so a reclaim is never undone by
+the borrower starting again in the next pass.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ def order(jobs: Iterable[JobRequest], now: float, config: EngineConfig,
         share = shares.get(j.tenant)
         if share is None:
             share = shares[j.tenant] = quotas.share(j.tenant)
-        return (level(j, now, config), -j.priority, share, j.submitted_at, j.id)
+        borrow = quotas.would_borrow(j.tenant, j.gpus)
+        return (level(j, now, config), borrow, -j.priority, share, j.submitted_at, j.id)
 
     return sorted(jobs, key=key)
 

@@ -87,6 +87,13 @@ class Quotas:
         q = self.row(tenant, model)
         return q is not None and self.used(tenant, model) + milli <= round(q.guaranteed * MILLI)
 
+    def would_borrow(self, tenant: str, gpus: float) -> bool:
+        """Would ``gpus`` more take ``tenant`` above its guarantee (summed over its rows)?"""
+        if not self.enabled:
+            return False
+        guaranteed = sum(q.guaranteed for q in self.rows.get(tenant, {}).values())
+        return self.total.get(tenant, 0) + gpus * MILLI > guaranteed * MILLI + 1e-6
+
     def share(self, tenant: str) -> float:
         """Weighted dominant share (GPUs are the dominant resource here)."""
         rows = self.rows.get(tenant, {})

@@ -1,0 +1,112 @@
+"""Preemption, reclaim, elastic shrink and quota borrowing, on small literal clusters."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+
+from scheduling.engine.config import EngineConfig
+from scheduling.engine.policy import TesseraScheduler
+from scheduling.engine.types import JobRequest, QuotaSpec
+from tests.engine.engine_cases import clusters, jobs, node
+
+
+def _full(s: TesseraScheduler, now: float = 0.0, **kw) -> None:
+    for i, n in enumerate(s.nodes):
+        s.submit(JobRequest(f"fill{i}", kw.get("tenant", "nlp"), kw.get("kind", "batch"),
+                            float(n.gpus), preemptible=kw.get("preemptible", True),
+                            submitted_at=now))
+    d = s.decide(now)
+    assert len(d.bindings) == len(s.nodes)
+
+
+def test_inference_preempts_the_batch_job_that_loses_the_least_work():
+    s = TesseraScheduler([node("a", gpus=4, nvlink=4), node("b", gpus=4, nvlink=4)])
+    _full(s)
+    s.checkpoint("fill1", 900.0)  # fill1 checkpointed recently: it loses less
+    s.submit(JobRequest("serve", "vision", "inference", 4, preemptible=False, submitted_at=950))
+    d = s.decide(1000.0)
+    assert [p.job_id for p in d.preemptions] == ["fill1"]
+    assert d.pending["serve"].code == "reserved"
+    assert not d.bindings  # the victim keeps its GPUs through its grace period
+    d = s.decide(1001.0)
+    assert not d.preemptions  # no second victim while the first is terminating
+    s.release("fill1", 1030.0)
+    d = s.decide(1030.0)
+    assert [b.job_id for b in d.bindings] == ["serve"]
+
+
+def test_a_non_preemptible_job_is_never_a_victim_and_min_run_time_protects_new_jobs():
+    s = TesseraScheduler([node("a", gpus=4, nvlink=4)])
+    _full(s, preemptible=False)
+    s.submit(JobRequest("serve", "vision", "inference", 4, preemptible=False, submitted_at=1))
+    d = s.decide(5000.0)
+    assert not d.preemptions
+    s2 = TesseraScheduler([node("a", gpus=4, nvlink=4)], config=EngineConfig(preempt_min_run_s=600))
+    _full(s2)
+    s2.submit(JobRequest("serve", "vision", "inference", 4, preemptible=False, submitted_at=1))
+    assert not s2.decide(100.0).preemptions
+    assert s2.decide(700.0).preemptions
+
+
+def test_borrowed_capacity_is_reclaimed_for_its_owner_and_not_taken_back():
+    quotas = [QuotaSpec("vision", "H100", 8, 8), QuotaSpec("nlp", "H100", 0, 8)]
+    s = TesseraScheduler([node("a")], quotas)
+    s.submit(JobRequest("borrow", "nlp", "training", 8))
+    assert s.decide(0.0).bindings  # nlp borrows vision's idle guarantee
+    s.submit(JobRequest("own", "vision", "training", 8, submitted_at=10))
+    d = s.decide(1000.0)
+    assert [p.job_id for p in d.preemptions] == ["borrow"]
+    assert d.preemptions[0].reason.startswith("reclaim:")
+    s.release("borrow", 1030.0)
+    s.requeue(JobRequest("borrow", "nlp", "training", 8))
+    d = s.decide(1030.0)
+    assert [b.job_id for b in d.bindings] == ["own"]
+    d = s.decide(5000.0)  # vision is within its guarantee: nlp cannot reclaim it back
+    assert not d.preemptions
+    assert d.pending["borrow"].code in ("capacity", "fragmentation", "reserved")
+
+
+def test_a_non_preemptible_job_may_not_borrow_and_one_above_the_guarantee_is_refused():
+    s = TesseraScheduler([node("a")], [QuotaSpec("nlp", "*", 4, 8)])
+    s.submit(JobRequest("batch", "nlp", "batch", 2))
+    s.decide(0.0)
+    s.submit(JobRequest("serve", "nlp", "inference", 4, preemptible=False, submitted_at=1))
+    s.submit(JobRequest("huge", "nlp", "inference", 6, preemptible=False, submitted_at=2))
+    d = s.decide(0.0)
+    assert d.pending["serve"].code == "borrow-limit"
+    assert d.pending["serve"].message.startswith("borrow-limit: nlp uses 2 of 4 guaranteed")
+    assert "huge" in d.rejections
+
+
+def test_an_elastic_job_starts_with_what_fits_grows_and_shrinks_before_anyone_is_preempted():
+    s = TesseraScheduler([node("a", gpus=4, nvlink=4), node("b", gpus=4, nvlink=4)])
+    s.submit(JobRequest("other", "nlp", "batch", 4))
+    s.decide(0.0)
+    s.submit(JobRequest("el", "vision", "training", 4, replicas=4, elastic_min_gpus=2,
+                        elastic_max_gpus=8, submitted_at=1))
+    d = s.decide(1.0)
+    assert len(d.bindings[0].placements) == 4  # 4 of at most 8 one-GPU replicas fit
+    s.release("other", 50.0)
+    d = s.decide(50.0)
+    assert [len(r.placements) for r in d.resizes] == [8]  # grew into the freed node
+    s.submit(JobRequest("serve", "speech", "inference", 4, preemptible=False, submitted_at=60))
+    d = s.decide(1000.0)
+    assert not d.preemptions
+    assert [b.job_id for b in d.bindings] == ["serve"]
+    assert d.resizes and len(d.resizes[0].placements) >= 2
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nodes=clusters(), workload=jobs())
+def test_releasing_every_job_restores_every_nodes_buddy_lists_exactly(nodes, workload):
+    s = TesseraScheduler(nodes)
+    before = [[isl.blocks() for isl in n.islands] for n in s.state.nodes]
+    for j in workload:
+        s.submit(j)
+    s.decide(0.0)
+    s.decide(100.0)
+    for jid in sorted(s.running):
+        s.release(jid, 200.0)
+    assert [[isl.blocks() for isl in n.islands] for n in s.state.nodes] == before
+    assert all(v == 1000 for n in s.state.nodes for v in n.free)
+    assert s.state.total_free == sum(1000 * n.gpus for n in nodes if n.schedulable)
