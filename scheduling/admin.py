@@ -197,7 +197,7 @@ class AllocationInline(ReadOnlyInline):
     readonly_fields = fields
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Allocation]:
-        return super().get_queryset(request).select_related("device__node")
+        return super().get_queryset(request).select_related("node", "device")
 
 
 class JobEventInline(ReadOnlyInline):
@@ -256,8 +256,8 @@ class JobAdmin(ReadOnlyMixin, admin.ModelAdmin):
 class AllocationAdmin(ReadOnlyMixin, admin.ModelAdmin):
     list_display = ["job", "device", "replica", "share_milli", "attempt", "created_at", "released_at"]
     list_filter = [("released_at", admin.EmptyFieldListFilter)]
-    search_fields = ["=job__id", "device__node__name"]
-    list_select_related = ["job", "device__node"]
+    search_fields = ["=job__id", "node__name"]
+    list_select_related = ["job", "node", "device"]
 
 
 @admin.register(JobEvent)

@@ -217,13 +217,18 @@ class Job(models.Model):
 
 
 class Allocation(models.Model):
-    """One replica's use of one device: ``share_milli`` of 1000 (fractions are shares of one GPU).
+    """One replica's use of one device of a node: ``share_milli`` of 1000 (fractions are shares
+    of one GPU); a CPU-only replica has one row with no device and share 0.
 
     Active while ``released_at`` is null; kept afterwards as history.
     """
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="allocations")
-    device = models.ForeignKey(Device, on_delete=models.PROTECT, related_name="allocations")
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="allocations")
+    # None for a CPU-only replica (``gpus: 0``): it holds a place on the node but no GPU.
+    device = models.ForeignKey(
+        Device, on_delete=models.PROTECT, related_name="allocations", null=True, blank=True
+    )
     replica = models.PositiveIntegerField(default=0)
     share_milli = models.PositiveIntegerField(default=1000)
     attempt = models.PositiveIntegerField(default=0)
@@ -232,15 +237,25 @@ class Allocation(models.Model):
 
     class Meta:
         ordering = ["job_id", "replica", "device__index"]
-        indexes = [models.Index(fields=["device", "released_at"])]
+        indexes = [
+            models.Index(fields=["device", "released_at"]),
+            models.Index(fields=["node", "released_at"]),
+        ]
         constraints = [
             models.CheckConstraint(
-                condition=Q(share_milli__gte=1) & Q(share_milli__lte=1000), name="share_in_range"
+                condition=(Q(device__isnull=True) & Q(share_milli=0))
+                | (Q(device__isnull=False) & Q(share_milli__gte=1) & Q(share_milli__lte=1000)),
+                name="share_in_range",
             ),
         ]
 
     def __str__(self) -> str:
         return f"job {self.job_id} replica {self.replica} on device {self.device_id}"
+
+    def save(self, *args, **kwargs) -> None:
+        if self.node_id is None and self.device is not None:
+            self.node_id = self.device.node_id  # a GPU row's node is its device's
+        super().save(*args, **kwargs)
 
     @property
     def share(self) -> float:

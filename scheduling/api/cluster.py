@@ -43,12 +43,12 @@ def fragmentation_rate(rows: list[dict[str, Any]]) -> float:
     cpu_used: dict[str, float] = defaultdict(float)
     seen: set[tuple[int, int, str]] = set()
     for a in Allocation.objects.filter(released_at__isnull=True, job__state__in=list(HOLDING_STATES)).values(
-        "job_id", "replica", "device__node__name", "job__cpus", "job__replicas"
+        "job_id", "replica", "node__name", "job__cpus", "job__replicas"
     ):
-        key = (a["job_id"], a["replica"], a["device__node__name"])
+        key = (a["job_id"], a["replica"], a["node__name"])
         if key not in seen:
             seen.add(key)
-            cpu_used[a["device__node__name"]] += a["job__cpus"] / max(a["job__replicas"], 1)
+            cpu_used[a["node__name"]] += a["job__cpus"] / max(a["job__replicas"], 1)
     free_by_node: dict[str, list[int]] = defaultdict(list)
     models: dict[str, str] = {}
     for row in rows:

@@ -195,7 +195,7 @@ class AllocationsField(serializers.Field):
     def to_representation(self, job: Job) -> list[dict[str, Any]]:
         allocs = getattr(job, "active_allocations", None)
         if allocs is None:  # not prefetched (one job): read them now
-            allocs = job.allocations.filter(released_at__isnull=True).select_related("device__node")
+            allocs = job.allocations.filter(released_at__isnull=True).select_related("node", "device")
         return allocations_payload(allocs)
 
 

@@ -104,7 +104,7 @@ class JobViewSet(viewsets.GenericViewSet):
     lookup_value_regex = "[^/]+"
 
     def get_queryset(self) -> QuerySet[Job]:
-        active = Allocation.objects.filter(released_at__isnull=True).select_related("device__node")
+        active = Allocation.objects.filter(released_at__isnull=True).select_related("node", "device")
         return (
             Job.objects.visible_to(self.request.user)
             .select_related("tenant")

@@ -109,8 +109,10 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
                         else f"reclaim: {job.tenant} needs its guarantee", job.id))
                 waiting = f"preempting {len(plan)} job(s)" if plan else "waiting for "\
                     "terminating jobs"
+                grace = max((s.running[v.job_id].job.grace_s for v in plan), default=0.0)
                 d.pending[job.id] = PendingReason(
-                    "reserved", f"reserved: {waiting} to make room; starts when they exit")
+                    "reserved", f"reserved: {waiting} to make room; starts when they exit",
+                    now + grace if plan else None)
                 continue
         aged = queues.is_aged(job, now, cfg)
         if cfg.backfill and len(res.items) < cfg.max_reservations and (aged or not blocked_seen):

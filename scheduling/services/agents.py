@@ -135,7 +135,7 @@ def _started_replicas(node: Node) -> set[tuple[int, int]]:
     """(job, replica) pairs on ``node`` whose processes were started (running or stopping)."""
     return set(
         Allocation.objects.filter(
-            device__node=node,
+            node=node,
             released_at__isnull=True,
             job__state__in=[JobState.RUNNING, JobState.TERMINATING],
         ).values_list("job_id", "replica")
@@ -208,7 +208,7 @@ def do_heartbeat(node: Node, running: list[Reported]) -> dict[str, Any]:
 def _held_replicas(node: Node) -> dict[tuple[int, int], list[Allocation]]:
     held: dict[tuple[int, int], list[Allocation]] = {}
     allocs = (
-        Allocation.objects.filter(device__node=node, released_at__isnull=True)
+        Allocation.objects.filter(node=node, released_at__isnull=True)
         .select_related("job", "device")
         .order_by("job_id", "replica", "device__index")
     )
@@ -247,8 +247,8 @@ def _binding(job: Job, attempt: int, replica: int, allocs: list[Allocation]) -> 
         "name": job.name,
         "command": list(job.command),
         "env": dict(job.env or {}),
-        "gpus": [a.device.index for a in allocs],
-        "share": allocs[0].share_milli / 1000,
+        "gpus": [a.device.index for a in allocs if a.device is not None],  # [] for CPU-only
+        "share": allocs[0].share_milli / 1000 if allocs[0].device is not None else 1.0,
         "grace_seconds": job.grace_seconds,
         "time_limit_seconds": job.time_limit_seconds,
         "checkpoint_seconds": job.checkpoint_seconds,
@@ -283,14 +283,14 @@ def _owned_job(node: Node, job_id: int) -> Job:
     """The job, locked, if it ever had a replica on ``node``; otherwise :class:`NotYours`."""
     if not 0 < job_id <= MAX_DB_INT:
         raise NotYours(job_id)
-    if not Allocation.objects.filter(job_id=job_id, device__node=node).exists():
+    if not Allocation.objects.filter(job_id=job_id, node=node).exists():
         raise NotYours(job_id)
     return _lock_job(job_id)
 
 
 def _active(job: Job, node_id: int, replica: int, attempt: int):
     return Allocation.objects.filter(
-        job=job, device__node_id=node_id, replica=replica, attempt=attempt, released_at__isnull=True
+        job=job, node_id=node_id, replica=replica, attempt=attempt, released_at__isnull=True
     )
 
 
@@ -316,7 +316,7 @@ def do_report_exit(
             _settle_replica(job, node.pk, replica, exit_code, reason, now)
             return job, True
         already = Allocation.objects.filter(
-            job=job, device__node=node, replica=replica, attempt=attempt, released_at__isnull=False
+            job=job, node=node, replica=replica, attempt=attempt, released_at__isnull=False
         ).exists()
         if already:
             return job, False  # a retried report: the first one counted
@@ -335,7 +335,7 @@ def _settle_replica(
         do_mark_running(job, now)  # its ``started`` report was lost; keep the history in order
     others = (
         Allocation.objects.filter(job=job, released_at__isnull=True)
-        .exclude(device__node_id=node_id, replica=replica)
+        .exclude(node_id=node_id, replica=replica)
         .exists()
     )
     if job.state == JobState.RUNNING:
@@ -361,7 +361,7 @@ def _settle_replica(
 def _release_replica(job: Job, node_id: int, replica: int, at: datetime) -> None:
     allocs = list(
         Allocation.objects.filter(
-            job=job, device__node_id=node_id, replica=replica, released_at__isnull=True
+            job=job, node_id=node_id, replica=replica, released_at__isnull=True
         )
     )
     if not allocs:
@@ -369,7 +369,9 @@ def _release_replica(job: Job, node_id: int, replica: int, at: datetime) -> None
     Allocation.objects.filter(pk__in=[a.pk for a in allocs]).update(released_at=at)
     bump_node_versions({node_id})
     live.publish_devices(
-        device_rows(Device.objects.filter(pk__in=[a.device_id for a in allocs]).select_related("node"))
+        device_rows(
+            Device.objects.filter(pk__in=[a.device_id for a in allocs if a.device_id]).select_related("node")
+        )
     )
     request_pass_on_commit()
 

@@ -30,7 +30,7 @@ def sweep_nodes(now=None) -> list[str]:
         job_ids = set(
             Job.objects.filter(
                 state__in=list(HOLDING_STATES),
-                allocations__device__node=node,
+                allocations__node=node,
                 allocations__released_at__isnull=True,
             ).values_list("pk", flat=True)
         )

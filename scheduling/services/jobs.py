@@ -28,16 +28,23 @@ class IdempotencyConflict(Exception):
 def allocations_payload(allocs) -> list[dict[str, Any]]:
     """Allocation rows → the contract's ``[{"node", "gpus", "share", "replica"}]``."""
     grouped: dict[tuple[int, str, int], list[int]] = {}
-    for a in sorted(allocs, key=lambda a: (a.replica, a.device.node.name, a.device.index)):
-        grouped.setdefault((a.replica, a.device.node.name, a.share_milli), []).append(a.device.index)
+    for a in sorted(allocs, key=lambda a: (a.replica, a.node.name, device_index(a))):
+        gpus = grouped.setdefault((a.replica, a.node.name, a.share_milli), [])
+        if a.device is not None:
+            gpus.append(a.device.index)
     return [
-        {"node": node, "gpus": gpus, "share": share / 1000, "replica": replica}
+        # A CPU-only replica: no GPUs; its share is reported as 1.0, the contract's default.
+        {"node": node, "gpus": gpus, "share": share / 1000 if gpus else 1.0, "replica": replica}
         for (replica, node, share), gpus in grouped.items()
     ]
 
 
+def device_index(allocation) -> int:
+    return allocation.device.index if allocation.device is not None else -1
+
+
 def active_allocations_of(job: Job):
-    return job.allocations.filter(released_at__isnull=True).select_related("device", "device__node")
+    return job.allocations.filter(released_at__isnull=True).select_related("node", "device")
 
 
 def record_event(job: Job, type_: str, reason: str = "", allocations=None, at: datetime | None = None):
@@ -164,7 +171,7 @@ def begin_stop(job: Job, reason: str, now: datetime | None = None) -> Job:
         job, JobState.TERMINATING, EventType.TERMINATING, reason,
         stop_reason=reason, stop_deadline=now + timedelta(seconds=job.grace_seconds),
     )
-    for node_id in set(active_allocations_of(job).values_list("device__node_id", flat=True)):
+    for node_id in set(active_allocations_of(job).values_list("node_id", flat=True)):
         live.wake_agent(node_id)
     return job
 
@@ -176,11 +183,13 @@ def release_allocations(job: Job, at: datetime | None = None) -> list[dict[str, 
     if not allocs:
         return []
     Allocation.objects.filter(pk__in=[a.pk for a in allocs]).update(released_at=at)
-    node_ids = {a.device.node_id for a in allocs}
+    node_ids = {a.node_id for a in allocs}
     bump_node_versions(node_ids)
     from scheduling.services.inventory import device_rows
 
-    rows = device_rows(Device.objects.filter(pk__in=[a.device_id for a in allocs]).select_related("node"))
+    rows = device_rows(
+        Device.objects.filter(pk__in=[a.device_id for a in allocs if a.device_id]).select_related("node")
+    )
     live.publish_devices(rows)
     return rows
 

@@ -175,31 +175,34 @@ def _apply_binding(loaded: LoadedSnapshot, binding: Binding, now: datetime) -> b
             (d.node.name, d.index): d
             for d in Device.objects.filter(node__in=nodes.values()).select_related("node")
         }
-        wanted: list[tuple[Device, int, int]] = []
+        wanted: list[tuple[Node, Device | None, int, int]] = []
         for p in binding.placements:
             share = round(p.share * 1000)
+            if not p.gpus:  # a CPU-only replica: a place on the node, no GPU
+                wanted.append((nodes[p.node], None, p.replica, 0))
             for index in p.gpus:
                 device = devices.get((p.node, index))
                 if device is None or not device.healthy:
                     return False
-                wanted.append((device, p.replica, share))
+                wanted.append((nodes[p.node], device, p.replica, share))
         # Defence in depth: the capacity the database already holds must leave room.
+        gpu_rows = [w for w in wanted if w[1] is not None]
         used: dict[int, int] = {}
         for a in Allocation.objects.filter(
-            device__in=[w[0] for w in wanted], released_at__isnull=True
+            device__in=[w[1] for w in gpu_rows], released_at__isnull=True
         ):
             used[a.device_id] = used.get(a.device_id, 0) + a.share_milli
-        for device, _, share in wanted:
+        for _, device, _, share in gpu_rows:
             used[device.pk] = used.get(device.pk, 0) + share
             if used[device.pk] > 1000:
                 log.error("refusing binding of job %s: device over-committed", binding.job_id)
                 return False
         allocs = Allocation.objects.bulk_create(
-            Allocation(job=job, device=d, replica=r, share_milli=s, attempt=job.attempts)
-            for d, r, s in wanted
+            Allocation(job=job, node=n, device=d, replica=r, share_milli=s, attempt=job.attempts)
+            for n, d, r, s in wanted
         )
-        for a, (d, _, _) in zip(allocs, wanted, strict=True):
-            a.device = d
+        for a, (n, d, _, _) in zip(allocs, wanted, strict=True):
+            a.node, a.device = n, d
         Node.objects.filter(pk__in=[n.pk for n in nodes.values()]).update(version=F("version") + 1)
         do_transition(
             job, JobState.SCHEDULED, EventType.SCHEDULED, allocations=allocations_payload(allocs),
@@ -207,7 +210,7 @@ def _apply_binding(loaded: LoadedSnapshot, binding: Binding, now: datetime) -> b
         )
         from scheduling.services.inventory import device_rows
 
-        live.publish_devices(device_rows({a.device for a in allocs}))
+        live.publish_devices(device_rows({a.device for a in allocs if a.device is not None}))
         for node in nodes.values():
             live.wake_agent(node.pk)
     return True

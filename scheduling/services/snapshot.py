@@ -82,7 +82,7 @@ def load_snapshot(now: datetime) -> LoadedSnapshot:
             Job.objects.filter(state__in=[JobState.PENDING, *HOLDING_STATES]).select_related("tenant")
         )
         allocs = list(
-            Allocation.objects.filter(released_at__isnull=True).select_related("device__node")
+            Allocation.objects.filter(released_at__isnull=True).select_related("node", "device")
         )
         quotas = list(Quota.objects.select_related("tenant"))
     by_job: dict[int, list[Allocation]] = defaultdict(list)
@@ -96,9 +96,11 @@ def load_snapshot(now: datetime) -> LoadedSnapshot:
             continue
         grouped: dict[tuple[int, str, int], list[int]] = defaultdict(list)
         for a in by_job.get(job.pk, []):
-            grouped[(a.replica, a.device.node.name, a.share_milli)].append(a.device.index)
+            gpus = grouped[(a.replica, a.node.name, a.share_milli)]
+            if a.device is not None:
+                gpus.append(a.device.index)
         placements = tuple(
-            Placement(replica=r, node=n, gpus=tuple(sorted(g)), share=s / 1000)
+            Placement(replica=r, node=n, gpus=tuple(sorted(g)), share=s / 1000 if g else 1.0)
             for (r, n, s), g in sorted(grouped.items())
         )
         running.append(

@@ -96,3 +96,15 @@ def test_every_pending_job_gets_a_reason(world, two_nodes):
     pending = [j for j in states.values() if j.state == JobState.PENDING]
     assert len(pending) == 1
     assert pending[0].pending_code and pending[0].pending_reason
+
+
+def test_a_cpu_only_job_is_bound_to_a_node_without_gpus(world, two_nodes):
+    job = helpers.submit(world.alice, world.vision, gpus=0, cpus=4)
+    passes.run_pass()
+    job.refresh_from_db()
+    assert job.state == JobState.SCHEDULED
+    (alloc,) = Allocation.objects.filter(job=job, released_at__isnull=True)
+    assert alloc.device is None and alloc.node.name in {"a100-01", "a100-02"}
+    assert job.events.get(type=EventType.SCHEDULED).allocations == [
+        {"node": alloc.node.name, "gpus": [], "share": 1.0, "replica": 0}
+    ]
