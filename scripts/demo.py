@@ -356,4 +356,7 @@ def run(demo: Demo, args: argparse.Namespace, python: str, env: dict[str, str], 
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # Ctrl-C during setup, before anything long-lived was started
+        sys.exit(130)
