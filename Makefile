@@ -46,6 +46,6 @@ eval: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-# Forget the demo's database (users, jobs, nodes); the next `make demo` starts afresh.
+# Forget the demo's database (users, jobs, nodes) and its agents' credentials and job folders.
 clean-demo:
-	rm -f var/tessera.sqlite3 var/tessera.sqlite3-wal var/tessera.sqlite3-shm
+	rm -rf var/tessera.sqlite3 var/tessera.sqlite3-wal var/tessera.sqlite3-shm var/agents var/demo-logs

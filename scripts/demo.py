@@ -238,8 +238,9 @@ def banner(base: str, seed: dict, ready_s: float, agents: int, log_dir: Path) ->
         f"  export TOKEN={alice['token']}",
         f"  curl -s -H \"Authorization: Token $TOKEN\" -H 'Content-Type: application/json' "
         f"-d {shlex.quote(body)} {base}/api/v1/jobs/",
-        f"  curl -s -H \"Authorization: Token $TOKEN\" {base}/api/v1/jobs/<id>/",
-        f"  curl -s -H \"Authorization: Token $TOKEN\" {base}/api/v1/jobs/<id>/logs/",
+        "  export ID=<the id it returned>",
+        f"  curl -s -H \"Authorization: Token $TOKEN\" {base}/api/v1/jobs/$ID/",
+        f"  curl -s -H \"Authorization: Token $TOKEN\" {base}/api/v1/jobs/$ID/logs/",
         "",
         f"Logs: {log_dir.relative_to(ROOT) if log_dir.is_relative_to(ROOT) else log_dir}/. "
         "Press Ctrl-C to stop everything.",
