@@ -228,6 +228,32 @@ class Placer:
                 best_key, best_pick = k, (by_rank[rank], value)
         return best_pick
 
+    def best_among(self, req: ReplicaReq, c: Constraints, nodes: list[int],
+                   node_ok: Callable[[int], bool] | None = None
+                   ) -> tuple[int, int | None] | None:
+        """Like :meth:`best`, over the given nodes only (one rack): a scan of those nodes."""
+        state = self.state
+        per = self._score.get(req)
+        if per is None:
+            per = self._score[req] = {}
+        best_key: tuple | None = None
+        best_pick: tuple[int, int | None] | None = None
+        for i in nodes:
+            n = state.nodes[i]
+            pref = self.class_pref(n.cls, c)
+            if pref is None or (node_ok is not None and not node_ok(i)):
+                continue
+            g = state.groups[n.key()]
+            sc = per.get(g.gid, MISS)
+            if sc is MISS:
+                sc = self._group_score(g.key, g.gid, req)
+            if sc is None:
+                continue
+            k = (-pref, sc[0], -n.rank)  # type: ignore[index]
+            if best_key is None or k > best_key:
+                best_key, best_pick = k, (i, sc[1])  # type: ignore[index]
+        return best_pick
+
     # The best group of one class for one request, kept in a heap of (-score, first rank, gid).
     # A group's score never changes (its state is its key); what changes is which groups exist
     # and their first node, and the state logs exactly those events per class. So a query reads

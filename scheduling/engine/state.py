@@ -145,6 +145,10 @@ class ClusterState:
         for n in self.nodes:
             self.by_rank[n.rank] = n.index
         self.class_spec = {n.cls: n.spec for n in self.nodes}
+        self.rack_nodes: dict[str, list[int]] = {}
+        for n in self.nodes:
+            self.rack_nodes.setdefault(n.spec.rack, []).append(n.index)
+        self.rack_free: dict[tuple[str, int], int] = {}  # (rack, class) -> free milli-GPU
         self.class_racks: dict[int, dict[str, int]] = {}  # class -> rack -> nodes
         for n in self.nodes:
             racks = self.class_racks.setdefault(n.cls, {})
@@ -193,6 +197,8 @@ class ClusterState:
             hist = self.whole_hist[n.cls] = [0] * (n.spec.gpus + 1)
             self.share_hist[n.cls] = {}
         hist[n.whole_free()] += 1
+        rk = (n.spec.rack, n.cls)
+        self.rack_free[rk] = self.rack_free.get(rk, 0) + sum(n.free)
         top = max(n.free, default=0)
         shares = self.share_hist[n.cls]
         shares[top] = shares.get(top, 0) + 1
@@ -210,6 +216,7 @@ class ClusterState:
             del self.by_class[n.cls][key]
             del self.group_by_gid[group.gid]
         self.whole_hist[n.cls][n.whole_free()] -= 1
+        self.rack_free[(n.spec.rack, n.cls)] -= sum(n.free)
         shares = self.share_hist[n.cls]
         top = max(n.free, default=0)
         shares[top] -= 1

@@ -50,19 +50,14 @@ def place_gang(
     """Place between ``need`` and ``replicas`` replicas (as many as fit), or none (None)."""
     state = placer.state
     rack = _rack_filter(c)
-    if rack is not None:
-        inner = node_ok
-
-        def node_ok(i: int, inner=inner) -> bool:  # type: ignore[misc]
-            return state.nodes[i].spec.rack == rack and (inner is None or inner(i))
 
     if topology in ("nvlink", "node") and replicas > 1 and req.count > 0:
         for k in range(replicas, need - 1, -1):
             whole = ReplicaReq(req.milli, req.count * k if req.milli >= MILLI else req.count,
                                req.cpu * k, req.mem * k, topology == "nvlink")
             if req.milli < MILLI and k > 1:
-                continue  # several fractional replicas never share one request; see below
-            pick = placer.best(whole, c, node_ok)
+                continue  # several fractional replicas never share one request
+            pick = _pick(placer, whole, c, node_ok, rack)
             if pick is None:
                 continue
             node, _ = pick
@@ -74,30 +69,31 @@ def place_gang(
             ]
             return allocs
         return None
-    if topology == "rack" and replicas > 1:
-        racks: dict[str, int] = {}
-        allowed = {cls for cls, _ in placer.allowed_classes(c)}
-        for n in state.nodes:
-            if n.cls in allowed and (node_ok is None or node_ok(n.index)):
-                racks[n.spec.rack] = racks.get(n.spec.rack, 0) + sum(n.free)
+    if topology == "rack" and replicas > 1 and rack is None:
+        allowed = [cls for cls, _ in placer.allowed_classes(c)]
+        racks = {r: sum(state.rack_free.get((r, cls), 0) for cls in allowed)
+                 for r in state.rack_nodes}
         need_milli = req.demand * need
         for r_name in sorted((r for r, f in racks.items() if f >= need_milli),
                              key=lambda r: (racks[r], r)):
-            inner2 = node_ok
-
-            def in_rack(i: int, r_name=r_name, inner2=inner2) -> bool:
-                return state.nodes[i].spec.rack == r_name and (inner2 is None or inner2(i))
-
-            got = _greedy(placer, job_id, req, replicas, need, c, in_rack, first_replica)
+            got = _greedy(placer, job_id, req, replicas, need, c, node_ok, first_replica, r_name)
             if got is not None:
                 return got
         return None
-    return _greedy(placer, job_id, req, replicas, need, c, node_ok, first_replica)
+    return _greedy(placer, job_id, req, replicas, need, c, node_ok, first_replica, rack)
+
+
+def _pick(placer: Placer, req: ReplicaReq, c: Constraints,
+          node_ok: Callable[[int], bool] | None, rack: str | None
+          ) -> tuple[int, int | None] | None:
+    if rack is None:
+        return placer.best(req, c, node_ok)
+    return placer.best_among(req, c, placer.state.rack_nodes.get(rack, []), node_ok)
 
 
 def _greedy(placer: Placer, job_id: str, req: ReplicaReq, replicas: int, need: int,
             c: Constraints, node_ok: Callable[[int], bool] | None,
-            first_replica: int) -> list[Alloc] | None:
+            first_replica: int, rack: str | None = None) -> list[Alloc] | None:
     state = placer.state
     allocs: list[Alloc] = []
     last: int | None = None
@@ -110,7 +106,7 @@ def _greedy(placer: Placer, job_id: str, req: ReplicaReq, replicas: int, need: i
             if fits_state(n.key(), req, d, spec.gpus):
                 pick = (last, None)
         if pick is None:
-            pick = placer.best(req, c, node_ok)
+            pick = _pick(placer, req, c, node_ok, rack)
         if pick is None:
             break
         allocs.append(placer.place(job_id, pick[0], req, pick[1], first_replica + r))
