@@ -64,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", type=Path, help="credential and job directories "
                    "(default: $TESSERA_AGENT_STATE_DIR, /var/lib/tessera-agent/NAME as root)")
     p.add_argument("--run-as", default="nobody", help="unprivileged user for jobs when run as root")
-    p.add_argument("--poll-interval", type=float, default=1.0, help="seconds between heartbeats")
+    p.add_argument("--poll-interval", type=float, default=5.0,
+                   help="seconds between heartbeats (work arrives at once through the long-poll)")
     p.add_argument("--util-speed", type=float, default=1.0,
                    help="simulated utilisation: trace samples (minutes) per minute of job time")
     p.add_argument("--shutdown-grace", type=float, default=10.0,
@@ -220,6 +221,7 @@ def run(args: argparse.Namespace) -> int:
         log.info("signal %d: stopping (jobs are stopped; the server requeues them after their lease)",
                  signum)
         stop.set()
+        agent.poke()
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)

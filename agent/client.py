@@ -70,11 +70,37 @@ class AgentClient:
         self.credential = data["credential"]
         return data
 
+    def wait(self, timeout_s: float) -> bool:
+        """The long-poll: True when the server has news for this node (then heartbeat at once).
+
+        Raises :class:`Rejected` with 404 against a server without the push endpoint.
+        """
+        try:
+            response = self._session().get(
+                self.base + "wait", params={"timeout": f"{timeout_s:g}"},
+                headers={"Authorization": self._node_auth()}, timeout=timeout_s + self.timeout,
+            )
+        except requests.RequestException as exc:
+            raise ServerError(f"wait: {exc.__class__.__name__}: {exc}") from None
+        if response.status_code >= 500:
+            raise ServerError(f"wait: HTTP {response.status_code}")
+        if response.status_code >= 400:
+            raise Rejected(response.status_code, response.text[:500])
+        try:
+            return bool(response.json().get("wake"))
+        except (ValueError, AttributeError):
+            return False
+
     def heartbeat(self, running: list[dict[str, int]]) -> dict[str, Any]:
         return self._post("heartbeat", {"running": running}, self._node_auth())
 
-    def started(self, job_id: int, attempt: int, replica: int, pid: int) -> dict[str, Any]:
-        body = {"attempt": attempt, "replica": replica, "pid": pid}
+    def started(
+        self, job_id: int, attempt: int, replica: int, pid: int, started_at: float | None = None
+    ) -> dict[str, Any]:
+        """``started_at``: when the process started, seconds since the epoch (the agent's clock)."""
+        body: dict[str, Any] = {"attempt": attempt, "replica": replica, "pid": pid}
+        if started_at is not None:
+            body["started_at"] = started_at
         return self._post(f"jobs/{job_id}/started", body, self._node_auth())
 
     def logs(self, job_id: int, attempt: int, replica: int, offset: int, data: bytes) -> dict[str, Any]:

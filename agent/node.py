@@ -1,7 +1,11 @@
 """The agent's main loop: heartbeat, start what is bound here, stop what must stop, keep the lease.
 
 Each heartbeat reports the processes running here and gets back the bindings to start and the
-stop orders (docs/agent.md). Starts are idempotent: a (job, attempt, replica) is started at most
+stop orders (docs/agent.md). Between heartbeats a second thread holds a long-poll open
+(``GET /api/v1/agent/wait``): when the server has news for this node (a binding, a stop order) it
+answers at once and the loop heartbeats immediately, so work arrives in milliseconds, not at the
+next poll. The periodic heartbeat remains, for the lease and as the fallback when push fails.
+Starts are idempotent: a (job, attempt, replica) is started at most
 once per agent life. Fencing: if no heartbeat has succeeded for a lease period, every job is
 killed — by then the control plane may have requeued them elsewhere.
 """
@@ -48,6 +52,9 @@ class Agent:
         self._lock = threading.Lock()
         self.last_ok = time.monotonic()
         self.fenced = False
+        self.push = True  # False once the server is found to have no long-poll endpoint
+        self.wait_timeout = 25.0
+        self._poke = threading.Event()
 
     # --- what the metrics and the heartbeat read ------------------------------------------------
 
@@ -71,9 +78,12 @@ class Agent:
     # --- the loop -----------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
-        """Heartbeat every ``poll_interval`` until ``stop`` is set (or the credential is revoked)."""
+        """Heartbeat every ``poll_interval``, and at once when pushed, until ``stop`` is set."""
         failures = 0
+        if self.push:
+            threading.Thread(target=self._listen, args=(stop,), name="agent-wait", daemon=True).start()
         while not stop.is_set():
+            self._poke.clear()
             sent_at = time.monotonic()
             try:
                 orders = self.client.heartbeat(self.running_reports())
@@ -93,7 +103,34 @@ class Agent:
                 self.apply(orders)
             self._fence_if_expired()
             self._reap()
-            stop.wait(self.poll_interval)
+            self._poke.wait(self.poll_interval)
+
+    def _listen(self, stop: threading.Event) -> None:
+        """Hold the long-poll open; poke the loop when the server says there is news."""
+        errors = 0
+        while not stop.is_set():
+            try:
+                woken = self.client.wait(self.wait_timeout)
+            except Rejected as exc:
+                if exc.status in (404, 405):
+                    log.warning("the server has no push endpoint; polling every %gs", self.poll_interval)
+                    self.push = False
+                    return
+                woken, errors = False, errors + 1
+            except ServerError as exc:
+                woken, errors = False, errors + 1
+                if errors in (1, 10) or errors % 60 == 0:
+                    log.warning("long-poll failed (%d in a row): %s", errors, exc)
+            else:
+                errors = 0
+            if woken:
+                self._poke.set()
+            elif errors:
+                stop.wait(min(5.0, 0.5 * errors))  # the server is down: do not spin
+
+    def poke(self) -> None:
+        """Heartbeat now (also what a stop does, so the loop exits without waiting)."""
+        self._poke.set()
 
     def apply(self, orders: dict[str, Any]) -> None:
         """Stops first (an old attempt makes way for a new one), then starts."""

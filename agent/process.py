@@ -157,6 +157,7 @@ class JobProcess:
         self.client, self.state_dir, self.run_as, self.path = client, state_dir, run_as, path
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at = time.monotonic()
+        self.started_wall: float | None = None  # the epoch time the process was spawned
         self.exit_code: int | None = None
         self.exit_reason = ""
         self.stop_reason: str | None = None
@@ -204,6 +205,7 @@ class JobProcess:
             self._started_pending = False
             self._pump_done.set()
         else:
+            self.started_wall = time.time()
             threading.Thread(target=self._pump, name=f"job-{self.job_id}-out", daemon=True).start()
         self.started_at = time.monotonic()
         threading.Thread(target=self._supervise, name=f"job-{self.job_id}", daemon=True).start()
@@ -298,7 +300,7 @@ class JobProcess:
 
     def _report_started(self) -> None:
         try:
-            self.client.started(self.job_id, self.attempt, self.replica, self.pid)
+            self.client.started(self.job_id, self.attempt, self.replica, self.pid, self.started_wall)
         except ServerError:
             return  # next tick
         except Rejected as exc:

@@ -102,6 +102,8 @@ class ReplicaIn(serializers.Serializer):
 
 class StartedIn(ReplicaIn):
     pid = serializers.IntegerField(min_value=0, max_value=MAX_INT, default=0)
+    # When the agent saw the process start (epoch seconds, its clock); clamped by the service.
+    started_at = serializers.FloatField(min_value=0, max_value=1e11, required=False, allow_null=True)
 
 
 class ExitedIn(ReplicaIn):
@@ -192,7 +194,7 @@ class StartedView(AgentView):
     def post(self, request: Request, job_id: str) -> Response:
         data = _valid(StartedIn, request)
         job = _job_call(svc.do_report_started, self.node(request), int(job_id), data["attempt"],
-                        data["replica"])
+                        data["replica"], data.get("started_at"))
         return Response({"state": job.state})
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -25,7 +25,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from scheduling.choices import HOLDING_STATES, JobState, NodeState
+from scheduling.choices import HOLDING_STATES, EventType, JobState, NodeState
 from scheduling.models import Allocation, Device, Job, JoinToken, LogChunk, Node, hash_secret, new_secret
 from scheduling.services import live
 from scheduling.services.inventory import device_rows
@@ -294,15 +294,31 @@ def _active(job: Job, node_id: int, replica: int, attempt: int):
     )
 
 
-def do_report_started(node: Node, job_id: int, attempt: int, replica: int) -> Job:
-    """The agent started a replica's process. Stale if that replica is no longer bound here."""
+def do_report_started(
+    node: Node, job_id: int, attempt: int, replica: int, started_at: float | None = None
+) -> Job:
+    """The agent started a replica's process. Stale if that replica is no longer bound here.
+
+    ``started_at`` (epoch seconds, the agent's clock) becomes the job's start time, clamped
+    between its ``scheduled`` event and now, so a skewed agent clock cannot reorder its history.
+    """
+    now = timezone.now()
     with transaction.atomic():
         job = _owned_job(node, job_id)
         bound = attempt == job.attempts and _active(job, node.pk, replica, attempt).exists()
         if not bound or job.state not in HOLDING_STATES:
             raise Stale(f"job {job_id} attempt {attempt} replica {replica} is not bound to {node.name}")
-        do_mark_running(job)
+        do_mark_running(job, _clamped_start(job, started_at, now))
         return job
+
+
+def _clamped_start(job: Job, started_at: float | None, now: datetime) -> datetime:
+    if started_at is None or job.state != JobState.SCHEDULED:
+        return now
+    seen = datetime.fromtimestamp(started_at, tz=UTC)
+    scheduled = job.events.filter(type=EventType.SCHEDULED).order_by("-at", "-pk").values_list(
+        "at", flat=True).first()
+    return min(now, max(seen, scheduled or seen))
 
 
 def do_report_exit(

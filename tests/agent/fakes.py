@@ -24,10 +24,21 @@ class FakeServer:
         self.exits: list[dict[str, Any]] = []
         self.orders: list[dict[str, Any]] = []
         self.refuse_started = False
+        self.woken = threading.Event()
 
     def _record(self, what: str, **body: Any) -> None:
         with self.lock:
             self.calls.append((what, body))
+
+    def wait(self, timeout_s: float) -> bool:
+        """The long-poll: answers at once when :meth:`wake` was called, else after the timeout."""
+        woken = self.woken.wait(timeout_s)
+        self.woken.clear()
+        self._record("wait", woken=woken)
+        return woken
+
+    def wake(self) -> None:
+        self.woken.set()
 
     def heartbeat(self, running: list[dict[str, int]]) -> dict[str, Any]:
         self._record("heartbeat", running=running)
@@ -37,8 +48,10 @@ class FakeServer:
         stop = [o for o in orders if "command" not in o]
         return {"node": "fake", "lease_seconds": 60, "start": start, "stop": stop}
 
-    def started(self, job_id: int, attempt: int, replica: int, pid: int) -> dict[str, Any]:
-        self._record("started", job_id=job_id, attempt=attempt, replica=replica, pid=pid)
+    def started(self, job_id: int, attempt: int, replica: int, pid: int,
+                started_at: float | None = None) -> dict[str, Any]:
+        self._record("started", job_id=job_id, attempt=attempt, replica=replica, pid=pid,
+                     started_at=started_at)
         if self.refuse_started:
             raise Rejected(409, {"detail": "not bound"})
         return {"state": "running"}

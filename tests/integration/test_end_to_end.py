@@ -160,13 +160,11 @@ def test_alices_two_gpu_job_runs_on_a_real_agent_and_succeeds(stack, world):
     procs, deadline, base = stack["procs"], stack["deadline"], stack["base"]
     wait_until("the agent to register", lambda: Node.objects.filter(name="e2e-a100", devices__isnull=False)
                .exists(), procs, deadline)
-    # A "pass already queued" flag left by another run's process would swallow this submit's
-    # trigger for its TTL; clearing it only ever causes one more (harmless) pass elsewhere.
-    import redis
+    # A "pass already queued" flag left by an earlier run on this test database would swallow this
+    # submit's trigger for its TTL; clearing it only ever causes one more (harmless) pass.
+    from scheduling.services import redis_flags
 
-    from controlplane.env import redis_db_url
-
-    redis.Redis.from_url(redis_db_url(stack["redis_url"], 2)).delete(f"tessera:{QUEUED_FLAG}")
+    redis_flags.client().delete(redis_flags.key(QUEUED_FLAG))
 
     alice = requests.Session()
     alice.headers["Authorization"] = f"Token {world.tokens['alice']}"

@@ -17,10 +17,10 @@ def celery_mode(redis_url, settings, monkeypatch):
     monkeypatch.setitem(settings.TESSERA, "EMBEDDED_PASSES", False)
     broker = redis.Redis.from_url(django_settings.CELERY_BROKER_URL)
     broker.delete("celery")
-    redis_flags.client().delete(f"tessera:{triggers.QUEUED_FLAG}")
+    redis_flags.client().delete(redis_flags.key(triggers.QUEUED_FLAG))
     yield broker
     broker.delete("celery")
-    redis_flags.client().delete(f"tessera:{triggers.QUEUED_FLAG}")
+    redis_flags.client().delete(redis_flags.key(triggers.QUEUED_FLAG))
 
 
 def test_a_burst_of_requests_queues_a_single_pass(celery_mode, db):

@@ -1,0 +1,94 @@
+"""``GET /api/v1/agent/wait?timeout=S``: the agent's long-poll, the push half of the protocol.
+
+The view is ``async``: Django's ASGI handler runs every *sync* view in one shared thread, so a
+sync view that waited 25 s would stall the whole web process. This one parks an asyncio task
+instead, and answers as soon as the channel layer delivers a message to the node's group
+``agent.<node_id>`` (``scheduling.services.live.wake_agent`` publishes ``{"type": "agent.wake"}``
+there after the commit of a binding or a stop order), or when the timeout runs out. The agent
+then heartbeats at once and fetches its work (docs/operations.md, "Push").
+
+No wake is lost between two waits: the view listens on a *named* channel per node
+(``agentwake.<node_id>``, not a per-request one), which stays a member of the group, so a wake
+published while the agent is between two requests waits in the channel (the layer keeps it for
+its expiry, 60 s) and the next request returns at once. Stale wakes cost one heartbeat, no more.
+
+Authentication is the node credential only (``Authorization: Node <credential>``), checked in a
+worker thread through ``sync_to_async``, as everywhere else on the agent API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from asgiref.sync import sync_to_async
+from channels.layers import get_channel_layer
+from django.http import HttpRequest, JsonResponse
+
+from scheduling.api.agent_auth import NODE_KEYWORD, node_for_credential
+
+log = logging.getLogger("tessera.agents")
+
+DEFAULT_TIMEOUT_S = 25.0
+MAX_TIMEOUT_S = 55.0  # below common proxies' 60 s idle limit
+DRAIN_S = 0.002  # after a wake, take the wakes right behind it too (one heartbeat for a burst)
+
+
+def wake_channel(node_id: int) -> str:
+    return f"agentwake.{node_id}"
+
+
+def _node_id_for(header: str) -> int | None:
+    parts = header.split()
+    if len(parts) != 2 or parts[0].lower() != NODE_KEYWORD.lower():
+        return None
+    # Runs in the ASGI handler's shared sync thread, whose connection Django's request signals
+    # already recycle (close_old_connections on request start and finish).
+    node = node_for_credential(parts[1])
+    return node.pk if node is not None else None
+
+
+def _timeout_of(request: HttpRequest) -> float | None:
+    raw = request.GET.get("timeout", "")
+    if raw == "":
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    if not 0 <= value <= MAX_TIMEOUT_S:  # NaN fails this too
+        return None
+    return value
+
+
+async def agent_wait(request: HttpRequest) -> JsonResponse:
+    """Answer ``{"wake": true}`` when the node has news, ``{"wake": false}`` on timeout."""
+    if request.method != "GET":
+        return JsonResponse({"detail": f'Method "{request.method}" not allowed.'}, status=405)
+    header = request.headers.get("Authorization", "")
+    node_id = await sync_to_async(_node_id_for)(header) if header else None
+    if node_id is None:
+        response = JsonResponse({"detail": "A valid node credential is required."}, status=401)
+        response["WWW-Authenticate"] = NODE_KEYWORD
+        return response
+    timeout = _timeout_of(request)
+    if timeout is None:
+        return JsonResponse({"timeout": [f"A number of seconds, 0..{MAX_TIMEOUT_S:g}."]}, status=400)
+    layer = get_channel_layer()
+    if layer is None:  # no channel layer: nothing can push; the agent keeps polling
+        await asyncio.sleep(timeout)
+        return JsonResponse({"wake": False})
+    channel = wake_channel(node_id)
+    try:
+        await layer.group_add(f"agent.{node_id}", channel)
+        await asyncio.wait_for(layer.receive(channel), timeout)
+    except TimeoutError:
+        return JsonResponse({"wake": False})
+    except Exception as exc:  # the layer (Redis) is down: say so; the agent falls back to polling
+        log.warning("agent wait for node %s failed: %s", node_id, exc)
+        return JsonResponse({"detail": "The live channel is unavailable."}, status=503)
+    with contextlib.suppress(Exception):
+        while True:  # a burst of wakes (one per binding) → one answer
+            await asyncio.wait_for(layer.receive(channel), DRAIN_S)
+    return JsonResponse({"wake": True})

@@ -1,0 +1,154 @@
+"""The push half of the agent protocol: the ``wait`` long-poll answers when the node has news.
+
+The server side runs through Django's real async request path (``AsyncClient``) on the in-memory
+channel layer; the agent side drives the real loop against the recording fake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import threading
+import time
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.test import AsyncClient
+
+from agent.inventory import simulated_inventory
+from agent.node import Agent
+from agent.process import job_path, resolve_run_as
+from agent.spec import parse_spec
+
+h = importlib.import_module("tests.agent.helpers")
+fakes = importlib.import_module("tests.agent.fakes")
+
+WAIT = h.AGENT + "wait"
+
+
+@pytest.fixture
+def node_credential(transactional_db, settings):
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    _, answer = h.register(h.new_join_token(), "push-01")
+    return answer["node_id"], answer["credential"]
+
+
+def _auth(credential: str) -> dict[str, str]:
+    # Per request: AsyncClient(headers=...) defaults do not reach an ASGI request's headers.
+    return {"Authorization": f"Node {credential}"}
+
+
+def _wait(credential: str, timeout: float, wake_after: float | None = None, node_id: int = 0):
+    """GET wait; optionally publish a wake to the node's group after ``wake_after`` seconds."""
+
+    async def go():
+        client = AsyncClient()
+
+        async def wake():
+            await asyncio.sleep(wake_after)
+            await get_channel_layer().group_send(f"agent.{node_id}", {"type": "agent.wake"})
+
+        task = asyncio.ensure_future(wake()) if wake_after is not None else None
+        started = time.monotonic()
+        response = await client.get(WAIT, {"timeout": timeout}, headers=_auth(credential))
+        if task is not None:
+            await task
+        return response, time.monotonic() - started
+
+    return async_to_sync(go)()
+
+
+def test_wait_answers_within_milliseconds_of_a_wake(node_credential):
+    node_id, credential = node_credential
+    response, took = _wait(credential, 5, wake_after=0.2, node_id=node_id)
+    assert response.status_code == 200 and response.json() == {"wake": True}
+    assert 0.2 <= took < 0.3, took
+
+
+def test_wait_answers_no_news_at_its_timeout(node_credential):
+    _, credential = node_credential
+    response, took = _wait(credential, 0.3)
+    assert response.status_code == 200 and response.json() == {"wake": False}
+    assert 0.3 <= took < 1.0
+
+
+def test_a_wake_published_between_two_waits_is_not_lost(node_credential):
+    node_id, credential = node_credential
+    _wait(credential, 0.05)  # joins the node's group, then returns: the agent is "between waits"
+    async_to_sync(get_channel_layer().group_send)(f"agent.{node_id}", {"type": "agent.wake"})
+    response, took = _wait(credential, 5)
+    assert response.json() == {"wake": True} and took < 0.5
+
+
+def test_a_burst_of_wakes_is_answered_once(node_credential):
+    node_id, credential = node_credential
+    _wait(credential, 0.05)
+    for _ in range(5):
+        async_to_sync(get_channel_layer().group_send)(f"agent.{node_id}", {"type": "agent.wake"})
+    assert _wait(credential, 5)[0].json() == {"wake": True}
+    assert _wait(credential, 0.2)[0].json() == {"wake": False}
+
+
+def test_another_nodes_wake_does_not_answer_this_node(node_credential):
+    node_id, credential = node_credential
+    response, _ = _wait(credential, 0.3, wake_after=0.05, node_id=node_id + 1000)
+    assert response.json() == {"wake": False}
+
+
+@pytest.mark.parametrize("auth", [None, "Node not-a-credential", "Token abc", "Node"])
+def test_wait_refuses_anything_but_a_node_credential(transactional_db, auth):
+    async def go():
+        headers = {"Authorization": auth} if auth else {}
+        return await AsyncClient().get(WAIT, {"timeout": 0}, headers=headers)
+
+    response = async_to_sync(go)()
+    assert response.status_code == 401 and "detail" in response.json()
+
+
+@pytest.mark.parametrize("timeout", ["-1", "nan", "abc", "1e9", "56"])
+def test_wait_refuses_a_bad_timeout_naming_it(node_credential, timeout):
+    _, credential = node_credential
+
+    async def go():
+        return await AsyncClient().get(WAIT, {"timeout": timeout}, headers=_auth(credential))
+
+    response = async_to_sync(go)()
+    assert response.status_code == 400 and "timeout" in response.json()
+
+
+def test_a_user_token_cannot_wait_as_a_node(world):
+    async def go():
+        headers = {"Authorization": f"Token {world.tokens['alice']}"}
+        return await AsyncClient().get(WAIT, {"timeout": 0}, headers=headers)
+
+    assert async_to_sync(go)().status_code == 401
+
+
+# --- The agent's side ---------------------------------------------------------------------------
+
+
+def test_the_agent_heartbeats_at_once_when_woken_not_at_its_next_poll():
+    with fakes.job_user_state_dir() as state_dir:
+        run_as = resolve_run_as("nobody")
+        server = fakes.FakeServer()
+        node = Agent(server, simulated_inventory("push", parse_spec("2xT4")), state_dir, run_as,
+                     job_path(state_dir, run_as), poll_interval=30)
+        stop = threading.Event()
+        loop = threading.Thread(target=node.run, args=(stop,), daemon=True)
+        loop.start()
+        try:
+            assert fakes.wait_for(lambda: [c for c in server.calls if c[0] == "heartbeat"], 5)
+            server.orders.append(fakes.binding(job_id=7, command=["true"], gpus=[0]))
+            woken_at = time.monotonic()
+            server.wake()
+            started = fakes.wait_for(lambda: [c for c in server.calls if c[0] == "started"], 5)
+            assert started and time.monotonic() - woken_at < 2.0  # the poll interval is 30 s
+            assert started[0][1]["job_id"] == 7
+            assert abs(started[0][1]["started_at"] - time.time()) < 5  # the wall-clock spawn time
+        finally:
+            stop.set()
+            node.poke()
+            loop.join(5)
+            node.shutdown(0.5)
+        assert not loop.is_alive()
