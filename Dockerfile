@@ -5,9 +5,12 @@ FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONPATH=/app
 
 WORKDIR /app
+# The installed package and /app are the same code; PYTHONPATH makes every process (daphne,
+# celery, manage.py, the agent) import it from /app alike, so settings.BASE_DIR is /app.
 COPY . .
 RUN pip install . \
     && useradd --create-home --uid 10001 tessera \
