@@ -134,3 +134,20 @@ def test_prometheus_scrapes_the_web_metrics_and_every_agent_service():
     for name, svc in agent_services(config).items():
         port = svc["command"][svc["command"].index("--metrics-port") + 1]
         assert f"{name}:{port}" in targets, f"Prometheus does not scrape agent {name}"
+
+
+def test_the_image_is_python_311_slim_and_runs_as_an_unprivileged_user():
+    lines = [line.strip() for line in (ROOT / "Dockerfile").read_text().splitlines()]
+    instructions = [line for line in lines if line and not line.startswith("#")]
+    assert instructions[0] == "FROM python:3.11-slim"
+    users = [line.split()[1] for line in instructions if line.startswith("USER ")]
+    assert users and users[-1] not in ("root", "0")
+    # The build context leaves out the local virtualenv and databases.
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert ".venv" in ignored and "var" in ignored and ".git" in ignored
+
+
+def test_every_app_service_is_built_from_this_repository():
+    services = compose_config()["services"]
+    for name in (*APP_SERVICES, *agent_services(compose_config())):
+        assert services[name]["build"]["context"] == str(ROOT), name
