@@ -159,3 +159,18 @@ def test_demo_serves_runs_a_job_and_ctrl_c_leaves_no_process_or_port(tmp_path):
     left = [pid for pid, started in tree.items() if start_time(pid) == started]
     assert left == [], f"processes left behind: {left}"
     assert [p for p in ports if port_listens(p)] == []
+
+
+def test_demo_refuses_a_busy_port_with_a_clear_message_and_starts_nothing(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "scripts/demo.py", "--port", str(port), "--db", str(tmp_path / "d.sqlite3"),
+             "--log-dir", str(tmp_path / "logs")],
+            cwd=ROOT, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+        )
+    assert result.returncode != 0
+    assert f"port {port}" in result.stderr and "PORT=" in result.stderr
+    assert not (tmp_path / "d.sqlite3").exists()
