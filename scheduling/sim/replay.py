@@ -9,8 +9,8 @@ Rules (CONTRACTS.md, Simulator):
 
 1. Jobs arrive at ``submit_s``. Events at one time are handled together, releases first, and then
    the policy decides once (one ``decide`` per distinct event time; checkpoints alone trigger none).
-   While jobs are pending a periodic tick (``tick_s``) also calls ``decide``, as the live periodic
-   pass does, so that aging and reservations can act in a quiet cluster.
+   While jobs are pending, ``tick_s`` of quiet (no decision) also brings a ``decide``, as the live
+   periodic pass would, so that aging and reservations can act in a quiet cluster.
 2. A started job does work at rate k/g on k of its g GPUs (1 for a job given all it asked for) and
    finishes when ``duration_s`` of work is done. Checkpoints fall at every ``checkpoint_s`` of work.
 3. A preemption is marked at decision time: the job stops doing work at once (the signal), keeps
@@ -138,7 +138,7 @@ class Replay:
         self.active = 0  # running or terminating
         self.arrivals_left = len(jobs)
         self.ended = 0
-        self.tick_at: float | None = None
+        self.tick_no = 0
         self.result = ReplayResult(self.events)
         self._pending_counts: Counter[str] = Counter()
         self._pending_samples = 0
@@ -168,8 +168,8 @@ class Replay:
             while heap and heap[0][0] <= now:
                 _, kind, _, job_id, tag = heapq.heappop(heap)
                 if kind == _TICK:
-                    self.tick_at = None
-                    need_decision = ticked = True
+                    if tag == self.tick_no:  # older ticks were overtaken by a decision
+                        need_decision = ticked = True
                 elif kind == _CKPT:
                     self._checkpoint(now, job_id, tag)
                 else:
@@ -185,9 +185,9 @@ class Replay:
                     and not any(k != _TICK for _, k, *_ in heap)
                 ):
                     break  # a quiet tick changed nothing and nothing else will: the rest is stuck
-            if self.pending and self.tick_s > 0 and self.tick_at is None:
-                self.tick_at = now + self.tick_s
-                self._push(self.tick_at, _TICK, "", 0)
+            if need_decision and self.pending and self.tick_s > 0:
+                self.tick_no += 1  # the next tick comes tick_s after this decision
+                self._push(now + self.tick_s, _TICK, "", self.tick_no)
             if self.progress is not None:
                 self.progress(self.ended, total)
         self.result.unfinished = [j.id for j in self.jobs.values() if j.state != "done"]
