@@ -314,23 +314,36 @@ class Replay:
             changed = True
         # Resizes first: a shrink the policy made in the same pass as a preemption of that job
         # already freed GPUs in its own state. Several resizes of one job in one pass: the last
-        # one is its new set. A set that only grows is written after the starts, any other before.
+        # one is its new set. Written in an order a reader can replay: sets that only shrink, then
+        # the starts, then sets that only grow; a set that does both is written as a shrink to
+        # the replicas it keeps, and later as its full new set.
         final: dict[str, tuple[Placement, ...]] = {}
         for r in d.resizes:
             final[r.job_id] = r.placements
+        shrink: list[tuple[_Job, tuple[Placement, ...]]] = []
         grow: list[tuple[_Job, tuple[Placement, ...]]] = []
         for job_id, placements in final.items():
             job = self.jobs.get(job_id)
             if job is None or job.state not in ("running", "terminating"):
                 continue
+            changed = True
             before, after = _gpu_set(job.placements), _gpu_set(placements)
             if before == after:
                 continue  # e.g. a shrink and a grow back in one pass
             if before <= after:
                 grow.append((job, placements))
-            else:
-                self._resize(now, job, placements)
-            changed = True
+                continue
+            if not after <= before:
+                kept = tuple(p for p in placements if _gpu_set((p,)) <= before)
+                if kept:
+                    shrink.append((job, kept))
+                    grow.append((job, placements))
+                    continue
+            shrink.append((job, placements))
+        # Pure shrinks first; a set moved wholly elsewhere after them, since it also takes GPUs.
+        shrink.sort(key=lambda jp: not _gpu_set(jp[1]) <= _gpu_set(jp[0].placements))
+        for job, placements in shrink:
+            self._resize(now, job, placements)
         for p in d.preemptions:
             job = self.jobs.get(p.job_id)
             if job is None or job.state != "running":

@@ -206,3 +206,29 @@ def test_a_shrink_and_a_preemption_in_one_pass_release_the_shrunk_gpus_at_once()
     seen = [(e["t"], e["event"], len(e.get("allocations", []))) for e in result.events if e["job"] == "a"]
     # The last resize of a pass wins; a resize during the grace changes GPUs, not progress.
     assert seen[:4] == [(0, "submit", 0), (0, "start", 2), (11, "resize", 1), (40, "preempt", 0)]
+
+
+def test_a_job_moving_onto_gpus_another_job_gives_up_is_written_after_the_shrink() -> None:
+    nodes = [*NODES, NodeSpec("n3", "r1", "H100", 8, 8)]
+    a = tj("a", gpus=16, replicas=2, elastic_min_gpus=8, elastic_max_gpus=16)
+    b = tj("b", gpus=8, replicas=2, elastic_min_gpus=4, elastic_max_gpus=8)
+    x = tj("x", submit=10, duration=1)
+    script = {
+        0: lambda: Decisions(
+            bindings=[
+                Binding("a", (on("n1", *range(8)), on("n2", *range(8), replica=1))),
+                Binding("b", (on("n3", 0, 1, 2, 3),)),
+            ]
+        ),
+        10: lambda: Decisions(
+            resizes=[
+                Resize("b", (on("n1", 4, 5, 6, 7), on("n2", 0, 1, 2, 3, replica=1))),
+                Resize("a", (on("n1", 0, 1, 2, 3),)),
+            ]
+        ),
+    }
+    result = replay(nodes, [a, b, x], Scripted(script), tick_s=0)
+    at_10 = [e["job"] for e in result.events if e["t"] == 10 and e["event"] == "resize"]
+    assert at_10 == ["a", "b"]
+    report = check(nodes, [a, b, x], [(i + 1, e) for i, e in enumerate(result.events)])
+    assert not any("over-committed" in v for v in report.violations), report.violations
