@@ -119,6 +119,10 @@ def _one_pass(now: datetime | None) -> PassResult:
     from monitoring.exporter import observe_pass
 
     observe_pass(result.seconds)
+    # One line per pass (the benchmark reads the durations from the worker's log).
+    log.info("pass took %.1f ms: %d bound, %d dropped, %d preempted, %d pending",
+             result.seconds * 1000, len(result.bound), len(result.dropped), len(result.preempted),
+             result.pending)
     SchedulerState.objects.update_or_create(
         id=1,
         defaults={
@@ -135,14 +139,14 @@ def _one_pass(now: datetime | None) -> PassResult:
     return result
 
 
+APPLY_CHUNK = 64  # bindings per transaction: few commits, yet node locks held only briefly
+
+
 def apply_decisions(loaded: LoadedSnapshot, decisions: Decisions, now: datetime) -> PassResult:
     result = PassResult(pending=len(decisions.pending))
-    max_starts = settings.TESSERA["MAX_STARTS_PER_PASS"]
-    for binding in decisions.bindings[:max_starts]:
-        if _apply_binding(loaded, binding, now):
-            result.bound.append(binding.job_id)
-        else:
-            result.dropped.append(binding.job_id)
+    bindings = list(decisions.bindings[: settings.TESSERA["MAX_STARTS_PER_PASS"]])
+    for i in range(0, len(bindings), APPLY_CHUNK):
+        _apply_bindings(loaded, bindings[i : i + APPLY_CHUNK], now, result)
     for preemption in decisions.preemptions:
         with transaction.atomic():
             job = Job.objects.select_for_update().select_related("tenant").filter(
@@ -155,65 +159,114 @@ def apply_decisions(loaded: LoadedSnapshot, decisions: Decisions, now: datetime)
     return result
 
 
-def _apply_binding(loaded: LoadedSnapshot, binding: Binding, now: datetime) -> bool:
-    """Bind one job, all replicas or none, if nothing it touches moved since the snapshot."""
-    node_names = sorted({p.node for p in binding.placements})
+def _apply_bindings(
+    loaded: LoadedSnapshot, bindings: list[Binding], now: datetime, result: PassResult
+) -> None:
+    """Bind jobs, each all replicas or none, if nothing it touches moved since the snapshot.
+
+    One transaction for the chunk, a handful of queries for all of it: the jobs and then the
+    nodes are locked (the lock order everywhere), each node's version is checked against the
+    snapshot's, and the capacity the database already holds is checked again per device
+    (defence in depth: a GPU is never over-committed even by a wrong decision).
+    """
+    if not bindings:
+        return
+    node_names = sorted({p.node for b in bindings for p in b.placements})
     with transaction.atomic():
-        job = Job.objects.select_for_update().select_related("tenant").filter(
-            pk=int(binding.job_id), state=JobState.PENDING
-        ).first()
-        if job is None:
-            return False
-        nodes = {n.name: n for n in Node.objects.select_for_update().filter(name__in=node_names)}
-        if any(
-            name not in nodes or nodes[name].version != loaded.node_versions.get(name)
-            for name in node_names
-        ):
-            log.info("dropping stale binding of job %s", binding.job_id)
-            return False
+        jobs = {
+            str(j.pk): j
+            for j in Job.objects.select_for_update().select_related("tenant").filter(
+                pk__in=[int(b.job_id) for b in bindings], state=JobState.PENDING
+            ).order_by("pk")
+        }
+        nodes = {
+            n.name: n
+            for n in Node.objects.select_for_update().filter(name__in=node_names).order_by("pk")
+        }
+        fresh = {
+            name for name, n in nodes.items() if n.version == loaded.node_versions.get(name)
+        }
         devices = {
             (d.node.name, d.index): d
-            for d in Device.objects.filter(node__in=nodes.values()).select_related("node")
+            for d in Device.objects.filter(node__in=[nodes[n] for n in fresh]).select_related("node")
         }
-        wanted: list[tuple[Node, Device | None, int, int]] = []
-        for p in binding.placements:
-            share = round(p.share * 1000)
-            if not p.gpus:  # a CPU-only replica: a place on the node, no GPU
-                wanted.append((nodes[p.node], None, p.replica, 0))
-            for index in p.gpus:
-                device = devices.get((p.node, index))
-                if device is None or not device.healthy:
-                    return False
-                wanted.append((nodes[p.node], device, p.replica, share))
-        # Defence in depth: the capacity the database already holds must leave room.
-        gpu_rows = [w for w in wanted if w[1] is not None]
         used: dict[int, int] = {}
-        for a in Allocation.objects.filter(
-            device__in=[w[1] for w in gpu_rows], released_at__isnull=True
-        ):
-            used[a.device_id] = used.get(a.device_id, 0) + a.share_milli
-        for _, device, _, share in gpu_rows:
-            used[device.pk] = used.get(device.pk, 0) + share
-            if used[device.pk] > 1000:
-                log.error("refusing binding of job %s: device over-committed", binding.job_id)
-                return False
+        for device_id, share in Allocation.objects.filter(
+            device__in=list(devices.values()), released_at__isnull=True
+        ).values_list("device_id", "share_milli"):
+            used[device_id] = used.get(device_id, 0) + share
+        bound: list[tuple[Job, list[tuple[Node, Device | None, int, int]]]] = []
+        for binding in bindings:
+            job = jobs.get(binding.job_id)
+            wanted = _placements(binding, job, nodes, fresh, devices, used)
+            if job is None or wanted is None:
+                result.dropped.append(binding.job_id)
+                continue
+            for _, device, _, share in wanted:
+                if device is not None:
+                    used[device.pk] = used.get(device.pk, 0) + share
+            bound.append((job, wanted))
+            result.bound.append(binding.job_id)
+        if not bound:
+            return
         allocs = Allocation.objects.bulk_create(
             Allocation(job=job, node=n, device=d, replica=r, share_milli=s, attempt=job.attempts)
+            for job, wanted in bound
             for n, d, r, s in wanted
         )
-        for a, (n, d, _, _) in zip(allocs, wanted, strict=True):
-            a.node, a.device = n, d
-        Node.objects.filter(pk__in=[n.pk for n in nodes.values()]).update(version=F("version") + 1)
-        do_transition(
-            job, JobState.SCHEDULED, EventType.SCHEDULED, allocations=allocations_payload(allocs),
-            at=now,
-        )
+        touched = {n.pk for _, wanted in bound for n, _, _, _ in wanted}
+        Node.objects.filter(pk__in=touched).update(version=F("version") + 1)
+        # This pass made that change and its engine already counted it: the pass's next chunk
+        # on the same node is not stale (a change by anyone else still is).
+        for name, node in nodes.items():
+            if node.pk in touched:
+                loaded.node_versions[name] = node.version + 1
+        rows = iter(allocs)
+        for job, wanted in bound:
+            mine = [next(rows) for _ in wanted]
+            for a, (n, d, _, _) in zip(mine, wanted, strict=True):
+                a.node, a.device = n, d
+            do_transition(
+                job, JobState.SCHEDULED, EventType.SCHEDULED,
+                allocations=allocations_payload(mine), at=now,
+            )
         from scheduling.services.inventory import device_rows
 
         live.publish_devices(device_rows({a.device for a in allocs if a.device is not None}))
-        for node in nodes.values():
-            live.wake_agent(node.pk)
-    return True
+        for node_id in sorted(touched):
+            live.wake_agent(node_id)
+
+
+def _placements(
+    binding: Binding,
+    job: Job | None,
+    nodes: dict[str, Node],
+    fresh: set[str],
+    devices: dict[tuple[str, int], Device],
+    used: dict[int, int],
+) -> list[tuple[Node, Device | None, int, int]] | None:
+    """(node, device, replica, share) rows for ``binding``, or None if it must be dropped."""
+    if job is None:
+        return None
+    if any(p.node not in fresh for p in binding.placements):
+        log.info("dropping stale binding of job %s", binding.job_id)
+        return None
+    wanted: list[tuple[Node, Device | None, int, int]] = []
+    extra: dict[int, int] = {}
+    for p in binding.placements:
+        share = round(p.share * 1000)
+        if not p.gpus:  # a CPU-only replica: a place on the node, no GPU
+            wanted.append((nodes[p.node], None, p.replica, 0))
+        for index in p.gpus:
+            device = devices.get((p.node, index))
+            if device is None or not device.healthy:
+                return None
+            extra[device.pk] = extra.get(device.pk, 0) + share
+            if used.get(device.pk, 0) + extra[device.pk] > 1000:
+                log.error("refusing binding of job %s: device over-committed", binding.job_id)
+                return None
+            wanted.append((nodes[p.node], device, p.replica, share))
+    return wanted
 
 
 def _store_pending_reasons(decisions: Decisions, loaded: LoadedSnapshot) -> None:

@@ -1,0 +1,411 @@
+"""End-to-end benchmark (``make bench-e2e``): submit → running through every real part, measured.
+
+Starts, on this machine: a PostgreSQL database of its own (``tessera_bench``, dropped and made
+afresh), a Celery worker and daphne on Redis databases of their own, and 16 node agents of 8
+simulated GPUs each (real agent processes, real job processes). Then it submits 2,000 jobs
+(single-GPU, fractional and gangs; the command is ``true``) through the REST API: the first half
+at 50 per second (the latency phase), the rest as fast as its client threads can (the throughput
+phase). It prints ONE JSON line on stdout; progress goes to stderr.
+
+Latency is from the client's send (``time.time()`` just before the POST) to the process start the
+agent observed (``started_at``, reported by the agent; same machine, same clock). Jobs that had to
+wait for capacity are excluded from the latency (counted): a job is such a job when, at its send,
+the GPUs held by bound jobs plus those asked by jobs sent before it and not yet bound left less
+than it asks for. Pass durations come from the worker's log (one line per pass).
+
+Every process it starts is stopped at the end (also on Ctrl-C or an error).
+
+    .venv/bin/python scripts/bench_e2e.py [--jobs 2000] [--rate 50] [--paced 1000] [--agents 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import requests
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+TARGET_P99_MS = 150.0
+TARGET_SUBMIT_PER_S = 120.0
+
+
+def say(text: str) -> None:
+    print(f"[bench-e2e {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))], 1)
+
+
+class Processes:
+    """Children in their own sessions, logging to files; all stopped by :meth:`stop_all`."""
+
+    def __init__(self, log_dir: Path):
+        self.log_dir = log_dir
+        self.children: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, argv: list[str], env: dict[str, str]) -> None:
+        with open(self.log_dir / f"{name}.log", "wb") as log:
+            self.children[name] = subprocess.Popen(
+                argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def output(self, name: str) -> str:
+        return (self.log_dir / f"{name}.log").read_text(errors="replace")
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU time (user + system) each child used so far: where the machine's time went."""
+        tick = os.sysconf("SC_CLK_TCK")
+        out: dict[str, float] = {}
+        for name, proc in self.children.items():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+                key = "agents" if name.startswith("agent") else name
+                out[key] = round(out.get(key, 0.0) + sum(int(f) for f in fields[11:15]) / tick, 1)
+        return out
+
+    def dead(self) -> list[str]:
+        return [n for n, p in self.children.items() if p.poll() is not None]
+
+    def stop_all(self) -> None:
+        agents_first = sorted(self.children, key=lambda n: not n.startswith("agent"))
+        for name in agents_first:
+            proc = self.children[name]
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGINT if name.startswith("agent") else signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for proc in self.children.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(max(0.1, deadline - time.monotonic()))
+        for proc in self.children.values():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5)
+
+
+def wait_for(what: str, check, procs: Processes, timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if procs.dead():
+            raise RuntimeError(f"{procs.dead()} exited while waiting for {what}")
+        value = check()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise RuntimeError(f"timed out waiting for {what}")
+
+
+def fresh_database(pg: str, name: str) -> None:
+    import psycopg
+
+    with psycopg.connect(f"{pg}/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def seed(gpus: int) -> tuple[str, str]:
+    """A tenant with a quota for the whole cluster, a user with a token; a join token."""
+    from django.contrib.auth.models import User
+    from rest_framework.authtoken.models import Token
+
+    from scheduling.models import Membership, Quota, Tenant
+    from scheduling.services.agents import do_create_join_token
+
+    tenant = Tenant.objects.create(name="bench")
+    Quota.objects.create(tenant=tenant, model="*", guaranteed=gpus, limit=gpus)
+    user = User.objects.create_user("bench", password=None)
+    Membership.objects.create(user=user, tenant=tenant)
+    return Token.objects.create(user=user).key, do_create_join_token("bench")[1]
+
+
+def job_body(i: int, rng: random.Random) -> dict[str, Any]:
+    roll = rng.random()
+    body: dict[str, Any] = {"name": f"bench-{i}", "kind": "batch", "command": ["true"]}
+    if roll < 0.6:
+        body["gpus"] = 1
+    elif roll < 0.8:
+        body["gpus"] = 0.5  # fractional: half of one GPU
+    elif roll < 0.9:
+        body.update(gpus=2, replicas=2)  # a gang: two replicas of one GPU
+    else:
+        body.update(gpus=8, replicas=2, topology="node")  # a gang of two 4-GPU replicas
+    return body
+
+
+class Submitter:
+    """Client threads posting jobs; each records (index, send time, status, job id)."""
+
+    def __init__(self, base: str, token: str, threads: int):
+        self.url = base + "/api/v1/jobs/"
+        self.token = token
+        self.local = threading.local()
+        self.pool = ThreadPoolExecutor(threads)
+        self.results: dict[int, dict[str, Any]] = {}
+
+    def _session(self) -> requests.Session:
+        if not hasattr(self.local, "s"):
+            self.local.s = requests.Session()
+            self.local.s.trust_env = False
+            self.local.s.headers["Authorization"] = f"Token {self.token}"
+        return self.local.s
+
+    def post(self, i: int, body: dict[str, Any], at: float | None = None) -> None:
+        if at is not None:
+            time.sleep(max(0.0, at - time.time()))
+        sent = time.time()
+        try:
+            r = self._session().post(self.url, json=body, timeout=30,
+                                     headers={"Idempotency-Key": f"bench-{i}"})
+            status, job_id = r.status_code, (r.json().get("id") if r.status_code < 300 else None)
+        except requests.RequestException as exc:
+            status, job_id = 0, None
+            say(f"job {i}: {exc.__class__.__name__}")
+        self.results[i] = {"sent": sent, "done": time.time(), "status": status, "id": job_id,
+                           "gpus": float(body.get("gpus", 1))}
+
+    def run(self, items: list[tuple[int, dict[str, Any], float | None]]) -> None:
+        for f in [self.pool.submit(self.post, i, b, at) for i, b, at in items]:
+            f.result()
+
+
+def job_times(ids: list[int]) -> dict[int, dict[str, Any]]:
+    from scheduling.models import Job, JobEvent
+
+    rows = {j["id"]: j for j in Job.objects.filter(pk__in=ids).values(
+        "id", "state", "started_at", "finished_at")}
+    for e in JobEvent.objects.filter(job_id__in=ids, type="scheduled").values("job_id", "at"):
+        rows[e["job_id"]].setdefault("scheduled_at", e["at"])
+    return rows
+
+
+def waited_for_capacity(results: dict[int, dict[str, Any]], times: dict[int, dict[str, Any]],
+                        total_gpus: int) -> set[int]:
+    """Jobs sent when bound jobs plus jobs queued ahead left too few GPUs for them."""
+    spans = []
+    for r in results.values():
+        t = times.get(r["id"])
+        if t and t.get("scheduled_at") and t.get("finished_at"):
+            spans.append((t["scheduled_at"].timestamp(), t["finished_at"].timestamp(), r["gpus"]))
+    queued = sorted((r["sent"], times[r["id"]]["scheduled_at"].timestamp(), r["gpus"])
+                    for r in results.values() if r["id"] in times and times[r["id"]].get("scheduled_at"))
+    excluded = set()
+    for i, r in results.items():
+        t0 = r["sent"]
+        held = sum(g for s, f, g in spans if s <= t0 < f)
+        ahead = sum(g for sent, bound, g in queued if sent < t0 < bound)
+        if total_gpus - held - ahead < r["gpus"]:
+            excluded.add(i)
+    return excluded
+
+
+def pass_durations(worker_log: str) -> list[float]:
+    return [float(m) for m in re.findall(r"pass took ([0-9.]+) ms", worker_log)]
+
+
+def main() -> int:  # noqa: PLR0915 - one linear script, read top to bottom
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--jobs", type=int, default=2000)
+    p.add_argument("--paced", type=int, default=1000, help="jobs sent at --rate (the rest: burst)")
+    p.add_argument("--rate", type=float, default=50.0)
+    p.add_argument("--agents", type=int, default=16)
+    p.add_argument("--gpus", type=int, default=8, help="simulated GPUs per agent")
+    p.add_argument("--threads", type=int, default=8, help="client threads in the burst")
+    p.add_argument("--pg", default=os.environ.get("BENCH_PG", "postgres://postgres@127.0.0.1:5432"))
+    p.add_argument("--db", default="tessera_bench")
+    p.add_argument("--redis", default=os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/0"))
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--keep", action="store_true", help="keep the logs directory")
+    args = p.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="tessera-bench-", dir="/tmp"))
+    work.chmod(0o711)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TESSERA_", "DJANGO_"))}
+    env.update({
+        "DATABASE_URL": f"{args.pg}/{args.db}", "REDIS_URL": args.redis,
+        "TESSERA_REDIS_BROKER_DB": "13", "TESSERA_REDIS_LAYER_DB": "14",
+        "TESSERA_EMBEDDED_PASSES": "0", "TESSERA_PASS_LOOP": "0", "TESSERA_DEBUG": "1",
+        "TESSERA_SECRET_KEY": "bench-" + "k" * 50, "DJANGO_SETTINGS_MODULE": "controlplane.settings",
+    })
+    os.environ.update(env)
+    procs = Processes(work)
+    total_gpus = args.agents * args.gpus
+    try:
+        say(f"fresh database {args.db}; migrating")
+        fresh_database(args.pg, args.db)
+        subprocess.run([PY, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
+        sys.path.insert(0, str(ROOT))
+        import django
+
+        django.setup()
+        import redis as redis_lib
+
+        from controlplane.env import redis_db_url
+
+        for db in (13, 14):
+            redis_lib.Redis.from_url(redis_db_url(args.redis, db)).flushdb()
+        token, join = seed(total_gpus)
+
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
+        procs.start("worker", [PY, "-m", "celery", "-A", "controlplane", "worker", "-P", "solo",
+                               "--without-mingle", "--without-gossip", "--without-heartbeat",
+                               "-n", f"bench-{os.getpid()}@%h", "-l", "INFO"], env)
+        procs.start("web", [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                            "controlplane.asgi:application"], env)
+        wait_for("the worker", lambda: " ready." in procs.output("worker"), procs, 60)
+        wait_for("the web server", lambda: _answers(base), procs, 60)
+        agent_env = {k: v for k, v in env.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+        agent_env["TESSERA_JOIN_TOKEN"] = join
+        for n in range(args.agents):
+            procs.start(f"agent{n:02d}", [
+                PY, "-m", "agent", "--server", base, "--simulate",
+                f"{args.gpus}xA100,nvlink=4,rack=r{n % 4}", "--name", f"bench-{n:02d}",
+                "--metrics-port", "0", "--metrics-addr", "127.0.0.1",
+                "--state-dir", str(work / f"agent{n:02d}")], agent_env)
+        from scheduling.models import Node
+
+        wait_for(f"{args.agents} agents", lambda: Node.objects.filter(
+            devices__isnull=False).distinct().count() == args.agents, procs, 120)
+        say(f"{args.agents} agents of {args.gpus} GPUs registered; warming up")
+
+        rng = random.Random(args.seed)
+        warm = Submitter(base, token, 2)
+        warm.run([(-k - 1, {"name": f"warm-{k}", "kind": "batch", "command": ["true"]}, None)
+                  for k in range(10)])
+        _wait_terminal([r["id"] for r in warm.results.values()], procs, 60)
+
+        bodies = [job_body(i, rng) for i in range(args.jobs)]
+        paced = Submitter(base, token, 8)
+        t0 = time.time() + 0.5
+        say(f"latency phase: {args.paced} jobs at {args.rate:g}/s")
+        paced.run([(i, bodies[i], t0 + i / args.rate) for i in range(args.paced)])
+        burst = Submitter(base, token, args.threads)
+        say(f"throughput phase: {args.jobs - args.paced} jobs, {args.threads} client threads")
+        burst_start = time.time()
+        burst.run([(i, bodies[i], None) for i in range(args.paced, args.jobs)])
+        burst_end = max((r["done"] for r in burst.results.values()), default=time.time())
+        say("waiting for every job to finish")
+        all_results = {**paced.results, **burst.results}
+        ids = [r["id"] for r in all_results.values() if r["id"]]
+        _wait_terminal(ids, procs, 300)
+
+        times = job_times(ids)
+        excluded = waited_for_capacity(all_results, times, total_gpus)
+        lat_paced, lat_burst = [], []
+        not_started = 0
+        for i, r in all_results.items():
+            t = times.get(r["id"]) if r["id"] else None
+            if not t or not t["started_at"]:
+                not_started += 1
+                continue
+            ms = (t["started_at"].timestamp() - r["sent"]) * 1000
+            if i not in excluded:
+                (lat_paced if i < args.paced else lat_burst).append(ms)
+        accepted = sum(1 for r in burst.results.values() if r["status"] in (200, 201))
+        per_s = accepted / max(1e-9, burst_end - burst_start)
+        passes = pass_durations(procs.output("worker"))
+        states: dict[str, int] = {}
+        for t in times.values():
+            states[t["state"]] = states.get(t["state"], 0) + 1
+        out = {
+            "p50_submit_to_running_ms": pct(lat_paced, 0.5),
+            "p99_submit_to_running_ms": pct(lat_paced, 0.99),
+            "samples": len(lat_paced),
+            "excluded_waited_for_capacity": sum(1 for i in excluded if i < args.paced),
+            "rate_per_s": args.rate,
+            "submissions_per_s": round(per_s, 1),
+            "burst_accepted": accepted,
+            "burst_refused": len(burst.results) - accepted,
+            "burst_p50_submit_to_running_ms": pct(lat_burst, 0.5),
+            "burst_p99_submit_to_running_ms": pct(lat_burst, 0.99),
+            "burst_samples": len(lat_burst),
+            "burst_excluded_waited_for_capacity": sum(1 for i in excluded if i >= args.paced),
+            "pass_p50_ms": pct(passes, 0.5),
+            "pass_p99_ms": pct(passes, 0.99),
+            "passes": len(passes),
+            "jobs": args.jobs,
+            "never_started": not_started,
+            "states": states,
+            "agents": args.agents,
+            "gpus": total_gpus,
+            "cpus": os.cpu_count(),
+            "load_avg_1m": round(os.getloadavg()[0], 2),
+        }
+        out["cpu_seconds"] = {**procs.cpu_seconds(), "bench_client": round(sum(os.times()[:2]), 1)}
+        print(json.dumps(out), flush=True)
+        missed = []
+        if out["p99_submit_to_running_ms"] is None or out["p99_submit_to_running_ms"] > TARGET_P99_MS:
+            missed.append(f"p99 {out['p99_submit_to_running_ms']} ms > {TARGET_P99_MS:g} ms")
+        if per_s < TARGET_SUBMIT_PER_S:
+            missed.append(f"{per_s:.0f} submissions/s < {TARGET_SUBMIT_PER_S:g}/s")
+        say("targets met" if not missed else "TARGET MISSED: " + "; ".join(missed))
+        return 0 if not missed else 1
+    except (RuntimeError, subprocess.CalledProcessError) as exc:
+        say(f"failed: {exc}")
+        for name in ("web", "worker", "agent00"):
+            if name in procs.children:
+                say(f"--- {name} (tail) ---\n{procs.output(name)[-2000:]}")
+        return 2
+    finally:
+        procs.stop_all()
+        if args.keep:
+            say(f"logs kept in {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _answers(base: str) -> bool:
+    try:
+        return requests.get(base + "/api/v1/jobs/", timeout=2).status_code == 401
+    except requests.RequestException:
+        return False
+
+
+def _wait_terminal(ids: list[int], procs: Processes, timeout: float) -> None:
+    from scheduling.models import Job
+
+    done = ("succeeded", "failed", "cancelled")
+    last = [0.0]
+
+    def check() -> bool:
+        left = Job.objects.filter(pk__in=ids).exclude(state__in=done).count()
+        if time.monotonic() - last[0] > 5:
+            last[0] = time.monotonic()
+            say(f"{len(ids) - left}/{len(ids)} jobs finished")
+        return left == 0
+
+    wait_for("every job to finish", check, procs, timeout)
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())
+    sys.exit(130)
