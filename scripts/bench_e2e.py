@@ -200,7 +200,7 @@ def job_times(ids: list[int]) -> dict[int, dict[str, Any]]:
     from scheduling.models import Job, JobEvent
 
     rows = {j["id"]: j for j in Job.objects.filter(pk__in=ids).values(
-        "id", "state", "started_at", "finished_at")}
+        "id", "state", "submitted_at", "started_at", "finished_at")}
     for e in JobEvent.objects.filter(job_id__in=ids, type="scheduled").values("job_id", "at"):
         rows[e["job_id"]].setdefault("scheduled_at", e["at"])
     return rows
@@ -271,6 +271,10 @@ def main() -> int:  # noqa: PLR0915 - one linear script, read top to bottom
 
         for db in (13, 14):
             redis_lib.Redis.from_url(redis_db_url(args.redis, db)).flushdb()
+        from scheduling.services import redis_flags
+
+        for flag in ("pass-queued", "pass-again"):  # left by an earlier run killed mid-way
+            redis_flags.client().delete(redis_flags.key(flag))
         token, join = seed(total_gpus)
 
         port = free_port()
@@ -320,6 +324,8 @@ def main() -> int:  # noqa: PLR0915 - one linear script, read top to bottom
         times = job_times(ids)
         excluded = waited_for_capacity(all_results, times, total_gpus)
         lat_paced, lat_burst = [], []
+        stages: dict[str, list[float]] = {"send_to_stored": [], "stored_to_bound": [],
+                                          "bound_to_started": []}
         not_started = 0
         for i, r in all_results.items():
             t = times.get(r["id"]) if r["id"] else None
@@ -329,6 +335,11 @@ def main() -> int:  # noqa: PLR0915 - one linear script, read top to bottom
             ms = (t["started_at"].timestamp() - r["sent"]) * 1000
             if i not in excluded:
                 (lat_paced if i < args.paced else lat_burst).append(ms)
+            if i < args.paced and i not in excluded:
+                stored, bound = t["submitted_at"].timestamp(), t["scheduled_at"].timestamp()
+                stages["send_to_stored"].append((stored - r["sent"]) * 1000)
+                stages["stored_to_bound"].append((bound - stored) * 1000)
+                stages["bound_to_started"].append((t["started_at"].timestamp() - bound) * 1000)
         accepted = sum(1 for r in burst.results.values() if r["status"] in (200, 201))
         per_s = accepted / max(1e-9, burst_end - burst_start)
         passes = pass_durations(procs.output("worker"))
@@ -348,6 +359,8 @@ def main() -> int:  # noqa: PLR0915 - one linear script, read top to bottom
             "burst_p99_submit_to_running_ms": pct(lat_burst, 0.99),
             "burst_samples": len(lat_burst),
             "burst_excluded_waited_for_capacity": sum(1 for i in excluded if i >= args.paced),
+            "stages_p50_ms": {k: pct(v, 0.5) for k, v in stages.items()},
+            "stages_p99_ms": {k: pct(v, 0.99) for k, v in stages.items()},
             "pass_p50_ms": pct(passes, 0.5),
             "pass_p99_ms": pct(passes, 0.99),
             "passes": len(passes),

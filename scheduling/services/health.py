@@ -1,9 +1,22 @@
 """Node health: a node whose heartbeats stop becomes ``not-ready``; once its leases have expired
-its jobs are requeued (fencing: a job never runs in two places)."""
+its jobs are requeued (fencing: a job never runs in two places).
+
+What a lost node's job becomes, once the lease has expired (docs/operations.md):
+
+- bound but never started (``scheduled``): back to the queue at once (``requeued``, reason
+  ``node-lost``); nothing ran, so no retry is consumed;
+- running (or stopping after a failure): the attempt is lost. Node loss **consumes a retry**, as
+  a failure does: the control plane cannot tell a machine that died from a job that took it down
+  (an out-of-memory kernel panic), and a free requeue would let such a job take down node after
+  node. With a retry left: ``retrying`` (reason ``node-lost``), back to the queue after the
+  exponential backoff; without: ``failed`` (reason ``node-lost``);
+- stopping for a reason of its own (cancelled, preempted, time limit): it ends as that stop
+  would have ended it (``do_record_exit``): cancelled, requeued after preemption, failed.
+"""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -11,10 +24,19 @@ from django.utils import timezone
 
 from scheduling.choices import HOLDING_STATES, EventType, JobState, NodeState
 from scheduling.models import Job, Node
-from scheduling.services.jobs import do_transition, release_allocations, request_pass_on_commit
+from scheduling.services.jobs import (
+    do_record_exit,
+    do_transition,
+    release_allocations,
+    request_pass_on_commit,
+    retries_used,
+    retry_backoff,
+)
+
+OWN_STOPS = ("cancelled", "preempt", "time-limit")
 
 
-def sweep_nodes(now=None) -> list[str]:
+def sweep_nodes(now: datetime | None = None) -> list[str]:
     """Mark silent nodes not-ready; requeue the jobs of nodes whose leases expired."""
     now = now or timezone.now()
     timeout = timedelta(seconds=settings.TESSERA["HEARTBEAT_TIMEOUT_S"])
@@ -37,17 +59,25 @@ def sweep_nodes(now=None) -> list[str]:
         for job_id in sorted(job_ids):
             with transaction.atomic():
                 job = Job.objects.select_for_update().select_related("tenant").get(pk=job_id)
-                if job.state not in HOLDING_STATES:
-                    continue
-                release_allocations(job, now)
-                if job.state == JobState.TERMINATING and job.stop_reason == "cancelled":
-                    do_transition(job, JobState.CANCELLED, EventType.CANCELLED, "node-lost",
-                                  finished_at=now)
-                elif job.attempts < job.max_retries or job.state == JobState.SCHEDULED:
-                    do_transition(job, JobState.PENDING, EventType.REQUEUED, "node-lost",
-                                  attempts=job.attempts + 1, stop_reason="")
-                else:
-                    do_transition(job, JobState.FAILED, EventType.FAILED, "node-lost",
-                                  finished_at=now)
-                request_pass_on_commit()
+                if job.state in HOLDING_STATES:
+                    requeue_lost(job, now)
     return lost
+
+
+def requeue_lost(job: Job, now: datetime) -> None:
+    """``job`` (locked) lost its node and the lease expired: free its GPUs and settle it."""
+    release_allocations(job, now)
+    if job.state == JobState.TERMINATING and job.stop_reason.startswith(OWN_STOPS):
+        do_record_exit(job, None, now)
+        return
+    if job.state == JobState.SCHEDULED:
+        do_transition(job, JobState.PENDING, EventType.REQUEUED, "node-lost", at=now,
+                      attempts=job.attempts + 1, stop_reason="")
+    elif (used := retries_used(job)) < job.max_retries:
+        do_transition(job, JobState.PENDING, EventType.RETRYING, "node-lost", at=now,
+                      attempts=job.attempts + 1, not_before=now + retry_backoff(used),
+                      stop_reason="", stop_deadline=None)
+    else:
+        do_transition(job, JobState.FAILED, EventType.FAILED, "node-lost", at=now,
+                      finished_at=now, stop_deadline=None)
+    request_pass_on_commit()

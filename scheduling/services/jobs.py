@@ -224,16 +224,27 @@ def do_record_exit(job: Job, exit_code: int | None, at: datetime | None = None) 
     elif exit_code == 0:
         do_transition(job, JobState.SUCCEEDED, EventType.SUCCEEDED, "", at=at,
                       finished_at=at, **common)
-    elif job.attempts < job.max_retries:
-        backoff = settings.TESSERA["RETRY_BACKOFF_S"] * (2 ** job.attempts)
-        do_transition(job, JobState.PENDING, EventType.RETRYING, f"exit {exit_code}", at=at,
-                      attempts=job.attempts + 1, not_before=at + timedelta(seconds=backoff),
+    elif (used := retries_used(job)) < job.max_retries:
+        why = f"exit {exit_code}" if exit_code is not None else "lost"
+        do_transition(job, JobState.PENDING, EventType.RETRYING, why, at=at,
+                      attempts=job.attempts + 1, not_before=at + retry_backoff(used),
                       stop_reason="", **common)
     else:
         reason = f"exit {exit_code}" if exit_code is not None else "lost"
         do_transition(job, JobState.FAILED, EventType.FAILED, reason, at=at, finished_at=at, **common)
     request_pass_on_commit()
     return job
+
+
+def retries_used(job: Job) -> int:
+    """Failed attempts that were retried: only failures consume ``max_retries`` (CONTRACTS.md);
+    preemptions and requeues of never-started jobs do not (``attempts`` counts those too)."""
+    return job.events.filter(type=EventType.RETRYING).count()
+
+
+def retry_backoff(used: int) -> timedelta:
+    """Exponential: ``RETRY_BACKOFF_S`` × 2^retries used, at most an hour."""
+    return timedelta(seconds=min(3600.0, settings.TESSERA["RETRY_BACKOFF_S"] * (2 ** min(used, 20))))
 
 
 def do_mark_running(job: Job, at: datetime | None = None) -> Job:

@@ -12,7 +12,7 @@ from scheduling.choices import JobState, NodeState
 from scheduling.models import Allocation, Job, Node
 from scheduling.services import passes
 from scheduling.services.health import sweep_nodes
-from scheduling.services.jobs import do_mark_running
+from scheduling.services.jobs import begin_stop, do_mark_running, do_record_exit
 
 helpers = importlib.import_module("tests.scheduling.helpers")
 
@@ -49,7 +49,7 @@ def test_a_lost_nodes_jobs_keep_their_gpus_until_the_lease_expires(world, settin
     sweep_nodes()
     job.refresh_from_db()
     assert job.state == JobState.PENDING and job.attempts == 1
-    assert job.events.filter(type="requeued", reason="node-lost").exists()
+    assert job.events.filter(type="retrying", reason="node-lost").exists()  # a retry consumed
     assert not Allocation.objects.filter(job=job, released_at__isnull=True).exists()
 
 
@@ -62,3 +62,73 @@ def test_a_lost_nodes_job_without_retries_fails_with_node_lost(world, settings):
     job.refresh_from_db()
     assert job.state == JobState.FAILED
     assert job.events.get(type="failed").reason == "node-lost"
+
+
+def _lose_node(node, settings):
+    expired = timezone.now() - timedelta(seconds=settings.TESSERA["LEASE_S"] + 1)
+    Node.objects.filter(pk=node.pk).update(last_heartbeat=expired, state=NodeState.NOT_READY)
+    sweep_nodes()
+
+
+def _locked(job):
+    return Job.objects.select_for_update().select_related("tenant").get(pk=job.pk)
+
+
+def test_a_lost_nodes_job_waits_out_an_exponential_backoff_before_its_retry(world, settings):
+    settings.TESSERA = {**settings.TESSERA, "RETRY_BACKOFF_S": 10.0}
+    node = helpers.make_node("a100-01")
+    job = _running_job(world, gpus=1, max_retries=3)
+    with transaction.atomic():
+        do_record_exit(_locked(job), 1)  # a first failure: retried after 10 s
+    Job.objects.filter(pk=job.pk).update(not_before=None)
+    passes.run_pass()
+    with transaction.atomic():
+        do_mark_running(_locked(job))
+    before = timezone.now()
+    _lose_node(node, settings)  # the second failure: 20 s
+    job.refresh_from_db()
+    assert job.state == JobState.PENDING and job.attempts == 2
+    assert timedelta(seconds=19) < job.not_before - before < timedelta(seconds=21)
+    assert job.events.filter(type="retrying").count() == 2
+
+
+def test_a_bound_job_that_never_started_is_requeued_without_consuming_a_retry(world, settings):
+    node = helpers.make_node("a100-01")
+    job = helpers.submit(world.alice, world.vision, gpus=1)  # max_retries 0
+    passes.run_pass()
+    job.refresh_from_db()
+    assert job.state == JobState.SCHEDULED
+    _lose_node(node, settings)
+    job.refresh_from_db()
+    assert job.state == JobState.PENDING and job.not_before is None
+    assert job.events.filter(type="requeued", reason="node-lost").exists()
+    assert not job.events.filter(type="retrying").exists()
+
+
+def test_preemptions_do_not_consume_retries(world, settings):
+    helpers.make_node("a100-01")
+    job = _running_job(world, gpus=1, max_retries=1)
+    for _ in range(2):  # preempted twice: attempts grow, the one retry stays
+        with transaction.atomic():
+            begin_stop(_locked(job), "preempted: for a test")
+        with transaction.atomic():
+            do_record_exit(_locked(job), -15)
+        passes.run_pass()
+        with transaction.atomic():
+            do_mark_running(_locked(job))
+    with transaction.atomic():
+        do_record_exit(_locked(job), 3)
+    job.refresh_from_db()
+    assert job.attempts == 3 and job.state == JobState.PENDING  # the failure still had its retry
+    assert job.events.filter(type="retrying", reason="exit 3").exists()
+
+
+def test_a_cancelled_job_on_a_lost_node_ends_cancelled(world, settings):
+    node = helpers.make_node("a100-01")
+    job = _running_job(world, gpus=1, max_retries=5)
+    with transaction.atomic():
+        begin_stop(_locked(job), "cancelled")
+    _lose_node(node, settings)
+    job.refresh_from_db()
+    assert job.state == JobState.CANCELLED
+    assert not Allocation.objects.filter(job=job, released_at__isnull=True).exists()
