@@ -18,6 +18,9 @@ class EngineConfig:
     aging_s: float = 4 * 3600.0  # a job waiting longer is promoted to level 0 and reserved for
     max_reservations: int = 8  # reservations per pass (aged jobs first, then the blocked head)
     preempt_min_run_s: float = 300.0  # a job runs this long before it can be preempted (again)
+    # Kind levels whose jobs may preempt lower levels for priority (inference by default; other
+    # levels wait or reclaim their guarantee: preempting training for training only churns).
+    preemptor_levels: tuple[int, ...] = (0,)
     min_split_gpus: int = 1  # smallest buddy block a whole-GPU replica claims (power of two)
     # Preferred accelerators by kind, used when a job names none (earlier = preferred).
     kind_accelerators: tuple[tuple[str, tuple[str, ...]], ...] = field(default_factory=tuple)

@@ -65,6 +65,19 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
             starts += 1
             continue
         if refusal is not None:
+            own = s.quota_victims(job, geo) if cfg.preemption and (
+                len(d.preemptions) < cfg.max_preemptions_per_pass) else None
+            if own is not None:
+                for v in own:
+                    s.running[v.job_id].terminating = True
+                    d.preemptions.append(Preemption(
+                        v.job_id, f"quota: {job.tenant} needs the room for job {job.id}", job.id))
+                d.pending[job.id] = PendingReason(
+                    "reserved", f"reserved: preempting {len(own)} of {job.tenant}'s own jobs to "
+                                "make quota room; starts when they exit" if own else
+                                f"reserved: waiting for {job.tenant}'s terminating jobs to exit",
+                    now + max((s.running[v.job_id].job.grace_s for v in own), default=0.0))
+                continue
             quota_blocked.append((job, geo))  # worded at the end, on the final usage
             continue
         if node_ok is not None:  # does it fit without the reservations? then they hold it back

@@ -295,13 +295,14 @@ class TesseraScheduler:
                 borrowing = tuple(sorted(
                     (t, m) for t in self.quotas.rows for m in under
                     if t != job.tenant and self.quotas.borrowed(t, m) > 0))
-        key = (mine, job.tenant, under, borrowing)
+        may_rank = self.config.level_of(job.kind) in self.config.preemptor_levels
+        key = (mine, may_rank, job.tenant, under, borrowing)
         hit = self._victim_memo.get(key)
         if hit is not None:
             return hit
         out: dict[int, list[Victim]] = {}
         for vrank, _jid, run, victim, vmodels in self._eligible:
-            if not vrank > mine and not (
+            if not (may_rank and vrank > mine) and not (
                 borrowing and any((run.job.tenant, m) in borrowing for m in vmodels)
             ):
                 continue
@@ -311,6 +312,56 @@ class TesseraScheduler:
             lst.sort(key=lambda v: (v.lost, v.priority, v.job_id))
         self._victim_memo[key] = out
         return out
+
+    def quota_victims(self, job: JobRequest, geo: Geometry) -> list[Victim] | None:
+        """Victims among ``job``'s own tenant's jobs behind it on one of its models whose
+        release would make quota room for it (least lost work first); [] when jobs already
+        terminating will make the room; None when preemption cannot help. Only for the
+        preemptor levels (an inference job stuck behind its tenant's own batch work)."""
+        if (not self.quotas.enabled or not geo.req.count
+                or self.config.level_of(job.kind) not in self.config.preemptor_levels):
+            return None
+        mine = queues.rank(job, self.config)
+        models, _ = self._models_for(job)
+        need = geo.charge * geo.need
+        for m in models:
+            q = self.quotas.row(job.tenant, m)
+            if q is None:
+                continue
+            cap = round((q.limit if job.preemptible else q.guaranteed) * MILLI)
+            if need > cap:
+                continue
+            excess = self.quotas.used(job.tenant, m) + need - cap
+            row = self.quotas._row_key(job.tenant, m)
+            for run in self.running.values():  # what is already on its way out counts as room
+                if run.job.tenant == job.tenant and (run.terminating or run.cancelled):
+                    excess -= sum(mi for mm, mi in run.charged
+                                  if self.quotas._row_key(job.tenant, mm) == row)
+            if excess <= 0:
+                return []
+            mine_jobs = sorted(
+                (v for vrank, _j, run, v, vmodels in self._eligible
+                 if run.job.tenant == job.tenant and vrank > mine and not run.terminating
+                 and any(self.quotas._row_key(job.tenant, vm) == row for vm in vmodels)),
+                key=lambda v: (v.lost, v.priority, v.job_id))
+            # 1. Take the tenant's jobs behind it, least lost work first, until the room is made;
+            # 2. then drop, most lost work first, any victim the room does not need after all.
+            chosen: list[tuple[Victim, int]] = []
+            for v in mine_jobs:
+                if excess <= 0:
+                    break
+                run = self.running[v.job_id]
+                freed = sum(mi for mm, mi in run.charged
+                            if self.quotas._row_key(job.tenant, mm) == row)
+                chosen.append((v, freed))
+                excess -= freed
+            if excess <= 0 and chosen:
+                for v, freed in sorted(chosen, key=lambda t: (-t[0].lost, t[0].job_id)):
+                    if excess + freed <= 0:
+                        chosen.remove((v, freed))
+                        excess += freed
+                return sorted((v for v, _ in chosen), key=lambda v: v.job_id)
+        return None
 
     def new_hypo(self) -> Hypo:
         term = [(jid, tuple(self.state.allocs.get(jid, ()))) for jid, r in self.running.items()

@@ -110,3 +110,25 @@ def test_releasing_every_job_restores_every_nodes_buddy_lists_exactly(nodes, wor
     assert [[isl.blocks() for isl in n.islands] for n in s.state.nodes] == before
     assert all(v == 1000 for n in s.state.nodes for v in n.free)
     assert s.state.total_free == sum(1000 * n.gpus for n in nodes if n.schedulable)
+
+
+def test_inference_makes_quota_room_by_preempting_its_own_tenants_batch_work():
+    s = TesseraScheduler([node("a"), node("b")], [QuotaSpec("prod", "H100", 8, 16)])
+    s.submit(JobRequest("b1", "prod", "batch", 8))
+    s.submit(JobRequest("b2", "prod", "batch", 4, submitted_at=1))
+    s.decide(0.0)
+    s.submit(JobRequest("serve", "prod", "inference", 4, preemptible=False, submitted_at=2))
+    d = s.decide(1000.0)
+    # prod must drop to 4 of its 8 guaranteed: b2 alone (4) is not enough, b1 alone (8) is
+    assert [p.job_id for p in d.preemptions] == ["b1"]
+    assert d.pending["serve"].code == "reserved"
+    assert not s.decide(1001.0).preemptions  # b1 is on its way out: nothing more is taken
+    s.release("b1", 1030.0)
+    assert [b.job_id for b in s.decide(1030.0).bindings] == ["serve"]
+
+
+def test_training_does_not_preempt_batch_for_priority_by_default():
+    s = TesseraScheduler([node("a", gpus=4, nvlink=4)])
+    _full(s)
+    s.submit(JobRequest("train", "vision", "training", 4, priority=9, submitted_at=1))
+    assert not s.decide(5000.0).preemptions
