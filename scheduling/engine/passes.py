@@ -102,7 +102,7 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
                 hypo = s.new_hypo()
             plan = None
             fail_key = (geo, job.accelerators, job.node_selector, job.tolerations,
-                        queues.rank(job, cfg), job.tenant)
+                        queues.rank(job, cfg), queues.is_aged(job, now, cfg), job.tenant)
             victims = s.victims(job, geo, now) if fail_key not in s._preempt_fail else {}
             if victims or (hypo.terminating and fail_key not in s._preempt_fail):
                 attempts += 1
@@ -140,6 +140,9 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
         to_diagnose.append((job, geo))
     _grow(s, now, d, res)
     s.last_reservations = list(res.items)
+    held = {r.job_id for r in res.items}
+    for jid in [j for j in s.sticky if j not in held]:
+        del s.sticky[jid]
     for job, geo in quota_blocked:
         refusal = s.quota_refusal(job, geo)
         if refusal is not None:

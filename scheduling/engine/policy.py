@@ -20,7 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from . import queues
-from .backfill import History, Reservations, reserve
+from .backfill import History, Reservation, Reservations, node_ready_time, reserve
 from .buddy import order_for
 from .config import EngineConfig
 from .fragmentation import FragmentationModel, Shape, shape_of, to_milli
@@ -84,6 +84,8 @@ class TesseraScheduler:
         self.models = tuple(sorted({n.model for n in self.nodes if n.gpus and n.model}))
         self.last_reservations: list = []
         self._fail_memo: dict[tuple, int] = {}
+        self.sticky: dict[str, tuple[int, ...]] = {}  # job -> nodes reserved for it last pass
+        self._holders: dict[int, list] | None = None
 
     # -- the driver's calls -----------------------------------------------------------------------
     @classmethod
@@ -267,6 +269,7 @@ class TesseraScheduler:
         work each would lose, computed once."""
         self._victim_memo: dict[tuple, dict[int, list[Victim]]] = {}
         self._preempt_fail: set[tuple] = set()
+        self._holders = None
         self._eligible = []
         for jid, run in self.running.items():
             if (not run.job.preemptible or run.terminating or run.cancelled
@@ -296,13 +299,16 @@ class TesseraScheduler:
                     (t, m) for t in self.quotas.rows for m in under
                     if t != job.tenant and self.quotas.borrowed(t, m) > 0))
         may_rank = self.config.level_of(job.kind) in self.config.preemptor_levels
-        key = (mine, may_rank, job.tenant, under, borrowing)
+        # An aged job may preempt strictly lower kind levels (never its own level): this bounds
+        # the wait of big gangs, and the victims, being lower, can never preempt it back.
+        aged = queues.is_aged(job, now, self.config)
+        key = (mine, may_rank, aged, job.tenant, under, borrowing)
         hit = self._victim_memo.get(key)
         if hit is not None:
             return hit
         out: dict[int, list[Victim]] = {}
         for vrank, _jid, run, victim, vmodels in self._eligible:
-            if not (may_rank and vrank > mine) and not (
+            if not (may_rank and vrank > mine) and not (aged and vrank[0] > mine[0]) and not (
                 borrowing and any((run.job.tenant, m) in borrowing for m in vmodels)
             ):
                 continue
@@ -369,13 +375,28 @@ class TesseraScheduler:
         return Hypo(self.placer, term)
 
     def reserve_for(self, job: JobRequest, geo: Geometry, res: Reservations, now: float):
-        holders: dict[int, list] = {}
-        for jid, run in self.running.items():
-            end = self.expected_end(run, now)
-            for a in self.state.allocs.get(jid, ()):
-                holders.setdefault(a.node, []).append((end, a))
+        """A reservation for ``job``: the nodes it held last pass if they can still take it
+        (so a reservation is sticky and its start only moves when running jobs overrun), else
+        the earliest-ready nodes now. Holders' expected ends are indexed once per pass."""
+        if self._holders is None:
+            self._holders = {}
+            for jid, run in self.running.items():
+                end = self.expected_end(run, now)
+                for a in self.state.allocs.get(jid, ()):
+                    self._holders.setdefault(a.node, []).append((end, a))
+        holders = self._holders
+        taken = res.taken()
+        prev = self.sticky.get(job.id)
+        if prev is not None and not (set(prev) & taken):
+            times = [node_ready_time(self.placer, i, geo.req, holders.get(i, []), now)
+                     for i in prev]
+            if all(t is not None for t in times):
+                return Reservation(job.id, prev, max(times))  # type: ignore[type-var]
         c = constraints(job)
-        return reserve(self.placer, job, geo.req, geo.need, c, holders, res.taken(), now)
+        r = reserve(self.placer, job, geo.req, geo.need, c, holders, taken, now)
+        if r is not None:
+            self.sticky[job.id] = r.nodes
+        return r
 
 
 def diagnose_job(s: TesseraScheduler, job: JobRequest, geo: Geometry,
