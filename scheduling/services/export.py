@@ -34,7 +34,11 @@ SIMPLE = {
 def _num(value: float | int | None) -> str:
     if value is None:
         return ""
-    return f"{value:g}" if isinstance(value, float) else str(value)
+    if not isinstance(value, float):
+        return str(value)
+    # Microseconds, like the events' times: ``:g`` kept 6 significant digits, so past 10 s a
+    # submit_s could round above its own submit event's time.
+    return f"{value:.6f}".rstrip("0").rstrip(".") or "0"
 
 
 def node_rows() -> Iterator[dict[str, Any]]:

@@ -226,9 +226,11 @@ def _apply_bindings(
             mine = [next(rows) for _ in wanted]
             for a, (n, d, _, _) in zip(mine, wanted, strict=True):
                 a.node, a.device = n, d
+            # Stamped now, not at the pass's start: a job committed while the snapshot was being
+            # read is bound by this pass, and its history must not start before its submission.
             do_transition(
                 job, JobState.SCHEDULED, EventType.SCHEDULED,
-                allocations=allocations_payload(mine), at=now,
+                allocations=allocations_payload(mine), at=max(now, timezone.now()),
             )
         from scheduling.services.inventory import device_rows
 
