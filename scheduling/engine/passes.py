@@ -28,6 +28,7 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
     blocked_seen = False
     to_diagnose: list = []
     quota_blocked: list = []
+    held_rows: dict[tuple[str, str], str] = {}  # quota rows held for an aged job
     hypo = None
     attempts = 0
     s.begin_pass(now)
@@ -54,6 +55,13 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
                 "priority", f"priority: this pass started its limit of {cfg.max_starts_per_pass} "
                             "jobs; next pass")
             continue
+        rows = _rows(s, job, geo)
+        holder = next((held_rows[r] for r in rows if r in held_rows), None)
+        if holder is not None and rows and all(r in held_rows for r in rows):
+            d.pending[job.id] = PendingReason(
+                "quota", f"quota: {job.tenant}'s quota is held for its job {holder}, which has "
+                         "waited longest")
+            continue
         runtime = s.history.predict(job)
         node_ok = None
         if res.items:
@@ -79,6 +87,9 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
                     now + max((s.running[v.job_id].job.grace_s for v in own), default=0.0))
                 continue
             quota_blocked.append((job, geo))  # worded at the end, on the final usage
+            if queues.is_aged(job, now, cfg):  # its tenant's later jobs must not overtake it
+                for r in rows:
+                    held_rows.setdefault(r, job.id)
             continue
         if node_ok is not None:  # does it fit without the reservations? then they hold it back
             probe, _ = s._try_place(job, geo, None)
@@ -159,6 +170,14 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
         d.pending[job.id] = reason
     del placements_of
     return d
+
+
+def _rows(s: TesseraScheduler, job, geo) -> list[tuple[str, str]]:
+    """The quota rows (tenant, row model) a GPU job could be charged to."""
+    if not s.quotas.enabled or not geo.req.count:
+        return []
+    models, _ = s._models_for(job)
+    return sorted({s.quotas._row_key(job.tenant, m) for m in models})
 
 
 def _plan(s: TesseraScheduler, hypo, job, geo, c, victims):
