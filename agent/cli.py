@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from agent import state
+from agent import cgroups, state
 from agent.client import AgentClient, Rejected, ServerError
 from agent.inventory import Inventory, ModelMap, NoGPUs, nvml_inventory, simulated_inventory
 from agent.metrics import GpuCollector, UtilProfiles, make_registry, nvml_reader, serve
@@ -192,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
         raise Fatal(f"user {run_as.name} cannot reach {state_dir}/jobs (a parent directory is not "
                     "traversable): choose another --state-dir")
     agent = Agent(AgentClient(args.server), inventory, state_dir, run_as, job_path(state_dir, run_as),
-                  poll_interval=args.poll_interval)
+                  poll_interval=args.poll_interval, cgroups=cgroups.detect())
 
     try:
         profiles = UtilProfiles.load() if inventory.simulated else None

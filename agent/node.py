@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agent.cgroups import Cgroups
 from agent.client import AgentClient, Rejected, ServerError
 from agent.inventory import Inventory
 from agent.metrics import GpuUse
@@ -42,10 +43,12 @@ class Agent:
         job_path: str,
         poll_interval: float = 1.0,
         lease_seconds: float = 60.0,
+        cgroups: Cgroups | None = None,
     ):
         self.client, self.inventory, self.state_dir = client, inventory, state_dir
         self.run_as, self.job_path = run_as, job_path
         self.poll_interval = poll_interval
+        self.cgroups = cgroups
         self.lease_seconds = lease_seconds
         self.jobs: dict[Key, JobProcess] = {}
         self.ever_started: set[Key] = set()
@@ -149,7 +152,8 @@ class Agent:
                     log.info("ignoring binding of job %s attempt %s: a later attempt ran here", *key[:2])
                     continue
                 self.ever_started.add(key)
-                process = JobProcess(binding, self.client, self.state_dir, self.run_as, self.job_path)
+                process = JobProcess(binding, self.client, self.state_dir, self.run_as, self.job_path,
+                                     self.cgroups)
                 self.jobs[key] = process
             log.info("starting job %s attempt %s replica %s on GPUs %s", *key, binding.get("gpus"))
             process.start()

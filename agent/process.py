@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.cgroups import Cgroups
 from agent.client import AgentClient, Rejected, ServerError
 
 log = logging.getLogger("tessera.agent")
@@ -146,9 +147,12 @@ class JobProcess:
     """A replica's process and the thread that watches it."""
 
     def __init__(
-        self, binding: dict[str, Any], client: AgentClient, state_dir: Path, run_as: RunAs, path: str
+        self, binding: dict[str, Any], client: AgentClient, state_dir: Path, run_as: RunAs, path: str,
+        cgroups: Cgroups | None = None,
     ):
         self.binding = binding
+        self.cgroups = cgroups
+        self.cgroup: Path | None = None
         self.job_id = int(binding["job_id"])
         self.attempt = int(binding["attempt"])
         self.replica = int(binding.get("replica", 0))
@@ -206,9 +210,23 @@ class JobProcess:
             self._pump_done.set()
         else:
             self.started_wall = time.time()
+            self._limit()
             threading.Thread(target=self._pump, name=f"job-{self.job_id}-out", daemon=True).start()
         self.started_at = time.monotonic()
         threading.Thread(target=self._supervise, name=f"job-{self.job_id}", daemon=True).start()
+
+    def _limit(self) -> None:
+        """Move the process into its own cgroup with the replica's CPU and memory limits."""
+        cpus = float(self.binding.get("cpus") or 0)
+        memory = float(self.binding.get("memory_gib") or 0)
+        if self.cgroups is None or self.proc is None or (cpus <= 0 and memory <= 0):
+            return
+        try:
+            self.cgroup = self.cgroups.create(f"{self.job_id}-{self.attempt}-{self.replica}", cpus, memory)
+            if self.cgroup is not None:
+                self.cgroups.add(self.cgroup, self.proc.pid)
+        except OSError as exc:
+            self._note(f"CPU and memory limits not applied: {exc}")
 
     # --- stopping ------------------------------------------------------------------------------
 
@@ -326,6 +344,8 @@ class JobProcess:
             log.exception("job %s: could not report its exit", self.job_id)
         finally:
             shutil.rmtree(self.workdir, ignore_errors=True)
+            if self.cgroup is not None and self.cgroups is not None:
+                self.cgroups.remove(self.cgroup)
             self.done.set()
 
     def _watch(self) -> None:

@@ -220,7 +220,9 @@ class Allocation(models.Model):
     """One replica's use of one device of a node: ``share_milli`` of 1000 (fractions are shares
     of one GPU); a CPU-only replica has one row with no device and share 0.
 
-    Active while ``released_at`` is null; kept afterwards as history.
+    Active while ``released_at`` is null; kept afterwards as history. ``exited_at``: the replica's
+    process ended while other replicas of its job still run; its GPUs stay held until the whole
+    job settles (a job's GPUs are freed together, once all its processes have exited).
     """
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="allocations")
@@ -234,6 +236,7 @@ class Allocation(models.Model):
     attempt = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     released_at = models.DateTimeField(null=True, blank=True)
+    exited_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["job_id", "replica", "device__index"]

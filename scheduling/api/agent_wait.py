@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
@@ -80,14 +81,22 @@ async def agent_wait(request: HttpRequest) -> JsonResponse:
         await asyncio.sleep(timeout)
         return JsonResponse({"wake": False})
     channel = wake_channel(node_id)
-    try:
-        await layer.group_add(f"agent.{node_id}", channel)
-        await asyncio.wait_for(layer.receive(channel), timeout)
-    except TimeoutError:
-        return JsonResponse({"wake": False})
-    except Exception as exc:  # the layer (Redis) is down: say so; the agent falls back to polling
-        log.warning("agent wait for node %s failed: %s", node_id, exc)
-        return JsonResponse({"detail": "The live channel is unavailable."}, status=503)
+    deadline = time.monotonic() + timeout
+    errors = 0
+    while True:
+        try:
+            await layer.group_add(f"agent.{node_id}", channel)
+            await asyncio.wait_for(layer.receive(channel), max(0.0, deadline - time.monotonic()))
+            break
+        except TimeoutError:
+            return JsonResponse({"wake": False})
+        except Exception as exc:  # noqa: BLE001 - a Redis read timed out under load, or Redis is down
+            errors += 1
+            if errors >= 3 or time.monotonic() + 0.5 >= deadline:
+                log.warning("agent wait for node %s failed: %s", node_id, exc)
+                # The agent falls back to its periodic heartbeat until the layer answers again.
+                return JsonResponse({"detail": "The live channel is unavailable."}, status=503)
+            await asyncio.sleep(0.2)
     with contextlib.suppress(Exception):
         while True:  # a burst of wakes (one per binding) → one answer
             await asyncio.wait_for(layer.receive(channel), DRAIN_S)

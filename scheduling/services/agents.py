@@ -4,8 +4,9 @@ Every function here is called by the agent API (``scheduling/api/agents.py``) or
 ``create_join_token`` command; job state changes go through ``scheduling.services.jobs``
 (``do_mark_running``, ``do_record_exit``, ``begin_stop``) with the job row locked.
 
-Replicas: a job's replicas may lie on several nodes. A replica that exits releases its own GPUs
-(its process is gone); the job settles (``do_record_exit``) when its last replica has exited. A
+Replicas: a job's replicas may lie on several nodes. A replica that exits is marked
+(``Allocation.exited_at``) and keeps its GPUs; the job settles (``do_record_exit``, which frees
+them all) when its last replica has exited. A
 replica that fails while others still run puts the job in ``terminating`` with the reason
 ``exit N`` (or ``lost``), so the others get stop orders and the job ends failed (or retries).
 
@@ -22,7 +23,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from scheduling.choices import HOLDING_STATES, EventType, JobState, NodeState
@@ -31,7 +32,6 @@ from scheduling.services import live
 from scheduling.services.inventory import device_rows
 from scheduling.services.jobs import (
     begin_stop,
-    bump_node_versions,
     do_mark_running,
     do_record_exit,
     request_pass_on_commit,
@@ -137,6 +137,7 @@ def _started_replicas(node: Node) -> set[tuple[int, int]]:
         Allocation.objects.filter(
             node=node,
             released_at__isnull=True,
+            exited_at__isnull=True,
             job__state__in=[JobState.RUNNING, JobState.TERMINATING],
         ).values_list("job_id", "replica")
     )
@@ -208,7 +209,9 @@ def do_heartbeat(node: Node, running: list[Reported]) -> dict[str, Any]:
 def _held_replicas(node: Node) -> dict[tuple[int, int], list[Allocation]]:
     held: dict[tuple[int, int], list[Allocation]] = {}
     allocs = (
-        Allocation.objects.filter(node=node, released_at__isnull=True)
+        # A replica that already exited (its job's other replicas still run) is neither started
+        # again nor stopped: it only waits for its job to settle.
+        Allocation.objects.filter(node=node, released_at__isnull=True, exited_at__isnull=True)
         .select_related("job", "device")
         .order_by("job_id", "replica", "device__index")
     )
@@ -252,6 +255,9 @@ def _binding(job: Job, attempt: int, replica: int, allocs: list[Allocation]) -> 
         "grace_seconds": job.grace_seconds,
         "time_limit_seconds": job.time_limit_seconds,
         "checkpoint_seconds": job.checkpoint_seconds,
+        # The job's CPUs and memory are for all its replicas, spread evenly (CONTRACTS.md).
+        "cpus": job.cpus / max(1, job.replicas),
+        "memory_gib": job.memory_gib / max(1, job.replicas),
         # Offsets continue across attempts, so a retry's output follows the first's.
         "log_offset": _log_end(job.pk, replica),
     }
@@ -290,7 +296,8 @@ def _owned_job(node: Node, job_id: int) -> Job:
 
 def _active(job: Job, node_id: int, replica: int, attempt: int):
     return Allocation.objects.filter(
-        job=job, node_id=node_id, replica=replica, attempt=attempt, released_at__isnull=True
+        job=job, node_id=node_id, replica=replica, attempt=attempt, released_at__isnull=True,
+        exited_at__isnull=True,
     )
 
 
@@ -332,7 +339,8 @@ def do_report_exit(
             _settle_replica(job, node.pk, replica, exit_code, reason, now)
             return job, True
         already = Allocation.objects.filter(
-            job=job, node=node, replica=replica, attempt=attempt, released_at__isnull=False
+            Q(released_at__isnull=False) | Q(exited_at__isnull=False),
+            job=job, node=node, replica=replica, attempt=attempt,
         ).exists()
         if already:
             return job, False  # a retried report: the first one counted
@@ -350,7 +358,7 @@ def _settle_replica(
     if job.state == JobState.SCHEDULED:
         do_mark_running(job, now)  # its ``started`` report was lost; keep the history in order
     others = (
-        Allocation.objects.filter(job=job, released_at__isnull=True)
+        Allocation.objects.filter(job=job, released_at__isnull=True, exited_at__isnull=True)
         .exclude(node_id=node_id, replica=replica)
         .exists()
     )
@@ -359,8 +367,12 @@ def _settle_replica(
             begin_stop(job, "time-limit", now)
         elif others and (exit_code != 0 or reason == "lost"):
             begin_stop(job, "lost" if exit_code is None else f"exit {exit_code}", now)
-    _release_replica(job, node_id, replica, now)
     if others:
+        # Its GPUs stay held until the job settles: all of a job's GPUs are freed together, so
+        # the history (export_trace) is exact and a gang's place is not taken piecemeal.
+        Allocation.objects.filter(
+            job=job, node_id=node_id, replica=replica, released_at__isnull=True
+        ).update(exited_at=now)
         return
     code = None if reason == "lost" else exit_code  # killed by its agent's fencing: not its own code
     if job.state == JobState.TERMINATING and job.stop_reason.startswith("exit "):
@@ -372,24 +384,6 @@ def _settle_replica(
         code = None
     # Stamped now, not at ``now``: a ``terminating`` event just recorded must stay before it.
     do_record_exit(job, code)
-
-
-def _release_replica(job: Job, node_id: int, replica: int, at: datetime) -> None:
-    allocs = list(
-        Allocation.objects.filter(
-            job=job, node_id=node_id, replica=replica, released_at__isnull=True
-        )
-    )
-    if not allocs:
-        return
-    Allocation.objects.filter(pk__in=[a.pk for a in allocs]).update(released_at=at)
-    bump_node_versions({node_id})
-    live.publish_devices(
-        device_rows(
-            Device.objects.filter(pk__in=[a.device_id for a in allocs if a.device_id]).select_related("node")
-        )
-    )
-    request_pass_on_commit()
 
 
 # --- Logs --------------------------------------------------------------------------------------

@@ -238,12 +238,15 @@ def test_a_failed_replica_stops_the_others_and_the_job_fails(world, join_token):
     assert job.state == JobState.TERMINATING and job.stop_reason == "exit 3"
     (order,) = h.heartbeat(node_b, [{"job_id": job.pk, "attempt": 0, "replica": 1, "pid": 9}])["stop"]
     assert order["replica"] == 1 and 19 <= order["grace_left_seconds"] <= 20
-    assert Allocation.objects.filter(job=job, released_at__isnull=True).count() == 8  # replica 1 holds on
+    # Replica 0's process is gone but its GPUs stay held until the job settles (freed together).
+    assert Allocation.objects.filter(job=job, released_at__isnull=True).count() == 16
+    assert Allocation.objects.filter(job=job, exited_at__isnull=False).count() == 8
 
     h.report(node_b, job.pk, "exited", attempt=0, replica=1, exit_code=-15, reason="stopped")
     job.refresh_from_db()
     assert job.state == JobState.FAILED and job.exit_code == 3
     assert job.events.order_by("-at", "-id").first().reason == "exit 3"
+    assert not Allocation.objects.filter(job=job, released_at__isnull=True).exists()
 
 
 def test_a_job_stopped_at_its_time_limit_fails_with_reason_time_limit(world, join_token):

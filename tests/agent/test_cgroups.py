@@ -1,0 +1,91 @@
+"""CPU and memory limits: detected where cgroups v2 allows them, plainly refused elsewhere.
+
+The cgroup filesystem is the edge: a directory laid out like ``/sys/fs/cgroup`` stands in for it
+(this machine has no writable cgroups v2), and a real job process is moved "into" its cgroup.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+from agent import cgroups
+from agent.inventory import simulated_inventory
+from agent.node import Agent
+from agent.process import job_path, resolve_run_as
+from agent.spec import parse_spec
+
+fakes = importlib.import_module("tests.agent.fakes")
+
+
+@pytest.fixture
+def fake_root(tmp_path: Path) -> Path:
+    (tmp_path / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (tmp_path / "cgroup.subtree_control").write_text("")
+    return tmp_path
+
+
+def test_a_writable_cgroup_v2_root_with_cpu_and_memory_is_usable(fake_root):
+    assert cgroups.unavailable_reason(fake_root) is None
+    found = cgroups.detect(fake_root)
+    assert found is not None
+    assert (fake_root / "cgroup.subtree_control").read_text().split() == ["+cpu", "+memory"]
+    assert (fake_root / "tessera" / "cgroup.subtree_control").read_text().split() == ["+cpu", "+memory"]
+
+
+def test_without_cgroups_v2_limits_are_not_enforced_and_the_agent_says_so(tmp_path, caplog):
+    (tmp_path / "memory").mkdir()  # a cgroups v1 layout: one directory per controller
+    with caplog.at_level(logging.WARNING, logger="tessera.agent"):
+        assert cgroups.detect(tmp_path) is None
+    assert "NOT enforced" in caplog.text and "not mounted" in caplog.text
+
+
+def test_a_root_without_the_memory_controller_is_refused_naming_it(fake_root):
+    (fake_root / "cgroup.controllers").write_text("cpu io pids\n")
+    assert "memory" in cgroups.unavailable_reason(fake_root)
+
+
+def test_a_replicas_cgroup_carries_its_cpu_and_memory_limits(fake_root):
+    cg = cgroups.detect(fake_root)
+    path = cg.create("7-0-1", cpus=1.5, memory_gib=2)
+    assert (path / "cpu.max").read_text() == "150000 100000\n"
+    assert (path / "memory.max").read_text() == f"{2 * 2**30}\n"
+    assert cg.create("7-0-2", cpus=0, memory_gib=0) is None  # nothing asked: no cgroup
+
+
+def test_a_job_with_limits_is_moved_into_its_cgroup_which_goes_away_after_it(fake_root):
+    cg = cgroups.detect(fake_root)
+    with fakes.job_user_state_dir() as state_dir:
+        run_as = resolve_run_as("nobody")
+        server = fakes.FakeServer()
+        node = Agent(server, simulated_inventory("cg", parse_spec("2xT4")), state_dir, run_as,
+                     job_path(state_dir, run_as), poll_interval=0.05, cgroups=cg)
+        moved: list[int] = []
+        real_add = cg.add
+
+        def add(path: Path, pid: int) -> None:
+            real_add(path, pid)
+            moved.append(int((path / "cgroup.procs").read_text()))
+            (path / "cgroup.procs").unlink()  # a real cgroup empties itself: let rmdir work
+            for f in path.iterdir():
+                f.unlink()
+
+        cg.add = add
+        node.apply({"start": [fakes.binding(job_id=9, command=["sleep", "0.2"], cpus=2, memory_gib=1)]})
+        pid = node.running_reports()[0]["pid"]
+        assert server.exit_of(9)["exit_code"] == 0
+        assert moved == [pid]
+        assert fakes.wait_for(lambda: not (fake_root / "tessera" / "9-0-0").exists(), 5)
+        node.shutdown(0.5)
+
+
+def test_this_machines_answer_matches_its_cgroup_filesystem():
+    reason = cgroups.unavailable_reason(Path("/sys/fs/cgroup"))
+    v2 = Path("/sys/fs/cgroup/cgroup.controllers").exists()
+    writable = os.access("/sys/fs/cgroup", os.W_OK)
+    assert (reason is None) == (v2 and writable and all(
+        c in Path("/sys/fs/cgroup/cgroup.controllers").read_text().split() for c in ("cpu", "memory")))
