@@ -21,13 +21,17 @@ class EngineConfig:
     # Kind levels whose jobs may preempt lower levels for priority (inference by default; other
     # levels wait or reclaim their guarantee: preempting training for training only churns).
     preemptor_levels: tuple[int, ...] = (0,)
+    # A job reclaims its tenant's guarantee from borrowers only after waiting this long: most
+    # capacity frees by itself within minutes, and every reclaim throws work away.
+    reclaim_after_s: float = 1800.0
     min_split_gpus: int = 1  # smallest buddy block a whole-GPU replica claims (power of two)
     # Preferred accelerators by kind, used when a job names none (earlier = preferred).
     kind_accelerators: tuple[tuple[str, tuple[str, ...]], ...] = field(default_factory=tuple)
     alpha: float = 0.0  # weight of price per GPU-hour in the placement score
-    beta: float = 0.0  # weight of (1 - utilisation); needs live metrics, 0 without them
-    gamma: float = 0.0  # weight of expected wait (seconds / 3600) when choosing a model
-    delta: float = 10.0  # weight of locality: gang replicas on the same node / rack
+    # Not used by the scoring yet (kept so drivers can set them; documented as not wired):
+    beta: float = 0.0  # weight of (1 - utilisation): needs live GPU metrics in the snapshot
+    gamma: float = 0.0  # weight of expected wait when choosing between models
+    delta: float = 10.0  # locality: gangs already go to as few nodes as fit (topology.py)
     max_starts_per_pass: int = 100_000
     max_preemptions_per_pass: int = 256  # victims marked per pass (the rest wait a pass)
     max_preemption_attempts: int = 512  # victim searches per pass (each scans the cluster)

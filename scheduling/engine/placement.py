@@ -5,7 +5,7 @@ The main term is FGD's: the drop ``delta`` in expected fragmentation ``F(n)`` (s
 ``floor(100 * sigmoid(delta / 2000))`` (FGD uses ``/ 1000``) and breaks ties between nodes by a
 seeded node order, except that a CPU-only request prefers, among equal scores, the node with the
 least free GPU capacity (so it does not take the CPUs that free GPUs will need). Measured on openb
-default, 10 seeds (the pack benchmark): FGD 95.18 / 95.35, Tessera 95.3 / 95.4 at 100% / 130%
+default, 10 seeds (the pack benchmark): FGD 95.18 / 95.35, Tessera 95.30 / 95.43 at 100% / 130%
 arrived. Exact deltas instead of the coarse score pack worse (about 94.0 / 94.3 on two seeds): the
 exact delta herds every pod of a shape onto the same few node types, and the seeded ties spread
 them. Inside a node, a fractional request goes to the GPU that leaves the least fragmentation, then

@@ -290,7 +290,8 @@ class TesseraScheduler:
         mine = queues.rank(job, self.config)
         under: tuple[str, ...] = ()
         borrowing: tuple[tuple[str, str], ...] = ()
-        if self.quotas.enabled and geo.req.count:
+        if (self.quotas.enabled and geo.req.count
+                and now - job.submitted_at >= self.config.reclaim_after_s):
             models, _ = self._models_for(job)
             under = tuple(m for m in models if self.quotas.under_guarantee(
                 job.tenant, m, geo.charge * geo.need))

@@ -54,12 +54,13 @@ def test_borrowed_capacity_is_reclaimed_for_its_owner_and_not_taken_back():
     s.submit(JobRequest("borrow", "nlp", "training", 8))
     assert s.decide(0.0).bindings  # nlp borrows vision's idle guarantee
     s.submit(JobRequest("own", "vision", "training", 8, submitted_at=10))
-    d = s.decide(1000.0)
+    assert not s.decide(1000.0).preemptions  # reclaim waits reclaim_after_s (capacity may free)
+    d = s.decide(2000.0)
     assert [p.job_id for p in d.preemptions] == ["borrow"]
     assert d.preemptions[0].reason.startswith("reclaim:")
-    s.release("borrow", 1030.0)
+    s.release("borrow", 2030.0)
     s.requeue(JobRequest("borrow", "nlp", "training", 8))
-    d = s.decide(1030.0)
+    d = s.decide(2030.0)
     assert [b.job_id for b in d.bindings] == ["own"]
     d = s.decide(5000.0)  # vision is within its guarantee: nlp cannot reclaim it back
     assert not d.preemptions
