@@ -280,6 +280,7 @@ def test_jobs_survive_killed_workers_agents_web_and_a_redis_restart(chaos_stack,
         scheduled = job.events.filter(type="scheduled").count()
         assert scheduled <= job.attempts + 1, (job.pk, scheduled, job.attempts)
         assert job.allocations.values("attempt").distinct().count() == scheduled
+    assert_no_device_was_over_committed(Allocation)
     states = {s: Job.objects.filter(state=s).count() for s in TERMINAL}
     assert states["succeeded"] > JOBS // 2, states  # the chaos did not just fail everything
 
@@ -289,3 +290,17 @@ def test_jobs_survive_killed_workers_agents_web_and_a_redis_restart(chaos_stack,
                    read_events(out / "events.jsonl"), read_quotas(out / "quotas.csv"))
     assert report.ok, (report.violations[:20], happened)
     print(f"chaos: {states}, {submitter.retries} client retries; {happened}")
+
+
+def assert_no_device_was_over_committed(allocation_model) -> None:
+    """From the database's own rows: at no instant did a GPU's held shares exceed one GPU."""
+    changes: dict[int, list[tuple[float, int]]] = {}
+    for device_id, share, created, released in allocation_model.objects.filter(
+            device__isnull=False).values_list("device_id", "share_milli", "created_at", "released_at"):
+        changes.setdefault(device_id, []).append((created.timestamp(), share))
+        changes.setdefault(device_id, []).append((released.timestamp(), -share))
+    for device_id, steps in changes.items():
+        held = 0
+        for _, delta in sorted(steps, key=lambda s: (s[0], s[1])):  # a release before a bind
+            held += delta
+            assert held <= 1000, f"device {device_id} held {held / 1000:g} GPUs at once"
