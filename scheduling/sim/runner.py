@@ -26,6 +26,12 @@ from scheduling.sim.traces import read_jobs, read_nodes, read_quotas
 PACK_SEED0 = 42
 
 
+def _label(jobs_csv: str | Path) -> str:
+    """``workload-1.0/jobs.csv`` or ``openb/jobs_gpushare100.csv``: enough to tell inputs apart."""
+    path = Path(jobs_csv)
+    return f"{path.parent.name}/{path.name}" if path.parent.name else path.name
+
+
 def _dump(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
 
@@ -149,7 +155,7 @@ def compare_replay(
             factory=factory, show_progress=show_progress,
         )  # fmt: skip
         runs[name] = json.loads((out / name / "series.json").read_text(encoding="utf-8"))
-    title = f"replay {Path(jobs_csv).name} on {Path(nodes_csv).name}"
+    title = f"replay {_label(jobs_csv)}"
     text = f"## {title}\n\n{replay_table(summaries)}\n{wait_by_kind_table(summaries)}"
     (out / "compare.md").write_text(text, encoding="utf-8")
     plot_compare(out / "compare.png", runs, title)
@@ -213,7 +219,7 @@ def compare_pack(
         name: run_pack_policy(nodes_csv, jobs_csv, name, out / name, seeds, processes, show_progress)
         for name in names
     }
-    title = f"pack {Path(jobs_csv).name} ({seeds} seeds)"
+    title = f"pack {_label(jobs_csv)} ({seeds} seeds)"
     (out / "compare.md").write_text(f"## {title}\n\n{pack_table(results)}", encoding="utf-8")
     plot_pack_compare(out / "compare.png", results, title)
     return results
