@@ -8,7 +8,8 @@
 #
 # Knobs (environment): EVAL_OUT (default build/eval), EVAL_SEEDS (10), EVAL_PROCESSES (CPUs),
 # EVAL_PACK_POLICIES, EVAL_REPLAY_POLICIES, EVAL_LISTS (openb list names), EVAL_SKIP_PACK=1,
-# EVAL_SKIP_REPLAY=1, EVAL_WORKLOAD_SEED (1).
+# EVAL_SKIP_REPLAY=1, EVAL_WORKLOAD_SEED (1), EVAL_LOADS ("1.0 1.2"), EVAL_RESUME=1 (keep the runs
+# already in EVAL_OUT and do only the missing ones).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,11 +24,13 @@ PACK_POLICIES=${EVAL_PACK_POLICIES:-tessera,fgd,best-fit,random,fcfs-device}
 REPLAY_POLICIES=${EVAL_REPLAY_POLICIES:-tessera,fcfs-node,fcfs-device,random,best-fit,fgd}
 LISTS=${EVAL_LISTS:-jobs jobs_gpushare100 jobs_multigpu50 jobs_gpuspec20}
 WSEED=${EVAL_WORKLOAD_SEED:-1}
+LOADS=${EVAL_LOADS:-1.0 1.2}
 mkdir -p "$OUT"
 status=0
 
 if [ "${EVAL_SKIP_PACK:-0}" != 1 ]; then
   for list in $LISTS; do
+    if [ "${EVAL_RESUME:-0}" = 1 ] && [ -f "$OUT/pack-$list/compare.md" ]; then continue; fi
     echo "== pack $list ($SEEDS seeds: $PACK_POLICIES)" >&2
     "$PY" -m scheduling.sim pack --nodes "$OPENB/nodes.csv" --jobs "$OPENB/$list.csv" \
       --compare "$PACK_POLICIES" --out "$OUT/pack-$list" --seeds "$SEEDS" --processes "$PROCS" \
@@ -36,13 +39,20 @@ if [ "${EVAL_SKIP_PACK:-0}" != 1 ]; then
 fi
 
 if [ "${EVAL_SKIP_REPLAY:-0}" != 1 ]; then
-  for load in 1.0 1.2; do
+  IFS=, read -ra policies <<< "$REPLAY_POLICIES"
+  for load in $LOADS; do
     echo "== replay at load $load ($REPLAY_POLICIES)" >&2
     "$PY" -m scheduling.sim generate --out "$OUT/workload-$load" --seed "$WSEED" --days 2 --load "$load"
-    # A non-zero exit means the checker found violations: record it, keep going.
-    "$PY" -m scheduling.sim replay --nodes "$OUT/workload-$load/nodes.csv" \
-      --jobs "$OUT/workload-$load/jobs.csv" --quotas "$OUT/workload-$load/quotas.csv" \
-      --compare "$REPLAY_POLICIES" --out "$OUT/replay-$load" || status=1
+    for policy in "${policies[@]}"; do
+      run="$OUT/replay-$load/$policy"
+      if [ "${EVAL_RESUME:-0}" = 1 ] && [ -f "$run/summary.json" ]; then continue; fi
+      "$PY" -m scheduling.sim replay --nodes "$OUT/workload-$load/nodes.csv" \
+        --jobs "$OUT/workload-$load/jobs.csv" --quotas "$OUT/workload-$load/quotas.csv" \
+        --policy "$policy" --out "$run" || status=1
+    done
+    "$PY" -c "import sys; from scheduling.sim.runner import write_replay_compare as w; \
+w(sys.argv[1], sys.argv[2].split(','), sys.argv[3])" "$OUT/replay-$load" "$REPLAY_POLICIES" \
+      "replay workload-$load (seed $WSEED)"
   done
 fi
 

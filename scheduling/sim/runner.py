@@ -147,15 +147,22 @@ def compare_replay(
     show_progress: bool = True,
 ) -> dict[str, dict[str, Any]]:
     out = Path(out)
-    summaries: dict[str, dict[str, Any]] = {}
-    runs: dict[str, Any] = {}
     for name in names:
-        summaries[name] = run_replay(
+        run_replay(
             nodes_csv, jobs_csv, quotas_csv, name, out / name, seed,
             factory=factory, show_progress=show_progress,
         )  # fmt: skip
+    return write_replay_compare(out, names, f"replay {_label(jobs_csv)}")
+
+
+def write_replay_compare(out: str | Path, names: Sequence[str], title: str) -> dict[str, dict[str, Any]]:
+    """``compare.md`` and ``compare.png`` from the runs already in ``OUT/<policy>/``."""
+    out = Path(out)
+    summaries: dict[str, dict[str, Any]] = {}
+    runs: dict[str, Any] = {}
+    for name in names:
+        summaries[name] = json.loads((out / name / "summary.json").read_text(encoding="utf-8"))
         runs[name] = json.loads((out / name / "series.json").read_text(encoding="utf-8"))
-    title = f"replay {_label(jobs_csv)}"
     text = f"## {title}\n\n{replay_table(summaries)}\n{wait_by_kind_table(summaries)}"
     (out / "compare.md").write_text(text, encoding="utf-8")
     plot_compare(out / "compare.png", runs, title)
