@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 
 from . import queues
 from .backfill import Reservations
-from .geometry import geometry
 from .types import Decisions, PendingReason, Preemption, Resize
 
 if TYPE_CHECKING:
@@ -32,6 +31,7 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
     hypo = None
     attempts = 0
     s.begin_pass(now)
+    s.note_owed(now)
     for job in queues.order(list(s.pending.values()), now, cfg, s.quotas):
         if job.held:
             d.pending[job.id] = PendingReason("held", "held: released by its owner or an operator")
@@ -41,7 +41,7 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
                 "backoff", f"backoff: retrying in {_minutes(job.not_before - now)}", job.not_before
             )
             continue
-        geo = geometry(job, cfg.min_split_gpus)
+        geo = s.geo(job)
         static = s._static_check(job, geo)
         if static is not None:
             if static[0] == "reject" or cfg.reject_over_capacity:

@@ -84,6 +84,8 @@ class TesseraScheduler:
         self.models = tuple(sorted({n.model for n in self.nodes if n.gpus and n.model}))
         self.last_reservations: list = []
         self._fail_memo: dict[tuple, int] = {}
+        self._owed: dict[str, list[str]] = {}
+        self._geo_cache: dict[str, tuple[JobRequest, Geometry]] = {}
         self.sticky: dict[str, tuple[int, ...]] = {}  # job -> nodes reserved for it last pass
         self._holders: dict[int, list] | None = None
 
@@ -124,6 +126,7 @@ class TesseraScheduler:
             run.cancelled = True
 
     def release(self, job_id: str, now: float) -> None:
+        self._geo_cache.pop(job_id, None)
         run = self.running.pop(job_id, None)
         self.state.release(job_id)
         if run is None:
@@ -207,13 +210,13 @@ class TesseraScheduler:
         for m in models:
             fit = 0
             for r in range(top, need - 1, -1):
-                if self.quotas.check(job.tenant, m, geo.charge * r, job.preemptible) is None:
+                if self._admits(job, m, geo.charge * r):
                     fit = r
                     break
             if fit:
                 allowed.append((m, fit))
             elif refusal is None:
-                refusal = self.quotas.check(job.tenant, m, geo.charge * need, job.preemptible)
+                refusal = self._refusal(job, m, geo.charge * need)
         if not allowed:
             return None, refusal
         if top == 1 or job.topology in ("node", "nvlink"):
@@ -236,11 +239,54 @@ class TesseraScheduler:
         models, _ranked = self._models_for(job)
         first = None
         for m in models:
-            why = self.quotas.check(job.tenant, m, geo.charge * geo.need, job.preemptible)
+            why = self._refusal(job, m, geo.charge * geo.need)
             if why is None:
                 return None
             first = first or why
         return first
+
+    # Borrowing only from idle guarantees: a job that would borrow on a model for which another
+    # tenant, still under its guarantee there, has a job waiting does not start; it would be
+    # reclaimed (its work thrown away) as soon as that owner's wait passes reclaim_after_s.
+    def _admits(self, job: JobRequest, model: str, milli: int) -> bool:
+        return self._refusal(job, model, milli) is None
+
+    def _refusal(self, job: JobRequest, model: str, milli: int) -> tuple[str, str] | None:
+        why = self.quotas.check(job.tenant, model, milli, job.preemptible)
+        if why is not None or not self.quotas.enabled or not milli:
+            return why
+        owners = self._owed.get(model)
+        if owners and any(t != job.tenant for t in owners) and not self.quotas.under_guarantee(
+                job.tenant, model, milli):
+            waiting = ", ".join(t for t in owners if t != job.tenant)
+            return ("borrow-limit", f"borrow-limit: {model} above {job.tenant}'s guarantee is "
+                                    f"owed to {waiting}, waiting within their guarantee")
+        return None
+
+    def geo(self, job: JobRequest) -> Geometry:
+        """The job's geometry, cached per job object."""
+        hit = self._geo_cache.get(job.id)
+        if hit is not None and hit[0] is job:
+            return hit[1]
+        geo = geometry(job, self.config.min_split_gpus)
+        self._geo_cache[job.id] = (job, geo)
+        return geo
+
+    def note_owed(self, now: float) -> None:
+        """Per pass: models on which a tenant under its guarantee has a GPU job waiting."""
+        self._owed = {}
+        if not self.quotas.enabled:
+            return
+        for job in self.pending.values():
+            if job.held or job.not_before > now or job.gpus <= 0:
+                continue
+            geo = self.geo(job)
+            models, _ = self._models_for(job)
+            for m in models:
+                if self.quotas.under_guarantee(job.tenant, m, geo.charge * geo.need):
+                    owners = self._owed.setdefault(m, [])
+                    if job.tenant not in owners:
+                        owners.append(job.tenant)
 
     def _bind(self, job: JobRequest, geo: Geometry, allocs: list[Alloc], now: float,
               d: Decisions) -> None:
