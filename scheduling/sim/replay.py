@@ -66,7 +66,7 @@ class _Job:
 
     __slots__ = (
         "tj", "id", "gpus", "state", "work", "ckpt_work", "rate", "since", "epoch",
-        "attempt", "attempt_start", "placements", "allocated",
+        "attempt", "attempt_start", "placements", "allocated", "stop_reason",
     )  # fmt: skip
 
     def __init__(self, tj: TraceJob) -> None:
@@ -83,6 +83,7 @@ class _Job:
         self.attempt_start = 0.0
         self.placements: tuple[Placement, ...] = ()
         self.allocated = 0.0
+        self.stop_reason = ""
 
     def advance(self, now: float) -> None:
         if self.rate:
@@ -237,7 +238,7 @@ class Replay:
             job.work = job.ckpt_work
             job.state = "pending"
             self.pending += 1
-            self._emit(now, "preempt", job_id, lost_gpu_seconds=round(lost, 3))
+            self._emit(now, "preempt", job_id, reason=job.stop_reason, lost_gpu_seconds=round(lost, 3))
             self.sched.requeue(job.tj.request)
             return True
         raise AssertionError(kind)
@@ -353,6 +354,7 @@ class Replay:
             job.epoch += 1
             job.attempt += 1
             job.state = "terminating"
+            job.stop_reason = p.reason
             self._push(now + job.tj.request.grace_s, _GRACE, job.id, job.attempt)
             changed = True
         for b in d.bindings:
