@@ -70,11 +70,11 @@ class Processes:
         self.log_dir = log_dir
         self.children: dict[str, subprocess.Popen] = {}
 
-    def start(self, name: str, argv: list[str], env: dict[str, str]) -> None:
+    def start(self, name: str, argv: list[str], env: dict[str, str], pass_fds: tuple[int, ...] = ()) -> None:
         with open(self.log_dir / f"{name}.log", "wb") as log:
             self.children[name] = subprocess.Popen(
                 argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True)
+                stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=pass_fds)
 
     def output(self, name: str) -> str:
         return (self.log_dir / f"{name}.log").read_text(errors="replace")
@@ -86,7 +86,7 @@ class Processes:
         for name, proc in self.children.items():
             with contextlib.suppress(OSError, IndexError, ValueError):
                 fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-                key = "agents" if name.startswith("agent") else name
+                key = "agents" if name.startswith("agent") else "web" if name.startswith("web") else name
                 out[key] = round(out.get(key, 0.0) + sum(int(f) for f in fields[11:15]) / tick, 1)
         return out
 
@@ -238,6 +238,7 @@ def main() -> int:  # noqa: PLR0915 - one linear script, read top to bottom
     p.add_argument("--agents", type=int, default=16)
     p.add_argument("--gpus", type=int, default=8, help="simulated GPUs per agent")
     p.add_argument("--threads", type=int, default=8, help="client threads in the burst")
+    p.add_argument("--web", type=int, default=os.cpu_count() or 1, help="daphne processes")
     p.add_argument("--pg", default=os.environ.get("BENCH_PG", "postgres://postgres@127.0.0.1:5432"))
     p.add_argument("--db", default="tessera_bench")
     p.add_argument("--redis", default=os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/0"))
@@ -251,7 +252,8 @@ def main() -> int:  # noqa: PLR0915 - one linear script, read top to bottom
     env.update({
         "DATABASE_URL": f"{args.pg}/{args.db}", "REDIS_URL": args.redis,
         "TESSERA_REDIS_BROKER_DB": "13", "TESSERA_REDIS_LAYER_DB": "14",
-        "TESSERA_EMBEDDED_PASSES": "0", "TESSERA_PASS_LOOP": "0", "TESSERA_DEBUG": "1",
+        "TESSERA_EMBEDDED_PASSES": "0", "TESSERA_PASS_LOOP": "0", "TESSERA_DEBUG": "0",
+        "TESSERA_LOG_LEVEL": "INFO",  # the worker logs one line per pass: its duration
         "TESSERA_SECRET_KEY": "bench-" + "k" * 50, "DJANGO_SETTINGS_MODULE": "controlplane.settings",
     })
     os.environ.update(env)
@@ -277,13 +279,21 @@ def main() -> int:  # noqa: PLR0915 - one linear script, read top to bottom
             redis_flags.client().delete(redis_flags.key(flag))
         token, join = seed(total_gpus)
 
-        port = free_port()
+        # One listening socket shared by --web daphne processes (the kernel spreads connections
+        # over them), as a deployment runs one web process per core.
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1024)
+        port = listener.getsockname()[1]
         base = f"http://127.0.0.1:{port}"
         procs.start("worker", [PY, "-m", "celery", "-A", "controlplane", "worker", "-P", "solo",
                                "--without-mingle", "--without-gossip", "--without-heartbeat",
                                "-n", f"bench-{os.getpid()}@%h", "-l", "INFO"], env)
-        procs.start("web", [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                            "controlplane.asgi:application"], env)
+        for w in range(args.web):
+            procs.start("web" if w == 0 else f"web{w}", [
+                PY, "-m", "daphne", "--fd", str(listener.fileno()), "controlplane.asgi:application"],
+                env, pass_fds=(listener.fileno(),))
         wait_for("the worker", lambda: " ready." in procs.output("worker"), procs, 60)
         wait_for("the web server", lambda: _answers(base), procs, 60)
         agent_env = {k: v for k, v in env.items() if k not in ("DATABASE_URL", "REDIS_URL")}
@@ -368,6 +378,7 @@ def main() -> int:  # noqa: PLR0915 - one linear script, read top to bottom
             "never_started": not_started,
             "states": states,
             "agents": args.agents,
+            "web_processes": args.web,
             "gpus": total_gpus,
             "cpus": os.cpu_count(),
             "load_avg_1m": round(os.getloadavg()[0], 2),
