@@ -77,6 +77,17 @@ TEMPLATES = [
 
 DATABASE_URL = env_url("DATABASE_URL", ("postgres", "postgresql", "sqlite"))
 DATABASES = {"default": database_from_url(DATABASE_URL, BASE_DIR)}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env_bool(
+    "TESSERA_DB_POOL", not os.environ.get("PYTEST_VERSION")
+):
+    # A connection pool per process (psycopg_pool): without it every request opens a new
+    # PostgreSQL connection (Django runs each request's sync code in a thread of its own, so
+    # persistent per-thread connections would pile up instead). Off inside pytest, whose test
+    # databases are made and dropped under the tests' feet; the servers tests start use it.
+    DATABASES["default"]["OPTIONS"] = {
+        **DATABASES["default"].get("OPTIONS", {}),
+        "pool": {"min_size": 1, "max_size": env_int("TESSERA_DB_POOL_MAX", 8, minimum=1), "timeout": 20},
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_url("REDIS_URL", ("redis", "rediss"))
@@ -148,7 +159,9 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": "WARNING"},
-    "loggers": {"tessera": {"level": "INFO" if DEBUG else "WARNING"}},
+    "loggers": {
+        "tessera": {"level": os.environ.get("TESSERA_LOG_LEVEL") or ("INFO" if DEBUG else "WARNING")}
+    },
 }
 
 # --- Tessera's own knobs ------------------------------------------------------------------------
