@@ -9,7 +9,7 @@ estimates are mostly far too long, and arrivals follow the working day. Everythi
 
 Cluster (``--gpus``, default 600): three pools of racks — H100 nodes (8 GPUs, one NVLink island
 of 8, label ``net:ib``), A100 nodes (8 GPUs, islands of 4), T4 nodes (4 PCIe GPUs, islands of 1) —
-in the ratio ~43 : 43 : 15 of GPUs, 8 nodes a rack (2 below 300 GPUs).
+in the ratio ~48 : 45 : 7 of GPUs, 8 nodes a rack (2 below 300 GPUs).
 
 Tenants: ``prod`` (weight 2), ``vision``, ``nlp``, ``speech``, ``research``. On every model each
 is guaranteed its fixed fraction (30/25/20/15/10%) of the model's GPUs — the guarantees sum to the
@@ -23,14 +23,16 @@ the log, capped; ``work`` is ``duration_s`` on the GPUs asked for):
 | batch | 50% | 1 (77%), 2 (10%), ½ (10%), 0 (3%) | 12 min, 1.4, 12 h | priority 0; ckpt 10 min (20%) |
 | inference | 10% | ¼ (20%), ½ (25%), 1 (40%), 2 (15%) | 3 h, 1.0, 2 d | not preemptible, prio 100 |
 | finetune | 22% | 1/2/4/8 (35/25/25/15%) | 80 min, 1.0, 2 d | `nvlink` 40% of multi-GPU; ckpt 15/30 min |
-| training, one node | 12% | 1/2/4/8 (20/20/25/35%) | 3 h, 1.2, 7 d | checkpoint 30/60 min |
-| training, gang | 6% | 8 (2×4), 16, 32, 64 (8 a replica) | 3 h, 1.1, 7 d | `rack` 40%, elastic 30% |
+| training, one node | 13.5% | 1/2/4/8 (20/20/25/35%) | 3 h, 1.2, 7 d | checkpoint 30/60 min |
+| training, gang | 4.5% | 8 (2×4), 16, 32, 64 (8 a replica) | 2 h, 1.1, 7 d | `rack` 40%, elastic 30% |
 
 Gangs: elastic ones range from half their GPUs to all of them; 10% ask `net:ib` (H100 only).
-Models: batch any (60%), T4 (20%), A100|T4 (20%) (CPU-only ones: any);
-inference T4|A100 (50%), any (30%), A100 (20%);
-fine-tunes H100|A100 (60%), A100 (20%), H100 (20%; every 8-GPU `nvlink` one); training H100|A100
-(50%) or H100 (50%). CPUs 4–8 and memory 32 GiB per GPU (2 CPUs, 8 GiB for a fraction).
+Models (chosen so that each pool's share of the demand is about its share of the GPUs):
+batch any (50%), T4 (20%), A100|T4 (30%) (CPU-only ones: any); inference T4|A100 (50%), any (25%),
+A100 (15%), H100 (10%); fine-tunes of 1–2 GPUs H100|A100 (40%), A100|T4 (30%), A100 (15%), H100
+(15%), larger ones H100|A100 (50%), A100 (25%), H100 (25%; every 8-GPU `nvlink` one: H100);
+training H100|A100 (50%), H100 (25%), A100 (25%), a fifth of the one-node ones of ≤ 4 GPUs T4|A100.
+CPUs 4–8 and memory 32 GiB per GPU (2 CPUs, 8 GiB for a fraction).
 
 Time limits (the user's estimate): missing for 20% (60% of inference), too short for 10%
 (0.5–0.9× the duration: the job fails with `time-limit`), too long for the rest (1.2–5×, rounded
@@ -102,10 +104,11 @@ def make_cluster(gpus: int = 600) -> Cluster:
     if gpus < 8:
         raise ValueError("--gpus must be at least 8")
     per_rack = 8 if gpus >= 300 else 2
-    big = per_rack * max(1, round(gpus * 0.427 / (8 * per_rack)))
-    t4 = max(1, round((gpus - 16 * big) / 4))
+    h100 = max(per_rack, round(gpus * 0.48 / 8))
+    a100 = max(per_rack, round(gpus * 0.45 / 8))
+    t4 = max(1, round((gpus - 8 * h100 - 8 * a100) / 4))
     nodes: list[dict[str, object]] = []
-    counts = {"H100": big, "A100": big, "T4": t4}
+    counts = {"H100": h100, "A100": a100, "T4": t4}
     rack_no = 0
     for model, count in counts.items():
         size, island, cpus, mem, gmem, price = MODELS[model]
@@ -141,7 +144,7 @@ def draw_job(rng: random.Random, max_gang: int) -> Job:
     if kind == "batch":
         gpus = float(_pick(rng, [(1, 0.77), (2, 0.10), (0.5, 0.10), (0, 0.03)]))  # type: ignore[arg-type]
         job = Job("batch", gpus, _lognormal(rng, 720, 1.4, 12 * 3600))
-        job.model = str(_pick(rng, [("", 0.6), ("T4", 0.2), ("A100|T4", 0.2)]))
+        job.model = str(_pick(rng, [("", 0.5), ("T4", 0.2), ("A100|T4", 0.3)]))
         if gpus == 0:
             job.model = ""  # a CPU-only job names no GPU model
         if rng.random() < 0.2:
@@ -150,13 +153,18 @@ def draw_job(rng: random.Random, max_gang: int) -> Job:
     if kind == "inference":
         gpus = float(_pick(rng, [(0.25, 0.2), (0.5, 0.25), (1, 0.4), (2, 0.15)]))  # type: ignore[arg-type]
         job = Job("inference", gpus, _lognormal(rng, 3 * 3600, 1.0, 2 * DAY))
-        job.model = str(_pick(rng, [("T4|A100", 0.5), ("", 0.3), ("A100", 0.2)]))
+        job.model = str(_pick(rng, [("T4|A100", 0.5), ("", 0.25), ("A100", 0.15), ("H100", 0.1)]))
         job.priority, job.preemptible = 100, False
         return job
     if kind == "finetune":
         gpus = float(_pick(rng, [(1, 0.35), (2, 0.25), (4, 0.25), (8, 0.15)]))  # type: ignore[arg-type]
         job = Job("finetune", gpus, _lognormal(rng, 4800, 1.0, 2 * DAY), priority=5)
-        job.model = str(_pick(rng, [("H100|A100", 0.6), ("A100", 0.2), ("H100", 0.2)]))
+        if gpus <= 2:
+            job.model = str(
+                _pick(rng, [("H100|A100", 0.4), ("A100|T4", 0.3), ("A100", 0.15), ("H100", 0.15)])
+            )
+        else:
+            job.model = str(_pick(rng, [("H100|A100", 0.5), ("A100", 0.25), ("H100", 0.25)]))
         if gpus > 1 and rng.random() < 0.4:
             job.topology = "nvlink"
             if gpus > 4:
@@ -165,13 +173,13 @@ def draw_job(rng: random.Random, max_gang: int) -> Job:
         return job
     job = Job("training", 1.0, 0.0, priority=10, grace=float(rng.choice((60, 120))))
     job.checkpoint = float(rng.choice((1800, 3600)))
-    job.model = str(_pick(rng, [("H100|A100", 0.5), ("H100", 0.5)]))
-    if rng.random() < 1 / 3 and max_gang >= 8:
+    job.model = str(_pick(rng, [("H100|A100", 0.5), ("H100", 0.25), ("A100", 0.25)]))
+    if rng.random() < 0.25 and max_gang >= 8:
         sizes = [s for s in (8, 16, 32, 64) if s <= max_gang]
         weights = {8: 0.2, 16: 0.3, 32: 0.3, 64: 0.2}
         gpus = float(_pick(rng, [(s, weights[s] / sum(weights[x] for x in sizes)) for s in sizes]))  # type: ignore[arg-type]
         job.gpus, job.replicas = gpus, (2 if gpus == 8 else int(gpus) // 8)
-        job.duration = _lognormal(rng, 3 * 3600, 1.1, 7 * DAY)
+        job.duration = _lognormal(rng, 2 * 3600, 1.1, 7 * DAY)
         if rng.random() < 0.4:
             job.topology = "rack"
         if rng.random() < 0.3:
@@ -182,6 +190,8 @@ def draw_job(rng: random.Random, max_gang: int) -> Job:
     else:
         job.gpus = float(_pick(rng, [(1, 0.2), (2, 0.2), (4, 0.25), (8, 0.35)]))  # type: ignore[arg-type]
         job.duration = _lognormal(rng, 3 * 3600, 1.2, 7 * DAY)
+        if job.gpus <= 4 and rng.random() < 0.2:
+            job.model = "T4|A100"
     return job
 
 
