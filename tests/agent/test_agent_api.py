@@ -340,12 +340,17 @@ def test_a_gang_succeeds_only_when_its_last_replica_exits_zero(world, join_token
     h.report(node, job.pk, "exited", attempt=0, replica=0, exit_code=0)
     job.refresh_from_db()
     assert job.state == JobState.RUNNING
-    assert list(Allocation.objects.filter(job=job, released_at__isnull=True)
+    # Replica 0's GPUs stay held until the whole gang ends; it is not started again meanwhile.
+    assert list(Allocation.objects.filter(job=job, released_at__isnull=True, exited_at__isnull=True)
                 .values_list("device__index", flat=True).order_by("device__index")) == [2, 3]
+    assert Allocation.objects.filter(job=job, released_at__isnull=True).count() == 4
+    running = [{"job_id": job.pk, "attempt": 0, "replica": 1, "pid": 7}]
+    assert h.heartbeat(node, running)["start"] == []
     h.report(node, job.pk, "exited", attempt=0, replica=1, exit_code=0)
     job.refresh_from_db()
     assert job.state == JobState.SUCCEEDED
     assert _types(job) == ["submitted", "scheduled", "started", "succeeded"]
+    assert not Allocation.objects.filter(job=job, released_at__isnull=True).exists()
 
 
 def test_a_replica_killed_by_its_agents_fencing_counts_as_lost_not_as_its_signal(world, join_token):
