@@ -169,6 +169,7 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
             reason = cache[key] = diagnose_job(s, job, geo, summaries)
         d.pending[job.id] = reason
     del placements_of
+    s.last_codes = {jid: r.code for jid, r in d.pending.items()}
     return d
 
 

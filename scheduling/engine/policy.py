@@ -85,6 +85,8 @@ class TesseraScheduler:
         self.last_reservations: list = []
         self._fail_memo: dict[tuple, int] = {}
         self._owed: dict[str, list[str]] = {}
+        self._now = 0.0
+        self.last_codes: dict[str, str] = {}  # job -> its pending code in the last pass
         self._geo_cache: dict[str, tuple[JobRequest, Geometry]] = {}
         self.sticky: dict[str, tuple[int, ...]] = {}  # job -> nodes reserved for it last pass
         self._holders: dict[int, list] | None = None
@@ -256,8 +258,9 @@ class TesseraScheduler:
         if why is not None or not self.quotas.enabled or not milli:
             return why
         owners = self._owed.get(model)
-        if owners and any(t != job.tenant for t in owners) and not self.quotas.under_guarantee(
-                job.tenant, model, milli):
+        if (owners and any(t != job.tenant for t in owners)
+                and not queues.is_aged(job, self._now, self.config)
+                and not self.quotas.under_guarantee(job.tenant, model, milli)):
             waiting = ", ".join(t for t in owners if t != job.tenant)
             return ("borrow-limit", f"borrow-limit: {model} above {job.tenant}'s guarantee is "
                                     f"owed to {waiting}, waiting within their guarantee")
@@ -273,13 +276,18 @@ class TesseraScheduler:
         return geo
 
     def note_owed(self, now: float) -> None:
-        """Per pass: models on which a tenant under its guarantee has a GPU job waiting."""
+        """Per pass: models on which a tenant under its guarantee has a GPU job waiting for
+        capacity (jobs that quotas hold back themselves do not count, so two tenants' holds can
+        never wait on each other). Aged jobs may borrow regardless: nothing waits forever."""
+        self._now = now
         self._owed = {}
         if not self.quotas.enabled:
             return
         for job in self.pending.values():
             if job.held or job.not_before > now or job.gpus <= 0:
                 continue
+            if self.last_codes.get(job.id) in ("quota", "borrow-limit"):
+                continue  # held back by quotas itself: it is not waiting for the capacity
             geo = self.geo(job)
             models, _ = self._models_for(job)
             for m in models:
