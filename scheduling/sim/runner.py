@@ -73,6 +73,7 @@ def run_replay(
         **summary,
         "check": {"ok": report.ok, "violations": len(report.violations)},
         "wall_s": result.wall_s,
+        "cpu_s": result.cpu_s,
         "policy_s": result.decide_s,
         "driver_s": result.wall_s - result.decide_s,
         "decide_calls": result.decide_calls,
@@ -109,7 +110,10 @@ REPLAY_COLUMNS = (
     ("rejected", lambda s: str(s["rejected"])),
     ("unfinished", lambda s: str(s["unfinished"])),
     ("check", lambda s: "OK" if s["check"]["ok"] else f"{s['check']['violations']} violations"),
-    ("wall (s)", lambda s: f"{s['wall_s']:.1f}"),
+    (
+        "wall / CPU (s)",
+        lambda s: f"{s['wall_s']:.0f} / {s['cpu_s']:.0f}" if "cpu_s" in s else f"{s['wall_s']:.0f}",
+    ),
 )
 
 
