@@ -24,6 +24,9 @@ class EngineConfig:
     # A job reclaims its tenant's guarantee from borrowers only after waiting this long: most
     # capacity frees by itself within minutes, and every reclaim throws work away.
     reclaim_after_s: float = 1800.0
+    # Aged jobs may preempt strictly lower kind levels. Off by default: measured on a generated
+    # 2-day workload it cut the longest wait (118 h -> 41 h) but threw away 20% of the work.
+    aged_preempts: bool = False
     min_split_gpus: int = 1  # smallest buddy block a whole-GPU replica claims (power of two)
     # Preferred accelerators by kind, used when a job names none (earlier = preferred).
     kind_accelerators: tuple[tuple[str, tuple[str, ...]], ...] = field(default_factory=tuple)

@@ -259,7 +259,6 @@ class TesseraScheduler:
             return why
         owners = self._owed.get(model)
         if (owners and any(t != job.tenant for t in owners)
-                and not queues.is_aged(job, self._now, self.config)
                 and not self.quotas.under_guarantee(job.tenant, model, milli)):
             waiting = ", ".join(t for t in owners if t != job.tenant)
             return ("borrow-limit", f"borrow-limit: {model} above {job.tenant}'s guarantee is "
@@ -278,7 +277,7 @@ class TesseraScheduler:
     def note_owed(self, now: float) -> None:
         """Per pass: models on which a tenant under its guarantee has a GPU job waiting for
         capacity (jobs that quotas hold back themselves do not count, so two tenants' holds can
-        never wait on each other). Aged jobs may borrow regardless: nothing waits forever."""
+        never wait on each other)."""
         self._now = now
         self._owed = {}
         if not self.quotas.enabled:
@@ -356,7 +355,7 @@ class TesseraScheduler:
         may_rank = self.config.level_of(job.kind) in self.config.preemptor_levels
         # An aged job may preempt strictly lower kind levels (never its own level): this bounds
         # the wait of big gangs, and the victims, being lower, can never preempt it back.
-        aged = queues.is_aged(job, now, self.config)
+        aged = self.config.aged_preempts and queues.is_aged(job, now, self.config)
         key = (mine, may_rank, aged, job.tenant, under, borrowing)
         hit = self._victim_memo.get(key)
         if hit is not None:
