@@ -24,7 +24,7 @@ import logging
 import time
 
 from asgiref.sync import sync_to_async
-from channels.layers import get_channel_layer
+from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
 
@@ -34,6 +34,7 @@ log = logging.getLogger("tessera.agents")
 
 DEFAULT_TIMEOUT_S = 25.0
 MAX_TIMEOUT_S = 55.0  # below common proxies' 60 s idle limit
+IN_PROCESS_SLICE_S = 0.02  # see _receive
 DRAIN_S = 0.002  # after a wake, take the wakes right behind it too (one heartbeat for a burst)
 
 
@@ -66,6 +67,27 @@ def _timeout_of(request: HttpRequest) -> float | None:
     return value
 
 
+async def _receive(layer, channel: str, deadline: float) -> None:
+    """Wait for a message on ``channel`` until ``deadline`` (raises TimeoutError).
+
+    The in-memory layer (the embedded default) is fed by the scheduling thread of this same
+    process, from another event loop: its put does not wake this loop, so it is looked at in
+    short slices. The Redis layer wakes us itself; one long receive costs it nothing.
+    """
+    if not isinstance(layer, InMemoryChannelLayer):
+        await asyncio.wait_for(layer.receive(channel), max(0.0, deadline - time.monotonic()))
+        return
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        try:
+            await asyncio.wait_for(layer.receive(channel), min(IN_PROCESS_SLICE_S, left))
+            return
+        except TimeoutError:
+            continue
+
+
 async def agent_wait(request: HttpRequest) -> JsonResponse:
     """Answer ``{"wake": true}`` when the node has news, ``{"wake": false}`` on timeout."""
     if request.method != "GET":
@@ -89,7 +111,7 @@ async def agent_wait(request: HttpRequest) -> JsonResponse:
     while True:
         try:
             await layer.group_add(f"agent.{node_id}", channel)
-            await asyncio.wait_for(layer.receive(channel), max(0.0, deadline - time.monotonic()))
+            await _receive(layer, channel, deadline)
             break
         except TimeoutError:
             return JsonResponse({"wake": False})

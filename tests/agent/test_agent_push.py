@@ -66,6 +66,25 @@ def test_wait_answers_within_milliseconds_of_a_wake(node_credential):
     assert 0.2 <= took < 0.3, took
 
 
+def test_a_wake_from_another_thread_of_the_process_answers_promptly(node_credential):
+    # The embedded default: passes run in a thread of the web process, with their own event loop.
+    node_id, credential = node_credential
+    sent: list[float] = []
+
+    def publish_later():
+        time.sleep(0.3)
+        sent.append(time.monotonic())
+        async_to_sync(get_channel_layer().group_send)(f"agent.{node_id}", {"type": "agent.wake"})
+
+    publisher = threading.Thread(target=publish_later)
+    publisher.start()
+    response, _ = _wait(credential, 5)
+    answered = time.monotonic()
+    publisher.join()
+    assert response.json() == {"wake": True}
+    assert answered - sent[0] < 0.25, answered - sent[0]
+
+
 def test_wait_answers_no_news_at_its_timeout(node_credential):
     _, credential = node_credential
     response, took = _wait(credential, 0.3)
