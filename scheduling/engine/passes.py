@@ -73,8 +73,8 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
             starts += 1
             continue
         if refusal is not None:
-            own = s.quota_victims(job, geo) if cfg.preemption and (
-                len(d.preemptions) < cfg.max_preemptions_per_pass) else None
+            left = cfg.max_preemptions_per_pass - len(d.preemptions)
+            own = s.quota_victims(job, geo, left) if cfg.preemption and left > 0 else None
             if own is not None:
                 for v in own:
                     s.running[v.job_id].terminating = True

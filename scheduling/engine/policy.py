@@ -373,7 +373,8 @@ class TesseraScheduler:
         self._victim_memo[key] = out
         return out
 
-    def quota_victims(self, job: JobRequest, geo: Geometry) -> list[Victim] | None:
+    def quota_victims(self, job: JobRequest, geo: Geometry, budget: int = 1 << 30
+                      ) -> list[Victim] | None:
         """Victims among ``job``'s own tenant's jobs behind it on one of its models whose
         release would make quota room for it (least lost work first); [] when jobs already
         terminating will make the room; None when preemption cannot help. Only for the
@@ -408,7 +409,7 @@ class TesseraScheduler:
             # 2. then drop, most lost work first, any victim the room does not need after all.
             chosen: list[tuple[Victim, int]] = []
             for v in mine_jobs:
-                if excess <= 0:
+                if excess <= 0 or len(chosen) >= budget:
                     break
                 run = self.running[v.job_id]
                 freed = sum(mi for mm, mi in run.charged
