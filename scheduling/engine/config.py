@@ -37,7 +37,7 @@ class EngineConfig:
     delta: float = 10.0  # locality: gangs already go to as few nodes as fit (topology.py)
     max_starts_per_pass: int = 100_000
     max_preemptions_per_pass: int = 256  # victims marked per pass (the rest wait a pass)
-    max_preemption_attempts: int = 512  # victim searches per pass (each scans the cluster)
+    max_preemption_attempts: int = 128  # victim searches per pass (each scans the cluster)
     default_runtime_s: float = 4 * 3600.0  # runtime assumed for reservations when nothing tells
     frag_window: int = 1000  # typical requests from the last N submitted jobs
     reject_over_capacity: bool = False  # live: larger than the cluster stays pending (nodes join)

@@ -323,6 +323,7 @@ class TesseraScheduler:
         self._victim_memo: dict[tuple, dict[int, list[Victim]]] = {}
         self._preempt_fail: set[tuple] = set()
         self._holders = None
+        self._quota_memo: dict[tuple, list[Victim]] = {}
         self._eligible = []
         for jid, run in self.running.items():
             if (not run.job.preemptible or run.terminating or run.cancelled
@@ -400,11 +401,15 @@ class TesseraScheduler:
                                   if self.quotas._row_key(job.tenant, mm) == row)
             if excess <= 0:
                 return []
-            mine_jobs = sorted(
-                (v for vrank, _j, run, v, vmodels in self._eligible
-                 if run.job.tenant == job.tenant and vrank > mine and not run.terminating
-                 and any(self.quotas._row_key(job.tenant, vm) == row for vm in vmodels)),
-                key=lambda v: (v.lost, v.priority, v.job_id))
+            memo_key = (job.tenant, row, mine)
+            mine_jobs = self._quota_memo.get(memo_key)
+            if mine_jobs is None:  # once per pass and (tenant, row, rank)
+                mine_jobs = self._quota_memo[memo_key] = sorted(
+                    (v for vrank, _j, run, v, vmodels in self._eligible
+                     if run.job.tenant == job.tenant and vrank > mine
+                     and any(self.quotas._row_key(job.tenant, vm) == row for vm in vmodels)),
+                    key=lambda v: (v.lost, v.priority, v.job_id))
+            mine_jobs = [v for v in mine_jobs if not self.running[v.job_id].terminating]
             # 1. Take the tenant's jobs behind it, least lost work first, until the room is made;
             # 2. then drop, most lost work first, any victim the room does not need after all.
             chosen: list[tuple[Victim, int]] = []
