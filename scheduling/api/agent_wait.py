@@ -34,7 +34,7 @@ log = logging.getLogger("tessera.agents")
 
 DEFAULT_TIMEOUT_S = 25.0
 MAX_TIMEOUT_S = 55.0  # below common proxies' 60 s idle limit
-IN_PROCESS_SLICE_S = 0.02  # see _receive
+IN_PROCESS_SLICE_S = 0.05  # see _receive
 DRAIN_S = 0.002  # after a wake, take the wakes right behind it too (one heartbeat for a burst)
 
 
