@@ -72,7 +72,7 @@ async def _receive(layer, channel: str, deadline: float) -> None:
 
     The in-memory layer (the embedded default) is fed by the scheduling thread of this same
     process, from another event loop: its put does not wake this loop, so it is looked at in
-    short slices. The Redis layer wakes us itself; one long receive costs it nothing.
+    short slices (50 ms). The Redis layer wakes us itself; one long receive costs it nothing.
     """
     if not isinstance(layer, InMemoryChannelLayer):
         await asyncio.wait_for(layer.receive(channel), max(0.0, deadline - time.monotonic()))
