@@ -66,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-as", default="nobody", help="unprivileged user for jobs when run as root")
     p.add_argument("--poll-interval", type=float, default=5.0,
                    help="seconds between heartbeats (work arrives at once through the long-poll)")
+    p.add_argument("--wait-timeout", type=float, default=25.0,
+                   help="seconds the long-poll for pushed work stays open (0: no push, poll only)")
     p.add_argument("--util-speed", type=float, default=1.0,
                    help="simulated utilisation: trace samples (minutes) per minute of job time")
     p.add_argument("--shutdown-grace", type=float, default=10.0,
@@ -181,6 +183,8 @@ def run(args: argparse.Namespace) -> int:
         raise Fatal("--server URL is required (or set $TESSERA_SERVER)")
     if not 0.01 <= args.poll_interval <= 60 or args.util_speed <= 0 or not 0 <= args.metrics_port < 65536:
         raise Fatal("--poll-interval must be 0.01..60, --util-speed > 0, --metrics-port 0..65535")
+    if not 0 <= args.wait_timeout <= 55:
+        raise Fatal("--wait-timeout must be 0..55 seconds")
     token = join_token(args)
     inventory = inventory_from(args)
     try:
@@ -193,6 +197,8 @@ def run(args: argparse.Namespace) -> int:
                     "traversable): choose another --state-dir")
     agent = Agent(AgentClient(args.server), inventory, state_dir, run_as, job_path(state_dir, run_as),
                   poll_interval=args.poll_interval, cgroups=cgroups.detect())
+    agent.wait_timeout = args.wait_timeout
+    agent.push = args.wait_timeout > 0
 
     try:
         profiles = UtilProfiles.load() if inventory.simulated else None

@@ -33,7 +33,10 @@ def state_dir():
 def start_agent(server: str, state_dir: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
     argv = [sys.executable, "-m", "agent", "--server", server, "--simulate", "4xA100,nvlink=2,rack=r9",
             "--name", "cli-node", "--metrics-port", "0", "--metrics-addr", "127.0.0.1",
-            "--state-dir", str(state_dir), "--poll-interval", "0.2", "--shutdown-grace", "2", *extra]
+            "--state-dir", str(state_dir), "--poll-interval", "0.2", "--shutdown-grace", "2",
+            # No long-poll against the test's threaded WSGI server: a request parked there for
+            # seconds would outlive the test (push is tested against daphne: tests/integration).
+            "--wait-timeout", "0", *extra]
     clean = {k: v for k, v in os.environ.items() if k != "TESSERA_JOIN_TOKEN"}
     return subprocess.Popen(argv, cwd=ROOT, env={**clean, **(env or {})}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
