@@ -93,8 +93,13 @@ class BaselineScheduler:
                                                   job.not_before)
                 continue
             geo = geometry(job)  # elastic jobs run at their asked size here; all replicas at once
+            least = geo
             geo = replace(geo, replicas=max(1, job.replicas), need=max(1, job.replicas))
             static = static_check(self.state, self.quotas, job, geo, self._static)
+            if static is not None and static_check(self.state, self.quotas, job, least,
+                                                   self._static) is None:
+                # too big at its asked size for the cluster or quota: run at its elastic minimum
+                geo, static = replace(least, replicas=least.need), None
             if static is not None:
                 if static[0] == "reject":
                     d.rejections[job.id] = static[1]

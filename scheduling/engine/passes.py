@@ -32,6 +32,8 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
     attempts = 0
     s.begin_pass(now)
     s.note_owed(now)
+    claimed: list[tuple[str, str, int]] = []  # quota room claimed this pass, undone at the end
+    s.quotas.frozen = {}
     for job in queues.order(list(s.pending.values()), now, cfg, s.quotas):
         if job.held:
             d.pending[job.id] = PendingReason("held", "held: released by its owner or an operator")
@@ -76,6 +78,13 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
             left = cfg.max_preemptions_per_pass - len(d.preemptions)
             own = s.quota_victims(job, geo, left) if cfg.preemption and left > 0 else None
             if own is not None:
+                # The room being freed is this job's: later jobs of its tenant see it as used
+                # (a second waiting job makes its own room) and may not grow the row meanwhile.
+                m = s.quota_room_model
+                if m is not None:
+                    s.quotas.add(job.tenant, m, geo.charge * geo.need)
+                    claimed.append((job.tenant, m, geo.charge * geo.need))
+                    s.quotas.frozen.setdefault(s.quotas._row_key(job.tenant, m), job.id)
                 for v in own:
                     s.running[v.job_id].terminating = True
                     d.preemptions.append(Preemption(
@@ -160,6 +169,9 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
             d.pending[job.id] = PendingReason(*refusal)
         else:
             to_diagnose.append((job, geo))
+    for tenant, m, milli in claimed:  # worded above with the claims; now give them back
+        s.quotas.add(tenant, m, -milli)
+    s.quotas.frozen = {}
     cache: dict = {}
     summaries: dict = {}
     for job, geo in to_diagnose:

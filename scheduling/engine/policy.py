@@ -90,6 +90,7 @@ class TesseraScheduler:
         self._geo_cache: dict[str, tuple[JobRequest, Geometry]] = {}
         self.sticky: dict[str, tuple[int, ...]] = {}  # job -> nodes reserved for it last pass
         self._holders: dict[int, list] | None = None
+        self.quota_room_model: str | None = None  # the model quota_victims made room on
 
     # -- the driver's calls -----------------------------------------------------------------------
     @classmethod
@@ -399,6 +400,7 @@ class TesseraScheduler:
                 if run.job.tenant == job.tenant and (run.terminating or run.cancelled):
                     excess -= sum(mi for mm, mi in run.charged
                                   if self.quotas._row_key(job.tenant, mm) == row)
+            self.quota_room_model = m
             if excess <= 0:
                 return []
             memo_key = (job.tenant, row, mine)
@@ -410,24 +412,37 @@ class TesseraScheduler:
                      and any(self.quotas._row_key(job.tenant, vm) == row for vm in vmodels)),
                     key=lambda v: (v.lost, v.priority, v.job_id))
             mine_jobs = [v for v in mine_jobs if not self.running[v.job_id].terminating]
-            # 1. Take the tenant's jobs behind it, least lost work first, until the room is made;
+            # The job starts when the slowest victim has exited, so the victims come from the
+            # shortest grace period that can make the room; within it:
+            # 1. take the tenant's jobs behind it, least lost work first, until the room is made;
             # 2. then drop, most lost work first, any victim the room does not need after all.
-            chosen: list[tuple[Victim, int]] = []
-            for v in mine_jobs:
-                if excess <= 0 or len(chosen) >= budget:
-                    break
-                run = self.running[v.job_id]
-                freed = sum(mi for mm, mi in run.charged
-                            if self.quotas._row_key(job.tenant, mm) == row)
-                chosen.append((v, freed))
-                excess -= freed
-            if excess <= 0 and chosen:
-                for v, freed in sorted(chosen, key=lambda t: (-t[0].lost, t[0].job_id)):
-                    if excess + freed <= 0:
-                        chosen.remove((v, freed))
-                        excess += freed
-                return sorted((v for v, _ in chosen), key=lambda v: v.job_id)
+            graces = sorted({self.running[v.job_id].job.grace_s for v in mine_jobs})
+            for g in graces:
+                chosen = self._quota_pick(
+                    [v for v in mine_jobs if self.running[v.job_id].job.grace_s <= g],
+                    job.tenant, row, excess, budget)
+                if chosen is not None:
+                    return chosen
+        self.quota_room_model = None
         return None
+
+    def _quota_pick(self, candidates: list[Victim], tenant: str, row: tuple[str, str],
+                    excess: int, budget: int) -> list[Victim] | None:
+        chosen: list[tuple[Victim, int]] = []
+        for v in candidates:
+            if excess <= 0 or len(chosen) >= budget:
+                break
+            run = self.running[v.job_id]
+            freed = sum(mi for mm, mi in run.charged if self.quotas._row_key(tenant, mm) == row)
+            chosen.append((v, freed))
+            excess -= freed
+        if excess > 0 or not chosen:
+            return None
+        for v, freed in sorted(chosen, key=lambda t: (-t[0].lost, t[0].job_id)):
+            if excess + freed <= 0:
+                chosen.remove((v, freed))
+                excess += freed
+        return sorted((v for v, _ in chosen), key=lambda v: v.job_id)
 
     def new_hypo(self) -> Hypo:
         term = [(jid, tuple(self.state.allocs.get(jid, ()))) for jid, r in self.running.items()

@@ -29,6 +29,10 @@ class Quotas:
         self.enabled = bool(self.rows)
         self.usage: dict[tuple[str, str], int] = {}  # (tenant, row model) -> milli-GPU
         self.total: dict[str, int] = {}  # tenant -> milli-GPU over all models
+        # Rows (tenant, row model) whose room is being freed, for one pass, for a waiting
+        # non-preemptible job (row -> that job): the tenant's later jobs may not grow them, since
+        # each would only be the next job preempted to make that room.
+        self.frozen: dict[tuple[str, str], str] = {}
 
     def row(self, tenant: str, model: str) -> QuotaSpec | None:
         rows = self.rows.get(tenant)
@@ -57,6 +61,10 @@ class Quotas:
             return ("quota", f"quota: {tenant} has no quota for {model}")
         used = self.used(tenant, model)
         label = model if q.model != "*" else f"{model} (* row)"
+        holder = self.frozen.get(self._row_key(tenant, model))
+        if holder is not None:
+            return ("quota", f"quota: {tenant}'s {label} quota is being freed for its job "
+                             f"{holder}")
         if used + milli > round(q.limit * MILLI):
             return ("quota", f"quota: {tenant} uses {fmt_gpus(used)} of {q.limit:g} {label} (limit)")
         if not preemptible and used + milli > round(q.guaranteed * MILLI):

@@ -128,6 +128,37 @@ def test_inference_makes_quota_room_by_preempting_its_own_tenants_batch_work():
     assert [b.job_id for b in s.decide(1030.0).bindings] == ["serve"]
 
 
+def test_while_inference_waits_for_quota_room_its_tenants_later_jobs_do_not_take_it():
+    s = TesseraScheduler([node("a"), node("b")], [QuotaSpec("prod", "H100", 8, 16)])
+    s.submit(JobRequest("b1", "prod", "batch", 8))
+    s.submit(JobRequest("b2", "prod", "batch", 4, submitted_at=1))
+    s.decide(0.0)
+    s.submit(JobRequest("serve", "prod", "inference", 4, preemptible=False, submitted_at=2))
+    assert [p.job_id for p in s.decide(1000.0).preemptions] == ["b1"]
+    # 4 GPUs are free and prod is under its limit, but b3 would only be the next victim
+    s.submit(JobRequest("b3", "prod", "batch", 4, submitted_at=1001))
+    d = s.decide(1001.0)
+    assert not d.bindings
+    assert d.pending["b3"].code == "quota" and "serve" in d.pending["b3"].message
+    s.release("b1", 1030.0)
+    d = s.decide(1030.0)
+    assert "serve" in [b.job_id for b in d.bindings]
+    assert not d.preemptions
+    assert s.quotas.used("prod", "H100") <= 16 * 1000
+
+
+def test_quota_room_comes_from_victims_with_the_shortest_grace_period():
+    s = TesseraScheduler([node("a"), node("b")], [QuotaSpec("prod", "H100", 8, 16)])
+    s.submit(JobRequest("t1", "prod", "training", 4, grace_s=120.0))
+    s.submit(JobRequest("b1", "prod", "batch", 4, grace_s=30.0, submitted_at=1))
+    s.decide(0.0)
+    s.checkpoint("t1", 990.0)  # t1 would lose the least work, but serve would wait 120 s for it
+    s.submit(JobRequest("serve", "prod", "inference", 4, preemptible=False, submitted_at=3))
+    d = s.decide(1000.0)
+    assert [p.job_id for p in d.preemptions] == ["b1"]
+    assert d.pending["serve"].estimated_start == 1030.0
+
+
 def test_training_does_not_preempt_batch_for_priority_by_default():
     s = TesseraScheduler([node("a", gpus=4, nvlink=4)])
     _full(s)
