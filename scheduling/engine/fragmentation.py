@@ -17,7 +17,7 @@ in the same state share one entry and a change of one node costs one dictionary 
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -102,11 +102,14 @@ def unusable(req: TypicalRequest, model: str, cpu_free: int, gpu_free: tuple[int
 class FragmentationModel:
     """``F(n)`` for one request mix, memoised per node state key."""
 
-    __slots__ = ("typical", "_cache")
+    __slots__ = ("typical", "_cache", "_cpus")
 
     def __init__(self, typical: tuple[TypicalRequest, ...]):
         self.typical = typical
-        self._cache: dict[StateKey, float] = {}
+        self._cache: dict[tuple, float] = {}
+        # F(n) depends on the free CPU only through which typical requests it can hold: nodes
+        # whose free CPU falls between the same two request sizes share one cache entry.
+        self._cpus = sorted({r.cpu for r in typical})
 
     @classmethod
     def from_jobs(cls, jobs: Iterable[JobRequest], coverage: float = 0.95) -> FragmentationModel:
@@ -118,7 +121,7 @@ class FragmentationModel:
 
     def node(self, model: str, cpu_free: int, gpu_free: tuple[int, ...]) -> float:
         """``F(n)`` in milli-GPU; ``gpu_free`` must be sorted (it is the cache key)."""
-        key = (model, cpu_free, gpu_free)
+        key = (model, bisect_right(self._cpus, cpu_free), gpu_free)
         value = self._cache.get(key)
         if value is None:
             value = self._compute(model, cpu_free, gpu_free)
