@@ -283,6 +283,7 @@ class TesseraScheduler:
         self._owed = {}
         if not self.quotas.enabled:
             return
+        seen: set[tuple[str, str, int]] = set()
         for job in self.pending.values():
             if job.held or job.not_before > now or job.gpus <= 0:
                 continue
@@ -291,6 +292,10 @@ class TesseraScheduler:
             geo = self.geo(job)
             models, _ = self._models_for(job)
             for m in models:
+                key = (job.tenant, m, geo.charge * geo.need)
+                if key in seen:  # usage does not change here: one answer per key
+                    continue
+                seen.add(key)
                 if self.quotas.under_guarantee(job.tenant, m, geo.charge * geo.need):
                     owners = self._owed.setdefault(m, [])
                     if job.tenant not in owners:

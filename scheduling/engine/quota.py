@@ -56,12 +56,16 @@ class Quotas:
         """None if ``tenant`` may take ``milli`` more on ``model``, else (code, message)."""
         if not self.enabled or milli == 0:
             return None
-        q = self.row(tenant, model)
+        rows = self.rows.get(tenant)
+        q = None if rows is None else rows.get(model) or rows.get("*")
         if q is None:
             return ("quota", f"quota: {tenant} has no quota for {model}")
-        used = self.used(tenant, model)
+        key = (tenant, q.model)  # the row key: the model's own row or the * row
+        used = self.usage.get(key, 0)
+        if used + milli <= round(min(q.guaranteed, q.limit) * MILLI) and not self.frozen:
+            return None  # the common case: within the guarantee, nothing frozen
         label = model if q.model != "*" else f"{model} (* row)"
-        holder = self.frozen.get(self._row_key(tenant, model))
+        holder = self.frozen.get(key)
         if holder is not None:
             return ("quota", f"quota: {tenant}'s {label} quota is being freed for its job "
                              f"{holder}")
