@@ -84,6 +84,7 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
                 if m is not None:
                     s.quotas.add(job.tenant, m, geo.charge * geo.need)
                     claimed.append((job.tenant, m, geo.charge * geo.need))
+                    s.quota_token = (*s.quota_token, job.id)
                     s.quotas.frozen.setdefault(s.quotas._row_key(job.tenant, m), job.id)
                 for v in own:
                     s.running[v.job_id].terminating = True
@@ -174,7 +175,15 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
     s.quotas.frozen = {}
     cache: dict = {}
     summaries: dict = {}
+    quota_cache: dict = {}
     for job, geo in to_diagnose:
+        qkey = (geo, job.accelerators, job.node_selector, job.tolerations, job.topology,
+                job.tenant, job.preemptible)
+        if qkey not in quota_cache:
+            quota_cache[qkey] = _quota_instead(s, job, geo)
+        if quota_cache[qkey] is not None:  # room exists, on a model its quota refuses it
+            d.pending[job.id] = quota_cache[qkey]
+            continue
         key = (geo, job.accelerators, job.node_selector, job.tolerations, job.topology)
         reason = cache.get(key)
         if reason is None:
@@ -183,6 +192,28 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
     del placements_of
     s.last_codes = {jid: r.code for jid, r in d.pending.items()}
     return d
+
+
+def _quota_instead(s: TesseraScheduler, job, geo) -> PendingReason | None:
+    """The quota reason of a job that would fit now on a model its quota refuses (else None):
+    the honest answer there is the quota, not the capacity of the models it may use."""
+    if not s.quotas.enabled or not geo.req.count:
+        return None
+    from .placement import Constraints
+    from .topology import place_gang
+
+    models, _ = s._models_for(job)
+    for m in models:
+        why = s._refusal(job, m, geo.charge * geo.need)
+        if why is None:
+            continue
+        c = Constraints((m,), job.node_selector, job.tolerations, True)
+        got = place_gang(s.placer, job.id, geo.req, geo.need, geo.need, job.topology, c, None, 0)
+        if got:
+            for a in got:
+                s.state.release_replica(job.id, a)
+            return PendingReason(*why)
+    return None
 
 
 def _rows(s: TesseraScheduler, job, geo) -> list[tuple[str, str]]:

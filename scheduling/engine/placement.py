@@ -254,12 +254,16 @@ class Placer:
             per = self._score[req] = {}
         best_key: tuple | None = None
         best_pick: tuple[int, int | None] | None = None
+        prefs: dict[int, int | None] = {}  # a rack has few classes: one lookup per class
+        groups = state.groups
         for i in nodes:
             n = state.nodes[i]
-            pref = self.class_pref(n.cls, c)
+            pref = prefs.get(n.cls, MISS)
+            if pref is MISS:
+                pref = prefs[n.cls] = self.class_pref(n.cls, c)
             if pref is None or (node_ok is not None and not node_ok(i)):
                 continue
-            g = state.groups[n.key()]
+            g = groups[n.key()]
             sc = per.get(g.gid, MISS)
             if sc is MISS:
                 sc = self._group_score(g.key, g.gid, req)

@@ -91,6 +91,11 @@ class TesseraScheduler:
         self.sticky: dict[str, tuple[int, ...]] = {}  # job -> nodes reserved for it last pass
         self._holders: dict[int, list] | None = None
         self.quota_room_model: str | None = None  # the model quota_victims made room on
+        # What quota admission depends on besides usage (which moves with the state version):
+        # the models owed to waiting tenants and the room claimed this pass. Part of the
+        # failure memo's key, so a job refused a model last pass is searched again once the
+        # model is no longer owed.
+        self.quota_token: tuple = ()
 
     # -- the driver's calls -----------------------------------------------------------------------
     @classmethod
@@ -190,7 +195,7 @@ class TesseraScheduler:
         memo_key = None
         if token is not None or node_ok is None:
             memo_key = (geo, job.accelerators, job.node_selector, job.tolerations, job.topology,
-                        job.tenant, job.preemptible, top, need, token)
+                        job.tenant, job.preemptible, top, need, token, self.quota_token)
             if self._fail_memo.get(memo_key) == self.state.version:
                 return None, None
         got, refusal = self._try_place_inner(job, geo, node_ok, first_replica, top, need)
@@ -281,6 +286,7 @@ class TesseraScheduler:
         never wait on each other)."""
         self._now = now
         self._owed = {}
+        self.quota_token = ()
         if not self.quotas.enabled:
             return
         seen: set[tuple[str, str, int]] = set()
@@ -300,6 +306,7 @@ class TesseraScheduler:
                     owners = self._owed.setdefault(m, [])
                     if job.tenant not in owners:
                         owners.append(job.tenant)
+        self.quota_token = tuple(sorted((m, tuple(o)) for m, o in self._owed.items()))
 
     def _bind(self, job: JobRequest, geo: Geometry, allocs: list[Alloc], now: float,
               d: Decisions) -> None:
