@@ -167,15 +167,17 @@ def test_training_does_not_preempt_batch_for_priority_by_default():
 
 
 def test_a_job_refused_a_model_owed_to_another_tenant_starts_there_once_it_is_no_longer_owed():
-    s = TesseraScheduler([node("h", gpus=1, nvlink=1), node("t1", model="T4", gpus=1, nvlink=1),
-                          node("t2", model="T4", gpus=1, nvlink=1, rack="r1")],
+    s = TesseraScheduler([node("h", gpus=1, nvlink=1, cpus=0),
+                          node("t1", model="T4", gpus=1, nvlink=1, cpus=0),
+                          node("t2", model="T4", gpus=1, nvlink=1, cpus=0, rack="r1")],
                          [QuotaSpec("vision", "*", 1, 2), QuotaSpec("speech", "*", 1, 1)])
     s.submit(JobRequest("serve", "vision", "inference", 1, preemptible=False))
     s.submit(JobRequest("asr", "speech", "inference", 1, accelerators=("T4",),
                         preemptible=False, submitted_at=1))
     s.submit(JobRequest("small", "vision", "training", 0.25, submitted_at=2))
+    s.submit(JobRequest("big", "vision", "training", 1, submitted_at=3))
     d = s.decide(0.0)
-    assert {b.job_id for b in d.bindings} == {"serve", "asr"}
-    assert d.pending["small"].code in ("borrow-limit", "reserved")  # T4 was owed to speech
+    assert {b.job_id for b in d.bindings} == {"serve", "asr"}  # T4 was owed to speech
     d = s.decide(500.0)  # speech runs now: nothing is owed, a T4 is free
     assert [b.job_id for b in d.bindings] == ["small"]
+    assert d.pending["big"].code == "quota"
