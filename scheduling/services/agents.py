@@ -174,6 +174,7 @@ def do_heartbeat(node: Node, running: list[Reported]) -> dict[str, Any]:
         Node.objects.filter(pk=node.pk).update(last_heartbeat=now)
         if Node.objects.filter(pk=node.pk, state=NodeState.NOT_READY).update(state=NodeState.READY):
             request_pass_on_commit()  # capacity came back
+            live.publish_nodes(pk=node.pk)
     reported = {(r.job_id, r.attempt, r.replica): r for r in running}
     held = _held_replicas(node)
     start: list[dict[str, Any]] = []

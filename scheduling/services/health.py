@@ -24,6 +24,7 @@ from django.utils import timezone
 
 from scheduling.choices import HOLDING_STATES, EventType, JobState, NodeState
 from scheduling.models import Job, Node
+from scheduling.services import live
 from scheduling.services.jobs import (
     do_record_exit,
     do_transition,
@@ -47,6 +48,7 @@ def sweep_nodes(now: datetime | None = None) -> list[str]:
     )
     if lost:
         Node.objects.filter(name__in=lost).update(state=NodeState.NOT_READY)
+        live.publish_nodes(name__in=lost)
     fenced = Node.objects.exclude(state=NodeState.READY).filter(last_heartbeat__lt=now - lease)
     for node in fenced:
         job_ids = set(

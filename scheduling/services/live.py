@@ -82,5 +82,13 @@ def publish_node(node) -> None:
     publish_on_commit("gpus", {"type": "node.update", "node": node_payload(node)})
 
 
+def publish_nodes(**filters: Any) -> None:
+    """Publish every node matching ``filters`` (after a bulk state change)."""
+    from scheduling.models import Node
+
+    for node in Node.objects.filter(**filters):
+        publish_node(node)
+
+
 def wake_agent(node_id: int) -> None:
     publish_on_commit(f"agent.{node_id}", {"type": "agent.wake"})

@@ -13,26 +13,31 @@ from django.db.models import F
 
 from scheduling.choices import NodeState
 from scheduling.models import JoinToken, Node
+from scheduling.services import live
 from scheduling.services.jobs import request_pass_on_commit
 
 
 def do_cordon_nodes(node_ids: Iterable[int]) -> int:
     """Stop placing new work on these nodes (those ready or not-ready). Returns how many changed."""
+    node_ids = list(node_ids)
     with transaction.atomic():
         changed = Node.objects.filter(
             pk__in=list(node_ids), state__in=[NodeState.READY, NodeState.NOT_READY]
         ).update(state=NodeState.CORDONED, version=F("version") + 1)
+        live.publish_nodes(pk__in=node_ids)
     return changed
 
 
 def do_uncordon_nodes(node_ids: Iterable[int]) -> int:
     """Make cordoned nodes schedulable again. Returns how many changed."""
+    node_ids = list(node_ids)
     with transaction.atomic():
         changed = Node.objects.filter(pk__in=list(node_ids), state=NodeState.CORDONED).update(
             state=NodeState.READY, version=F("version") + 1
         )
         if changed:
             request_pass_on_commit()
+            live.publish_nodes(pk__in=node_ids)
     return changed
 
 

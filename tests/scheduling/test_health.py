@@ -132,3 +132,21 @@ def test_a_cancelled_job_on_a_lost_node_ends_cancelled(world, settings):
     job.refresh_from_db()
     assert job.state == JobState.CANCELLED
     assert not Allocation.objects.filter(job=job, released_at__isnull=True).exists()
+
+
+def test_a_node_going_not_ready_is_pushed_to_dashboards(world, settings, django_capture_on_commit_callbacks):
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    layer = get_channel_layer()
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)("gpus", channel)
+    node = helpers.make_node("a100-01")
+    late = timezone.now() - timedelta(seconds=settings.TESSERA["HEARTBEAT_TIMEOUT_S"] + 1)
+    Node.objects.filter(pk=node.pk).update(last_heartbeat=late)
+    with django_capture_on_commit_callbacks(execute=True):
+        sweep_nodes()
+    message = async_to_sync(layer.receive)(channel)
+    assert message["type"] == "node.update"
+    assert message["node"]["name"] == "a100-01" and message["node"]["state"] == "not-ready"
