@@ -45,8 +45,8 @@ def geometry(job: JobRequest, min_split: int = 1) -> Geometry:
 
 
 def constraints(job: JobRequest, models: tuple[str, ...] | None = None) -> Constraints:
-    if job.gpus <= 0:
-        return Constraints((), job.node_selector, job.tolerations, gpu_job=False)
+    if job.gpus <= 0:  # CPU-only: any node kind, but a model list still names acceptable nodes
+        return Constraints(job.accelerators, job.node_selector, job.tolerations, gpu_job=False)
     return Constraints(job.accelerators if models is None else models, job.node_selector,
                        job.tolerations, gpu_job=True)
 

@@ -121,7 +121,7 @@ def class_allows(spec: NodeSpec, c: Constraints) -> int | None:
     if any(k != "rack" and labels.get(k) != v for k, v in c.selector):
         return None
     if not c.gpu_job:
-        return 0
+        return 0 if not c.models or spec.model in c.models else None
     if spec.gpus == 0 or (c.models and spec.model not in c.models):
         return None
     return c.models.index(spec.model) if c.models else 0
