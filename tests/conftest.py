@@ -17,14 +17,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-REQUIRE_SERVICES = os.environ.get("TESSERA_REQUIRE_SERVICES", "") in ("1", "true", "yes")
-
-
-def need_service(what: str) -> None:
-    """Skip (or, under TESSERA_REQUIRE_SERVICES=1, fail) because ``what`` is missing."""
-    if REQUIRE_SERVICES:
-        pytest.fail(f"{what} is required (TESSERA_REQUIRE_SERVICES=1) but not available")
-    pytest.skip(f"{what} not available")
+from tests.support import need_service
 
 
 def _answers(url: str, default_port: int) -> bool:

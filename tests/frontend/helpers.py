@@ -64,14 +64,3 @@ def seed_browser_world() -> dict[str, Any]:
 
     out["join_token"] = do_create_join_token("browser-test")[1]
     return out
-
-
-def need(what: str) -> None:
-    """Skip for a missing tool, or fail under TESSERA_REQUIRE_SERVICES=1 (as CI runs)."""
-    import os
-
-    import pytest
-
-    if os.environ.get("TESSERA_REQUIRE_SERVICES", "") in ("1", "true", "yes"):
-        pytest.fail(f"{what} is required (TESSERA_REQUIRE_SERVICES=1) but not available")
-    pytest.skip(f"{what} not available")

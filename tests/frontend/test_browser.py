@@ -16,8 +16,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,7 +27,7 @@ from typing import Any
 import pytest
 import requests
 
-from tests.frontend.helpers import need
+from tests.support import free_port, need_service, stop_process
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -45,12 +43,6 @@ CHROMIUM_ARGS = [
     "--disable-quic",
 ]
 ARTIFACTS = ROOT / "test-artifacts"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def server_env(db_path: Path) -> dict[str, str]:
@@ -108,12 +100,7 @@ def server(tmp_path: Path) -> Iterator[dict[str, Any]]:
             time.sleep(0.1)
         yield {"url": url, "users": users, "log": tmp_path / "daphne.log", "env": env}
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, timeout=10)
         log.close()
 
 
@@ -166,12 +153,7 @@ def agent(server: dict[str, Any], tmp_path: Path) -> Iterator[str]:
             time.sleep(0.2)
         yield name
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, timeout=15)
         log.close()
         shutil.rmtree(state_dir, ignore_errors=True)
 
@@ -213,7 +195,7 @@ def wait_quiet(page: Any, quiet_ms: int = 1500, timeout_s: float = 15) -> None:
 
 def test_alice_sees_her_job_take_its_gpus_live_without_a_reload(server: dict[str, Any], agent: str) -> None:
     if not Path(CHROMIUM).exists() or shutil.which("chromium") is None:
-        need("Chromium (apt-get install chromium)")
+        need_service("Chromium (apt-get install chromium)")
     from playwright.sync_api import sync_playwright
 
     # bob is already using the cluster; one job of his cannot fit anywhere.

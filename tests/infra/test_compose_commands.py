@@ -28,21 +28,10 @@ import pytest
 import yaml
 
 from tests.infra.test_deploy_files import COMPOSE, ROOT, agent_services, tool
+from tests.support import free_port, need_service
 
 pytestmark = [pytest.mark.slow, pytest.mark.services, pytest.mark.timeout(180)]
 BIN = str(Path(sys.executable).parent)
-
-
-def need(what: str) -> None:
-    if os.environ.get("TESSERA_REQUIRE_SERVICES", "") in ("1", "true", "yes"):
-        pytest.fail(f"{what} is required (TESSERA_REQUIRE_SERVICES=1) but not available")
-    pytest.skip(f"{what} not available")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture
@@ -50,7 +39,7 @@ def database() -> Iterator[str]:
     """A database of its own on the tests' PostgreSQL server, dropped afterwards."""
     url = os.environ.get("DATABASE_URL", "")
     if not url.startswith(("postgres://", "postgresql://")):
-        need("PostgreSQL (set DATABASE_URL)")
+        need_service("PostgreSQL (set DATABASE_URL)")
     import psycopg
 
     parsed = urlparse(url)
@@ -94,7 +83,7 @@ def get(url: str, token: str | None = None, body: dict | None = None) -> tuple[i
 def test_the_compose_services_commands_run_a_job_through_web_worker_and_agent(database, tmp_path):
     redis_url = os.environ.get("REDIS_URL", "")
     if not redis_url:
-        need("Redis (set REDIS_URL)")
+        need_service("Redis (set REDIS_URL)")
     config = yaml.safe_load(subprocess.run(
         [tool("docker-compose"), "-f", str(COMPOSE), "config"], cwd=ROOT, capture_output=True,
         text=True, check=True, timeout=60).stdout)

@@ -18,15 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 SLEEPER = "import time; time.sleep(120)"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_time(pid: int) -> str | None:

@@ -17,7 +17,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,17 +29,13 @@ from urllib.parse import quote
 import pytest
 import requests
 
+from tests.support import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE_S = 50  # everything below must happen within this; a hang fails, it does not block CI
 COMMAND = ["python", "-c", "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"]
 
 pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(90)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def database_url_of(settings) -> str:

@@ -6,9 +6,7 @@ conftest's ``need_service`` does (which importlib mode does not let us import fr
 
 from __future__ import annotations
 
-import os
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -18,19 +16,9 @@ from typing import Any
 import pytest
 import requests
 
+from tests.support import free_port, need_service
+
 PROMETHEUS = "/usr/bin/prometheus"
-
-
-def need(what: str) -> None:
-    if os.environ.get("TESSERA_REQUIRE_SERVICES", "") in ("1", "true", "yes"):
-        pytest.fail(f"{what} is required (TESSERA_REQUIRE_SERVICES=1) but not available")
-    pytest.skip(f"{what} not available")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def scrape_config(targets: dict[str, str]) -> str:
@@ -54,7 +42,7 @@ def prometheus(tmp_path: Path) -> Iterator[Callable[[dict[str, str]], str]]:
     """Start a real Prometheus scraping the given targets; returns its URL. Stopped afterwards."""
     binary = PROMETHEUS if Path(PROMETHEUS).exists() else shutil.which("prometheus")
     if binary is None:
-        need("Prometheus (apt-get install prometheus)")
+        need_service("Prometheus (apt-get install prometheus)")
     started: list[subprocess.Popen[bytes]] = []
 
     def start(targets: dict[str, str]) -> str:

@@ -8,7 +8,6 @@ the control plane's gauges come back through Prometheus too.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -20,7 +19,7 @@ from typing import Any
 import pytest
 
 from monitoring import prometheus as reader
-from tests.monitoring.conftest import free_port
+from tests.support import free_port, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE = "prom-node-1"
@@ -93,12 +92,7 @@ def agent(live_server: Any, tmp_path: Path) -> Iterator[dict[str, Any]]:
         poll("agent registration", registered, timeout_s=30)
         yield {"metrics": f"127.0.0.1:{port}", "log": tmp_path / "agent.log"}
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, timeout=15)
         log.close()
         subprocess.run(["rm", "-rf", str(state_dir)], check=False)
 
