@@ -6,6 +6,8 @@
 2. start the web process (daphne; the scheduling pass runs inside it in the embedded default);
 3. start 12 simulated node agents as separate processes: 4 × 8×H100 in rack r1, 4 × 8×A100 in r2,
    4 × 4×T4 in r3 (each registers its own node with the join token, passed in the environment);
+   with ``--gpu``, also one agent on this machine's real NVIDIA GPUs (NVML discovery, metrics from
+   NVML on the agent's default port 9400), so jobs run on real devices;
 4. print the URLs, each user's password and token, and a curl example;
 5. on Ctrl-C (or SIGTERM) stop everything it started: each child runs in its own process group,
    which gets SIGTERM, then SIGKILL after a grace period; descendants that left their group (job
@@ -40,6 +42,7 @@ NODES: list[tuple[str, str]] = (
 )
 # The demo is the embedded default: these would switch parts to real services it does not start.
 SERVICE_VARS = ("DATABASE_URL", "REDIS_URL", "PROMETHEUS_URL")
+GPU_NODE = "gpu-local"  # --gpu: the node of this machine's real GPUs
 STOP_GRACE_S = 8.0
 
 
@@ -211,7 +214,7 @@ def child_env(db: str | None) -> dict[str, str]:
     return env
 
 
-def banner(base: str, seed: dict, ready_s: float, agents: int, log_dir: Path) -> str:
+def banner(base: str, seed: dict, ready_s: float, agents: int, log_dir: Path, gpu: bool = False) -> str:
     users = seed["users"]
     alice = next((u for u in users if u["username"] == "alice"), users[0])
     width = max(len(u["username"]) for u in users)
@@ -224,7 +227,8 @@ def banner(base: str, seed: dict, ready_s: float, agents: int, log_dir: Path) ->
     return "\n".join([
         "",
         f"Tessera demo is up in {ready_s:.1f}s: web + scheduler, {agents} simulated agents "
-        f"(racks r1 H100, r2 A100, r3 T4).",
+        f"(racks r1 H100, r2 A100, r3 T4)"
+        + (f", and node {GPU_NODE} with this machine's real GPUs." if gpu else "."),
         "",
         f"  Dashboard  {base}/",
         f"  API        {base}/api/v1/        (docs: {base}/api/docs/)",
@@ -260,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the agents' state (credentials, job directories), one folder each")
     parser.add_argument("--credentials-file", help="also write the users' credentials here (JSON)")
     parser.add_argument("--ready-timeout", type=float, default=90.0)
+    parser.add_argument("--gpu", action="store_true",
+                        help="also start an agent on this machine's real NVIDIA GPUs (node 'gpu-local')")
     args = parser.parse_args(argv)
 
     python = sys.executable
@@ -315,7 +321,9 @@ def run(demo: Demo, args: argparse.Namespace, python: str, env: dict[str, str], 
             return 1
         time.sleep(0.2)
 
-    nodes = NODES[: max(0, args.agents)]
+    nodes: list[tuple[str, str | None]] = list(NODES[: max(0, args.agents)])
+    if args.gpu:
+        nodes.append((GPU_NODE, None))
     flags = agent_flags(python, env) if nodes else []
     if flags is None:
         log("the node agent (python -m agent) is not available: running without agents")
@@ -327,10 +335,12 @@ def run(demo: Demo, args: argparse.Namespace, python: str, env: dict[str, str], 
     # checkout is private, the agent's own default (/var/lib/tessera-agent/NAME) is used instead.
     use_state_dir = "--state-dir" in flags and (os.geteuid() != 0 or traversable_by_all(state_root))
     for name, spec in nodes:
-        argv = [python, "-m", "agent", "--server", base, "--simulate", spec]
+        argv = [python, "-m", "agent", "--server", base]
+        if spec is not None:
+            argv += ["--simulate", spec]
         if "--name" in flags:
             argv += ["--name", name]
-        if "--metrics-port" in flags:
+        if "--metrics-port" in flags and spec is not None:
             argv += ["--metrics-port", "0"]  # any free port: twelve agents share this host
         if "--metrics-addr" in flags:
             argv += ["--metrics-addr", args.host]  # not on every interface: this is a demo
@@ -341,7 +351,8 @@ def run(demo: Demo, args: argparse.Namespace, python: str, env: dict[str, str], 
         path = Path(args.credentials_file)
         path.touch(mode=0o600)
         path.write_text(json.dumps({"url": base, "users": seed["users"]}))
-    print(banner(base, seed, time.monotonic() - started, len(nodes), log_dir), flush=True)
+    print(banner(base, seed, time.monotonic() - started, len(nodes) - args.gpu, log_dir, args.gpu),
+          flush=True)
 
     while not stop_requested:
         if web.proc.poll() is not None:
