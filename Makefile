@@ -10,13 +10,14 @@ STAMP := $(VENV)/.installed
 RUNTIME_STAMP := $(VENV)/.installed-runtime
 PIP := $(BIN)/python -m pip install --disable-pip-version-check -q
 
-.PHONY: help demo test bench bench-e2e eval lint venv install deps clean-demo
+.PHONY: help demo test bench bench-e2e eval gpu-check lint venv install deps clean-demo
 
 help:
 	@echo "make demo   - start the embedded demo cluster (web, scheduler, 12 simulated agents)"
 	@echo "make test   - the whole test suite (.venv/bin/pytest; env such as DATABASE_URL passes through)"
 	@echo "make bench  - scheduling benchmarks;  make eval - the simulator's evaluation"
 	@echo "make bench-e2e - submit-to-running latency through every real part (needs PostgreSQL, Redis)"
+	@echo "make gpu-check - check discovery and real jobs on this machine's NVIDIA GPUs"
 	@echo "make lint   - ruff;  make install - create .venv and install the project"
 
 $(BIN)/python:
@@ -47,6 +48,11 @@ bench-e2e: $(STAMP)
 
 eval: $(STAMP)
 	bash scripts/eval.sh
+
+# On a machine with NVIDIA GPUs (and PyTorch): real discovery, jobs, shares, metrics, cancel.
+gpu-check: $(STAMP)
+	$(BIN)/pytest -m gpu tests/agent/test_inventory.py
+	$(BIN)/python scripts/gpu_check.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
