@@ -102,7 +102,7 @@ def unusable(req: TypicalRequest, model: str, cpu_free: int, gpu_free: tuple[int
 class FragmentationModel:
     """``F(n)`` for one request mix, memoised per node state key."""
 
-    __slots__ = ("typical", "_cache", "_cpus")
+    __slots__ = ("typical", "_cache", "_cpus", "_agg")
 
     def __init__(self, typical: tuple[TypicalRequest, ...]):
         self.typical = typical
@@ -110,6 +110,7 @@ class FragmentationModel:
         # F(n) depends on the free CPU only through which typical requests it can hold: nodes
         # whose free CPU falls between the same two request sizes share one cache entry.
         self._cpus = sorted({r.cpu for r in typical})
+        self._agg: dict[tuple[str, int], tuple] = {}
 
     @classmethod
     def from_jobs(cls, jobs: Iterable[JobRequest], coverage: float = 0.95) -> FragmentationModel:
@@ -118,6 +119,11 @@ class FragmentationModel:
     @classmethod
     def from_shapes(cls, shapes: Iterable[Shape], coverage: float = 0.95) -> FragmentationModel:
         return cls(typical_requests(shapes, coverage))
+
+    def cpu_class(self, cpu_free: int) -> int:
+        """Which typical requests' CPU ``cpu_free`` holds (F depends on the CPU only through
+        this): the number of distinct typical CPU sizes at most ``cpu_free``."""
+        return bisect_right(self._cpus, cpu_free)
 
     def node(self, model: str, cpu_free: int, gpu_free: tuple[int, ...]) -> float:
         """``F(n)`` in milli-GPU; ``gpu_free`` must be sorted (it is the cache key)."""
@@ -131,23 +137,46 @@ class FragmentationModel:
         return value
 
     def _compute(self, model: str, cpu_free: int, gpus: tuple[int, ...]) -> float:
-        """Same as summing :func:`unusable` over the typical requests, with prefix sums."""
+        """Same as summing :func:`unusable` over the typical requests, with prefix sums and the
+        requests aggregated per (model, CPU class): one term per distinct share or GPU count."""
         prefix = [0]
         for v in gpus:
             prefix.append(prefix[-1] + v)
         total = prefix[-1]
         full = len(gpus) - bisect_left(gpus, MILLI)
         partial = total - MILLI * full
-        value = 0.0
-        for req in self.typical:
-            if req.count == 0 or req.cpu > cpu_free or (req.models and model not in req.models):
-                value += req.p * total
-            elif req.milli < MILLI:
-                i = bisect_left(gpus, req.milli)
-                value += req.p * (prefix[i] if i < len(gpus) else total)
-            else:
-                value += req.p * (partial if full >= req.count else total)
+        p_all, shares, counts = self._terms(model, bisect_right(self._cpus, cpu_free))
+        value = p_all * total
+        n = len(gpus)
+        for milli, p in shares:
+            i = bisect_left(gpus, milli)
+            value += p * (prefix[i] if i < n else total)
+        for count, p in counts:
+            value += p * (partial if full >= count else total)
         return value
+
+    def _terms(self, model: str, cpu_class: int
+               ) -> tuple[float, list[tuple[int, float]], list[tuple[int, float]]]:
+        """For nodes of ``model`` whose free CPU holds the ``cpu_class`` smallest typical CPU
+        sizes: the probability of requests that can use none of the free GPUs, and the
+        probabilities of the others by share per GPU (fractions) and by GPU count (whole)."""
+        key = (model, cpu_class)
+        hit = self._agg.get(key)
+        if hit is None:
+            fits_cpu = set(self._cpus[:cpu_class])
+            p_all = 0.0
+            shares: dict[int, float] = {}
+            counts: dict[int, float] = {}
+            for req in self.typical:
+                if req.count == 0 or req.cpu not in fits_cpu or (
+                        req.models and model not in req.models):
+                    p_all += req.p
+                elif req.milli < MILLI:
+                    shares[req.milli] = shares.get(req.milli, 0.0) + req.p
+                else:
+                    counts[req.count] = counts.get(req.count, 0.0) + req.p
+            hit = self._agg[key] = (p_all, sorted(shares.items()), sorted(counts.items()))
+        return hit
 
 
 def cluster_rate(total_f: float, total_free: int) -> float:

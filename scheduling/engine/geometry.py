@@ -54,11 +54,41 @@ def constraints(job: JobRequest, models: tuple[str, ...] | None = None) -> Const
 def static_check(state: ClusterState, quotas: Quotas, job: JobRequest, geo: Geometry,
              memo: dict) -> tuple[str, str] | None:
     """('reject', why) for a job that can never run here; ('capacity', why) for one larger
-    than the cluster; None otherwise. Memoised per shape."""
+    than the cluster; None otherwise. Memoised per shape (what the cluster could ever hold) and
+    per shape and tenant (what its quota could ever admit)."""
     key = (geo, job.accelerators, job.node_selector, job.tolerations, job.topology,
-           job.tenant, job.preemptible)
-    if key in memo:
-        return memo[key]
+           job.tenant, job.preemptible, job.gpus)
+    hit = memo.get(key, memo)
+    if hit is not memo:
+        return hit  # type: ignore[return-value]
+    ckey = ("cap", geo.req, geo.need, job.accelerators, job.node_selector, job.tolerations,
+            job.topology)
+    cap = memo.get(ckey)
+    if cap is None:
+        cap = memo[ckey] = _holders(state, job, geo)
+    holders, total, models_ok = cap
+    req, need = geo.req, geo.need
+    result: tuple[str, str] | None = None
+    what = "|".join(job.accelerators) if job.accelerators else "GPUs"
+    if holders == 0:
+        result = ("reject", "no node can ever hold one replica "
+                            f"({geo.req.demand / MILLI:g} {what} each, topology {job.topology})")
+    elif req.count and quotas.enabled and not any(
+        quotas.ever_admits(job.tenant, m, geo.charge * need, job.preemptible)
+        for m in models_ok
+    ):
+        result = ("reject", f"quota: no quota of {job.tenant} admits {job.gpus:g} {what}")
+    elif req.count and total < req.demand * need:
+        result = ("capacity", f"capacity: needs {req.demand * need / MILLI:g} {what}; the "
+                              f"cluster has {total / MILLI:g} it may use")
+    memo[key] = result
+    return result
+
+
+def _holders(state: ClusterState, job: JobRequest, geo: Geometry
+             ) -> tuple[int, int, tuple[str, ...]]:
+    """Nodes that could ever hold one replica (all of a ``node``/``nvlink`` job), the milli-GPU
+    they have, and their models."""
     req, need = geo.req, geo.need
     c = constraints(job)
     whole_job = job.topology in ("node", "nvlink")
@@ -85,18 +115,4 @@ def static_check(state: ClusterState, quotas: Quotas, job: JobRequest, geo: Geom
         total += count * MILLI * (spec.gpus - len(spec.unhealthy_gpus))
         if spec.model not in models_ok:
             models_ok.append(spec.model)
-    result: tuple[str, str] | None = None
-    what = "|".join(job.accelerators) if job.accelerators else "GPUs"
-    if holders == 0:
-        result = ("reject", "no node can ever hold one replica "
-                            f"({geo.req.demand / MILLI:g} {what} each, topology {job.topology})")
-    elif req.count and quotas.enabled and not any(
-        quotas.ever_admits(job.tenant, m, geo.charge * need, job.preemptible)
-        for m in models_ok
-    ):
-        result = ("reject", f"quota: no quota of {job.tenant} admits {job.gpus:g} {what}")
-    elif req.count and total < req.demand * need:
-        result = ("capacity", f"capacity: needs {req.demand * need / MILLI:g} {what}; the "
-                              f"cluster has {total / MILLI:g} it may use")
-    memo[key] = result
-    return result
+    return holders, total, tuple(models_ok)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .fragmentation import UNTRACKED, FragmentationModel
-from .state import Alloc, ClusterState, GroupKey, ReplicaReq, fits_state
+from .state import Alloc, ClusterState, Group, ReplicaReq, fits_state
 from .types import MILLI, NodeSpec
 
 
@@ -53,6 +53,12 @@ def tessera_score(delta: float, count: int, free_sum: int) -> float:
     if count == 0:
         score -= free_sum / 1e7
     return score
+
+
+def consolidation_cost(free: int, demand: int, capacity: int) -> float:
+    """β's term, ``1 - utilisation`` of the node once the request is on it: the share of its
+    GPU capacity still free. 0 for a node the request fills, near 1 for an idle node."""
+    return (free - demand) / capacity
 
 
 def frag_delta(
@@ -135,13 +141,19 @@ class Placer:
     rank (a seeded permutation). Scores are memoised per (group, request).
     """
 
-    def __init__(self, state: ClusterState, alpha: float = 0.0):
+    def __init__(self, state: ClusterState, alpha: float = 0.0, beta: float = 0.0):
         self.state = state
         self.alpha = alpha
+        self.beta = beta
         self._cls_ok: dict[tuple[int, Constraints], int | None] = {}
         self._score: dict[ReplicaReq, dict[int, tuple[float, int | None] | None]] = {}
         self._allowed: dict[Constraints, list[tuple[int, int]]] = {}
         self._heaps: dict[tuple[ReplicaReq, int], list] = {}
+        # The fragmentation part of a score depends on the node's model, sorted free vector and
+        # which typical requests its CPU holds before and after: shared by every group and
+        # request alike in those (~3.5x fewer computations than one per group and request).
+        self._frag_score: dict[tuple, tuple[float, int | None]] = {}
+        self._cls_info: dict[int, tuple[int, int, str, float, int]] = {}
 
     def class_pref(self, cls: int, c: Constraints) -> int | None:
         """None if no node of class ``cls`` may ever take the job, else its model's preference."""
@@ -156,22 +168,44 @@ class Placer:
         self._cls_ok[key] = ok
         return ok
 
-    def _group_score(self, key: GroupKey, gid: int, req: ReplicaReq) -> tuple[float, int | None] | None:
+    def _class_info(self, cls: int) -> tuple[int, int, str, float, int]:
+        """(GPUs per island, GPUs, model, price per GPU-hour, healthy milli-GPU) of a class."""
+        info = self._cls_info.get(cls)
+        if info is None:
+            spec = self.state.class_spec[cls]
+            d = max(1, min(spec.nvlink_domain, spec.gpus)) if spec.gpus else 1
+            cap = MILLI * (spec.gpus - len(spec.unhealthy_gpus))
+            info = self._cls_info[cls] = (d, spec.gpus, spec.model, spec.price_per_gpu_hour, cap)
+        return info
+
+    def _group_score(self, g: Group, req: ReplicaReq) -> tuple[float, int | None] | None:
+        """Score of ``req`` on the nodes of group ``g`` (higher is better) and, for a fraction,
+        the free share of the GPU to use; None when it does not fit. Memoised per (req, group)."""
         per = self._score.get(req)
         if per is None:
             per = self._score[req] = {}
-        hit = per.get(gid, MISS)
-        if hit is not MISS:
-            return hit  # type: ignore[return-value]
-        spec = self.state.class_spec[key[0]]
-        d = max(1, min(spec.nvlink_domain, spec.gpus)) if spec.gpus else 1
         result: tuple[float, int | None] | None = None
-        if fits_state(key, req, d, spec.gpus):
-            delta, value = frag_delta(self.state.frag, spec.model, key[1], tuple(sorted(key[3])),
-                                      req.cpu, req.milli, req.count)
-            score = tessera_score(delta, req.count, sum(key[3]))
-            result = (score - self.alpha * spec.price_per_gpu_hour * req.count, value)
-        per[gid] = result
+        key = g.key
+        island, ngpus, model, price, cap = self._class_info(g.cls)
+        if fits_state(key, req, island, ngpus):
+            frag = self.state.frag
+            cpu_free = key[1]
+            fk = (model, frag.cpu_class(cpu_free),
+                  frag.cpu_class(cpu_free - req.cpu) if cpu_free < UNTRACKED else -1,
+                  g.sfree, req.milli, req.count)
+            hit = self._frag_score.get(fk)
+            if hit is None:
+                delta, value = frag_delta(frag, model, cpu_free, g.sfree, req.cpu, req.milli,
+                                          req.count)
+                hit = self._frag_score[fk] = (tessera_score(delta, req.count, sum(g.sfree)),
+                                              value)
+            score = hit[0]
+            if self.alpha:
+                score -= self.alpha * price * req.count
+            if self.beta and cap:
+                score -= self.beta * consolidation_cost(sum(g.sfree), req.demand, cap)
+            result = (score, hit[1])
+        per[g.gid] = result
         return result
 
     def allowed_classes(self, c: Constraints) -> list[tuple[int, int]]:
@@ -198,7 +232,7 @@ class Placer:
             for g in self.state.by_class[cls].values():
                 sc = per.get(g.gid, MISS)
                 if sc is MISS:
-                    sc = self._group_score(g.key, g.gid, req)
+                    sc = self._group_score(g, req)
                 if sc is None:
                     continue
                 out.append(((-pref, sc[0], -g.ranks[0]), g.ranks, sc[1]))  # type: ignore[index]
@@ -266,7 +300,7 @@ class Placer:
             g = groups[n.key()]
             sc = per.get(g.gid, MISS)
             if sc is MISS:
-                sc = self._group_score(g.key, g.gid, req)
+                sc = self._group_score(g, req)
             if sc is None:
                 continue
             k = (-pref, sc[0], -n.rank)  # type: ignore[index]
@@ -296,7 +330,7 @@ class Placer:
             for g in groups.values():
                 sc = per.get(g.gid, MISS)
                 if sc is MISS:
-                    sc = self._group_score(g.key, g.gid, req)
+                    sc = self._group_score(g, req)
                 if sc is not None:
                     heap.append((-sc[0], g.ranks[0], g.gid))  # type: ignore[index]
             heapq.heapify(heap)
@@ -310,7 +344,7 @@ class Placer:
                     continue
                 sc = per.get(gid, MISS)
                 if sc is MISS:
-                    sc = self._group_score(g.key, gid, req)
+                    sc = self._group_score(g, req)
                 if sc is not None:
                     heapq.heappush(heap, (-sc[0], g.ranks[0], gid))  # type: ignore[index]
             h[1] = end

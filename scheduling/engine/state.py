@@ -111,13 +111,14 @@ def fits_state(key: GroupKey, req: ReplicaReq, island: int, ngpus: int) -> bool:
 class Group:
     """Nodes of one class in one free state: their seeded ranks, sorted."""
 
-    __slots__ = ("gid", "cls", "key", "ranks")
+    __slots__ = ("gid", "cls", "key", "ranks", "sfree")
 
     def __init__(self, gid: int, key: GroupKey):
         self.gid = gid
         self.cls = key[0]
         self.key = key
         self.ranks: list[int] = []
+        self.sfree = tuple(sorted(key[3]))  # free milli per GPU, sorted: what F(n) looks at
 
 
 class ClusterState:
