@@ -113,3 +113,18 @@ def redis_db_url(url: str, db: int) -> str:
     """The same Redis server, another logical database (broker, layer and results stay apart)."""
     parsed = urlparse(url)
     return parsed._replace(path=f"/{db}").geturl()
+
+
+RATE_PERIODS = {"s": 1, "m": 60, "h": 3600}
+
+
+def env_rate(name: str, default: str) -> tuple[int, int] | None:
+    """A request rate ``N/s``, ``N/m`` or ``N/h`` as (count, period seconds); ``off`` → None."""
+    raw = os.environ.get(name) or default
+    text = raw.strip().lower()
+    if text == "off":
+        return None
+    count, _, unit = text.partition("/")
+    if not count.isdigit() or int(count) < 1 or unit not in RATE_PERIODS:
+        raise ImproperlyConfiguredEnv(f"{name}={raw!r}: expected N/s, N/m, N/h (N ≥ 1) or off")
+    return int(count), RATE_PERIODS[unit]

@@ -15,6 +15,7 @@ from controlplane.env import (
     env_float,
     env_int,
     env_list,
+    env_rate,
     env_secret,
     env_url,
     redis_db_url,
@@ -144,6 +145,14 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "scheduling.api.errors.exception_handler",
     "DEFAULT_PARSER_CLASSES": ["scheduling.api.parsers.StrictJSONParser"],
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+    "DEFAULT_THROTTLE_CLASSES": ["scheduling.api.throttling.UserRateLimit"],
+}
+
+# Per-user request limits (429 with Retry-After above them): job submissions, and every user API
+# request. "N/s", "N/m", "N/h" or "off".
+TESSERA_RATE_LIMITS = {
+    "submit": env_rate("TESSERA_RATE_LIMIT_SUBMIT", "1200/m"),
+    "api": env_rate("TESSERA_RATE_LIMIT_API", "6000/m"),
 }
 
 SPECTACULAR_SETTINGS = {

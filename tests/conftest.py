@@ -29,6 +29,14 @@ def _answers(url: str, default_port: int) -> bool:
         return False
 
 
+@pytest.fixture(autouse=True)
+def _fresh_rate_limits():
+    """Every test starts with full request budgets (user ids repeat between tests on SQLite)."""
+    from scheduling.api.throttling import forget_counts
+
+    forget_counts()
+
+
 @pytest.fixture
 def redis_url() -> str:
     url = os.environ.get("REDIS_URL", "")

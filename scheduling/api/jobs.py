@@ -98,6 +98,7 @@ LIST_FILTERS = [
     retrieve=extend_schema(summary="One job", parameters=[ID_PARAMETER]),
 )
 class JobViewSet(viewsets.GenericViewSet):
+    throttle_scope = "jobs"  # submissions (create) count against the "submit" rate limit
     serializer_class = JobSerializer
     pagination_class = BoundedLimitOffsetPagination
     lookup_field = "pk"
