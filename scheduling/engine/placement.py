@@ -324,7 +324,7 @@ class Placer:
         hk = (req, cls)
         h = self._heaps.get(hk)
         groups = state.by_class[cls]
-        if (h is None or h[1] < base or end - h[1] > 2 * len(groups) + 64
+        if (h is None or h[1] < base or end - h[1] > len(groups) + 16
                 or len(h[0]) > 4 * len(groups) + 64):
             heap = []
             for g in groups.values():
