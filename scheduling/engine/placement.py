@@ -55,10 +55,12 @@ def tessera_score(delta: float, count: int, free_sum: int) -> float:
     return score
 
 
-def consolidation_cost(free: int, demand: int, capacity: int) -> float:
-    """β's term, ``1 - utilisation`` of the node once the request is on it: the share of its
-    GPU capacity still free. 0 for a node the request fills, near 1 for an idle node."""
-    return (free - demand) / capacity
+def consolidation_cost(free: int, capacity: int) -> float:
+    """β's term, ``1 - utilisation`` of the node as it is: the share of its GPU capacity free
+    before the request lands. 1 for an idle node, near 0 for a busy one, so a positive β puts
+    work on nodes already in use and keeps idle nodes whole (consolidation). Measured before the
+    placement, not after, so it does not favour small nodes for being filled by less."""
+    return free / capacity
 
 
 def frag_delta(
@@ -96,11 +98,16 @@ def tessera_pack_choice(
     cpu: int,
     milli: int,
     count: int,
-) -> tuple[tuple[int, ...], int | None]:
+    beta: float = 0.0,
+) -> tuple[tuple[float, ...], int | None]:
     """Score (a tuple, higher is better) of a request on a node state, and the GPU free value to
-    use for a fractional request (ties between nodes: the caller's seeded node order)."""
+    use for a fractional request (ties between nodes: the caller's seeded node order). ``gpus``
+    lists every GPU of the node, so its capacity is ``len(gpus)`` GPUs."""
     delta, value = frag_delta(frag, model, cpu_free, gpus, cpu, milli, count)
-    return (tessera_score(delta, count, sum(gpus)),), value
+    score = tessera_score(delta, count, sum(gpus))
+    if beta and gpus:
+        score -= beta * consolidation_cost(sum(gpus), MILLI * len(gpus))
+    return (score,), value
 
 
 # -- the engine's placer: best node for one replica, scored once per group of equal nodes ---------
@@ -203,7 +210,7 @@ class Placer:
             if self.alpha:
                 score -= self.alpha * price * req.count
             if self.beta and cap:
-                score -= self.beta * consolidation_cost(sum(g.sfree), req.demand, cap)
+                score -= self.beta * consolidation_cost(sum(g.sfree), cap)
             result = (score, hit[1])
         per[g.gid] = result
         return result

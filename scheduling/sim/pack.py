@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from scheduling.engine.config import EngineConfig
 from scheduling.engine.fragmentation import (
     UNTRACKED,
     FragmentationModel,
@@ -193,6 +194,7 @@ class _Scorer:
         self.policy = policy
         self.frag = frag
         self.full = full  # fcfs-node: the states of empty nodes
+        self.beta = EngineConfig().beta  # tessera: the engine's default consolidation weight
         self.cache: dict[tuple, dict[int, tuple[float, int | None] | None]] = {}
 
     def per_shape(self, pod: Pod) -> dict[int, tuple[float, int | None] | None]:
@@ -239,7 +241,8 @@ class _Scorer:
             fa = frag.node(model, cpu_after, _after(gpus, pod, None))
             return (_sigmoid_score(before - fa), None)
         # tessera: the engine's own placement scoring
-        score, value = tessera_pack_choice(frag, model, cpu, gpus, pod.cpu, pod.milli, pod.count)
+        score, value = tessera_pack_choice(frag, model, cpu, gpus, pod.cpu, pod.milli, pod.count,
+                                           self.beta)
         return (score[0], value)
 
 

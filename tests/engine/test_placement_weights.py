@@ -1,0 +1,105 @@
+"""The placement cost weights: β (consolidation) and γ (expected wait for a preferred model)."""
+
+from __future__ import annotations
+
+import math
+
+from scheduling.engine.config import EngineConfig
+from scheduling.engine.policy import TesseraScheduler
+from scheduling.engine.types import JobRequest, Placement, RunningJob, Snapshot
+from tests.engine.engine_cases import node
+
+NOW = 10_000.0
+
+
+def _one_gpu(job_id: str, **kw) -> JobRequest:
+    return JobRequest(job_id, "t", "batch", 1, submitted_at=NOW - 60, **kw)
+
+
+def _bound_node(config: EngineConfig, nodes, running, job: JobRequest) -> tuple[str, object]:
+    snap = Snapshot(NOW, tuple(nodes), tuple(running), (job,))
+    d = TesseraScheduler.from_snapshot(snap, config).decide(NOW)
+    if d.bindings:
+        return d.bindings[0].placements[0].node, None
+    return "", d.pending[job.id]
+
+
+# -- β ---------------------------------------------------------------------------------------------
+
+def _half_busy():
+    """Two equal nodes; ``busy`` runs four 1-GPU jobs, ``idle`` nothing. Every request seen is
+    one GPU, so fragmentation scores both nodes alike and only β (or the seeded order) decides."""
+    nodes = [node("busy"), node("idle")]
+    running = [RunningJob(_one_gpu(f"r{g}"), (Placement(0, "busy", (g,)),), NOW - 600)
+               for g in range(4)]
+    return nodes, running
+
+
+def test_beta_puts_work_on_busy_nodes_and_keeps_idle_nodes_whole():
+    nodes, running = _half_busy()
+    for seed in range(10):
+        got, _ = _bound_node(EngineConfig(seed=seed, beta=0.5), nodes, running, _one_gpu("new"))
+        assert got == "busy"
+
+
+def test_without_beta_the_seeded_node_order_breaks_the_tie():
+    nodes, running = _half_busy()
+    got = {_bound_node(EngineConfig(seed=seed), nodes, running, _one_gpu("new"))[0]
+           for seed in range(10)}
+    assert got == {"busy", "idle"}
+
+
+# -- γ ---------------------------------------------------------------------------------------------
+
+def _h100_full_until(end_in_s: float):
+    """An H100 node held whole by a job whose time limit ends ``end_in_s`` from now, and an idle
+    A100 node."""
+    nodes = [node("h", "H100"), node("a", "A100")]
+    limit = 3600.0
+    holder = JobRequest("hold", "t", "training", 8, time_limit_s=limit, submitted_at=0)
+    running = [RunningJob(holder, (Placement(0, "h", tuple(range(8))),),
+                          NOW - limit + end_in_s)]
+    return nodes, running
+
+
+def _prefers_h100() -> JobRequest:
+    return _one_gpu("want", accelerators=("H100", "A100"))
+
+
+def test_gamma_infinite_starts_now_on_the_less_preferred_model():
+    nodes, running = _h100_full_until(300)
+    assert EngineConfig().gamma == math.inf
+    got, _ = _bound_node(EngineConfig(), nodes, running, _prefers_h100())
+    assert got == "a"
+
+
+def test_small_gamma_waits_for_the_preferred_model_when_it_frees_soon():
+    nodes, running = _h100_full_until(300)
+    got, reason = _bound_node(EngineConfig(gamma=1.0), nodes, running, _prefers_h100())
+    assert got == ""
+    assert reason.code == "model"
+    assert "waiting for H100" in reason.message and "A100" in reason.message
+    assert reason.estimated_start == NOW + 300
+
+
+def test_gamma_weighs_the_wait_a_long_wait_starts_now():
+    # one preference step is worth 1/gamma hours of waiting: 1 minute here, the wait is 5
+    nodes, running = _h100_full_until(300)
+    got, _ = _bound_node(EngineConfig(gamma=60.0), nodes, running, _prefers_h100())
+    assert got == "a"
+    # and 2 hours at gamma 1 (a step is worth 1 hour)
+    nodes, running = _h100_full_until(7200)
+    got, _ = _bound_node(EngineConfig(gamma=1.0), nodes, running, _prefers_h100())
+    assert got == "a"
+
+
+def test_gamma_never_waits_on_an_estimate_already_overrun():
+    nodes, running = _h100_full_until(-600)  # its time limit passed; it still holds the node
+    got, _ = _bound_node(EngineConfig(gamma=0.0), nodes, running, _prefers_h100())
+    assert got == "a"
+
+
+def test_gamma_leaves_jobs_without_a_preference_alone():
+    nodes, running = _h100_full_until(300)
+    got, _ = _bound_node(EngineConfig(gamma=0.0), nodes, running, _one_gpu("any"))
+    assert got == "a"
