@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -30,10 +31,16 @@ class EngineConfig:
     min_split_gpus: int = 1  # smallest buddy block a whole-GPU replica claims (power of two)
     # Preferred accelerators by kind, used when a job names none (earlier = preferred).
     kind_accelerators: tuple[tuple[str, tuple[str, ...]], ...] = field(default_factory=tuple)
+    # Placement cost terms, in the placement score's units (docs/placement.md):
     alpha: float = 0.0  # weight of price per GPU-hour in the placement score
-    # Not used by the scoring yet (kept so drivers can set them; documented as not wired):
-    beta: float = 0.0  # weight of (1 - utilisation): needs live GPU metrics in the snapshot
-    gamma: float = 0.0  # weight of expected wait when choosing between models
+    # beta: weight of (1 - utilisation) of the node before the placement (consolidation: work
+    # goes to busy nodes, idle ones stay whole). 0 by default: on openb's pod lists any positive
+    # weight packs worse than fragmentation alone (gpuspec20 at 100% arrived: 95.0 -> 93.9).
+    beta: float = 0.0
+    # gamma: cost per hour of waiting for a more preferred model, one preference step costing 1
+    # (preference.py): a job waits for its first choice when that saves more steps than
+    # gamma x the expected wait in hours. inf = never wait (start now on any acceptable model).
+    gamma: float = math.inf
     delta: float = 10.0  # locality: gangs already go to as few nodes as fit (topology.py)
     max_starts_per_pass: int = 100_000
     max_preemptions_per_pass: int = 256  # victims marked per pass (the rest wait a pass)

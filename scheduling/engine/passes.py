@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from . import queues
 from .backfill import Reservations
+from .preference import wait_for_preferred
 from .types import Decisions, PendingReason, Preemption, Resize
 
 if TYPE_CHECKING:
@@ -71,6 +72,10 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
                 return res.allows(i, now, runtime)
         allocs, refusal = s._try_place(job, geo, node_ok, token=(len(res.items), runtime))
         if allocs:
+            wait = wait_for_preferred(s, job, geo, allocs, now)  # gamma: a better model soon?
+            if wait is not None:
+                d.pending[job.id] = wait
+                continue
             s._bind(job, geo, allocs, now, d)
             starts += 1
             continue

@@ -73,7 +73,7 @@ class TesseraScheduler:
         self.nodes = tuple(nodes)
         self.state = ClusterState(self.nodes, FragmentationModel(()), seed=self.config.seed)
         self.state.min_split_order = order_for(max(1, self.config.min_split_gpus))
-        self.placer = Placer(self.state, self.config.alpha)
+        self.placer = Placer(self.state, self.config.alpha, self.config.beta)
         self.quotas = Quotas(quotas)
         self.pending: dict[str, JobRequest] = {}
         self.running: dict[str, Running] = {}
@@ -168,7 +168,7 @@ class TesseraScheduler:
             self._recent_changes >= max(1, len(self.recent) // 10) or not self.state.frag.typical
         ):
             self.state.set_frag(FragmentationModel.from_shapes(list(self.recent)))
-            self.placer = Placer(self.state, self.config.alpha)
+            self.placer = Placer(self.state, self.config.alpha, self.config.beta)
             self._recent_changes = 0
 
     def _models_for(self, job: JobRequest) -> tuple[tuple[str, ...], bool]:
