@@ -120,10 +120,11 @@ class FragmentationModel:
     def from_shapes(cls, shapes: Iterable[Shape], coverage: float = 0.95) -> FragmentationModel:
         return cls(typical_requests(shapes, coverage))
 
-    def cpu_class(self, cpu_free: int) -> int:
-        """Which typical requests' CPU ``cpu_free`` holds (F depends on the CPU only through
-        this): the number of distinct typical CPU sizes at most ``cpu_free``."""
-        return bisect_right(self._cpus, cpu_free)
+    @property
+    def cpu_sizes(self) -> list[int]:
+        """The distinct CPU sizes of the typical requests, sorted: F depends on a node's free CPU
+        only through how many of them it holds (``bisect_right(cpu_sizes, cpu_free)``)."""
+        return self._cpus
 
     def node(self, model: str, cpu_free: int, gpu_free: tuple[int, ...]) -> float:
         """``F(n)`` in milli-GPU; ``gpu_free`` must be sorted (it is the cache key)."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -193,24 +194,34 @@ class Placer:
             per = self._score[req] = {}
         result: tuple[float, int | None] | None = None
         key = g.key
-        island, ngpus, model, price, cap = self._class_info(g.cls)
-        if fits_state(key, req, island, ngpus):
+        info = self._cls_info.get(g.cls) or self._class_info(g.cls)
+        cpu_free = key[1]
+        if req.cpu > cpu_free or req.mem > key[2]:
+            fits = False
+        elif req.count == 0:
+            fits = True
+        elif req.milli < MILLI:
+            fits = g.top >= req.milli
+        elif g.whole < req.count:
+            fits = False
+        else:
+            fits = not req.nvlink or fits_state(key, req, info[0], info[1])
+        if fits:
             frag = self.state.frag
-            cpu_free = key[1]
-            fk = (model, frag.cpu_class(cpu_free),
-                  frag.cpu_class(cpu_free - req.cpu) if cpu_free < UNTRACKED else -1,
+            cpus = frag.cpu_sizes
+            fk = (info[2], bisect_right(cpus, cpu_free),
+                  bisect_right(cpus, cpu_free - req.cpu) if cpu_free < UNTRACKED else -1,
                   g.sfree, req.milli, req.count)
             hit = self._frag_score.get(fk)
             if hit is None:
-                delta, value = frag_delta(frag, model, cpu_free, g.sfree, req.cpu, req.milli,
+                delta, value = frag_delta(frag, info[2], cpu_free, g.sfree, req.cpu, req.milli,
                                           req.count)
-                hit = self._frag_score[fk] = (tessera_score(delta, req.count, sum(g.sfree)),
-                                              value)
+                hit = self._frag_score[fk] = (tessera_score(delta, req.count, g.fsum), value)
             score = hit[0]
             if self.alpha:
-                score -= self.alpha * price * req.count
-            if self.beta and cap:
-                score -= self.beta * consolidation_cost(sum(g.sfree), cap)
+                score -= self.alpha * info[3] * req.count
+            if self.beta and info[4]:
+                score -= self.beta * consolidation_cost(g.fsum, info[4])
             result = (score, hit[1])
         per[g.gid] = result
         return result

@@ -59,7 +59,8 @@ class Alloc:
 class NodeState:
     """Free capacity of one node."""
 
-    __slots__ = ("index", "spec", "free", "cpu", "mem", "islands", "cls", "rank", "labels")
+    __slots__ = ("index", "spec", "free", "cpu", "mem", "islands", "cls", "rank", "labels",
+                 "group")
 
     def __init__(self, index: int, spec: NodeSpec, cls: int, rank: int):
         self.index = index
@@ -75,6 +76,7 @@ class NodeState:
             IslandBuddy(b, min(d, spec.gpus - b), tuple(sorted(bad))) for b in range(0, spec.gpus, d)
         ]
         self.labels = dict(spec.labels)
+        self.group: Group | None = None  # the group of nodes in its state (ClusterState sets it)
 
     def key(self) -> GroupKey:
         return (self.cls, self.cpu, self.mem, tuple(self.free))
@@ -111,14 +113,18 @@ def fits_state(key: GroupKey, req: ReplicaReq, island: int, ngpus: int) -> bool:
 class Group:
     """Nodes of one class in one free state: their seeded ranks, sorted."""
 
-    __slots__ = ("gid", "cls", "key", "ranks", "sfree")
+    __slots__ = ("gid", "cls", "key", "ranks", "sfree", "fsum", "whole", "top")
 
     def __init__(self, gid: int, key: GroupKey):
         self.gid = gid
         self.cls = key[0]
         self.key = key
         self.ranks: list[int] = []
-        self.sfree = tuple(sorted(key[3]))  # free milli per GPU, sorted: what F(n) looks at
+        free = key[3]
+        self.sfree = tuple(sorted(free))  # free milli per GPU, sorted: what F(n) looks at
+        self.fsum = sum(free)  # free milli-GPU of each node
+        self.whole = sum(1 for v in free if v >= MILLI)  # whole free GPUs of each node
+        self.top = self.sfree[-1] if free else 0  # largest free share of a GPU
 
 
 class ClusterState:
@@ -182,6 +188,7 @@ class ClusterState:
             self.by_class.setdefault(n.cls, {})[key] = group
             self.group_by_gid[group.gid] = group
             self._next_gid += 1
+        n.group = group
         if not group.ranks or n.rank < group.ranks[0]:
             log = self.log.get(n.cls)
             if log is None:
@@ -197,35 +204,33 @@ class ClusterState:
         if hist is None:
             hist = self.whole_hist[n.cls] = [0] * (n.spec.gpus + 1)
             self.share_hist[n.cls] = {}
-        hist[n.whole_free()] += 1
+        hist[group.whole] += 1
         rk = (n.spec.rack, n.cls)
-        self.rack_free[rk] = self.rack_free.get(rk, 0) + sum(n.free)
-        top = max(n.free, default=0)
+        self.rack_free[rk] = self.rack_free.get(rk, 0) + group.fsum
         shares = self.share_hist[n.cls]
-        shares[top] = shares.get(top, 0) + 1
+        shares[group.top] = shares.get(group.top, 0) + 1
         if n.spec.schedulable:
-            self.total_f += self.frag.node(*n.frag_key())
-            self.total_free += sum(n.free)
+            self.total_f += self.frag.node(n.spec.model, key[1], group.sfree)
+            self.total_free += group.fsum
 
     def _leave(self, n: NodeState) -> None:
-        key = n.key()
-        group = self.groups[key]
+        group = n.group
+        key = group.key
         ranks = group.ranks
         del ranks[bisect.bisect_left(ranks, n.rank)]
         if not ranks:
             del self.groups[key]
             del self.by_class[n.cls][key]
             del self.group_by_gid[group.gid]
-        self.whole_hist[n.cls][n.whole_free()] -= 1
-        self.rack_free[(n.spec.rack, n.cls)] -= sum(n.free)
+        self.whole_hist[n.cls][group.whole] -= 1
+        self.rack_free[(n.spec.rack, n.cls)] -= group.fsum
         shares = self.share_hist[n.cls]
-        top = max(n.free, default=0)
-        shares[top] -= 1
-        if not shares[top]:
-            del shares[top]
+        shares[group.top] -= 1
+        if not shares[group.top]:
+            del shares[group.top]
         if n.spec.schedulable:
-            self.total_f -= self.frag.node(*n.frag_key())
-            self.total_free -= sum(n.free)
+            self.total_f -= self.frag.node(n.spec.model, key[1], group.sfree)
+            self.total_free -= group.fsum
 
     def class_may_fit(self, cls: int, req: ReplicaReq) -> bool:
         """A necessary condition (GPUs only) for some node of ``cls`` to take ``req``."""
