@@ -307,7 +307,6 @@ class Placer:
         best_key: tuple | None = None
         best_pick: tuple[int, int | None] | None = None
         prefs: dict[int, int | None] = {}  # a rack has few classes: one lookup per class
-        groups = state.groups
         for i in nodes:
             n = state.nodes[i]
             pref = prefs.get(n.cls, MISS)
@@ -315,7 +314,7 @@ class Placer:
                 pref = prefs[n.cls] = self.class_pref(n.cls, c)
             if pref is None or (node_ok is not None and not node_ok(i)):
                 continue
-            g = groups[n.key()]
+            g = n.group
             sc = per.get(g.gid, MISS)
             if sc is MISS:
                 sc = self._group_score(g, req)
