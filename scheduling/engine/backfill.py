@@ -66,11 +66,24 @@ def node_ready_time(placer: Placer, node: int, req: ReplicaReq,
     return None
 
 
+def reserved_shape(job: JobRequest, req: ReplicaReq, replicas: int) -> tuple[ReplicaReq, int]:
+    """What a reservation holds room for: a ``node``/``nvlink`` gang is one request on one node."""
+    if job.topology in ("node", "nvlink") and replicas > 1 and req.count and req.milli >= MILLI:
+        return ReplicaReq(req.milli, req.count * replicas, req.cpu * replicas, req.mem * replicas,
+                          job.topology == "nvlink"), 1
+    return req, replicas
+
+
 def reserve(placer: Placer, job: JobRequest, req: ReplicaReq, replicas: int, c: Constraints,
             holders: dict[int, list[tuple[float, Alloc]]], taken: set[int],
             now: float) -> Reservation | None:
-    """The reservation for ``job`` (step 2), avoiding nodes already reserved (``taken``)."""
-    ready: list[tuple[float, int, int]] = []
+    """The reservation for ``job`` (step 2), avoiding nodes already reserved (``taken``).
+
+    The nodes must be able to hold the job as placement would: a ``node``/``nvlink`` gang is one
+    request on one node; a gang's replicas share one model (placement never mixes them), and a
+    ``rack`` gang's one rack. Among the groups that qualify, the earliest start wins."""
+    req, replicas = reserved_shape(job, req, replicas)
+    by_group: dict[tuple[str, str], list[tuple[float, int, int]]] = {}
     for n in placer.state.nodes:
         if n.index in taken or placer.class_pref(n.cls, c) is None:
             continue
@@ -78,12 +91,21 @@ def reserve(placer: Placer, job: JobRequest, req: ReplicaReq, replicas: int, c: 
             continue
         t = node_ready_time(placer, n.index, req, holders.get(n.index, []), now)
         if t is not None:
-            ready.append((t, n.rank, n.index))
-    if len(ready) < replicas:
+            group = (n.spec.model if replicas > 1 else "",
+                     n.spec.rack if job.topology == "rack" and replicas > 1 else "")
+            by_group.setdefault(group, []).append((t, n.rank, n.index))
+    best: tuple[float, int, tuple[str, str]] | None = None
+    chosen: list[tuple[float, int, int]] = []
+    for group, ready in sorted(by_group.items()):
+        if len(ready) < replicas:
+            continue
+        ready.sort()
+        key = (ready[replicas - 1][0], ready[replicas - 1][1], group)
+        if best is None or key < best:
+            best, chosen = key, ready[:replicas]
+    if best is None:
         return None
-    ready.sort()
-    chosen = ready[:replicas]
-    return Reservation(job.id, tuple(sorted(i for _, _, i in chosen)), chosen[-1][0])
+    return Reservation(job.id, tuple(sorted(i for _, _, i in chosen)), best[0])
 
 
 class Reservations:

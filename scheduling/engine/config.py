@@ -25,6 +25,11 @@ class EngineConfig:
     # A job reclaims its tenant's guarantee from borrowers only after waiting this long: most
     # capacity frees by itself within minutes, and every reclaim throws work away.
     reclaim_after_s: float = 1800.0
+    # A borrower is reclaimed only within this long after its last checkpoint (or its start), so
+    # a reclaim throws away at most this much of its work; a job that never checkpoints may be
+    # reclaimed at any time (waiting saves it nothing). 0 = at any time. Reclaim is not urgent
+    # (the owner has waited reclaim_after_s already); priority preemption ignores this.
+    reclaim_checkpoint_window_s: float = 600.0
     # Aged jobs may preempt strictly lower kind levels. Off by default: measured on a generated
     # 2-day workload it cut the longest wait (118 h -> 41 h) but threw away 20% of the work.
     aged_preempts: bool = False

@@ -127,8 +127,9 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
             if hypo is None:
                 hypo = s.new_hypo()
             plan = None
-            fail_key = (geo, job.accelerators, job.node_selector, job.tolerations,
-                        queues.rank(job, cfg), queues.is_aged(job, now, cfg), job.tenant)
+            fail_key = (geo, job.accelerators, job.node_selector, job.tolerations, job.topology,
+                        queues.rank(job, cfg), queues.is_aged(job, now, cfg), job.tenant,
+                        len(res.items), runtime)
             victims = s.victims(job, geo, now) if fail_key not in s._preempt_fail else {}
             if victims or (hypo.terminating and fail_key not in s._preempt_fail):
                 attempts += 1
@@ -136,7 +137,7 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
 
                 models, _ranked = s._models_for(job)
                 c = Constraints(models, job.node_selector, job.tolerations, True)
-                plan = _plan(s, hypo, job, geo, c, victims)
+                plan = _plan(s, hypo, job, geo, c, victims, node_ok)
                 if plan is None:
                     s._preempt_fail.add(fail_key)
             if plan is not None:
@@ -229,14 +230,17 @@ def _rows(s: TesseraScheduler, job, geo) -> list[tuple[str, str]]:
     return sorted({s.quotas._row_key(job.tenant, m) for m in models})
 
 
-def _plan(s: TesseraScheduler, hypo, job, geo, c, victims):
+def _plan(s: TesseraScheduler, hypo, job, geo, c, victims, node_ok):
+    """Victims that make room for ``job`` where its topology allows and, with ``node_ok``, off
+    the nodes reserved for jobs ahead of it: a preemption never delays a reservation."""
     from .preemption import choose_victims
 
     def gone(jid: str) -> bool:
         run = s.running.get(jid)
         return run is None or run.terminating
 
-    return choose_victims(s.placer, hypo, geo.req, geo.need, c, victims, gone)
+    return choose_victims(s.placer, hypo, geo.req, geo.need, c, victims, gone, job.topology,
+                          node_ok)
 
 
 def _shrink_for(s: TesseraScheduler, job, geo, now: float, d: Decisions) -> bool:

@@ -20,7 +20,14 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from . import queues
-from .backfill import History, Reservation, Reservations, node_ready_time, reserve
+from .backfill import (
+    History,
+    Reservation,
+    Reservations,
+    node_ready_time,
+    reserve,
+    reserved_shape,
+)
 from .buddy import order_for
 from .config import EngineConfig
 from .fragmentation import FragmentationModel, Shape, shape_of, to_milli
@@ -254,8 +261,11 @@ class TesseraScheduler:
         return first
 
     # Borrowing only from idle guarantees: a job that would borrow on a model for which another
-    # tenant, still under its guarantee there, has a job waiting does not start; it would be
-    # reclaimed (its work thrown away) as soon as that owner's wait passes reclaim_after_s.
+    # tenant, still under its guarantee there, has a job waiting that the free capacity of that
+    # model could start does not start; it would be reclaimed (its work thrown away) as soon as
+    # that owner's wait passes reclaim_after_s. An owner's job too big for what is free does not
+    # hold the model idle: it gets a reservation and, after reclaim_after_s, reclaims. Nodes
+    # reserved for a job are not counted as free (the owner could not start there either).
     def _admits(self, job: JobRequest, model: str, milli: int) -> bool:
         return self._refusal(job, model, milli) is None
 
@@ -281,14 +291,22 @@ class TesseraScheduler:
         return geo
 
     def note_owed(self, now: float) -> None:
-        """Per pass: models on which a tenant under its guarantee has a GPU job waiting for
-        capacity (jobs that quotas hold back themselves do not count, so two tenants' holds can
-        never wait on each other)."""
+        """Per pass: models on which a tenant under its guarantee has a GPU job waiting that
+        the model's free capacity could start (jobs that quotas hold back themselves do not
+        count, so two tenants' holds can never wait on each other)."""
         self._now = now
         self._owed = {}
         self.quota_token = ()
         if not self.quotas.enabled:
             return
+        free_whole: dict[str, int] = {}  # model -> whole free GPUs
+        free_milli: dict[str, int] = {}  # model -> free milli-GPU, fractions included
+        reserved = {i for r in self.last_reservations for i in r.nodes}
+        for n in self.state.nodes:
+            if n.spec.gpus and n.spec.schedulable and n.index not in reserved:
+                m = n.spec.model
+                free_whole[m] = free_whole.get(m, 0) + n.whole_free()
+                free_milli[m] = free_milli.get(m, 0) + sum(n.free)
         seen: set[tuple[str, str, int]] = set()
         for job in self.pending.values():
             if job.held or job.not_before > now or job.gpus <= 0:
@@ -297,7 +315,11 @@ class TesseraScheduler:
                 continue  # held back by quotas itself: it is not waiting for the capacity
             geo = self.geo(job)
             models, _ = self._models_for(job)
+            whole = geo.req.milli >= MILLI
+            size = geo.req.count * geo.need if whole else geo.req.demand * geo.need
             for m in models:
+                if size > (free_whole.get(m, 0) if whole else free_milli.get(m, 0)):
+                    continue  # too big for what is free: a reservation and reclaim serve it
                 key = (job.tenant, m, geo.charge * geo.need)
                 if key in seen:  # usage does not change here: one answer per key
                     continue
@@ -338,12 +360,16 @@ class TesseraScheduler:
         self._holders = None
         self._quota_memo: dict[tuple, list[Victim]] = {}
         self._eligible = []
+        self._reclaimable: set[str] = set()  # borrowers whose reclaim would lose little now
+        window = self.config.reclaim_checkpoint_window_s
         for jid, run in self.running.items():
             if (not run.job.preemptible or run.terminating or run.cancelled
                     or now - run.started_at < self.config.preempt_min_run_s):
                 continue
             allocs = tuple(self.state.allocs.get(jid, ()))
             since = max(run.started_at, run.last_checkpoint or run.started_at)
+            if window <= 0 or not run.job.checkpoint_s or now - since <= window:
+                self._reclaimable.add(jid)
             gpus = sum(len(a.gpus) * a.milli for a in allocs) / MILLI
             victim = Victim(jid, gpus * max(0.0, now - since), run.job.priority, allocs)
             models = tuple(sorted({m for m, _ in run.charged}))
@@ -377,7 +403,8 @@ class TesseraScheduler:
         out: dict[int, list[Victim]] = {}
         for vrank, _jid, run, victim, vmodels in self._eligible:
             if not (may_rank and vrank > mine) and not (aged and vrank[0] > mine[0]) and not (
-                borrowing and any((run.job.tenant, m) in borrowing for m in vmodels)
+                borrowing and _jid in self._reclaimable
+                and any((run.job.tenant, m) in borrowing for m in vmodels)
             ):
                 continue
             for node in sorted({a.node for a in victim.allocs}):
@@ -475,7 +502,8 @@ class TesseraScheduler:
         taken = res.taken()
         prev = self.sticky.get(job.id)
         if prev is not None and not (set(prev) & taken):
-            times = [node_ready_time(self.placer, i, geo.req, holders.get(i, []), now)
+            req, _n = reserved_shape(job, geo.req, geo.need)
+            times = [node_ready_time(self.placer, i, req, holders.get(i, []), now)
                      for i in prev]
             if all(t is not None for t in times):
                 return Reservation(job.id, prev, max(times))  # type: ignore[type-var]

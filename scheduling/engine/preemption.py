@@ -101,7 +101,52 @@ def _take(placer: Placer, i: int, st: list, req: ReplicaReq) -> None:
 
 def choose_victims(placer: Placer, hypo: Hypo, req: ReplicaReq, replicas: int, c: Constraints,
                    victims_by_node: dict[int, list[Victim]],
-                   gone: Callable[[str], bool] = lambda _j: False) -> list[Victim] | None:
+                   gone: Callable[[str], bool] = lambda _j: False, topology: str = "any",
+                   node_ok: Callable[[int], bool] | None = None) -> list[Victim] | None:
+    """Steps 1-4 for a job of ``replicas`` x ``req`` with ``topology``: the room is searched where
+    placement could use it — a ``node``/``nvlink`` gang on one node, a gang's replicas on one
+    model (and one rack for ``rack``) — and the cheapest such room wins. ``node_ok`` leaves out
+    nodes the job may not use (e.g. reserved for a job ahead of it)."""
+    state = placer.state
+    if topology in ("node", "nvlink") and replicas > 1 and req.count and req.milli >= MILLI:
+        req = ReplicaReq(req.milli, req.count * replicas, req.cpu * replicas, req.mem * replicas,
+                         topology == "nvlink")
+        replicas = 1
+    classes = {cls for cls, _ in placer.allowed_classes(c)}
+    rack = next((v for k, v in c.selector if k == "rack"), None)
+    # A single replica only fits where victims or capacity coming free are (placement just
+    # failed); a gang may put some replicas on nodes that are free already.
+    if replicas > 1:
+        pool = [n.index for n in state.nodes if n.cls in classes]
+    else:
+        pool = [i for i in sorted(set(victims_by_node) | hypo.nodes_of_interest())
+                if state.nodes[i].cls in classes]
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i in pool:
+        spec = state.nodes[i].spec
+        if (rack is not None and spec.rack != rack) or (node_ok is not None and not node_ok(i)):
+            continue
+        key = (spec.model if replicas > 1 else "",
+               spec.rack if topology == "rack" and replicas > 1 else "")
+        groups.setdefault(key, []).append(i)
+    best: tuple[tuple[float, int], list[Victim], list[tuple[int, ReplicaReq]]] | None = None
+    for _key, nodes in sorted(groups.items()):
+        if req.count * replicas > sum(state.nodes[i].spec.gpus for i in nodes):
+            continue
+        got = _search(placer, hypo, req, replicas, nodes, victims_by_node, gone)
+        if got is not None and (best is None or got[0] < best[0]):
+            best = got
+    if best is None:
+        return None
+    _cost, result, claims = best
+    hypo.commit(result, claims)  # step 4: the room stays claimed for the rest of the pass
+    return result
+
+
+def _search(placer: Placer, hypo: Hypo, req: ReplicaReq, replicas: int, allowed: list[int],
+            victims_by_node: dict[int, list[Victim]], gone: Callable[[str], bool]
+            ) -> tuple[tuple[float, int], list[Victim], list[tuple[int, ReplicaReq]]] | None:
+    """Steps 2-3 on the nodes ``allowed``: (cost, victims, claims), or None if no room."""
     state = placer.state
     chosen: dict[str, Victim] = {}
     work: dict[int, list] = {}  # nodes this search changed
@@ -117,12 +162,6 @@ def choose_victims(placer: Placer, hypo: Hypo, req: ReplicaReq, replicas: int, c
             st = work[i] = hypo.get(i)
         return st
 
-    classes = {cls for cls, _ in placer.allowed_classes(c)}
-    rack = next((v for k, v in c.selector if k == "rack"), None)
-    # Only nodes with victims or with capacity coming free can help (placement just failed).
-    touched = sorted(set(victims_by_node) | hypo.nodes_of_interest())
-    allowed = [i for i in touched if state.nodes[i].cls in classes
-               and (rack is None or state.nodes[i].spec.rack == rack)]
     for _r in range(replicas):
         best: tuple[tuple[float, int, int], int, list[Victim]] | None = None
         for i in allowed:
@@ -162,5 +201,4 @@ def choose_victims(placer: Placer, hypo: Hypo, req: ReplicaReq, replicas: int, c
         _take(placer, i, view(i), req)
         claims.append((i, req))
     result = sorted(chosen.values(), key=lambda v: v.job_id)
-    hypo.commit(result, claims)  # step 4: the room stays claimed for the rest of the pass
-    return result
+    return (sum(v.lost for v in result), len(result)), result, claims
