@@ -156,7 +156,7 @@ class Placer:
         self._cls_ok: dict[tuple[int, Constraints], int | None] = {}
         self._score: dict[ReplicaReq, dict[int, tuple[float, int | None] | None]] = {}
         self._allowed: dict[Constraints, list[tuple[int, int]]] = {}
-        self._heaps: dict[tuple[ReplicaReq, int], list] = {}
+        self._heaps: dict[ReplicaReq, dict[int, list]] = {}  # req -> class -> [heap, log read]
         # The fragmentation part of a score depends on the node's model, sorted free vector and
         # which typical requests its CPU holds before and after: shared by every group and
         # request alike in those (~3.5x fewer computations than one per group and request).
@@ -227,13 +227,14 @@ class Placer:
         return result
 
     def allowed_classes(self, c: Constraints) -> list[tuple[int, int]]:
-        """(class, preference) of every class the job may use, from the class table (small)."""
+        """(class, preference) of every class the job may use, most preferred first (stable:
+        class order within a preference), from the class table (small)."""
         hit = self._allowed.get(c)
         if hit is None:
-            hit = self._allowed[c] = [
-                (cls, pref) for cls in sorted(self.state.class_spec)
-                if (pref := self.class_pref(cls, c)) is not None
-            ]
+            hit = self._allowed[c] = sorted(
+                ((cls, pref) for cls in sorted(self.state.class_spec)
+                 if (pref := self.class_pref(cls, c)) is not None),
+                key=lambda t: t[1])
         return hit
 
     def candidates(self, req: ReplicaReq, c: Constraints, sort: bool = True
@@ -284,7 +285,9 @@ class Placer:
         best_key: tuple | None = None
         best_pick: tuple[int, int | None] | None = None
         may_fit = self.state.class_may_fit
-        for cls, pref in self.allowed_classes(c):
+        for cls, pref in self.allowed_classes(c):  # by preference: a better model always wins
+            if best_key is not None and -pref < best_key[0]:
+                break
             if not may_fit(cls, req):
                 continue
             top = self._class_top(req, cls)
@@ -338,35 +341,38 @@ class Placer:
         log = state.log.get(cls, [])
         base = state.log_base.get(cls, 0)
         end = base + len(log)
-        hk = (req, cls)
-        h = self._heaps.get(hk)
+        heaps = self._heaps.get(req)
+        if heaps is None:
+            heaps = self._heaps[req] = {}
+        h = heaps.get(cls)
         groups = state.by_class[cls]
+        by_gid = state.group_by_gid
+        score = self._group_score
         if (h is None or h[1] < base or end - h[1] > len(groups) + 16
                 or len(h[0]) > 4 * len(groups) + 64):
             heap = []
             for g in groups.values():
                 sc = per.get(g.gid, MISS)
                 if sc is MISS:
-                    sc = self._group_score(g, req)
+                    sc = score(g, req)
                 if sc is not None:
                     heap.append((-sc[0], g.ranks[0], g.gid))  # type: ignore[index]
             heapq.heapify(heap)
-            h = self._heaps[hk] = [heap, end]
-        else:
+            h = heaps[cls] = [heap, end]
+        elif end > h[1]:
             heap = h[0]
-            by_gid = state.group_by_gid
+            push = heapq.heappush
             for gid in log[h[1] - base:]:
                 g = by_gid.get(gid)
                 if g is None:
                     continue
                 sc = per.get(gid, MISS)
                 if sc is MISS:
-                    sc = self._group_score(g, req)
+                    sc = score(g, req)
                 if sc is not None:
-                    heapq.heappush(heap, (-sc[0], g.ranks[0], gid))  # type: ignore[index]
+                    push(heap, (-sc[0], g.ranks[0], gid))  # type: ignore[index]
             h[1] = end
         heap = h[0]
-        by_gid = state.group_by_gid
         while heap:
             negs, r0, gid = heap[0]
             g = by_gid.get(gid)
