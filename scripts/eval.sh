@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Regenerate docs/evaluation.md's numbers and plots (`make eval`; takes many minutes).
 #
-#   pack:   every openb pod list, 10 seeds (42..51), every policy side by side;
+#   pack:   every openb pod list, 10 seeds (42..51), every policy side by side (tessera, fgd,
+#           best-fit, random, fcfs-device: ~2 minutes for all four lists on 2 cores);
 #   replay: generated two-day workloads on ~600 GPUs at load 1.0 and 1.2, every policy, with quotas;
 #   then the tables, the plots and the targets are written into docs/evaluation.md (between its
 #   <!-- eval:... --> markers) and docs/eval/*.png.
