@@ -70,8 +70,9 @@ class AgentClient:
         self.credential = data["credential"]
         return data
 
-    def wait(self, timeout_s: float) -> bool:
-        """The long-poll: True when the server has news for this node (then heartbeat at once).
+    def wait(self, timeout_s: float) -> dict[str, Any]:
+        """The long-poll: ``{"wake": true, "start": [...], "heartbeat": bool}`` when the server has
+        news for this node, ``{"wake": false}`` at the timeout.
 
         Raises :class:`Rejected` with 404 against a server without the push endpoint.
         """
@@ -87,9 +88,10 @@ class AgentClient:
         if response.status_code >= 400:
             raise Rejected(response.status_code, response.text[:500])
         try:
-            return bool(response.json().get("wake"))
-        except (ValueError, AttributeError):
-            return False
+            answer = response.json()
+        except ValueError:
+            return {"wake": False}
+        return answer if isinstance(answer, dict) else {"wake": False}
 
     def heartbeat(self, running: list[dict[str, int]]) -> dict[str, Any]:
         return self._post("heartbeat", {"running": running}, self._node_auth())
@@ -113,7 +115,13 @@ class AgentClient:
         return self._post(f"jobs/{job_id}/logs", body, self._node_auth())
 
     def exited(
-        self, job_id: int, attempt: int, replica: int, exit_code: int | None, reason: str = ""
+        self, job_id: int, attempt: int, replica: int, exit_code: int | None, reason: str = "",
+        started_at: float | None = None, pid: int = 0,
     ) -> dict[str, Any]:
-        body = {"attempt": attempt, "replica": replica, "exit_code": exit_code, "reason": reason}
+        """``started_at``/``pid``: set when no ``started`` report was sent (a process that ended
+        at once): the exit report then records its start too."""
+        body: dict[str, Any] = {"attempt": attempt, "replica": replica, "exit_code": exit_code,
+                                "reason": reason}
+        if started_at is not None:
+            body.update(started_at=started_at, pid=pid)
         return self._post(f"jobs/{job_id}/exited", body, self._node_auth())

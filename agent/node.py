@@ -2,9 +2,12 @@
 
 Each heartbeat reports the processes running here and gets back the bindings to start and the
 stop orders (docs/agent.md). Between heartbeats a second thread holds a long-poll open
-(``GET /api/v1/agent/wait``): when the server has news for this node (a binding, a stop order) it
-answers at once and the loop heartbeats immediately, so work arrives in milliseconds, not at the
+(``GET /api/v1/agent/wait``): when the server has news for this node it answers at once, with the
+new bindings in the answer, which the main loop starts at once; news that carries no bindings (a
+stop order) makes the loop heartbeat immediately. So work arrives in milliseconds, not at the
 next poll. The periodic heartbeat remains, for the lease and as the fallback when push fails.
+Processes are spawned by the main thread only: a job's parent-death signal follows the thread
+that spawned it.
 Starts are idempotent: a (job, attempt, replica) is started at most
 once per agent life. Fencing: if no heartbeat has succeeded for a lease period, every job is
 killed — by then the control plane may have requeued them elsewhere.
@@ -58,6 +61,8 @@ class Agent:
         self.push = True  # False once the server is found to have no long-poll endpoint
         self.wait_timeout = 25.0
         self._poke = threading.Event()
+        self._pushed: list[dict[str, Any]] = []  # bindings a wake carried, for the main loop
+        self._heartbeat_asked = False
 
     # --- what the metrics and the heartbeat read ------------------------------------------------
 
@@ -85,54 +90,77 @@ class Agent:
         failures = 0
         if self.push:
             threading.Thread(target=self._listen, args=(stop,), name="agent-wait", daemon=True).start()
+        next_heartbeat = time.monotonic()
         while not stop.is_set():
             self._poke.clear()
-            sent_at = time.monotonic()
-            try:
-                orders = self.client.heartbeat(self.running_reports())
-            except Rejected as exc:
-                if exc.status in (401, 403):
-                    raise CredentialRevoked(str(exc)) from None
-                log.error("heartbeat refused: %s", exc)
-            except ServerError as exc:
-                failures += 1
-                if failures in (1, 10) or failures % 60 == 0:
-                    log.warning("heartbeat failed (%d in a row): %s", failures, exc)
-            else:
-                failures = 0
-                self.last_ok = sent_at  # the lease counts from the send: the server's is later
-                self.fenced = False
-                self.lease_seconds = float(orders.get("lease_seconds", self.lease_seconds))
-                self.apply(orders)
+            with self._lock:
+                pushed, self._pushed = self._pushed, []
+                asked, self._heartbeat_asked = self._heartbeat_asked, False
+            if pushed:
+                self.apply({"start": pushed, "stop": []})
+            if asked or time.monotonic() >= next_heartbeat:
+                sent_at = time.monotonic()
+                next_heartbeat = sent_at + self.poll_interval
+                failures = self._heartbeat(sent_at, failures)
             self._fence_if_expired()
             self._reap()
-            self._poke.wait(self.poll_interval)
+            self._poke.wait(max(0.0, next_heartbeat - time.monotonic()))
+
+    def _heartbeat(self, sent_at: float, failures: int) -> int:
+        """One heartbeat; applies its orders. Returns the failures in a row so far."""
+        try:
+            orders = self.client.heartbeat(self.running_reports())
+        except Rejected as exc:
+            if exc.status in (401, 403):
+                raise CredentialRevoked(str(exc)) from None
+            log.error("heartbeat refused: %s", exc)
+            return failures
+        except ServerError as exc:
+            failures += 1
+            if failures in (1, 10) or failures % 60 == 0:
+                log.warning("heartbeat failed (%d in a row): %s", failures, exc)
+            return failures
+        self.last_ok = sent_at  # the lease counts from the send: the server's is later
+        self.fenced = False
+        self.lease_seconds = float(orders.get("lease_seconds", self.lease_seconds))
+        self.apply(orders)
+        return 0
 
     def _listen(self, stop: threading.Event) -> None:
-        """Hold the long-poll open; poke the loop when the server says there is news."""
+        """Hold the long-poll open; hand what the server pushes to the main loop."""
         errors = 0
         while not stop.is_set():
+            answer: dict[str, Any] = {}
             try:
-                woken = self.client.wait(self.wait_timeout)
+                answer = self.client.wait(self.wait_timeout)
             except Rejected as exc:
                 if exc.status in (404, 405):
                     log.warning("the server has no push endpoint; polling every %gs", self.poll_interval)
                     self.push = False
                     return
-                woken, errors = False, errors + 1
+                errors += 1
             except ServerError as exc:
-                woken, errors = False, errors + 1
+                errors += 1
                 if errors in (1, 10) or errors % 60 == 0:
                     log.warning("long-poll failed (%d in a row): %s", errors, exc)
             else:
                 errors = 0
-            if woken:
+            if answer.get("wake"):
+                start = answer.get("start")
+                with self._lock:
+                    if isinstance(start, list):
+                        self._pushed.extend(b for b in start if isinstance(b, dict))
+                    # A wake without bindings (or from a server that sends none) asks for orders.
+                    if answer.get("heartbeat", True) or not isinstance(start, list):
+                        self._heartbeat_asked = True
                 self._poke.set()
             elif errors:
                 stop.wait(min(5.0, 0.5 * errors))  # the server is down: do not spin
 
     def poke(self) -> None:
         """Heartbeat now (also what a stop does, so the loop exits without waiting)."""
+        with self._lock:
+            self._heartbeat_asked = True
         self._poke.set()
 
     def apply(self, orders: dict[str, Any]) -> None:

@@ -31,6 +31,9 @@ log = logging.getLogger("tessera.agent")
 CHUNK_BYTES = 256 * 1024
 MAX_BUFFER_BYTES = 32 * 1024 * 1024
 TICK_S = 0.25
+# A process that ends this soon after its start is reported once: its exit report carries its
+# start (one request instead of two; the start time is the spawn's either way).
+QUICK_EXIT_S = 0.05
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 PR_SET_PDEATHSIG = 1
 
@@ -350,9 +353,12 @@ class JobProcess:
 
     def _watch(self) -> None:
         exited_at: float | None = None
+        if self.proc is not None:
+            self._pump_done.wait(QUICK_EXIT_S)  # output closed: the process has (likely) ended
         while True:
             now = time.monotonic()
-            if self._started_pending and not self.silent:
+            quick_exit = self.proc is not None and exited_at is None and self.proc.poll() is not None
+            if self._started_pending and not self.silent and not quick_exit:
                 self._report_started()
             self._enforce(now)
             if not self.silent:
@@ -378,17 +384,17 @@ class JobProcess:
     def _finish(self) -> None:
         delay = 0.5
         while not self.silent:
-            if self._started_pending and self.exit_reason != "spawn-failed":
-                self._report_started()
-                if self._started_pending:
-                    time.sleep(delay)
-                    continue
             if not self._ship_logs():
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
+            # Not reported started yet (it ended at once): the exit report records the start too.
+            started = self._started_pending and self.exit_reason != "spawn-failed"
             try:
-                self.client.exited(self.job_id, self.attempt, self.replica, self.exit_code, self.exit_reason)
+                self.client.exited(self.job_id, self.attempt, self.replica, self.exit_code, self.exit_reason,
+                                   started_at=self.started_wall if started else None,
+                                   pid=self.pid if started else 0)
+                self._started_pending = False
                 break
             except ServerError:
                 time.sleep(delay)

@@ -78,16 +78,23 @@ TEMPLATES = [
 
 DATABASE_URL = env_url("DATABASE_URL", ("postgres", "postgresql", "sqlite"))
 DATABASES = {"default": database_from_url(DATABASE_URL, BASE_DIR)}
-if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env_bool(
-    "TESSERA_DB_POOL", not os.environ.get("PYTEST_VERSION")
-):
+ON_POSTGRES = DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
+# API views run in a pool of this many threads per web process (scheduling/api/concurrency.py);
+# 0: Django's one thread. On by default with PostgreSQL, outside pytest (whose test client
+# shares the test's one connection and transaction).
+WEB_THREADS = env_int(
+    "TESSERA_WEB_THREADS", 8 if ON_POSTGRES and not os.environ.get("PYTEST_VERSION") else 0, minimum=0
+)
+if ON_POSTGRES and env_bool("TESSERA_DB_POOL", not os.environ.get("PYTEST_VERSION")):
     # A connection pool per process (psycopg_pool): without it every request opens a new
     # PostgreSQL connection (Django runs each request's sync code in a thread of its own, so
     # persistent per-thread connections would pile up instead). Off inside pytest, whose test
     # databases are made and dropped under the tests' feet; the servers tests start use it.
     DATABASES["default"]["OPTIONS"] = {
         **DATABASES["default"].get("OPTIONS", {}),
-        "pool": {"min_size": 1, "max_size": env_int("TESSERA_DB_POOL_MAX", 8, minimum=1), "timeout": 20},
+        # The view threads, Django's own thread and the long-poll's lookups.
+        "pool": {"min_size": 1, "max_size": env_int("TESSERA_DB_POOL_MAX", WEB_THREADS + 4, minimum=1),
+                 "timeout": 20},
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -134,7 +141,7 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("TESSERA_MAX_BODY_BYTES", 1_048_576, minim
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "scheduling.api.user_auth.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -192,4 +199,5 @@ TESSERA = {
     "LEASE_S": env_float("TESSERA_LEASE_S", 60.0, minimum=1.0),
     "IDEMPOTENCY_TTL_S": env_int("TESSERA_IDEMPOTENCY_TTL_S", 24 * 3600, minimum=60),
     "RETRY_BACKOFF_S": env_float("TESSERA_RETRY_BACKOFF_S", 10.0, minimum=0.0),
+    "WEB_THREADS": WEB_THREADS,
 }

@@ -1,12 +1,15 @@
 """The control plane's own Prometheus metrics.
 
-Gauges are computed at scrape time from the database (a custom collector, a handful of aggregate
-queries), so every web process reports the same truth; the pass-duration histogram is observed
-where passes run (the worker, or the web process in the embedded default).
+Everything is computed at scrape time from the database (a custom collector, a handful of
+aggregate queries), so every web process reports the same truth. That includes the passes: the
+process that runs them (the Celery worker, or the web process in the embedded default) records
+each one in ``SchedulerState``, and the histogram and counters are read from there.
 
 | metric | labels | what |
 | --- | --- | --- |
 | ``tessera_scheduling_pass_seconds`` | | histogram of pass durations |
+| ``tessera_scheduling_decisions_total`` | ``decision`` | bindings made, dropped as stale, preemptions |
+| ``tessera_scheduling_last_pass_timestamp_seconds`` | | when the last pass ran |
 | ``tessera_jobs_pending`` | ``kind`` | pending jobs |
 | ``tessera_jobs`` | ``state`` | jobs by state (terminal ones included) |
 | ``tessera_gpus_total`` | ``model`` | GPUs known to the control plane |
@@ -21,22 +24,12 @@ import logging
 import threading
 from collections.abc import Iterator
 
-from prometheus_client import REGISTRY, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import REGISTRY
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.utils import floatToGoString
 
 log = logging.getLogger("tessera.metrics")
-
-PASS_SECONDS = Histogram(
-    "tessera_scheduling_pass_seconds",
-    "Duration of scheduling passes (snapshot, decide, apply).",
-    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10),
-)
-
-
-def observe_pass(seconds: float) -> None:
-    PASS_SECONDS.observe(seconds)
-
 
 class ClusterCollector(Collector):
     """Reads the cluster's totals from the database when Prometheus scrapes."""
@@ -99,7 +92,36 @@ def _cluster_families() -> list[GaugeMetricFamily]:
     by_node_state = dict(Node.objects.values_list("state").annotate(n=Count("id")).order_by())
     for state in NodeState.values:
         nodes.add_metric([state], by_node_state.get(state, 0))
-    return [pending, jobs, total, allocated, unhealthy, nodes]
+    return [pending, jobs, total, allocated, unhealthy, nodes, *_pass_families()]
+
+
+def _pass_families() -> list:
+    """The passes as recorded in ``SchedulerState`` by whichever process ran them."""
+    from scheduling.models import SchedulerState
+    from scheduling.services.passes import PASS_BUCKETS_S
+
+    state = SchedulerState.objects.filter(id=1).first()
+    counts = list(state.pass_buckets or []) if state is not None else []
+    counts += [0] * (len(PASS_BUCKETS_S) + 1 - len(counts))
+    cumulative, buckets = 0, []
+    for bound, n in zip([*(floatToGoString(b) for b in PASS_BUCKETS_S), "+Inf"], counts, strict=False):
+        cumulative += n
+        buckets.append((bound, cumulative))
+    seconds = HistogramMetricFamily(
+        "tessera_scheduling_pass_seconds", "Duration of scheduling passes (snapshot, decide, apply).",
+        buckets=buckets, sum_value=state.pass_seconds_sum if state is not None else 0.0,
+    )
+    decisions = CounterMetricFamily(
+        "tessera_scheduling_decisions", "Decisions of all scheduling passes.", labels=["decision"]
+    )
+    totals = (state.decisions_total or {}) if state is not None else {}
+    for decision in ("bound", "dropped", "preempted"):
+        decisions.add_metric([decision], totals.get(decision, 0))
+    last = GaugeMetricFamily(
+        "tessera_scheduling_last_pass_timestamp_seconds", "When the last scheduling pass ran (epoch)."
+    )
+    last.add_metric([], state.last_pass_at.timestamp() if state is not None and state.last_pass_at else 0)
+    return [seconds, decisions, last]
 
 
 _registered: set[int] = set()

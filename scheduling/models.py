@@ -312,12 +312,22 @@ class IdempotencyKey(models.Model):
 
 
 class SchedulerState(models.Model):
-    """One row: the cluster-wide version the pass checks, and the last pass's record."""
+    """One row: the last pass's record, and every pass's durations and decisions so far.
+
+    Written by whichever process ran the pass (the Celery worker, or the embedded web process), so
+    every web process's ``/metrics`` reports them (``monitoring/exporter.py``).
+    """
 
     id = models.PositiveSmallIntegerField(primary_key=True, default=1)
     last_pass_at = models.DateTimeField(null=True, blank=True)
     last_pass_seconds = models.FloatField(default=0)
     last_pass_decisions = models.JSONField(default=dict, blank=True)
+    passes = models.PositiveBigIntegerField(default=0)
+    pass_seconds_sum = models.FloatField(default=0)
+    # Passes per duration bucket (``services.passes.PASS_BUCKETS_S``, then one past the last).
+    pass_buckets = models.JSONField(default=list, blank=True)
+    # Decisions of all passes: {"bound": n, "dropped": n, "preempted": n}.
+    decisions_total = models.JSONField(default=dict, blank=True)
 
     def __str__(self) -> str:
         return f"last pass {self.last_pass_at}"

@@ -7,6 +7,7 @@ from django.urls import re_path
 
 from scheduling.api import agents
 from scheduling.api.agent_wait import agent_wait
+from scheduling.api.concurrency import pooled_patterns
 
 app_name = "agent"
 
@@ -18,3 +19,4 @@ urlpatterns = [
     re_path(r"^jobs/(?P<job_id>[0-9]{1,18})/logs/?$", agents.LogsView.as_view(), name="logs"),
     re_path(r"^jobs/(?P<job_id>[0-9]{1,18})/exited/?$", agents.ExitedView.as_view(), name="exited"),
 ]
+pooled_patterns(urlpatterns)  # each sync view in the web process's pool of threads

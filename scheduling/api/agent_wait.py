@@ -4,8 +4,10 @@ The view is ``async``: Django's ASGI handler runs every *sync* view in one share
 sync view that waited 25 s would stall the whole web process. This one parks an asyncio task
 instead, and answers as soon as the channel layer delivers a message to the node's group
 ``agent.<node_id>`` (``scheduling.services.live.wake_agent`` publishes ``{"type": "agent.wake"}``
-there after the commit of a binding or a stop order), or when the timeout runs out. The agent
-then heartbeats at once and fetches its work (docs/operations.md, "Push").
+there after the commit of a binding or a stop order), or when the timeout runs out. A pass's wake
+carries its bindings (``start``), which the agent starts at once; any other wake (a stop order)
+asks for a heartbeat (``heartbeat: true``), which fetches the orders (docs/operations.md, "Push").
+The heartbeat stays the source of truth: a lost wake costs latency, never a job.
 
 No wake is lost between two waits: the view listens on a *named* channel per node
 (``agentwake.<node_id>``, not a per-request one), which stays a member of the group, so a wake
@@ -67,7 +69,7 @@ def _timeout_of(request: HttpRequest) -> float | None:
     return value
 
 
-async def _receive(layer, channel: str, deadline: float) -> None:
+async def _receive(layer, channel: str, deadline: float) -> dict:
     """Wait for a message on ``channel`` until ``deadline`` (raises TimeoutError).
 
     The in-memory layer (the embedded default) is fed by the scheduling thread of this same
@@ -75,21 +77,27 @@ async def _receive(layer, channel: str, deadline: float) -> None:
     short slices (50 ms). The Redis layer wakes us itself; one long receive costs it nothing.
     """
     if not isinstance(layer, InMemoryChannelLayer):
-        await asyncio.wait_for(layer.receive(channel), max(0.0, deadline - time.monotonic()))
-        return
+        return await asyncio.wait_for(layer.receive(channel), max(0.0, deadline - time.monotonic()))
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError
         try:
-            await asyncio.wait_for(layer.receive(channel), min(IN_PROCESS_SLICE_S, left))
-            return
+            return await asyncio.wait_for(layer.receive(channel), min(IN_PROCESS_SLICE_S, left))
         except TimeoutError:
             continue
 
 
+def _answer(messages: list[dict]) -> dict:
+    """The wake answer for what arrived: the bindings they carried, and whether the agent must
+    heartbeat (a stop order, or a wake from an older server that carried no bindings)."""
+    start = [b for m in messages for b in m.get("start", [])]
+    return {"wake": True, "start": start, "heartbeat": any(m.get("heartbeat", True) for m in messages)}
+
+
 async def agent_wait(request: HttpRequest) -> JsonResponse:
-    """Answer ``{"wake": true}`` when the node has news, ``{"wake": false}`` on timeout."""
+    """Answer ``{"wake": true, "start": [...], "heartbeat": bool}`` when the node has news,
+    ``{"wake": false}`` on timeout."""
     if request.method != "GET":
         return JsonResponse({"detail": f'Method "{request.method}" not allowed.'}, status=405)
     header = request.headers.get("Authorization", "")
@@ -111,7 +119,7 @@ async def agent_wait(request: HttpRequest) -> JsonResponse:
     while True:
         try:
             await layer.group_add(f"agent.{node_id}", channel)
-            await _receive(layer, channel, deadline)
+            messages = [await _receive(layer, channel, deadline)]
             break
         except TimeoutError:
             return JsonResponse({"wake": False})
@@ -124,5 +132,5 @@ async def agent_wait(request: HttpRequest) -> JsonResponse:
             await asyncio.sleep(0.2)
     with contextlib.suppress(Exception):
         while True:  # a burst of wakes (one per binding) → one answer
-            await asyncio.wait_for(layer.receive(channel), DRAIN_S)
-    return JsonResponse({"wake": True})
+            messages.append(await asyncio.wait_for(layer.receive(channel), DRAIN_S))
+    return JsonResponse(_answer(messages))

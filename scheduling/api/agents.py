@@ -109,6 +109,9 @@ class StartedIn(ReplicaIn):
 class ExitedIn(ReplicaIn):
     exit_code = serializers.IntegerField(min_value=-255, max_value=255, allow_null=True)
     reason = serializers.ChoiceField(choices=EXIT_REASONS, default="")
+    # Set by an agent that sent no ``started`` report (the process ended at once): its start.
+    started_at = serializers.FloatField(min_value=0, max_value=1e11, required=False, allow_null=True)
+    pid = serializers.IntegerField(min_value=0, max_value=MAX_INT, default=0)
 
 
 class LogsIn(ReplicaIn):
@@ -203,7 +206,8 @@ class ExitedView(AgentView):
     def post(self, request: Request, job_id: str) -> Response:
         data = _valid(ExitedIn, request)
         job, recorded = _job_call(svc.do_report_exit, self.node(request), int(job_id), data["attempt"],
-                                  data["replica"], data["exit_code"], data["reason"])
+                                  data["replica"], data["exit_code"], data["reason"],
+                                  data.get("started_at"))
         return Response({"state": job.state, "recorded": recorded})
 
 

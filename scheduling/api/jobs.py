@@ -8,18 +8,15 @@ or name that tenant; any other name is a 400). Operators (staff) belong to no te
 body must carry ``"tenant": "<name>"`` naming the tenant the job is for (400 naming ``tenant``
 otherwise). A user with no tenant who is not an operator may not submit (403).
 
-At submit the job is checked against its tenant's quotas (``services.quotas``): a job that no
-quota row could ever admit is a 400 naming ``accelerators``.
+At submit the job is checked against its tenant's quotas (``services.quotas``, called by
+``do_submit_job``): a job that no quota row could ever admit is a 400 naming ``accelerators``.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db.models import Prefetch, QuerySet
-from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import serializers, status, viewsets
@@ -41,9 +38,8 @@ from scheduling.api.lookups import ID_PARAMETER, parse_nonnegative, parse_pk
 from scheduling.api.pagination import BoundedLimitOffsetPagination
 from scheduling.api.permissions import is_operator, tenant_of
 from scheduling.choices import JobKind, JobState
-from scheduling.models import Allocation, IdempotencyKey, Job, Tenant
-from scheduling.services.jobs import IdempotencyConflict, do_cancel_job, do_submit_job
-from scheduling.services.quotas import check_job_admissible
+from scheduling.models import Allocation, Job, Tenant
+from scheduling.services.jobs import IdempotencyConflict, NotAdmissible, do_cancel_job, do_submit_job
 
 MAX_IDEMPOTENCY_KEY = 255
 
@@ -76,14 +72,6 @@ def idempotency_key(request: Request) -> str | None:
             {"detail": f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} printable ASCII characters."}
         )
     return key
-
-
-def is_retry(user, key: str | None) -> bool:
-    """Whether ``key`` is a live Idempotency-Key of ``user`` (the service decides the answer)."""
-    if key is None:
-        return False
-    ttl = timedelta(seconds=settings.TESSERA["IDEMPOTENCY_TTL_S"])
-    return IdempotencyKey.objects.filter(user=user, key=key, created_at__gte=timezone.now() - ttl).exists()
 
 
 LIST_FILTERS = [
@@ -170,15 +158,17 @@ class JobViewSet(viewsets.GenericViewSet):
         submit.is_valid(raise_exception=True)
         tenant = submit_tenant(request.user, submit.validated_data.get("tenant"))
         cleaned = submit.model_fields()
-        # A retry of a stored submit answers with the first job even if quotas changed since.
-        why = None if is_retry(request.user, key) else check_job_admissible(tenant, cleaned)
-        if why:
-            raise ValidationError({"accelerators": [why]})
         try:
-            job, created = do_submit_job(request.user, tenant, cleaned, body, idempotency_key=key)
+            job, created = do_submit_job(request.user, tenant, cleaned, body, idempotency_key=key,
+                                         check_quota=True)
+        except NotAdmissible as why:
+            raise ValidationError({"accelerators": [str(why)]}) from None
         except IdempotencyConflict:
             raise Unprocessable("This Idempotency-Key was already used with another body.") from None
-        job = self.get_queryset().get(pk=job.pk)
+        if created:
+            job.active_allocations = []  # just stored: nothing to read back
+        else:
+            job = self.get_queryset().get(pk=job.pk)  # the first submit's job, as it is now
         return Response(
             JobSerializer(job).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
         )

@@ -23,7 +23,8 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import F, Max, Q
+from django.db.models.functions import Length
 from django.utils import timezone
 
 from scheduling.choices import HOLDING_STATES, EventType, JobState, NodeState
@@ -32,6 +33,7 @@ from scheduling.services import live
 from scheduling.services.inventory import device_rows
 from scheduling.services.jobs import (
     begin_stop,
+    device_index,
     do_mark_running,
     do_record_exit,
     request_pass_on_commit,
@@ -242,7 +244,10 @@ def _check_started_and_time_limit(job: Job, attempt: int, is_running: bool, now:
         return locked
 
 
-def _binding(job: Job, attempt: int, replica: int, allocs: list[Allocation]) -> dict[str, Any]:
+def _binding(
+    job: Job, attempt: int, replica: int, allocs: list[Allocation], log_offset: int | None = None
+) -> dict[str, Any]:
+    """What the agent needs to start one replica (docs/agent.md, "binding")."""
     return {
         "job_id": job.pk,
         "attempt": attempt,
@@ -260,8 +265,35 @@ def _binding(job: Job, attempt: int, replica: int, allocs: list[Allocation]) -> 
         "cpus": job.cpus / max(1, job.replicas),
         "memory_gib": job.memory_gib / max(1, job.replicas),
         # Offsets continue across attempts, so a retry's output follows the first's.
-        "log_offset": _log_end(job.pk, replica),
+        "log_offset": _log_end(job.pk, replica) if log_offset is None else log_offset,
     }
+
+
+def bindings_by_node(jobs: list[Job], allocs: list[Allocation]) -> dict[int, list[dict[str, Any]]]:
+    """The bindings a pass just made (``allocs``: their rows, node and device set), per node id:
+    what the wake carries to each agent. Two queries at most, whatever their number."""
+    by_job = {j.pk: j for j in jobs}
+    grouped: dict[tuple[int, int, int], list[Allocation]] = {}
+    for a in sorted(allocs, key=lambda a: (a.job_id, a.replica, device_index(a))):
+        grouped.setdefault((a.node_id, a.job_id, a.replica), []).append(a)
+    # A first attempt has no output yet; a retry's continues where the last one stopped.
+    ends: dict[tuple[int, int], int] = {}
+    retried = [j.pk for j in jobs if j.attempts > 0]
+    if retried:
+        for job_id, replica, end in (
+            LogChunk.objects.filter(job_id__in=retried)
+            .values_list("job_id", "replica")
+            .annotate(end=Max(F("offset") + Length("data")))
+            .order_by()
+        ):
+            ends[(job_id, replica)] = end
+    out: dict[int, list[dict[str, Any]]] = {}
+    for (node_id, job_id, replica), rows in grouped.items():
+        job = by_job[job_id]
+        out.setdefault(node_id, []).append(
+            _binding(job, rows[0].attempt, replica, rows, ends.get((job_id, replica), 0))
+        )
+    return out
 
 
 def _stop_order(
@@ -330,13 +362,20 @@ def _clamped_start(job: Job, started_at: float | None, now: datetime) -> datetim
 
 
 def do_report_exit(
-    node: Node, job_id: int, attempt: int, replica: int, exit_code: int | None, reason: str = ""
+    node: Node, job_id: int, attempt: int, replica: int, exit_code: int | None, reason: str = "",
+    started_at: float | None = None,
 ) -> tuple[Job, bool]:
-    """A replica's process ended. Returns (job, recorded); a repeated report is not recorded again."""
+    """A replica's process ended. Returns (job, recorded); a repeated report is not recorded again.
+
+    ``started_at``: the process's start (epoch seconds), sent when no ``started`` report was (a
+    process that ended at once): the job is marked running at that time first.
+    """
     now = timezone.now()
     with transaction.atomic():
         job = _owned_job(node, job_id)
         if attempt == job.attempts and _active(job, node.pk, replica, attempt).exists():
+            if started_at is not None and job.state == JobState.SCHEDULED:
+                do_mark_running(job, _clamped_start(job, started_at, now))
             _settle_replica(job, node.pk, replica, exit_code, reason, now)
             return job, True
         already = Allocation.objects.filter(

@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from scheduling.choices import HOLDING_STATES, EventType, JobState, NodeState
@@ -47,7 +48,8 @@ def sweep_nodes(now: datetime | None = None) -> list[str]:
         .values_list("name", flat=True)
     )
     if lost:
-        Node.objects.filter(name__in=lost).update(state=NodeState.NOT_READY)
+        # Versions bumped: a pass whose snapshot still saw them ready drops its bindings there.
+        Node.objects.filter(name__in=lost).update(state=NodeState.NOT_READY, version=F("version") + 1)
         live.publish_nodes(name__in=lost)
     fenced = Node.objects.exclude(state=NodeState.READY).filter(last_heartbeat__lt=now - lease)
     for node in fenced:

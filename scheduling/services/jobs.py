@@ -1,7 +1,8 @@
 """Write paths of a job's life: submit, cancel, and every state change with its event.
 
 ``do_transition`` is the one function that changes a job's state: it checks the state machine,
-records the event and publishes the change after commit.
+records the event and publishes the change after commit. ``do_transition_many`` does the same for
+many jobs moving to one state in a few queries (the pass binding a chunk of jobs).
 """
 
 from __future__ import annotations
@@ -16,13 +17,17 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from scheduling.choices import HOLDING_STATES, QUEUE_LEVELS, TERMINAL_STATES, EventType, JobState
-from scheduling.models import Allocation, Device, IdempotencyKey, Job, JobEvent, Node
+from scheduling.models import Allocation, Device, IdempotencyKey, Job, JobEvent
 from scheduling.services import live
 from scheduling.states import check_transition
 
 
 class IdempotencyConflict(Exception):
     """The same Idempotency-Key was used with another body."""
+
+
+class NotAdmissible(Exception):
+    """No quota of the job's tenant could ever admit it (answered 400 naming ``accelerators``)."""
 
 
 def allocations_payload(allocs) -> list[dict[str, Any]]:
@@ -77,18 +82,43 @@ def do_transition(
     return job
 
 
+def do_transition_many(
+    jobs: list[Job], target: str, event: str, allocations: dict[int, list[dict[str, Any]]], at: datetime
+) -> None:
+    """:func:`do_transition` for ``jobs`` (locked by the caller) all moving to ``target`` at ``at``:
+    one UPDATE and one INSERT for all of them. ``allocations``: each job's event allocations."""
+    if not jobs:
+        return
+    for job in jobs:
+        check_transition(job.pk, job.state, target)
+        job.state = target
+        if target != JobState.PENDING:
+            job.pending_reason = job.pending_code = job.estimated_start = None
+    cleared = {} if target == JobState.PENDING else {
+        "pending_reason": None, "pending_code": None, "estimated_start": None}
+    Job.objects.filter(pk__in=[j.pk for j in jobs]).update(state=target, **cleared)
+    JobEvent.objects.bulk_create(
+        JobEvent(job=job, type=event, at=at, allocations=allocations.get(job.pk)) for job in jobs
+    )
+    for job in jobs:
+        live.publish_job(job)
+
+
 def _body_hash(body: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def do_submit_job(
-    user, tenant, cleaned: dict[str, Any], body: dict[str, Any], idempotency_key: str | None = None
+    user, tenant, cleaned: dict[str, Any], body: dict[str, Any], idempotency_key: str | None = None,
+    check_quota: bool = False,
 ) -> tuple[Job, bool]:
     """Store a validated job (``cleaned``: model field values). Returns (job, created).
 
-    With an idempotency key, a retry of the same body within the TTL returns the first job; the
-    same key with another body raises :class:`IdempotencyConflict`. All in one transaction, so a
-    web process killed mid-submit leaves nothing half-stored.
+    With an idempotency key, a retry of the same body within the TTL returns the first job (even
+    if quotas changed since); the same key with another body raises :class:`IdempotencyConflict`.
+    ``check_quota``: a new job that no quota of ``tenant`` could ever admit raises
+    :class:`NotAdmissible`. All in one transaction, so a web process killed mid-submit leaves
+    nothing half-stored.
     """
     digest = _body_hash(body)
     if idempotency_key:
@@ -97,6 +127,12 @@ def do_submit_job(
             if existing.body_hash != digest:
                 raise IdempotencyConflict()
             return existing.job, False
+    if check_quota:
+        from scheduling.services.quotas import check_job_admissible
+
+        why = check_job_admissible(tenant, cleaned)
+        if why:
+            raise NotAdmissible(why)
     try:
         with transaction.atomic():
             job = Job.objects.create(
@@ -183,8 +219,9 @@ def release_allocations(job: Job, at: datetime | None = None) -> list[dict[str, 
     if not allocs:
         return []
     Allocation.objects.filter(pk__in=[a.pk for a in allocs]).update(released_at=at)
-    node_ids = {a.node_id for a in allocs}
-    bump_node_versions(node_ids)
+    # The nodes' versions are not bumped: capacity freed since a pass's snapshot never makes its
+    # decisions wrong (the pass checks each device's allocations again under the node's lock),
+    # and bumping them made a pass drop every binding onto a node where a job had just ended.
     from scheduling.services.inventory import device_rows
 
     rows = device_rows(
@@ -192,12 +229,6 @@ def release_allocations(job: Job, at: datetime | None = None) -> list[dict[str, 
     )
     live.publish_devices(rows)
     return rows
-
-
-def bump_node_versions(node_ids) -> None:
-    from django.db.models import F
-
-    Node.objects.filter(pk__in=list(node_ids)).update(version=F("version") + 1)
 
 
 def do_record_exit(job: Job, exit_code: int | None, at: datetime | None = None) -> Job:

@@ -25,19 +25,29 @@ class FakeServer:
         self.orders: list[dict[str, Any]] = []
         self.refuse_started = False
         self.woken = threading.Event()
+        self.pushed: list[dict[str, Any]] | None = None
 
     def _record(self, what: str, **body: Any) -> None:
         with self.lock:
             self.calls.append((what, body))
 
-    def wait(self, timeout_s: float) -> bool:
+    def wait(self, timeout_s: float) -> dict[str, Any]:
         """The long-poll: answers at once when :meth:`wake` was called, else after the timeout."""
         woken = self.woken.wait(timeout_s)
         self.woken.clear()
         self._record("wait", woken=woken)
-        return woken
+        if not woken:
+            return {"wake": False}
+        with self.lock:
+            pushed, self.pushed = self.pushed, None
+        if pushed is None:
+            return {"wake": True}  # as an older server answers: heartbeat to get the orders
+        return {"wake": True, "start": pushed, "heartbeat": False}
 
-    def wake(self) -> None:
+    def wake(self, start: list[dict[str, Any]] | None = None) -> None:
+        """Wake the agent; ``start``: bindings carried by the wake (as a pass's wake does)."""
+        with self.lock:
+            self.pushed = start
         self.woken.set()
 
     def heartbeat(self, running: list[dict[str, int]]) -> dict[str, Any]:
@@ -63,11 +73,12 @@ class FakeServer:
         return {"stored": len(data), "next_offset": offset + len(data), "truncated": False}
 
     def exited(self, job_id: int, attempt: int, replica: int, exit_code: int | None,
-               reason: str = "") -> dict[str, Any]:
-        self._record("exited", job_id=job_id, exit_code=exit_code, reason=reason)
+               reason: str = "", started_at: float | None = None, pid: int = 0) -> dict[str, Any]:
+        self._record("exited", job_id=job_id, exit_code=exit_code, reason=reason, started_at=started_at)
         with self.lock:
             self.exits.append({"job_id": job_id, "attempt": attempt, "replica": replica,
-                               "exit_code": exit_code, "reason": reason})
+                               "exit_code": exit_code, "reason": reason,
+                               **({"started_at": started_at} if started_at is not None else {})})
         return {"state": "succeeded" if exit_code == 0 else "failed", "recorded": True}
 
     def output(self, job_id: int, replica: int = 0) -> bytes:

@@ -183,6 +183,18 @@ def test_a_job_goes_from_binding_to_success_through_the_agents_reports(world, jo
     assert again.status_code == 200 and again.data["recorded"] is False
 
 
+def test_an_exit_report_carrying_the_start_records_both_at_the_agents_start_time(world, join_token):
+    # A process that ended at once is reported once: its exit report carries its start.
+    node, _ = h.register(join_token, "gpu-01")
+    job = h.bind(h.submit(world.alice, world.vision), "gpu-01", [0])
+    spawned = timezone.now().timestamp()
+    done = h.report(node, job.pk, "exited", attempt=0, replica=0, exit_code=0, started_at=spawned, pid=9)
+    assert done.status_code == 200 and done.data["state"] == "succeeded"
+    job.refresh_from_db()
+    assert _types(job) == ["submitted", "scheduled", "started", "succeeded"]
+    assert abs(job.started_at.timestamp() - spawned) < 0.001 and job.finished_at >= job.started_at
+
+
 def test_a_heartbeat_reporting_the_process_catches_up_a_lost_started_report(world, join_token):
     node, _ = h.register(join_token)
     job = h.bind(h.submit(world.alice, world.vision), "gpu-01", [0, 1])

@@ -34,6 +34,10 @@ def node_credential(transactional_db, settings):
     return answer["node_id"], answer["credential"]
 
 
+# A plain wake (a stop order): no bindings carried, so the agent heartbeats for its orders.
+WOKEN = {"wake": True, "start": [], "heartbeat": True}
+
+
 def _auth(credential: str) -> dict[str, str]:
     # Per request: AsyncClient(headers=...) defaults do not reach an ASGI request's headers.
     return {"Authorization": f"Node {credential}"}
@@ -62,7 +66,7 @@ def _wait(credential: str, timeout: float, wake_after: float | None = None, node
 def test_wait_answers_within_milliseconds_of_a_wake(node_credential):
     node_id, credential = node_credential
     response, took = _wait(credential, 5, wake_after=0.2, node_id=node_id)
-    assert response.status_code == 200 and response.json() == {"wake": True}
+    assert response.status_code == 200 and response.json() == WOKEN
     assert 0.2 <= took < 0.3, took
 
 
@@ -81,7 +85,7 @@ def test_a_wake_from_another_thread_of_the_process_answers_promptly(node_credent
     response, _ = _wait(credential, 5)
     answered = time.monotonic()
     publisher.join()
-    assert response.json() == {"wake": True}
+    assert response.json() == WOKEN
     assert answered - sent[0] < 0.3, answered - sent[0]
 
 
@@ -97,7 +101,7 @@ def test_a_wake_published_between_two_waits_is_not_lost(node_credential):
     _wait(credential, 0.05)  # joins the node's group, then returns: the agent is "between waits"
     async_to_sync(get_channel_layer().group_send)(f"agent.{node_id}", {"type": "agent.wake"})
     response, took = _wait(credential, 5)
-    assert response.json() == {"wake": True} and took < 0.5
+    assert response.json() == WOKEN and took < 0.5
 
 
 def test_a_burst_of_wakes_is_answered_once(node_credential):
@@ -105,8 +109,22 @@ def test_a_burst_of_wakes_is_answered_once(node_credential):
     _wait(credential, 0.05)
     for _ in range(5):
         async_to_sync(get_channel_layer().group_send)(f"agent.{node_id}", {"type": "agent.wake"})
-    assert _wait(credential, 5)[0].json() == {"wake": True}
+    assert _wait(credential, 5)[0].json() == WOKEN
     assert _wait(credential, 0.2)[0].json() == {"wake": False}
+
+
+def test_the_bindings_of_a_burst_of_wakes_come_in_one_answer(node_credential):
+    node_id, credential = node_credential
+    _wait(credential, 0.05)
+    send = async_to_sync(get_channel_layer().group_send)
+    send(f"agent.{node_id}", {"type": "agent.wake", "start": [{"job_id": 1}], "heartbeat": False})
+    send(f"agent.{node_id}", {"type": "agent.wake", "start": [{"job_id": 2}], "heartbeat": False})
+    assert _wait(credential, 5)[0].json() == {"wake": True, "start": [{"job_id": 1}, {"job_id": 2}],
+                                              "heartbeat": False}
+    # A stop order's wake among them still asks for a heartbeat.
+    send(f"agent.{node_id}", {"type": "agent.wake", "start": [{"job_id": 3}], "heartbeat": False})
+    send(f"agent.{node_id}", {"type": "agent.wake", "heartbeat": True})
+    assert _wait(credential, 5)[0].json() == {"wake": True, "start": [{"job_id": 3}], "heartbeat": True}
 
 
 def test_another_nodes_wake_does_not_answer_this_node(node_credential):
@@ -147,7 +165,15 @@ def test_a_user_token_cannot_wait_as_a_node(world):
 # --- The agent's side ---------------------------------------------------------------------------
 
 
-def test_the_agent_heartbeats_at_once_when_woken_not_at_its_next_poll():
+def start_reports(server: fakes.FakeServer) -> list[dict]:
+    """Each reported process start: a ``started`` report, or an exit report carrying the start
+    (a process that ended at once is reported once)."""
+    return [body for kind, body in server.calls
+            if kind == "started" or (kind == "exited" and body.get("started_at") is not None)]
+
+
+@pytest.fixture
+def running_agent():
     with fakes.job_user_state_dir() as state_dir:
         run_as = resolve_run_as("nobody")
         server = fakes.FakeServer()
@@ -158,16 +184,43 @@ def test_the_agent_heartbeats_at_once_when_woken_not_at_its_next_poll():
         loop.start()
         try:
             assert fakes.wait_for(lambda: [c for c in server.calls if c[0] == "heartbeat"], 5)
-            server.orders.append(fakes.binding(job_id=7, command=["true"], gpus=[0]))
-            woken_at = time.monotonic()
-            server.wake()
-            started = fakes.wait_for(lambda: [c for c in server.calls if c[0] == "started"], 5)
-            assert started and time.monotonic() - woken_at < 2.0  # the poll interval is 30 s
-            assert started[0][1]["job_id"] == 7
-            assert abs(started[0][1]["started_at"] - time.time()) < 5  # the wall-clock spawn time
+            yield node, server
         finally:
             stop.set()
             node.poke()
             loop.join(5)
             node.shutdown(0.5)
         assert not loop.is_alive()
+
+
+def test_the_agent_heartbeats_at_once_when_woken_not_at_its_next_poll(running_agent):
+    node, server = running_agent
+    server.orders.append(fakes.binding(job_id=7, command=["true"], gpus=[0]))
+    woken_at = time.monotonic()
+    server.wake()
+    started = fakes.wait_for(lambda: start_reports(server), 5)
+    assert started and time.monotonic() - woken_at < 2.0  # the poll interval is 30 s
+    assert started[0]["job_id"] == 7
+    assert abs(started[0]["started_at"] - time.time()) < 5  # the wall-clock spawn time
+    assert len([c for c in server.calls if c[0] == "heartbeat"]) == 2  # the first, and the wake's
+
+
+def test_bindings_carried_by_the_wake_start_at_once_without_a_heartbeat(running_agent):
+    node, server = running_agent
+    heartbeats = len([c for c in server.calls if c[0] == "heartbeat"])
+    server.wake(start=[fakes.binding(job_id=8, command=["sleep", "30"], gpus=[1])])
+    started = fakes.wait_for(lambda: start_reports(server), 5)
+    assert [s["job_id"] for s in started] == [8]
+    assert [r["job_id"] for r in node.running_reports()] == [8]
+    assert len([c for c in server.calls if c[0] == "heartbeat"]) == heartbeats
+    # Delivered again by the next heartbeat (at least once): still started only once.
+    node.apply({"start": [fakes.binding(job_id=8, command=["sleep", "30"], gpus=[1])]})
+    assert [r["job_id"] for r in node.running_reports()] == [8]
+
+
+def test_a_process_that_ends_at_once_is_reported_by_one_exit_report_with_its_start(running_agent):
+    node, server = running_agent
+    server.wake(start=[fakes.binding(job_id=9, command=["true"], gpus=[0])])
+    exit_ = server.exit_of(9)
+    assert exit_["exit_code"] == 0 and abs(exit_["started_at"] - time.time()) < 5
+    assert [c for c in server.calls if c[0] == "started"] == []

@@ -79,6 +79,35 @@ def test_an_unhealthy_gpu_is_counted_and_freed_capacity_is_no_longer_allocated(b
     assert got[("tessera_jobs", (("state", "succeeded"),))] == 1
 
 
+def test_passes_recorded_by_another_process_show_in_the_histogram_and_the_decision_counts(
+    busy_cluster: Any,
+) -> None:
+    # busy_cluster ran one pass here (2 bound). The Celery worker records its passes in the same
+    # row; its writes are what this process's /metrics must show, not its own memory.
+    from scheduling.models import SchedulerState
+    from scheduling.services.passes import PASS_BUCKETS_S
+
+    state = SchedulerState.objects.get(id=1)
+    assert state.passes == 1 and state.decisions_total["bound"] == 2
+    buckets = [0] * (len(PASS_BUCKETS_S) + 1)
+    buckets[PASS_BUCKETS_S.index(0.05)] = 3  # three passes of 25-50 ms
+    buckets[-1] = 1  # and one of over 10 s
+    SchedulerState.objects.filter(id=1).update(
+        passes=4, pass_seconds_sum=12.0, pass_buckets=buckets,
+        decisions_total={"bound": 40, "dropped": 2, "preempted": 1},
+    )
+    got = scrape()
+    assert got[("tessera_scheduling_pass_seconds_count", ())] == 4
+    assert got[("tessera_scheduling_pass_seconds_sum", ())] == 12.0
+    assert got[("tessera_scheduling_pass_seconds_bucket", (("le", "0.025"),))] == 0
+    assert got[("tessera_scheduling_pass_seconds_bucket", (("le", "0.05"),))] == 3
+    assert got[("tessera_scheduling_pass_seconds_bucket", (("le", "10.0"),))] == 3
+    assert got[("tessera_scheduling_decisions_total", (("decision", "bound"),))] == 40
+    assert got[("tessera_scheduling_decisions_total", (("decision", "dropped"),))] == 2
+    assert got[("tessera_scheduling_decisions_total", (("decision", "preempted"),))] == 1
+    assert got[("tessera_scheduling_last_pass_timestamp_seconds", ())] > 0
+
+
 def test_a_scrape_takes_the_same_few_queries_however_big_the_cluster(
     busy_cluster: Any, django_assert_max_num_queries: Any
 ) -> None:
