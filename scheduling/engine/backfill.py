@@ -126,8 +126,8 @@ class Reservations:
     def taken(self) -> set[int]:
         return set(self.start_by_node)
 
-    def allows(self, node: int, now: float, runtime: float | None) -> bool:
+    def allows(self, node: int, now: float, runtime: float | None, job_id: str = "") -> bool:
         start = self.start_by_node.get(node)
-        if start is None:
+        if start is None or self.owner_by_node.get(node) == job_id:
             return True
         return runtime is not None and now + runtime <= start

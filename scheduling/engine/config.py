@@ -30,9 +30,20 @@ class EngineConfig:
     # reclaimed at any time (waiting saves it nothing). 0 = at any time. Reclaim is not urgent
     # (the owner has waited reclaim_after_s already); priority preemption ignores this.
     reclaim_checkpoint_window_s: float = 600.0
+    # The room a preemption frees is held for the job it was made for, for the victims' grace
+    # period plus this long: no other job (not even one ahead in the queue) may start there
+    # meanwhile, so a preemption is never wasted on someone else and never repeated.
+    room_hold_s: float = 300.0
     # Aged jobs may preempt strictly lower kind levels. Off by default: measured on a generated
     # 2-day workload it cut the longest wait (118 h -> 41 h) but threw away 20% of the work.
     aged_preempts: bool = False
+    # Starvation bound: a job that has waited this long (since submit) may preempt preemptible
+    # jobs of its own or a lower kind level that were submitted after it (seniority: the victims
+    # can never preempt it back), each only within reclaim_checkpoint_window_s of its last
+    # checkpoint, and may borrow even where owners wait; once started it is not reclaimed (its
+    # borrowing ends with it). What lets a gang that needs a whole rack start within hours when
+    # every rack holds a long job. 0 = off.
+    starve_s: float = 0.0
     min_split_gpus: int = 1  # smallest buddy block a whole-GPU replica claims (power of two)
     # Preferred accelerators by kind, used when a job names none (earlier = preferred).
     kind_accelerators: tuple[tuple[str, tuple[str, ...]], ...] = field(default_factory=tuple)

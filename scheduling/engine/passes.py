@@ -6,7 +6,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from . import queues
-from .backfill import Reservations
+from .backfill import Reservation, Reservations
 from .preference import wait_for_preferred
 from .types import Decisions, PendingReason, Preemption, Resize
 
@@ -35,6 +35,11 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
     s.note_owed(now)
     claimed: list[tuple[str, str, int]] = []  # quota room claimed this pass, undone at the end
     s.quotas.frozen = {}
+    for jid, (nodes, until) in list(s.room.items()):  # room preemptions freed, held for its job
+        if jid in s.pending and now <= until:
+            res.add(Reservation(jid, nodes, now))
+        else:
+            del s.room[jid]
     for job in queues.order(list(s.pending.values()), now, cfg, s.quotas):
         if job.held:
             d.pending[job.id] = PendingReason("held", "held: released by its owner or an operator")
@@ -68,9 +73,10 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
         runtime = s.history.predict(job)
         node_ok = None
         if res.items:
-            def node_ok(i: int, runtime=runtime) -> bool:
-                return res.allows(i, now, runtime)
-        allocs, refusal = s._try_place(job, geo, node_ok, token=(len(res.items), runtime))
+            def node_ok(i: int, runtime=runtime, jid=job.id) -> bool:
+                return res.allows(i, now, runtime, jid)
+        allocs, refusal = s._try_place(job, geo, node_ok, token=(
+            len(res.items), runtime, job.id if job.id in s.room else None))
         if allocs:
             wait = wait_for_preferred(s, job, geo, allocs, now)  # gamma: a better model soon?
             if wait is not None:
@@ -105,6 +111,11 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
             if queues.is_aged(job, now, cfg):  # its tenant's later jobs must not overtake it
                 for r in rows:
                     held_rows.setdefault(r, job.id)
+                # and its nodes keep draining while its quota frees, so it starts once both have
+                if cfg.backfill and len(res.items) < cfg.max_reservations:
+                    r = s.reserve_for(job, geo, res, now)
+                    if r is not None:
+                        res.add(r)
             continue
         if node_ok is not None:  # does it fit without the reservations? then they hold it back
             probe, _ = s._try_place(job, geo, None)
@@ -150,6 +161,8 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
                 waiting = f"preempting {len(plan)} job(s)" if plan else "waiting for "\
                     "terminating jobs"
                 grace = max((s.running[v.job_id].job.grace_s for v in plan), default=0.0)
+                if plan and hypo.last_nodes:
+                    s.room[job.id] = (hypo.last_nodes, now + grace + cfg.room_hold_s)
                 d.pending[job.id] = PendingReason(
                     "reserved", f"reserved: {waiting} to make room; starts when they exit",
                     now + grace if plan else None)

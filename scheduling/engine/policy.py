@@ -96,6 +96,8 @@ class TesseraScheduler:
         self.last_codes: dict[str, str] = {}  # job -> its pending code in the last pass
         self._geo_cache: dict[str, tuple[JobRequest, Geometry]] = {}
         self.sticky: dict[str, tuple[int, ...]] = {}  # job -> nodes reserved for it last pass
+        # job -> (nodes, until): room its preemptions are freeing, held for it alone
+        self.room: dict[str, tuple[tuple[int, ...], float]] = {}
         self._holders: dict[int, list] | None = None
         self.quota_room_model: str | None = None  # the model quota_victims made room on
         # What quota admission depends on besides usage (which moves with the state version):
@@ -274,7 +276,7 @@ class TesseraScheduler:
         if why is not None or not self.quotas.enabled or not milli:
             return why
         owners = self._owed.get(model)
-        if (owners and any(t != job.tenant for t in owners)
+        if (owners and any(t != job.tenant for t in owners) and not self.starving(job, self._now)
                 and not self.quotas.under_guarantee(job.tenant, model, milli)):
             waiting = ", ".join(t for t in owners if t != job.tenant)
             return ("borrow-limit", f"borrow-limit: {model} above {job.tenant}'s guarantee is "
@@ -337,6 +339,7 @@ class TesseraScheduler:
             self._charge(run, self.nodes[a.node].model, geo.charge if a.gpus else 0)
         self.running[job.id] = run
         self.pending.pop(job.id, None)
+        self.room.pop(job.id, None)
         d.bindings.append(Binding(job.id, placements_of(allocs, self.state)))
 
     # -- the pass ---------------------------------------------------------------------------------
@@ -352,6 +355,10 @@ class TesseraScheduler:
         end = run.started_at + (est if est is not None else self.config.default_runtime_s)
         return max(end, now)
 
+    def starving(self, job: JobRequest, now: float) -> bool:
+        """Has ``job`` waited past the starvation bound (``config.starve_s``)?"""
+        return 0 < self.config.starve_s <= now - job.submitted_at
+
     def begin_pass(self, now: float) -> None:
         """Per-pass indexes: who may be preempted at all (min run time, preemptible), with the
         work each would lose, computed once."""
@@ -361,6 +368,7 @@ class TesseraScheduler:
         self._quota_memo: dict[tuple, list[Victim]] = {}
         self._eligible = []
         self._reclaimable: set[str] = set()  # borrowers whose reclaim would lose little now
+        self._protected: set[str] = set()  # started after starving: never reclaimed
         window = self.config.reclaim_checkpoint_window_s
         for jid, run in self.running.items():
             if (not run.job.preemptible or run.terminating or run.cancelled
@@ -370,6 +378,8 @@ class TesseraScheduler:
             since = max(run.started_at, run.last_checkpoint or run.started_at)
             if window <= 0 or not run.job.checkpoint_s or now - since <= window:
                 self._reclaimable.add(jid)
+            if self.starving(run.job, run.started_at):
+                self._protected.add(jid)  # started starving: its borrowing ends with it
             gpus = sum(len(a.gpus) * a.milli for a in allocs) / MILLI
             victim = Victim(jid, gpus * max(0.0, now - since), run.job.priority, allocs)
             models = tuple(sorted({m for m, _ in run.charged}))
@@ -396,15 +406,20 @@ class TesseraScheduler:
         # An aged job may preempt strictly lower kind levels (never its own level): this bounds
         # the wait of big gangs, and the victims, being lower, can never preempt it back.
         aged = self.config.aged_preempts and queues.is_aged(job, now, self.config)
-        key = (mine, may_rank, aged, job.tenant, under, borrowing)
+        # A starving job may preempt younger jobs of its level or below (see config.starve_s).
+        senior = (job.submitted_at, job.id) if self.starving(job, now) else None
+        key = (mine, may_rank, aged, job.tenant, under, borrowing, senior)
         hit = self._victim_memo.get(key)
         if hit is not None:
             return hit
         out: dict[int, list[Victim]] = {}
         for vrank, _jid, run, victim, vmodels in self._eligible:
             if not (may_rank and vrank > mine) and not (aged and vrank[0] > mine[0]) and not (
-                borrowing and _jid in self._reclaimable
+                borrowing and _jid in self._reclaimable and _jid not in self._protected
                 and any((run.job.tenant, m) in borrowing for m in vmodels)
+            ) and not (
+                senior is not None and _jid in self._reclaimable and vrank[0] >= mine[0]
+                and (run.job.submitted_at, run.job.id) > senior
             ):
                 continue
             for node in sorted({a.node for a in victim.allocs}):

@@ -45,6 +45,7 @@ class Hypo:
         self.terminating = terminating
         self.freed: dict[int, list[Alloc]] = {}
         self.claims: dict[int, list[ReplicaReq]] = {}
+        self.last_nodes: tuple[int, ...] = ()  # where the last commit claimed room
         for _jid, allocs in terminating:
             for a in allocs:
                 self.freed.setdefault(a.node, []).append(a)
@@ -67,6 +68,7 @@ class Hypo:
                 self.freed.setdefault(a.node, []).append(a)
         for i, req in claims:
             self.claims.setdefault(i, []).append(req)
+        self.last_nodes = tuple(sorted({i for i, _ in claims}))
 
     @staticmethod
     def _add(st: list, a: Alloc) -> None:
