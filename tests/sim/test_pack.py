@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -80,3 +84,35 @@ def test_random_picks_only_nodes_that_fit_and_rejects_only_when_none_does(kinds,
             continue
         assert node in fits
         cl.apply(node, pod, _choose_gpus(cl, node, pod, None, "random", rng))
+
+
+PACK_RUN = """
+import json
+from scheduling.engine.types import NodeSpec
+from scheduling.sim.pack import Pod, run_seed
+nodes = [NodeSpec(f"n{i}", "r0", ("G2", "T4", "P100")[i % 3], (8, 2, 2)[i % 3], cpus=64,
+                  memory_gib=256) for i in range(12)]
+shapes = [(4000, 8192, 1000, 1, ()), (2000, 4096, 500, 1, ()), (8000, 16384, 1000, 2, ()),
+          (6000, 8192, 460, 1, ("T4",)), (4000, 8192, 0, 0, ()), (2000, 4096, 250, 1, ("G2", "T4"))]
+pods = sorted((Pod(f"p{k:03d}", *shapes[k % len(shapes)]) for k in range(40)),
+              key=lambda p: p.name)
+out = {}
+for policy in ("tessera", "fgd", "best-fit", "random"):
+    r = run_seed(nodes, pods, policy, 7)
+    out[policy] = [r["placed"], r["final_allocation_rate"], r["curve"]]
+print(json.dumps(out, sort_keys=True))
+"""
+
+
+def _pack_run(hashseed: str) -> str:
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONHASHSEED=hashseed, PYTHONPATH=str(root))
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    return subprocess.run([sys.executable, "-c", PACK_RUN], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=120, check=True).stdout
+
+
+def test_pack_runs_are_identical_under_two_hash_seeds():
+    first = _pack_run("1")
+    assert first == _pack_run("4242")
+    assert '"random"' in first
