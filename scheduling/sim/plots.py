@@ -117,11 +117,11 @@ def plot_pack_compare(path: Path, results: Mapping[str, Mapping[str, Any]], titl
         values = [100 * (results[n].get(key) or 0.0) for n in names]
         xs = [j + (i - 0.5) * width for j in range(len(names))]
         bars = ax.bar(xs, values, width, label=label)
-        ax.bar_label(bars, fmt="%.1f", fontsize=7)
+        ax.bar_label(bars, fmt="%.2f", fontsize=6)
     ax.set_xticks(range(len(names)), names)
     low = min((100 * (r.get("gpu_allocation_rate_at_100") or 0)) for r in results.values())
     ax.set(ylabel="GPU allocation rate (%)", ylim=(max(0, low - 10), 100), title=title)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=2, frameon=False)
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
