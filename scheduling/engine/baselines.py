@@ -51,6 +51,7 @@ class BaselineScheduler:
         self.recent: deque[Shape] = deque(maxlen=1000)
         self._dirty = 0
         self._static: dict = {}
+        self._shapes: dict[str, tuple[JobRequest, Geometry, tuple[str, str] | None]] = {}
 
     # -- protocol ---------------------------------------------------------------------------------
     def submit(self, job: JobRequest) -> None:
@@ -60,9 +61,11 @@ class BaselineScheduler:
 
     def cancel(self, job_id: str) -> None:
         self.pending.pop(job_id, None)
+        self._shapes.pop(job_id, None)
 
     def release(self, job_id: str, now: float) -> None:
         self.state.release(job_id)
+        self._shapes.pop(job_id, None)
         for node in [n for n, j in self.held_nodes.items() if j == job_id]:
             del self.held_nodes[node]
         for model, milli in self.running.pop(job_id, []):
@@ -92,14 +95,7 @@ class BaselineScheduler:
                 d.pending[job.id] = PendingReason("backoff", "backoff: waiting to retry",
                                                   job.not_before)
                 continue
-            geo = geometry(job)  # elastic jobs run at their asked size here; all replicas at once
-            least = geo
-            geo = replace(geo, replicas=max(1, job.replicas), need=max(1, job.replicas))
-            static = static_check(self.state, self.quotas, job, geo, self._static)
-            if static is not None and static_check(self.state, self.quotas, job, least,
-                                                   self._static) is None:
-                # too big at its asked size for the cluster or quota: run at its elastic minimum
-                geo, static = replace(least, replicas=least.need), None
+            geo, static = self._shape(job)
             if static is not None:
                 if static[0] == "reject":
                     d.rejections[job.id] = static[1]
@@ -138,6 +134,23 @@ class BaselineScheduler:
 
             d.bindings.append(Binding(job.id, placements_of(allocs, self.state)))
         return d
+
+    def _shape(self, job: JobRequest) -> tuple[Geometry, tuple[str, str] | None]:
+        """The job's geometry here and whether it can never run (cached per job object: both
+        depend only on the job, the nodes and the quota rows)."""
+        hit = self._shapes.get(job.id)
+        if hit is not None and hit[0] is job:
+            return hit[1], hit[2]
+        geo = geometry(job)  # elastic jobs run at their asked size here; all replicas at once
+        least = geo
+        geo = replace(geo, replicas=max(1, job.replicas), need=max(1, job.replicas))
+        static = static_check(self.state, self.quotas, job, geo, self._static)
+        if static is not None and static_check(self.state, self.quotas, job, least,
+                                               self._static) is None:
+            # too big at its asked size for the cluster or quota: run at its elastic minimum
+            geo, static = replace(least, replicas=least.need), None
+        self._shapes[job.id] = (job, geo, static)
+        return geo, static
 
     # -- placement --------------------------------------------------------------------------------
     def _quota(self, job: JobRequest, geo: Geometry) -> tuple[str, str] | None:
@@ -195,9 +208,13 @@ class BaselineScheduler:
     def _feasible(self, req: ReplicaReq, c: Constraints, rack_sel: str | None,
                   rack: str | None) -> list[int]:
         out = []
+        allows: dict[int, bool] = {}  # per node class, asked once
         for n in self.state.nodes:
             spec = n.spec
-            if not spec.schedulable or class_allows(spec, c) is None:
+            ok = allows.get(n.cls)
+            if ok is None:
+                ok = allows[n.cls] = spec.schedulable and class_allows(spec, c) is not None
+            if not ok:
                 continue
             if (rack_sel and spec.rack != rack_sel) or (rack and spec.rack != rack):
                 continue
