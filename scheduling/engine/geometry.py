@@ -56,13 +56,14 @@ def static_check(state: ClusterState, quotas: Quotas, job: JobRequest, geo: Geom
     """('reject', why) for a job that can never run here; ('capacity', why) for one larger
     than the cluster; None otherwise. Memoised per shape (what the cluster could ever hold) and
     per shape and tenant (what its quota could ever admit)."""
-    key = (geo, job.accelerators, job.node_selector, job.tolerations, job.topology,
-           job.tenant, job.preemptible, job.gpus)
+    r = geo.req  # keys of plain values: hashed in C, not by the dataclasses' Python methods
+    shape = (r.milli, r.count, r.cpu, r.mem, r.nvlink, geo.need, job.accelerators,
+             job.node_selector, job.tolerations, job.topology)
+    key = (shape, geo.replicas, geo.charge, job.tenant, job.preemptible, job.gpus)
     hit = memo.get(key, memo)
     if hit is not memo:
         return hit  # type: ignore[return-value]
-    ckey = ("cap", geo.req, geo.need, job.accelerators, job.node_selector, job.tolerations,
-            job.topology)
+    ckey = ("cap", shape)
     cap = memo.get(ckey)
     if cap is None:
         cap = memo[ckey] = _holders(state, job, geo)
