@@ -186,12 +186,11 @@ class Placer:
             info = self._cls_info[cls] = (d, spec.gpus, spec.model, spec.price_per_gpu_hour, cap)
         return info
 
-    def _group_score(self, g: Group, req: ReplicaReq) -> tuple[float, int | None] | None:
+    def _group_score(self, g: Group, req: ReplicaReq, per: dict
+                     ) -> tuple[float, int | None] | None:
         """Score of ``req`` on the nodes of group ``g`` (higher is better) and, for a fraction,
-        the free share of the GPU to use; None when it does not fit. Memoised per (req, group)."""
-        per = self._score.get(req)
-        if per is None:
-            per = self._score[req] = {}
+        the free share of the GPU to use; None when it does not fit. Memoised in ``per`` (the
+        request's scores by group id)."""
         result: tuple[float, int | None] | None = None
         key = g.key
         info = self._cls_info.get(g.cls) or self._class_info(g.cls)
@@ -251,7 +250,7 @@ class Placer:
             for g in self.state.by_class[cls].values():
                 sc = per.get(g.gid, MISS)
                 if sc is MISS:
-                    sc = self._group_score(g, req)
+                    sc = self._group_score(g, req, per)
                 if sc is None:
                     continue
                 out.append(((-pref, sc[0], -g.ranks[0]), g.ranks, sc[1]))  # type: ignore[index]
@@ -320,7 +319,7 @@ class Placer:
             g = n.group
             sc = per.get(g.gid, MISS)
             if sc is MISS:
-                sc = self._group_score(g, req)
+                sc = self._group_score(g, req, per)
             if sc is None:
                 continue
             k = (-pref, sc[0], -n.rank)  # type: ignore[index]
@@ -354,7 +353,7 @@ class Placer:
             for g in groups.values():
                 sc = per.get(g.gid, MISS)
                 if sc is MISS:
-                    sc = score(g, req)
+                    sc = score(g, req, per)
                 if sc is not None:
                     heap.append((-sc[0], g.ranks[0], g.gid))  # type: ignore[index]
             heapq.heapify(heap)
@@ -368,7 +367,7 @@ class Placer:
                     continue
                 sc = per.get(gid, MISS)
                 if sc is MISS:
-                    sc = score(g, req)
+                    sc = score(g, req, per)
                 if sc is not None:
                     push(heap, (-sc[0], g.ranks[0], gid))  # type: ignore[index]
             h[1] = end
