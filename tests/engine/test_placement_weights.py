@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import math
+import re
+from dataclasses import replace
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from scheduling.engine.config import EngineConfig
+from scheduling.engine.geometry import constraints, geometry
 from scheduling.engine.policy import TesseraScheduler
+from scheduling.engine.state import fits_state
 from scheduling.engine.types import JobRequest, Placement, RunningJob, Snapshot
-from tests.engine.engine_cases import node
+from tests.engine.engine_cases import clusters, jobs, node, quota_sets
+from tests.engine.engine_world import World
 
 NOW = 10_000.0
 
@@ -103,3 +111,43 @@ def test_gamma_leaves_jobs_without_a_preference_alone():
     nodes, running = _h100_full_until(300)
     got, _ = _bound_node(EngineConfig(gamma=0.0), nodes, running, _one_gpu("any"))
     assert got == "a"
+
+
+# -- γ on random clusters: the invariants hold and every "waiting for" claim is true ---------------
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nodes=clusters(), workload=jobs(), quotas=quota_sets(), gamma=st.sampled_from([0.0, 0.5]),
+       ranked=st.sampled_from([("A100", "H100"), ("H100", "A100", "T4"), ("T4", "H100")]))
+def test_with_a_finite_gamma_the_invariants_hold_and_waits_are_for_a_full_better_model(
+        nodes, workload, quotas, gamma, ranked):
+    workload = [replace(j, accelerators=ranked) if j.gpus else j for j in workload]
+    sched = TesseraScheduler(nodes, quotas, EngineConfig(gamma=gamma))
+    world = World(nodes, quotas, workload)
+    for j in workload:
+        sched.submit(j)
+    now = 0.0
+    for _ in range(6):
+        d = sched.decide(now)
+        for jid, reason in d.pending.items():
+            m = re.match(r"model: waiting for (\S+) \(choice (\d+) .* now on (\S+) \(choice (\d+)\)",
+                         reason.message)
+            if not reason.message.startswith("model: waiting for"):
+                continue
+            assert m, reason.message
+            job = world.jobs[jid]
+            models, ranked = sched._models_for(job)
+            assert ranked and models.index(m[1]) < models.index(m[3])
+            assert reason.estimated_start is not None and reason.estimated_start > now
+            geo = geometry(job)
+            for n in sched.state.nodes:  # the model it waits for has no room for it now
+                if n.spec.model == m[1] and sched.placer.class_pref(n.cls, constraints(job)) \
+                        is not None and geo.need == 1:
+                    d_ = max(1, min(n.spec.nvlink_domain, n.spec.gpus))
+                    assert not fits_state(n.key(), geo.req, d_, n.spec.gpus), reason.message
+        world.apply(d)
+        now += 400.0
+        for jid in sorted(world.terminating):
+            world.release(sched, jid, now)
+            sched.requeue(world.jobs[jid])
+        for jid in sorted(world.holding)[::3]:
+            world.release(sched, jid, now)
