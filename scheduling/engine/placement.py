@@ -10,6 +10,8 @@ arrived. Exact deltas instead of the coarse score pack worse (about 94.0 / 94.3 
 exact delta herds every pod of a shape onto the same few node types, and the seeded ties spread
 them. Inside a node, a fractional request goes to the GPU that leaves the least fragmentation, then
 the least leftover share (best fit), so whole GPUs stay whole for the requests that need them.
+The cost weights α (price) and β (consolidation) enter the score here; γ (expected wait for a
+preferred model) is :mod:`.preference`'s (docs/placement.md).
 """
 
 from __future__ import annotations
@@ -100,15 +102,16 @@ def tessera_pack_choice(
     milli: int,
     count: int,
     beta: float = 0.0,
-) -> tuple[tuple[float, ...], int | None]:
-    """Score (a tuple, higher is better) of a request on a node state, and the GPU free value to
-    use for a fractional request (ties between nodes: the caller's seeded node order). ``gpus``
-    lists every GPU of the node, so its capacity is ``len(gpus)`` GPUs."""
+) -> tuple[float, int | None]:
+    """Score (higher is better) of a request on a node state, and the GPU free value to use for a
+    fractional request (ties between nodes: the caller's seeded node order); what the placer
+    scores, for the pack benchmark. ``gpus`` lists every GPU of the node, so its capacity is
+    ``len(gpus)`` GPUs."""
     delta, value = frag_delta(frag, model, cpu_free, gpus, cpu, milli, count)
     score = tessera_score(delta, count, sum(gpus))
     if beta and gpus:
         score -= beta * consolidation_cost(sum(gpus), MILLI * len(gpus))
-    return (score,), value
+    return score, value
 
 
 # -- the engine's placer: best node for one replica, scored once per group of equal nodes ---------
@@ -145,8 +148,9 @@ class Placer:
     """Chooses nodes for replicas on a :class:`~.state.ClusterState`.
 
     The score of a replica on a node is ``-preference`` (the position of the node's model in the
-    job's list), then FGD's fragmentation score minus ``alpha`` x price; ties go to the lowest node
-    rank (a seeded permutation). Scores are memoised per (group, request).
+    job's list), then FGD's fragmentation score minus ``alpha`` x price minus ``beta`` x the
+    node's free share (consolidation); ties go to the lowest node rank (a seeded permutation).
+    Scores are memoised per (group, request). docs/placement.md has the whole score.
     """
 
     def __init__(self, state: ClusterState, alpha: float = 0.0, beta: float = 0.0):

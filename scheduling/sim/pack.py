@@ -241,9 +241,8 @@ class _Scorer:
             fa = frag.node(model, cpu_after, _after(gpus, pod, None))
             return (_sigmoid_score(before - fa), None)
         # tessera: the engine's own placement scoring
-        score, value = tessera_pack_choice(frag, model, cpu, gpus, pod.cpu, pod.milli, pod.count,
-                                           self.beta)
-        return (score[0], value)
+        return tessera_pack_choice(frag, model, cpu, gpus, pod.cpu, pod.milli, pod.count,
+                                   self.beta)
 
 
 class BestGroups:
