@@ -1,13 +1,17 @@
 """The agent's side of the HTTP protocol (``/api/v1/agent/``; see docs/agent.md).
 
-Secrets travel only in the ``Authorization`` header. Each thread gets its own ``requests``
-session (sessions are not guaranteed thread-safe); every call has a timeout.
+Secrets travel only in the ``Authorization`` header. A call borrows a ``requests`` session from
+a small pool and gives it back (sessions are not guaranteed thread-safe, so one is never used by
+two threads at once; pooled, their keep-alive connections serve every job's thread instead of
+one new connection per job); every call has a timeout.
 """
 
 from __future__ import annotations
 
 import base64
-import threading
+import contextlib
+import queue
+from collections.abc import Iterator
 from typing import Any
 
 import requests
@@ -32,20 +36,26 @@ class AgentClient:
         self.base = server.rstrip("/") + "/api/v1/agent/"
         self.timeout = timeout
         self.credential: str | None = None
-        self._local = threading.local()
+        self._idle: queue.SimpleQueue[requests.Session] = queue.SimpleQueue()
 
-    def _session(self) -> requests.Session:
-        session = getattr(self._local, "session", None)
-        if session is None:
-            session = self._local.session = requests.Session()
+    @contextlib.contextmanager
+    def _session(self) -> Iterator[requests.Session]:
+        try:
+            session = self._idle.get_nowait()
+        except queue.Empty:
+            session = requests.Session()
             session.trust_env = False  # no proxies from the environment for the control plane
-        return session
+        try:
+            yield session
+        finally:
+            self._idle.put(session)
 
     def _post(self, path: str, body: dict[str, Any], auth: str) -> Any:
         try:
-            response = self._session().post(
-                self.base + path, json=body, headers={"Authorization": auth}, timeout=self.timeout
-            )
+            with self._session() as session:
+                response = session.post(
+                    self.base + path, json=body, headers={"Authorization": auth}, timeout=self.timeout
+                )
         except requests.RequestException as exc:
             raise ServerError(f"{path}: {exc.__class__.__name__}: {exc}") from None
         if response.status_code >= 500:
@@ -77,10 +87,11 @@ class AgentClient:
         Raises :class:`Rejected` with 404 against a server without the push endpoint.
         """
         try:
-            response = self._session().get(
-                self.base + "wait", params={"timeout": f"{timeout_s:g}"},
-                headers={"Authorization": self._node_auth()}, timeout=timeout_s + self.timeout,
-            )
+            with self._session() as session:
+                response = session.get(
+                    self.base + "wait", params={"timeout": f"{timeout_s:g}"},
+                    headers={"Authorization": self._node_auth()}, timeout=timeout_s + self.timeout,
+                )
         except requests.RequestException as exc:
             raise ServerError(f"wait: {exc.__class__.__name__}: {exc}") from None
         if response.status_code >= 500:
@@ -125,3 +136,9 @@ class AgentClient:
         if started_at is not None:
             body.update(started_at=started_at, pid=pid)
         return self._post(f"jobs/{job_id}/exited", body, self._node_auth())
+
+    def report_exits(self, reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Several replicas' exit reports in one request (the ``exited`` bodies, each with its
+        ``job_id``); one result per report, in order: ``{"status": 200, "state", "recorded"}``, or
+        ``{"status": 404|409, "detail"}`` for a report refused on its own."""
+        return self._post("exits", {"exits": reports}, self._node_auth())["results"]

@@ -26,6 +26,7 @@ from agent.client import AgentClient, Rejected, ServerError
 from agent.inventory import Inventory
 from agent.metrics import GpuUse
 from agent.process import JobProcess, RunAs
+from agent.reports import ExitReporter
 
 log = logging.getLogger("tessera.agent")
 
@@ -49,6 +50,7 @@ class Agent:
         cgroups: Cgroups | None = None,
     ):
         self.client, self.inventory, self.state_dir = client, inventory, state_dir
+        self.reporter = ExitReporter(client)  # the jobs' exit reports, batched
         self.run_as, self.job_path = run_as, job_path
         self.poll_interval = poll_interval
         self.cgroups = cgroups
@@ -180,7 +182,7 @@ class Agent:
                     log.info("ignoring binding of job %s attempt %s: a later attempt ran here", *key[:2])
                     continue
                 self.ever_started.add(key)
-                process = JobProcess(binding, self.client, self.state_dir, self.run_as, self.job_path,
+                process = JobProcess(binding, self.reporter, self.state_dir, self.run_as, self.job_path,
                                      self.cgroups)
                 self.jobs[key] = process
             log.info("starting job %s attempt %s replica %s on GPUs %s", *key, binding.get("gpus"))

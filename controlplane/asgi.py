@@ -12,10 +12,17 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 # Django must be set up before the consumers (and their models) are imported.
 django_asgi_app = get_asgi_application()
 
+from django.conf import settings  # noqa: E402
+
+if settings.TESSERA["WEB_THREADS"]:
+    # Sync views and their middleware in a pool of threads, one hop per request (see the module).
+    from controlplane.pooled_handler import PooledASGIHandler
+
+    django_asgi_app = PooledASGIHandler()
+
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
-from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from frontend.routing import websocket_urlpatterns  # noqa: E402

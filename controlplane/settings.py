@@ -79,9 +79,9 @@ TEMPLATES = [
 DATABASE_URL = env_url("DATABASE_URL", ("postgres", "postgresql", "sqlite"))
 DATABASES = {"default": database_from_url(DATABASE_URL, BASE_DIR)}
 ON_POSTGRES = DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
-# API views run in a pool of this many threads per web process (scheduling/api/concurrency.py);
-# 0: Django's one thread. On by default with PostgreSQL, outside pytest (whose test client
-# shares the test's one connection and transaction).
+# Sync views (and their middleware) run in a pool of this many threads per web process
+# (controlplane/pooled_handler.py); 0: Django's own ASGI handler. On by default with PostgreSQL,
+# outside pytest (whose test client shares the test's one connection and transaction).
 WEB_THREADS = env_int(
     "TESSERA_WEB_THREADS", 8 if ON_POSTGRES and not os.environ.get("PYTEST_VERSION") else 0, minimum=0
 )

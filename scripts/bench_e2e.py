@@ -27,7 +27,6 @@ import os
 import random
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -41,19 +40,28 @@ from typing import Any
 import requests
 
 ROOT = Path(__file__).resolve().parents[1]
-PY = sys.executable
+sys.path.insert(0, str(ROOT))
+
+from tests.support import (  # noqa: E402 - the stack launcher the tests use too
+    PY,
+    Processes,
+    StackError,
+    agent_argv,
+    agent_env,
+    beat_argv,
+    stack_env,
+    wait_until,
+    web_answers,
+    web_argv,
+    worker_argv,
+)
+
 TARGET_P99_MS = 150.0
 TARGET_SUBMIT_PER_S = 120.0
 
 
 def say(text: str) -> None:
     print(f"[bench-e2e {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -63,64 +71,8 @@ def pct(values: list[float], q: float) -> float | None:
     return round(ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))], 1)
 
 
-class Processes:
-    """Children in their own sessions, logging to files; all stopped by :meth:`stop_all`."""
-
-    def __init__(self, log_dir: Path):
-        self.log_dir = log_dir
-        self.children: dict[str, subprocess.Popen] = {}
-
-    def start(self, name: str, argv: list[str], env: dict[str, str], pass_fds: tuple[int, ...] = ()) -> None:
-        with open(self.log_dir / f"{name}.log", "wb") as log:
-            self.children[name] = subprocess.Popen(
-                argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=pass_fds)
-
-    def output(self, name: str) -> str:
-        return (self.log_dir / f"{name}.log").read_text(errors="replace")
-
-    def cpu_seconds(self) -> dict[str, float]:
-        """CPU time (user + system) each child used so far: where the machine's time went."""
-        tick = os.sysconf("SC_CLK_TCK")
-        out: dict[str, float] = {}
-        for name, proc in self.children.items():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-                key = "agents" if name.startswith("agent") else "web" if name.startswith("web") else name
-                out[key] = round(out.get(key, 0.0) + sum(int(f) for f in fields[11:15]) / tick, 1)
-        return out
-
-    def dead(self) -> list[str]:
-        return [n for n, p in self.children.items() if p.poll() is not None]
-
-    def stop_all(self) -> None:
-        agents_first = sorted(self.children, key=lambda n: not n.startswith("agent"))
-        for name in agents_first:
-            proc = self.children[name]
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGINT if name.startswith("agent") else signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for proc in self.children.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(max(0.1, deadline - time.monotonic()))
-        for proc in self.children.values():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(5)
-
-
 def wait_for(what: str, check, procs: Processes, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if procs.dead():
-            raise RuntimeError(f"{procs.dead()} exited while waiting for {what}")
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise RuntimeError(f"timed out waiting for {what}")
+    return wait_until(what, check, procs, time.monotonic() + timeout)
 
 
 def fresh_database(pg: str, name: str) -> None:
@@ -248,14 +200,15 @@ def main() -> int:  # noqa: PLR0915 - one linear script, read top to bottom
 
     work = Path(tempfile.mkdtemp(prefix="tessera-bench-", dir="/tmp"))
     work.chmod(0o711)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TESSERA_", "DJANGO_"))}
-    env.update({
-        "DATABASE_URL": f"{args.pg}/{args.db}", "REDIS_URL": args.redis,
-        "TESSERA_REDIS_BROKER_DB": "13", "TESSERA_REDIS_LAYER_DB": "14",
-        "TESSERA_EMBEDDED_PASSES": "0", "TESSERA_PASS_LOOP": "0", "TESSERA_DEBUG": "0",
-        "TESSERA_LOG_LEVEL": "INFO",  # the worker logs one line per pass: its duration
-        "TESSERA_SECRET_KEY": "bench-" + "k" * 50, "DJANGO_SETTINGS_MODULE": "controlplane.settings",
-    })
+    env = stack_env(
+        f"{args.pg}/{args.db}", args.redis,
+        TESSERA_REDIS_BROKER_DB="13", TESSERA_REDIS_LAYER_DB="14", TESSERA_DEBUG="0",
+        TESSERA_LOG_LEVEL="INFO",  # the worker logs one line per pass: its duration
+        # The per-user rate limits (scheduling/api/throttling.py) would answer 429 to one user
+        # submitting 2,000 jobs as fast as it can: the benchmark measures the service, unthrottled.
+        TESSERA_RATE_LIMIT_SUBMIT="off", TESSERA_RATE_LIMIT_API="off",
+        TESSERA_SECRET_KEY="bench-" + "k" * 50,
+    )
     os.environ.update(env)
     procs = Processes(work)
     total_gpus = args.agents * args.gpus
@@ -263,7 +216,6 @@ def main() -> int:  # noqa: PLR0915 - one linear script, read top to bottom
         say(f"fresh database {args.db}; migrating")
         fresh_database(args.pg, args.db)
         subprocess.run([PY, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
-        sys.path.insert(0, str(ROOT))
         import django
 
         django.setup()
@@ -287,23 +239,19 @@ def main() -> int:  # noqa: PLR0915 - one linear script, read top to bottom
         listener.listen(1024)
         port = listener.getsockname()[1]
         base = f"http://127.0.0.1:{port}"
-        procs.start("worker", [PY, "-m", "celery", "-A", "controlplane", "worker", "-P", "solo",
-                               "--without-mingle", "--without-gossip", "--without-heartbeat",
-                               "-n", f"bench-{os.getpid()}@%h", "-l", "INFO"], env)
+        procs.start("worker", worker_argv("bench"), env)
+        # beat's safety pass, as every deployment runs it: what binds jobs whose trigger was lost
+        procs.start("beat", beat_argv(work / "celerybeat-schedule"), env)
         for w in range(args.web):
-            procs.start("web" if w == 0 else f"web{w}", [
-                PY, "-m", "daphne", "--fd", str(listener.fileno()), "controlplane.asgi:application"],
-                env, pass_fds=(listener.fileno(),))
+            procs.start("web" if w == 0 else f"web{w}", web_argv(fd=listener.fileno()), env,
+                        pass_fds=(listener.fileno(),))
         wait_for("the worker", lambda: " ready." in procs.output("worker"), procs, 60)
-        wait_for("the web server", lambda: _answers(base), procs, 60)
-        agent_env = {k: v for k, v in env.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-        agent_env["TESSERA_JOIN_TOKEN"] = join
+        wait_for("the web server", lambda: web_answers(base), procs, 60)
+        agents_env = agent_env(env, join)
         for n in range(args.agents):
-            procs.start(f"agent{n:02d}", [
-                PY, "-m", "agent", "--server", base, "--simulate",
-                f"{args.gpus}xA100,nvlink=4,rack=r{n % 4}", "--name", f"bench-{n:02d}",
-                "--metrics-port", "0", "--metrics-addr", "127.0.0.1",
-                "--state-dir", str(work / f"agent{n:02d}")], agent_env)
+            spec = f"{args.gpus}xA100,nvlink=4,rack=r{n % 4}"
+            procs.start(f"agent{n:02d}", agent_argv(base, f"bench-{n:02d}", spec, work / f"agent{n:02d}"),
+                        agents_env)
         from scheduling.models import Node
 
         wait_for(f"{args.agents} agents", lambda: Node.objects.filter(
@@ -392,7 +340,7 @@ def main() -> int:  # noqa: PLR0915 - one linear script, read top to bottom
             missed.append(f"{per_s:.0f} submissions/s < {TARGET_SUBMIT_PER_S:g}/s")
         say("targets met" if not missed else "TARGET MISSED: " + "; ".join(missed))
         return 0 if not missed else 1
-    except (RuntimeError, subprocess.CalledProcessError) as exc:
+    except (StackError, subprocess.CalledProcessError) as exc:
         say(f"failed: {exc}")
         for name in ("web", "worker", "agent00"):
             if name in procs.children:
@@ -404,13 +352,6 @@ def main() -> int:  # noqa: PLR0915 - one linear script, read top to bottom
             say(f"logs kept in {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
-
-
-def _answers(base: str) -> bool:
-    try:
-        return requests.get(base + "/api/v1/jobs/", timeout=2).status_code == 401
-    except requests.RequestException:
-        return False
 
 
 def _wait_terminal(ids: list[int], procs: Processes, timeout: float) -> None:

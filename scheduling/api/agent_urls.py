@@ -7,7 +7,6 @@ from django.urls import re_path
 
 from scheduling.api import agents
 from scheduling.api.agent_wait import agent_wait
-from scheduling.api.concurrency import pooled_patterns
 
 app_name = "agent"
 
@@ -18,5 +17,5 @@ urlpatterns = [
     re_path(r"^jobs/(?P<job_id>[0-9]{1,18})/started/?$", agents.StartedView.as_view(), name="started"),
     re_path(r"^jobs/(?P<job_id>[0-9]{1,18})/logs/?$", agents.LogsView.as_view(), name="logs"),
     re_path(r"^jobs/(?P<job_id>[0-9]{1,18})/exited/?$", agents.ExitedView.as_view(), name="exited"),
+    re_path(r"^exits/?$", agents.ExitsView.as_view(), name="exits"),
 ]
-pooled_patterns(urlpatterns)  # each sync view in the web process's pool of threads

@@ -114,6 +114,14 @@ class ExitedIn(ReplicaIn):
     pid = serializers.IntegerField(min_value=0, max_value=MAX_INT, default=0)
 
 
+class ExitIn(ExitedIn):
+    job_id = serializers.IntegerField(min_value=1, max_value=svc.MAX_DB_INT)
+
+
+class ExitsIn(serializers.Serializer):
+    exits = serializers.ListField(child=ExitIn(), min_length=1, max_length=256)
+
+
 class LogsIn(ReplicaIn):
     offset = serializers.IntegerField(min_value=0, max_value=svc.MAX_DB_INT)
     data = serializers.CharField(allow_blank=True, trim_whitespace=False, help_text="base64 bytes")
@@ -209,6 +217,29 @@ class ExitedView(AgentView):
                                   data["replica"], data["exit_code"], data["reason"],
                                   data.get("started_at"))
         return Response({"state": job.state, "recorded": recorded})
+
+
+class ExitsView(AgentView):
+    """Several exit reports in one request (an agent's replicas that ended together); each is
+    settled on its own, as ``jobs/{id}/exited`` would, and answered on its own."""
+
+    @extend_schema(request=ExitsIn, responses={200: inline_serializer("ExitsDone", {
+        "results": serializers.ListField(child=serializers.DictField())})})
+    def post(self, request: Request) -> Response:
+        data = _valid(ExitsIn, request)
+        node = self.node(request)
+        results = []
+        for item in data["exits"]:
+            try:
+                job, recorded = svc.do_report_exit(node, item["job_id"], item["attempt"], item["replica"],
+                                                   item["exit_code"], item["reason"], item.get("started_at"))
+            except svc.NotYours:
+                results.append({"status": 404, "detail": "No such job on this node."})
+            except svc.Stale as exc:
+                results.append({"status": 409, "detail": str(exc)})
+            else:
+                results.append({"status": 200, "state": job.state, "recorded": recorded})
+        return Response({"results": results})
 
 
 class LogsView(AgentView):

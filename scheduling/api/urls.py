@@ -13,7 +13,6 @@ from django.urls import include, path, re_path
 
 from scheduling.api import schema  # noqa: F401  (registers the agents' auth schemes in the schema)
 from scheduling.api.cluster import ClusterView
-from scheduling.api.concurrency import pooled_patterns
 from scheduling.api.errors import not_found
 from scheduling.api.jobs import JobViewSet
 from scheduling.api.nodes import NodeViewSet
@@ -46,4 +45,3 @@ if find_spec("scheduling.api.agent_urls") is not None:
 # Last: any other path under /api/v1/ is a JSON 404 (not Django's HTML page, and not the
 # APPEND_SLASH error that a POST without its trailing slash would otherwise raise).
 urlpatterns.append(re_path(r"^.*$", not_found, name="api-not-found"))
-pooled_patterns(urlpatterns)

@@ -315,7 +315,7 @@ def _stop_order(
 
 
 def _lock_job(job_id: int) -> Job:
-    return Job.objects.select_for_update().select_related("tenant").get(pk=job_id)
+    return Job.objects.select_for_update(of=("self",)).select_related("tenant").get(pk=job_id)
 
 
 def _owned_job(node: Node, job_id: int) -> Job:

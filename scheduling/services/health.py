@@ -62,7 +62,7 @@ def sweep_nodes(now: datetime | None = None) -> list[str]:
         )
         for job_id in sorted(job_ids):
             with transaction.atomic():
-                job = Job.objects.select_for_update().select_related("tenant").get(pk=job_id)
+                job = Job.objects.select_for_update(of=("self",)).select_related("tenant").get(pk=job_id)
                 if job.state in HOLDING_STATES:
                     requeue_lost(job, now)
     return lost

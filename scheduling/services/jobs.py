@@ -178,7 +178,7 @@ def do_cancel_job(job_id: int) -> Job:
     Idempotent for cancelled jobs; a succeeded or failed job raises InvalidTransition (409).
     """
     with transaction.atomic():
-        job = Job.objects.select_for_update().select_related("tenant").get(pk=job_id)
+        job = Job.objects.select_for_update(of=("self",)).select_related("tenant").get(pk=job_id)
         if job.state == JobState.CANCELLED or (
             job.state == JobState.TERMINATING and job.stop_reason == "cancelled"
         ):

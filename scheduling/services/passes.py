@@ -140,9 +140,7 @@ def record_pass(result: PassResult, now: datetime) -> None:
     decisions = {"bound": len(result.bound), "dropped": len(result.dropped),
                  "preempted": len(result.preempted)}
     with transaction.atomic():
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cur:
-                cur.execute("SET LOCAL synchronous_commit TO OFF")
+        _commit_without_flush()
         state, _ = SchedulerState.objects.select_for_update().get_or_create(id=1)
         buckets = list(state.pass_buckets or []) + [0] * (len(PASS_BUCKETS_S) + 1)
         buckets = buckets[: len(PASS_BUCKETS_S) + 1]
@@ -168,7 +166,7 @@ def apply_decisions(loaded: LoadedSnapshot, decisions: Decisions, now: datetime)
         _apply_bindings(loaded, bindings[i : i + APPLY_CHUNK], now, result)
     for preemption in decisions.preemptions:
         with transaction.atomic():
-            job = Job.objects.select_for_update().select_related("tenant").filter(
+            job = Job.objects.select_for_update(of=("self",)).select_related("tenant").filter(
                 pk=int(preemption.job_id), state=JobState.RUNNING
             ).first()
             if job is not None and job.preemptible:
@@ -194,7 +192,7 @@ def _apply_bindings(
     with transaction.atomic():
         jobs = {
             str(j.pk): j
-            for j in Job.objects.select_for_update().select_related("tenant").filter(
+            for j in Job.objects.select_for_update(of=("self",)).select_related("tenant").filter(
                 pk__in=[int(b.job_id) for b in bindings], state=JobState.PENDING
             ).order_by("pk")
         }
@@ -315,10 +313,27 @@ def _store_pending_reasons(decisions: Decisions, loaded: LoadedSnapshot) -> None
         if job is not None and job.state == JobState.PENDING and job.pending_reason != why:
             job.pending_code, job.pending_reason, job.estimated_start = "capacity", why, None
             changed.append(job)
-    if changed:
-        with transaction.atomic():
-            Job.objects.filter(state=JobState.PENDING).bulk_update(
-                changed, ["pending_code", "pending_reason", "estimated_start"]
+    if not changed:
+        return
+    # One UPDATE per distinct reason (a queue waiting for capacity shares one or a few), not
+    # bulk_update's CASE per row, which took ~280 ms for 270 jobs. Reasons are recomputed by
+    # every pass, so their commit need not wait for the disk.
+    groups: dict[tuple, list[int]] = {}
+    for job in changed:
+        groups.setdefault((job.pending_code, job.pending_reason, job.estimated_start), []).append(job.pk)
+    with transaction.atomic():
+        _commit_without_flush()
+        for (code, reason, estimated), ids in groups.items():
+            Job.objects.filter(pk__in=ids, state=JobState.PENDING).update(
+                pending_code=code, pending_reason=reason, estimated_start=estimated
             )
-            for job in changed:
-                live.publish_job(job)
+        for job in changed:
+            live.publish_job(job)
+
+
+def _commit_without_flush() -> None:
+    """This transaction's commit does not wait for the disk (PostgreSQL): for derived data only,
+    which a crash may lose and the next pass writes again."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cur:
+            cur.execute("SET LOCAL synchronous_commit TO OFF")

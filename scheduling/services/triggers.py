@@ -15,6 +15,9 @@ from django.conf import settings
 log = logging.getLogger("tessera.triggers")
 
 QUEUED_FLAG = "pass-queued"
+# How long a "pass queued" flag lives if the task that should clear it never runs (lost with a
+# Redis hiccup or a killed worker): triggers are swallowed for at most this long.
+QUEUED_TTL_S = 5
 _wake = threading.Event()
 _loop_started = threading.Event()
 
@@ -27,7 +30,7 @@ def request_pass() -> None:
         return
     from scheduling.services.redis_flags import set_flag_once
 
-    if not set_flag_once(QUEUED_FLAG):
+    if not set_flag_once(QUEUED_FLAG, QUEUED_TTL_S):
         return
     try:
         from scheduling.tasks import scheduling_pass

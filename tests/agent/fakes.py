@@ -81,6 +81,11 @@ class FakeServer:
                                **({"started_at": started_at} if started_at is not None else {})})
         return {"state": "succeeded" if exit_code == 0 else "failed", "recorded": True}
 
+    def report_exits(self, reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The batched exit reports: each recorded as an ``exited`` call, the batch as ``exits``."""
+        self._record("exits", count=len(reports))
+        return [{"status": 200, **self.exited(**report)} for report in reports]
+
     def output(self, job_id: int, replica: int = 0) -> bytes:
         with self.lock:
             return b"".join(data for _, data in sorted(self.chunks.get((job_id, replica), [])))

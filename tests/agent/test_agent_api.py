@@ -195,6 +195,36 @@ def test_an_exit_report_carrying_the_start_records_both_at_the_agents_start_time
     assert abs(job.started_at.timestamp() - spawned) < 0.001 and job.finished_at >= job.started_at
 
 
+def test_exits_reported_together_are_settled_and_answered_each_on_its_own(world, join_token):
+    node, _ = h.register(join_token, "gpu-01")
+    h.register(join_token, "gpu-02")
+    done = h.bind(h.submit(world.alice, world.vision), "gpu-01", [0])
+    failed = h.bind(h.submit(world.alice, world.vision), "gpu-01", [1])
+    elsewhere = h.bind(h.submit(world.alice, world.vision), "gpu-02", [0])
+    now = timezone.now().timestamp()
+    answer = node.post(AGENT + "exits", {"exits": [
+        {"job_id": done.pk, "attempt": 0, "replica": 0, "exit_code": 0, "started_at": now, "pid": 5},
+        {"job_id": failed.pk, "attempt": 3, "replica": 0, "exit_code": 1},  # an attempt never bound
+        {"job_id": elsewhere.pk, "attempt": 0, "replica": 0, "exit_code": 0},  # another node's job
+        {"job_id": failed.pk, "attempt": 0, "replica": 0, "exit_code": 1, "started_at": now},
+    ]}, format="json")
+    assert answer.status_code == 200, answer.content
+    assert [r["status"] for r in answer.data["results"]] == [200, 409, 404, 200]
+    assert [answer.data["results"][i]["state"] for i in (0, 3)] == ["succeeded", "failed"]
+    for job, state in ((done, "succeeded"), (failed, "failed"), (elsewhere, "scheduled")):
+        job.refresh_from_db()
+        assert job.state == state
+    assert _types(done) == ["submitted", "scheduled", "started", "succeeded"]
+
+
+@pytest.mark.parametrize("body", [{}, {"exits": []}, {"exits": [{"job_id": 1, "attempt": 0}]},
+                                  {"exits": [{"job_id": 0, "attempt": 0, "exit_code": 0}]}])
+def test_a_bad_exits_body_is_refused_naming_the_field(join_token, body):
+    node, _ = h.register(join_token, "gpu-01")
+    answer = node.post(AGENT + "exits", body, format="json")
+    assert answer.status_code == 400 and "exits" in answer.json(), answer.content
+
+
 def test_a_heartbeat_reporting_the_process_catches_up_a_lost_started_report(world, join_token):
     node, _ = h.register(join_token)
     job = h.bind(h.submit(world.alice, world.vision), "gpu-01", [0, 1])

@@ -20,13 +20,11 @@ no GPU bound to two jobs and every invariant holding.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import random
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -36,7 +34,19 @@ from typing import Any
 import pytest
 import requests
 
-e2e = importlib.import_module("tests.integration.test_end_to_end")
+from tests.support import (
+    Processes,
+    agent_argv,
+    agent_env,
+    beat_argv,
+    database_url_of,
+    free_port,
+    stack_env,
+    wait_until,
+    web_answers,
+    web_argv,
+    worker_argv,
+)
 
 SEED = int(os.environ.get("TESSERA_CHAOS_SEED", "20261129"))
 JOBS = 200
@@ -82,7 +92,7 @@ class RedisServer:
     """A redis-server of this test's own, on a free port, without persistence."""
 
     def __init__(self, work: Path):
-        self.port = e2e.free_port()
+        self.port = free_port()
         self.work = work
         self.proc: subprocess.Popen | None = None
 
@@ -157,48 +167,29 @@ def chaos_stack(require_postgres, redis_url, transactional_db, world, settings):
     work.chmod(0o711)
     redis = RedisServer(work)
     redis.start()
-    port = e2e.free_port()
-    base_env = {k: v for k, v in os.environ.items() if not k.startswith(("TESSERA_", "PYTEST_"))}
-    env = {
-        **base_env,
-        "DATABASE_URL": e2e.database_url_of(settings),
-        "REDIS_URL": f"redis://127.0.0.1:{redis.port}/0",
-        "TESSERA_EMBEDDED_PASSES": "0",
-        "TESSERA_PASS_LOOP": "0",
-        "TESSERA_PASS_INTERVAL_S": "1",  # beat's safety pass: what carries on when triggers are lost
-        "TESSERA_HEARTBEAT_TIMEOUT_S": "5",
-        "TESSERA_LEASE_S": "10",
-        "TESSERA_RETRY_BACKOFF_S": "0.5",
-        "DJANGO_SETTINGS_MODULE": "controlplane.settings",
-    }
-    procs = e2e.Processes(work)
-    argv = {
-        "worker": [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "-P", "solo",
-                   "--without-mingle", "--without-gossip", "--without-heartbeat",
-                   "-n", f"chaos-{os.getpid()}@%h", "-l", "INFO"],
-        "beat": [sys.executable, "-m", "celery", "-A", "controlplane", "beat", "-l", "WARNING",
-                 "-s", str(work / "celerybeat-schedule")],
-        "web": [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                "controlplane.asgi:application"],
-    }
+    port = free_port()
+    env = stack_env(
+        database_url_of(settings), f"redis://127.0.0.1:{redis.port}/0",
+        TESSERA_PASS_INTERVAL_S="1",  # beat's safety pass: what carries on when triggers are lost
+        TESSERA_HEARTBEAT_TIMEOUT_S="5", TESSERA_LEASE_S="10", TESSERA_RETRY_BACKOFF_S="0.5",
+    )
+    procs = Processes(work)
     base = f"http://127.0.0.1:{port}"
-    agent_env = {k: v for k, v in env.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    agent_env["TESSERA_JOIN_TOKEN"] = join_token
+    argv = {"worker": worker_argv("chaos"), "beat": beat_argv(work / "celerybeat-schedule"),
+            "web": web_argv(port=port)}
+    agents_env = agent_env(env, join_token)
     for n in range(AGENTS):
-        argv[f"agent{n}"] = [
-            sys.executable, "-m", "agent", "--server", base, "--simulate",
-            f"8xA100,nvlink=4,rack=r{n}", "--name", f"chaos-{n}", "--metrics-port", "0",
-            "--metrics-addr", "127.0.0.1", "--state-dir", str(work / f"agent{n}"),
-            "--poll-interval", "1", "--shutdown-grace", "1"]
+        argv[f"agent{n}"] = agent_argv(base, f"chaos-{n}", f"8xA100,nvlink=4,rack=r{n}", work / f"agent{n}",
+                                       "--poll-interval", "1", "--shutdown-grace", "1")
     try:
         for name in ("worker", "beat", "web"):
             procs.start(name, argv[name], env)
         deadline = time.monotonic() + 60
-        e2e.wait_until("the worker", lambda: " ready." in procs.output("worker"), procs, deadline)
-        e2e.wait_until("the web server", lambda: e2e._answers(base), procs, deadline)
+        wait_until("the worker", lambda: " ready." in procs.output("worker"), procs, deadline)
+        wait_until("the web server", lambda: web_answers(base), procs, deadline)
         for n in range(AGENTS):
-            procs.start(f"agent{n}", argv[f"agent{n}"], agent_env)
-        yield {"base": base, "procs": procs, "argv": argv, "env": env, "agent_env": agent_env,
+            procs.start(f"agent{n}", argv[f"agent{n}"], agents_env)
+        yield {"base": base, "procs": procs, "argv": argv, "env": env, "agent_env": agents_env,
                "redis": redis, "work": work}
     finally:
         procs.stop_all()
@@ -207,7 +198,7 @@ def chaos_stack(require_postgres, redis_url, transactional_db, world, settings):
 
 
 def _blow(action: str, stack: dict[str, Any], rng: random.Random, log: list[str]) -> None:
-    procs: e2e.Processes = stack["procs"]
+    procs: Processes = stack["procs"]
     if action == "restart redis":
         stack["redis"].stop()
         time.sleep(1.0)
@@ -241,7 +232,7 @@ def test_jobs_survive_killed_workers_agents_web_and_a_redis_restart(chaos_stack,
     bodies = [job_body(i, rng) for i in range(JOBS)]
     happened: list[str] = [f"seed {SEED}, plan {plan}"]
     print(happened[0])
-    e2e.wait_until(f"{AGENTS} agents", lambda: Node.objects.filter(devices__isnull=False).distinct()
+    wait_until(f"{AGENTS} agents", lambda: Node.objects.filter(devices__isnull=False).distinct()
                    .count() == AGENTS, procs, time.monotonic() + 60)
 
     submitter = Submitter(base, world.tokens, bodies)

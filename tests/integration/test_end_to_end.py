@@ -8,95 +8,40 @@ calls a pass itself.
 
 Isolation from other test runs on the same Redis: the web and the worker use a broker database of
 their own (``TESSERA_REDIS_BROKER_DB``), so no other worker takes this test's pass and this worker
-takes no one else's.
+takes no one else's. The processes are launched by ``tests/support.py``, as the chaos test and the
+end-to-end benchmark launch theirs.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import pytest
 import requests
 
-from tests.support import free_port
+from tests.support import (
+    Processes,
+    agent_argv,
+    agent_env,
+    database_url_of,
+    free_port,
+    stack_env,
+    wait_until,
+    web_answers,
+    web_argv,
+    worker_argv,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
 DEADLINE_S = 50  # everything below must happen within this; a hang fails, it does not block CI
 COMMAND = ["python", "-c", "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"]
 
 pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(90)]
-
-
-def database_url_of(settings) -> str:
-    db = settings.DATABASES["default"]
-    auth = quote(db["USER"] or "postgres")
-    if db.get("PASSWORD"):
-        auth += ":" + quote(db["PASSWORD"])
-    return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-
-
-class Processes:
-    """Child processes in their own sessions, each logging to a file; all stopped at the end."""
-
-    def __init__(self, log_dir: Path):
-        self.log_dir = log_dir
-        self.children: dict[str, subprocess.Popen] = {}
-
-    def start(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
-        log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        log.close()
-        self.children[name] = proc
-        return proc
-
-    def output(self, name: str) -> str:
-        return (self.log_dir / f"{name}.log").read_text(errors="replace")
-
-    def check_alive(self) -> None:
-        for name, proc in self.children.items():
-            if proc.poll() is not None:
-                pytest.fail(f"{name} exited with {proc.returncode}:\n{self.output(name)[-3000:]}")
-
-    def stop_all(self) -> None:
-        """SIGINT the agent first (it stops its jobs), then SIGTERM the rest; SIGKILL stragglers."""
-        order = sorted(self.children, key=lambda n: n != "agent")
-        for name in order:
-            proc = self.children[name]
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGINT if name == "agent" else signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for proc in self.children.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(max(0.1, deadline - time.monotonic()))
-        for proc in self.children.values():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)  # the whole group: whatever a child left behind
-            proc.wait(5)
-
-    def report(self) -> str:
-        return "\n".join(f"--- {name} ---\n{self.output(name)[-2500:]}" for name in self.children)
-
-
-def wait_until(what: str, check: Callable[[], Any], procs: Processes, deadline: float) -> Any:
-    while time.monotonic() < deadline:
-        procs.check_alive()
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    pytest.fail(f"timed out waiting for {what}\n{procs.report()}")
 
 
 @pytest.fixture
@@ -108,44 +53,22 @@ def stack(require_postgres, redis_url, transactional_db, world, settings) -> Ite
     port = free_port()
     work = Path(tempfile.mkdtemp(prefix="tessera-e2e-", dir="/tmp"))
     work.chmod(0o711)  # the job user must reach the agent's job directories below it
-    base_env = {k: v for k, v in os.environ.items() if not k.startswith(("TESSERA_", "PYTEST_"))}
-    env = {
-        **base_env,
-        "DATABASE_URL": database_url_of(settings),
-        "REDIS_URL": redis_url,
-        "TESSERA_REDIS_BROKER_DB": str(8 + os.getpid() % 8),
-        "TESSERA_EMBEDDED_PASSES": "0",
-        "TESSERA_PASS_LOOP": "0",
-        "DJANGO_SETTINGS_MODULE": "controlplane.settings",
-    }
+    env = stack_env(database_url_of(settings), redis_url,
+                    TESSERA_REDIS_BROKER_DB=str(8 + os.getpid() % 8))
     procs = Processes(work)
     try:
-        procs.start("worker", [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "-P", "solo",
-                               "--without-mingle", "--without-gossip", "--without-heartbeat",
-                               "-n", f"e2e-{os.getpid()}@%h", "-l", "INFO"], env)
-        procs.start("web", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                            "controlplane.asgi:application"], env)
+        procs.start("worker", worker_argv("e2e"), env)
+        procs.start("web", web_argv(port=port), env)
         deadline = time.monotonic() + DEADLINE_S
         wait_until("the Celery worker", lambda: " ready." in procs.output("worker"), procs, deadline)
         base = f"http://127.0.0.1:{port}"
-        wait_until("the web server", lambda: _answers(base), procs, deadline)
-        agent_env = {k: v for k, v in env.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-        agent_env["TESSERA_JOIN_TOKEN"] = join_token  # never on the command line
-        procs.start("agent", [sys.executable, "-m", "agent", "--server", base, "--simulate",
-                              "8xA100,nvlink=4,rack=r1", "--name", "e2e-a100", "--metrics-port", "0",
-                              "--metrics-addr", "127.0.0.1", "--state-dir", str(work / "agent"),
-                              "--poll-interval", "0.2"], agent_env)
+        wait_until("the web server", lambda: web_answers(base), procs, deadline)
+        procs.start("agent", agent_argv(base, "e2e-a100", "8xA100,nvlink=4,rack=r1", work / "agent",
+                                        "--poll-interval", "0.2"), agent_env(env, join_token))
         yield {"base": base, "procs": procs, "deadline": deadline, "redis_url": redis_url}
     finally:
         procs.stop_all()
         shutil.rmtree(work, ignore_errors=True)
-
-
-def _answers(base: str) -> bool:
-    try:
-        return requests.get(base + "/api/v1/jobs/", timeout=2).status_code == 401
-    except requests.RequestException:
-        return False
 
 
 def test_alices_two_gpu_job_runs_on_a_real_agent_and_succeeds(stack, world):
