@@ -147,6 +147,12 @@ class Agent:
                     log.warning("long-poll failed (%d in a row): %s", errors, exc)
             else:
                 errors = 0
+            if errors:
+                # The wait failed (a Redis hiccup, a restarted web process): a wake may have been
+                # lost with it, so fetch the orders now rather than at the next periodic heartbeat.
+                with self._lock:
+                    self._heartbeat_asked = True
+                self._poke.set()
             if answer.get("wake"):
                 start = answer.get("start")
                 with self._lock:

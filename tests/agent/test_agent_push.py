@@ -16,6 +16,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.test import AsyncClient
 
+from agent.client import ServerError
 from agent.inventory import simulated_inventory
 from agent.node import Agent
 from agent.process import job_path, resolve_run_as
@@ -224,3 +225,39 @@ def test_a_process_that_ends_at_once_is_reported_by_one_exit_report_with_its_sta
     exit_ = server.exit_of(9)
     assert exit_["exit_code"] == 0 and abs(exit_["started_at"] - time.time()) < 5
     assert [c for c in server.calls if c[0] == "started"] == []
+
+
+class FailsOneWait(fakes.FakeServer):
+    """A long-poll that fails once (a Redis hiccup took the wake with it), then waits normally."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = threading.Event()
+
+    def wait(self, timeout_s: float) -> dict:
+        if self.orders and not self.failed.is_set():
+            self.failed.set()
+            raise ServerError("wait: HTTP 503")
+        return super().wait(min(timeout_s, 0.2))
+
+
+def test_a_failed_long_poll_makes_the_agent_fetch_its_orders_at_once():
+    with fakes.job_user_state_dir() as state_dir:
+        run_as = resolve_run_as("nobody")
+        server = FailsOneWait()
+        node = Agent(server, simulated_inventory("push", parse_spec("2xT4")), state_dir, run_as,
+                     job_path(state_dir, run_as), poll_interval=30)
+        stop = threading.Event()
+        loop = threading.Thread(target=node.run, args=(stop,), daemon=True)
+        loop.start()
+        try:
+            assert fakes.wait_for(lambda: [c for c in server.calls if c[0] == "heartbeat"], 5)
+            server.orders.append(fakes.binding(job_id=11, command=["sleep", "30"], gpus=[0]))
+            assert fakes.wait_for(server.failed.is_set, 5)
+            # Not 30 s later at the periodic heartbeat: the heartbeat after the failure fetched it.
+            assert fakes.wait_for(lambda: [r["job_id"] for r in node.running_reports()] == [11], 3)
+        finally:
+            stop.set()
+            node.poke()
+            loop.join(5)
+            node.shutdown(0.5)
