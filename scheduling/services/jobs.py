@@ -17,7 +17,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from scheduling.choices import HOLDING_STATES, QUEUE_LEVELS, TERMINAL_STATES, EventType, JobState
-from scheduling.models import Allocation, Device, IdempotencyKey, Job, JobEvent
+from scheduling.models import Allocation, IdempotencyKey, Job, JobEvent
 from scheduling.services import live
 from scheduling.states import check_transition
 
@@ -163,7 +163,9 @@ def do_submit_job(
 
 def _find_idempotent(user, key: str) -> IdempotencyKey | None:
     ttl = timedelta(seconds=settings.TESSERA["IDEMPOTENCY_TTL_S"])
-    row = IdempotencyKey.objects.select_related("job").filter(user=user, key=key).first()
+    # Only the columns checked: a first submit (the common case) finds no row, and compiling a
+    # join with every job column cost more than the query itself. A retry then reads its job.
+    row = IdempotencyKey.objects.filter(user=user, key=key).only("body_hash", "job_id", "created_at").first()
     if row is None:
         return None
     if row.created_at < timezone.now() - ttl:
@@ -224,9 +226,12 @@ def release_allocations(job: Job, at: datetime | None = None) -> list[dict[str, 
     # and bumping them made a pass drop every binding onto a node where a job had just ended.
     from scheduling.services.inventory import device_rows
 
-    rows = device_rows(
-        Device.objects.filter(pk__in=[a.device_id for a in allocs if a.device_id]).select_related("node")
-    )
+    devices = {}
+    for a in allocs:
+        if a.device is not None:
+            a.device.node = a.node  # the allocation's node is its device's: no second read
+            devices[a.device_id] = a.device
+    rows = device_rows(devices.values())
     live.publish_devices(rows)
     return rows
 
