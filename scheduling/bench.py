@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from scheduling.engine.collector import collector_paused
 from scheduling.engine.config import EngineConfig
 from scheduling.engine.policy import TesseraScheduler
 from scheduling.engine.types import JobRequest, NodeSpec, Placement, QuotaSpec, RunningJob, Snapshot
@@ -123,8 +124,9 @@ def saturate(nodes: list[NodeSpec], fill: float, rng: random.Random, now: float
 def one_pass(snapshot: Snapshot, config: EngineConfig) -> tuple[float, float, int, int]:
     t0 = time.perf_counter()
     c0 = time.process_time()
-    engine = TesseraScheduler.from_snapshot(snapshot, config)
-    d = engine.decide(snapshot.now)
+    with collector_paused():  # as the live pass does (scheduling/services/passes.py)
+        engine = TesseraScheduler.from_snapshot(snapshot, config)
+        d = engine.decide(snapshot.now)
     elapsed = time.perf_counter() - t0
     cpu = time.process_time() - c0
     assert len(d.bindings) + len(d.pending) + len(d.rejections) == len(snapshot.pending)

@@ -302,33 +302,36 @@ class Placer:
                 best_key, best_pick = k, (by_rank[rank], value)
         return best_pick
 
-    def best_among(self, req: ReplicaReq, c: Constraints, nodes: list[int],
+    def best_among(self, req: ReplicaReq, c: Constraints, rack: str,
                    node_ok: Callable[[int], bool] | None = None
                    ) -> tuple[int, int | None] | None:
-        """Like :meth:`best`, over the given nodes only (one rack): a scan of those nodes."""
+        """Like :meth:`best`, over the nodes of one rack: a look at each group the rack's nodes
+        are in (the best node of a group is its lowest-ranked allowed node in the rack)."""
         state = self.state
         per = self._score.get(req)
         if per is None:
             per = self._score[req] = {}
+        by_gid = state.group_by_gid
+        by_rank = state.by_rank
         best_key: tuple | None = None
         best_pick: tuple[int, int | None] | None = None
-        prefs: dict[int, int | None] = {}  # a rack has few classes: one lookup per class
-        for i in nodes:
-            n = state.nodes[i]
-            pref = prefs.get(n.cls, MISS)
-            if pref is MISS:
-                pref = prefs[n.cls] = self.class_pref(n.cls, c)
-            if pref is None or (node_ok is not None and not node_ok(i)):
+        for gid, ranks in state.rack_groups.get(rack, {}).items():
+            g = by_gid[gid]
+            pref = self.class_pref(g.cls, c)
+            if pref is None:
                 continue
-            g = n.group
-            sc = per.get(g.gid, MISS)
+            sc = per.get(gid, MISS)
             if sc is MISS:
                 sc = self._group_score(g, req, per)
-            if sc is None:
+            if sc is None or (best_key is not None and (-pref, sc[0]) < best_key[:2]):  # type: ignore[index]
                 continue
-            k = (-pref, sc[0], -n.rank)  # type: ignore[index]
-            if best_key is None or k > best_key:
-                best_key, best_pick = k, (i, sc[1])  # type: ignore[index]
+            for r in ranks:
+                i = by_rank[r]
+                if node_ok is None or node_ok(i):
+                    k = (-pref, sc[0], -r)  # type: ignore[index]
+                    if best_key is None or k > best_key:
+                        best_key, best_pick = k, (i, sc[1])  # type: ignore[index]
+                    break
         return best_pick
 
     # The best group of one class for one request, kept in a heap of (-score, first rank, gid).

@@ -156,6 +156,9 @@ class ClusterState:
         for n in self.nodes:
             self.rack_nodes.setdefault(n.spec.rack, []).append(n.index)
         self.rack_free: dict[tuple[str, int], int] = {}  # (rack, class) -> free milli-GPU
+        # rack -> group id -> sorted ranks of the rack's nodes in that group: a rack gang's
+        # placer looks at the rack's groups, not at each of its nodes
+        self.rack_groups: dict[str, dict[int, list[int]]] = {}
         self.class_racks: dict[int, dict[str, int]] = {}  # class -> rack -> nodes
         for n in self.nodes:
             racks = self.class_racks.setdefault(n.cls, {})
@@ -200,6 +203,14 @@ class ClusterState:
                 del log[:drop]
                 self.log_base[n.cls] += drop
         bisect.insort(group.ranks, n.rank)
+        in_rack = self.rack_groups.get(n.spec.rack)
+        if in_rack is None:
+            in_rack = self.rack_groups[n.spec.rack] = {}
+        rack_ranks = in_rack.get(group.gid)
+        if rack_ranks is None:
+            in_rack[group.gid] = [n.rank]
+        else:
+            bisect.insort(rack_ranks, n.rank)
         hist = self.whole_hist.get(n.cls)
         if hist is None:
             hist = self.whole_hist[n.cls] = [0] * (n.spec.gpus + 1)
@@ -218,6 +229,12 @@ class ClusterState:
         key = group.key
         ranks = group.ranks
         del ranks[bisect.bisect_left(ranks, n.rank)]
+        in_rack = self.rack_groups[n.spec.rack]
+        rack_ranks = in_rack[group.gid]
+        if len(rack_ranks) == 1:
+            del in_rack[group.gid]
+        else:
+            del rack_ranks[bisect.bisect_left(rack_ranks, n.rank)]
         if not ranks:
             del self.groups[key]
             del self.by_class[n.cls][key]

@@ -88,7 +88,7 @@ def _pick(placer: Placer, req: ReplicaReq, c: Constraints,
           ) -> tuple[int, int | None] | None:
     if rack is None:
         return placer.best(req, c, node_ok)
-    return placer.best_among(req, c, placer.state.rack_nodes.get(rack, []), node_ok)
+    return placer.best_among(req, c, rack, node_ok)
 
 
 def _greedy(placer: Placer, job_id: str, req: ReplicaReq, replicas: int, need: int,
