@@ -152,12 +152,11 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
                 if plan is None:
                     s._preempt_fail.add(fail_key)
             if plan is not None:
+                may_rank = cfg.level_of(job.kind) in cfg.preemptor_levels
                 for v in plan:
                     s.running[v.job_id].terminating = True
-                    d.preemptions.append(Preemption(
-                        v.job_id, f"priority: for job {job.id}" if queues.rank(
-                            s.running[v.job_id].job, cfg) > queues.rank(job, cfg)
-                        else f"reclaim: {job.tenant} needs its guarantee", job.id))
+                    d.preemptions.append(Preemption(v.job_id, _why(s, job, v.job_id, may_rank, now),
+                                                    job.id))
                 waiting = f"preempting {len(plan)} job(s)" if plan else "waiting for "\
                     "terminating jobs"
                 grace = max((s.running[v.job_id].job.grace_s for v in plan), default=0.0)
@@ -211,6 +210,16 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
     del placements_of
     s.last_codes = {jid: r.code for jid, r in d.pending.items()}
     return d
+
+
+def _why(s: TesseraScheduler, job, victim: str, may_rank: bool, now: float) -> str:
+    """The reason a victim is given: which of the preemption rules chose it."""
+    if may_rank and queues.rank(s.running[victim].job, s.config) > queues.rank(job, s.config):
+        return f"priority: for job {job.id}"
+    if s.starving(job, now):
+        return (f"seniority: job {job.id} has waited {(now - job.submitted_at) / 3600:.0f} h "
+                "(starvation bound)")
+    return f"reclaim: {job.tenant} needs its guarantee"
 
 
 def _quota_instead(s: TesseraScheduler, job, geo) -> PendingReason | None:

@@ -351,8 +351,13 @@ class TesseraScheduler:
 
     # helpers used by the pass ----------------------------------------------------------------------
     def expected_end(self, run: Running, now: float) -> float:
+        """Its start plus its time limit, else its predicted runtime; a job past its prediction
+        (and with no hard limit) is expected to run as long again as it has so far, since run
+        times are heavy-tailed — so a long-running service is not taken to end any minute."""
         est = self.history.predict(run.job)
         end = run.started_at + (est if est is not None else self.config.default_runtime_s)
+        if end <= now and not run.job.time_limit_s:
+            end = now + (now - run.started_at)
         return max(end, now)
 
     def starving(self, job: JobRequest, now: float) -> bool:
@@ -369,6 +374,7 @@ class TesseraScheduler:
         self._eligible = []
         self._reclaimable: set[str] = set()  # borrowers whose reclaim would lose little now
         self._protected: set[str] = set()  # started after starving: never reclaimed
+        self._senior_ok: set[str] = set()  # may be preempted for seniority (not ending soon)
         window = self.config.reclaim_checkpoint_window_s
         for jid, run in self.running.items():
             if (not run.job.preemptible or run.terminating or run.cancelled
@@ -376,8 +382,13 @@ class TesseraScheduler:
                 continue
             allocs = tuple(self.state.allocs.get(jid, ()))
             since = max(run.started_at, run.last_checkpoint or run.started_at)
-            if window <= 0 or not run.job.checkpoint_s or now - since <= window:
+            limit = run.job.time_limit_s
+            if limit and run.started_at + limit <= now + self.config.spare_ending_s:
+                pass  # its hard limit ends it soon: neither reclaimed nor preempted for seniority
+            elif window <= 0 or not run.job.checkpoint_s or now - since <= window:
                 self._reclaimable.add(jid)
+            else:
+                self._senior_ok.add(jid)
             if self.starving(run.job, run.started_at):
                 self._protected.add(jid)  # started starving: its borrowing ends with it
             gpus = sum(len(a.gpus) * a.milli for a in allocs) / MILLI
@@ -418,7 +429,8 @@ class TesseraScheduler:
                 borrowing and _jid in self._reclaimable and _jid not in self._protected
                 and any((run.job.tenant, m) in borrowing for m in vmodels)
             ) and not (
-                senior is not None and _jid in self._reclaimable and vrank[0] >= mine[0]
+                senior is not None and vrank[0] >= mine[0]
+                and (_jid in self._reclaimable or _jid in self._senior_ok)
                 and (run.job.submitted_at, run.job.id) > senior
             ):
                 continue
@@ -514,6 +526,18 @@ class TesseraScheduler:
                 for a in self.state.allocs.get(jid, ()):
                     self._holders.setdefault(a.node, []).append((end, a))
         holders = self._holders
+        if self.starving(job, now):
+            # A starving job does not wait for what it may preempt: its start is when the jobs
+            # it may not preempt (older, ending soon, not preemptible) have left, so backfill
+            # cannot keep refilling its nodes.
+            may = {v.job_id for vs in self.victims(job, geo, now).values() for v in vs}
+            holders = {}
+            for jid, run in self.running.items():
+                if jid in may:
+                    continue
+                end = self.expected_end(run, now)
+                for a in self.state.allocs.get(jid, ()):
+                    holders.setdefault(a.node, []).append((end, a))
         taken = res.taken()
         prev = self.sticky.get(job.id)
         if prev is not None and not (set(prev) & taken):
