@@ -1,9 +1,12 @@
 """End-to-end benchmark (``make bench-e2e``): submit → running through every real part, measured.
 
 Starts, on this machine: a PostgreSQL database of its own (``tessera_bench``, dropped and made
-afresh), a Celery worker and daphne on Redis databases of their own, and 16 node agents of 8
-simulated GPUs each (real agent processes, real job processes). Then it submits 2,000 jobs
-(single-GPU, fractional and gangs; the command is ``true``) through the REST API: the first half
+afresh), a Celery worker, Celery beat and daphne (``--web`` processes on one port) on Redis
+databases of their own, and 16 node agents of 8 simulated GPUs each (real agent processes, real
+job processes), launched by ``tests/support.py`` as the integration and chaos tests launch theirs.
+The per-user rate limits are off: one user submitting as fast as it can is the load measured.
+Then it submits 2,000 jobs (single-GPU, fractional and gangs; the command is ``true``) through the
+REST API: the first half
 at 50 per second (the latency phase), the rest as fast as its client threads can (the throughput
 phase). It prints ONE JSON line on stdout; progress goes to stderr.
 
