@@ -38,6 +38,7 @@ class ExitReporter:
         self._queue: list[_Pending] = []
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
+        self.batched = True  # False once the server is found to have no ``exits`` endpoint
 
     def __getattr__(self, name: str) -> Any:  # started, logs, heartbeat, ...: the client's own
         return getattr(self.client, name)
@@ -74,16 +75,24 @@ class ExitReporter:
             self._send(batch)
 
     def _send(self, batch: list[_Pending]) -> None:
+        if not self.batched:
+            self._send_one_by_one(batch)
+            return
         try:
             results = self.client.report_exits([item.body for item in batch])
             if len(results) != len(batch):
                 raise ServerError(f"exits: {len(results)} results for {len(batch)} reports")
+        except Rejected as exc:
+            if exc.status not in (404, 405):
+                self._fail(batch, exc)
+                return
+            self.batched = False  # a server from before ``exits``: one report per request
+            self._send_one_by_one(batch)
+            return
         except Exception as exc:  # noqa: BLE001 - never leave a caller waiting: each retries
-            if not isinstance(exc, ServerError | Rejected):
+            if not isinstance(exc, ServerError):
                 exc = ServerError(f"exits: {exc.__class__.__name__}: {exc}")
-            for item in batch:
-                item.error = exc
-                item.done.set()
+            self._fail(batch, exc)
             return
         for item, result in zip(batch, results, strict=True):
             status = int(result.get("status", 200))
@@ -91,4 +100,21 @@ class ExitReporter:
                 item.error = Rejected(status, result)
             else:
                 item.result = result
+            item.done.set()
+
+    def _send_one_by_one(self, batch: list[_Pending]) -> None:
+        for item in batch:
+            body = dict(item.body)
+            try:
+                item.result = self.client.exited(body.pop("job_id"), **body)
+            except (ServerError, Rejected) as exc:
+                item.error = exc
+            except Exception as exc:  # noqa: BLE001 - never leave a caller waiting: it retries
+                item.error = ServerError(f"exited: {exc.__class__.__name__}: {exc}")
+            item.done.set()
+
+    @staticmethod
+    def _fail(batch: list[_Pending], exc: Exception) -> None:
+        for item in batch:
+            item.error = exc
             item.done.set()

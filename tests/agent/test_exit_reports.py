@@ -78,3 +78,19 @@ def test_every_report_is_answered_however_many(n):
     server = fakes.FakeServer()
     results = report_together(ExitReporter(server, window_s=0.01), list(range(1, n + 1)))
     assert len(results) == n and all(r["recorded"] for r in results.values())
+
+
+class WithoutExits(fakes.FakeServer):
+    """A control plane from before the ``exits`` endpoint."""
+
+    def report_exits(self, reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        raise Rejected(404, {"detail": "Not found."})
+
+
+def test_against_a_server_without_the_batch_endpoint_each_exit_is_reported_alone():
+    server = WithoutExits()
+    reporter = ExitReporter(server, window_s=0.01)
+    results = report_together(reporter, [1, 2, 3])
+    assert all(r["recorded"] for r in results.values())
+    assert sorted(e["job_id"] for e in server.exits) == [1, 2, 3]
+    assert reporter.batched is False
