@@ -35,6 +35,8 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
     s.note_owed(now)
     claimed: list[tuple[str, str, int]] = []  # quota room claimed this pass, undone at the end
     s.quotas.frozen = {}
+    # Nodes reserved last pass: no preemption is planned on another job's (see _plan).
+    s.prev_reserved = {i: r.job_id for r in s.last_reservations for i in r.nodes}
     for jid, (nodes, until) in list(s.room.items()):  # room preemptions freed, held for its job
         if jid in s.pending and now <= until:
             res.add(Reservation(jid, nodes, now))
@@ -253,16 +255,23 @@ def _rows(s: TesseraScheduler, job, geo) -> list[tuple[str, str]]:
 
 
 def _plan(s: TesseraScheduler, hypo, job, geo, c, victims, node_ok):
-    """Victims that make room for ``job`` where its topology allows and, with ``node_ok``, off
-    the nodes reserved for jobs ahead of it: a preemption never delays a reservation."""
+    """Victims that make room for ``job`` where its topology allows, off the nodes reserved
+    for other jobs — this pass's (``node_ok``) and last pass's, so that even a job ahead of a
+    reserved one in the queue makes its room elsewhere: a preemption never delays a
+    reservation."""
     from .preemption import choose_victims
+
+    prev = s.prev_reserved
+
+    def allowed(i: int) -> bool:
+        return prev.get(i, job.id) == job.id and (node_ok is None or node_ok(i))
 
     def gone(jid: str) -> bool:
         run = s.running.get(jid)
         return run is None or run.terminating
 
     return choose_victims(s.placer, hypo, geo.req, geo.need, c, victims, gone, job.topology,
-                          node_ok)
+                          allowed if prev or node_ok is not None else None)
 
 
 def _shrink_for(s: TesseraScheduler, job, geo, now: float, d: Decisions) -> bool:

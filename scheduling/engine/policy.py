@@ -98,6 +98,7 @@ class TesseraScheduler:
         self.sticky: dict[str, tuple[int, ...]] = {}  # job -> nodes reserved for it last pass
         # job -> (nodes, until): room its preemptions are freeing, held for it alone
         self.room: dict[str, tuple[tuple[int, ...], float]] = {}
+        self.prev_reserved: dict[int, str] = {}  # node -> job it was reserved for last pass
         self._holders: dict[int, list] | None = None
         self.quota_room_model: str | None = None  # the model quota_victims made room on
         # What quota admission depends on besides usage (which moves with the state version):
