@@ -181,8 +181,21 @@ def waited_for_capacity(results: dict[int, dict[str, Any]], times: dict[int, dic
     return excluded
 
 
-def pass_durations(worker_log: str) -> list[float]:
-    return [float(m) for m in re.findall(r"pass took ([0-9.]+) ms", worker_log)]
+# Celery's log line: "[2026-11-29 23:55:32,752: INFO/MainProcess] pass took 187.2 ms: ..."
+PASS_LINE = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): INFO/\w+\] pass took ([0-9.]+) ms")
+
+
+def pass_durations(worker_log: str) -> list[tuple[float, float]]:
+    """(when it ended, epoch seconds; its duration, ms) of each pass in the worker's log."""
+    out = []
+    for stamp, ms in PASS_LINE.findall(worker_log):
+        when = time.mktime(time.strptime(stamp[:19], "%Y-%m-%d %H:%M:%S")) + int(stamp[20:]) / 1000
+        out.append((when, float(ms)))
+    return out
+
+
+def between(passes: list[tuple[float, float]], start: float, end: float) -> list[float]:
+    return [ms for when, ms in passes if start <= when < end]
 
 
 def main() -> int:  # noqa: PLR0915 - one linear script, read top to bottom
@@ -304,6 +317,10 @@ def main() -> int:  # noqa: PLR0915 - one linear script, read top to bottom
         accepted = sum(1 for r in burst.results.values() if r["status"] in (200, 201))
         per_s = accepted / max(1e-9, burst_end - burst_start)
         passes = pass_durations(procs.output("worker"))
+        paced_end = max((r["done"] for r in paced.results.values()), default=burst_start)
+        paced_ok = sum(1 for r in paced.results.values() if r["status"] in (200, 201))
+        paced_passes = between(passes, t0, burst_start)
+        burst_passes = between(passes, burst_start, burst_end)
         states: dict[str, int] = {}
         for t in times.values():
             states[t["state"]] = states.get(t["state"], 0) + 1
@@ -322,9 +339,14 @@ def main() -> int:  # noqa: PLR0915 - one linear script, read top to bottom
             "burst_excluded_waited_for_capacity": sum(1 for i in excluded if i >= args.paced),
             "stages_p50_ms": {k: pct(v, 0.5) for k, v in stages.items()},
             "stages_p99_ms": {k: pct(v, 0.99) for k, v in stages.items()},
-            "pass_p50_ms": pct(passes, 0.5),
-            "pass_p99_ms": pct(passes, 0.99),
-            "passes": len(passes),
+            "paced_submissions_per_s": round(paced_ok / max(1e-9, paced_end - t0), 1),
+            "pass_p50_ms": pct(paced_passes, 0.5),
+            "pass_p99_ms": pct(paced_passes, 0.99),
+            "passes": len(paced_passes),
+            "burst_pass_p50_ms": pct(burst_passes, 0.5),
+            "burst_pass_p99_ms": pct(burst_passes, 0.99),
+            "burst_passes": len(burst_passes),
+            "all_passes": len(passes),
             "jobs": args.jobs,
             "never_started": not_started,
             "states": states,
