@@ -33,7 +33,8 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
     attempts = 0
     s.begin_pass(now)
     s.note_owed(now)
-    claimed: list[tuple[str, str, int]] = []  # quota room claimed this pass, undone at the end
+    # quota room claimed this pass (tenant, model, milli, preemptible), undone at the end
+    claimed: list[tuple[str, str, int, bool]] = []
     s.quotas.frozen = {}
     # Nodes reserved last pass: no preemption is planned on another job's (see _plan).
     s.prev_reserved = {i: r.job_id for r in s.last_reservations for i in r.nodes}
@@ -95,8 +96,8 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
                 # (a second waiting job makes its own room) and may not grow the row meanwhile.
                 m = s.quota_room_model
                 if m is not None:
-                    s.quotas.add(job.tenant, m, geo.charge * geo.need)
-                    claimed.append((job.tenant, m, geo.charge * geo.need))
+                    s.quotas.add(job.tenant, m, geo.charge * geo.need, job.preemptible)
+                    claimed.append((job.tenant, m, geo.charge * geo.need, job.preemptible))
                     s.quota_token = (*s.quota_token, job.id)
                     s.quotas.frozen.setdefault(s.quotas._row_key(job.tenant, m), job.id)
                 for v in own:
@@ -190,8 +191,8 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
             d.pending[job.id] = PendingReason(*refusal)
         else:
             to_diagnose.append((job, geo))
-    for tenant, m, milli in claimed:  # worded above with the claims; now give them back
-        s.quotas.add(tenant, m, -milli)
+    for tenant, m, milli, preemptible in claimed:  # worded above with the claims; give back
+        s.quotas.add(tenant, m, -milli, preemptible)
     s.quotas.frozen = {}
     cache: dict = {}
     summaries: dict = {}
@@ -305,7 +306,7 @@ def _shrink_for(s: TesseraScheduler, job, geo, now: float, d: Decisions) -> bool
         removed = len([1 for j, _ in shrunk if j == jid])
         for _ in range(removed):
             model, milli = run.charged.pop()
-            s.quotas.add(run.job.tenant, model, -milli)
+            s.quotas.add(run.job.tenant, model, -milli, run.job.preemptible)
         d.resizes.append(Resize(jid, placements_of(left, s.state)))
     s._bind(job, geo, allocs, now, d)
     return True

@@ -150,7 +150,7 @@ class TesseraScheduler:
         if run is None:
             return
         for model, milli in run.charged:
-            self.quotas.add(run.job.tenant, model, -milli)
+            self.quotas.add(run.job.tenant, model, -milli, run.job.preemptible)
         if not run.terminating and not run.cancelled:
             self.history.record(run.job, now - run.started_at)
 
@@ -171,7 +171,7 @@ class TesseraScheduler:
 
     def _charge(self, run: Running, model: str, milli: int) -> None:
         run.charged.append((model, milli))
-        self.quotas.add(run.job.tenant, model, milli)
+        self.quotas.add(run.job.tenant, model, milli, run.job.preemptible)
 
     def _refresh_frag(self) -> None:
         if self._recent_changes and (
@@ -278,7 +278,7 @@ class TesseraScheduler:
             return why
         owners = self._owed.get(model)
         if (owners and any(t != job.tenant for t in owners) and not self.starving(job, self._now)
-                and not self.quotas.under_guarantee(job.tenant, model, milli)):
+                and not self.quotas.under_guarantee(job.tenant, model, milli, job.preemptible)):
             waiting = ", ".join(t for t in owners if t != job.tenant)
             return ("borrow-limit", f"borrow-limit: {model} above {job.tenant}'s guarantee is "
                                     f"owed to {waiting}, waiting within their guarantee")
@@ -310,7 +310,7 @@ class TesseraScheduler:
                 m = n.spec.model
                 free_whole[m] = free_whole.get(m, 0) + n.whole_free()
                 free_milli[m] = free_milli.get(m, 0) + sum(n.free)
-        seen: set[tuple[str, str, int]] = set()
+        seen: set[tuple[str, str, int, bool]] = set()
         for job in self.pending.values():
             if job.held or job.not_before > now or job.gpus <= 0:
                 continue
@@ -323,11 +323,12 @@ class TesseraScheduler:
             for m in models:
                 if size > (free_whole.get(m, 0) if whole else free_milli.get(m, 0)):
                     continue  # too big for what is free: a reservation and reclaim serve it
-                key = (job.tenant, m, geo.charge * geo.need)
+                key = (job.tenant, m, geo.charge * geo.need, job.preemptible)
                 if key in seen:  # usage does not change here: one answer per key
                     continue
                 seen.add(key)
-                if self.quotas.under_guarantee(job.tenant, m, geo.charge * geo.need):
+                if self.quotas.under_guarantee(job.tenant, m, geo.charge * geo.need,
+                                               job.preemptible):
                     owners = self._owed.setdefault(m, [])
                     if job.tenant not in owners:
                         owners.append(job.tenant)
@@ -409,7 +410,7 @@ class TesseraScheduler:
                 and now - job.submitted_at >= self.config.reclaim_after_s):
             models, _ = self._models_for(job)
             under = tuple(m for m in models if self.quotas.under_guarantee(
-                job.tenant, m, geo.charge * geo.need))
+                job.tenant, m, geo.charge * geo.need, job.preemptible))
             if under:
                 borrowing = tuple(sorted(
                     (t, m) for t in self.quotas.rows for m in under
@@ -458,9 +459,10 @@ class TesseraScheduler:
             q = self.quotas.row(job.tenant, m)
             if q is None:
                 continue
-            cap = round((q.limit if job.preemptible else q.guaranteed) * MILLI)
-            if need > cap:
-                continue
+            cap = round(q.limit * MILLI)
+            if need > cap or (not job.preemptible and self.quotas.fixed_used(job.tenant, m)
+                              + need > round(q.guaranteed * MILLI)):
+                continue  # its own preemptible jobs' room would not admit it
             excess = self.quotas.used(job.tenant, m) + need - cap
             row = self.quotas._row_key(job.tenant, m)
             for run in self.running.values():  # what is already on its way out counts as room

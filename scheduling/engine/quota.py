@@ -4,7 +4,10 @@
   (usage on all of those models is summed against it); no row: the tenant may not use the model.
 * Usage counts a fraction as its share and a whole-GPU replica as the buddy block it takes.
 * Above the guarantee a tenant borrows; only preemptible jobs may borrow, so borrowed capacity can
-  always be given back by preemption.
+  always be given back by preemption. The guarantee goes to a tenant's non-preemptible jobs
+  first: one starts while the tenant's non-preemptible usage stays within the guarantee (and its
+  total within the limit), its preemptible jobs then being the ones that borrow — so an inference
+  service never waits for its own tenant's batch work to be preempted.
 * Fair share = allocated GPUs / guaranteed GPUs (summed over models) / weight; lowest first.
 Without any quota rows every tenant is unlimited with weight 1.
 """
@@ -28,6 +31,7 @@ class Quotas:
             self.rows.setdefault(q.tenant, {})[q.model] = q
         self.enabled = bool(self.rows)
         self.usage: dict[tuple[str, str], int] = {}  # (tenant, row model) -> milli-GPU
+        self.fixed: dict[tuple[str, str], int] = {}  # the part held by non-preemptible jobs
         self.total: dict[str, int] = {}  # tenant -> milli-GPU over all models
         # Rows (tenant, row model) whose room is being freed, for one pass, for a waiting
         # non-preemptible job (row -> that job): the tenant's later jobs may not grow them, since
@@ -47,10 +51,16 @@ class Quotas:
     def used(self, tenant: str, model: str) -> int:
         return self.usage.get(self._row_key(tenant, model), 0)
 
-    def add(self, tenant: str, model: str, milli: int) -> None:
+    def add(self, tenant: str, model: str, milli: int, preemptible: bool = True) -> None:
         key = self._row_key(tenant, model)
         self.usage[key] = self.usage.get(key, 0) + milli
         self.total[tenant] = self.total.get(tenant, 0) + milli
+        if not preemptible:
+            self.fixed[key] = self.fixed.get(key, 0) + milli
+
+    def fixed_used(self, tenant: str, model: str) -> int:
+        """What ``tenant``'s non-preemptible jobs hold on ``model``'s row."""
+        return self.fixed.get(self._row_key(tenant, model), 0)
 
     def check(self, tenant: str, model: str, milli: int, preemptible: bool) -> tuple[str, str] | None:
         """None if ``tenant`` may take ``milli`` more on ``model``, else (code, message)."""
@@ -71,11 +81,12 @@ class Quotas:
                              f"{holder}")
         if used + milli > round(q.limit * MILLI):
             return ("quota", f"quota: {tenant} uses {fmt_gpus(used)} of {q.limit:g} {label} (limit)")
-        if not preemptible and used + milli > round(q.guaranteed * MILLI):
+        fixed = self.fixed.get(key, 0)
+        if not preemptible and fixed + milli > round(q.guaranteed * MILLI):
             return (
                 "borrow-limit",
-                f"borrow-limit: {tenant} uses {fmt_gpus(used)} of {q.guaranteed:g} guaranteed "
-                f"{label}; only preemptible jobs may borrow",
+                f"borrow-limit: {tenant}'s non-preemptible jobs use {fmt_gpus(fixed)} of "
+                f"{q.guaranteed:g} guaranteed {label}; only preemptible jobs may borrow",
             )
         return None
 
@@ -94,10 +105,13 @@ class Quotas:
             return 0
         return max(0, self.used(tenant, model) - round(q.guaranteed * MILLI))
 
-    def under_guarantee(self, tenant: str, model: str, milli: int) -> bool:
-        """Would ``tenant`` stay within its guarantee after taking ``milli`` more?"""
+    def under_guarantee(self, tenant: str, model: str, milli: int,
+                        preemptible: bool = True) -> bool:
+        """Would ``tenant`` stay within its guarantee after taking ``milli`` more (for a
+        non-preemptible job: its non-preemptible usage, which the guarantee serves first)?"""
         q = self.row(tenant, model)
-        return q is not None and self.used(tenant, model) + milli <= round(q.guaranteed * MILLI)
+        used = self.used(tenant, model) if preemptible else self.fixed_used(tenant, model)
+        return q is not None and used + milli <= round(q.guaranteed * MILLI)
 
     def would_borrow(self, tenant: str, gpus: float) -> bool:
         """Would ``gpus`` more take ``tenant`` above its guarantee (summed over its rows)?"""

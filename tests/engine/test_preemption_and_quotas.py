@@ -69,14 +69,27 @@ def test_borrowed_capacity_is_reclaimed_for_its_owner_and_not_taken_back():
 
 def test_a_non_preemptible_job_may_not_borrow_and_one_above_the_guarantee_is_refused():
     s = TesseraScheduler([node("a")], [QuotaSpec("nlp", "*", 4, 8)])
-    s.submit(JobRequest("batch", "nlp", "batch", 2))
+    s.submit(JobRequest("svc", "nlp", "inference", 2, preemptible=False))
     s.decide(0.0)
     s.submit(JobRequest("serve", "nlp", "inference", 4, preemptible=False, submitted_at=1))
     s.submit(JobRequest("huge", "nlp", "inference", 6, preemptible=False, submitted_at=2))
     d = s.decide(0.0)
     assert d.pending["serve"].code == "borrow-limit"
-    assert d.pending["serve"].message.startswith("borrow-limit: nlp uses 2 of 4 guaranteed")
+    assert d.pending["serve"].message.startswith(
+        "borrow-limit: nlp's non-preemptible jobs use 2 of 4 guaranteed")
     assert "huge" in d.rejections
+
+
+def test_the_guarantee_goes_to_non_preemptible_jobs_first():
+    s = TesseraScheduler([node("a")], [QuotaSpec("nlp", "*", 4, 8)])
+    s.submit(JobRequest("batch", "nlp", "batch", 4))
+    s.decide(0.0)
+    # nlp's batch job fills its guarantee; the service starts at once and the batch job is
+    # now the one borrowing (it alone could be reclaimed)
+    s.submit(JobRequest("serve", "nlp", "inference", 4, preemptible=False, submitted_at=1))
+    d = s.decide(1.0)
+    assert [b.job_id for b in d.bindings] == ["serve"] and not d.preemptions
+    assert s.quotas.borrowed("nlp", "H100") == 4000
 
 
 def test_an_elastic_job_starts_with_what_fits_grows_and_shrinks_before_anyone_is_preempted():
@@ -114,13 +127,13 @@ def test_releasing_every_job_restores_every_nodes_buddy_lists_exactly(nodes, wor
 
 
 def test_inference_makes_quota_room_by_preempting_its_own_tenants_batch_work():
-    s = TesseraScheduler([node("a"), node("b")], [QuotaSpec("prod", "H100", 8, 16)])
+    s = TesseraScheduler([node("a"), node("b")], [QuotaSpec("prod", "H100", 8, 12)])
     s.submit(JobRequest("b1", "prod", "batch", 8))
     s.submit(JobRequest("b2", "prod", "batch", 4, submitted_at=1))
     s.decide(0.0)
-    s.submit(JobRequest("serve", "prod", "inference", 4, preemptible=False, submitted_at=2))
+    s.submit(JobRequest("serve", "prod", "inference", 8, preemptible=False, submitted_at=2))
     d = s.decide(1000.0)
-    # prod must drop to 4 of its 8 guaranteed: b2 alone (4) is not enough, b1 alone (8) is
+    # prod must drop to 4 of its 12 limit: b2 alone (4) is not enough, b1 alone (8) is
     assert [p.job_id for p in d.preemptions] == ["b1"]
     assert d.pending["serve"].code == "reserved"
     assert not s.decide(1001.0).preemptions  # b1 is on its way out: nothing more is taken
@@ -129,11 +142,11 @@ def test_inference_makes_quota_room_by_preempting_its_own_tenants_batch_work():
 
 
 def test_while_inference_waits_for_quota_room_its_tenants_later_jobs_do_not_take_it():
-    s = TesseraScheduler([node("a"), node("b")], [QuotaSpec("prod", "H100", 8, 16)])
+    s = TesseraScheduler([node("a"), node("b")], [QuotaSpec("prod", "H100", 8, 12)])
     s.submit(JobRequest("b1", "prod", "batch", 8))
     s.submit(JobRequest("b2", "prod", "batch", 4, submitted_at=1))
     s.decide(0.0)
-    s.submit(JobRequest("serve", "prod", "inference", 4, preemptible=False, submitted_at=2))
+    s.submit(JobRequest("serve", "prod", "inference", 8, preemptible=False, submitted_at=2))
     assert [p.job_id for p in s.decide(1000.0).preemptions] == ["b1"]
     # 4 GPUs are free and prod is under its limit, but b3 would only be the next victim
     s.submit(JobRequest("b3", "prod", "batch", 4, submitted_at=1001))
@@ -144,11 +157,11 @@ def test_while_inference_waits_for_quota_room_its_tenants_later_jobs_do_not_take
     d = s.decide(1030.0)
     assert "serve" in [b.job_id for b in d.bindings]
     assert not d.preemptions
-    assert s.quotas.used("prod", "H100") <= 16 * 1000
+    assert s.quotas.used("prod", "H100") <= 12 * 1000
 
 
 def test_quota_room_comes_from_victims_with_the_shortest_grace_period():
-    s = TesseraScheduler([node("a"), node("b")], [QuotaSpec("prod", "H100", 8, 16)])
+    s = TesseraScheduler([node("a"), node("b")], [QuotaSpec("prod", "H100", 8, 8)])
     s.submit(JobRequest("t1", "prod", "training", 4, grace_s=120.0))
     s.submit(JobRequest("b1", "prod", "batch", 4, grace_s=30.0, submitted_at=1))
     s.decide(0.0)
