@@ -165,6 +165,7 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
                 grace = max((s.running[v.job_id].job.grace_s for v in plan), default=0.0)
                 if plan and hypo.last_nodes:
                     s.room[job.id] = (hypo.last_nodes, now + grace + cfg.room_hold_s)
+                    res.add(Reservation(job.id, hypo.last_nodes, now))
                 d.pending[job.id] = PendingReason(
                     "reserved", f"reserved: {waiting} to make room; starts when they exit",
                     now + grace if plan else None)

@@ -364,7 +364,7 @@ class TesseraScheduler:
 
     def starving(self, job: JobRequest, now: float) -> bool:
         """Has ``job`` waited past the starvation bound (``config.starve_s``)?"""
-        return 0 < self.config.starve_s <= now - job.submitted_at
+        return queues.starving(job, now, self.config)
 
     def begin_pass(self, now: float) -> None:
         """Per-pass indexes: who may be preempted at all (min run time, preemptible), with the
@@ -541,7 +541,10 @@ class TesseraScheduler:
                 end = self.expected_end(run, now)
                 for a in self.state.allocs.get(jid, ()):
                     holders.setdefault(a.node, []).append((end, a))
-        taken = res.taken()
+        # Nodes another waiting job held last pass stay its own: a reservation, once made, is
+        # not taken over by a job that comes first in a later pass.
+        taken = res.taken() | {i for i, j in self.prev_reserved.items()
+                               if j != job.id and j in self.pending}
         prev = self.sticky.get(job.id)
         if prev is not None and not (set(prev) & taken):
             req, _n = reserved_shape(job, geo.req, geo.need)
