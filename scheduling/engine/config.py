@@ -60,7 +60,11 @@ class EngineConfig:
     # (preference.py): a job waits for its first choice when that saves more steps than
     # gamma x the expected wait in hours. inf = never wait (start now on any acceptable model).
     gamma: float = math.inf
-    delta: float = 10.0  # locality: gangs already go to as few nodes as fit (topology.py)
+    # delta: data locality, score points for a node carrying all of a job's prefer_labels (a
+    # share of them: that share of delta). 10 outweighs a fragmentation difference of up to 10
+    # FGD steps (of 0-100) but never a better model (model preference is lexicographic). 0 =
+    # prefer_labels ignored. Gangs' own locality is structural (topology.py), not this weight.
+    delta: float = 10.0
     max_starts_per_pass: int = 100_000
     max_preemptions_per_pass: int = 256  # victims marked per pass (the rest wait a pass)
     max_preemption_attempts: int = 128  # victim searches per pass (each scans the cluster)

@@ -46,9 +46,10 @@ def geometry(job: JobRequest, min_split: int = 1) -> Geometry:
 
 def constraints(job: JobRequest, models: tuple[str, ...] | None = None) -> Constraints:
     if job.gpus <= 0:  # CPU-only: any node kind, but a model list still names acceptable nodes
-        return Constraints(job.accelerators, job.node_selector, job.tolerations, gpu_job=False)
+        return Constraints(job.accelerators, job.node_selector, job.tolerations, gpu_job=False,
+                           prefer=job.prefer_labels)
     return Constraints(job.accelerators if models is None else models, job.node_selector,
-                       job.tolerations, gpu_job=True)
+                       job.tolerations, gpu_job=True, prefer=job.prefer_labels)
 
 
 def static_check(state: ClusterState, quotas: Quotas, job: JobRequest, geo: Geometry,

@@ -10,8 +10,9 @@ arrived. Exact deltas instead of the coarse score pack worse (about 94.0 / 94.3 
 exact delta herds every pod of a shape onto the same few node types, and the seeded ties spread
 them. Inside a node, a fractional request goes to the GPU that leaves the least fragmentation, then
 the least leftover share (best fit), so whole GPUs stay whole for the requests that need them.
-The cost weights α (price) and β (consolidation) enter the score here; γ (expected wait for a
-preferred model) is :mod:`.preference`'s (docs/placement.md).
+The cost weights α (price), β (consolidation) and δ (data locality: the share of the job's
+``prefer_labels`` a node carries) enter the score here; γ (expected wait for a preferred model) is
+:mod:`.preference`'s (docs/placement.md).
 """
 
 from __future__ import annotations
@@ -127,6 +128,19 @@ class Constraints:
     selector: tuple[tuple[str, str], ...] = ()
     tolerations: tuple[str, ...] = ()
     gpu_job: bool = True  # False for CPU-only jobs (any node kind)
+    prefer: tuple[tuple[str, str], ...] = ()  # labels a node should carry (δ's term)
+
+
+def locality(spec: NodeSpec, prefer: tuple[tuple[str, str], ...]) -> float:
+    """δ's term: the fraction of ``prefer`` (labels but the rack) that nodes like ``spec`` carry.
+    The rack is not part of a node's class (nodes alike share a group across racks), so a
+    preferred ``rack`` counts as never carried: the API refuses it (use ``node_selector`` or
+    ``topology``)."""
+    wanted = [kv for kv in prefer if kv[0] != "rack"]
+    if not wanted:
+        return 0.0
+    labels = dict(spec.labels)
+    return sum(labels.get(k) == v for k, v in wanted) / len(wanted)
 
 
 def class_allows(spec: NodeSpec, c: Constraints) -> int | None:
@@ -149,14 +163,19 @@ class Placer:
 
     The score of a replica on a node is ``-preference`` (the position of the node's model in the
     job's list), then FGD's fragmentation score minus ``alpha`` x price minus ``beta`` x the
-    node's free share (consolidation); ties go to the lowest node rank (a seeded permutation).
-    Scores are memoised per (group, request). docs/placement.md has the whole score.
+    node's free share (consolidation) plus ``delta`` x the share of the job's preferred labels
+    the node carries; ties go to the lowest node rank (a seeded permutation). Scores are memoised
+    per (group, request); δ's term depends only on the class, so it is added per class, outside
+    the memo and the per-class heaps. docs/placement.md has the whole score.
     """
 
-    def __init__(self, state: ClusterState, alpha: float = 0.0, beta: float = 0.0):
+    def __init__(self, state: ClusterState, alpha: float = 0.0, beta: float = 0.0,
+                 delta: float = 0.0):
         self.state = state
         self.alpha = alpha
         self.beta = beta
+        self.delta = delta
+        self._loc: dict[tuple[int, tuple], float] = {}
         self._cls_ok: dict[tuple[int, Constraints], int | None] = {}
         self._score: dict[ReplicaReq, dict[int, tuple[float, int | None] | None]] = {}
         self._allowed: dict[Constraints, list[tuple[int, int]]] = {}
@@ -179,6 +198,16 @@ class Placer:
             ok = None
         self._cls_ok[key] = ok
         return ok
+
+    def bonus(self, cls: int, c: Constraints) -> float:
+        """δ x the share of ``c.prefer`` that nodes of class ``cls`` carry (0 without any)."""
+        if not c.prefer or not self.delta:
+            return 0.0
+        key = (cls, c.prefer)
+        hit = self._loc.get(key)
+        if hit is None:
+            hit = self._loc[key] = self.delta * locality(self.state.class_spec[cls], c.prefer)
+        return hit
 
     def _class_info(self, cls: int) -> tuple[int, int, str, float, int]:
         """(GPUs per island, GPUs, model, price per GPU-hour, healthy milli-GPU) of a class."""
@@ -251,13 +280,14 @@ class Placer:
         for cls, pref in self.allowed_classes(c):
             if not may_fit(cls, req):
                 continue
+            bonus = self.bonus(cls, c)
             for g in self.state.by_class[cls].values():
                 sc = per.get(g.gid, MISS)
                 if sc is MISS:
                     sc = self._group_score(g, req, per)
                 if sc is None:
                     continue
-                out.append(((-pref, sc[0], -g.ranks[0]), g.ranks, sc[1]))  # type: ignore[index]
+                out.append(((-pref, sc[0] + bonus, -g.ranks[0]), g.ranks, sc[1]))  # type: ignore[index]
         if sort:
             out.sort(key=lambda t: t[0], reverse=True)
         return out
@@ -297,7 +327,7 @@ class Placer:
             if top is None:
                 continue
             score, rank, value = top
-            k = (-pref, score, -rank)
+            k = (-pref, score + self.bonus(cls, c) if c.prefer else score, -rank)
             if best_key is None or k > best_key:
                 best_key, best_pick = k, (by_rank[rank], value)
         return best_pick
@@ -323,12 +353,15 @@ class Placer:
             sc = per.get(gid, MISS)
             if sc is MISS:
                 sc = self._group_score(g, req, per)
-            if sc is None or (best_key is not None and (-pref, sc[0]) < best_key[:2]):  # type: ignore[index]
+            if sc is None:
+                continue
+            score = sc[0] + self.bonus(g.cls, c) if c.prefer else sc[0]  # type: ignore[index]
+            if best_key is not None and (-pref, score) < best_key[:2]:
                 continue
             for r in ranks:
                 i = by_rank[r]
                 if node_ok is None or node_ok(i):
-                    k = (-pref, sc[0], -r)  # type: ignore[index]
+                    k = (-pref, score, -r)
                     if best_key is None or k > best_key:
                         best_key, best_pick = k, (i, sc[1])  # type: ignore[index]
                     break

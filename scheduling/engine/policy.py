@@ -80,7 +80,7 @@ class TesseraScheduler:
         self.nodes = tuple(nodes)
         self.state = ClusterState(self.nodes, FragmentationModel(()), seed=self.config.seed)
         self.state.min_split_order = order_for(max(1, self.config.min_split_gpus))
-        self.placer = Placer(self.state, self.config.alpha, self.config.beta)
+        self.placer = Placer(self.state, self.config.alpha, self.config.beta, self.config.delta)
         self.quotas = Quotas(quotas)
         self.pending: dict[str, JobRequest] = {}
         self.running: dict[str, Running] = {}
@@ -178,7 +178,7 @@ class TesseraScheduler:
             self._recent_changes >= max(1, len(self.recent) // 10) or not self.state.frag.typical
         ):
             self.state.set_frag(FragmentationModel.from_shapes(list(self.recent)))
-            self.placer = Placer(self.state, self.config.alpha, self.config.beta)
+            self.placer = Placer(self.state, self.config.alpha, self.config.beta, self.config.delta)
             self._recent_changes = 0
 
     def _models_for(self, job: JobRequest) -> tuple[tuple[str, ...], bool]:
@@ -243,7 +243,7 @@ class TesseraScheduler:
             attempts = [((m,), r) for m, r in allowed]
         for ms, r in attempts:
             c = Constraints(ms if ranked or len(ms) < len(self.models) else (), job.node_selector,
-                            job.tolerations, True)
+                            job.tolerations, True, job.prefer_labels)
             got = place_gang(self.placer, job.id, geo.req, r, need, job.topology, c, node_ok,
                              first_replica)
             if got:

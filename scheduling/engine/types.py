@@ -81,6 +81,8 @@ class JobRequest:
     cpus: float = 0.0  # whole job, spread evenly over replicas
     memory_gib: float = 0.0
     node_selector: tuple[tuple[str, str], ...] = ()
+    # Labels a node should carry (where the job's data lives): preferred, never required.
+    prefer_labels: tuple[tuple[str, str], ...] = ()
     tolerations: tuple[str, ...] = ()
     elastic_min_gpus: int | None = None
     elastic_max_gpus: int | None = None
