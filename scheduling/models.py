@@ -174,6 +174,7 @@ class Job(models.Model):
     memory_gib = models.FloatField(default=0)
     env = models.JSONField(default=dict, blank=True)
     node_selector = models.JSONField(default=dict, blank=True)
+    prefer_labels = models.JSONField(default=dict, blank=True)  # soft: preferred, not required
     max_retries = models.PositiveIntegerField(default=0)
     elastic_min_gpus = models.PositiveIntegerField(null=True, blank=True)
     elastic_max_gpus = models.PositiveIntegerField(null=True, blank=True)

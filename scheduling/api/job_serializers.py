@@ -105,6 +105,15 @@ class JobSubmitSerializer(serializers.Serializer):
     memory_gib = StrictFloatField(required=False, min_value=0, max_value=MAX_MEMORY_GIB)
     env = StringMapField(required=False, max_entries=256, max_bytes=64 * 1024)
     node_selector = StringMapField(required=False, max_entries=64, max_bytes=16 * 1024, key_max_length=253)
+    prefer_labels = StringMapField(
+        required=False,
+        max_entries=64,
+        max_bytes=16 * 1024,
+        key_max_length=253,
+        help_text="Labels a node should carry (where the job's data lives): nodes carrying more "
+        "of them are preferred (docs/placement.md, δ), never required. Not `rack`: use "
+        "node_selector or topology for racks.",
+    )
     max_retries = StrictIntegerField(required=False, min_value=0, max_value=100)
     elastic = ElasticField(required=False, allow_null=True)
 
@@ -115,6 +124,15 @@ class JobSubmitSerializer(serializers.Serializer):
         if unknown:
             raise serializers.ValidationError({json_safe(k): ["unknown field"] for k in unknown})
         return super().to_internal_value(data)
+
+    def validate_prefer_labels(self, value: dict[str, str]) -> dict[str, str]:
+        # Nodes alike share a placement group across racks, so the placer scores labels per
+        # node class, and the rack is not part of it: refused rather than silently ignored.
+        if "rack" in value:
+            raise serializers.ValidationError(
+                "may not name rack (use node_selector or topology for racks)"
+            )
+        return value
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         errors: dict[str, list[str]] = {}
@@ -165,7 +183,7 @@ class JobSubmitSerializer(serializers.Serializer):
         data.setdefault("preemptible", kind != JobKind.INFERENCE)
         for key in ("accelerators",):
             data.setdefault(key, [])
-        for key in ("env", "node_selector"):
+        for key in ("env", "node_selector", "prefer_labels"):
             data.setdefault(key, {})
         data["elastic_min_gpus"] = elastic["min_gpus"] if elastic else None
         data["elastic_max_gpus"] = elastic["max_gpus"] if elastic else None
@@ -209,6 +227,7 @@ class JobSerializer(serializers.ModelSerializer):
     accelerators = StringListField(max_items=64, max_bytes=4096, read_only=True)
     env = StringMapField(max_entries=256, max_bytes=65536, read_only=True)
     node_selector = StringMapField(max_entries=64, max_bytes=16384, read_only=True)
+    prefer_labels = StringMapField(max_entries=64, max_bytes=16384, read_only=True)
     elastic = serializers.SerializerMethodField()
     allocations = AllocationsField()
 
@@ -246,6 +265,7 @@ class JobSerializer(serializers.ModelSerializer):
             "memory_gib",
             "env",
             "node_selector",
+            "prefer_labels",
             "max_retries",
             "elastic",
             "log_truncated",

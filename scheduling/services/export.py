@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduling.models import Job, JobEvent, Node, Quota
-from scheduling.sim.traces import JOB_COLUMNS, JOB_OPTIONAL, NODE_COLUMNS, QUOTA_COLUMNS
+from scheduling.sim.traces import JOB_COLUMNS, JOB_OPTIONAL, JOB_PREFER, NODE_COLUMNS, QUOTA_COLUMNS
 
 SIMPLE = {
     "submitted": "submit",
@@ -91,6 +91,7 @@ def job_rows(origin, events_by_job: dict[int, list[JobEvent]]) -> Iterator[dict[
             "grace_s": _num(job.grace_seconds),
             "min_available": job.min_available,
             "node_selector": ";".join(f"{k}:{v}" for k, v in sorted((job.node_selector or {}).items())),
+            JOB_PREFER: ";".join(f"{k}:{v}" for k, v in sorted((job.prefer_labels or {}).items())),
         }
 
 
@@ -129,7 +130,7 @@ def export_trace(directory: str | Path) -> dict[str, int]:
         nodes = list(node_rows())
         writer.writerows(nodes)
     with open(out / "jobs.csv", "w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, [*JOB_COLUMNS, *JOB_OPTIONAL])
+        writer = csv.DictWriter(fh, [*JOB_COLUMNS, *JOB_OPTIONAL, JOB_PREFER])
         writer.writeheader()
         jobs = list(job_rows(origin, by_job)) if origin else []
         writer.writerows(jobs)

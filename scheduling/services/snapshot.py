@@ -37,6 +37,7 @@ def job_request(job: Job) -> JobRequest:
         cpus=job.cpus,
         memory_gib=job.memory_gib,
         node_selector=tuple(sorted((job.node_selector or {}).items())),
+        prefer_labels=tuple(sorted((job.prefer_labels or {}).items())),
         elastic_min_gpus=job.elastic_min_gpus,
         elastic_max_gpus=job.elastic_max_gpus,
         submitted_at=job.submitted_at.timestamp(),

@@ -47,6 +47,9 @@ JOB_OPTIONAL = [
     "min_available",
     "node_selector",
 ]
+# Optional too, and not written by ``generate``: labels a node should carry (the job's data), in
+# node_selector's ``k:v;k:v`` form; preferred by the placer (EngineConfig.delta), never required.
+JOB_PREFER = "prefer_labels"
 QUOTA_COLUMNS = ["tenant", "model", "guaranteed", "limit", "weight"]
 
 
@@ -198,6 +201,9 @@ def read_jobs(path: str | Path) -> list[TraceJob]:
         min_gpus = f.optional("min_gpus")
         max_gpus = f.optional("max_gpus")
         min_available = f.optional("min_available")
+        prefer = f.labels(JOB_PREFER)
+        if any(k == "rack" for k, _ in prefer):
+            raise f.fail(JOB_PREFER, "may not name rack (use node_selector or topology)")
         request = JobRequest(
             id=job_id,
             tenant=f.text("tenant", "default"),
@@ -215,6 +221,7 @@ def read_jobs(path: str | Path) -> list[TraceJob]:
             cpus=f.number("cpus", 0.0),
             memory_gib=f.number("memory_gib", 0.0),
             node_selector=f.labels("node_selector"),
+            prefer_labels=prefer,
             elastic_min_gpus=int(min_gpus) if min_gpus is not None else None,
             elastic_max_gpus=int(max_gpus) if max_gpus is not None else None,
             submitted_at=f.number("submit_s", 0.0),
