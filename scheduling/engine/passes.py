@@ -43,6 +43,11 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
             res.add(Reservation(jid, nodes, now))
         else:
             del s.room[jid]
+    # Last pass's reservations hold from the start of this one, so even a job that comes first
+    # (inference, say) backfills them only if it ends before their start.
+    for r in s.last_reservations:
+        if r.job_id in s.pending and r.job_id not in s.room:
+            res.add(r)
     for job in queues.order(list(s.pending.values()), now, cfg, s.quotas):
         if job.held:
             d.pending[job.id] = PendingReason("held", "held: released by its owner or an operator")
@@ -131,7 +136,9 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
                     f"reserved: the free room is held for job {owner.job_id}, expected to start "
                     f"in {_minutes(owner.start - now)}" if owner else "reserved",
                 )
-                continue
+                if cfg.level_of(job.kind) not in cfg.preemptor_levels:
+                    continue
+                # a job that may preempt (inference) makes its room off the reserved nodes
         # 4. shrink elastic jobs, else preempt, else reserve
         budget = (attempts < cfg.max_preemption_attempts
                   and len(d.preemptions) < cfg.max_preemptions_per_pass)

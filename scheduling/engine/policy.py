@@ -536,15 +536,15 @@ class TesseraScheduler:
             may = {v.job_id for vs in self.victims(job, geo, now).values() for v in vs}
             holders = {}
             for jid, run in self.running.items():
-                if jid in may:
-                    continue
-                end = self.expected_end(run, now)
+                end = now if jid in may else self.expected_end(run, now)
                 for a in self.state.allocs.get(jid, ()):
                     holders.setdefault(a.node, []).append((end, a))
         # Nodes another waiting job held last pass stay its own: a reservation, once made, is
-        # not taken over by a job that comes first in a later pass.
-        taken = res.taken() | {i for i, j in self.prev_reserved.items()
-                               if j != job.id and j in self.pending}
+        # not taken over by a job that comes first in a later pass — unless that job is
+        # starving (it comes before every younger job's reservation).
+        taken = {i for i in res.taken() if res.owner_by_node.get(i) != job.id}
+        if not self.starving(job, now):
+            taken |= {i for i, j in self.prev_reserved.items() if j != job.id and j in self.pending}
         prev = self.sticky.get(job.id)
         if prev is not None and not (set(prev) & taken):
             req, _n = reserved_shape(job, geo.req, geo.need)
