@@ -152,7 +152,8 @@ def test_a_starving_gang_preempts_younger_jobs_only_and_starts():
 
 def test_borrowing_is_refused_only_for_owners_jobs_the_free_capacity_could_start():
     quotas = [QuotaSpec("vision", "H100", 24, 24), QuotaSpec("nlp", "H100", 0, 16)]
-    s = TesseraScheduler([node("a"), node("b")], quotas)
+    # (no reservations here: only the quota rule is looked at)
+    s = TesseraScheduler([node("a"), node("b")], quotas, EngineConfig(backfill=False))
     s.submit(JobRequest("v1", "vision", "batch", 4))
     s.decide(0.0)
     # vision waits, within its guarantee, with a gang the 12 free GPUs cannot start: that does
