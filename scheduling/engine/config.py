@@ -17,7 +17,8 @@ class EngineConfig:
     )
     level_names: tuple[str, ...] = ("inference", "training", "finetune/batch")
     aging_s: float = 4 * 3600.0  # a job waiting longer is promoted to level 0 and reserved for
-    max_reservations: int = 8  # reservations per pass (aged jobs first, then the blocked head)
+    max_reservations: int = 8  # reservations per pass (aged jobs first, then the blocked head;
+    # last pass's still-waiting ones are carried over and count)
     preempt_min_run_s: float = 300.0  # a job runs this long before it can be preempted (again)
     # Kind levels whose jobs may preempt lower levels for priority (inference by default; other
     # levels wait or reclaim their guarantee: preempting training for training only churns).
@@ -34,18 +35,19 @@ class EngineConfig:
     # period plus this long: no other job (not even one ahead in the queue) may start there
     # meanwhile, so a preemption is never wasted on someone else and never repeated.
     room_hold_s: float = 300.0
-    # Reclaim and starvation preemption spare a job expected to end within this long (by its
-    # time limit, else its history): waiting for it costs little, preempting it throws work away.
+    # Reclaim and starvation preemption spare a job whose hard time limit ends it within this
+    # long: waiting for it costs little, preempting it throws work away.
     spare_ending_s: float = 3600.0
     # Aged jobs may preempt strictly lower kind levels. Off by default: measured on a generated
     # 2-day workload it cut the longest wait (118 h -> 41 h) but threw away 20% of the work.
     aged_preempts: bool = False
-    # Starvation bound: a job that has waited this long (since submit) may preempt preemptible
-    # jobs of its own or a lower kind level that were submitted after it (seniority: the victims
-    # can never preempt it back), each only within reclaim_checkpoint_window_s of its last
-    # checkpoint, and may borrow even where owners wait; once started it is not reclaimed (its
-    # borrowing ends with it). What lets a gang that needs a whole rack start within hours when
-    # every rack holds a long job. 0 = off.
+    # Starvation bound: a job that has waited this long (since submit) comes first among the
+    # promoted jobs (oldest first), may preempt preemptible jobs of its own or a lower kind level
+    # that were submitted after it (seniority: the victims can never preempt it back; least lost
+    # work first, sparing spare_ending_s), may borrow even where owners wait, and once started is
+    # not reclaimed (its borrowing ends with it). Its reservation counts what it may preempt as
+    # free now. What lets a gang that needs a whole rack start within hours when every rack
+    # holds a long job. 0 = off.
     starve_s: float = 8 * 3600.0
     min_split_gpus: int = 1  # smallest buddy block a whole-GPU replica claims (power of two)
     # Preferred accelerators by kind, used when a job names none (earlier = preferred).
