@@ -169,3 +169,26 @@ def test_borrowing_is_refused_only_for_owners_jobs_the_free_capacity_could_start
     d = s.decide(20.0)
     assert [b.job_id for b in d.bindings] == ["v2"]
     assert d.pending["n2"].code == "borrow-limit" and "vision" in d.pending["n2"].message
+
+
+def test_a_gang_that_has_waited_long_starts_by_its_reservations_estimate():
+    cfg = EngineConfig(aging_s=100.0, preemption=False)
+    s = TesseraScheduler(_racks(1, 2), config=cfg)
+    _fill(s, limits={0: 1000.0, 1: 1500.0})
+    s.submit(JobRequest("gang", "vision", "training", 8, replicas=2, submitted_at=10.0))
+    d = s.decide(200.0)
+    estimate = d.pending["gang"].estimated_start
+    assert estimate == 1500.0
+    for k, t in enumerate((400.0, 1000.0, 1200.0)):  # jobs keep arriving; the holders leave by their limits
+        if t >= 1000.0 and "f0" in s.running:
+            s.release("f0", t)
+        s.submit(JobRequest(f"late{k}", "speech", "batch", 4, time_limit_s=600.0,
+                            submitted_at=t))
+        s.submit(JobRequest(f"long{k}", "speech", "batch", 4, time_limit_s=9000.0,
+                            submitted_at=t))
+        for b in s.decide(t).bindings:  # only what is gone by the estimate may backfill
+            assert b.job_id.startswith("late") and t + 600.0 <= estimate
+    s.release("f1", estimate)
+    for jid in [j for j in s.running if j.startswith("late")]:
+        s.release(jid, estimate)
+    assert "gang" in [b.job_id for b in s.decide(estimate).bindings]
