@@ -47,6 +47,7 @@ class BaselineScheduler:
         self.pending: dict[str, JobRequest] = {}
         self.running: dict[str, list[tuple[str, int]]] = {}  # job -> (model, milli) charged
         self.tenant: dict[str, str] = {}
+        self.preemptible: dict[str, bool] = {}  # quotas count non-preemptible usage apart
         self.held_nodes: dict[int, str] = {}  # fcfs-node: node -> job holding it whole
         self.recent: deque[Shape] = deque(maxlen=1000)
         self._dirty = 0
@@ -69,7 +70,8 @@ class BaselineScheduler:
         for node in [n for n, j in self.held_nodes.items() if j == job_id]:
             del self.held_nodes[node]
         for model, milli in self.running.pop(job_id, []):
-            self.quotas.add(self.tenant[job_id], model, -milli)
+            self.quotas.add(self.tenant[job_id], model, -milli,
+                            self.preemptible.get(job_id, True))
 
     def requeue(self, job: JobRequest) -> None:
         if job.id in self.running:
@@ -126,9 +128,10 @@ class BaselineScheduler:
             for a in allocs:
                 model = self.nodes[a.node].model
                 charged.append((model, geo.charge if a.gpus else 0))
-                self.quotas.add(job.tenant, model, charged[-1][1])
+                self.quotas.add(job.tenant, model, charged[-1][1], job.preemptible)
             self.running[job.id] = charged
             self.tenant[job.id] = job.tenant
+            self.preemptible[job.id] = job.preemptible
             del self.pending[job.id]
             from .policy import placements_of
 
