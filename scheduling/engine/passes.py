@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from . import queues
 from .backfill import Reservation, Reservations
 from .preference import wait_for_preferred
-from .types import Decisions, PendingReason, Preemption, Resize
+from .types import MILLI, Decisions, PendingReason, Preemption, Resize
 
 if TYPE_CHECKING:
     from .policy import TesseraScheduler
@@ -337,7 +337,10 @@ def _grow(s: TesseraScheduler, now: float, d: Decisions, res: Reservations) -> N
 
         topo = run.job.topology
         if topo == "nvlink":
-            continue  # growing would leave the island the job started in
+            more = _grow_in_island(s, run, have, nxt, res.allows(have[0].node, now, runtime))
+            if more:
+                d.resizes.append(Resize(jid, placements_of(s.state.allocs[jid], s.state)))
+            continue
         home_nodes = {a.node for a in have}
         home_racks = {s.state.nodes[a.node].spec.rack for a in have}
 
@@ -357,3 +360,35 @@ def _grow(s: TesseraScheduler, now: float, d: Decisions, res: Reservations) -> N
             s._charge(run, s.nodes[a.node].model, run.geo.charge if a.gpus else 0)
         d.resizes.append(Resize(jid, placements_of(s.state.allocs[jid], s.state)))
 
+
+
+def _grow_in_island(s: TesseraScheduler, run, have: list, first_replica: int, allowed: bool
+                    ) -> list:
+    """Grow an ``nvlink`` job with whole free GPUs of the island it runs in (never another
+    island, never another node), as many replicas as fit there, its quota admits and the
+    reservations allow (``allowed``: the node is not held for another job)."""
+    req = run.geo.req
+    node = have[0].node
+    if (not allowed or req.count == 0 or req.milli < MILLI
+            or any(a.node != node or not a.gpus for a in have)):
+        return []
+    n = s.state.nodes[node]
+    size = n.islands[0].size
+    base = have[0].gpus[0] // size * size
+    if any(g // size * size != base for a in have for g in a.gpus):
+        return []  # not in one island (adopted from elsewhere): nothing to grow into
+    free = [g for g in range(base, min(base + size, len(n.free))) if n.free[g] >= MILLI]
+    k = min(run.geo.replicas - len(have), len(free) // req.count)
+    if req.cpu:
+        k = min(k, n.cpu // req.cpu)
+    if req.mem:
+        k = min(k, n.mem // req.mem)
+    model = s.nodes[node].model
+    while k > 0 and not s._admits(run.job, model, run.geo.charge * k):
+        k -= 1
+    out = []
+    for r in range(max(0, k)):
+        out.append(s.state.take(run.job.id, node, free[r * req.count:(r + 1) * req.count],
+                                req.milli, req.cpu, req.mem, first_replica + r))
+        s._charge(run, model, run.geo.charge)
+    return out
