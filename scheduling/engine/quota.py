@@ -122,8 +122,11 @@ class Quotas:
 
     def share(self, tenant: str) -> float:
         """Weighted dominant share (GPUs are the dominant resource here)."""
+        return self.total.get(tenant, 0) * self.share_per_milli(tenant)
+
+    def share_per_milli(self, tenant: str) -> float:
+        """What one milli-GPU of usage adds to ``tenant``'s share: 1 / guaranteed / weight."""
         rows = self.rows.get(tenant, {})
         guaranteed = sum(q.guaranteed for q in rows.values())
         weight = max((q.weight for q in rows.values()), default=1.0) or 1.0
-        allocated = self.total.get(tenant, 0) / MILLI
-        return allocated / (guaranteed or 1.0) / weight
+        return 1.0 / MILLI / (guaranteed or 1.0) / weight
