@@ -23,7 +23,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Max, Q
+from django.db.models import Exists, F, Max, OuterRef, Q
 from django.db.models.functions import Length
 from django.utils import timezone
 
@@ -32,6 +32,7 @@ from scheduling.models import Allocation, Device, Job, JoinToken, LogChunk, Node
 from scheduling.services import live
 from scheduling.services.inventory import device_rows
 from scheduling.services.jobs import (
+    active_allocations_of,
     begin_stop,
     device_index,
     do_mark_running,
@@ -322,9 +323,15 @@ def _owned_job(node: Node, job_id: int) -> Job:
     """The job, locked, if it ever had a replica on ``node``; otherwise :class:`NotYours`."""
     if not 0 < job_id <= MAX_DB_INT:
         raise NotYours(job_id)
-    if not Allocation.objects.filter(job_id=job_id, node=node).exists():
+    # One query: the ownership test is a subquery of the locking read (only the job row is locked).
+    ever_here = Exists(Allocation.objects.filter(job_id=OuterRef("pk"), node=node))
+    job = (
+        Job.objects.select_for_update(of=("self",)).select_related("tenant")
+        .filter(ever_here, pk=job_id).first()
+    )
+    if job is None:
         raise NotYours(job_id)
-    return _lock_job(job_id)
+    return job
 
 
 def _active(job: Job, node_id: int, replica: int, attempt: int):
@@ -373,10 +380,13 @@ def do_report_exit(
     now = timezone.now()
     with transaction.atomic():
         job = _owned_job(node, job_id)
-        if attempt == job.attempts and _active(job, node.pk, replica, attempt).exists():
+        # The job's unreleased allocations, read once (the job is locked): whether this replica is
+        # bound here, whether others still run, and what to free if it was the last.
+        held = list(active_allocations_of(job)) if attempt == job.attempts else []
+        if any(_is_replica(a, node.pk, replica) and a.attempt == attempt for a in held):
             if started_at is not None and job.state == JobState.SCHEDULED:
                 do_mark_running(job, _clamped_start(job, started_at, now))
-            _settle_replica(job, node.pk, replica, exit_code, reason, now)
+            _settle_replica(job, node.pk, replica, exit_code, reason, now, held)
             return job, True
         already = Allocation.objects.filter(
             Q(released_at__isnull=False) | Q(exited_at__isnull=False),
@@ -387,21 +397,26 @@ def do_report_exit(
         raise Stale(f"job {job_id} attempt {attempt} replica {replica} is not bound to {node.name}")
 
 
+def _is_replica(alloc: Allocation, node_id: int, replica: int) -> bool:
+    """``alloc`` is a still-running allocation of ``replica`` on the node."""
+    return alloc.exited_at is None and alloc.node_id == node_id and alloc.replica == replica
+
+
 def _settle_replica(
-    job: Job, node_id: int, replica: int, exit_code: int | None, reason: str, now: datetime
+    job: Job, node_id: int, replica: int, exit_code: int | None, reason: str, now: datetime,
+    held: list[Allocation] | None = None,
 ) -> None:
     """One replica's process is gone (``job`` locked): free its GPUs; settle the job if it was the last.
 
     ``reason``: ``time-limit`` when the agent stopped it at its limit; ``lost`` when its process
-    vanished with the agent; empty otherwise.
+    vanished with the agent; empty otherwise. ``held``: the job's unreleased allocations, when the
+    caller has just read them (read here otherwise).
     """
+    if held is None:
+        held = list(active_allocations_of(job))
     if job.state == JobState.SCHEDULED:
         do_mark_running(job, now)  # its ``started`` report was lost; keep the history in order
-    others = (
-        Allocation.objects.filter(job=job, released_at__isnull=True, exited_at__isnull=True)
-        .exclude(node_id=node_id, replica=replica)
-        .exists()
-    )
+    others = any(a.exited_at is None and not _is_replica(a, node_id, replica) for a in held)
     if job.state == JobState.RUNNING:
         if reason == "time-limit":
             begin_stop(job, "time-limit", now)
@@ -423,7 +438,7 @@ def _settle_replica(
     elif job.state == JobState.TERMINATING and job.stop_reason == "lost":
         code = None
     # Stamped now, not at ``now``: a ``terminating`` event just recorded must stay before it.
-    do_record_exit(job, code)
+    do_record_exit(job, code, active=held)
 
 
 # --- Logs --------------------------------------------------------------------------------------

@@ -214,10 +214,13 @@ def begin_stop(job: Job, reason: str, now: datetime | None = None) -> Job:
     return job
 
 
-def release_allocations(job: Job, at: datetime | None = None) -> list[dict[str, Any]]:
-    """Free a job's GPUs (its process has exited, or its node is fenced). Returns device rows."""
+def release_allocations(job: Job, at: datetime | None = None, active=None) -> list[dict[str, Any]]:
+    """Free a job's GPUs (its process has exited, or its node is fenced). Returns device rows.
+
+    ``active``: the job's unreleased allocations (with node and device) when the caller, holding
+    the job's lock, has just read them; read here otherwise."""
     at = at or timezone.now()
-    allocs = list(active_allocations_of(job))
+    allocs = list(active_allocations_of(job)) if active is None else list(active)
     if not allocs:
         return []
     Allocation.objects.filter(pk__in=[a.pk for a in allocs]).update(released_at=at)
@@ -236,15 +239,15 @@ def release_allocations(job: Job, at: datetime | None = None) -> list[dict[str, 
     return rows
 
 
-def do_record_exit(job: Job, exit_code: int | None, at: datetime | None = None) -> Job:
+def do_record_exit(job: Job, exit_code: int | None, at: datetime | None = None, active=None) -> Job:
     """The job's process ended (all replicas): settle its final or next state and free its GPUs.
 
-    ``job`` must be locked by the caller.
+    ``job`` must be locked by the caller; ``active``: as for :func:`release_allocations`.
     """
     at = at or timezone.now()
     if job.state in TERMINAL_STATES or job.state == JobState.PENDING:
         return job
-    release_allocations(job, at)
+    release_allocations(job, at, active)
     stop = job.stop_reason if job.state == JobState.TERMINATING else ""
     common = {"exit_code": exit_code, "stop_deadline": None}
     if stop == "cancelled":
