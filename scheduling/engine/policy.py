@@ -518,17 +518,21 @@ class TesseraScheduler:
                 if r.terminating or r.cancelled]
         return Hypo(self.placer, term)
 
-    def reserve_for(self, job: JobRequest, geo: Geometry, res: Reservations, now: float):
-        """A reservation for ``job``: the nodes it held last pass if they can still take it
-        (so a reservation is sticky and its start only moves when running jobs overrun), else
-        the earliest-ready nodes now. Holders' expected ends are indexed once per pass."""
+    def holders(self, now: float) -> dict[int, list]:
+        """Per node, the allocations on it with their holders' expected ends (built once per pass)."""
         if self._holders is None:
             self._holders = {}
             for jid, run in self.running.items():
                 end = self.expected_end(run, now)
                 for a in self.state.allocs.get(jid, ()):
                     self._holders.setdefault(a.node, []).append((end, a))
-        holders = self._holders
+        return self._holders
+
+    def reserve_for(self, job: JobRequest, geo: Geometry, res: Reservations, now: float):
+        """A reservation for ``job``: the nodes it held last pass if they can still take it
+        (so a reservation is sticky and its start only moves when running jobs overrun), else
+        the earliest-ready nodes now. Holders' expected ends are indexed once per pass."""
+        holders = self.holders(now)
         if self.starving(job, now):
             # A starving job does not wait for what it may preempt: its start is when the jobs
             # it may not preempt (older, ending soon, not preemptible) have left, so backfill

@@ -41,7 +41,7 @@ def wait_for_preferred(s: TesseraScheduler, job: JobRequest, geo: Geometry,
     if not ranked or got not in models or models.index(got) == 0:
         return None
     k = models.index(got)
-    holders = _holders(s, now)
+    holders = s.holders(now)
     for j, m in enumerate(models[:k]):
         if not s._admits(job, m, geo.charge * geo.need):
             continue  # its quota refuses the model: waiting for capacity there does not help
@@ -58,14 +58,3 @@ def wait_for_preferred(s: TesseraScheduler, job: JobRequest, geo: Geometry,
                          f"in ~{max(1, round(wait_h * 60))} min, rather than starting now on "
                          f"{got} (choice {k + 1})", r.start)
     return None
-
-
-def _holders(s: TesseraScheduler, now: float) -> dict[int, list]:
-    """Per node, the allocations on it with their holders' expected ends (once per pass)."""
-    if s._holders is None:
-        s._holders = {}
-        for jid, run in s.running.items():
-            end = s.expected_end(run, now)
-            for a in s.state.allocs.get(jid, ()):
-                s._holders.setdefault(a.node, []).append((end, a))
-    return s._holders
