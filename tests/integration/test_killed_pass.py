@@ -20,8 +20,8 @@ import pytest
 from scheduling.choices import JobState
 from scheduling.models import Allocation, Job
 from scheduling.services import passes
+from tests.support import database_url_of
 
-e2e = importlib.import_module("tests.integration.test_end_to_end")
 helpers = importlib.import_module("tests.scheduling.helpers")
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(60)]
@@ -48,7 +48,7 @@ def test_a_pass_killed_half_way_leaves_nothing_and_the_next_pass_binds_the_job_o
 ):
     helpers.make_node("a100-01")
     job = helpers.submit(world.alice, world.vision, gpus=2)
-    dsn = e2e.database_url_of(settings).replace("postgres://", "postgresql://", 1)
+    dsn = database_url_of(settings).replace("postgres://", "postgresql://", 1)
     worker = subprocess.Popen(
         [sys.executable, "-c", HALF_A_PASS, dsn, str(passes.PASS_LOCK_KEY), str(job.pk)],
         stdout=subprocess.PIPE, text=True, start_new_session=True)
