@@ -313,9 +313,7 @@ class BestGroups:
         n = len(cl.node_gid)
         for _ in range(RANDOM_TRIES):
             i = rng.randrange(n)
-            if per.get(cl.node_gid[i], MISS) is MISS:
-                self._scored(per, cl.by_gid[cl.node_gid[i]], pod)
-            if per[cl.node_gid[i]] is not None:
+            if self._scored(per, cl.by_gid[cl.node_gid[i]], pod) is not None:
                 return i
         feasible = [(g.ranks, len(g.ranks)) for g in cl.groups.values()
                     if self._scored(per, g, pod) is not None]
