@@ -7,6 +7,7 @@ channel layer; the agent side drives the real loop against the recording fake.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import threading
 import time
@@ -173,11 +174,12 @@ def start_reports(server: fakes.FakeServer) -> list[dict]:
             if kind == "started" or (kind == "exited" and body.get("started_at") is not None)]
 
 
-@pytest.fixture
-def running_agent():
+@contextlib.contextmanager
+def agent_running_against(server: fakes.FakeServer):
+    """A real agent loop (2 simulated T4s, 30 s periodic poll) against ``server``, once it has
+    sent its first heartbeat; stopped and reaped afterwards."""
     with fakes.job_user_state_dir() as state_dir:
         run_as = resolve_run_as("nobody")
-        server = fakes.FakeServer()
         node = Agent(server, simulated_inventory("push", parse_spec("2xT4")), state_dir, run_as,
                      job_path(state_dir, run_as), poll_interval=30)
         stop = threading.Event()
@@ -185,13 +187,20 @@ def running_agent():
         loop.start()
         try:
             assert fakes.wait_for(lambda: [c for c in server.calls if c[0] == "heartbeat"], 5)
-            yield node, server
+            yield node
         finally:
             stop.set()
             node.poke()
             loop.join(5)
             node.shutdown(0.5)
         assert not loop.is_alive()
+
+
+@pytest.fixture
+def running_agent():
+    server = fakes.FakeServer()
+    with agent_running_against(server) as node:
+        yield node, server
 
 
 def test_the_agent_heartbeats_at_once_when_woken_not_at_its_next_poll(running_agent):
@@ -242,22 +251,9 @@ class FailsOneWait(fakes.FakeServer):
 
 
 def test_a_failed_long_poll_makes_the_agent_fetch_its_orders_at_once():
-    with fakes.job_user_state_dir() as state_dir:
-        run_as = resolve_run_as("nobody")
-        server = FailsOneWait()
-        node = Agent(server, simulated_inventory("push", parse_spec("2xT4")), state_dir, run_as,
-                     job_path(state_dir, run_as), poll_interval=30)
-        stop = threading.Event()
-        loop = threading.Thread(target=node.run, args=(stop,), daemon=True)
-        loop.start()
-        try:
-            assert fakes.wait_for(lambda: [c for c in server.calls if c[0] == "heartbeat"], 5)
-            server.orders.append(fakes.binding(job_id=11, command=["sleep", "30"], gpus=[0]))
-            assert fakes.wait_for(server.failed.is_set, 5)
-            # Not 30 s later at the periodic heartbeat: the heartbeat after the failure fetched it.
-            assert fakes.wait_for(lambda: [r["job_id"] for r in node.running_reports()] == [11], 3)
-        finally:
-            stop.set()
-            node.poke()
-            loop.join(5)
-            node.shutdown(0.5)
+    server = FailsOneWait()
+    with agent_running_against(server) as node:
+        server.orders.append(fakes.binding(job_id=11, command=["sleep", "30"], gpus=[0]))
+        assert fakes.wait_for(server.failed.is_set, 5)
+        # Not 30 s later at the periodic heartbeat: the heartbeat after the failure fetched it.
+        assert fakes.wait_for(lambda: [r["job_id"] for r in node.running_reports()] == [11], 3)
