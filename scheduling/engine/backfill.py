@@ -66,12 +66,19 @@ def node_ready_time(placer: Placer, node: int, req: ReplicaReq,
     return None
 
 
-def reserved_shape(job: JobRequest, req: ReplicaReq, replicas: int) -> tuple[ReplicaReq, int]:
-    """What a reservation holds room for: a ``node``/``nvlink`` gang is one request on one node."""
-    if job.topology in ("node", "nvlink") and replicas > 1 and req.count and req.milli >= MILLI:
+def gang_shape(req: ReplicaReq, replicas: int, topology: str) -> tuple[ReplicaReq, int]:
+    """The room ``replicas`` x ``req`` with ``topology`` needs, as placement would take it: a
+    ``node``/``nvlink`` gang of whole GPUs is one request on one node (reservations and
+    preemption search the same shape)."""
+    if topology in ("node", "nvlink") and replicas > 1 and req.count and req.milli >= MILLI:
         return ReplicaReq(req.milli, req.count * replicas, req.cpu * replicas, req.mem * replicas,
-                          job.topology == "nvlink"), 1
+                          topology == "nvlink"), 1
     return req, replicas
+
+
+def reserved_shape(job: JobRequest, req: ReplicaReq, replicas: int) -> tuple[ReplicaReq, int]:
+    """What a reservation holds room for: :func:`gang_shape` of ``job``'s topology."""
+    return gang_shape(req, replicas, job.topology)
 
 
 def reserve(placer: Placer, job: JobRequest, req: ReplicaReq, replicas: int, c: Constraints,

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .backfill import gang_shape
 from .placement import Constraints, Placer
 from .state import Alloc, ReplicaReq, fits_state
 from .types import MILLI
@@ -110,10 +111,7 @@ def choose_victims(placer: Placer, hypo: Hypo, req: ReplicaReq, replicas: int, c
     model (and one rack for ``rack``) — and the cheapest such room wins. ``node_ok`` leaves out
     nodes the job may not use (e.g. reserved for a job ahead of it)."""
     state = placer.state
-    if topology in ("node", "nvlink") and replicas > 1 and req.count and req.milli >= MILLI:
-        req = ReplicaReq(req.milli, req.count * replicas, req.cpu * replicas, req.mem * replicas,
-                         topology == "nvlink")
-        replicas = 1
+    req, replicas = gang_shape(req, replicas, topology)
     classes = {cls for cls, _ in placer.allowed_classes(c)}
     rack = next((v for k, v in c.selector if k == "rack"), None)
     # A single replica only fits where victims or capacity coming free are (placement just
