@@ -22,7 +22,7 @@ def do_cordon_nodes(node_ids: Iterable[int]) -> int:
     node_ids = list(node_ids)
     with transaction.atomic():
         changed = Node.objects.filter(
-            pk__in=list(node_ids), state__in=[NodeState.READY, NodeState.NOT_READY]
+            pk__in=node_ids, state__in=[NodeState.READY, NodeState.NOT_READY]
         ).update(state=NodeState.CORDONED, version=F("version") + 1)
         live.publish_nodes(pk__in=node_ids)
     return changed
@@ -32,7 +32,7 @@ def do_uncordon_nodes(node_ids: Iterable[int]) -> int:
     """Make cordoned nodes schedulable again. Returns how many changed."""
     node_ids = list(node_ids)
     with transaction.atomic():
-        changed = Node.objects.filter(pk__in=list(node_ids), state=NodeState.CORDONED).update(
+        changed = Node.objects.filter(pk__in=node_ids, state=NodeState.CORDONED).update(
             state=NodeState.READY, version=F("version") + 1
         )
         if changed:
