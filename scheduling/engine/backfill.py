@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from .placement import Constraints, Placer
 from .state import Alloc, ReplicaReq, fits_state
-from .types import MILLI, JobRequest
+from .types import MILLI, JobRequest, NodeSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +76,14 @@ def gang_shape(req: ReplicaReq, replicas: int, topology: str) -> tuple[ReplicaRe
     return req, replicas
 
 
+def gang_group(spec: NodeSpec, replicas: int, topology: str) -> tuple[str, str]:
+    """Which nodes a gang's replicas may share, as placement would place them: one model
+    (placement never mixes them) and, for a ``rack`` gang, one rack; ("", "") for one replica."""
+    if replicas <= 1:
+        return ("", "")
+    return (spec.model, spec.rack if topology == "rack" else "")
+
+
 def reserved_shape(job: JobRequest, req: ReplicaReq, replicas: int) -> tuple[ReplicaReq, int]:
     """What a reservation holds room for: :func:`gang_shape` of ``job``'s topology."""
     return gang_shape(req, replicas, job.topology)
@@ -98,9 +106,8 @@ def reserve(placer: Placer, job: JobRequest, req: ReplicaReq, replicas: int, c: 
             continue
         t = node_ready_time(placer, n.index, req, holders.get(n.index, []), now)
         if t is not None:
-            group = (n.spec.model if replicas > 1 else "",
-                     n.spec.rack if job.topology == "rack" and replicas > 1 else "")
-            by_group.setdefault(group, []).append((t, n.rank, n.index))
+            by_group.setdefault(gang_group(n.spec, replicas, job.topology), []).append(
+                (t, n.rank, n.index))
     best: tuple[float, int, tuple[str, str]] | None = None
     chosen: list[tuple[float, int, int]] = []
     for group, ready in sorted(by_group.items()):

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .backfill import gang_shape
+from .backfill import gang_group, gang_shape
 from .placement import Constraints, Placer
 from .state import Alloc, ReplicaReq, fits_state
 from .types import MILLI
@@ -126,9 +126,7 @@ def choose_victims(placer: Placer, hypo: Hypo, req: ReplicaReq, replicas: int, c
         spec = state.nodes[i].spec
         if (rack is not None and spec.rack != rack) or (node_ok is not None and not node_ok(i)):
             continue
-        key = (spec.model if replicas > 1 else "",
-               spec.rack if topology == "rack" and replicas > 1 else "")
-        groups.setdefault(key, []).append(i)
+        groups.setdefault(gang_group(spec, replicas, topology), []).append(i)
     best: tuple[tuple[float, int], list[Victim], list[tuple[int, ReplicaReq]]] | None = None
     for _key, nodes in sorted(groups.items()):
         if req.count * replicas > sum(state.nodes[i].spec.gpus for i in nodes):
