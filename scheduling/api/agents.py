@@ -231,12 +231,11 @@ class ExitsView(AgentView):
         results = []
         for item in data["exits"]:
             try:
-                job, recorded = svc.do_report_exit(node, item["job_id"], item["attempt"], item["replica"],
-                                                   item["exit_code"], item["reason"], item.get("started_at"))
-            except svc.NotYours:
-                results.append({"status": 404, "detail": "No such job on this node."})
-            except svc.Stale as exc:
-                results.append({"status": 409, "detail": str(exc)})
+                job, recorded = _job_call(svc.do_report_exit, node, item["job_id"], item["attempt"],
+                                          item["replica"], item["exit_code"], item["reason"],
+                                          item.get("started_at"))
+            except (NotFound, Conflict) as exc:  # answered per report, as jobs/{id}/exited would
+                results.append({"status": exc.status_code, "detail": str(exc.detail)})
             else:
                 results.append({"status": 200, "state": job.state, "recorded": recorded})
         return Response({"results": results})
