@@ -416,7 +416,7 @@ def _settle_replica(
         held = list(active_allocations_of(job))
     if job.state == JobState.SCHEDULED:
         do_mark_running(job, now)  # its ``started`` report was lost; keep the history in order
-    others = any(a.exited_at is None and not _is_replica(a, node_id, replica) for a in held)
+    others = any(a.exited_at is None and (a.node_id, a.replica) != (node_id, replica) for a in held)
     if job.state == JobState.RUNNING:
         if reason == "time-limit":
             begin_stop(job, "time-limit", now)
