@@ -193,7 +193,8 @@ def run_checks(args: argparse.Namespace, base: str, users: list[dict], checks: C
                  {"state": running["state"], "reason": running.get("pending_reason")})
     peak = 0.0
     gpu_index = str(running["allocations"][0]["gpus"][0]) if running["allocations"] else "0"
-    while alice.job(job["id"])["state"] == "running":
+    deadline = time.monotonic() + 120  # an 8 s job: bounded even if the agent dies under it
+    while alice.job(job["id"])["state"] == "running" and time.monotonic() < deadline:
         peak = max(peak, gpu_util(gpu_index) or 0.0)
         time.sleep(0.5)
     done = alice.wait(job["id"], {"succeeded", "failed"}, 60)
@@ -235,7 +236,10 @@ def run_checks(args: argparse.Namespace, base: str, users: list[dict], checks: C
     # 5. Cancel a running GPU job: terminating, then its process is off the GPU.
     forever = alice.submit(name="forever", kind="training", command=[*program, "3600"], gpus=1,
                            accelerators=[model], grace_seconds=5)
-    alice.wait(forever["id"], {"running"}, 60)
+    started = alice.wait(forever["id"], {"running"}, 60)
+    if not checks.check("a job that runs until stopped starts", started["state"] == "running",
+                        started["state"]):
+        return
     time.sleep(5)  # let it reach the GPU
     before = gpu_memory_used_mib()
     seen: list[str] = []
