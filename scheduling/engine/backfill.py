@@ -84,11 +84,6 @@ def gang_group(spec: NodeSpec, replicas: int, topology: str) -> tuple[str, str]:
     return (spec.model, spec.rack if topology == "rack" else "")
 
 
-def reserved_shape(job: JobRequest, req: ReplicaReq, replicas: int) -> tuple[ReplicaReq, int]:
-    """What a reservation holds room for: :func:`gang_shape` of ``job``'s topology."""
-    return gang_shape(req, replicas, job.topology)
-
-
 def reserve(placer: Placer, job: JobRequest, req: ReplicaReq, replicas: int, c: Constraints,
             holders: dict[int, list[tuple[float, Alloc]]], taken: set[int],
             now: float) -> Reservation | None:
@@ -97,7 +92,7 @@ def reserve(placer: Placer, job: JobRequest, req: ReplicaReq, replicas: int, c: 
     The nodes must be able to hold the job as placement would: a ``node``/``nvlink`` gang is one
     request on one node; a gang's replicas share one model (placement never mixes them), and a
     ``rack`` gang's one rack. Among the groups that qualify, the earliest start wins."""
-    req, replicas = reserved_shape(job, req, replicas)
+    req, replicas = gang_shape(req, replicas, job.topology)
     by_group: dict[tuple[str, str], list[tuple[float, int, int]]] = {}
     for n in placer.state.nodes:
         if n.index in taken or placer.class_pref(n.cls, c) is None:

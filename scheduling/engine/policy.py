@@ -24,9 +24,9 @@ from .backfill import (
     History,
     Reservation,
     Reservations,
+    gang_shape,
     node_ready_time,
     reserve,
-    reserved_shape,
 )
 from .buddy import order_for
 from .config import EngineConfig
@@ -467,8 +467,7 @@ class TesseraScheduler:
             row = self.quotas._row_key(job.tenant, m)
             for run in self.running.values():  # what is already on its way out counts as room
                 if run.job.tenant == job.tenant and (run.terminating or run.cancelled):
-                    excess -= sum(mi for mm, mi in run.charged
-                                  if self.quotas._row_key(job.tenant, mm) == row)
+                    excess -= self._row_charge(run, job.tenant, row)
             self.quota_room_model = m
             if excess <= 0:
                 return []
@@ -495,6 +494,10 @@ class TesseraScheduler:
         self.quota_room_model = None
         return None
 
+    def _row_charge(self, run, tenant: str, row: tuple[str, str]) -> int:
+        """What ``run`` is charged on ``tenant``'s quota row ``row`` (milli-GPU): what leaving frees."""
+        return sum(mi for mm, mi in run.charged if self.quotas._row_key(tenant, mm) == row)
+
     def _quota_pick(self, candidates: list[Victim], tenant: str, row: tuple[str, str],
                     excess: int, budget: int) -> list[Victim] | None:
         chosen: list[tuple[Victim, int]] = []
@@ -502,7 +505,7 @@ class TesseraScheduler:
             if excess <= 0 or len(chosen) >= budget:
                 break
             run = self.running[v.job_id]
-            freed = sum(mi for mm, mi in run.charged if self.quotas._row_key(tenant, mm) == row)
+            freed = self._row_charge(run, tenant, row)
             chosen.append((v, freed))
             excess -= freed
         if excess > 0 or not chosen:
@@ -532,8 +535,9 @@ class TesseraScheduler:
         """A reservation for ``job``: the nodes it held last pass if they can still take it
         (so a reservation is sticky and its start only moves when running jobs overrun), else
         the earliest-ready nodes now. Holders' expected ends are indexed once per pass."""
+        starving = self.starving(job, now)
         holders = self.holders(now)
-        if self.starving(job, now):
+        if starving:
             # A starving job does not wait for what it may preempt: its start is when the jobs
             # it may not preempt (older, ending soon, not preemptible) have left, so backfill
             # cannot keep refilling its nodes.
@@ -547,11 +551,11 @@ class TesseraScheduler:
         # not taken over by a job that comes first in a later pass — unless that job is
         # starving (it comes before every younger job's reservation).
         taken = {i for i in res.taken() if res.owner_by_node.get(i) != job.id}
-        if not self.starving(job, now):
+        if not starving:
             taken |= {i for i, j in self.prev_reserved.items() if j != job.id and j in self.pending}
         prev = self.sticky.get(job.id)
         if prev is not None and not (set(prev) & taken):
-            req, _n = reserved_shape(job, geo.req, geo.need)
+            req, _n = gang_shape(geo.req, geo.need, job.topology)
             times = [node_ready_time(self.placer, i, req, holders.get(i, []), now)
                      for i in prev]
             if all(t is not None for t in times):
