@@ -137,14 +137,20 @@ class Submitter:
             time.sleep(max(0.0, at - time.time()))
         sent = time.time()
         try:
-            r = self._session().post(self.url, json=body, timeout=30,
-                                     headers={"Idempotency-Key": f"bench-{i}"})
+            r = self._session().post(
+                self.url, json=body, timeout=30, headers={"Idempotency-Key": f"bench-{i}"}
+            )
             status, job_id = r.status_code, (r.json().get("id") if r.status_code < 300 else None)
         except requests.RequestException as exc:
             status, job_id = 0, None
             say(f"job {i}: {exc.__class__.__name__}")
-        self.results[i] = {"sent": sent, "done": time.time(), "status": status, "id": job_id,
-                           "gpus": float(body.get("gpus", 1))}
+        self.results[i] = {
+            "sent": sent,
+            "done": time.time(),
+            "status": status,
+            "id": job_id,
+            "gpus": float(body.get("gpus", 1)),
+        }
 
     def run(self, items: list[tuple[int, dict[str, Any], float | None]]) -> None:
         for f in [self.pool.submit(self.post, i, b, at) for i, b, at in items]:
@@ -154,23 +160,31 @@ class Submitter:
 def job_times(ids: list[int]) -> dict[int, dict[str, Any]]:
     from scheduling.models import Job, JobEvent
 
-    rows = {j["id"]: j for j in Job.objects.filter(pk__in=ids).values(
-        "id", "state", "submitted_at", "started_at", "finished_at")}
+    rows = {
+        j["id"]: j
+        for j in Job.objects.filter(pk__in=ids).values(
+            "id", "state", "submitted_at", "started_at", "finished_at"
+        )
+    }
     for e in JobEvent.objects.filter(job_id__in=ids, type="scheduled").values("job_id", "at"):
         rows[e["job_id"]].setdefault("scheduled_at", e["at"])
     return rows
 
 
-def waited_for_capacity(results: dict[int, dict[str, Any]], times: dict[int, dict[str, Any]],
-                        total_gpus: int) -> set[int]:
+def waited_for_capacity(
+    results: dict[int, dict[str, Any]], times: dict[int, dict[str, Any]], total_gpus: int
+) -> set[int]:
     """Jobs sent when bound jobs plus jobs queued ahead left too few GPUs for them."""
     spans = []
     for r in results.values():
         t = times.get(r["id"])
         if t and t.get("scheduled_at") and t.get("finished_at"):
             spans.append((t["scheduled_at"].timestamp(), t["finished_at"].timestamp(), r["gpus"]))
-    queued = sorted((r["sent"], times[r["id"]]["scheduled_at"].timestamp(), r["gpus"])
-                    for r in results.values() if r["id"] in times and times[r["id"]].get("scheduled_at"))
+    queued = sorted(
+        (r["sent"], times[r["id"]]["scheduled_at"].timestamp(), r["gpus"])
+        for r in results.values()
+        if r["id"] in times and times[r["id"]].get("scheduled_at")
+    )
     excluded = set()
     for i, r in results.items():
         t0 = r["sent"]
@@ -210,19 +224,25 @@ def main() -> int:  # noqa: PLR0915 - one linear script, read top to bottom
     p.add_argument("--pg", default=os.environ.get("BENCH_PG", "postgres://postgres@127.0.0.1:5432"))
     p.add_argument("--db", default="tessera_bench")
     p.add_argument("--redis", default=os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/0"))
+    p.add_argument("--redis-dbs", default="13,14", help="Redis databases of the broker and the channel layer")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--keep", action="store_true", help="keep the logs directory")
     args = p.parse_args()
 
+    broker_db, layer_db = (int(x) for x in args.redis_dbs.split(","))
     work = Path(tempfile.mkdtemp(prefix="tessera-bench-", dir="/tmp"))
     work.chmod(0o711)
     env = stack_env(
-        f"{args.pg}/{args.db}", args.redis,
-        TESSERA_REDIS_BROKER_DB="13", TESSERA_REDIS_LAYER_DB="14", TESSERA_DEBUG="0",
+        f"{args.pg}/{args.db}",
+        args.redis,
+        TESSERA_REDIS_BROKER_DB=str(broker_db),
+        TESSERA_REDIS_LAYER_DB=str(layer_db),
+        TESSERA_DEBUG="0",
         TESSERA_LOG_LEVEL="INFO",  # the worker logs one line per pass: its duration
         # The per-user rate limits (scheduling/api/throttling.py) would answer 429 to one user
         # submitting 2,000 jobs as fast as it can: the benchmark measures the service, unthrottled.
-        TESSERA_RATE_LIMIT_SUBMIT="off", TESSERA_RATE_LIMIT_API="off",
+        TESSERA_RATE_LIMIT_SUBMIT="off",
+        TESSERA_RATE_LIMIT_API="off",
         TESSERA_SECRET_KEY="bench-" + "k" * 50,
     )
     os.environ.update(env)
@@ -239,7 +259,7 @@ def main() -> int:  # noqa: PLR0915 - one linear script, read top to bottom
 
         from controlplane.env import redis_db_url
 
-        for db in (13, 14):
+        for db in (broker_db, layer_db):
             redis_lib.Redis.from_url(redis_db_url(args.redis, db)).flushdb()
         from scheduling.services import redis_flags
 
@@ -259,25 +279,35 @@ def main() -> int:  # noqa: PLR0915 - one linear script, read top to bottom
         # beat's safety pass, as every deployment runs it: what binds jobs whose trigger was lost
         procs.start("beat", beat_argv(work / "celerybeat-schedule"), env)
         for w in range(args.web):
-            procs.start("web" if w == 0 else f"web{w}", web_argv(fd=listener.fileno()), env,
-                        pass_fds=(listener.fileno(),))
+            procs.start(
+                "web" if w == 0 else f"web{w}",
+                web_argv(fd=listener.fileno()),
+                env,
+                pass_fds=(listener.fileno(),),
+            )
         wait_for("the worker", lambda: " ready." in procs.output("worker"), procs, 60)
         wait_for("the web server", lambda: web_answers(base), procs, 60)
         agents_env = agent_env(env, join)
         for n in range(args.agents):
             spec = f"{args.gpus}xA100,nvlink=4,rack=r{n % 4}"
-            procs.start(f"agent{n:02d}", agent_argv(base, f"bench-{n:02d}", spec, work / f"agent{n:02d}"),
-                        agents_env)
+            procs.start(
+                f"agent{n:02d}", agent_argv(base, f"bench-{n:02d}", spec, work / f"agent{n:02d}"), agents_env
+            )
         from scheduling.models import Node
 
-        wait_for(f"{args.agents} agents", lambda: Node.objects.filter(
-            devices__isnull=False).distinct().count() == args.agents, procs, 120)
+        wait_for(
+            f"{args.agents} agents",
+            lambda: Node.objects.filter(devices__isnull=False).distinct().count() == args.agents,
+            procs,
+            120,
+        )
         say(f"{args.agents} agents of {args.gpus} GPUs registered; warming up")
 
         rng = random.Random(args.seed)
         warm = Submitter(base, token, 2)
-        warm.run([(-k - 1, {"name": f"warm-{k}", "kind": "batch", "command": ["true"]}, None)
-                  for k in range(10)])
+        warm.run(
+            [(-k - 1, {"name": f"warm-{k}", "kind": "batch", "command": ["true"]}, None) for k in range(10)]
+        )
         _wait_terminal([r["id"] for r in warm.results.values()], procs, 60)
 
         bodies = [job_body(i, rng) for i in range(args.jobs)]
@@ -298,8 +328,7 @@ def main() -> int:  # noqa: PLR0915 - one linear script, read top to bottom
         times = job_times(ids)
         excluded = waited_for_capacity(all_results, times, total_gpus)
         lat_paced, lat_burst = [], []
-        stages: dict[str, list[float]] = {"send_to_stored": [], "stored_to_bound": [],
-                                          "bound_to_started": []}
+        stages: dict[str, list[float]] = {"send_to_stored": [], "stored_to_bound": [], "bound_to_started": []}
         not_started = 0
         for i, r in all_results.items():
             t = times.get(r["id"]) if r["id"] else None
