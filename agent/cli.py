@@ -11,6 +11,7 @@ a refused join token or no GPU found; 3 the node's credential was revoked while 
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import signal
@@ -201,9 +202,10 @@ def run(args: argparse.Namespace) -> int:
     agent.push = args.wait_timeout > 0
 
     try:
-        profiles = UtilProfiles.load() if inventory.simulated else None
+        trace = UtilProfiles.check() if inventory.simulated else None
     except (OSError, ValueError, KeyError) as exc:
         raise Fatal(f"cannot read the GPU utilisation trace for simulated GPUs: {exc}") from None
+    profiles = functools.partial(UtilProfiles.load, trace) if trace is not None else None
     collector = GpuCollector(inventory, agent.gpu_uses, profiles, args.util_speed,
                              None if inventory.simulated else nvml_reader())
     try:

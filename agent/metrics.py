@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import csv
 import gzip
-import io
 import logging
 import os
+import threading
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -36,6 +36,7 @@ log = logging.getLogger("tessera.agent")
 
 LABELS = ["gpu", "UUID", "Hostname", "modelName", "job"]
 TRACE_ENV = "TESSERA_GPU_UTIL_TRACE"
+COLUMNS = ("pod", "t_s", "gpu_util_pct")
 
 
 @dataclass(frozen=True)
@@ -64,16 +65,31 @@ class UtilProfiles:
         self.series = {p: profiles[p] for p in self.pods}
         self.first_busy = {p: next(i for i, v in enumerate(s) if v > 0) for p, s in self.series.items()}
 
-    @classmethod
-    def load(cls, path: Path | None = None) -> UtilProfiles:
+    @staticmethod
+    def check(path: Path | None = None) -> Path:
+        """The trace's path, once its header is read: what the agent checks at its start (parsing
+        its 157,000 rows costs ~0.4 s of CPU, which only the first scrape of a busy GPU needs)."""
         path = path or trace_path()
         if path is None or not path.is_file():
             where = f"{path} does not exist" if path is not None else "no packaged copy"
             raise FileNotFoundError(f"GPU utilisation trace: {where} (set {TRACE_ENV} to its path)")
+        with gzip.open(path, "rt", encoding="utf-8", newline="") as text:
+            header = next(csv.reader(text), [])
+        missing = [c for c in COLUMNS if c not in header]
+        if missing:
+            raise ValueError(f"{path}: no column {', '.join(missing)}")
+        return path
+
+    @classmethod
+    def load(cls, path: Path | None = None) -> UtilProfiles:
+        path = cls.check(path)
         rows: dict[str, list[tuple[float, float]]] = {}
-        with gzip.open(path, "rb") as raw, io.TextIOWrapper(raw, encoding="utf-8") as text:
-            for row in csv.DictReader(text):
-                rows.setdefault(row["pod"], []).append((float(row["t_s"]), float(row["gpu_util_pct"])))
+        with gzip.open(path, "rt", encoding="utf-8", newline="") as text:
+            reader = csv.reader(text)
+            header = next(reader)
+            pod, t_s, util = (header.index(c) for c in COLUMNS)
+            for row in reader:
+                rows.setdefault(row[pod], []).append((float(row[t_s]), float(row[util])))
         return cls({pod: [v for _, v in sorted(samples)] for pod, samples in rows.items()})
 
     def pod_for(self, job_id: int) -> str:
@@ -101,13 +117,17 @@ class GpuCollector(Collector):
         self,
         inventory: Inventory,
         uses: Callable[[], dict[int, list[GpuUse]]],
-        profiles: UtilProfiles | None = None,
+        profiles: Callable[[], UtilProfiles] | None = None,
         util_speed: float = 1.0,
         nvml_reader: Callable[[int], tuple[float, float, float]] | None = None,
     ):
+        """``profiles``: loads the simulated GPUs' profiles, called once, by the first scrape that
+        finds a job on a simulated GPU."""
         self.inventory = inventory
         self.uses = uses
-        self.profiles = profiles
+        self.load_profiles = profiles
+        self._profiles: UtilProfiles | None = None
+        self._load_lock = threading.Lock()
         self.util_speed = util_speed
         self.nvml_reader = nvml_reader
 
@@ -130,6 +150,13 @@ class GpuCollector(Collector):
         yield sm
         yield fb
 
+    def profiles(self) -> UtilProfiles:
+        with self._load_lock:
+            if self._profiles is None:
+                assert self.load_profiles is not None
+                self._profiles = self.load_profiles()
+            return self._profiles
+
     def _values(self, index: int, memory_gib: float, on_it: list[GpuUse]) -> tuple[float, float, float]:
         if self.nvml_reader is not None:
             try:
@@ -137,9 +164,10 @@ class GpuCollector(Collector):
             except Exception:  # a GPU that fell off the bus must not break the whole scrape
                 log.warning("NVML read of GPU %d failed", index, exc_info=True)
                 return 0.0, 0.0, 0.0
-        if not on_it or self.profiles is None:
+        if not on_it or self.load_profiles is None:
             return 0.0, 0.0, 0.0
-        total = sum(self.profiles.util(u.job_id, u.elapsed_s, self.util_speed) * u.share for u in on_it)
+        profiles = self.profiles()
+        total = sum(profiles.util(u.job_id, u.elapsed_s, self.util_speed) * u.share for u in on_it)
         total = min(100.0, total)
         sm_active, fb_used = derived(total, memory_gib)
         return total, sm_active, fb_used

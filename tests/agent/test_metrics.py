@@ -34,7 +34,7 @@ def samples(registry) -> dict[str, dict[str, tuple[dict, float]]]:
 
 def collector(profiles, uses, speed: float = 1.0) -> GpuCollector:
     inventory = simulated_inventory("sim-07", parse_spec("4xH100,nvlink=4"))
-    return GpuCollector(inventory, lambda: uses, profiles, speed)
+    return GpuCollector(inventory, lambda: uses, lambda: profiles, speed)
 
 
 def test_the_packaged_trace_is_the_shared_one_and_has_busy_profiles(profiles):
@@ -102,3 +102,23 @@ def test_a_missing_trace_is_a_clear_error_naming_the_path(tmp_path, monkeypatch)
     monkeypatch.setenv("TESSERA_GPU_UTIL_TRACE", str(tmp_path / "nope.csv.gz"))
     with pytest.raises(FileNotFoundError, match=r"nope.csv.gz does not exist \(set TESSERA_GPU_UTIL_TRACE"):
         UtilProfiles.load()
+
+
+def test_the_profiles_are_loaded_once_by_the_first_scrape_of_a_busy_gpu(profiles):
+    loads = []
+    uses: dict[int, list[GpuUse]] = {}
+    inventory = simulated_inventory("sim-07", parse_spec("4xH100,nvlink=4"))
+    registry = make_registry(GpuCollector(inventory, lambda: uses, lambda: loads.append(1) or profiles))
+    samples(registry)
+    assert loads == []  # an idle node's scrape (and the agent's start) parses nothing
+    uses[1] = [GpuUse(42, 3.0)]
+    assert samples(registry)["DCGM_FI_DEV_GPU_UTIL"]["1"][1] > 0
+    samples(registry)
+    assert loads == [1]
+
+
+def test_a_trace_without_a_needed_column_is_refused_at_the_check_naming_it(tmp_path):
+    bad = tmp_path / "bad.csv.gz"
+    bad.write_bytes(gzip.compress(b"pod,t_s,util\r\npod-000,0,1.0\r\n"))
+    with pytest.raises(ValueError, match="no column gpu_util_pct"):
+        UtilProfiles.check(bad)
