@@ -4,13 +4,15 @@
 #   pack:   every openb pod list, 10 seeds (42..51), every policy side by side (tessera, fgd,
 #           best-fit, random, fcfs-device: ~2 minutes for all four lists on 2 cores);
 #   replay: generated two-day workloads on ~600 GPUs at load 1.0 and 1.2, every policy, with quotas;
+#   seeds:  the replay targets on workload seeds 1..5 (tessera and fcfs-device);
 #   then the tables, the plots and the targets are written into docs/evaluation.md (between its
 #   <!-- eval:... --> markers) and docs/eval/*.png.
 #
 # Knobs (environment): EVAL_OUT (default build/eval), EVAL_SEEDS (10), EVAL_PROCESSES (CPUs),
 # EVAL_PACK_POLICIES, EVAL_REPLAY_POLICIES, EVAL_LISTS (openb list names), EVAL_SKIP_PACK=1,
 # EVAL_SKIP_REPLAY=1, EVAL_WORKLOAD_SEED (1), EVAL_LOADS ("1.0 1.2"), EVAL_RESUME=1 (keep the runs
-# already in EVAL_OUT and do only the missing ones).
+# already in EVAL_OUT and do only the missing ones), EVAL_MATRIX_SEEDS ("1-5": tessera and
+# fcfs-device on each of these workload seeds), EVAL_SKIP_SEEDS=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -55,6 +57,15 @@ if [ "${EVAL_SKIP_REPLAY:-0}" != 1 ]; then
 w(sys.argv[1], sys.argv[2].split(','), sys.argv[3])" "$OUT/replay-$load" "$REPLAY_POLICIES" \
       "replay workload-$load (seed $WSEED)"
   done
+fi
+
+if [ "${EVAL_SKIP_SEEDS:-0}" != 1 ]; then
+  # The replay targets on several workloads (tessera and the JCT baseline only): a policy that
+  # meets them on one seed and not the next does not meet them.
+  echo "== seed matrix: seeds ${EVAL_MATRIX_SEEDS:-1-5} at loads $LOADS" >&2
+  [ "${EVAL_RESUME:-0}" = 1 ] || rm -rf "$OUT/seeds"
+  "$PY" -m scheduling.sim.seedmatrix "$OUT/seeds" --seeds "${EVAL_MATRIX_SEEDS:-1-5}" \
+    --loads "$(echo $LOADS | tr ' ' ,)" --policies tessera,fcfs-device --processes "$PROCS" || status=1
 fi
 
 "$PY" -m scheduling.sim.evaldoc docs/evaluation.md "$OUT" docs/eval

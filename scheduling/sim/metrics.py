@@ -4,7 +4,8 @@ The summary's keys are those of CONTRACTS.md (Simulator, ``summary.json``). Conv
 
 - allocation = the GPU capacity listed in allocations (fractions count as their share),
   time-averaged over [first submit, last event] (``gpu_allocation_rate``) and over [first submit,
-  last submit] (``gpu_allocation_rate_while_arriving``);
+  last submit] (``gpu_allocation_rate_while_arriving``), beside the most any policy could reach
+  over that span (``gpu_allocation_ceiling_while_arriving``, :mod:`scheduling.sim.ceiling`);
 - queueing delay = first ``start`` − ``submit``; a job that never started (and was not rejected)
   counts with its wait until the last event, so ``max_queue_s`` never hides a starved job;
 - JCT = end (``finish`` or ``fail``) − ``submit``; rejected and cancelled jobs have none;
@@ -24,6 +25,7 @@ from typing import Any
 
 from scheduling.engine.fragmentation import UNTRACKED, FragmentationModel, to_milli
 from scheduling.engine.types import KINDS, MILLI, NodeSpec, QuotaSpec
+from scheduling.sim.ceiling import allocation_ceiling
 from scheduling.sim.traces import TraceJob
 
 TYPICAL_WINDOW = 1000
@@ -234,6 +236,8 @@ def summarize(
         "gpu_allocation_rate_while_arriving": (
             area_arriving / (capacity * (t_arrive - t0)) if t_arrive > t0 else None
         ),
+        # The most any policy could have allocated over the same span (scheduling/sim/ceiling.py).
+        "gpu_allocation_ceiling_while_arriving": allocation_ceiling(jobs, capacity, t0, t_arrive),
         **{k: v for k, v in _stats(all_jct, all_queue).items() if k != "jobs"},
         "by_kind": {k: _stats(jct[k], queue[k]) for k in KINDS if queue[k] or jct[k]},
         "makespan_s": t_end - t0,
