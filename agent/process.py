@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
+import functools
 import logging
 import os
 import pwd
@@ -139,6 +141,46 @@ def _die_with_agent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+@functools.cache
+def spawn_prefix(run_as: RunAs) -> tuple[str, ...]:
+    """``setpriv`` (util-linux) argv that drops to the job user and sets the parent-death signal
+    before it executes the job's command; () where no ``setpriv`` here can (then the spawn runs
+    :func:`_die_with_agent` in a forked child instead).
+
+    Why: a ``preexec_fn`` or a user switch makes Python fork the whole agent and run Python in
+    the child; without them it uses ``vfork``. Spawning ``true`` costs ~1.9 ms of CPU (agent and
+    child) this way, ~3.8 ms the other. ``setpriv`` sets the signal after its user switch (which
+    would clear it), as :func:`_die_with_agent` does. Checked once per user, by running it.
+    """
+    setpriv = shutil.which("setpriv", path=f"{SAFE_PATH}:/usr/sbin:/sbin")
+    if setpriv is None:
+        return ()
+    prefix = [setpriv, "--pdeathsig", "SIGKILL"]
+    if run_as.uid is not None:
+        prefix += ["--reuid", str(run_as.uid), "--regid", str(run_as.gid), "--clear-groups"]
+    prefix.append("--")
+    try:
+        done = subprocess.run([*prefix, "true"], env={"PATH": SAFE_PATH}, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    return tuple(prefix) if done.returncode == 0 else ()
+
+
+def _check_executable(program: str, path: str, cwd: Path) -> None:
+    """Raise what executing ``program`` would, as far as the agent can tell: behind ``setpriv``,
+    a command that cannot start is then still reported as ``spawn-failed`` before any spawn.
+    (One only the job user cannot run gets ``setpriv``'s own exit, 126 or 127, and message.)"""
+    target = os.path.join(cwd, program) if "/" in program else program
+    if shutil.which(target, path=path) is not None:
+        return
+    found = os.path.isfile(target) if "/" in program else any(
+        os.path.isfile(os.path.join(d, program)) for d in path.split(os.pathsep) if d
+    )
+    code = errno.EACCES if found else errno.ENOENT
+    raise OSError(code, os.strerror(code), program)
+
+
 def _owned_dir(path: Path, run_as: RunAs) -> Path:
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     if run_as.uid is not None:
@@ -201,10 +243,16 @@ class JobProcess:
             command = [str(c) for c in self.binding["command"]]
             if not command:
                 raise ValueError("the job's command is empty")
+            prefix = spawn_prefix(self.run_as)
+            if prefix:
+                _check_executable(command[0], env["PATH"], self.workdir)
+                extra: dict[str, Any] = {}
+            else:
+                extra = {"preexec_fn": _die_with_agent, **run_as_kwargs(self.run_as)}
             self.proc = subprocess.Popen(
-                command, cwd=self.workdir, env=env, stdin=subprocess.DEVNULL,
+                [*prefix, *command], cwd=self.workdir, env=env, stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                close_fds=True, preexec_fn=_die_with_agent, **run_as_kwargs(self.run_as),
+                close_fds=True, **extra,
             )
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             self._note(f"could not start {self.binding.get('command')!r}: {exc}")

@@ -8,16 +8,29 @@ from __future__ import annotations
 import importlib
 import os
 import time
+from pathlib import Path
 
 import pytest
 
+from agent import process as process_module
 from agent.process import JobProcess, job_path, resolve_run_as
 
 fakes = importlib.import_module("tests.agent.fakes")
 
 
+@pytest.fixture(params=["setpriv", "fork"])
+def spawn(request, monkeypatch) -> str:
+    """Each test runs both ways a job is spawned: behind ``setpriv`` (vfork), and without it (the
+    agent forks and sets the parent-death signal itself), as on a machine without ``setpriv``."""
+    if request.param == "fork":
+        monkeypatch.setattr(process_module, "spawn_prefix", lambda run_as: ())
+    elif not process_module.spawn_prefix(resolve_run_as("nobody")):
+        pytest.skip("no setpriv with --pdeathsig on this machine")
+    return request.param
+
+
 @pytest.fixture
-def node():
+def node(spawn):
     """(fake server, state dir, run-as user, job PATH), with a secret in the agent's environment."""
     os.environ["TESSERA_JOIN_TOKEN"] = "join-secret-never-in-jobs"
     try:
@@ -106,10 +119,85 @@ def test_a_nonzero_exit_code_is_reported(node):
     assert server.output(16) == b"bye\n"  # stderr is in the same stream
 
 
-def test_a_command_that_cannot_start_is_reported_as_exit_127_with_the_reason_in_its_log(node):
-    process, server = start(node, job_id=17, command=["/no/such/program"])
-    assert server.exit_of(17)["exit_code"] == 127
-    assert b"could not start" in server.output(17)
+@pytest.mark.parametrize("command", [["/no/such/program"], ["no-such-program"], ["./missing.sh"]])
+def test_a_command_that_cannot_start_is_reported_as_exit_127_with_the_reason_in_its_log(node, command):
+    process, server = start(node, job_id=17, command=command)
+    reported = server.exit_of(17)
+    assert (reported["exit_code"], reported["reason"]) == (127, "spawn-failed")
+    assert b"could not start" in server.output(17) and b"No such file or directory" in server.output(17)
+
+
+def test_a_command_is_found_through_the_jobs_own_path_and_relative_to_its_directory(node):
+    server, state_dir, run_as, path = node
+    tools = state_dir / "tools"
+    tools.mkdir(mode=0o755)
+    (tools / "hello-tessera").write_text("#!/bin/sh\necho from-path\n")
+    (tools / "hello-tessera").chmod(0o755)
+    start(node, job_id=22, env={"PATH": f"{tools}:{path}"}, command=["hello-tessera"])
+    workdir = state_dir / "jobs" / "23-0-0"
+    workdir.mkdir(parents=True)
+    (workdir / "run.sh").write_text("#!/bin/sh\necho from-workdir\n")
+    (workdir / "run.sh").chmod(0o755)
+    start(node, job_id=23, command=["./run.sh"])
+    assert server.exit_of(22)["exit_code"] == 0 and server.output(22) == b"from-path\n"
+    assert server.exit_of(23)["exit_code"] == 0 and server.output(23) == b"from-workdir\n"
+
+
+AGENT_THEN_KILLED = """
+import sys, time
+from pathlib import Path
+sys.path.insert(0, {root!r})
+from agent import process
+from agent.process import JobProcess, job_path, resolve_run_as
+from tests.agent.fakes import FakeServer, binding
+if {fork!r}:
+    process.spawn_prefix = lambda run_as: ()
+state, run_as = Path({state!r}), resolve_run_as("nobody")
+job = JobProcess(binding(30, command=["sleep", "60"]), FakeServer(), state, run_as, job_path(state, run_as))
+job.start()
+print(job.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_job_dies_with_its_agent(node, spawn):
+    """SIGKILL the agent (no shutdown of its own): the kernel kills its jobs (PR_SET_PDEATHSIG)."""
+    import signal
+    import subprocess
+    import sys
+
+    state_dir = node[1]
+    script = AGENT_THEN_KILLED.format(root=str(Path(__file__).resolve().parents[2]), fork=spawn == "fork",
+                                      state=str(state_dir))
+    agent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    try:
+        pid = int(agent.stdout.readline())
+        # Until the command runs, its parent-death signal may not be set yet (with setpriv, or
+        # with the agent's own fork alike): the guarantee is for a job that runs.
+        assert fakes.wait_for(lambda: _command_of(pid) == b"sleep\x0060\x00", 5), "the job did not start"
+        os.kill(agent.pid, signal.SIGKILL)
+        agent.wait(10)
+        assert fakes.wait_for(lambda: not _alive(pid), 5), "the job outlived its agent"
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+        agent.stdout.close()
+
+
+def _command_of(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:
+        return b""
+
+
+def _alive(pid: int) -> bool:
+    """Running (not gone, not a zombie waiting for whoever inherited it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def test_a_job_past_its_time_limit_is_stopped_and_reported_as_time_limit(node):
