@@ -1,20 +1,20 @@
 """The agent's side of the HTTP protocol (``/api/v1/agent/``; see docs/agent.md).
 
-Secrets travel only in the ``Authorization`` header. A call borrows a ``requests`` session from
-a small pool and gives it back (sessions are not guaranteed thread-safe, so one is never used by
-two threads at once; pooled, their keep-alive connections serve every job's thread instead of
-one new connection per job); every call has a timeout.
+Secrets travel only in the ``Authorization`` header. A call borrows a kept-alive connection
+(``http.client``) from a small pool and gives it back: a connection is never used by two threads
+at once, and every job's thread reuses one instead of opening its own. Every call has a timeout.
+(``requests`` cost ~3 times the CPU per call here, ~1 ms of the agent's ~3 ms per job.)
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
+import http.client
+import json
 import queue
-from collections.abc import Iterator
+import select
 from typing import Any
-
-import requests
+from urllib.parse import urlencode, urlsplit
 
 TIMEOUT_S = 10.0
 
@@ -36,36 +36,74 @@ class AgentClient:
         self.base = server.rstrip("/") + "/api/v1/agent/"
         self.timeout = timeout
         self.credential: str | None = None
-        self._idle: queue.SimpleQueue[requests.Session] = queue.SimpleQueue()
+        self._url = urlsplit(self.base)
+        self._idle: queue.SimpleQueue[http.client.HTTPConnection] = queue.SimpleQueue()
 
-    @contextlib.contextmanager
-    def _session(self) -> Iterator[requests.Session]:
-        try:
-            session = self._idle.get_nowait()
-        except queue.Empty:
-            session = requests.Session()
-            session.trust_env = False  # no proxies from the environment for the control plane
-        try:
-            yield session
-        finally:
-            self._idle.put(session)
+    def _connection(self) -> tuple[http.client.HTTPConnection, bool]:
+        """(connection, reused): an idle kept-alive one the server has not closed meanwhile, or a
+        new one."""
+        while True:
+            try:
+                conn = self._idle.get_nowait()
+            except queue.Empty:
+                break
+            poller = select.poll()
+            if conn.sock is not None:
+                poller.register(conn.sock, select.POLLIN)
+                if not poller.poll(0):  # readable while idle: the server closed it
+                    return conn, True
+            conn.close()
+        if self._url.scheme not in ("http", "https") or not self._url.hostname:
+            raise http.client.InvalidURL(f"{self.base!r} is not an http(s) URL")
+        kind = http.client.HTTPSConnection if self._url.scheme == "https" else http.client.HTTPConnection
+        return kind(self._url.hostname, self._url.port), False
+
+    def _request(self, method: str, path: str, body: dict[str, Any] | None, auth: str,
+                 timeout: float) -> tuple[int, bytes]:
+        """(status, body); ServerError when the server could not be reached or answered 5xx.
+
+        A kept-alive connection the server closed just as it was reused is retried once on a new
+        one (every call of the protocol is idempotent)."""
+        name = path.split("?")[0]
+        headers = {"Authorization": auth}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        reused = True
+        while True:
+            conn: http.client.HTTPConnection | None = None
+            try:
+                conn, reused = self._connection()
+                conn.timeout = timeout
+                if conn.sock is not None:
+                    conn.sock.settimeout(timeout)
+                conn.request(method, self._url.path + path, body=data, headers=headers)
+                response = conn.getresponse()
+                content = response.read()
+                break
+            except (OSError, http.client.HTTPException) as exc:
+                if conn is not None:
+                    conn.close()
+                if reused and isinstance(exc, ConnectionError):  # RemoteDisconnected is one
+                    continue
+                raise ServerError(f"{name}: {exc.__class__.__name__}: {exc}") from None
+        if response.will_close:
+            conn.close()
+        else:
+            self._idle.put(conn)
+        if response.status >= 500:
+            raise ServerError(f"{name}: HTTP {response.status}")
+        return response.status, content
 
     def _post(self, path: str, body: dict[str, Any], auth: str) -> Any:
+        status, content = self._request("POST", path, body, auth, self.timeout)
         try:
-            with self._session() as session:
-                response = session.post(
-                    self.base + path, json=body, headers={"Authorization": auth}, timeout=self.timeout
-                )
-        except requests.RequestException as exc:
-            raise ServerError(f"{path}: {exc.__class__.__name__}: {exc}") from None
-        if response.status_code >= 500:
-            raise ServerError(f"{path}: HTTP {response.status_code}")
-        try:
-            data = response.json()
+            data = json.loads(content)
         except ValueError:
-            data = response.text[:500]
-        if response.status_code >= 400:
-            raise Rejected(response.status_code, data)
+            data = content[:500].decode(errors="replace")
+        if status >= 400:
+            raise Rejected(status, data)
         return data
 
     def _node_auth(self) -> str:
@@ -86,20 +124,14 @@ class AgentClient:
 
         Raises :class:`Rejected` with 404 against a server without the push endpoint.
         """
+        status, content = self._request(
+            "GET", "wait?" + urlencode({"timeout": f"{timeout_s:g}"}), None, self._node_auth(),
+            timeout_s + self.timeout,
+        )
+        if status >= 400:
+            raise Rejected(status, content[:500].decode(errors="replace"))
         try:
-            with self._session() as session:
-                response = session.get(
-                    self.base + "wait", params={"timeout": f"{timeout_s:g}"},
-                    headers={"Authorization": self._node_auth()}, timeout=timeout_s + self.timeout,
-                )
-        except requests.RequestException as exc:
-            raise ServerError(f"wait: {exc.__class__.__name__}: {exc}") from None
-        if response.status_code >= 500:
-            raise ServerError(f"wait: HTTP {response.status_code}")
-        if response.status_code >= 400:
-            raise Rejected(response.status_code, response.text[:500])
-        try:
-            answer = response.json()
+            answer = json.loads(content)
         except ValueError:
             return {"wake": False}
         return answer if isinstance(answer, dict) else {"wake": False}
