@@ -57,6 +57,7 @@ class Agent:
         self.lease_seconds = lease_seconds
         self.jobs: dict[Key, JobProcess] = {}
         self.ever_started: set[Key] = set()
+        self._last_attempt: dict[tuple[int, int], int] = {}  # (job, replica): latest attempt started
         self._lock = threading.Lock()
         self.last_ok = time.monotonic()
         self.fenced = False
@@ -184,10 +185,11 @@ class Agent:
             with self._lock:
                 if key in self.jobs or key in self.ever_started:
                     continue
-                if any(k[0] == key[0] and k[2] == key[2] and k[1] > key[1] for k in self.ever_started):
+                if self._last_attempt.get((key[0], key[2]), -1) > key[1]:
                     log.info("ignoring binding of job %s attempt %s: a later attempt ran here", *key[:2])
                     continue
                 self.ever_started.add(key)
+                self._last_attempt[(key[0], key[2])] = key[1]
                 process = JobProcess(binding, self.reporter, self.state_dir, self.run_as, self.job_path,
                                      self.cgroups)
                 self.jobs[key] = process

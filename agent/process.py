@@ -401,8 +401,8 @@ class JobProcess:
 
     def _watch(self) -> None:
         exited_at: float | None = None
-        if self.proc is not None:
-            self._pump_done.wait(QUICK_EXIT_S)  # output closed: the process has (likely) ended
+        if self.proc is not None and self._pump_done.wait(QUICK_EXIT_S):
+            self._await_exit(0.01)  # its output closed: its exit status follows
         while True:
             now = time.monotonic()
             quick_exit = self.proc is not None and exited_at is None and self.proc.poll() is not None
@@ -417,8 +417,18 @@ class JobProcess:
             # A background child may hold the output pipe open: give it a moment, then end it.
             if finished and (self._pump_done.is_set() or now - (exited_at or now) > 2.0):
                 break
-            self._wake.wait(TICK_S)
+            if self._pump_done.is_set() and exited_at is None:
+                self._await_exit(TICK_S)  # its output closed: its exit follows (at once, as a rule)
+            else:
+                self._wake.wait(TICK_S)
             self._wake.clear()
+
+    def _await_exit(self, timeout: float) -> None:
+        """Wait for the process's exit status, which follows the end of its output only closely:
+        a wake then (the pump's) could leave its exit for the next tick."""
+        assert self.proc is not None
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout)
 
     def _reason(self) -> str:
         if self.stop_reason is None:
