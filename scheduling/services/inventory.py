@@ -9,24 +9,36 @@ from typing import Any
 from scheduling.choices import DeviceState
 from scheduling.models import Allocation, Device
 
-
-def active_allocations(device_ids: Iterable[int] | None = None):
-    qs = Allocation.objects.filter(released_at__isnull=True).select_related("job", "job__tenant")
-    if device_ids is not None:
-        qs = qs.filter(device_id__in=list(device_ids))
-    return qs
+# One active allocation of a device, as its row shows it: (job id, tenant id, tenant, share in
+# thousandths, replica). Read as plain tuples: the pass and every exit report build device rows.
+Holder = tuple[int, int, str, int, int]
 
 
-def device_rows(devices: Iterable[Device]) -> list[dict[str, Any]]:
-    """One row per device: state and the jobs on it (for the heatmap and the nodes API)."""
+def holders(device_ids: Iterable[int]) -> dict[int, list[Holder]]:
+    """The active allocations of ``device_ids``, per device id, by job and replica."""
+    out: dict[int, list[Holder]] = defaultdict(list)
+    for device_id, *holder in (
+        Allocation.objects.filter(device_id__in=list(device_ids), released_at__isnull=True)
+        .order_by("job_id", "replica")
+        .values_list("device_id", "job_id", "job__tenant_id", "job__tenant__name", "share_milli", "replica")
+    ):
+        out[device_id].append(tuple(holder))
+    return out
+
+
+def device_rows(
+    devices: Iterable[Device], held: dict[int, list[Holder]] | None = None
+) -> list[dict[str, Any]]:
+    """One row per device: state and the jobs on it (for the heatmap and the nodes API).
+
+    ``held``: the devices' :func:`holders`, when the caller has them already."""
     devices = list(devices)
-    by_device: dict[int, list[Allocation]] = defaultdict(list)
-    for alloc in active_allocations(d.pk for d in devices):
-        by_device[alloc.device_id].append(alloc)
+    if held is None:
+        held = holders(d.pk for d in devices)
     rows = []
     for device in devices:
-        allocs = by_device.get(device.pk, [])
-        used = sum(a.share_milli for a in allocs)
+        allocs = held.get(device.pk, [])
+        used = sum(share for _, _, _, share, _ in allocs)
         if not device.healthy:
             state = DeviceState.UNHEALTHY
         elif not allocs:
@@ -47,13 +59,13 @@ def device_rows(devices: Iterable[Device]) -> list[dict[str, Any]]:
                 "used": used / 1000,
                 "jobs": [
                     {
-                        "job_id": a.job_id,
-                        "tenant_id": a.job.tenant_id,
-                        "tenant": a.job.tenant.name,
-                        "share": a.share,
-                        "replica": a.replica,
+                        "job_id": job_id,
+                        "tenant_id": tenant_id,
+                        "tenant": tenant,
+                        "share": share / 1000,
+                        "replica": replica,
                     }
-                    for a in allocs
+                    for job_id, tenant_id, tenant, share, replica in allocs
                 ],
             }
         )

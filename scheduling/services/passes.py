@@ -30,8 +30,9 @@ from scheduling.engine.types import Binding, Decisions
 from scheduling.models import Allocation, Device, Job, Node, SchedulerState
 from scheduling.services import live
 from scheduling.services.agents import bindings_by_node
+from scheduling.services.inventory import Holder, device_rows, holders
 from scheduling.services.jobs import allocations_payload, begin_stop, do_transition_many
-from scheduling.services.snapshot import LoadedSnapshot, load_snapshot
+from scheduling.services.snapshot import LoadedSnapshot, StoredReason, job_rows, load_snapshot
 
 log = logging.getLogger("tessera.pass")
 
@@ -115,15 +116,26 @@ def engine_config() -> EngineConfig:
 def _one_pass(now: datetime | None) -> PassResult:
     started = time.perf_counter()
     now = now or timezone.now()
-    loaded = load_snapshot(now)
-    with collector_paused():  # full GC collections grew faster than the pass (engine/collector.py)
-        decisions: Decisions = make_policy(loaded).decide(loaded.snapshot.now)
-    result = apply_decisions(loaded, decisions, now)
+    jobs = job_rows()
+    if any(job["state"] == JobState.PENDING for job in jobs):
+        loaded = load_snapshot(now, jobs)
+        with collector_paused():  # full GC collections grew faster than the pass (engine/collector.py)
+            decisions: Decisions = make_policy(loaded).decide(loaded.snapshot.now)
+        result = apply_decisions(loaded, decisions, now)
+    else:
+        # Nothing waits: there is nothing to bind, preempt for or explain, so the rest of the
+        # cluster need not be read (a pass after a job's exit, with an empty queue, ends here).
+        result = PassResult()
     result.seconds = time.perf_counter() - started
     # One line per pass (the benchmark reads the durations from the worker's log).
-    log.info("pass took %.1f ms: %d bound, %d dropped, %d preempted, %d pending",
-             result.seconds * 1000, len(result.bound), len(result.dropped), len(result.preempted),
-             result.pending)
+    log.info(
+        "pass took %.1f ms: %d bound, %d dropped, %d preempted, %d pending",
+        result.seconds * 1000,
+        len(result.bound),
+        len(result.dropped),
+        len(result.preempted),
+        result.pending,
+    )
     record_pass(result, now)
     return result
 
@@ -139,8 +151,11 @@ def record_pass(result: PassResult, now: datetime) -> None:
     the last few passes' counts, never a job), so recording costs a pass no flush. Passes run one
     at a time (the pass lock), so the read-modify-write needs no more than the row lock.
     """
-    decisions = {"bound": len(result.bound), "dropped": len(result.dropped),
-                 "preempted": len(result.preempted)}
+    decisions = {
+        "bound": len(result.bound),
+        "dropped": len(result.dropped),
+        "preempted": len(result.preempted),
+    }
     with transaction.atomic():
         _commit_without_flush()
         state, _ = SchedulerState.objects.select_for_update().get_or_create(id=1)
@@ -168,9 +183,12 @@ def apply_decisions(loaded: LoadedSnapshot, decisions: Decisions, now: datetime)
         _apply_bindings(loaded, bindings[i : i + APPLY_CHUNK], now, result)
     for preemption in decisions.preemptions:
         with transaction.atomic():
-            job = Job.objects.select_for_update(of=("self",)).select_related("tenant").filter(
-                pk=int(preemption.job_id), state=JobState.RUNNING
-            ).first()
+            job = (
+                Job.objects.select_for_update(of=("self",))
+                .select_related("tenant")
+                .filter(pk=int(preemption.job_id), state=JobState.RUNNING)
+                .first()
+            )
             if job is not None and job.preemptible:
                 begin_stop(job, f"preempted: {preemption.reason}"[:64], now)
                 result.preempted.append(preemption.job_id)
@@ -194,26 +212,23 @@ def _apply_bindings(
     with transaction.atomic():
         jobs = {
             str(j.pk): j
-            for j in Job.objects.select_for_update(of=("self",)).select_related("tenant").filter(
-                pk__in=[int(b.job_id) for b in bindings], state=JobState.PENDING
-            ).order_by("pk")
+            for j in Job.objects.select_for_update(of=("self",))
+            .select_related("tenant")
+            .filter(pk__in=[int(b.job_id) for b in bindings], state=JobState.PENDING)
+            .order_by("pk")
         }
         nodes = {
-            n.name: n
-            for n in Node.objects.select_for_update().filter(name__in=node_names).order_by("pk")
+            n.name: n for n in Node.objects.select_for_update().filter(name__in=node_names).order_by("pk")
         }
-        fresh = {
-            name for name, n in nodes.items() if n.version == loaded.node_versions.get(name)
-        }
-        devices = {
-            (d.node.name, d.index): d
-            for d in Device.objects.filter(node__in=[nodes[n] for n in fresh]).select_related("node")
-        }
-        used: dict[int, int] = {}
-        for device_id, share in Allocation.objects.filter(
-            device__in=list(devices.values()), released_at__isnull=True
-        ).values_list("device_id", "share_milli"):
-            used[device_id] = used.get(device_id, 0) + share
+        fresh = {name for name, n in nodes.items() if n.version == loaded.node_versions.get(name)}
+        by_id = {nodes[name].pk: nodes[name] for name in fresh}
+        devices: dict[tuple[str, int], Device] = {}
+        for d in Device.objects.filter(node_id__in=list(by_id)).order_by("node_id", "index"):
+            d.node = by_id[d.node_id]
+            devices[(d.node.name, d.index)] = d
+        # Who holds these devices now: the capacity check below, then the device rows published.
+        held = holders(d.pk for d in devices.values())
+        used = {device_id: sum(h[3] for h in hs) for device_id, hs in held.items()}
         bound: list[tuple[Job, list[tuple[Node, Device | None, int, int]]]] = []
         for binding in bindings:
             job = jobs.get(binding.job_id)
@@ -250,14 +265,26 @@ def _apply_bindings(
         # Stamped now, not at the pass's start: a job committed while the snapshot was being
         # read is bound by this pass, and its history must not start before its submission.
         jobs_bound = [job for job, _ in bound]
-        do_transition_many(jobs_bound, JobState.SCHEDULED, EventType.SCHEDULED, events,
-                           max(now, timezone.now()))
-        from scheduling.services.inventory import device_rows
-
-        live.publish_devices(device_rows({a.device for a in allocs if a.device is not None}))
+        do_transition_many(
+            jobs_bound, JobState.SCHEDULED, EventType.SCHEDULED, events, max(now, timezone.now())
+        )
+        live.publish_devices(_rows_after(allocs, held))
         # Each agent's wake carries its new bindings: it starts them without asking first.
         for node_id, start in sorted(bindings_by_node(jobs_bound, allocs).items()):
             live.wake_agent(node_id, start)
+
+
+def _rows_after(allocs: list[Allocation], held: dict[int, list[Holder]]) -> list[dict]:
+    """The device rows of the devices ``allocs`` took: ``held`` (read before) plus them."""
+    taken = {a.device_id: a.device for a in allocs if a.device is not None}
+    for a in allocs:
+        if a.device is not None:
+            held.setdefault(a.device_id, []).append(
+                (a.job_id, a.job.tenant_id, a.job.tenant.name, a.share_milli, a.replica)
+            )
+    for device_id in taken:
+        held[device_id].sort(key=lambda h: (h[0], h[4]))
+    return device_rows(taken.values(), held)
 
 
 def _placements(
@@ -293,43 +320,35 @@ def _placements(
 
 
 def _store_pending_reasons(decisions: Decisions, loaded: LoadedSnapshot) -> None:
-    changed = []
+    """Write the reasons that changed since the snapshot (most stay the same pass after pass)."""
+    groups: dict[StoredReason, list[int]] = {}
     for job_id, reason in decisions.pending.items():
-        job = loaded.jobs.get(job_id)
-        if job is None or job.state != JobState.PENDING:
-            continue
+        stored = loaded.reasons.get(job_id)  # None: not pending when the snapshot was read
         estimated = (
             datetime.fromtimestamp(reason.estimated_start, tz=UTC)
             if reason.estimated_start is not None
             else None
         )
-        if (job.pending_code, job.pending_reason, job.estimated_start) != (
-            reason.code, reason.message, estimated
-        ):
-            job.pending_code, job.pending_reason = reason.code, reason.message
-            job.estimated_start = estimated
-            changed.append(job)
+        if stored is not None and stored != (reason.code, reason.message, estimated):
+            groups.setdefault((reason.code, reason.message, estimated), []).append(int(job_id))
     for job_id, why in decisions.rejections.items():
         # The live cluster keeps such jobs pending (nodes may join later): say why.
-        job = loaded.jobs.get(job_id)
-        if job is not None and job.state == JobState.PENDING and job.pending_reason != why:
-            job.pending_code, job.pending_reason, job.estimated_start = "capacity", why, None
-            changed.append(job)
-    if not changed:
+        stored = loaded.reasons.get(job_id)
+        if stored is not None and stored[1] != why:
+            groups.setdefault(("capacity", why, None), []).append(int(job_id))
+    if not groups:
         return
     # One UPDATE per distinct reason (a queue waiting for capacity shares one or a few), not
     # bulk_update's CASE per row, which took ~280 ms for 270 jobs. Reasons are recomputed by
     # every pass, so their commit need not wait for the disk.
-    groups: dict[tuple, list[int]] = {}
-    for job in changed:
-        groups.setdefault((job.pending_code, job.pending_reason, job.estimated_start), []).append(job.pk)
     with transaction.atomic():
         _commit_without_flush()
         for (code, reason, estimated), ids in groups.items():
             Job.objects.filter(pk__in=ids, state=JobState.PENDING).update(
                 pending_code=code, pending_reason=reason, estimated_start=estimated
             )
-        for job in changed:
+        changed = [pk for ids in groups.values() for pk in ids]
+        for job in Job.objects.filter(pk__in=changed, state=JobState.PENDING).select_related("tenant"):
             live.publish_job(job)
 
 

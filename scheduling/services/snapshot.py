@@ -1,48 +1,98 @@
-"""Read one consistent snapshot of the cluster for the engine (database → engine types)."""
+"""Read one consistent snapshot of the cluster for the engine (database → engine types).
+
+A pass reads every node, device, held allocation and waiting or holding job, so it reads them as
+plain rows (``values()``/``values_list()``), never as model instances: building ~300 instances a
+pass, with their JSON columns decoded, cost more CPU than the engine's whole decision.
+"""
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
-from django.db import transaction
 
 from scheduling.choices import HOLDING_STATES, JobState, NodeState
 from scheduling.engine.types import JobRequest, NodeSpec, Placement, QuotaSpec, RunningJob, Snapshot
-from scheduling.models import Allocation, Job, Node, Quota
+from scheduling.models import Allocation, Device, Job, Node, Quota
 
 
 def ts(value: datetime | None) -> float | None:
     return value.timestamp() if value is not None else None
 
 
+# The job's own columns a JobRequest is made of (besides its tenant's name).
+REQUEST_FIELDS = (
+    "id",
+    "kind",
+    "gpus",
+    "replicas",
+    "min_available",
+    "accelerators",
+    "topology",
+    "priority",
+    "preemptible",
+    "grace_seconds",
+    "checkpoint_seconds",
+    "time_limit_seconds",
+    "cpus",
+    "memory_gib",
+    "node_selector",
+    "prefer_labels",
+    "elastic_min_gpus",
+    "elastic_max_gpus",
+    "submitted_at",
+    "not_before",
+)
+# What else a pass reads of each job: whether it holds GPUs, and the pending reason it shows.
+JOB_FIELDS = (
+    *REQUEST_FIELDS,
+    "tenant__name",
+    "state",
+    "started_at",
+    "last_checkpoint_at",
+    "pending_code",
+    "pending_reason",
+    "estimated_start",
+)
+
+
 def job_request(job: Job) -> JobRequest:
-    min_available = job.min_available
+    return request_of(job.tenant.name, {name: getattr(job, name) for name in REQUEST_FIELDS})
+
+
+def request_of(tenant: str, job: Mapping[str, Any]) -> JobRequest:
+    """A JobRequest from a job's ``REQUEST_FIELDS`` values."""
     return JobRequest(
-        id=str(job.pk),
-        tenant=job.tenant.name,
-        kind=job.kind,
-        gpus=float(job.gpus),
-        replicas=job.replicas,
-        min_available=min_available,
-        accelerators=tuple(job.accelerators or ()),
-        topology=job.topology,
-        priority=job.priority,
-        preemptible=job.preemptible,
-        grace_s=float(job.grace_seconds),
-        checkpoint_s=float(job.checkpoint_seconds) if job.checkpoint_seconds else None,
-        time_limit_s=float(job.time_limit_seconds) if job.time_limit_seconds else None,
-        cpus=job.cpus,
-        memory_gib=job.memory_gib,
-        node_selector=tuple(sorted((job.node_selector or {}).items())),
-        prefer_labels=tuple(sorted((job.prefer_labels or {}).items())),
-        elastic_min_gpus=job.elastic_min_gpus,
-        elastic_max_gpus=job.elastic_max_gpus,
-        submitted_at=job.submitted_at.timestamp(),
-        not_before=ts(job.not_before) or 0.0,
+        id=str(job["id"]),
+        tenant=tenant,
+        kind=job["kind"],
+        gpus=float(job["gpus"]),
+        replicas=job["replicas"],
+        min_available=job["min_available"],
+        accelerators=tuple(job["accelerators"] or ()),
+        topology=job["topology"],
+        priority=job["priority"],
+        preemptible=job["preemptible"],
+        grace_s=float(job["grace_seconds"]),
+        checkpoint_s=float(job["checkpoint_seconds"]) if job["checkpoint_seconds"] else None,
+        time_limit_s=float(job["time_limit_seconds"]) if job["time_limit_seconds"] else None,
+        cpus=job["cpus"],
+        memory_gib=job["memory_gib"],
+        node_selector=tuple(sorted((job["node_selector"] or {}).items())),
+        prefer_labels=tuple(sorted((job["prefer_labels"] or {}).items())),
+        elastic_min_gpus=job["elastic_min_gpus"],
+        elastic_max_gpus=job["elastic_max_gpus"],
+        submitted_at=job["submitted_at"].timestamp(),
+        not_before=ts(job["not_before"]) or 0.0,
     )
+
+
+# A pending job's reason as stored: (code, words, estimated start).
+StoredReason = tuple[str | None, str | None, datetime | None]
 
 
 @dataclass
@@ -50,56 +100,88 @@ class LoadedSnapshot:
     snapshot: Snapshot
     node_versions: dict[str, int]
     node_ids: dict[str, int]
-    jobs: dict[str, Job] = field(default_factory=dict)
+    # The pending jobs' reasons as the snapshot read them (a pass writes only those that change).
+    reasons: dict[str, StoredReason] = field(default_factory=dict)
 
 
-def node_spec(node: Node, now: datetime) -> NodeSpec:
-    devices = sorted(node.devices.all(), key=lambda d: d.index)
+def job_rows() -> list[dict[str, Any]]:
+    """Every job a pass considers (pending, or holding GPUs), as ``JOB_FIELDS`` rows."""
+    return list(Job.objects.filter(state__in=[JobState.PENDING, *HOLDING_STATES]).values(*JOB_FIELDS))
+
+
+NODE_FIELDS = (
+    "id",
+    "name",
+    "rack",
+    "kind",
+    "labels",
+    "taints",
+    "state",
+    "nvlink_domain",
+    "cpus",
+    "memory_gib",
+    "price_per_gpu_hour",
+    "last_heartbeat",
+    "version",
+)
+
+
+def node_spec(node: Mapping[str, Any], devices: list[tuple[int, str, bool]], now: datetime) -> NodeSpec:
+    """``node``: its ``NODE_FIELDS``; ``devices``: its (index, model, healthy), by index."""
     timeout = timedelta(seconds=settings.TESSERA["HEARTBEAT_TIMEOUT_S"])
-    fresh = node.last_heartbeat is not None and node.last_heartbeat >= now - timeout
-    labels = dict(node.labels or {})
-    labels["rack"] = node.rack
+    heartbeat = node["last_heartbeat"]
+    fresh = heartbeat is not None and heartbeat >= now - timeout
+    labels = dict(node["labels"] or {})
+    labels["rack"] = node["rack"]
     return NodeSpec(
-        name=node.name,
-        rack=node.rack,
-        model=devices[0].model if devices else "",
+        name=node["name"],
+        rack=node["rack"],
+        model=devices[0][1] if devices else "",
         gpus=len(devices),
-        nvlink_domain=max(1, min(node.nvlink_domain, len(devices) or 1)),
-        cpus=node.cpus,
-        memory_gib=node.memory_gib,
-        price_per_gpu_hour=node.price_per_gpu_hour,
-        kind=node.kind,
+        nvlink_domain=max(1, min(node["nvlink_domain"], len(devices) or 1)),
+        cpus=node["cpus"],
+        memory_gib=node["memory_gib"],
+        price_per_gpu_hour=node["price_per_gpu_hour"],
+        kind=node["kind"],
         labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
-        taints=tuple(node.taints or ()),
-        schedulable=node.state == NodeState.READY and fresh,
-        unhealthy_gpus=tuple(d.index for d in devices if not d.healthy),
+        taints=tuple(node["taints"] or ()),
+        schedulable=node["state"] == NodeState.READY and fresh,
+        unhealthy_gpus=tuple(index for index, _, healthy in devices if not healthy),
     )
 
 
-def load_snapshot(now: datetime) -> LoadedSnapshot:
-    with transaction.atomic():  # one consistent read (REPEATABLE READ not needed: see version check)
-        nodes = list(Node.objects.prefetch_related("devices"))
-        jobs = list(
-            Job.objects.filter(state__in=[JobState.PENDING, *HOLDING_STATES]).select_related("tenant")
-        )
-        # Every pass reads every allocation held: as plain tuples, ~8x cheaper than model objects.
-        allocs = list(
-            Allocation.objects.filter(released_at__isnull=True).values_list(
-                "job_id", "replica", "node__name", "share_milli", "device__index"
-            )
-        )
-        quotas = list(Quota.objects.select_related("tenant"))
+def load_snapshot(now: datetime, jobs: list[dict[str, Any]] | None = None) -> LoadedSnapshot:
+    """The cluster at ``now``; ``jobs``: :func:`job_rows` when the caller has read them already.
+
+    No transaction: at READ COMMITTED one would not make the reads one snapshot either. What
+    moves between them is caught when the decisions are applied (each node's version, and each
+    device's capacity, are checked again under the node's lock).
+    """
+    if jobs is None:
+        jobs = job_rows()
+    nodes = list(Node.objects.values(*NODE_FIELDS))
+    devices: dict[int, list[tuple[int, str, bool]]] = defaultdict(list)
+    for node_id, index, model, healthy in Device.objects.order_by("node_id", "index").values_list(
+        "node_id", "index", "model", "healthy"
+    ):
+        devices[node_id].append((index, model, healthy))
     by_job: dict[int, list[tuple[int, str, int, int | None]]] = defaultdict(list)
-    for job_id, replica, node_name, share, index in allocs:
+    for job_id, replica, node_name, share, index in (
+        Allocation.objects.filter(released_at__isnull=True)
+        .order_by()
+        .values_list("job_id", "replica", "node__name", "share_milli", "device__index")
+    ):
         by_job[job_id].append((replica, node_name, share, index))
-    running, pending = [], []
+    quotas = list(Quota.objects.values_list("tenant__name", "model", "guaranteed", "limit", "weight"))
+    running, pending, reasons = [], [], {}
     for job in jobs:
-        request = job_request(job)
-        if job.state == JobState.PENDING:
+        request = request_of(job["tenant__name"], job)
+        if job["state"] == JobState.PENDING:
             pending.append(request)
+            reasons[request.id] = (job["pending_code"], job["pending_reason"], job["estimated_start"])
             continue
         grouped: dict[tuple[int, str, int], list[int]] = defaultdict(list)
-        for replica, node_name, share, index in by_job.get(job.pk, []):
+        for replica, node_name, share, index in by_job.get(job["id"], []):
             gpus = grouped[(replica, node_name, share)]
             if index is not None:
                 gpus.append(index)
@@ -111,23 +193,21 @@ def load_snapshot(now: datetime) -> LoadedSnapshot:
             RunningJob(
                 job=request,
                 placements=placements,
-                started_at=ts(job.started_at) or now.timestamp(),
-                last_checkpoint_at=ts(job.last_checkpoint_at),
-                terminating=job.state == JobState.TERMINATING,
+                started_at=ts(job["started_at"]) or now.timestamp(),
+                last_checkpoint_at=ts(job["last_checkpoint_at"]),
+                terminating=job["state"] == JobState.TERMINATING,
             )
         )
     snapshot = Snapshot(
         now=now.timestamp(),
-        nodes=tuple(node_spec(n, now) for n in nodes),
+        nodes=tuple(node_spec(n, devices.get(n["id"], []), now) for n in nodes),
         running=tuple(running),
         pending=tuple(sorted(pending, key=lambda j: (j.submitted_at, int(j.id)))),
-        quotas=tuple(
-            QuotaSpec(q.tenant.name, q.model, q.guaranteed, q.limit, q.weight) for q in quotas
-        ),
+        quotas=tuple(QuotaSpec(*q) for q in quotas),
     )
     return LoadedSnapshot(
         snapshot=snapshot,
-        node_versions={n.name: n.version for n in nodes},
-        node_ids={n.name: n.pk for n in nodes},
-        jobs={str(j.pk): j for j in jobs},
+        node_versions={n["name"]: n["version"] for n in nodes},
+        node_ids={n["name"]: n["id"] for n in nodes},
+        reasons=reasons,
     )
