@@ -15,6 +15,7 @@ import functools
 import logging
 import os
 import pwd
+import select
 import shutil
 import signal
 import subprocess
@@ -215,9 +216,10 @@ class JobProcess:
         self.silent = False  # the agent is shutting down: no more reports
         self.done = threading.Event()  # the exit was reported (or abandoned)
         self._lock = threading.Lock()
-        self._wake = threading.Event()
+        # Wakes the supervisor from other threads (a stop, a note); polled with the output pipe.
+        self._wake_fd: int | None = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._buffer = bytearray()
-        self._pump_done = threading.Event()
+        self._output_open = False
         self._offset = int(binding.get("log_offset", 0))
         self._drop_logs = False
         self._started_pending = True
@@ -235,7 +237,9 @@ class JobProcess:
     # --- starting ------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Spawn the process (from the agent's main thread) and its supervisor thread."""
+        """Spawn the process (from the agent's main thread: the parent-death signal follows the
+        thread that spawns) and its supervisor thread, which reads its output, ships it, enforces
+        its limits and reports its exit."""
         try:
             _owned_dir(self.workdir, self.run_as)
             _owned_dir(self.checkpoint_dir, self.run_as)
@@ -258,11 +262,10 @@ class JobProcess:
             self._note(f"could not start {self.binding.get('command')!r}: {exc}")
             self.exit_code, self.exit_reason = 127, "spawn-failed"
             self._started_pending = False
-            self._pump_done.set()
         else:
             self.started_wall = time.time()
+            self._output_open = True
             self._limit()
-            threading.Thread(target=self._pump, name=f"job-{self.job_id}-out", daemon=True).start()
         self.started_at = time.monotonic()
         threading.Thread(target=self._supervise, name=f"job-{self.job_id}", daemon=True).start()
 
@@ -293,12 +296,12 @@ class JobProcess:
         if first and self.proc is not None and self.proc.poll() is None:
             self._note(f"stopping ({reason}): SIGTERM, SIGKILL in {max(0.0, grace_s):g}s")
             self._signal(signal.SIGTERM)
-        self._wake.set()
+        self._wake()
 
     def silence(self) -> None:
         """The agent is leaving: report nothing more; the lease decides the job's fate."""
         self.silent = True
-        self._wake.set()
+        self._wake()
 
     def _signal(self, sig: int) -> None:
         if self.proc is None:
@@ -327,19 +330,29 @@ class JobProcess:
         with self._lock:
             if len(self._buffer) + len(data) <= MAX_BUFFER_BYTES:
                 self._buffer += data
-        self._wake.set()
 
-    def _pump(self) -> None:
+    def _wake(self) -> None:
+        with self._lock:
+            if self._wake_fd is not None:
+                os.eventfd_write(self._wake_fd, 1)
+
+    def _read(self, poller: select.poll, timeout: float) -> None:
+        """Wait up to ``timeout`` for output or a wake, and take the output that came."""
         assert self.proc is not None and self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        try:
-            while chunk := os.read(fd, 65536):
+        for fd, _event in poller.poll(max(0.0, timeout) * 1000):
+            if fd != self.proc.stdout.fileno():
+                with contextlib.suppress(BlockingIOError):
+                    os.eventfd_read(fd)
+                continue
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                chunk = b""
+            if chunk:
                 self._append(chunk)
-        except OSError:
-            pass
-        finally:
-            self._pump_done.set()
-            self._wake.set()
+            else:
+                poller.unregister(fd)
+                self._output_open = False
 
     def _ship_logs(self) -> bool:
         """Send what is buffered; False when the server could not be reached (retry later)."""
@@ -386,7 +399,7 @@ class JobProcess:
         if self.proc is not None:
             self._signal(signal.SIGKILL)  # leftovers of the group; the job itself has exited
             self.proc.wait()
-            self._pump_done.wait(2.0)
+            self._drain(2.0)
             self.exit_code = self.proc.returncode
             self.exit_reason = self._reason()
         try:
@@ -394,38 +407,63 @@ class JobProcess:
         except Exception:
             log.exception("job %s: could not report its exit", self.job_id)
         finally:
+            with self._lock:
+                if self._wake_fd is not None:
+                    os.close(self._wake_fd)
+                    self._wake_fd = None
             shutil.rmtree(self.workdir, ignore_errors=True)
             if self.cgroup is not None and self.cgroups is not None:
                 self.cgroups.remove(self.cgroup)
             self.done.set()
 
+    def _poller(self) -> select.poll:
+        assert self.proc is not None and self.proc.stdout is not None and self._wake_fd is not None
+        poller = select.poll()
+        poller.register(self._wake_fd, select.POLLIN)
+        if self._output_open:
+            poller.register(self.proc.stdout.fileno(), select.POLLIN)
+        return poller
+
+    def _drain(self, timeout: float) -> None:
+        """What the output pipe still holds, until it closes or ``timeout`` passes; then close it."""
+        assert self.proc is not None and self.proc.stdout is not None
+        poller = self._poller()
+        deadline = time.monotonic() + timeout
+        while self._output_open and (left := deadline - time.monotonic()) > 0:
+            self._read(poller, left)
+        self._output_open = False
+        self.proc.stdout.close()
+
     def _watch(self) -> None:
+        if self.proc is None:
+            return  # it could not start: only its note to ship, with the exit report
+        poller = self._poller()
         exited_at: float | None = None
-        if self.proc is not None and self._pump_done.wait(QUICK_EXIT_S):
+        quick_until = time.monotonic() + QUICK_EXIT_S
+        while self._output_open and (left := quick_until - time.monotonic()) > 0:
+            self._read(poller, left)
+        if not self._output_open:
             self._await_exit(0.01)  # its output closed: its exit status follows
         while True:
             now = time.monotonic()
-            quick_exit = self.proc is not None and exited_at is None and self.proc.poll() is not None
+            quick_exit = exited_at is None and self.proc.poll() is not None
             if self._started_pending and not self.silent and not quick_exit:
                 self._report_started()
             self._enforce(now)
             if not self.silent:
                 self._ship_logs()
-            if self.proc is not None and exited_at is None and self.proc.poll() is not None:
+            if exited_at is None and self.proc.poll() is not None:
                 exited_at = now
-            finished = self.proc is None or exited_at is not None
             # A background child may hold the output pipe open: give it a moment, then end it.
-            if finished and (self._pump_done.is_set() or now - (exited_at or now) > 2.0):
+            if exited_at is not None and (not self._output_open or now - exited_at > 2.0):
                 break
-            if self._pump_done.is_set() and exited_at is None:
+            if not self._output_open:
                 self._await_exit(TICK_S)  # its output closed: its exit follows (at once, as a rule)
             else:
-                self._wake.wait(TICK_S)
-            self._wake.clear()
+                self._read(poller, TICK_S)
 
     def _await_exit(self, timeout: float) -> None:
-        """Wait for the process's exit status, which follows the end of its output only closely:
-        a wake then (the pump's) could leave its exit for the next tick."""
+        """Wait for the process's exit status, which follows the end of its output only closely."""
         assert self.proc is not None
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout)

@@ -143,6 +143,27 @@ def test_a_command_is_found_through_the_jobs_own_path_and_relative_to_its_direct
     assert server.exit_of(23)["exit_code"] == 0 and server.output(23) == b"from-workdir\n"
 
 
+def test_a_job_that_closes_its_output_early_is_still_watched_to_its_exit(node):
+    script = "echo early; exec >&- 2>&-; sleep 0.6; exit 4"
+    process, server = start(node, job_id=24, command=["sh", "-c", script])
+    reported = server.exit_of(24, timeout=10)
+    assert (reported["exit_code"], reported["reason"]) == (4, "")
+    assert server.output(24) == b"early\n"
+    assert [c[0] for c in server.calls].count("started") == 1  # it ran past the quick exit
+
+
+def test_a_job_whose_escaped_child_keeps_its_output_open_is_reported_after_a_moment(node):
+    process, server = start(node, job_id=25, command=["sh", "-c", "setsid sleep 30 & echo $!"])
+    pid = int(fakes.wait_for(lambda: server.output(25).strip(), 10) or 0)
+    try:
+        began = time.monotonic()
+        assert server.exit_of(25, timeout=10)["exit_code"] == 0
+        assert time.monotonic() - began < 5  # ~2 s: it does not wait for the escaped child
+        assert process.done.wait(5)
+    finally:
+        os.kill(pid, 9)
+
+
 AGENT_THEN_KILLED = """
 import sys, time
 from pathlib import Path
