@@ -29,6 +29,7 @@ from scheduling.api.agent_auth import (
     NodePrincipal,
 )
 from scheduling.api.errors import Conflict
+from scheduling.api.fields import FieldTemplates
 from scheduling.services import agents as svc
 
 MAX_INT = 2**31 - 1
@@ -40,14 +41,14 @@ EXIT_REASONS = ("", "time-limit", "stopped", "lost", "spawn-failed")
 # --- Bodies ------------------------------------------------------------------------------------
 
 
-class DeviceIn(serializers.Serializer):
+class DeviceIn(FieldTemplates, serializers.Serializer):
     index = serializers.IntegerField(min_value=0, max_value=1023)
     uuid = serializers.CharField(max_length=128)
     model = serializers.CharField(max_length=64)
     memory_gib = serializers.FloatField(min_value=0, max_value=1e6, default=0.0)
 
 
-class RegisterIn(serializers.Serializer):
+class RegisterIn(FieldTemplates, serializers.Serializer):
     name = serializers.CharField(max_length=128)
     rack = serializers.CharField(max_length=64, default="default")
     labels = serializers.DictField(child=serializers.CharField(max_length=128, allow_blank=True),
@@ -84,18 +85,18 @@ class RegisterIn(serializers.Serializer):
         return value
 
 
-class RunningIn(serializers.Serializer):
+class RunningIn(FieldTemplates, serializers.Serializer):
     job_id = serializers.IntegerField(min_value=1, max_value=svc.MAX_DB_INT)
     attempt = serializers.IntegerField(min_value=0, max_value=MAX_INT)
     replica = serializers.IntegerField(min_value=0, max_value=MAX_INT)
     pid = serializers.IntegerField(min_value=0, max_value=MAX_INT, default=0)
 
 
-class HeartbeatIn(serializers.Serializer):
+class HeartbeatIn(FieldTemplates, serializers.Serializer):
     running = serializers.ListField(child=RunningIn(), max_length=4096, default=list)
 
 
-class ReplicaIn(serializers.Serializer):
+class ReplicaIn(FieldTemplates, serializers.Serializer):
     attempt = serializers.IntegerField(min_value=0, max_value=MAX_INT)
     replica = serializers.IntegerField(min_value=0, max_value=MAX_INT, default=0)
 
@@ -118,7 +119,7 @@ class ExitIn(ExitedIn):
     job_id = serializers.IntegerField(min_value=1, max_value=svc.MAX_DB_INT)
 
 
-class ExitsIn(serializers.Serializer):
+class ExitsIn(FieldTemplates, serializers.Serializer):
     exits = serializers.ListField(child=ExitIn(), min_length=1, max_length=256)
 
 

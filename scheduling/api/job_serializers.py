@@ -7,7 +7,6 @@ plus its state, queue level, pending reason and active allocations.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from django.conf import settings
@@ -15,6 +14,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from scheduling.api.fields import (
+    FieldTemplates,
     GpuCountField,
     StrictBooleanField,
     StrictCharField,
@@ -74,7 +74,7 @@ class ElasticField(serializers.Field):
         return value
 
 
-class JobSubmitSerializer(serializers.Serializer):
+class JobSubmitSerializer(FieldTemplates, serializers.Serializer):
     """Validates a submitted job body; ``model_fields()`` gives the values to store."""
 
     tenant = StrictCharField(
@@ -218,7 +218,7 @@ class AllocationsField(serializers.Field):
         return allocations_payload(allocs)
 
 
-class JobSerializer(serializers.ModelSerializer):
+class JobSerializer(FieldTemplates, serializers.ModelSerializer):
     """A job as the API returns it: the body echoed, plus its state and placement."""
 
     tenant = serializers.CharField(source="tenant.name", read_only=True)
@@ -273,16 +273,6 @@ class JobSerializer(serializers.ModelSerializer):
         ]
         read_only_fields = fields
 
-    _field_template: dict[str, serializers.Field] | None = None
-
-    def get_fields(self) -> dict[str, serializers.Field]:
-        """The fields, built from the model once per process and copied per serializer: DRF's
-        ModelSerializer otherwise introspects the model on every response (~10% of a submit)."""
-        cls = type(self)
-        if cls.__dict__.get("_field_template") is None:
-            cls._field_template = super().get_fields()  # unbound: binding happens on the copies
-        return copy.deepcopy(cls._field_template)
-
     @extend_schema_field(ElasticField(allow_null=True))
     def get_elastic(self, job: Job) -> dict[str, int] | None:
         if job.elastic_min_gpus is None:
@@ -290,7 +280,7 @@ class JobSerializer(serializers.ModelSerializer):
         return {"min_gpus": job.elastic_min_gpus, "max_gpus": job.elastic_max_gpus}
 
 
-class JobEventSerializer(serializers.ModelSerializer):
+class JobEventSerializer(FieldTemplates, serializers.ModelSerializer):
     reason = serializers.SerializerMethodField()
 
     class Meta:
