@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import weakref
 
 from asgiref.sync import sync_to_async
 from channels.layers import InMemoryChannelLayer, get_channel_layer
@@ -38,6 +39,7 @@ DEFAULT_TIMEOUT_S = 25.0
 MAX_TIMEOUT_S = 55.0  # below common proxies' 60 s idle limit
 IN_PROCESS_SLICE_S = 0.05  # see _receive
 DRAIN_S = 0.002  # after a wake, take the wakes right behind it too (one heartbeat for a burst)
+REJOIN_S = 60.0  # how often a node's wake channel joins its group again (see _LoopState)
 
 
 def wake_channel(node_id: int) -> str:
@@ -69,15 +71,91 @@ def _timeout_of(request: HttpRequest) -> float | None:
     return value
 
 
+class _Receiver:
+    """One ``receive`` on a node's wake channel (Redis layer), never cancelled.
+
+    Cancelling the Redis layer's ``receive`` (at a wait's timeout, or after a short drain) can
+    drop a wake that Redis handed over just then, and it closes that Redis connection (a new one
+    for the next wait: measured, every wait reconnected). So a wait that times out leaves its
+    receive running, and the node's next wait in this process takes it up. A message that
+    arrives while no wait is attached is sent back to the channel, for the next wait here or in
+    another web process.
+    """
+
+    def __init__(self, layer, channel: str, receivers: dict[str, _Receiver]) -> None:
+        self.layer, self.channel, self.receivers = layer, channel, receivers
+        self.waiters = 0
+        self.task = asyncio.ensure_future(layer.receive(channel))
+        self.task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task) -> None:
+        failed = task.cancelled() or task.exception() is not None  # (marks the error as seen)
+        if self.receivers.get(self.channel) is self and (self.waiters == 0 or failed):
+            del self.receivers[self.channel]
+        if self.waiters == 0 and not failed:
+            asyncio.ensure_future(self._put_back(task.result()))
+
+    async def _put_back(self, message: dict) -> None:
+        try:
+            await self.layer.send(self.channel, message)
+        except Exception:  # noqa: BLE001 - Redis down: the wake is lost, the heartbeat is not
+            log.warning("wake for %s not put back", self.channel)
+
+    async def next(self, timeout: float) -> dict:
+        self.waiters += 1
+        try:
+            done, _ = await asyncio.wait({self.task}, timeout=max(0.0, timeout))
+        finally:
+            self.waiters -= 1
+        if not done:
+            raise TimeoutError
+        if self.receivers.get(self.channel) is self:
+            del self.receivers[self.channel]
+        return self.task.result()
+
+
+class _LoopState:
+    """Per event loop (daphne runs one): receives in flight, and when each channel last joined its
+    node's group (re-joined every ``REJOIN_S``: the group's membership lasts a day in the layer)."""
+
+    def __init__(self) -> None:
+        self.receivers: dict[str, _Receiver] = {}
+        self.joined: dict[str, float] = {}
+
+
+_loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
+
+
+def _state() -> _LoopState:
+    loop = asyncio.get_running_loop()
+    state = _loops.get(loop)
+    if state is None:
+        state = _loops[loop] = _LoopState()
+    return state
+
+
+async def _join(layer, node_id: int, channel: str) -> None:
+    joined = _state().joined
+    now = time.monotonic()
+    if now - joined.get(channel, -REJOIN_S) >= REJOIN_S:
+        await layer.group_add(f"agent.{node_id}", channel)
+        joined[channel] = now
+
+
 async def _receive(layer, channel: str, deadline: float) -> dict:
     """Wait for a message on ``channel`` until ``deadline`` (raises TimeoutError).
 
-    The in-memory layer (the embedded default) is fed by the scheduling thread of this same
-    process, from another event loop: its put does not wake this loop, so it is looked at in
-    short slices (50 ms). The Redis layer wakes us itself; one long receive costs it nothing.
+    The Redis layer: through the channel's :class:`_Receiver`, never cancelled. The in-memory
+    layer (the embedded default) is fed by the scheduling thread of this same process, from
+    another event loop: its put does not wake this loop, so it is looked at in short slices
+    (50 ms; cancelling its receive loses nothing).
     """
     if not isinstance(layer, InMemoryChannelLayer):
-        return await asyncio.wait_for(layer.receive(channel), max(0.0, deadline - time.monotonic()))
+        receivers = _state().receivers
+        receiver = receivers.get(channel)
+        if receiver is None:
+            receiver = receivers[channel] = _Receiver(layer, channel, receivers)
+        return await receiver.next(deadline - time.monotonic())
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -118,12 +196,13 @@ async def agent_wait(request: HttpRequest) -> JsonResponse:
     errors = 0
     while True:
         try:
-            await layer.group_add(f"agent.{node_id}", channel)
+            await _join(layer, node_id, channel)
             messages = [await _receive(layer, channel, deadline)]
             break
         except TimeoutError:
             return JsonResponse({"wake": False})
         except Exception as exc:  # noqa: BLE001 - a Redis read timed out under load, or Redis is down
+            _state().joined.pop(channel, None)
             errors += 1
             if errors >= 3 or time.monotonic() + 0.5 >= deadline:
                 log.warning("agent wait for node %s failed: %s", node_id, exc)
@@ -132,5 +211,5 @@ async def agent_wait(request: HttpRequest) -> JsonResponse:
             await asyncio.sleep(0.2)
     with contextlib.suppress(Exception):
         while True:  # a burst of wakes (one per binding) → one answer
-            messages.append(await asyncio.wait_for(layer.receive(channel), DRAIN_S))
+            messages.append(await _receive(layer, channel, time.monotonic() + DRAIN_S))
     return JsonResponse(_answer(messages))
