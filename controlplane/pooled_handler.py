@@ -7,8 +7,9 @@ view: measured under ``make bench-e2e``, those hops and thread starts were about
 web process's CPU, for requests that are mostly a few queries. Here a request costs one hop: the
 sync middleware chain (the same middleware, loaded for sync use) and the view run in a pooled
 thread, with a pooled database connection that is handed back when the request ends
-(``close_old_connections``, as Django does around a request). Async views (the agents' long-poll)
-still run on the event loop through Django's async chain. Without PostgreSQL (SQLite takes one
+(``close_old_connections``, as Django does around a request); the URL is resolved once, on
+arrival (to tell sync views from async ones), not again in the chain. Async views (the agents'
+long-poll) still run on the event loop through Django's async chain. Without PostgreSQL (SQLite takes one
 writer at a time) or inside pytest, ``controlplane/asgi.py`` uses Django's handler unchanged.
 """
 
@@ -25,10 +26,26 @@ from django.db import close_old_connections
 from django.urls import Resolver404, get_resolver
 
 
-class PooledASGIHandler(ASGIHandler):
+class _Resolved:
+    """A handler that takes the URL match made when the request arrived (``request.tessera_match``)
+    instead of resolving the path a second time."""
+
+    def resolve_request(self, request: Any) -> Any:
+        match = getattr(request, "tessera_match", None)
+        if match is None or hasattr(request, "urlconf"):  # unresolved, or a middleware's own URLs
+            return super().resolve_request(request)  # type: ignore[misc]
+        request.resolver_match = match
+        return match
+
+
+class _SyncHandler(_Resolved, BaseHandler):
+    pass
+
+
+class PooledASGIHandler(_Resolved, ASGIHandler):
     def __init__(self) -> None:
         super().__init__()  # the async chain, for async views
-        self._sync = BaseHandler()
+        self._sync = _SyncHandler()
         self._sync.load_middleware(is_async=False)
         self._pool = ThreadPoolExecutor(settings.TESSERA["WEB_THREADS"], thread_name_prefix="tessera-web")
 
@@ -41,7 +58,11 @@ class PooledASGIHandler(ASGIHandler):
         await self.handle(scope, receive, send)
 
     async def get_response_async(self, request: Any) -> Any:
-        if _is_async_view(request.path_info):
+        try:
+            request.tessera_match = get_resolver().resolve(request.path_info)
+        except Resolver404:  # answered by the chain below (404, or a redirect to add a slash)
+            request.tessera_match = None
+        if request.tessera_match is not None and iscoroutinefunction(request.tessera_match.func):
             return await super().get_response_async(request)
         return await sync_to_async(self._respond, thread_sensitive=False, executor=self._pool)(request)
 
@@ -51,10 +72,3 @@ class PooledASGIHandler(ASGIHandler):
             return self._sync.get_response(request)
         finally:
             close_old_connections()
-
-
-def _is_async_view(path: str) -> bool:
-    try:
-        return iscoroutinefunction(get_resolver().resolve(path).func)
-    except Resolver404:
-        return False
