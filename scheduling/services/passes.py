@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -32,7 +33,7 @@ from scheduling.services import live
 from scheduling.services.agents import bindings_by_node
 from scheduling.services.inventory import Holder, device_rows, holders
 from scheduling.services.jobs import allocations_payload, begin_stop, do_transition_many
-from scheduling.services.snapshot import LoadedSnapshot, StoredReason, job_rows, load_snapshot
+from scheduling.services.snapshot import LoadedSnapshot, StoredReason, load_snapshot, pending_rows
 
 log = logging.getLogger("tessera.pass")
 
@@ -116,9 +117,9 @@ def engine_config() -> EngineConfig:
 def _one_pass(now: datetime | None) -> PassResult:
     started = time.perf_counter()
     now = now or timezone.now()
-    jobs = job_rows()
-    if any(job["state"] == JobState.PENDING for job in jobs):
-        loaded = load_snapshot(now, jobs)
+    pending = pending_rows()
+    if pending:
+        loaded = load_snapshot(now, pending)
         with collector_paused():  # full GC collections grew faster than the pass (engine/collector.py)
             decisions: Decisions = make_policy(loaded).decide(loaded.snapshot.now)
         result = apply_decisions(loaded, decisions, now)
@@ -144,33 +145,60 @@ def _one_pass(now: datetime | None) -> PassResult:
 PASS_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
 
 
+# This process's copy of the ``SchedulerState`` row as it last wrote it (see record_pass).
+_recorded: list[SchedulerState] = []
+
+
 def record_pass(result: PassResult, now: datetime) -> None:
     """Add the pass to ``SchedulerState``: its record, the duration histogram, the decision totals.
 
     Statistics, not state: on PostgreSQL the commit does not wait for the disk (a crash may lose
     the last few passes' counts, never a job), so recording costs a pass no flush. Passes run one
-    at a time (the pass lock), so the read-modify-write needs no more than the row lock.
+    at a time (the pass lock), so each adds to the row as the last one left it: this process
+    keeps the row it wrote and updates it only if it is still as written (the count and time of
+    the last pass); if another process recorded since, the row is read again, locked.
     """
+    with transaction.atomic():
+        _commit_without_flush()
+        state = _recorded[0] if _recorded else None
+        if state is None or not _add_if_unchanged(state, result, now):
+            state, _ = SchedulerState.objects.select_for_update().get_or_create(id=1)
+            _add_pass(state, result, now)
+            state.save()
+    _recorded[:] = [state]
+
+
+def _add_if_unchanged(state: SchedulerState, result: PassResult, now: datetime) -> bool:
+    """Add the pass to the row if it is still as ``state`` (as last written here) says."""
+    seen = {"passes": state.passes, "last_pass_at": state.last_pass_at}
+    return SchedulerState.objects.filter(id=1, **seen).update(**_add_pass(state, result, now)) == 1
+
+
+def _add_pass(state: SchedulerState, result: PassResult, now: datetime) -> dict[str, Any]:
+    """Add the pass to ``state`` (in memory); returns the fields it changed, with their values."""
     decisions = {
         "bound": len(result.bound),
         "dropped": len(result.dropped),
         "preempted": len(result.preempted),
     }
-    with transaction.atomic():
-        _commit_without_flush()
-        state, _ = SchedulerState.objects.select_for_update().get_or_create(id=1)
-        buckets = list(state.pass_buckets or []) + [0] * (len(PASS_BUCKETS_S) + 1)
-        buckets = buckets[: len(PASS_BUCKETS_S) + 1]
-        buckets[bisect_left(PASS_BUCKETS_S, result.seconds)] += 1
-        totals = dict(state.decisions_total or {})
-        for key, n in decisions.items():
-            totals[key] = totals.get(key, 0) + n
-        state.last_pass_at, state.last_pass_seconds = now, result.seconds
-        state.last_pass_decisions = {**decisions, "pending": result.pending}
-        state.passes += 1
-        state.pass_seconds_sum += result.seconds
-        state.pass_buckets, state.decisions_total = buckets, totals
-        state.save()
+    buckets = list(state.pass_buckets or []) + [0] * (len(PASS_BUCKETS_S) + 1)
+    buckets = buckets[: len(PASS_BUCKETS_S) + 1]
+    buckets[bisect_left(PASS_BUCKETS_S, result.seconds)] += 1
+    totals = dict(state.decisions_total or {})
+    for key, n in decisions.items():
+        totals[key] = totals.get(key, 0) + n
+    fields = {
+        "last_pass_at": now,
+        "last_pass_seconds": result.seconds,
+        "last_pass_decisions": {**decisions, "pending": result.pending},
+        "passes": state.passes + 1,
+        "pass_seconds_sum": state.pass_seconds_sum + result.seconds,
+        "pass_buckets": buckets,
+        "decisions_total": totals,
+    }
+    for name, value in fields.items():
+        setattr(state, name, value)
+    return fields
 
 
 APPLY_CHUNK = 64  # bindings per transaction: few commits, yet node locks held only briefly

@@ -12,21 +12,36 @@ import threading
 
 from django.conf import settings
 
+from scheduling.choices import JobState
+from scheduling.models import Job
+from scheduling.services.snapshot import PreparedRead
+
 log = logging.getLogger("tessera.triggers")
 
 QUEUED_FLAG = "pass-queued"
 # How long a "pass queued" flag lives if the task that should clear it never runs (lost with a
 # Redis hiccup or a killed worker): triggers are swallowed for at most this long.
 QUEUED_TTL_S = 5
+_ANY_PENDING = PreparedRead(
+    lambda: Job.objects.filter(state=JobState.PENDING).order_by().values_list("id")[:1]
+)
 _wake = threading.Event()
 _loop_started = threading.Event()
 
 
 def request_pass() -> None:
     """Ask for a pass soon. Coalesced: while one pass task is queued and not yet started, more
-    requests add nothing (a burst of 1,000 submits causes a handful of passes, not 1,000)."""
+    requests add nothing (a burst of 1,000 submits causes a handful of passes, not 1,000).
+
+    Only if a job is pending: every change that can let a job start (submit, exit, cancel, node
+    join or loss, quota change) asks after its commit, and a pass with no pending job decides
+    nothing, so a job's exit with an empty queue costs no pass (and no task). A job that becomes
+    pending asks for a pass itself, after its own commit, so none is missed.
+    """
     if settings.TESSERA["EMBEDDED_PASSES"]:
         _wake.set()
+        return
+    if not _ANY_PENDING.rows():
         return
     from scheduling.services.redis_flags import set_flag_once
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import redis
 from django.conf import settings as django_settings
 
 from controlplane.env import redis_db_url
 from scheduling.services import redis_flags, triggers
+
+helpers = importlib.import_module("tests.scheduling.helpers")
 
 
 @pytest.fixture
@@ -23,19 +27,33 @@ def celery_mode(redis_url, settings, monkeypatch):
     redis_flags.client().delete(redis_flags.key(triggers.QUEUED_FLAG))
 
 
-def test_a_burst_of_requests_queues_a_single_pass(celery_mode, db):
+@pytest.fixture
+def a_pending_job(world):
+    return helpers.submit(world.alice, world.vision, gpus=1)  # no node: it stays pending
+
+
+def test_a_burst_of_requests_queues_a_single_pass(celery_mode, a_pending_job):
     for _ in range(1000):
         triggers.request_pass()
     assert celery_mode.llen("celery") == 1
 
 
-def test_a_request_after_the_pass_started_queues_another(celery_mode, db):
+def test_a_request_after_the_pass_started_queues_another(celery_mode, a_pending_job):
     from scheduling.tasks import scheduling_pass
 
     triggers.request_pass()
     scheduling_pass.run()  # the worker's side: takes the "queued" flag, then runs the pass
     triggers.request_pass()
     assert celery_mode.llen("celery") == 2
+
+
+def test_a_request_with_no_job_pending_queues_no_pass(celery_mode, world):
+    # An exit, a node joining, a quota change: capacity for no one. A pass would decide nothing.
+    job = helpers.submit(world.alice, world.vision, gpus=1)
+    job.state = "cancelled"
+    job.save(update_fields=["state"])
+    triggers.request_pass()
+    assert celery_mode.llen("celery") == 0
 
 
 def test_flags_live_in_their_own_redis_database(redis_url):
