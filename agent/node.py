@@ -4,8 +4,10 @@ Each heartbeat reports the processes running here and gets back the bindings to 
 stop orders (docs/agent.md). Between heartbeats a second thread holds a long-poll open
 (``GET /api/v1/agent/wait``): when the server has news for this node it answers at once, with the
 new bindings in the answer, which the main loop starts at once; news that carries no bindings (a
-stop order) makes the loop heartbeat immediately. So work arrives in milliseconds, not at the
+stop order) makes the agent heartbeat immediately. So work arrives in milliseconds, not at the
 next poll. The periodic heartbeat remains, for the lease and as the fallback when push fails.
+Heartbeats are sent from a thread of their own, which hands their orders to the main loop: a slow
+heartbeat (a busy server) never holds up the start of a pushed binding.
 Processes are spawned by the main thread only: a job's parent-death signal follows the thread
 that spawned it.
 Starts are idempotent: a (job, attempt, replica) is started at most
@@ -63,9 +65,11 @@ class Agent:
         self.fenced = False
         self.push = True  # False once the server is found to have no long-poll endpoint
         self.wait_timeout = 25.0
-        self._poke = threading.Event()
+        self._poke = threading.Event()  # wakes the main loop
+        self._beat = threading.Event()  # asks the heartbeat thread for a heartbeat now
         self._pushed: list[dict[str, Any]] = []  # bindings a wake carried, for the main loop
-        self._heartbeat_asked = False
+        self._orders: list[dict[str, Any]] = []  # heartbeat answers, for the main loop
+        self._revoked: CredentialRevoked | None = None
 
     # --- what the metrics and the heartbeat read ------------------------------------------------
 
@@ -89,28 +93,45 @@ class Agent:
     # --- the loop -----------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
-        """Heartbeat every ``poll_interval``, and at once when pushed, until ``stop`` is set."""
-        failures = 0
+        """Start what is pushed or ordered, fence, reap, until ``stop`` is set; heartbeats go every
+        ``poll_interval``, and at once when asked, from a thread of their own."""
         if self.push:
             threading.Thread(target=self._listen, args=(stop,), name="agent-wait", daemon=True).start()
-        next_heartbeat = time.monotonic()
+        threading.Thread(target=self._heartbeats, args=(stop,), name="agent-heartbeat", daemon=True).start()
         while not stop.is_set():
             self._poke.clear()
             with self._lock:
                 pushed, self._pushed = self._pushed, []
-                asked, self._heartbeat_asked = self._heartbeat_asked, False
+                orders, self._orders = self._orders, []
+            if self._revoked is not None:
+                raise self._revoked
+            for answer in orders:
+                self.apply(answer)
             if pushed:
                 self.apply({"start": pushed, "stop": []})
-            if asked or time.monotonic() >= next_heartbeat:
-                sent_at = time.monotonic()
-                next_heartbeat = sent_at + self.poll_interval
-                failures = self._heartbeat(sent_at, failures)
             self._fence_if_expired()
             self._reap()
-            self._poke.wait(max(0.0, next_heartbeat - time.monotonic()))
+            self._poke.wait(self.poll_interval)
+
+    def _heartbeats(self, stop: threading.Event) -> None:
+        failures = 0
+        next_heartbeat = time.monotonic()
+        while not stop.is_set():
+            self._beat.wait(max(0.0, next_heartbeat - time.monotonic()))
+            self._beat.clear()
+            if stop.is_set():
+                return
+            sent_at = time.monotonic()
+            next_heartbeat = sent_at + self.poll_interval
+            try:
+                failures = self._heartbeat(sent_at, failures)
+            except CredentialRevoked as exc:
+                self._revoked = exc
+                self._poke.set()
+                return
 
     def _heartbeat(self, sent_at: float, failures: int) -> int:
-        """One heartbeat; applies its orders. Returns the failures in a row so far."""
+        """One heartbeat; its orders go to the main loop. Returns the failures in a row so far."""
         try:
             orders = self.client.heartbeat(self.running_reports())
         except Rejected as exc:
@@ -126,7 +147,9 @@ class Agent:
         self.last_ok = sent_at  # the lease counts from the send: the server's is later
         self.fenced = False
         self.lease_seconds = float(orders.get("lease_seconds", self.lease_seconds))
-        self.apply(orders)
+        with self._lock:
+            self._orders.append(orders)
+        self._poke.set()
         return 0
 
     def _listen(self, stop: threading.Event) -> None:
@@ -151,25 +174,22 @@ class Agent:
             if errors:
                 # The wait failed (a Redis hiccup, a restarted web process): a wake may have been
                 # lost with it, so fetch the orders now rather than at the next periodic heartbeat.
-                with self._lock:
-                    self._heartbeat_asked = True
-                self._poke.set()
+                self._beat.set()
             if answer.get("wake"):
                 start = answer.get("start")
-                with self._lock:
-                    if isinstance(start, list):
+                if isinstance(start, list):
+                    with self._lock:
                         self._pushed.extend(b for b in start if isinstance(b, dict))
-                    # A wake without bindings (or from a server that sends none) asks for orders.
-                    if answer.get("heartbeat", True) or not isinstance(start, list):
-                        self._heartbeat_asked = True
-                self._poke.set()
+                    self._poke.set()
+                # A wake without bindings (or from a server that sends none) asks for orders.
+                if answer.get("heartbeat", True) or not isinstance(start, list):
+                    self._beat.set()
             elif errors:
                 stop.wait(min(5.0, 0.5 * errors))  # the server is down: do not spin
 
     def poke(self) -> None:
-        """Heartbeat now (also what a stop does, so the loop exits without waiting)."""
-        with self._lock:
-            self._heartbeat_asked = True
+        """Heartbeat now, and wake the main loop (what a stop does, so the loop exits at once)."""
+        self._beat.set()
         self._poke.set()
 
     def apply(self, orders: dict[str, Any]) -> None:

@@ -257,3 +257,32 @@ def test_a_failed_long_poll_makes_the_agent_fetch_its_orders_at_once():
         assert fakes.wait_for(server.failed.is_set, 5)
         # Not 30 s later at the periodic heartbeat: the heartbeat after the failure fetched it.
         assert fakes.wait_for(lambda: [r["job_id"] for r in node.running_reports()] == [11], 3)
+
+
+class SlowHeartbeats(fakes.FakeServer):
+    """Heartbeats after the first hang until released (a server too busy to answer them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hanging = threading.Event()
+        self.release = threading.Event()
+
+    def heartbeat(self, running: list[dict[str, int]]) -> dict:
+        if [c for c in self.calls if c[0] == "heartbeat"]:
+            self.hanging.set()
+            self.release.wait(10)
+        return super().heartbeat(running)
+
+
+def test_a_hanging_heartbeat_does_not_hold_up_a_pushed_binding():
+    server = SlowHeartbeats()
+    try:
+        with agent_running_against(server) as node:
+            server.wake()  # news without bindings: the agent heartbeats, which hangs
+            assert fakes.wait_for(server.hanging.is_set, 5)
+            server.wake(start=[fakes.binding(job_id=12, command=["sleep", "30"], gpus=[0])])
+            assert fakes.wait_for(lambda: [r["job_id"] for r in node.running_reports()] == [12], 3)
+            assert not server.release.is_set()
+            server.release.set()
+    finally:
+        server.release.set()
