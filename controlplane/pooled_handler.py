@@ -9,8 +9,11 @@ sync middleware chain (the same middleware, loaded for sync use) and the view ru
 thread, with a pooled database connection that is handed back when the request ends
 (``close_old_connections``, as Django does around a request); the URL is resolved once, on
 arrival (to tell sync views from async ones), not again in the chain. Async views (the agents'
-long-poll) still run on the event loop through Django's async chain. Without PostgreSQL (SQLite takes one
-writer at a time) or inside pytest, ``controlplane/asgi.py`` uses Django's handler unchanged.
+long-poll) run on the event loop; those marked ``without_middleware`` (the long-poll, which
+authenticates itself and uses no session) are called directly, the others through Django's async
+chain, where each sync middleware costs two thread hops (12 per long-poll, profiled). Without
+PostgreSQL (SQLite takes one writer at a time) or inside pytest, ``controlplane/asgi.py`` uses
+Django's handler unchanged.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.conf import settings
 from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.base import BaseHandler
+from django.core.handlers.exception import response_for_exception
 from django.db import close_old_connections
 from django.urls import Resolver404, get_resolver
+from django.utils.log import log_response
 
 
 class _Resolved:
@@ -62,9 +67,25 @@ class PooledASGIHandler(_Resolved, ASGIHandler):
             request.tessera_match = get_resolver().resolve(request.path_info)
         except Resolver404:  # answered by the chain below (404, or a redirect to add a slash)
             request.tessera_match = None
-        if request.tessera_match is not None and iscoroutinefunction(request.tessera_match.func):
+        view = request.tessera_match.func if request.tessera_match is not None else None
+        if view is not None and iscoroutinefunction(view):
+            if getattr(view, "without_middleware", False):
+                return await self._respond_bare(request)
             return await super().get_response_async(request)
         return await sync_to_async(self._respond, thread_sensitive=False, executor=self._pool)(request)
+
+    async def _respond_bare(self, request: Any) -> Any:
+        """The async view alone, with what Django's chain adds around any view: the match on the
+        request, a 500 (not a dropped connection) for an exception, error responses logged."""
+        match = request.resolver_match = request.tessera_match
+        try:
+            response = await match.func(request, *match.args, **match.kwargs)
+        except Exception as exc:  # noqa: BLE001 - as Django's chain: the error becomes a response
+            response = await sync_to_async(response_for_exception, thread_sensitive=False)(request, exc)
+        response._resource_closers.append(request.close)
+        if response.status_code >= 400:
+            log_response("%s: %s", response.reason_phrase, request.path, response=response, request=request)
+        return response
 
     def _respond(self, request: Any) -> Any:
         close_old_connections()

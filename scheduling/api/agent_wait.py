@@ -213,3 +213,8 @@ async def agent_wait(request: HttpRequest) -> JsonResponse:
         while True:  # a burst of wakes (one per binding) → one answer
             messages.append(await _receive(layer, channel, time.monotonic() + DRAIN_S))
     return JsonResponse(_answer(messages))
+
+
+# Served without Django's middleware by the pooled handler (controlplane/pooled_handler.py): this
+# view authenticates the node itself and needs no session, CSRF or frame headers.
+agent_wait.without_middleware = True  # type: ignore[attr-defined]
