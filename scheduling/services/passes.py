@@ -249,11 +249,13 @@ def _apply_bindings(
             n.name: n for n in Node.objects.select_for_update().filter(name__in=node_names).order_by("pk")
         }
         fresh = {name for name, n in nodes.items() if n.version == loaded.node_versions.get(name)}
-        by_id = {nodes[name].pk: nodes[name] for name in fresh}
-        devices: dict[tuple[str, int], Device] = {}
-        for d in Device.objects.filter(node_id__in=list(by_id)).order_by("node_id", "index"):
-            d.node = by_id[d.node_id]
-            devices[(d.node.name, d.index)] = d
+        # A node's devices change only with its version (an agent's registration), so a fresh
+        # node's are as the snapshot read them.
+        devices = {
+            (name, d["index"]): Device(node=nodes[name], **d)
+            for name in fresh
+            for d in loaded.devices.get(nodes[name].pk, [])
+        }
         # Who holds these devices now: the capacity check below, then the device rows published.
         held = holders(d.pk for d in devices.values())
         used = {device_id: sum(h[3] for h in hs) for device_id, hs in held.items()}

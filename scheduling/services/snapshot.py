@@ -106,6 +106,8 @@ class LoadedSnapshot:
     node_ids: dict[str, int]
     # The pending jobs' reasons as the snapshot read them (a pass writes only those that change).
     reasons: dict[str, StoredReason] = field(default_factory=dict)
+    # Each node's devices (``DEVICE_FIELDS``), by node id: what they were at the node's version.
+    devices: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
 
 
 class PreparedRead:
@@ -158,8 +160,12 @@ NODE_FIELDS = (
 )
 
 
-def node_spec(node: Mapping[str, Any], devices: list[tuple[int, str, bool]], now: datetime) -> NodeSpec:
-    """``node``: its ``NODE_FIELDS``; ``devices``: its (index, model, healthy), by index."""
+# A device's columns as the snapshot reads them (its node's id aside).
+DEVICE_FIELDS = ("id", "index", "uuid", "model", "memory_gib", "nvlink_island", "healthy")
+
+
+def node_spec(node: Mapping[str, Any], devices: list[dict[str, Any]], now: datetime) -> NodeSpec:
+    """``node``: its ``NODE_FIELDS``; ``devices``: its ``DEVICE_FIELDS``, by index."""
     timeout = timedelta(seconds=settings.TESSERA["HEARTBEAT_TIMEOUT_S"])
     heartbeat = node["last_heartbeat"]
     fresh = heartbeat is not None and heartbeat >= now - timeout
@@ -168,7 +174,7 @@ def node_spec(node: Mapping[str, Any], devices: list[tuple[int, str, bool]], now
     return NodeSpec(
         name=node["name"],
         rack=node["rack"],
-        model=devices[0][1] if devices else "",
+        model=devices[0]["model"] if devices else "",
         gpus=len(devices),
         nvlink_domain=max(1, min(node["nvlink_domain"], len(devices) or 1)),
         cpus=node["cpus"],
@@ -178,13 +184,13 @@ def node_spec(node: Mapping[str, Any], devices: list[tuple[int, str, bool]], now
         labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
         taints=tuple(node["taints"] or ()),
         schedulable=node["state"] == NodeState.READY and fresh,
-        unhealthy_gpus=tuple(index for index, _, healthy in devices if not healthy),
+        unhealthy_gpus=tuple(d["index"] for d in devices if not d["healthy"]),
     )
 
 
 _NODES = PreparedRead(lambda: Node.objects.values_list(*NODE_FIELDS))
 _DEVICES = PreparedRead(
-    lambda: Device.objects.order_by("node_id", "index").values_list("node_id", "index", "model", "healthy")
+    lambda: Device.objects.order_by("node_id", "index").values_list("node_id", *DEVICE_FIELDS)
 )
 _HELD = PreparedRead(
     lambda: (
@@ -209,9 +215,9 @@ def load_snapshot(now: datetime, pending: list[dict[str, Any]] | None = None) ->
         pending = pending_rows()
     jobs = [dict(zip(JOB_FIELDS, row, strict=True)) for row in _HOLDING.rows()] + pending
     nodes = [dict(zip(NODE_FIELDS, row, strict=True)) for row in _NODES.rows()]
-    devices: dict[int, list[tuple[int, str, bool]]] = defaultdict(list)
-    for node_id, index, model, healthy in _DEVICES.rows():
-        devices[node_id].append((index, model, healthy))
+    devices: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for node_id, *device in _DEVICES.rows():
+        devices[node_id].append(dict(zip(DEVICE_FIELDS, device, strict=True)))
     by_job: dict[int, list[tuple[int, str, int, int | None]]] = defaultdict(list)
     for job_id, replica, node_name, share, index in _HELD.rows():
         by_job[job_id].append((replica, node_name, share, index))
@@ -253,4 +259,5 @@ def load_snapshot(now: datetime, pending: list[dict[str, Any]] | None = None) ->
         node_versions={n["name"]: n["version"] for n in nodes},
         node_ids={n["name"]: n["id"] for n in nodes},
         reasons=reasons,
+        devices=devices,
     )
