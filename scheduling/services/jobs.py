@@ -76,7 +76,8 @@ def do_transition(
         job.pending_reason = None
         job.pending_code = None
         job.estimated_start = None
-    job.save()
+    # Only the columns a transition writes (the job is locked): a full save compiled every column.
+    job.save(update_fields=["state", "pending_reason", "pending_code", "estimated_start", *fields])
     record_event(job, event, reason, allocations, at)
     live.publish_job(job)
     return job
