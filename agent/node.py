@@ -74,10 +74,11 @@ class Agent:
     # --- what the metrics and the heartbeat read ------------------------------------------------
 
     def running_reports(self) -> list[dict[str, int]]:
+        """The heartbeat's ``running``: see :attr:`JobProcess.reported_running`."""
         with self._lock:
             return [
                 {"job_id": p.job_id, "attempt": p.attempt, "replica": p.replica, "pid": p.pid}
-                for p in self.jobs.values()
+                for p in self.jobs.values() if p.reported_running
             ]
 
     def gpu_uses(self) -> dict[int, list[GpuUse]]:

@@ -234,6 +234,16 @@ class JobProcess:
     def pid(self) -> int:
         return self.proc.pid if self.proc is not None else 0
 
+    @property
+    def reported_running(self) -> bool:
+        """What the heartbeat lists: a process still running, or one whose start the server was
+        told of. Not one that ended before any report (or never started): its exit report, which
+        carries its start, says it all; listed, it was recorded started at that heartbeat's time,
+        seconds late when the server was slow to answer the exit report."""
+        if self.proc is None:
+            return False
+        return self.proc.returncode is None or not self._started_pending
+
     # --- starting ------------------------------------------------------------------------------
 
     def start(self) -> None:

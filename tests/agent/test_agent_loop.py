@@ -118,3 +118,38 @@ def test_shutdown_stops_jobs_without_reporting_their_exits(agent):
     time.sleep(0.3)
     assert server.exits == []
     assert os.path.isdir(node.state_dir)
+
+
+class SlowExits(fakes.FakeServer):
+    """Exit reports wait until released (a busy server)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def report_exits(self, reports):
+        self.release.wait(10)
+        return super().report_exits(reports)
+
+
+def test_a_process_that_ended_unreported_is_not_listed_running_while_its_exit_report_is_on_its_way():
+    server = SlowExits()
+    with fakes.job_user_state_dir() as state_dir:
+        run_as = resolve_run_as("nobody")
+        node = Agent(server, simulated_inventory("loop", parse_spec("4xT4")), state_dir, run_as,
+                     job_path(state_dir, run_as))
+        try:
+            node.apply({"start": [fakes.binding(job_id=8, command=["true"]),
+                                  fakes.binding(job_id=9, command=["sleep", "30"], gpus=[2]),
+                                  fakes.binding(job_id=10, command=["sleep", "0.3"], gpus=[3])]})
+            quick, reported = node.jobs[(8, 0, 0)], node.jobs[(10, 0, 0)]
+            assert fakes.wait_for(lambda: quick.proc.returncode is not None, 5)
+            assert fakes.wait_for(lambda: reported.proc.returncode is not None, 5)
+            assert not quick.done.is_set() and not reported.done.is_set()  # exit reports wait
+            # Job 10's start was reported: it stays listed until its exit report is answered.
+            assert sorted(r["job_id"] for r in node.running_reports()) == [9, 10]
+            server.release.set()
+            assert server.exit_of(8)["started_at"] is not None  # the exit report carries its start
+        finally:
+            server.release.set()
+            node.shutdown(0.5)
