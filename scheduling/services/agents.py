@@ -180,7 +180,7 @@ def do_heartbeat(node: Node, running: list[Reported]) -> dict[str, Any]:
             live.publish_nodes(pk=node.pk)
     reported = {(r.job_id, r.attempt, r.replica): r for r in running}
     held = _held_replicas(node)
-    start: list[dict[str, Any]] = []
+    to_start: list[tuple[Job, int, int, list[Allocation]]] = []
     stop: list[dict[str, Any]] = []
     for (job_id, replica), allocs in sorted(held.items()):
         job, attempt = allocs[0].job, allocs[0].attempt
@@ -188,7 +188,7 @@ def do_heartbeat(node: Node, running: list[Reported]) -> dict[str, Any]:
         if job.state in (JobState.SCHEDULED, JobState.RUNNING):
             job = _check_started_and_time_limit(job, attempt, is_running, now)
         if job.state in (JobState.SCHEDULED, JobState.RUNNING) and not is_running:
-            start.append(_binding(job, attempt, replica, allocs))
+            to_start.append((job, attempt, replica, allocs))
         elif job.state == JobState.TERMINATING and is_running:
             stop.append(_stop_order(job_id, attempt, replica, job.stop_reason, job.stop_deadline, now))
         elif job.state == JobState.TERMINATING:
@@ -202,6 +202,9 @@ def do_heartbeat(node: Node, running: list[Reported]) -> dict[str, Any]:
         if allocs is None or allocs[0].attempt != attempt:
             # Not (or no longer) bound here: a stale attempt, a cancelled or a lost job. Stop now.
             stop.append(_stop_order(seen.job_id, seen.attempt, seen.replica, "not bound", now, now))
+    ends = _log_ends([job.pk for job, _, _, _ in to_start])  # one query for every binding
+    start = [_binding(job, attempt, replica, allocs, ends.get((job.pk, replica), 0))
+             for job, attempt, replica, allocs in to_start]
     return {
         "node": node.name,
         "lease_seconds": settings.TESSERA["LEASE_S"],
@@ -246,7 +249,7 @@ def _check_started_and_time_limit(job: Job, attempt: int, is_running: bool, now:
 
 
 def _binding(
-    job: Job, attempt: int, replica: int, allocs: list[Allocation], log_offset: int | None = None
+    job: Job, attempt: int, replica: int, allocs: list[Allocation], log_offset: int
 ) -> dict[str, Any]:
     """What the agent needs to start one replica (docs/agent.md, "binding")."""
     return {
@@ -266,7 +269,7 @@ def _binding(
         "cpus": job.cpus / max(1, job.replicas),
         "memory_gib": job.memory_gib / max(1, job.replicas),
         # Offsets continue across attempts, so a retry's output follows the first's.
-        "log_offset": _log_end(job.pk, replica) if log_offset is None else log_offset,
+        "log_offset": log_offset,
     }
 
 
@@ -278,16 +281,7 @@ def bindings_by_node(jobs: list[Job], allocs: list[Allocation]) -> dict[int, lis
     for a in sorted(allocs, key=lambda a: (a.job_id, a.replica, device_index(a))):
         grouped.setdefault((a.node_id, a.job_id, a.replica), []).append(a)
     # A first attempt has no output yet; a retry's continues where the last one stopped.
-    ends: dict[tuple[int, int], int] = {}
-    retried = [j.pk for j in jobs if j.attempts > 0]
-    if retried:
-        for job_id, replica, end in (
-            LogChunk.objects.filter(job_id__in=retried)
-            .values_list("job_id", "replica")
-            .annotate(end=Max(F("offset") + Length("data")))
-            .order_by()
-        ):
-            ends[(job_id, replica)] = end
+    ends = _log_ends([j.pk for j in jobs if j.attempts > 0])
     out: dict[int, list[dict[str, Any]]] = {}
     for (node_id, job_id, replica), rows in grouped.items():
         job = by_job[job_id]
@@ -295,6 +289,20 @@ def bindings_by_node(jobs: list[Job], allocs: list[Allocation]) -> dict[int, lis
             _binding(job, rows[0].attempt, replica, rows, ends.get((job_id, replica), 0))
         )
     return out
+
+
+def _log_ends(job_ids: list[int]) -> dict[tuple[int, int], int]:
+    """Where each (job, replica)'s stored output ends, for ``job_ids``, in one query (none if empty);
+    a replica with no output is absent (its output starts at 0)."""
+    if not job_ids:
+        return {}
+    rows = (
+        LogChunk.objects.filter(job_id__in=job_ids)
+        .values_list("job_id", "replica")
+        .annotate(end=Max(F("offset") + Length("data")))
+        .order_by()
+    )
+    return {(job_id, replica): end for job_id, replica, end in rows}
 
 
 def _stop_order(
