@@ -21,12 +21,8 @@ def _drop_dead_connections() -> None:
 @shared_task(bind=True, name="scheduling.tasks.scheduling_pass", ignore_result=True)
 def scheduling_pass(self) -> None:
     from scheduling.services.passes import run_pass
-    from scheduling.services.redis_flags import take_flag
-    from scheduling.services.triggers import QUEUED_FLAG
 
-    # Clear "queued" first: a request arriving from now on queues one more task, which either
-    # runs after this pass or, finding the lock taken, makes this pass loop once more.
-    take_flag(QUEUED_FLAG)
+    # The pass clears "queued" when it ends with no request left (services/triggers.py).
     if not self.request.called_directly:  # a test or a shell runs on the caller's connection
         _drop_dead_connections()
     run_pass()

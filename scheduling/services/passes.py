@@ -34,6 +34,7 @@ from scheduling.services.agents import bindings_by_node
 from scheduling.services.inventory import Holder, device_rows, holders
 from scheduling.services.jobs import allocations_payload, begin_stop, do_transition_many
 from scheduling.services.snapshot import LoadedSnapshot, StoredReason, load_snapshot, pending_rows
+from scheduling.services.triggers import AGAIN_FLAG, QUEUED_FLAG, queue_pass
 
 log = logging.getLogger("tessera.pass")
 
@@ -77,7 +78,7 @@ def _set_again() -> None:
     if settings.REDIS_URL:
         from scheduling.services.redis_flags import set_flag
 
-        set_flag("pass-again")
+        set_flag(AGAIN_FLAG)
 
 
 def _take_again() -> bool:
@@ -86,23 +87,37 @@ def _take_again() -> bool:
     if settings.REDIS_URL:
         from scheduling.services.redis_flags import take_flag
 
-        flagged = take_flag("pass-again") or flagged
+        flagged = take_flag(AGAIN_FLAG) or flagged
     return flagged
 
 
+def _asked_again() -> bool:
+    """Was a pass asked for since this round began? If not, the "queued" flag is cleared in the
+    same step, so the next request queues a task (a request in between finds "again" set)."""
+    if _again.is_set():
+        return True
+    if settings.REDIS_URL:
+        from scheduling.services.redis_flags import clear_unless
+
+        return clear_unless(QUEUED_FLAG, AGAIN_FLAG)
+    return False
+
+
 def run_pass(now: datetime | None = None, max_rounds: int = 3) -> PassResult | None:
-    """Run a pass unless one is running (then ask it to run once more). Returns the last result."""
+    """Run a pass unless one is running (then ask it to run once more), and once more for every
+    request made meanwhile, up to ``max_rounds`` (then a task is queued for the rest, so that the
+    worker's other tasks get their turn). Returns the last result."""
     with pass_lock() as got:
         if not got:
             _set_again()
             return None
-        result = None
         for _ in range(max_rounds):
             _take_again()
             result = _one_pass(now)
-            if not _take_again():
-                break
             now = None
+            if not _asked_again():
+                return result
+        queue_pass()
         return result
 
 

@@ -46,3 +46,28 @@ def take_flag(name: str) -> bool:
         return client().getdel(key(name)) is not None
     except redis.RedisError:
         return False
+
+
+def set_flags(name: str, once: str, ttl_s: int = 60, once_ttl_s: int = 30) -> bool:
+    """Set flag ``name``, and flag ``once`` unless it is set, in one round trip. True if this call
+    set ``once``; on a Redis error, True (act)."""
+    try:
+        pipe = client().pipeline(transaction=False)
+        pipe.set(key(name), "1", ex=ttl_s)
+        pipe.set(key(once), "1", ex=once_ttl_s, nx=True)
+        return bool(pipe.execute()[1])
+    except redis.RedisError:
+        return True
+
+
+# Atomic, so that a flag set by another process between the test and the delete is never lost.
+_CLEAR_UNLESS = "if redis.call('exists', KEYS[2]) == 1 then return 1 end redis.call('del', KEYS[1]) return 0"
+
+
+def clear_unless(name: str, unless: str) -> bool:
+    """Clear flag ``name`` unless flag ``unless`` is set, atomically. True if ``unless`` was set
+    (``name`` then stays); on a Redis error, False."""
+    try:
+        return bool(client().eval(_CLEAR_UNLESS, 2, key(name), key(unless)))
+    except redis.RedisError:
+        return False

@@ -18,7 +18,8 @@ from scheduling.services.snapshot import PreparedRead
 
 log = logging.getLogger("tessera.triggers")
 
-QUEUED_FLAG = "pass-queued"
+QUEUED_FLAG = "pass-queued"  # a pass task is queued or running
+AGAIN_FLAG = "pass-again"  # asked for since the running pass began: it runs once more
 # How long a "pass queued" flag lives if the task that should clear it never runs (lost with a
 # Redis hiccup or a killed worker): triggers are swallowed for at most this long.
 QUEUED_TTL_S = 5
@@ -30,8 +31,11 @@ _loop_started = threading.Event()
 
 
 def request_pass() -> None:
-    """Ask for a pass soon. Coalesced: while one pass task is queued and not yet started, more
-    requests add nothing (a burst of 1,000 submits causes a handful of passes, not 1,000).
+    """Ask for a pass soon, if a job is pending.
+
+    Coalesced: the request marks "again", so a pass running now runs once more (at once, in the
+    same task: no broker round trip between passes back to back), and queues a task only if
+    none is queued or running (a burst of 1,000 submits causes a handful of passes, not 1,000).
 
     Only if a job is pending: every change that can let a job start (submit, exit, cancel, node
     join or loss, quota change) asks after its commit, and a pass with no pending job decides
@@ -43,9 +47,16 @@ def request_pass() -> None:
         return
     if not _ANY_PENDING.rows():
         return
-    from scheduling.services.redis_flags import set_flag_once
+    from scheduling.services.redis_flags import set_flags
 
-    if not set_flag_once(QUEUED_FLAG, QUEUED_TTL_S):
+    if set_flags(AGAIN_FLAG, QUEUED_FLAG, once_ttl_s=QUEUED_TTL_S):
+        queue_pass()
+
+
+def queue_pass() -> None:
+    """Queue a pass task (the embedded default: wake its loop)."""
+    if settings.TESSERA["EMBEDDED_PASSES"]:
+        _wake.set()
         return
     try:
         from scheduling.tasks import scheduling_pass

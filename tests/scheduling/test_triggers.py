@@ -9,7 +9,7 @@ import redis
 from django.conf import settings as django_settings
 
 from controlplane.env import redis_db_url
-from scheduling.services import redis_flags, triggers
+from scheduling.services import passes, redis_flags, triggers
 
 helpers = importlib.import_module("tests.scheduling.helpers")
 
@@ -21,10 +21,11 @@ def celery_mode(redis_url, settings, monkeypatch):
     monkeypatch.setitem(settings.TESSERA, "EMBEDDED_PASSES", False)
     broker = redis.Redis.from_url(django_settings.CELERY_BROKER_URL)
     broker.delete("celery")
-    redis_flags.client().delete(redis_flags.key(triggers.QUEUED_FLAG))
+    flags = [redis_flags.key(triggers.QUEUED_FLAG), redis_flags.key(triggers.AGAIN_FLAG)]
+    redis_flags.client().delete(*flags)
     yield broker
     broker.delete("celery")
-    redis_flags.client().delete(redis_flags.key(triggers.QUEUED_FLAG))
+    redis_flags.client().delete(*flags)
 
 
 @pytest.fixture
@@ -45,6 +46,49 @@ def test_a_request_after_the_pass_started_queues_another(celery_mode, a_pending_
     scheduling_pass.run()  # the worker's side: takes the "queued" flag, then runs the pass
     triggers.request_pass()
     assert celery_mode.llen("celery") == 2
+
+
+def requesting_in_rounds(monkeypatch, asking_rounds: int) -> list[int]:
+    """Make each pass round up to ``asking_rounds`` see a request arrive while it runs."""
+    rounds: list[int] = []
+    real = passes._one_pass
+
+    def one_pass(now):
+        rounds.append(len(rounds) + 1)
+        if len(rounds) <= asking_rounds:
+            triggers.request_pass()  # a submit commits while the pass runs
+        return real(now)
+
+    monkeypatch.setattr(passes, "_one_pass", one_pass)
+    return rounds
+
+
+def test_a_request_during_a_pass_runs_it_once_more_at_once_not_as_another_task(
+    celery_mode, a_pending_job, monkeypatch
+):
+    from scheduling.tasks import scheduling_pass
+
+    triggers.request_pass()  # queues the task the worker now runs
+    celery_mode.delete("celery")
+    rounds = requesting_in_rounds(monkeypatch, asking_rounds=1)
+    scheduling_pass.run()
+    assert rounds == [1, 2]
+    assert celery_mode.llen("celery") == 0
+    triggers.request_pass()  # no pass runs now: a task again
+    assert celery_mode.llen("celery") == 1
+
+
+def test_a_pass_asked_again_in_every_round_hands_the_rest_to_a_new_task(
+    celery_mode, a_pending_job, monkeypatch
+):
+    from scheduling.tasks import scheduling_pass
+
+    triggers.request_pass()
+    celery_mode.delete("celery")
+    rounds = requesting_in_rounds(monkeypatch, asking_rounds=3)
+    scheduling_pass.run()
+    assert rounds == [1, 2, 3]  # max_rounds: the worker's other tasks get their turn
+    assert celery_mode.llen("celery") == 1
 
 
 def test_a_request_with_no_job_pending_queues_no_pass(celery_mode, world):
