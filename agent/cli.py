@@ -43,16 +43,25 @@ class Fatal(Exception):
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m agent", description="Tessera node agent")
-    p.add_argument("--server", default=os.environ.get("TESSERA_SERVER"),
-                   help="control plane URL, e.g. http://127.0.0.1:8000 (or $TESSERA_SERVER)")
-    p.add_argument("--join-token", metavar="T",
-                   help="join token; '-' reads it from stdin. Prefer $TESSERA_JOIN_TOKEN or "
-                        "--join-token-file: a literal token is visible in ps until the agent re-executes")
+    p.add_argument(
+        "--server",
+        default=os.environ.get("TESSERA_SERVER"),
+        help="control plane URL, e.g. http://127.0.0.1:8000 (or $TESSERA_SERVER)",
+    )
+    p.add_argument(
+        "--join-token",
+        metavar="T",
+        help="join token; '-' reads it from stdin. Prefer $TESSERA_JOIN_TOKEN or "
+        "--join-token-file: a literal token is visible in ps until the agent re-executes",
+    )
     p.add_argument("--join-token-file", metavar="PATH", help="file holding the join token")
     p.add_argument("--join-token-fd", type=int, help=argparse.SUPPRESS)  # internal: after re-exec
-    p.add_argument("--simulate", metavar="SPEC",
-                   help='simulated GPUs: COUNTxMODEL[,nvlink=N][,rack=R][,cpus=N][,memory_gib=N]'
-                        '[,labels=k:v;k:v], e.g. "8xA100,nvlink=4,rack=r2"')
+    p.add_argument(
+        "--simulate",
+        metavar="SPEC",
+        help="simulated GPUs: COUNTxMODEL[,nvlink=N][,rack=R][,cpus=N][,memory_gib=N]"
+        '[,labels=k:v;k:v], e.g. "8xA100,nvlink=4,rack=r2"',
+    )
     p.add_argument("--name", default=socket.gethostname(), help="node name (default: hostname)")
     p.add_argument("--rack", default="default", help="rack (NVML mode; a SPEC sets its own)")
     p.add_argument("--labels", default="", help="k:v;k:v (NVML mode; a SPEC sets its own)")
@@ -60,21 +69,48 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-map", metavar="FILE", help="JSON {NVML name: short model} extending the table")
     p.add_argument("--metrics-port", type=int, default=9400, help="/metrics port (0 = any free port)")
     p.add_argument("--metrics-addr", default="0.0.0.0", help="address /metrics listens on")
-    p.add_argument("--advertise-host", help="host in the metrics URL given to the server "
-                   "(default: --metrics-addr, or the hostname when that is 0.0.0.0)")
-    p.add_argument("--state-dir", type=Path, help="credential and job directories "
-                   "(default: $TESSERA_AGENT_STATE_DIR, /var/lib/tessera-agent/NAME as root)")
+    p.add_argument(
+        "--advertise-host",
+        help="host in the metrics URL given to the server "
+        "(default: --metrics-addr, or the hostname when that is 0.0.0.0)",
+    )
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        help="credential and job directories "
+        "(default: $TESSERA_AGENT_STATE_DIR, /var/lib/tessera-agent/NAME as root)",
+    )
     p.add_argument("--run-as", default="nobody", help="unprivileged user for jobs when run as root")
-    p.add_argument("--poll-interval", type=float, default=5.0,
-                   help="seconds between heartbeats (work arrives at once through the long-poll)")
-    p.add_argument("--wait-timeout", type=float, default=25.0,
-                   help="seconds the long-poll for pushed work stays open (0: no push, poll only)")
-    p.add_argument("--util-speed", type=float, default=1.0,
-                   help="simulated utilisation: trace samples (minutes) per minute of job time")
-    p.add_argument("--shutdown-grace", type=float, default=10.0,
-                   help="on Ctrl-C, seconds jobs get between SIGTERM and SIGKILL")
-    p.add_argument("--register-timeout", type=float, default=120.0,
-                   help="seconds to keep trying to reach the server at start")
+    p.add_argument(
+        "--poll-interval",
+        type=float,
+        default=5.0,
+        help="seconds between heartbeats (work arrives at once through the long-poll)",
+    )
+    p.add_argument(
+        "--wait-timeout",
+        type=float,
+        default=25.0,
+        help="seconds the long-poll for pushed work stays open (0: no push, poll only)",
+    )
+    p.add_argument(
+        "--util-speed",
+        type=float,
+        default=1.0,
+        help="simulated utilisation: trace samples (minutes) per minute of job time",
+    )
+    p.add_argument(
+        "--shutdown-grace",
+        type=float,
+        default=10.0,
+        help="on Ctrl-C, seconds jobs get between SIGTERM and SIGKILL",
+    )
+    p.add_argument(
+        "--register-timeout",
+        type=float,
+        default=120.0,
+        help="seconds to keep trying to reach the server at start",
+    )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
 
@@ -95,8 +131,11 @@ def reexec_without_literal_token(argv: list[str]) -> None:
         i += 1
     if token is None:
         return
-    print("tessera-agent: warning: --join-token on the command line is visible in ps; use "
-          f"${TOKEN_ENV} or --join-token-file (re-executing without it)", file=sys.stderr)
+    print(
+        "tessera-agent: warning: --join-token on the command line is visible in ps; use "
+        f"${TOKEN_ENV} or --join-token-file (re-executing without it)",
+        file=sys.stderr,
+    )
     read_end, write_end = os.pipe()
     os.write(write_end, token.encode())
     os.close(write_end)
@@ -140,8 +179,14 @@ def inventory_from(args: argparse.Namespace) -> Inventory:
     return inventory
 
 
-def register(client: AgentClient, inventory: Inventory, metrics_url: str, token: str | None,
-             state_dir: Path, timeout: float) -> dict:
+def register(
+    client: AgentClient,
+    inventory: Inventory,
+    metrics_url: str,
+    token: str | None,
+    state_dir: Path,
+    timeout: float,
+) -> dict:
     stored = state.read_credential(state_dir)
     if token is None and stored is None:
         raise Fatal(f"no join token: set ${TOKEN_ENV}, or use --join-token-file PATH or --join-token -")
@@ -194,10 +239,19 @@ def run(args: argparse.Namespace) -> int:
         raise Fatal(str(exc)) from None
     state_dir = state.prepare_state_dir(args.state_dir or state.default_state_dir(args.name))
     if not runs_as(["/bin/sh", "-c", 'cd "$0"', str(state_dir / "jobs")], run_as):
-        raise Fatal(f"user {run_as.name} cannot reach {state_dir}/jobs (a parent directory is not "
-                    "traversable): choose another --state-dir")
-    agent = Agent(AgentClient(args.server), inventory, state_dir, run_as, job_path(state_dir, run_as),
-                  poll_interval=args.poll_interval, cgroups=cgroups.detect())
+        raise Fatal(
+            f"user {run_as.name} cannot reach {state_dir}/jobs (a parent directory is not "
+            "traversable): choose another --state-dir"
+        )
+    agent = Agent(
+        AgentClient(args.server),
+        inventory,
+        state_dir,
+        run_as,
+        job_path(state_dir, run_as),
+        poll_interval=args.poll_interval,
+        cgroups=cgroups.detect(),
+    )
     agent.wait_timeout = args.wait_timeout
     agent.push = args.wait_timeout > 0
 
@@ -206,8 +260,9 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError, KeyError) as exc:
         raise Fatal(f"cannot read the GPU utilisation trace for simulated GPUs: {exc}") from None
     profiles = functools.partial(UtilProfiles.load, trace) if trace is not None else None
-    collector = GpuCollector(inventory, agent.gpu_uses, profiles, args.util_speed,
-                             None if inventory.simulated else nvml_reader())
+    collector = GpuCollector(
+        inventory, agent.gpu_uses, profiles, args.util_speed, None if inventory.simulated else nvml_reader()
+    )
     try:
         server = serve(make_registry(collector), args.metrics_port, args.metrics_addr)
     except OSError as exc:
@@ -219,15 +274,20 @@ def run(args: argparse.Namespace) -> int:
 
     answer = register(agent.client, inventory, metrics_url, token, state_dir, args.register_timeout)
     agent.lease_seconds = float(answer.get("lease_seconds", agent.lease_seconds))
-    log.info("registered %s (%d GPUs, %s) as node %s; metrics at %s; jobs run as %s", inventory.name,
-             len(inventory.devices), "simulated" if inventory.simulated else "NVML", answer["node"],
-             metrics_url, run_as.name)
+    log.info(
+        "registered %s (%d GPUs, %s) as node %s; metrics at %s; jobs run as %s",
+        inventory.name,
+        len(inventory.devices),
+        "simulated" if inventory.simulated else "NVML",
+        answer["node"],
+        metrics_url,
+        run_as.name,
+    )
 
     stop = threading.Event()
 
     def on_signal(signum, _frame) -> None:
-        log.info("signal %d: stopping (jobs are stopped; the server requeues them after their lease)",
-                 signum)
+        log.info("signal %d: stopping (jobs are stopped; the server requeues them after their lease)", signum)
         stop.set()
         agent.poke()
 
@@ -237,8 +297,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         agent.run(stop)
     except CredentialRevoked as exc:
-        print(f"tessera-agent: the server no longer accepts this node's credential ({exc}); "
-              "register again with a join token", file=sys.stderr)
+        print(
+            f"tessera-agent: the server no longer accepts this node's credential ({exc}); "
+            "register again with a join token",
+            file=sys.stderr,
+        )
         code = 3
     finally:
         agent.shutdown(args.shutdown_grace)

@@ -58,8 +58,9 @@ class AgentClient:
         kind = http.client.HTTPSConnection if self._url.scheme == "https" else http.client.HTTPConnection
         return kind(self._url.hostname, self._url.port), False
 
-    def _request(self, method: str, path: str, body: dict[str, Any] | None, auth: str,
-                 timeout: float) -> tuple[int, bytes]:
+    def _request(
+        self, method: str, path: str, body: dict[str, Any] | None, auth: str, timeout: float
+    ) -> tuple[int, bytes]:
         """(status, body); ServerError when the server could not be reached or answered 5xx.
 
         A kept-alive connection the server closed just as it was reused is retried once on a new
@@ -125,7 +126,10 @@ class AgentClient:
         Raises :class:`Rejected` with 404 against a server without the push endpoint.
         """
         status, content = self._request(
-            "GET", "wait?" + urlencode({"timeout": f"{timeout_s:g}"}), None, self._node_auth(),
+            "GET",
+            "wait?" + urlencode({"timeout": f"{timeout_s:g}"}),
+            None,
+            self._node_auth(),
             timeout_s + self.timeout,
         )
         if status >= 400:
@@ -158,13 +162,23 @@ class AgentClient:
         return self._post(f"jobs/{job_id}/logs", body, self._node_auth())
 
     def exited(
-        self, job_id: int, attempt: int, replica: int, exit_code: int | None, reason: str = "",
-        started_at: float | None = None, pid: int = 0,
+        self,
+        job_id: int,
+        attempt: int,
+        replica: int,
+        exit_code: int | None,
+        reason: str = "",
+        started_at: float | None = None,
+        pid: int = 0,
     ) -> dict[str, Any]:
         """``started_at``/``pid``: set when no ``started`` report was sent (a process that ended
         at once): the exit report then records its start too."""
-        body: dict[str, Any] = {"attempt": attempt, "replica": replica, "exit_code": exit_code,
-                                "reason": reason}
+        body: dict[str, Any] = {
+            "attempt": attempt,
+            "replica": replica,
+            "exit_code": exit_code,
+            "reason": reason,
+        }
         if started_at is not None:
             body.update(started_at=started_at, pid=pid)
         return self._post(f"jobs/{job_id}/exited", body, self._node_auth())

@@ -23,9 +23,35 @@ log = logging.getLogger("tessera.agent")
 # Short models, most specific first: each matches as a whole token of the NVML name, so
 # "L40S" never reads as "L40" or "L4", and "A100" never as "A10".
 BUILTIN_MODELS = (
-    "GB200", "B200", "B100", "GH200", "H200", "H100", "H800", "H20", "A100", "A800", "A10G", "A10",
-    "A16", "A2", "A30", "A40", "L40S", "L40", "L4", "T4", "V100", "P100", "P40", "P4", "K80",
-    "A6000", "A5000", "A4000", "RTX6000",
+    "GB200",
+    "B200",
+    "B100",
+    "GH200",
+    "H200",
+    "H100",
+    "H800",
+    "H20",
+    "A100",
+    "A800",
+    "A10G",
+    "A10",
+    "A16",
+    "A2",
+    "A30",
+    "A40",
+    "L40S",
+    "L40",
+    "L4",
+    "T4",
+    "V100",
+    "P100",
+    "P40",
+    "P4",
+    "K80",
+    "A6000",
+    "A5000",
+    "A4000",
+    "RTX6000",
 )
 _NAMESPACE = uuid.UUID("6f1c3b52-6a8e-4cf5-9a0c-7f7e2c0d5b11")
 
@@ -78,8 +104,14 @@ def simulated_inventory(name: str, spec: SimSpec) -> Inventory:
         for i in range(spec.count)
     ]
     return Inventory(
-        name=name, rack=spec.rack, labels=dict(spec.labels), cpus=spec.cpus,
-        memory_gib=spec.memory_gib, nvlink_domain=spec.nvlink, devices=devices, simulated=True,
+        name=name,
+        rack=spec.rack,
+        labels=dict(spec.labels),
+        cpus=spec.cpus,
+        memory_gib=spec.memory_gib,
+        nvlink_domain=spec.nvlink,
+        devices=devices,
+        simulated=True,
     )
 
 
@@ -143,18 +175,26 @@ def nvml_inventory(name: str, model_map: ModelMap, nvlink: int | None = None) ->
         for i in range(count):
             handle = pynvml.nvmlDeviceGetHandleByIndex(i)
             memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total / 2**30
-            devices.append(DeviceInfo(
-                i, _text(pynvml.nvmlDeviceGetUUID(handle)),
-                model_map.short(_text(pynvml.nvmlDeviceGetName(handle))), round(memory, 1),
-            ))
+            devices.append(
+                DeviceInfo(
+                    i,
+                    _text(pynvml.nvmlDeviceGetUUID(handle)),
+                    model_map.short(_text(pynvml.nvmlDeviceGetName(handle))),
+                    round(memory, 1),
+                )
+            )
             linked += _has_active_nvlink(pynvml, handle)
     except pynvml.NVMLError as exc:
         raise NoGPUs(f"no usable NVIDIA GPUs (NVML: {exc})") from None
     # Without a flag: all GPUs linked → one island (NVSwitch systems), otherwise none.
     domain = nvlink or (count if linked == count and count > 1 else 1)
     return Inventory(
-        name=name, cpus=float(os.cpu_count() or 0), memory_gib=_host_memory_gib(),
-        nvlink_domain=domain, devices=devices, simulated=False,
+        name=name,
+        cpus=float(os.cpu_count() or 0),
+        memory_gib=_host_memory_gib(),
+        nvlink_domain=domain,
+        devices=devices,
+        simulated=False,
     )
 
 

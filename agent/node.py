@@ -78,7 +78,8 @@ class Agent:
         with self._lock:
             return [
                 {"job_id": p.job_id, "attempt": p.attempt, "replica": p.replica, "pid": p.pid}
-                for p in self.jobs.values() if p.reported_running
+                for p in self.jobs.values()
+                if p.reported_running
             ]
 
     def gpu_uses(self) -> dict[int, list[GpuUse]]:
@@ -211,8 +212,9 @@ class Agent:
                     continue
                 self.ever_started.add(key)
                 self._last_attempt[(key[0], key[2])] = key[1]
-                process = JobProcess(binding, self.reporter, self.state_dir, self.run_as, self.job_path,
-                                     self.cgroups)
+                process = JobProcess(
+                    binding, self.reporter, self.state_dir, self.run_as, self.job_path, self.cgroups
+                )
                 self.jobs[key] = process
             log.info("starting job %s attempt %s replica %s on GPUs %s", *key, binding.get("gpus"))
             process.start()
@@ -223,8 +225,11 @@ class Agent:
         with self._lock:
             processes = list(self.jobs.values())
         if processes:
-            log.error("lease expired (no heartbeat for %.0fs): killing %d job(s)",
-                      self.lease_seconds, len(processes))
+            log.error(
+                "lease expired (no heartbeat for %.0fs): killing %d job(s)",
+                self.lease_seconds,
+                len(processes),
+            )
         for process in processes:
             process.stop("lease expired", 0)
         self.fenced = True

@@ -73,8 +73,14 @@ def runs_as(argv: list[str], run_as: RunAs, cwd: str = "/") -> bool:
     """Whether ``argv`` runs successfully as the job user (e.g. can it reach this Python?)."""
     try:
         done = subprocess.run(
-            argv, cwd=cwd, env={"PATH": SAFE_PATH}, stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=20, **run_as_kwargs(run_as),
+            argv,
+            cwd=cwd,
+            env={"PATH": SAFE_PATH},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=20,
+            **run_as_kwargs(run_as),
         )
     except (OSError, subprocess.SubprocessError):
         return False
@@ -119,14 +125,16 @@ def job_environment(
         "PYTHONUNBUFFERED": "1",  # so output streams while the job runs, not at its exit
     }
     env.update({str(k): str(v) for k, v in (binding.get("env") or {}).items()})
-    env.update({
-        "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in binding.get("gpus", [])),
-        "TESSERA_JOB_ID": str(binding["job_id"]),
-        "TESSERA_ATTEMPT": str(binding["attempt"]),
-        "TESSERA_REPLICA": str(binding.get("replica", 0)),
-        "TESSERA_REPLICAS": str(binding.get("replicas", 1)),
-        "TESSERA_CHECKPOINT_DIR": str(checkpoint_dir),
-    })
+    env.update(
+        {
+            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in binding.get("gpus", [])),
+            "TESSERA_JOB_ID": str(binding["job_id"]),
+            "TESSERA_ATTEMPT": str(binding["attempt"]),
+            "TESSERA_REPLICA": str(binding.get("replica", 0)),
+            "TESSERA_REPLICAS": str(binding.get("replicas", 1)),
+            "TESSERA_CHECKPOINT_DIR": str(checkpoint_dir),
+        }
+    )
     share = float(binding.get("share", 1.0))
     if share < 1.0:
         env["TESSERA_GPU_SHARE"] = f"{share:g}"
@@ -161,8 +169,14 @@ def spawn_prefix(run_as: RunAs) -> tuple[str, ...]:
         prefix += ["--reuid", str(run_as.uid), "--regid", str(run_as.gid), "--clear-groups"]
     prefix.append("--")
     try:
-        done = subprocess.run([*prefix, "true"], env={"PATH": SAFE_PATH}, stdin=subprocess.DEVNULL,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=20)
+        done = subprocess.run(
+            [*prefix, "true"],
+            env={"PATH": SAFE_PATH},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=20,
+        )
     except (OSError, subprocess.SubprocessError):
         return ()
     return tuple(prefix) if done.returncode == 0 else ()
@@ -175,8 +189,10 @@ def _check_executable(program: str, path: str, cwd: Path) -> None:
     target = os.path.join(cwd, program) if "/" in program else program
     if shutil.which(target, path=path) is not None:
         return
-    found = os.path.isfile(target) if "/" in program else any(
-        os.path.isfile(os.path.join(d, program)) for d in path.split(os.pathsep) if d
+    found = (
+        os.path.isfile(target)
+        if "/" in program
+        else any(os.path.isfile(os.path.join(d, program)) for d in path.split(os.pathsep) if d)
     )
     code = errno.EACCES if found else errno.ENOENT
     raise OSError(code, os.strerror(code), program)
@@ -193,7 +209,12 @@ class JobProcess:
     """A replica's process and the thread that watches it."""
 
     def __init__(
-        self, binding: dict[str, Any], client: AgentClient, state_dir: Path, run_as: RunAs, path: str,
+        self,
+        binding: dict[str, Any],
+        client: AgentClient,
+        state_dir: Path,
+        run_as: RunAs,
+        path: str,
         cgroups: Cgroups | None = None,
     ):
         self.binding = binding
@@ -264,9 +285,15 @@ class JobProcess:
             else:
                 extra = {"preexec_fn": _die_with_agent, **run_as_kwargs(self.run_as)}
             self.proc = subprocess.Popen(
-                [*prefix, *command], cwd=self.workdir, env=env, stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                close_fds=True, **extra,
+                [*prefix, *command],
+                cwd=self.workdir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+                **extra,
             )
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             self._note(f"could not start {self.binding.get('command')!r}: {exc}")
@@ -497,9 +524,15 @@ class JobProcess:
             # Not reported started yet (it ended at once): the exit report records the start too.
             started = self._started_pending and self.exit_reason != "spawn-failed"
             try:
-                self.client.exited(self.job_id, self.attempt, self.replica, self.exit_code, self.exit_reason,
-                                   started_at=self.started_wall if started else None,
-                                   pid=self.pid if started else 0)
+                self.client.exited(
+                    self.job_id,
+                    self.attempt,
+                    self.replica,
+                    self.exit_code,
+                    self.exit_reason,
+                    started_at=self.started_wall if started else None,
+                    pid=self.pid if started else 0,
+                )
                 self._started_pending = False
                 break
             except ServerError:
@@ -508,5 +541,11 @@ class JobProcess:
             except Rejected as exc:
                 log.info("job %s: exit report refused (%s)", self.job_id, exc)
                 break
-        log.info("job %s attempt %s replica %s exited %s %s", self.job_id, self.attempt, self.replica,
-                 self.exit_code, self.exit_reason)
+        log.info(
+            "job %s attempt %s replica %s exited %s %s",
+            self.job_id,
+            self.attempt,
+            self.replica,
+            self.exit_code,
+            self.exit_reason,
+        )

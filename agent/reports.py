@@ -44,11 +44,22 @@ class ExitReporter:
         return getattr(self.client, name)
 
     def exited(
-        self, job_id: int, attempt: int, replica: int, exit_code: int | None, reason: str = "",
-        started_at: float | None = None, pid: int = 0,
+        self,
+        job_id: int,
+        attempt: int,
+        replica: int,
+        exit_code: int | None,
+        reason: str = "",
+        started_at: float | None = None,
+        pid: int = 0,
     ) -> dict[str, Any]:
-        body: dict[str, Any] = {"job_id": job_id, "attempt": attempt, "replica": replica,
-                                "exit_code": exit_code, "reason": reason}
+        body: dict[str, Any] = {
+            "job_id": job_id,
+            "attempt": attempt,
+            "replica": replica,
+            "exit_code": exit_code,
+            "reason": reason,
+        }
         if started_at is not None:
             body.update(started_at=started_at, pid=pid)
         item = _Pending(body)

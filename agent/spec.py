@@ -16,9 +16,23 @@ LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,63}$")
 
 # Memory of one GPU by model (GiB), for simulated inventories; unknown models get DEFAULT_GPU_GIB.
 GPU_MEMORY_GIB = {
-    "B200": 192, "H200": 141, "GH200": 96, "H100": 80, "H800": 80, "A100": 80, "A800": 80,
-    "L40S": 48, "L40": 48, "A40": 48, "A30": 24, "A10": 24, "A10G": 24, "L4": 24, "V100": 32,
-    "T4": 16, "P100": 16,
+    "B200": 192,
+    "H200": 141,
+    "GH200": 96,
+    "H100": 80,
+    "H800": 80,
+    "A100": 80,
+    "A800": 80,
+    "L40S": 48,
+    "L40": 48,
+    "A40": 48,
+    "A30": 24,
+    "A10": 24,
+    "A10G": 24,
+    "L4": 24,
+    "V100": 32,
+    "T4": 16,
+    "P100": 16,
 }
 DEFAULT_GPU_GIB = 16
 # A simulated node's host resources per GPU when the SPEC does not say.

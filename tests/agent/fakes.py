@@ -58,10 +58,12 @@ class FakeServer:
         stop = [o for o in orders if "command" not in o]
         return {"node": "fake", "lease_seconds": 60, "start": start, "stop": stop}
 
-    def started(self, job_id: int, attempt: int, replica: int, pid: int,
-                started_at: float | None = None) -> dict[str, Any]:
-        self._record("started", job_id=job_id, attempt=attempt, replica=replica, pid=pid,
-                     started_at=started_at)
+    def started(
+        self, job_id: int, attempt: int, replica: int, pid: int, started_at: float | None = None
+    ) -> dict[str, Any]:
+        self._record(
+            "started", job_id=job_id, attempt=attempt, replica=replica, pid=pid, started_at=started_at
+        )
         if self.refuse_started:
             raise Rejected(409, {"detail": "not bound"})
         return {"state": "running"}
@@ -72,13 +74,28 @@ class FakeServer:
             self.chunks.setdefault((job_id, replica), []).append((offset, data))
         return {"stored": len(data), "next_offset": offset + len(data), "truncated": False}
 
-    def exited(self, job_id: int, attempt: int, replica: int, exit_code: int | None,
-               reason: str = "", started_at: float | None = None, pid: int = 0) -> dict[str, Any]:
+    def exited(
+        self,
+        job_id: int,
+        attempt: int,
+        replica: int,
+        exit_code: int | None,
+        reason: str = "",
+        started_at: float | None = None,
+        pid: int = 0,
+    ) -> dict[str, Any]:
         self._record("exited", job_id=job_id, exit_code=exit_code, reason=reason, started_at=started_at)
         with self.lock:
-            self.exits.append({"job_id": job_id, "attempt": attempt, "replica": replica,
-                               "exit_code": exit_code, "reason": reason,
-                               **({"started_at": started_at} if started_at is not None else {})})
+            self.exits.append(
+                {
+                    "job_id": job_id,
+                    "attempt": attempt,
+                    "replica": replica,
+                    "exit_code": exit_code,
+                    "reason": reason,
+                    **({"started_at": started_at} if started_at is not None else {}),
+                }
+            )
         return {"state": "succeeded" if exit_code == 0 else "failed", "recorded": True}
 
     def report_exits(self, reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -108,9 +125,19 @@ def wait_for(check: Callable[[], Any], timeout: float = 20.0, every: float = 0.0
 
 def binding(job_id: int = 1, command: list[str] | None = None, **overrides: Any) -> dict[str, Any]:
     b = {
-        "job_id": job_id, "attempt": 0, "replica": 0, "replicas": 1, "name": "t",
-        "command": command or ["true"], "env": {}, "gpus": [0, 1], "share": 1.0,
-        "grace_seconds": 5, "time_limit_seconds": None, "checkpoint_seconds": None, "log_offset": 0,
+        "job_id": job_id,
+        "attempt": 0,
+        "replica": 0,
+        "replicas": 1,
+        "name": "t",
+        "command": command or ["true"],
+        "env": {},
+        "gpus": [0, 1],
+        "share": 1.0,
+        "grace_seconds": 5,
+        "time_limit_seconds": None,
+        "checkpoint_seconds": None,
+        "log_offset": 0,
     }
     b.update(overrides)
     return b

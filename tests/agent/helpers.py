@@ -43,8 +43,9 @@ def client_with(auth: str | None) -> APIClient:
 
 def register(join_token: str, name: str = "gpu-01", **overrides: Any) -> tuple[APIClient, dict]:
     """Register a node; returns an API client holding its credential, and the answer."""
-    answer = client_with(f"Join {join_token}").post(AGENT + "register", node_body(name, **overrides),
-                                                    format="json")
+    answer = client_with(f"Join {join_token}").post(
+        AGENT + "register", node_body(name, **overrides), format="json"
+    )
     assert answer.status_code in (200, 201), answer.content
     return client_with(f"Node {answer.data['credential']}"), answer.data
 
@@ -73,8 +74,10 @@ def bind(job, node_name: str, gpus: list[int], replica: int = 0):
         job = Job.objects.select_for_update().select_related("tenant").get(pk=job.pk)
         allocs = [
             Allocation.objects.create(
-                job=job, device=Device.objects.select_related("node").get(node__name=node_name, index=i),
-                replica=replica, attempt=job.attempts,
+                job=job,
+                device=Device.objects.select_related("node").get(node__name=node_name, index=i),
+                replica=replica,
+                attempt=job.attempts,
             )
             for i in gpus
         ]
@@ -85,7 +88,14 @@ def bind(job, node_name: str, gpus: list[int], replica: int = 0):
 def submit(user, tenant, **overrides):
     from scheduling.services.jobs import do_submit_job
 
-    fields = {"name": "train", "kind": "training", "command": ["python", "-c", "print(1)"], "gpus": 2,
-              "replicas": 1, "min_available": 1, "preemptible": True}
+    fields = {
+        "name": "train",
+        "kind": "training",
+        "command": ["python", "-c", "print(1)"],
+        "gpus": 2,
+        "replicas": 1,
+        "min_available": 1,
+        "preemptible": True,
+    }
     fields.update(overrides)
     return do_submit_job(user, tenant, fields, body=fields)[0]

@@ -43,8 +43,9 @@ def test_create_join_token_refuses_a_bad_expiry(db):
 
 
 def test_an_agent_registers_with_a_join_token_and_gets_its_own_credential(join_token):
-    answer = h.client_with(f"Join {join_token}").post(AGENT + "register", h.node_body("gpu-01"),
-                                                      format="json")
+    answer = h.client_with(f"Join {join_token}").post(
+        AGENT + "register", h.node_body("gpu-01"), format="json"
+    )
     assert answer.status_code == 201, answer.content
     node = Node.objects.get(name="gpu-01")
     credential = answer.data["credential"]
@@ -202,12 +203,18 @@ def test_exits_reported_together_are_settled_and_answered_each_on_its_own(world,
     failed = h.bind(h.submit(world.alice, world.vision), "gpu-01", [1])
     elsewhere = h.bind(h.submit(world.alice, world.vision), "gpu-02", [0])
     now = timezone.now().timestamp()
-    answer = node.post(AGENT + "exits", {"exits": [
-        {"job_id": done.pk, "attempt": 0, "replica": 0, "exit_code": 0, "started_at": now, "pid": 5},
-        {"job_id": failed.pk, "attempt": 3, "replica": 0, "exit_code": 1},  # an attempt never bound
-        {"job_id": elsewhere.pk, "attempt": 0, "replica": 0, "exit_code": 0},  # another node's job
-        {"job_id": failed.pk, "attempt": 0, "replica": 0, "exit_code": 1, "started_at": now},
-    ]}, format="json")
+    answer = node.post(
+        AGENT + "exits",
+        {
+            "exits": [
+                {"job_id": done.pk, "attempt": 0, "replica": 0, "exit_code": 0, "started_at": now, "pid": 5},
+                {"job_id": failed.pk, "attempt": 3, "replica": 0, "exit_code": 1},  # an attempt never bound
+                {"job_id": elsewhere.pk, "attempt": 0, "replica": 0, "exit_code": 0},  # another node's job
+                {"job_id": failed.pk, "attempt": 0, "replica": 0, "exit_code": 1, "started_at": now},
+            ]
+        },
+        format="json",
+    )
     assert answer.status_code == 200, answer.content
     assert [r["status"] for r in answer.data["results"]] == [200, 409, 404, 200]
     assert [answer.data["results"][i]["state"] for i in (0, 3)] == ["succeeded", "failed"]
@@ -217,8 +224,15 @@ def test_exits_reported_together_are_settled_and_answered_each_on_its_own(world,
     assert _types(done) == ["submitted", "scheduled", "started", "succeeded"]
 
 
-@pytest.mark.parametrize("body", [{}, {"exits": []}, {"exits": [{"job_id": 1, "attempt": 0}]},
-                                  {"exits": [{"job_id": 0, "attempt": 0, "exit_code": 0}]}])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"exits": []},
+        {"exits": [{"job_id": 1, "attempt": 0}]},
+        {"exits": [{"job_id": 0, "attempt": 0, "exit_code": 0}]},
+    ],
+)
 def test_a_bad_exits_body_is_refused_naming_the_field(join_token, body):
     node, _ = h.register(join_token, "gpu-01")
     answer = node.post(AGENT + "exits", body, format="json")
@@ -299,7 +313,9 @@ def test_a_job_stopped_at_its_time_limit_fails_with_reason_time_limit(world, joi
     job.refresh_from_db()
     assert job.state == JobState.FAILED
     assert [(e.type, e.reason) for e in job.events.order_by("at", "id")][-2:] == [
-        ("terminating", "time-limit"), ("failed", "time-limit")]
+        ("terminating", "time-limit"),
+        ("failed", "time-limit"),
+    ]
 
 
 def test_the_server_stops_a_job_its_agent_let_run_past_its_time_limit(world, join_token):
@@ -376,15 +392,20 @@ def test_a_gang_succeeds_only_when_its_last_replica_exits_zero(world, join_token
     for i in (2, 3):
         Allocation.objects.create(job=job, device=Device.objects.get(node__name="gpu-01", index=i), replica=1)
     assert sorted((b["replica"], tuple(b["gpus"])) for b in h.heartbeat(node)["start"]) == [
-        (0, (0, 1)), (1, (2, 3))]
+        (0, (0, 1)),
+        (1, (2, 3)),
+    ]
     for replica in (0, 1):
         h.report(node, job.pk, "started", attempt=0, replica=replica)
     h.report(node, job.pk, "exited", attempt=0, replica=0, exit_code=0)
     job.refresh_from_db()
     assert job.state == JobState.RUNNING
     # Replica 0's GPUs stay held until the whole gang ends; it is not started again meanwhile.
-    assert list(Allocation.objects.filter(job=job, released_at__isnull=True, exited_at__isnull=True)
-                .values_list("device__index", flat=True).order_by("device__index")) == [2, 3]
+    assert list(
+        Allocation.objects.filter(job=job, released_at__isnull=True, exited_at__isnull=True)
+        .values_list("device__index", flat=True)
+        .order_by("device__index")
+    ) == [2, 3]
     assert Allocation.objects.filter(job=job, released_at__isnull=True).count() == 4
     running = [{"job_id": job.pk, "attempt": 0, "replica": 1, "pid": 7}]
     assert h.heartbeat(node, running)["start"] == []

@@ -29,8 +29,9 @@ def user_api_paths() -> list[str]:
             continue  # the agent's own include, and the JSON 404 catch-all
         assert isinstance(entry, URLPattern)
         route = str(entry.pattern)
-        paths.append("/api/v1/" + re.sub(r"<(?:\w+:)?(\w+)>", lambda m: "gpu-01" if m[1] == "name" else "1",
-                                         route))
+        paths.append(
+            "/api/v1/" + re.sub(r"<(?:\w+:)?(\w+)>", lambda m: "gpu-01" if m[1] == "name" else "1", route)
+        )
     return paths
 
 

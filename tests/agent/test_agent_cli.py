@@ -31,15 +31,42 @@ def state_dir():
 
 
 def start_agent(server: str, state_dir: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "agent", "--server", server, "--simulate", "4xA100,nvlink=2,rack=r9",
-            "--name", "cli-node", "--metrics-port", "0", "--metrics-addr", "127.0.0.1",
-            "--state-dir", str(state_dir), "--poll-interval", "0.2", "--shutdown-grace", "2",
-            # No long-poll against the test's threaded WSGI server: a request parked there for
-            # seconds would outlive the test (push is tested against daphne: tests/integration).
-            "--wait-timeout", "0", *extra]
+    argv = [
+        sys.executable,
+        "-m",
+        "agent",
+        "--server",
+        server,
+        "--simulate",
+        "4xA100,nvlink=2,rack=r9",
+        "--name",
+        "cli-node",
+        "--metrics-port",
+        "0",
+        "--metrics-addr",
+        "127.0.0.1",
+        "--state-dir",
+        str(state_dir),
+        "--poll-interval",
+        "0.2",
+        "--shutdown-grace",
+        "2",
+        # No long-poll against the test's threaded WSGI server: a request parked there for
+        # seconds would outlive the test (push is tested against daphne: tests/integration).
+        "--wait-timeout",
+        "0",
+        *extra,
+    ]
     clean = {k: v for k, v in os.environ.items() if k != "TESSERA_JOIN_TOKEN"}
-    return subprocess.Popen(argv, cwd=ROOT, env={**clean, **(env or {})}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        env={**clean, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def stop_agent(agent: subprocess.Popen) -> str:
@@ -104,8 +131,11 @@ def test_the_agent_runs_a_bound_job_and_ctrl_c_stops_its_jobs(live_server, world
     agent = start_agent(live_server.url, state_dir, "--join-token-file", str(token_file))
     try:
         node = registered(state_dir)
-        done = h.bind(h.submit(world.alice, world.vision, command=["sh", "-c", "echo $CUDA_VISIBLE_DEVICES"]),
-                      "cli-node", [2, 3])
+        done = h.bind(
+            h.submit(world.alice, world.vision, command=["sh", "-c", "echo $CUDA_VISIBLE_DEVICES"]),
+            "cli-node",
+            [2, 3],
+        )
         assert fakes.wait_for(lambda: Job.objects.get(pk=done.pk).state == JobState.SUCCEEDED, 20)
         assert b"".join(bytes(c.data) for c in Job.objects.get(pk=done.pk).log_chunks.all()) == b"2,3\n"
 
@@ -113,8 +143,11 @@ def test_the_agent_runs_a_bound_job_and_ctrl_c_stops_its_jobs(live_server, world
         assert fakes.wait_for(lambda: Job.objects.get(pk=long.pk).state == JobState.RUNNING, 20)
         with urllib.request.urlopen(node.metrics_url, timeout=5) as answer:
             text = answer.read().decode()
-        busy = [line for line in text.splitlines()
-                if line.startswith("DCGM_FI_DEV_GPU_UTIL{") and f'job="{long.pk}"' in line]
+        busy = [
+            line
+            for line in text.splitlines()
+            if line.startswith("DCGM_FI_DEV_GPU_UTIL{") and f'job="{long.pk}"' in line
+        ]
         assert len(busy) == 2 and all(float(line.rsplit(" ", 1)[1]) > 0 for line in busy)
         children = descendants(agent.pid)
         assert children, "the job's process is not a child of the agent"

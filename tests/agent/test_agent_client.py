@@ -26,8 +26,9 @@ class Handler(BaseHTTPRequestHandler):
         self._answer(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
 
     def _answer(self, body) -> None:
-        self.server.seen.append((self.command, self.path, self.headers["Authorization"], body,
-                                 self.client_address[1]))
+        self.server.seen.append(
+            (self.command, self.path, self.headers["Authorization"], body, self.client_address[1])
+        )
         status = self.server.status
         data = json.dumps({"echo": body, "detail": "no"}).encode() if status != 502 else b"<html>"
         self.send_response(status)
@@ -87,8 +88,9 @@ def test_a_connection_the_server_closed_while_idle_is_replaced(server):
     assert len({port for *_, port in server.seen}) == 3
 
 
-@pytest.mark.parametrize(("status", "error"), [(404, Rejected), (409, Rejected), (500, ServerError),
-                                                (502, ServerError)])
+@pytest.mark.parametrize(
+    ("status", "error"), [(404, Rejected), (409, Rejected), (500, ServerError), (502, ServerError)]
+)
 def test_refusals_and_server_errors_raise_their_kind(server, status, error):
     server.status = status
     with pytest.raises(error) as raised:

@@ -26,8 +26,14 @@ def agent():
     with fakes.job_user_state_dir() as state_dir:
         run_as = resolve_run_as("nobody")
         server = fakes.FakeServer()
-        node = Agent(server, simulated_inventory("loop", parse_spec("4xT4")), state_dir, run_as,
-                     job_path(state_dir, run_as), poll_interval=0.05)
+        node = Agent(
+            server,
+            simulated_inventory("loop", parse_spec("4xT4")),
+            state_dir,
+            run_as,
+            job_path(state_dir, run_as),
+            poll_interval=0.05,
+        )
         yield node, server
         node.shutdown(0.5)
 
@@ -60,10 +66,17 @@ def test_a_binding_of_an_older_attempt_than_one_run_here_is_ignored(agent):
 
 def test_a_stop_order_reaches_only_its_process(agent):
     node, server = agent
-    node.apply({"start": [fakes.binding(job_id=3, command=["sleep", "30"]),
-                          fakes.binding(job_id=4, command=["sleep", "30"], gpus=[2, 3])]})
-    node.apply({"stop": [{"job_id": 3, "attempt": 0, "replica": 0, "reason": "cancelled",
-                          "grace_left_seconds": 1}]})
+    node.apply(
+        {
+            "start": [
+                fakes.binding(job_id=3, command=["sleep", "30"]),
+                fakes.binding(job_id=4, command=["sleep", "30"], gpus=[2, 3]),
+            ]
+        }
+    )
+    node.apply(
+        {"stop": [{"job_id": 3, "attempt": 0, "replica": 0, "reason": "cancelled", "grace_left_seconds": 1}]}
+    )
     assert server.exit_of(3, timeout=10)["reason"] == "stopped"
     assert node.jobs[(4, 0, 0)].proc.poll() is None and node.jobs[(4, 0, 0)].stop_reason is None
     assert node.jobs[(3, 0, 0)].done.wait(5)
@@ -78,9 +91,13 @@ def test_the_heartbeat_reports_running_processes_and_applies_the_answer(agent):
     loop = threading.Thread(target=node.run, args=(stop,), daemon=True)
     loop.start()
     try:
-        assert fakes.wait_for(lambda: any(
-            c[0] == "heartbeat" and any(r["job_id"] == 5 and r["pid"] > 0 for r in c[1]["running"])
-            for c in list(server.calls)), 10)
+        assert fakes.wait_for(
+            lambda: any(
+                c[0] == "heartbeat" and any(r["job_id"] == 5 and r["pid"] > 0 for r in c[1]["running"])
+                for c in list(server.calls)
+            ),
+            10,
+        )
     finally:
         stop.set()
         loop.join(5)
@@ -136,12 +153,23 @@ def test_a_process_that_ended_unreported_is_not_listed_running_while_its_exit_re
     server = SlowExits()
     with fakes.job_user_state_dir() as state_dir:
         run_as = resolve_run_as("nobody")
-        node = Agent(server, simulated_inventory("loop", parse_spec("4xT4")), state_dir, run_as,
-                     job_path(state_dir, run_as))
+        node = Agent(
+            server,
+            simulated_inventory("loop", parse_spec("4xT4")),
+            state_dir,
+            run_as,
+            job_path(state_dir, run_as),
+        )
         try:
-            node.apply({"start": [fakes.binding(job_id=8, command=["true"]),
-                                  fakes.binding(job_id=9, command=["sleep", "30"], gpus=[2]),
-                                  fakes.binding(job_id=10, command=["sleep", "0.3"], gpus=[3])]})
+            node.apply(
+                {
+                    "start": [
+                        fakes.binding(job_id=8, command=["true"]),
+                        fakes.binding(job_id=9, command=["sleep", "30"], gpus=[2]),
+                        fakes.binding(job_id=10, command=["sleep", "0.3"], gpus=[3]),
+                    ]
+                }
+            )
             quick, reported = node.jobs[(8, 0, 0)], node.jobs[(10, 0, 0)]
             assert fakes.wait_for(lambda: quick.proc.returncode is not None, 5)
             assert fakes.wait_for(lambda: reported.proc.returncode is not None, 5)

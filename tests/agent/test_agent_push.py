@@ -121,8 +121,11 @@ def test_the_bindings_of_a_burst_of_wakes_come_in_one_answer(node_credential):
     send = async_to_sync(get_channel_layer().group_send)
     send(f"agent.{node_id}", {"type": "agent.wake", "start": [{"job_id": 1}], "heartbeat": False})
     send(f"agent.{node_id}", {"type": "agent.wake", "start": [{"job_id": 2}], "heartbeat": False})
-    assert _wait(credential, 5)[0].json() == {"wake": True, "start": [{"job_id": 1}, {"job_id": 2}],
-                                              "heartbeat": False}
+    assert _wait(credential, 5)[0].json() == {
+        "wake": True,
+        "start": [{"job_id": 1}, {"job_id": 2}],
+        "heartbeat": False,
+    }
     # A stop order's wake among them still asks for a heartbeat.
     send(f"agent.{node_id}", {"type": "agent.wake", "start": [{"job_id": 3}], "heartbeat": False})
     send(f"agent.{node_id}", {"type": "agent.wake", "heartbeat": True})
@@ -170,8 +173,11 @@ def test_a_user_token_cannot_wait_as_a_node(world):
 def start_reports(server: fakes.FakeServer) -> list[dict]:
     """Each reported process start: a ``started`` report, or an exit report carrying the start
     (a process that ended at once is reported once)."""
-    return [body for kind, body in server.calls
-            if kind == "started" or (kind == "exited" and body.get("started_at") is not None)]
+    return [
+        body
+        for kind, body in server.calls
+        if kind == "started" or (kind == "exited" and body.get("started_at") is not None)
+    ]
 
 
 @contextlib.contextmanager
@@ -180,8 +186,14 @@ def agent_running_against(server: fakes.FakeServer):
     sent its first heartbeat; stopped and reaped afterwards."""
     with fakes.job_user_state_dir() as state_dir:
         run_as = resolve_run_as("nobody")
-        node = Agent(server, simulated_inventory("push", parse_spec("2xT4")), state_dir, run_as,
-                     job_path(state_dir, run_as), poll_interval=30)
+        node = Agent(
+            server,
+            simulated_inventory("push", parse_spec("2xT4")),
+            state_dir,
+            run_as,
+            job_path(state_dir, run_as),
+            poll_interval=30,
+        )
         stop = threading.Event()
         loop = threading.Thread(target=node.run, args=(stop,), daemon=True)
         loop.start()

@@ -62,8 +62,15 @@ def test_a_job_with_limits_is_moved_into_its_cgroup_which_goes_away_after_it(fak
     with fakes.job_user_state_dir() as state_dir:
         run_as = resolve_run_as("nobody")
         server = fakes.FakeServer()
-        node = Agent(server, simulated_inventory("cg", parse_spec("2xT4")), state_dir, run_as,
-                     job_path(state_dir, run_as), poll_interval=0.05, cgroups=cg)
+        node = Agent(
+            server,
+            simulated_inventory("cg", parse_spec("2xT4")),
+            state_dir,
+            run_as,
+            job_path(state_dir, run_as),
+            poll_interval=0.05,
+            cgroups=cg,
+        )
         moved: list[int] = []
         real_add = cg.add
 
@@ -87,5 +94,8 @@ def test_this_machines_answer_matches_its_cgroup_filesystem():
     reason = cgroups.unavailable_reason(Path("/sys/fs/cgroup"))
     v2 = Path("/sys/fs/cgroup/cgroup.controllers").exists()
     writable = os.access("/sys/fs/cgroup", os.W_OK)
-    assert (reason is None) == (v2 and writable and all(
-        c in Path("/sys/fs/cgroup/cgroup.controllers").read_text().split() for c in ("cpu", "memory")))
+    assert (reason is None) == (
+        v2
+        and writable
+        and all(c in Path("/sys/fs/cgroup/cgroup.controllers").read_text().split() for c in ("cpu", "memory"))
+    )

@@ -45,8 +45,10 @@ def test_exits_reported_at_the_same_moment_go_in_one_request():
 
 class RefusesOne(fakes.FakeServer):
     def report_exits(self, reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return [{"status": 409, "detail": "stale"} if r["job_id"] == 2 else {"status": 200, "state": "failed"}
-                for r in reports]
+        return [
+            {"status": 409, "detail": "stale"} if r["job_id"] == 2 else {"status": 200, "state": "failed"}
+            for r in reports
+        ]
 
 
 def test_a_report_refused_in_a_batch_fails_only_its_own_caller():
@@ -69,8 +71,9 @@ def test_other_calls_go_straight_to_the_client():
     server = fakes.FakeServer()
     reporter = ExitReporter(server)
     assert reporter.started(4, 0, 0, 99)["state"] == "running"
-    assert server.calls == [("started", {"job_id": 4, "attempt": 0, "replica": 0, "pid": 99,
-                                         "started_at": None})]
+    assert server.calls == [
+        ("started", {"job_id": 4, "attempt": 0, "replica": 0, "pid": 99, "started_at": None})
+    ]
 
 
 @pytest.mark.parametrize("n", [1, 300])

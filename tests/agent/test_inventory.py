@@ -57,7 +57,11 @@ def test_a_bad_spec_is_refused_with_a_message_saying_what_is_wrong(spec, words):
 def test_the_agent_exits_2_with_a_clear_message_on_a_bad_spec():
     result = subprocess.run(
         [sys.executable, "-m", "agent", "--server", "http://127.0.0.1:9", "--simulate", "8xA100,nvlink=3"],
-        cwd=ROOT, capture_output=True, text=True, timeout=60, env={**os.environ, "TESSERA_JOIN_TOKEN": "x"},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "TESSERA_JOIN_TOKEN": "x"},
     )
     assert result.returncode == 2
     assert "bad --simulate spec '8xA100,nvlink=3': nvlink=3 must divide the GPU count 8" in result.stderr
@@ -130,8 +134,12 @@ def test_without_a_gpu_the_agent_says_no_nvidia_gpus_found_and_exits_nonzero():
     with pytest.raises(NoGPUs, match=r"no NVIDIA GPUs found \(NVML: .+\)"):
         nvml_inventory("probe", ModelMap())
     result = subprocess.run(
-        [sys.executable, "-m", "agent", "--server", "http://127.0.0.1:9"], cwd=ROOT, capture_output=True,
-        text=True, timeout=60, env={**os.environ, "TESSERA_JOIN_TOKEN": "x"},
+        [sys.executable, "-m", "agent", "--server", "http://127.0.0.1:9"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "TESSERA_JOIN_TOKEN": "x"},
     )
     assert result.returncode == 2
     assert "no NVIDIA GPUs found (NVML: " in result.stderr and "--simulate" in result.stderr

@@ -51,8 +51,14 @@ def start(node, **binding) -> tuple[JobProcess, object]:
 
 def test_the_job_sees_its_gpus_and_ids_but_never_the_agents_secrets(node):
     script = "import os, json; print(json.dumps(dict(os.environ)))"
-    process, server = start(node, job_id=11, attempt=2, gpus=[3, 5], env={"WANDB_MODE": "offline"},
-                            command=["python", "-c", script])
+    process, server = start(
+        node,
+        job_id=11,
+        attempt=2,
+        gpus=[3, 5],
+        env={"WANDB_MODE": "offline"},
+        command=["python", "-c", script],
+    )
     assert server.exit_of(11)["exit_code"] == 0
     import json
 
@@ -68,9 +74,13 @@ def test_the_job_sees_its_gpus_and_ids_but_never_the_agents_secrets(node):
 
 
 def test_the_job_cannot_override_its_gpus_or_ids(node):
-    process, server = start(node, job_id=12, gpus=[1], env={"CUDA_VISIBLE_DEVICES": "0,1,2,3",
-                                                           "TESSERA_JOB_ID": "999"},
-                            command=["sh", "-c", 'echo "$CUDA_VISIBLE_DEVICES $TESSERA_JOB_ID"'])
+    process, server = start(
+        node,
+        job_id=12,
+        gpus=[1],
+        env={"CUDA_VISIBLE_DEVICES": "0,1,2,3", "TESSERA_JOB_ID": "999"},
+        command=["sh", "-c", 'echo "$CUDA_VISIBLE_DEVICES $TESSERA_JOB_ID"'],
+    )
     server.exit_of(12)
     assert server.output(12) == b"1 12\n"
 
@@ -188,8 +198,9 @@ def test_a_job_dies_with_its_agent(node, spawn):
     import sys
 
     state_dir = node[1]
-    script = AGENT_THEN_KILLED.format(root=str(Path(__file__).resolve().parents[2]), fork=spawn == "fork",
-                                      state=str(state_dir))
+    script = AGENT_THEN_KILLED.format(
+        root=str(Path(__file__).resolve().parents[2]), fork=spawn == "fork", state=str(state_dir)
+    )
     agent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
     try:
         pid = int(agent.stdout.readline())
