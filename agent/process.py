@@ -390,6 +390,7 @@ class JobProcess:
             else:
                 poller.unregister(fd)
                 self._output_open = False
+                self._await_exit(0.01)  # its output closed: its exit status follows
 
     def _ship_logs(self) -> bool:
         """Send what is buffered; False when the server could not be reached (retry later)."""
@@ -479,8 +480,6 @@ class JobProcess:
         quick_until = time.monotonic() + QUICK_EXIT_S
         while self._output_open and (left := quick_until - time.monotonic()) > 0:
             self._read(poller, left)
-        if not self._output_open:
-            self._await_exit(0.01)  # its output closed: its exit status follows
         while True:
             now = time.monotonic()
             quick_exit = exited_at is None and self.proc.poll() is not None
@@ -494,13 +493,12 @@ class JobProcess:
             # A background child may hold the output pipe open: give it a moment, then end it.
             if exited_at is not None and (not self._output_open or now - exited_at > 2.0):
                 break
-            if not self._output_open:
-                self._await_exit(TICK_S)  # its output closed: its exit follows (at once, as a rule)
-            else:
-                self._read(poller, TICK_S)
+            self._read(poller, TICK_S)
 
     def _await_exit(self, timeout: float) -> None:
-        """Wait for the process's exit status, which follows the end of its output only closely."""
+        """Wait for the process's exit status, which follows the end of its output closely but not
+        always before the supervisor looks (it then waited a whole tick). A process that closed its
+        output and runs on is then watched at the tick, as any other."""
         assert self.proc is not None
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout)
