@@ -71,9 +71,9 @@ class AgentClient:
         if body is not None:
             data = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
-        reused = True
         while True:
             conn: http.client.HTTPConnection | None = None
+            reused = False
             try:
                 conn, reused = self._connection()
                 conn.timeout = timeout
