@@ -8,20 +8,26 @@ from typing import Any
 
 from scheduling.choices import DeviceState
 from scheduling.models import Allocation, Device
+from scheduling.services.snapshot import PreparedRead
 
 # One active allocation of a device, as its row shows it: (job id, tenant id, tenant, share in
 # thousandths, replica). Read as plain tuples: the pass and every exit report build device rows.
 Holder = tuple[int, int, str, int, int]
 
 
+_HOLDERS = PreparedRead(
+    lambda device_ids: (
+        Allocation.objects.filter(device_id__in=device_ids, released_at__isnull=True)
+        .order_by("job_id", "replica")
+        .values_list("device_id", "job_id", "job__tenant_id", "job__tenant__name", "share_milli", "replica")
+    )
+)
+
+
 def holders(device_ids: Iterable[int]) -> dict[int, list[Holder]]:
     """The active allocations of ``device_ids``, per device id, by job and replica."""
     out: dict[int, list[Holder]] = defaultdict(list)
-    for device_id, *holder in (
-        Allocation.objects.filter(device_id__in=list(device_ids), released_at__isnull=True)
-        .order_by("job_id", "replica")
-        .values_list("device_id", "job_id", "job__tenant_id", "job__tenant__name", "share_milli", "replica")
-    ):
+    for device_id, *holder in _HOLDERS.rows(sorted(set(device_ids))):
         out[device_id].append(tuple(holder))
     return out
 

@@ -33,7 +33,13 @@ from scheduling.services import live
 from scheduling.services.agents import bindings_by_node
 from scheduling.services.inventory import Holder, device_rows, holders
 from scheduling.services.jobs import allocations_payload, begin_stop, do_transition_many
-from scheduling.services.snapshot import LoadedSnapshot, StoredReason, load_snapshot, pending_rows
+from scheduling.services.snapshot import (
+    LoadedSnapshot,
+    PreparedRead,
+    StoredReason,
+    load_snapshot,
+    pending_rows,
+)
 from scheduling.services.triggers import AGAIN_FLAG, QUEUED_FLAG, queue_pass
 
 log = logging.getLogger("tessera.pass")
@@ -216,6 +222,14 @@ def _add_pass(state: SchedulerState, result: PassResult, now: datetime) -> dict[
     return fields
 
 
+_LOCK_NODES = PreparedRead(
+    lambda names: (
+        Node.objects.select_for_update()
+        .filter(name__in=names)
+        .order_by("pk")
+        .values_list("id", "name", "version")
+    )
+)
 APPLY_CHUNK = 64  # bindings per transaction: few commits, yet node locks held only briefly
 
 
@@ -260,9 +274,8 @@ def _apply_bindings(
             .filter(pk__in=[int(b.job_id) for b in bindings], state=JobState.PENDING)
             .order_by("pk")
         }
-        nodes = {
-            n.name: n for n in Node.objects.select_for_update().filter(name__in=node_names).order_by("pk")
-        }
+        # Locked for their versions; the pass needs no more of them (nor their JSON columns).
+        nodes = {name: Node(id=pk, name=name, version=v) for pk, name, v in _LOCK_NODES.rows(node_names)}
         fresh = {name for name, n in nodes.items() if n.version == loaded.node_versions.get(name)}
         # A node's devices change only with its version (an agent's registration), so a fresh
         # node's are as the snapshot read them.
