@@ -124,25 +124,30 @@ class PreparedRead:
 
     def __init__(self, build: Callable[..., QuerySet]) -> None:
         self._build = build
-        self._compiled: dict[tuple[str, int], tuple[SQLCompiler, str]] = {}
+        # (vendor, number of values) -> (compiler, SQL, its parameters, the fields' converters)
+        self._compiled: dict[tuple[str, int], tuple[SQLCompiler, str, tuple, dict]] = {}
 
     def rows(self, *values: Sequence[Any]) -> list[Sequence[Any]]:
         if values and not values[0]:
             return []  # ``__in`` an empty list: no row
         key = (connection.vendor, len(values[0]) if values else -1)
-        params: Sequence[Any] = tuple(values[0]) if values else ()
+        given = tuple(values[0]) if values else None
         compiled = self._compiled.get(key)
         if compiled is None:
             compiler = self._build(*values).query.get_compiler(connection=connection)
             sql, built = compiler.as_sql()
-            if tuple(built) == params:
-                self._compiled[key] = (compiler, sql)
-            compiled, params = (compiler, sql), built
-        compiler, sql = compiled
+            converters = compiler.get_converters([s[0] for s in compiler.select[: compiler.col_count]])
+            compiled = (compiler, sql, tuple(built), converters)
+            if given is None or compiled[2] == given:
+                self._compiled[key] = compiled
+            given = None  # this read runs with the parameters just built
+        compiler, sql, params, converters = compiled
+        if given is not None:
+            params = given
         with connection.cursor() as cur:
             cur.execute(sql, params)
             rows = cur.fetchall()
-        return list(compiler.results_iter([rows]))
+        return list(compiler.apply_converters(rows, converters)) if converters else rows
 
 
 _PENDING = PreparedRead(lambda: Job.objects.filter(state=JobState.PENDING).values_list(*JOB_FIELDS))
