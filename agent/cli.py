@@ -26,7 +26,7 @@ from agent.client import AgentClient, Rejected, ServerError
 from agent.inventory import Inventory, ModelMap, NoGPUs, nvml_inventory, simulated_inventory
 from agent.metrics import GpuCollector, UtilProfiles, make_registry, nvml_reader, serve
 from agent.node import Agent, CredentialRevoked
-from agent.process import job_path, resolve_run_as, runs_as
+from agent.process import job_path, resolve_run_as, runs_as, spawn_prefix
 from agent.spec import SpecError, parse_labels, parse_spec
 
 log = logging.getLogger("tessera.agent")
@@ -275,13 +275,14 @@ def run(args: argparse.Namespace) -> int:
     answer = register(agent.client, inventory, metrics_url, token, state_dir, args.register_timeout)
     agent.lease_seconds = float(answer.get("lease_seconds", agent.lease_seconds))
     log.info(
-        "registered %s (%d GPUs, %s) as node %s; metrics at %s; jobs run as %s",
+        "registered %s (%d GPUs, %s) as node %s; metrics at %s; jobs run as %s, spawned %s",
         inventory.name,
         len(inventory.devices),
         "simulated" if inventory.simulated else "NVML",
         answer["node"],
         metrics_url,
         run_as.name,
+        "through setpriv" if spawn_prefix(run_as) else "by fork (no setpriv with --pdeathsig here)",
     )
 
     stop = threading.Event()
