@@ -108,3 +108,30 @@ def test_a_cpu_only_job_is_bound_to_a_node_without_gpus(world, two_nodes):
     assert job.events.get(type=EventType.SCHEDULED).allocations == [
         {"node": alloc.node.name, "gpus": [], "share": 1.0, "replica": 0}
     ]
+
+
+def test_a_pass_takes_the_same_few_queries_however_many_jobs_and_nodes(world, django_assert_max_num_queries):
+    # The pass reads each table once and writes each once per chunk of bindings, whatever their
+    # number: 1 job on 2 nodes and 20 jobs (of them gangs and fractions) on 8 take the same.
+    for i in range(8):
+        helpers.make_node(f"a100-{i:02d}", rack=f"r{i % 2}")
+    passes.run_pass()  # a worker's first pass also makes the pass record's row
+    helpers.submit(world.alice, world.vision, gpus=1)
+    with django_assert_max_num_queries(QUERIES_PER_PASS):
+        assert len(passes.run_pass().bound) == 1
+    for i in range(20):
+        shape = [{"gpus": 1}, {"gpus": 0.5}, {"gpus": 2, "replicas": 2, "min_available": 2}][i % 3]
+        helpers.submit(world.bob, world.nlp, **shape)
+    with django_assert_max_num_queries(QUERIES_PER_PASS):
+        assert len(passes.run_pass().bound) == 20
+
+
+def test_a_pass_with_no_job_pending_reads_only_the_queue(world, two_nodes, django_assert_max_num_queries):
+    passes.run_pass()
+    with django_assert_max_num_queries(QUERIES_IDLE):
+        passes.run_pass()
+
+
+# Counted inside the test's transaction, where each transaction of the pass is a savepoint.
+QUERIES_PER_PASS = 21
+QUERIES_IDLE = 7  # lock, the pending jobs, the pass's record (4), unlock
