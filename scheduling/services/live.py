@@ -60,20 +60,35 @@ class Outlet:
     @staticmethod
     async def _send_all(batch: list[tuple[str, dict[str, Any]]]) -> None:
         layer = get_channel_layer()
-        for group, message in _merged_wakes(batch):
+        for group, message in _merged(batch):
             try:
                 await layer.group_send(group, message)
             except Exception:  # Redis down: live updates are best-effort, PostgreSQL keeps the truth
                 log.warning("live update to %s not delivered", group, exc_info=True)
 
 
-def _merged_wakes(batch: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
-    """The batch with each agent's wakes merged into its first: bindings concatenated, and a
-    heartbeat asked for if any of them asked (one answer wakes the agent anyway)."""
-    out: list[tuple[str, dict[str, Any]]] = []
+def _merged(batch: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+    """The batch, shortened where nothing is lost:
+
+    - each agent's wakes merged into its first: bindings concatenated, and a heartbeat asked for
+      if any of them asked (one answer wakes the agent anyway);
+    - a group's updates of one job reduced to the last (each carries the job's whole state, which
+      a dashboard applies over the one before): a job that starts and ends within one exit report
+      costs one send per group, not two.
+    """
+    out: list[tuple[str, dict[str, Any]] | None] = []
     wakes: dict[str, dict[str, Any]] = {}
+    job_at: dict[tuple[str, Any], int] = {}
     for group, message in batch:
-        if message.get("type") != "agent.wake":
+        kind = message.get("type")
+        if kind == "job.update":
+            key = (group, message["job"]["id"])
+            if key in job_at:
+                out[job_at[key]] = None
+            job_at[key] = len(out)
+            out.append((group, message))
+            continue
+        if kind != "agent.wake":
             out.append((group, message))
             continue
         merged = wakes.get(group)
@@ -82,7 +97,7 @@ def _merged_wakes(batch: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, di
             out.append((group, merged))
         merged["start"] = merged["start"] + list(message.get("start", []))
         merged["heartbeat"] = merged["heartbeat"] or message.get("heartbeat", True)
-    return out
+    return [item for item in out if item is not None]
 
 
 _outlet = Outlet()
