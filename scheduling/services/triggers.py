@@ -11,6 +11,7 @@ import logging
 import threading
 
 from django.conf import settings
+from django.db import DatabaseError
 
 from scheduling.choices import JobState
 from scheduling.models import Job
@@ -45,12 +46,22 @@ def request_pass() -> None:
     if settings.TESSERA["EMBEDDED_PASSES"]:
         _wake.set()
         return
-    if not _ANY_PENDING.rows():
+    if not _job_pending():
         return
     from scheduling.services.redis_flags import set_flags
 
     if set_flags(AGAIN_FLAG, QUEUED_FLAG, once_ttl_s=QUEUED_TTL_S):
         queue_pass()
+
+
+def _job_pending() -> bool:
+    """Is a job pending? If the database cannot say, yes: the request must not fail (it runs after
+    its change's commit) and a pass too many costs little."""
+    try:
+        return bool(_ANY_PENDING.rows())
+    except DatabaseError:
+        log.warning("could not check for pending jobs", exc_info=True)
+        return True
 
 
 def queue_pass() -> None:

@@ -100,6 +100,18 @@ def test_a_request_with_no_job_pending_queues_no_pass(celery_mode, world):
     assert celery_mode.llen("celery") == 0
 
 
+def test_a_request_whose_database_check_fails_still_queues_a_pass(celery_mode, db, monkeypatch):
+    # It runs after its change's commit: failing there would fail a request that succeeded.
+    from django.db import OperationalError
+
+    def down():
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(triggers._ANY_PENDING, "rows", down)
+    triggers.request_pass()
+    assert celery_mode.llen("celery") == 1
+
+
 def test_flags_live_in_their_own_redis_database(redis_url):
     assert redis_flags.client().connection_pool.connection_kwargs["db"] == 2
     assert redis_db_url(redis_url, 2).endswith("/2")
