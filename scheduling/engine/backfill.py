@@ -25,6 +25,10 @@ class Reservation:
     job_id: str
     nodes: tuple[int, ...]
     start: float
+    # A starving job's kind level (None otherwise): on its nodes only jobs it could preempt
+    # (preemptible, of its level or below) backfill on an estimate; any other job needs a hard
+    # time limit that ends it before the start, since one that overstays cannot be removed.
+    strict_level: int | None = None
 
 
 class History:
@@ -124,6 +128,7 @@ class Reservations:
         self.items: list[Reservation] = []
         self.start_by_node: dict[int, float] = {}
         self.owner_by_node: dict[int, str] = {}
+        self.strict_by_node: dict[int, int] = {}  # node -> lowest strict level reserving it
 
     def add(self, r: Reservation) -> None:
         self.items.append(r)
@@ -131,12 +136,21 @@ class Reservations:
             if r.start < self.start_by_node.get(i, float("inf")):
                 self.start_by_node[i] = r.start
                 self.owner_by_node[i] = r.job_id
+            if r.strict_level is not None:
+                self.strict_by_node[i] = min(r.strict_level, self.strict_by_node.get(i, 1 << 30))
 
     def taken(self) -> set[int]:
         return set(self.start_by_node)
 
-    def allows(self, node: int, now: float, runtime: float | None, job_id: str = "") -> bool:
+    def allows(self, node: int, now: float, runtime: float | None, job_id: str = "",
+               removable_at: int | None = None, limited: bool = False) -> bool:
+        """May a job that runs ``runtime`` use ``node`` now? ``removable_at``: the lowest kind
+        level whose starving job could preempt it (None: none could); ``limited``: ``runtime``
+        is a hard time limit."""
         start = self.start_by_node.get(node)
         if start is None or self.owner_by_node.get(node) == job_id:
             return True
+        strict = self.strict_by_node.get(node)
+        if strict is not None and not limited and (removable_at is None or removable_at < strict):
+            return False
         return runtime is not None and now + runtime <= start

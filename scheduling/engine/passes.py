@@ -81,10 +81,19 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
         runtime = s.history.predict(job)
         node_ok = None
         if res.items:
-            def node_ok(i: int, runtime=runtime, jid=job.id) -> bool:
-                return res.allows(i, now, runtime, jid)
-        allocs, refusal = s._try_place(job, geo, node_ok, token=(
-            len(res.items), runtime, job.id if job.id in s.room else None))
+            removable, limited = _removable(s, job)
+
+            def node_ok(i: int, runtime=runtime, jid=job.id, removable=removable,
+                        limited=limited) -> bool:
+                return res.allows(i, now, runtime, jid, removable, limited)
+        allocs = refusal = None
+        if s.clear_racks and not job.preemptible and geo.req.count:
+            # non-preemptible work goes off the racks kept clear for rack gangs if it fits there
+            allocs, refusal = s._try_place(job, geo, _off_clear(s, node_ok))
+        if not allocs and refusal is None:
+            allocs, refusal = s._try_place(job, geo, node_ok, token=(
+                len(res.items), runtime, job.id if job.id in s.room else None,
+                _removable(s, job)))
         if allocs:
             wait = wait_for_preferred(s, job, geo, allocs, now)  # gamma: a better model soon?
             if wait is not None:
@@ -255,6 +264,20 @@ def _quota_instead(s: TesseraScheduler, job, geo) -> PendingReason | None:
     return None
 
 
+def _off_clear(s: TesseraScheduler, node_ok):
+    """``node_ok`` narrowed to the nodes off the racks kept clear for rack gangs."""
+    def ok(i: int) -> bool:
+        return s.nodes[i].rack not in s.clear_racks and (node_ok is None or node_ok(i))
+    return ok
+
+
+def _removable(s: TesseraScheduler, job) -> tuple[int | None, bool]:
+    """For the backfill rule on a starving job's nodes: the kind level at and above which a
+    starving job could preempt ``job`` (None: not preemptible), and whether its runtime is a
+    hard time limit."""
+    return (s.config.level_of(job.kind) if job.preemptible else None), bool(job.time_limit_s)
+
+
 def _rows(s: TesseraScheduler, job, geo) -> list[tuple[str, str]]:
     """The quota rows (tenant, row model) a GPU job could be charged to."""
     if not s.quotas.enabled or not geo.req.count:
@@ -279,8 +302,13 @@ def _plan(s: TesseraScheduler, hypo, job, geo, c, victims, node_ok):
         run = s.running.get(jid)
         return run is None or run.terminating
 
-    return choose_victims(s.placer, hypo, geo.req, geo.need, c, victims, gone, job.topology,
-                          allowed if prev or node_ok is not None else None)
+    ok = allowed if prev or node_ok is not None else None
+    if s.clear_racks and not job.preemptible:  # off the racks kept clear, if room is there
+        plan = choose_victims(s.placer, hypo, geo.req, geo.need, c, victims, gone, job.topology,
+                              _off_clear(s, ok))
+        if plan is not None:
+            return plan
+    return choose_victims(s.placer, hypo, geo.req, geo.need, c, victims, gone, job.topology, ok)
 
 
 def _shrink_for(s: TesseraScheduler, job, geo, now: float, d: Decisions) -> bool:
@@ -337,20 +365,23 @@ def _grow(s: TesseraScheduler, now: float, d: Decisions, res: Reservations) -> N
 
         topo = run.job.topology
         if topo == "nvlink":
-            more = _grow_in_island(s, run, have, nxt, res.allows(have[0].node, now, runtime))
+            more = _grow_in_island(s, run, have, nxt, res.allows(have[0].node, now, runtime,
+                                                                 "", *_removable(s, run.job)))
             if more:
                 d.resizes.append(Resize(jid, placements_of(s.state.allocs[jid], s.state)))
             continue
         home_nodes = {a.node for a in have}
         home_racks = {s.state.nodes[a.node].spec.rack for a in have}
 
+        who = _removable(s, run.job)
+
         def node_ok(i: int, runtime=runtime, topo=topo, home_nodes=home_nodes,
-                    home_racks=home_racks) -> bool:
+                    home_racks=home_racks, who=who) -> bool:
             if topo == "node" and i not in home_nodes:
                 return False
             if topo == "rack" and s.state.nodes[i].spec.rack not in home_racks:
                 return False
-            return res.allows(i, now, runtime)
+            return res.allows(i, now, runtime, "", *who)
 
         more, _ = s._try_place(replace(run.job, topology="any"), run.geo, node_ok, nxt,
                                top=run.geo.replicas - len(have), need=1)

@@ -17,7 +17,7 @@ a preempted job keeps its GPUs until the driver calls :meth:`TesseraScheduler.re
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from . import queues
 from .backfill import (
@@ -106,6 +106,18 @@ class TesseraScheduler:
         # failure memo's key, so a job refused a model last pass is searched again once the
         # model is no longer owed.
         self.quota_token: tuple = ()
+        # Racks kept clear for rack gangs: those that could hold the largest rack gang submitted
+        # (its GPUs, of one model) and hold no non-preemptible work, so that seniority
+        # preemption can always empty them. Non-preemptible work goes there only when it fits
+        # nowhere else. Updated per pass and per start.
+        self.rack_gang_gpus = 0.0
+        self.clear_racks: set[str] = set()
+        self._rack_gpus: dict[str, int] = {}  # rack -> GPUs of its largest model
+        per_model: dict[tuple[str, str], int] = {}
+        for n in self.nodes:
+            per_model[(n.rack, n.model)] = per_model.get((n.rack, n.model), 0) + n.gpus
+        for (rack, _m), g in per_model.items():
+            self._rack_gpus[rack] = max(g, self._rack_gpus.get(rack, 0))
 
     # -- the driver's calls -----------------------------------------------------------------------
     @classmethod
@@ -136,6 +148,8 @@ class TesseraScheduler:
     def submit(self, job: JobRequest) -> None:
         self.pending[job.id] = job
         self._note(job)
+        if job.topology == "rack" and job.replicas > 1:
+            self.rack_gang_gpus = max(self.rack_gang_gpus, job.gpus)
 
     def cancel(self, job_id: str) -> None:
         self.pending.pop(job_id, None)
@@ -342,6 +356,8 @@ class TesseraScheduler:
         self.running[job.id] = run
         self.pending.pop(job.id, None)
         self.room.pop(job.id, None)
+        if not job.preemptible and geo.req.count:
+            self.clear_racks.difference_update(self.nodes[a.node].rack for a in allocs)
         d.bindings.append(Binding(job.id, placements_of(allocs, self.state)))
 
     # -- the pass ---------------------------------------------------------------------------------
@@ -398,6 +414,13 @@ class TesseraScheduler:
             models = tuple(sorted({m for m, _ in run.charged}))
             self._eligible.append((queues.rank(run.job, self.config), jid, run, victim, models))
         self._elastic = [e for e in self._eligible if e[2].job.elastic_max_gpus is not None]
+        self.clear_racks = set()
+        if self.rack_gang_gpus:
+            self.clear_racks = {r for r, g in self._rack_gpus.items() if g >= self.rack_gang_gpus}
+            for run in self.running.values():
+                if not run.job.preemptible and run.geo.req.count:
+                    self.clear_racks.difference_update(
+                        self.nodes[a.node].rack for a in self.state.allocs.get(run.job.id, ()))
 
     def victims(self, job: JobRequest, geo: Geometry, now: float) -> dict[int, list[Victim]]:
         """Eligible victims per node, cheapest first (see :mod:`.preemption`): jobs strictly
@@ -554,16 +577,18 @@ class TesseraScheduler:
         if not starving:
             taken |= {i for i, j in self.prev_reserved.items() if j != job.id and j in self.pending}
         prev = self.sticky.get(job.id)
+        strict = self.config.level_of(job.kind) if starving else None
         if prev is not None and not (set(prev) & taken):
             req, _n = gang_shape(geo.req, geo.need, job.topology)
             times = [node_ready_time(self.placer, i, req, holders.get(i, []), now)
                      for i in prev]
             if all(t is not None for t in times):
-                return Reservation(job.id, prev, max(times))  # type: ignore[type-var]
+                return Reservation(job.id, prev, max(times), strict)  # type: ignore[type-var]
         c = constraints(job)
         r = reserve(self.placer, job, geo.req, geo.need, c, holders, taken, now)
         if r is not None:
             self.sticky[job.id] = r.nodes
+            r = replace(r, strict_level=strict)
         return r
 
 

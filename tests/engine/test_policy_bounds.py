@@ -192,3 +192,38 @@ def test_a_gang_that_has_waited_long_starts_by_its_reservations_estimate():
     for jid in [j for j in s.running if j.startswith("late")]:
         s.release(jid, estimate)
     assert "gang" in [b.job_id for b in s.decide(estimate).bindings]
+
+
+def test_on_a_starving_jobs_nodes_only_what_it_could_preempt_or_a_hard_limit_backfills():
+    cfg = EngineConfig(aging_s=10.0, starve_s=50.0)
+    s = TesseraScheduler(_racks(1, 2), config=cfg)
+    s.submit(JobRequest("old", "vision", "training", 4, preemptible=False, time_limit_s=1000.0))
+    s.submit(JobRequest("svc0", "speech", "inference", 4, preemptible=False))
+    assert len(s.decide(0.0).bindings) == 2
+    s.release("svc0", 100.0)  # speech's services are predicted to run 100 s
+    s.submit(JobRequest("gang", "vision", "training", 8, replicas=2, submitted_at=1.0))
+    d = s.decide(150.0)
+    assert d.pending["gang"].estimated_start == 1000.0  # it cannot preempt "old"
+    # a service predicted to end in time could still overstay, and nothing could remove it:
+    # only one whose hard limit ends it by then backfills the starving gang's node
+    s.submit(JobRequest("svc1", "speech", "inference", 4, preemptible=False, submitted_at=160.0))
+    s.submit(JobRequest("svc2", "speech", "inference", 4, preemptible=False, time_limit_s=300.0,
+                        submitted_at=160.0))
+    assert [b.job_id for b in s.decide(160.0).bindings] == ["svc2"]
+
+
+def test_non_preemptible_work_keeps_off_the_racks_a_rack_gang_could_use():
+    # racks r0-r2 hold 8 GPUs each (a rack gang of 8 fits), rack r3 only 4
+    s = TesseraScheduler(_racks(3, 2) + [node("small", gpus=4, nvlink=4, rack="r3")])
+    s.submit(JobRequest("gang", "vision", "training", 8, replicas=2, topology="rack", held=True))
+
+    def start(jid: str, t: float) -> str:
+        s.submit(JobRequest(jid, "speech", "inference", 4, preemptible=False, submitted_at=t))
+        [b] = s.decide(t).bindings
+        return s.nodes[s.state.by_name[b.placements[0].node]].rack
+
+    assert start("svc1", 1.0) == "r3"  # a rack too small for the gang first
+    dirty = start("svc2", 2.0)  # then one rack gives up being clear ...
+    assert start("svc3", 3.0) == dirty  # ... and the next service goes there too
+    # the two other racks stay clear for the gang
+    assert len({s.nodes[a.node].rack for allocs in s.state.allocs.values() for a in allocs}) == 2
