@@ -303,12 +303,14 @@ def _plan(s: TesseraScheduler, hypo, job, geo, c, victims, node_ok):
         return run is None or run.terminating
 
     ok = allowed if prev or node_ok is not None else None
+    urgent = not job.preemptible  # a service: its start waits on its slowest victim's exit
     if s.clear_racks and not job.preemptible:  # off the racks kept clear, if room is there
         plan = choose_victims(s.placer, hypo, geo.req, geo.need, c, victims, gone, job.topology,
-                              _off_clear(s, ok))
+                              _off_clear(s, ok), urgent)
         if plan is not None:
             return plan
-    return choose_victims(s.placer, hypo, geo.req, geo.need, c, victims, gone, job.topology, ok)
+    return choose_victims(s.placer, hypo, geo.req, geo.need, c, victims, gone, job.topology, ok,
+                          urgent)
 
 
 def _shrink_for(s: TesseraScheduler, job, geo, now: float, d: Decisions) -> bool:

@@ -410,7 +410,8 @@ class TesseraScheduler:
             if self.starving(run.job, run.started_at):
                 self._protected.add(jid)  # started starving: its borrowing ends with it
             gpus = sum(len(a.gpus) * a.milli for a in allocs) / MILLI
-            victim = Victim(jid, gpus * max(0.0, now - since), run.job.priority, allocs)
+            victim = Victim(jid, gpus * max(0.0, now - since), run.job.priority, allocs,
+                            run.job.grace_s)
             models = tuple(sorted({m for m, _ in run.charged}))
             self._eligible.append((queues.rank(run.job, self.config), jid, run, victim, models))
         self._elastic = [e for e in self._eligible if e[2].job.elastic_max_gpus is not None]

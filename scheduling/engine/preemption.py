@@ -33,6 +33,7 @@ class Victim:
     lost: float  # GPU-seconds of work since the last checkpoint
     priority: int
     allocs: tuple[Alloc, ...]
+    grace: float = 0.0  # seconds it may take to exit once told to stop
 
 
 class Hypo:
@@ -105,11 +106,14 @@ def _take(placer: Placer, i: int, st: list, req: ReplicaReq) -> None:
 def choose_victims(placer: Placer, hypo: Hypo, req: ReplicaReq, replicas: int, c: Constraints,
                    victims_by_node: dict[int, list[Victim]],
                    gone: Callable[[str], bool] = lambda _j: False, topology: str = "any",
-                   node_ok: Callable[[int], bool] | None = None) -> list[Victim] | None:
+                   node_ok: Callable[[int], bool] | None = None, by_grace: bool = False
+                   ) -> list[Victim] | None:
     """Steps 1-4 for a job of ``replicas`` x ``req`` with ``topology``: the room is searched where
     placement could use it — a ``node``/``nvlink`` gang on one node, a gang's replicas on one
     model (and one rack for ``rack``) — and the cheapest such room wins. ``node_ok`` leaves out
-    nodes the job may not use (e.g. reserved for a job ahead of it)."""
+    nodes the job may not use (e.g. reserved for a job ahead of it). ``by_grace``: the job waits for its slowest victim to
+    exit, so the room whose victims' longest grace period is shortest wins, then the least lost
+    work (for a service, whose users wait on its start)."""
     state = placer.state
     req, replicas = gang_shape(req, replicas, topology)
     classes = {cls for cls, _ in placer.allowed_classes(c)}
@@ -131,7 +135,7 @@ def choose_victims(placer: Placer, hypo: Hypo, req: ReplicaReq, replicas: int, c
     for _key, nodes in sorted(groups.items()):
         if req.count * replicas > sum(state.nodes[i].spec.gpus for i in nodes):
             continue
-        got = _search(placer, hypo, req, replicas, nodes, victims_by_node, gone)
+        got = _search(placer, hypo, req, replicas, nodes, victims_by_node, gone, by_grace)
         if got is not None and (best is None or got[0] < best[0]):
             best = got
     if best is None:
@@ -142,8 +146,9 @@ def choose_victims(placer: Placer, hypo: Hypo, req: ReplicaReq, replicas: int, c
 
 
 def _search(placer: Placer, hypo: Hypo, req: ReplicaReq, replicas: int, allowed: list[int],
-            victims_by_node: dict[int, list[Victim]], gone: Callable[[str], bool]
-            ) -> tuple[tuple[float, int], list[Victim], list[tuple[int, ReplicaReq]]] | None:
+            victims_by_node: dict[int, list[Victim]], gone: Callable[[str], bool],
+            by_grace: bool = False
+            ) -> tuple[tuple[float, float, int], list[Victim], list[tuple[int, ReplicaReq]]] | None:
     """Steps 2-3 on the nodes ``allowed``: (cost, victims, claims), or None if no room."""
     state = placer.state
     chosen: dict[str, Victim] = {}
@@ -160,20 +165,27 @@ def _search(placer: Placer, hypo: Hypo, req: ReplicaReq, replicas: int, allowed:
             st = work[i] = hypo.get(i)
         return st
 
+    wait = 0.0  # by_grace: the longest grace period among the victims chosen so far
     for _r in range(replicas):
-        best: tuple[tuple[float, int, int], int, list[Victim]] | None = None
+        best: tuple[tuple[float, float, int, int], int, list[Victim]] | None = None
         for i in allowed:
             st = base(i)
             trial = [list(st[0]), st[1], st[2]]
             added: list[Victim] = []
             cost = 0.0
+            slowest = wait
             ok = _fits(placer, i, trial, req)
             if not ok:
-                for v in victims_by_node.get(i, []):
+                here = victims_by_node.get(i, [])
+                if by_grace:
+                    here = sorted(here, key=lambda v: (v.grace, v.lost, v.priority, v.job_id))
+                for v in here:
                     if v.job_id in chosen or gone(v.job_id):
                         continue
-                    if best is not None and (cost + v.lost, len(added) + 1) > best[0][:2]:
+                    g = max(slowest, v.grace) if by_grace else 0.0
+                    if best is not None and (g, cost + v.lost, len(added) + 1) > best[0][:3]:
                         break  # victims come cheapest first: this node cannot beat the best
+                    slowest = g
                     for a in v.allocs:
                         if a.node == i:
                             Hypo._add(trial, a)
@@ -184,14 +196,14 @@ def _search(placer: Placer, hypo: Hypo, req: ReplicaReq, replicas: int, allowed:
                         break
             if not ok:
                 continue
-            key = (cost, len(added), state.nodes[i].rank)
+            key = (slowest, cost, len(added), state.nodes[i].rank)
             if best is None or key < best[0]:
                 best = (key, i, added)
                 if cost == 0 and not added:
                     break
         if best is None:
             return None
-        _key, i, added = best
+        (wait, *_), i, added = best
         for v in added:
             chosen[v.job_id] = v
             for a in v.allocs:
@@ -199,4 +211,4 @@ def _search(placer: Placer, hypo: Hypo, req: ReplicaReq, replicas: int, allowed:
         _take(placer, i, view(i), req)
         claims.append((i, req))
     result = sorted(chosen.values(), key=lambda v: v.job_id)
-    return (sum(v.lost for v in result), len(result)), result, claims
+    return (wait, sum(v.lost for v in result), len(result)), result, claims
