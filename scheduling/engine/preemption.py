@@ -111,9 +111,9 @@ def choose_victims(placer: Placer, hypo: Hypo, req: ReplicaReq, replicas: int, c
     """Steps 1-4 for a job of ``replicas`` x ``req`` with ``topology``: the room is searched where
     placement could use it — a ``node``/``nvlink`` gang on one node, a gang's replicas on one
     model (and one rack for ``rack``) — and the cheapest such room wins. ``node_ok`` leaves out
-    nodes the job may not use (e.g. reserved for a job ahead of it). ``by_grace``: the job waits for its slowest victim to
-    exit, so the room whose victims' longest grace period is shortest wins, then the least lost
-    work (for a service, whose users wait on its start)."""
+    nodes the job may not use (e.g. reserved for a job ahead of it). ``by_grace``: the job waits
+    for its slowest victim to exit, so the room whose victims' longest grace period is shortest
+    wins, then the least lost work (for a service, whose users wait on its start)."""
     state = placer.state
     req, replicas = gang_shape(req, replicas, topology)
     classes = {cls for cls, _ in placer.allowed_classes(c)}
