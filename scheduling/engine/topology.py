@@ -73,9 +73,16 @@ def place_gang(
         allowed = [cls for cls, _ in placer.allowed_classes(c)]
         racks = {r: sum(state.rack_free.get((r, cls), 0) for cls in allowed)
                  for r in state.rack_nodes}
-        need_milli = req.demand * need
-        for r_name in sorted((r for r, f in racks.items() if f >= need_milli),
-                             key=lambda r: (racks[r], r)):
+        need_milli, full_milli = req.demand * need, req.demand * replicas
+
+        def order(r: str) -> tuple[bool, int, str]:
+            # The tightest rack with room for every replica; failing that (an elastic job or a
+            # gang that may start partially), the rack with the most room: as many replicas as
+            # can start now, since a rack gang grows only inside its rack.
+            whole = racks[r] >= full_milli
+            return (not whole, racks[r] if whole else -racks[r], r)
+
+        for r_name in sorted((r for r, f in racks.items() if f >= need_milli), key=order):
             got = _greedy(placer, job_id, req, replicas, need, c, node_ok, first_replica, r_name)
             if got is not None:
                 return got
