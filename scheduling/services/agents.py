@@ -37,6 +37,7 @@ from scheduling.services.jobs import (
     device_index,
     do_mark_running,
     do_record_exit,
+    locked_jobs,
     request_pass_on_commit,
 )
 
@@ -152,7 +153,7 @@ def _started_job_ids(node: Node) -> list[int]:
 
 def _settle_lost_replicas(node: Node, now: datetime) -> None:
     for job_id, replica in sorted(_started_replicas(node)):
-        job = _lock_job(job_id)
+        job = locked_jobs().get(pk=job_id)
         if job.state in (JobState.RUNNING, JobState.TERMINATING):
             _settle_replica(job, node.pk, replica, None, "lost", now)
 
@@ -194,7 +195,7 @@ def do_heartbeat(node: Node, running: list[Reported]) -> dict[str, Any]:
         elif job.state == JobState.TERMINATING:
             # Stopping, and its process is not running here (never started, or gone): settle it.
             with transaction.atomic():
-                locked = _lock_job(job_id)
+                locked = locked_jobs().get(pk=job_id)
                 if locked.state == JobState.TERMINATING and locked.attempts == attempt:
                     _settle_replica(locked, node.pk, replica, None, "", now)
     for (job_id, attempt, replica), seen in sorted(reported.items()):
@@ -238,7 +239,7 @@ def _check_started_and_time_limit(job: Job, attempt: int, is_running: bool, now:
     if not (late or (is_running and job.state == JobState.SCHEDULED)):
         return job
     with transaction.atomic():
-        locked = _lock_job(job.pk)
+        locked = locked_jobs().get(pk=job.pk)
         if locked.attempts != attempt:
             return locked
         if is_running and locked.state == JobState.SCHEDULED:
@@ -323,20 +324,13 @@ def _stop_order(
 # --- Job reports -------------------------------------------------------------------------------
 
 
-def _lock_job(job_id: int) -> Job:
-    return Job.objects.select_for_update(of=("self",)).select_related("tenant").get(pk=job_id)
-
-
 def _owned_job(node: Node, job_id: int) -> Job:
     """The job, locked, if it ever had a replica on ``node``; otherwise :class:`NotYours`."""
     if not 0 < job_id <= MAX_DB_INT:
         raise NotYours(job_id)
     # One query: the ownership test is a subquery of the locking read (only the job row is locked).
     ever_here = Exists(Allocation.objects.filter(job_id=OuterRef("pk"), node=node))
-    job = (
-        Job.objects.select_for_update(of=("self",)).select_related("tenant")
-        .filter(ever_here, pk=job_id).first()
-    )
+    job = locked_jobs().filter(ever_here, pk=job_id).first()
     if job is None:
         raise NotYours(job_id)
     return job

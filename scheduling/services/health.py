@@ -29,6 +29,7 @@ from scheduling.services import live
 from scheduling.services.jobs import (
     do_record_exit,
     do_transition,
+    locked_jobs,
     release_allocations,
     request_pass_on_commit,
     retries_used,
@@ -62,7 +63,7 @@ def sweep_nodes(now: datetime | None = None) -> list[str]:
         )
         for job_id in sorted(job_ids):
             with transaction.atomic():
-                job = Job.objects.select_for_update(of=("self",)).select_related("tenant").get(pk=job_id)
+                job = locked_jobs().get(pk=job_id)
                 if job.state in HOLDING_STATES:
                     requeue_lost(job, now)
     return lost

@@ -175,13 +175,21 @@ def _find_idempotent(user, key: str) -> IdempotencyKey | None:
     return row
 
 
+def locked_jobs():
+    """Jobs read to be changed: ``FOR UPDATE OF`` the job row only, its tenant read alongside.
+
+    Locking the tenant too (a plain ``select_related`` + ``FOR UPDATE``) serialised every exit
+    report and pass of one tenant behind each other; call inside a transaction."""
+    return Job.objects.select_for_update(of=("self",)).select_related("tenant")
+
+
 def do_cancel_job(job_id: int) -> Job:
     """Cancel: pending/scheduled-but-not-started jobs at once; running ones get the stop signal.
 
     Idempotent for cancelled jobs; a succeeded or failed job raises InvalidTransition (409).
     """
     with transaction.atomic():
-        job = Job.objects.select_for_update(of=("self",)).select_related("tenant").get(pk=job_id)
+        job = locked_jobs().get(pk=job_id)
         if job.state == JobState.CANCELLED or (
             job.state == JobState.TERMINATING and job.stop_reason == "cancelled"
         ):

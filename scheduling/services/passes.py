@@ -32,7 +32,7 @@ from scheduling.models import Allocation, Device, Job, Node, SchedulerState
 from scheduling.services import live
 from scheduling.services.agents import bindings_by_node
 from scheduling.services.inventory import Holder, device_rows, holders
-from scheduling.services.jobs import allocations_payload, begin_stop, do_transition_many
+from scheduling.services.jobs import allocations_payload, begin_stop, do_transition_many, locked_jobs
 from scheduling.services.snapshot import (
     LoadedSnapshot,
     PreparedRead,
@@ -240,12 +240,7 @@ def apply_decisions(loaded: LoadedSnapshot, decisions: Decisions, now: datetime)
         _apply_bindings(loaded, bindings[i : i + APPLY_CHUNK], now, result)
     for preemption in decisions.preemptions:
         with transaction.atomic():
-            job = (
-                Job.objects.select_for_update(of=("self",))
-                .select_related("tenant")
-                .filter(pk=int(preemption.job_id), state=JobState.RUNNING)
-                .first()
-            )
+            job = locked_jobs().filter(pk=int(preemption.job_id), state=JobState.RUNNING).first()
             if job is not None and job.preemptible:
                 begin_stop(job, f"preempted: {preemption.reason}"[:64], now)
                 result.preempted.append(preemption.job_id)
@@ -269,8 +264,7 @@ def _apply_bindings(
     with transaction.atomic():
         jobs = {
             str(j.pk): j
-            for j in Job.objects.select_for_update(of=("self",))
-            .select_related("tenant")
+            for j in locked_jobs()
             .filter(pk__in=[int(b.job_id) for b in bindings], state=JobState.PENDING)
             .order_by("pk")
         }
