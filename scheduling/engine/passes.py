@@ -80,20 +80,17 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
             continue
         runtime = s.history.predict(job)
         node_ok = None
+        who = _removable(s, job)
         if res.items:
-            removable, limited = _removable(s, job)
-
-            def node_ok(i: int, runtime=runtime, jid=job.id, removable=removable,
-                        limited=limited) -> bool:
-                return res.allows(i, now, runtime, jid, removable, limited)
+            def node_ok(i: int, runtime=runtime, jid=job.id, who=who) -> bool:
+                return res.allows(i, now, runtime, jid, *who)
         allocs = refusal = None
         if s.clear_racks and not job.preemptible and geo.req.count:
             # non-preemptible work goes off the racks kept clear for rack gangs if it fits there
             allocs, refusal = s._try_place(job, geo, _off_clear(s, node_ok))
         if not allocs and refusal is None:
             allocs, refusal = s._try_place(job, geo, node_ok, token=(
-                len(res.items), runtime, job.id if job.id in s.room else None,
-                _removable(s, job)))
+                len(res.items), runtime, job.id if job.id in s.room else None, who))
         if allocs:
             wait = wait_for_preferred(s, job, geo, allocs, now)  # gamma: a better model soon?
             if wait is not None:

@@ -131,6 +131,9 @@ def choose_victims(placer: Placer, hypo: Hypo, req: ReplicaReq, replicas: int, c
         if (rack is not None and spec.rack != rack) or (node_ok is not None and not node_ok(i)):
             continue
         groups.setdefault(gang_group(spec, replicas, topology), []).append(i)
+    if by_grace:  # each node's victims, quickest to exit first (then the least lost work)
+        victims_by_node = {i: sorted(victims_by_node[i], key=_by_grace)
+                           for nodes in groups.values() for i in nodes if i in victims_by_node}
     best: tuple[tuple[float, int], list[Victim], list[tuple[int, ReplicaReq]]] | None = None
     for _key, nodes in sorted(groups.items()):
         if req.count * replicas > sum(state.nodes[i].spec.gpus for i in nodes):
@@ -145,11 +148,16 @@ def choose_victims(placer: Placer, hypo: Hypo, req: ReplicaReq, replicas: int, c
     return result
 
 
+def _by_grace(v: Victim) -> tuple[float, float, int, str]:
+    return (v.grace, v.lost, v.priority, v.job_id)
+
+
 def _search(placer: Placer, hypo: Hypo, req: ReplicaReq, replicas: int, allowed: list[int],
             victims_by_node: dict[int, list[Victim]], gone: Callable[[str], bool],
             by_grace: bool = False
             ) -> tuple[tuple[float, float, int], list[Victim], list[tuple[int, ReplicaReq]]] | None:
-    """Steps 2-3 on the nodes ``allowed``: (cost, victims, claims), or None if no room."""
+    """Steps 2-3 on the nodes ``allowed``: (cost, victims, claims), or None if no room. Each
+    node's victims come cheapest first (by grace period first when ``by_grace``)."""
     state = placer.state
     chosen: dict[str, Victim] = {}
     work: dict[int, list] = {}  # nodes this search changed
@@ -176,10 +184,7 @@ def _search(placer: Placer, hypo: Hypo, req: ReplicaReq, replicas: int, allowed:
             slowest = wait
             ok = _fits(placer, i, trial, req)
             if not ok:
-                here = victims_by_node.get(i, [])
-                if by_grace:
-                    here = sorted(here, key=lambda v: (v.grace, v.lost, v.priority, v.job_id))
-                for v in here:
+                for v in victims_by_node.get(i, []):
                     if v.job_id in chosen or gone(v.job_id):
                         continue
                     g = max(slowest, v.grace) if by_grace else 0.0
