@@ -168,18 +168,8 @@ def spawn_prefix(run_as: RunAs) -> tuple[str, ...]:
     if run_as.uid is not None:
         prefix += ["--reuid", str(run_as.uid), "--regid", str(run_as.gid), "--clear-groups"]
     prefix.append("--")
-    try:
-        done = subprocess.run(
-            [*prefix, "true"],
-            env={"PATH": SAFE_PATH},
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            timeout=20,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return ()
-    return tuple(prefix) if done.returncode == 0 else ()
+    # setpriv itself switches user: the probe runs as the agent (a RunAs without ids)
+    return tuple(prefix) if runs_as([*prefix, "true"], RunAs(run_as.name)) else ()
 
 
 def _check_executable(program: str, path: str, cwd: Path) -> None:
