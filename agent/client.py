@@ -31,6 +31,16 @@ class Rejected(Exception):
         self.status, self.body = status, body
 
 
+def exit_body(
+    attempt: int, replica: int, exit_code: int | None, reason: str, started_at: float | None, pid: int
+) -> dict[str, Any]:
+    """An exit report's body (one ``exited`` request, or one entry of an ``exits`` batch)."""
+    body: dict[str, Any] = {"attempt": attempt, "replica": replica, "exit_code": exit_code, "reason": reason}
+    if started_at is not None:
+        body.update(started_at=started_at, pid=pid)
+    return body
+
+
 class AgentClient:
     def __init__(self, server: str, timeout: float = TIMEOUT_S):
         self.base = server.rstrip("/") + "/api/v1/agent/"
@@ -173,14 +183,7 @@ class AgentClient:
     ) -> dict[str, Any]:
         """``started_at``/``pid``: set when no ``started`` report was sent (a process that ended
         at once): the exit report then records its start too."""
-        body: dict[str, Any] = {
-            "attempt": attempt,
-            "replica": replica,
-            "exit_code": exit_code,
-            "reason": reason,
-        }
-        if started_at is not None:
-            body.update(started_at=started_at, pid=pid)
+        body = exit_body(attempt, replica, exit_code, reason, started_at, pid)
         return self._post(f"jobs/{job_id}/exited", body, self._node_auth())
 
     def report_exits(self, reports: list[dict[str, Any]]) -> list[dict[str, Any]]:

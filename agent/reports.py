@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.client import Rejected, ServerError
+from agent.client import Rejected, ServerError, exit_body
 
 WINDOW_S = 0.005  # how long the first report waits for others to join it
 MAX_BATCH = 256
@@ -53,16 +53,7 @@ class ExitReporter:
         started_at: float | None = None,
         pid: int = 0,
     ) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "job_id": job_id,
-            "attempt": attempt,
-            "replica": replica,
-            "exit_code": exit_code,
-            "reason": reason,
-        }
-        if started_at is not None:
-            body.update(started_at=started_at, pid=pid)
-        item = _Pending(body)
+        item = _Pending({"job_id": job_id, **exit_body(attempt, replica, exit_code, reason, started_at, pid)})
         with self._cond:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="agent-exits", daemon=True)
