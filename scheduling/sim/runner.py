@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from scheduling.engine.types import KINDS
 from scheduling.sim import policies
 from scheduling.sim.check import check
 from scheduling.sim.events import read_events, write_events
@@ -127,12 +128,11 @@ def replay_table(summaries: dict[str, dict[str, Any]]) -> str:
 
 def wait_by_kind_table(summaries: dict[str, dict[str, Any]]) -> str:
     """Longest and p99 wait per kind (hours), one row per policy."""
-    kinds = ("inference", "training", "finetune", "batch")
-    head = ["policy", *(f"{k} max / p99 wait (h)" for k in kinds)]
+    head = ["policy", *(f"{k} max / p99 wait (h)" for k in KINDS)]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for policy, s in summaries.items():
         cells = []
-        for k in kinds:
+        for k in KINDS:
             b = s["by_kind"].get(k, {})
             cells.append(f"{_fmt(b.get('max_queue_s'), 3600, 2)} / {_fmt(b.get('p99_queue_s'), 3600, 2)}")
         lines.append("| " + " | ".join([policy, *cells]) + " |")

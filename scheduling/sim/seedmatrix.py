@@ -18,10 +18,9 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from scheduling.engine.types import KINDS
 from scheduling.sim.generate import generate
-from scheduling.sim.runner import run_replay
-
-KINDS = ("inference", "training", "finetune", "batch")
+from scheduling.sim.runner import _fmt, run_replay
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -45,15 +44,15 @@ def _run(args: tuple[Path, str, int, str, float, int]) -> tuple[str, int, str]:
 
 
 def _h(x: float | None) -> str:
-    return "–" if x is None else f"{x / 3600:.1f}"
+    return _fmt(x, 3600)
 
 
 def _pct(x: float | None) -> str:
-    return "–" if x is None else f"{100 * x:.1f}%"
+    return _fmt(x, pct=True)
 
 
-def _num(x: float | None, fmt: str) -> str:
-    return "–" if x is None else fmt.format(x)
+def _ratio(x: float | None) -> str:
+    return "–" if x is None else f"{x:.2f}×"
 
 
 def table(out: Path, seeds: list[int], loads: list[str], policies: list[str]) -> str:
@@ -84,7 +83,7 @@ def table(out: Path, seeds: list[int], loads: list[str], policies: list[str]) ->
             })  # fmt: skip
             r = rows[-1]
             cells = [load, str(seed), _pct(r["alloc"]), _pct(r["ceiling"]), _h(r["wait"]), r["kinds"],
-                     _num(r["inf_p99"], "{:.0f}"), _pct(r["lost"]), _num(r["ratio"], "{:.2f}×"),
+                     _fmt(r["inf_p99"], digits=0), _pct(r["lost"]), _ratio(r["ratio"]),
                      r["check"]]  # fmt: skip
             lines.append("| " + " | ".join(cells) + " |")
         lines.append(_aggregate(load, "mean", rows, lambda xs: sum(xs) / len(xs)))
@@ -102,8 +101,8 @@ def _aggregate(load: str, label: str, rows: list[dict[str, Any]], mean) -> str:
         return max(xs) if worst_is_max else min(xs)
 
     cells = [load, f"**{label}**", _pct(pick("alloc", False)), _pct(pick("ceiling", False)),
-             _h(pick("wait", True)), "", _num(pick("inf_p99", True), "{:.0f}"), _pct(pick("lost", True)),
-             _num(pick("ratio", True), "{:.2f}×"), ""]  # fmt: skip
+             _h(pick("wait", True)), "", _fmt(pick("inf_p99", True), digits=0), _pct(pick("lost", True)),
+             _ratio(pick("ratio", True)), ""]  # fmt: skip
     return "| " + " | ".join(cells) + " |"
 
 
