@@ -33,14 +33,6 @@ def set_flag(name: str, ttl_s: int = 60) -> None:
         log.warning("could not set flag %s", name)
 
 
-def set_flag_once(name: str, ttl_s: int = 30) -> bool:
-    """Set the flag unless it is set; True if this call set it. On a Redis error, True (act)."""
-    try:
-        return bool(client().set(key(name), "1", ex=ttl_s, nx=True))
-    except redis.RedisError:
-        return True
-
-
 def take_flag(name: str) -> bool:
     try:
         return client().getdel(key(name)) is not None
