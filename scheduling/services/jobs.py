@@ -122,57 +122,71 @@ def do_submit_job(
     nothing half-stored.
     """
     digest = _body_hash(body)
-    if idempotency_key:
-        existing = _find_idempotent(user, idempotency_key)
-        if existing is not None:
-            if existing.body_hash != digest:
-                raise IdempotencyConflict()
-            return existing.job, False
     if check_quota:
         from scheduling.services.quotas import check_job_admissible
 
         why = check_job_admissible(tenant, cleaned)
         if why:
-            raise NotAdmissible(why)
-    try:
-        with transaction.atomic():
-            job = Job.objects.create(
-                tenant=tenant,
-                owner=user,
-                queue_level=QUEUE_LEVELS.get(cleaned["kind"], 2),
-                pending_code="priority",
-                pending_reason="waiting for the next scheduling pass",
-                **cleaned,
-            )
-            if idempotency_key:
-                IdempotencyKey.objects.create(
-                    user=user, key=idempotency_key, body_hash=digest, job=job
+            existing = _find_idempotent(user, idempotency_key) if idempotency_key else None
+            if existing is None:
+                raise NotAdmissible(why)
+            return _retried(existing, digest)
+    # The key is not looked up first: a first submit (the common case) inserts it with its job,
+    # and a retry's insert fails on the key's unique constraint, which rolls back the job too.
+    for _ in range(2):  # once more if the key found had outlived its TTL (deleted, then free)
+        try:
+            with transaction.atomic():
+                job = Job.objects.create(
+                    tenant=tenant,
+                    owner=user,
+                    queue_level=QUEUE_LEVELS.get(cleaned["kind"], 2),
+                    pending_code="priority",
+                    pending_reason="waiting for the next scheduling pass",
+                    **cleaned,
                 )
-            record_event(job, EventType.SUBMITTED, at=job.submitted_at)
-            live.publish_job(job)
-            request_pass_on_commit()
-    except IntegrityError:
-        # A concurrent retry with the same key won the race: answer with its job.
-        existing = _find_idempotent(user, idempotency_key) if idempotency_key else None
-        if existing is None:
-            raise
-        if existing.body_hash != digest:
-            raise IdempotencyConflict() from None
-        return existing.job, False
-    return job, True
+                if idempotency_key:
+                    IdempotencyKey.objects.create(user=user, key=idempotency_key, body_hash=digest, job=job)
+                record_event(job, EventType.SUBMITTED, at=job.submitted_at)
+                live.publish_job(job)
+                transaction.on_commit(_pass_for_new_job)
+            return job, True
+        except IntegrityError:
+            existing = _find_idempotent(user, idempotency_key) if idempotency_key else None
+            if existing is None and idempotency_key and _expired_removed(user, idempotency_key):
+                continue
+            if existing is None:
+                raise
+            return _retried(existing, digest)
+    raise IntegrityError(f"idempotency key {idempotency_key!r} could not be stored")
+
+
+def _retried(existing: IdempotencyKey, digest: str) -> tuple[Job, bool]:
+    if existing.body_hash != digest:
+        raise IdempotencyConflict()
+    return existing.job, False
+
+
+def _pass_for_new_job() -> None:
+    from scheduling.services.triggers import request_pass
+
+    request_pass(pending=True)  # the job just stored is pending: no need to ask the database
+
+
+def _ttl_cutoff() -> datetime:
+    return timezone.now() - timedelta(seconds=settings.TESSERA["IDEMPOTENCY_TTL_S"])
 
 
 def _find_idempotent(user, key: str) -> IdempotencyKey | None:
-    ttl = timedelta(seconds=settings.TESSERA["IDEMPOTENCY_TTL_S"])
-    # Only the columns checked: a first submit (the common case) finds no row, and compiling a
-    # join with every job column cost more than the query itself. A retry then reads its job.
-    row = IdempotencyKey.objects.filter(user=user, key=key).only("body_hash", "job_id", "created_at").first()
-    if row is None:
-        return None
-    if row.created_at < timezone.now() - ttl:
-        row.delete()
+    """The user's key, unless it has outlived its TTL (then it is treated as unused)."""
+    row = IdempotencyKey.objects.filter(user=user, key=key).select_related("job").first()
+    if row is None or row.created_at < _ttl_cutoff():
         return None
     return row
+
+
+def _expired_removed(user, key: str) -> bool:
+    """Delete the user's key if it has outlived its TTL; whether one was."""
+    return IdempotencyKey.objects.filter(user=user, key=key, created_at__lt=_ttl_cutoff()).delete()[0] > 0
 
 
 def locked_jobs():

@@ -7,7 +7,7 @@ start, a lowered guarantee may let others reclaim borrowed GPUs.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import IntegrityError, transaction
 
@@ -15,15 +15,28 @@ from scheduling.engine.geometry import geometry
 from scheduling.engine.types import MILLI, JobRequest
 from scheduling.models import Quota, Tenant
 from scheduling.services.jobs import request_pass_on_commit
+from scheduling.services.snapshot import PreparedRead
 
 ANY_MODEL = "*"
+
+
+class QuotaRow(NamedTuple):
+    model: str
+    guaranteed: float
+    limit: float
+
+
+# Read on every submit: its SQL is built once (see PreparedRead).
+_TENANT_QUOTAS = PreparedRead(
+    lambda ids: Quota.objects.filter(tenant_id__in=ids).order_by().values_list(*QuotaRow._fields)
+)
 
 
 class QuotaExists(Exception):
     """The tenant already has a quota row for that model."""
 
 
-def applicable_rows(quotas: Iterable[Quota], accelerators: Sequence[str]) -> list[Quota]:
+def applicable_rows(quotas: Iterable[QuotaRow], accelerators: Sequence[str]) -> list[QuotaRow]:
     """The rows that could cover a job accepting ``accelerators`` (empty = any model).
 
     A row for a model covers that model; the ``*`` row covers every model without its own row.
@@ -73,7 +86,7 @@ def check_job_admissible(tenant: Tenant, cleaned: dict[str, Any]) -> str | None:
     if charge <= 0:
         return None
     accelerators = cleaned.get("accelerators") or []
-    rows = applicable_rows(Quota.objects.filter(tenant=tenant), accelerators)
+    rows = applicable_rows(map(QuotaRow._make, _TENANT_QUOTAS.rows([tenant.pk])), accelerators)
     if not rows:
         which = ", ".join(accelerators) if accelerators else "any model"
         return f"tenant {tenant.name} has no quota for {which}"

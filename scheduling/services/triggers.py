@@ -31,8 +31,8 @@ _wake = threading.Event()
 _loop_started = threading.Event()
 
 
-def request_pass() -> None:
-    """Ask for a pass soon, if a job is pending.
+def request_pass(pending: bool = False) -> None:
+    """Ask for a pass soon, if a job is pending (``pending``: the caller knows one is).
 
     Coalesced: the request marks "again", so a pass running now runs once more (at once, in the
     same task: no broker round trip between passes back to back), and queues a task only if
@@ -46,7 +46,7 @@ def request_pass() -> None:
     if settings.TESSERA["EMBEDDED_PASSES"]:
         _wake.set()
         return
-    if not _job_pending():
+    if not pending and not _job_pending():
         return
     from scheduling.services.redis_flags import set_flags
 
