@@ -22,52 +22,96 @@ import logging
 import os
 import queue
 import threading
+import time
 from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import InMemoryChannelLayer, get_channel_layer
+from channels_redis.core import RedisChannelLayer
 from django.db import transaction
 
 log = logging.getLogger("tessera.live")
 
 
+Message = tuple[str, dict[str, Any]]  # (group, message)
+
+
 class Outlet:
-    """A thread with its own event loop that sends queued ``(group, message)`` pairs, in order."""
+    """A thread with its own event loop that sends queued ``(group, message)`` pairs, in order.
+
+    A transaction's messages are queued together (one item), so the thread takes them in one
+    batch rather than the first few of them while the rest are still being queued."""
 
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[tuple[str, dict[str, Any]]] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[list[Message]] = queue.SimpleQueue()
         self._guard = threading.Lock()
         self._pid = 0  # the thread belongs to the process that started it (not to a fork)
 
-    def put(self, group: str, message: dict[str, Any]) -> None:
+    def put(self, messages: list[Message]) -> None:
         if self._pid != os.getpid():
             with self._guard:
                 if self._pid != os.getpid():
                     self._queue = queue.SimpleQueue()
                     threading.Thread(target=self._run, name="tessera-outlet", daemon=True).start()
                     self._pid = os.getpid()
-        self._queue.put((group, message))
+        self._queue.put(messages)
 
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
         pending = self._queue
         while True:
-            batch = [pending.get()]
+            batch = list(pending.get())
             while not pending.empty() and len(batch) < 500:
-                batch.append(pending.get_nowait())
+                batch.extend(pending.get_nowait())
             loop.run_until_complete(self._send_all(batch))
 
     @staticmethod
-    async def _send_all(batch: list[tuple[str, dict[str, Any]]]) -> None:
+    async def _send_all(batch: list[Message]) -> None:
         layer = get_channel_layer()
-        for group, message in _merged(batch):
+        merged = _merged(batch)
+        heard = await _groups_heard(layer, {group for group, _ in merged})
+        for group, message in merged:
+            if heard is not None and group not in heard:
+                continue
             try:
                 await layer.group_send(group, message)
             except Exception:  # Redis down: live updates are best-effort, PostgreSQL keeps the truth
                 log.warning("live update to %s not delivered", group, exc_info=True)
 
 
-def _merged(batch: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+async def _groups_heard(layer: Any, groups: set[str]) -> set[str] | None:
+    """Those of ``groups`` that have a member, asked of Redis in one round trip per shard; None
+    (send to every group) if the layer is not channels_redis's or Redis did not answer.
+
+    Most groups have no member most of the time (no dashboard open: ``jobs.tenant.N``,
+    ``jobs.operators``, ``gpus``), and ``group_send`` to an empty group still costs two round
+    trips and their parsing, one after the other: that was most of the outlet's CPU. A group
+    counts as heard as ``group_send`` would count it: members younger than ``group_expiry``
+    (it drops older ones before sending). An agent's group always has its wake channel
+    (``scheduling/api/agent_wait.py``), so its wakes are always sent.
+    """
+    if not isinstance(layer, RedisChannelLayer) or not groups:
+        return None
+    ordered = sorted(groups)
+    oldest = int(time.time()) - layer.group_expiry  # group_send drops members at or before it
+    by_shard: dict[int, list[str]] = {}
+    for group in ordered:
+        by_shard.setdefault(layer.consistent_hash(group), []).append(group)
+    heard: set[str] = set()
+    try:
+        for index, names in by_shard.items():
+            pipe = layer.connection(index).pipeline(transaction=False)
+            for group in names:
+                # ``_group_key``: the layer's own name for the group's sorted set.
+                pipe.zcount(layer._group_key(group), f"({oldest}", "+inf")
+            counts = await pipe.execute()
+            heard.update(group for group, n in zip(names, counts, strict=True) if n)
+    except Exception:  # Redis down: let group_send try, and say so, as before
+        return None
+    return heard
+
+
+def _merged(batch: list[Message]) -> list[Message]:
     """The batch, shortened where nothing is lost:
 
     - each agent's wakes merged into its first: bindings concatenated, and a heartbeat asked for
@@ -76,7 +120,7 @@ def _merged(batch: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str
       a dashboard applies over the one before): a job that starts and ends within one exit report
       costs one send per group, not two.
     """
-    out: list[tuple[str, dict[str, Any]] | None] = []
+    out: list[Message | None] = []
     wakes: dict[str, dict[str, Any]] = {}
     job_at: dict[tuple[str, Any], int] = {}
     for group, message in batch:
@@ -103,21 +147,26 @@ def _merged(batch: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str
 _outlet = Outlet()
 
 
-def _send(group: str, message: dict[str, Any]) -> None:
+def _send(messages: list[Message]) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
     if not isinstance(layer, InMemoryChannelLayer):
-        _outlet.put(group, message)
+        _outlet.put(messages)
         return
-    try:
-        async_to_sync(layer.group_send)(group, message)
-    except Exception:
-        log.warning("live update to %s not delivered", group, exc_info=True)
+    for group, message in messages:
+        try:
+            async_to_sync(layer.group_send)(group, message)
+        except Exception:
+            log.warning("live update to %s not delivered", group, exc_info=True)
 
 
-def publish_on_commit(group: str, message: dict[str, Any]) -> None:
-    transaction.on_commit(lambda: _send(group, message))
+def publish_on_commit(*messages: Message) -> None:
+    """Send ``messages`` after commit, in order, with one commit hook: registering a hook looks
+    the connection up through asgiref's ``Local``, which cost a pass more than building the
+    messages did when every message had a hook of its own."""
+    if messages:
+        transaction.on_commit(lambda: _send(list(messages)))
 
 
 def job_payload(job) -> dict[str, Any]:
@@ -141,15 +190,22 @@ def job_payload(job) -> dict[str, Any]:
 
 
 def publish_job(job) -> None:
+    publish_on_commit(*job_messages(job))
+
+
+def job_messages(job) -> list[Message]:
+    """:func:`publish_job`'s messages: the job to its tenant's users and to operators."""
     payload = job_payload(job)
-    publish_on_commit(f"jobs.tenant.{job.tenant_id}", {"type": "job.update", "job": payload})
-    publish_on_commit("jobs.operators", {"type": "job.update", "job": payload})
+    return [
+        (f"jobs.tenant.{job.tenant_id}", {"type": "job.update", "job": payload}),
+        ("jobs.operators", {"type": "job.update", "job": payload}),
+    ]
 
 
 def publish_devices(devices: list[dict[str, Any]]) -> None:
     """``devices``: [{"node", "index", "state", "job_id", "tenant_id", "tenant"}]."""
     if devices:
-        publish_on_commit("gpus", {"type": "gpu.update", "devices": devices})
+        publish_on_commit(("gpus", {"type": "gpu.update", "devices": devices}))
 
 
 def node_payload(node) -> dict[str, Any]:
@@ -165,7 +221,7 @@ def node_payload(node) -> dict[str, Any]:
 
 def publish_node(node) -> None:
     """A node's own fields changed (state: ready, not-ready, cordoned, draining; rack; ...)."""
-    publish_on_commit("gpus", {"type": "node.update", "node": node_payload(node)})
+    publish_on_commit(("gpus", {"type": "node.update", "node": node_payload(node)}))
 
 
 def publish_nodes(**filters: Any) -> None:
@@ -183,4 +239,12 @@ def wake_agent(node_id: int, start: list[dict[str, Any]] | None = None) -> None:
         message: dict[str, Any] = {"type": "agent.wake", "heartbeat": True}
     else:
         message = {"type": "agent.wake", "start": start, "heartbeat": False}
-    publish_on_commit(f"agent.{node_id}", message)
+    publish_on_commit((f"agent.{node_id}", message))
+
+
+def wake_agents(starts: dict[int, list[dict[str, Any]]]) -> None:
+    """:func:`wake_agent` with its bindings for each node of ``starts``, with one commit hook."""
+    publish_on_commit(
+        *((f"agent.{node_id}", {"type": "agent.wake", "start": start, "heartbeat": False})
+          for node_id, start in sorted(starts.items()))
+    )

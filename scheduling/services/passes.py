@@ -322,8 +322,7 @@ def _apply_bindings(
         )
         live.publish_devices(_rows_after(allocs, held))
         # Each agent's wake carries its new bindings: it starts them without asking first.
-        for node_id, start in sorted(bindings_by_node(jobs_bound, allocs).items()):
-            live.wake_agent(node_id, start)
+        live.wake_agents(bindings_by_node(jobs_bound, allocs))
 
 
 def _rows_after(allocs: list[Allocation], held: dict[int, list[Holder]]) -> list[dict]:
@@ -400,8 +399,8 @@ def _store_pending_reasons(decisions: Decisions, loaded: LoadedSnapshot) -> None
                 pending_code=code, pending_reason=reason, estimated_start=estimated
             )
         changed = [pk for ids in groups.values() for pk in ids]
-        for job in Job.objects.filter(pk__in=changed, state=JobState.PENDING).select_related("tenant"):
-            live.publish_job(job)
+        jobs = Job.objects.filter(pk__in=changed, state=JobState.PENDING).select_related("tenant")
+        live.publish_on_commit(*(message for job in jobs for message in live.job_messages(job)))
 
 
 def _commit_without_flush() -> None:
