@@ -221,23 +221,26 @@ class ExitedView(AgentView):
 
 
 class ExitsView(AgentView):
-    """Several exit reports in one request (an agent's replicas that ended together); each is
-    settled on its own, as ``jobs/{id}/exited`` would, and answered on its own."""
+    """Several exit reports in one request (an agent's replicas that ended together), settled
+    together in one transaction and answered each on its own, as ``jobs/{id}/exited`` would."""
 
     @extend_schema(request=ExitsIn, responses={200: inline_serializer("ExitsDone", {
         "results": serializers.ListField(child=serializers.DictField())})})
     def post(self, request: Request) -> Response:
         data = _valid(ExitsIn, request)
-        node = self.node(request)
+        reports = [
+            svc.ExitReport(item["job_id"], item["attempt"], item["replica"], item["exit_code"],
+                           item["reason"], item.get("started_at"))
+            for item in data["exits"]
+        ]
         results = []
-        for item in data["exits"]:
-            try:
-                job, recorded = _job_call(svc.do_report_exit, node, item["job_id"], item["attempt"],
-                                          item["replica"], item["exit_code"], item["reason"],
-                                          item.get("started_at"))
-            except (NotFound, Conflict) as exc:  # answered per report, as jobs/{id}/exited would
-                results.append({"status": exc.status_code, "detail": str(exc.detail)})
+        for outcome in svc.do_report_exits(self.node(request), reports):
+            if isinstance(outcome, svc.NotYours):
+                results.append({"status": 404, "detail": "No such job on this node."})
+            elif isinstance(outcome, svc.Stale):
+                results.append({"status": 409, "detail": str(outcome)})
             else:
+                job, recorded = outcome
                 results.append({"status": 200, "state": job.state, "recorded": recorded})
         return Response({"results": results})
 

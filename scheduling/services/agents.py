@@ -22,24 +22,36 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import Exists, F, Max, OuterRef, Q
+from django.db import connection, transaction
+from django.db.models import F, Max
 from django.db.models.functions import Length
 from django.utils import timezone
 
 from scheduling.choices import HOLDING_STATES, EventType, JobState, NodeState
-from scheduling.models import Allocation, Device, Job, JoinToken, LogChunk, Node, hash_secret, new_secret
+from scheduling.models import (
+    Allocation,
+    Device,
+    Job,
+    JobEvent,
+    JoinToken,
+    LogChunk,
+    Node,
+    Tenant,
+    hash_secret,
+    new_secret,
+)
 from scheduling.services import live
 from scheduling.services.inventory import device_rows
 from scheduling.services.jobs import (
+    Settlement,
     active_allocations_of,
     begin_stop,
     device_index,
     do_mark_running,
-    do_record_exit,
     locked_jobs,
     request_pass_on_commit,
 )
+from scheduling.services.snapshot import DEVICE_FIELDS, PreparedRead
 
 log = logging.getLogger("tessera.agents")
 
@@ -155,7 +167,7 @@ def _settle_lost_replicas(node: Node, now: datetime) -> None:
     for job_id, replica in sorted(_started_replicas(node)):
         job = locked_jobs().get(pk=job_id)
         if job.state in (JobState.RUNNING, JobState.TERMINATING):
-            _settle_replica(job, node.pk, replica, None, "lost", now)
+            _settle_alone(job, node.pk, replica, "lost", now)
 
 
 # --- Heartbeats --------------------------------------------------------------------------------
@@ -197,7 +209,7 @@ def do_heartbeat(node: Node, running: list[Reported]) -> dict[str, Any]:
             with transaction.atomic():
                 locked = locked_jobs().get(pk=job_id)
                 if locked.state == JobState.TERMINATING and locked.attempts == attempt:
-                    _settle_replica(locked, node.pk, replica, None, "", now)
+                    _settle_alone(locked, node.pk, replica, "", now)
     for (job_id, attempt, replica), seen in sorted(reported.items()):
         allocs = held.get((job_id, replica))
         if allocs is None or allocs[0].attempt != attempt:
@@ -323,24 +335,95 @@ def _stop_order(
 
 # --- Job reports -------------------------------------------------------------------------------
 
+_JOB_COLUMNS = tuple(f.attname for f in Job._meta.concrete_fields)
+_ALLOC_COLUMNS = ("id", "job_id", "node_id", "device_id", "replica", "share_milli", "attempt",
+                  "created_at", "released_at", "exited_at")
+# The reports' reads, their SQL built once (see PreparedRead): a report's jobs, locked (their row
+# only; the tenant's name read alongside), and every allocation those jobs ever had, with the
+# node's name and the device (what settling needs: ownership, bound replicas, device rows).
+_LOCK_JOBS = PreparedRead(
+    lambda ids: Job.objects.select_for_update(of=("self",)).filter(pk__in=ids).order_by("pk")
+    .values_list(*_JOB_COLUMNS, "tenant__name")
+)
+_JOB_ALLOCATIONS = PreparedRead(
+    lambda ids: Allocation.objects.filter(job_id__in=ids).order_by("job_id", "replica", "id")
+    .values_list(*_ALLOC_COLUMNS, "node__name", *(f"device__{f}" for f in DEVICE_FIELDS))
+)
 
-def _owned_job(node: Node, job_id: int) -> Job:
-    """The job, locked, if it ever had a replica on ``node``; otherwise :class:`NotYours`."""
-    if not 0 < job_id <= MAX_DB_INT:
+
+@dataclass
+class Owned:
+    """The jobs of a report that ever had a replica on the node (locked), and their allocations."""
+
+    jobs: dict[int, Job]
+    allocations: dict[int, list[Allocation]]
+
+
+def _owned(node: Node, job_ids: list[int]) -> Owned:
+    """Lock ``job_ids`` (in id order, as everywhere) and read their allocations: two queries."""
+    ids = sorted({i for i in job_ids if 0 < i <= MAX_DB_INT})
+    jobs = {}
+    for row in _LOCK_JOBS.rows(ids):
+        job = Job.from_db("default", _JOB_COLUMNS, row[:-1])
+        job.tenant = Tenant(id=job.tenant_id, name=row[-1])
+        jobs[job.pk] = job
+    allocations: dict[int, list[Allocation]] = {}
+    nodes: dict[int, Node] = {}
+    width = len(_ALLOC_COLUMNS)
+    for row in _JOB_ALLOCATIONS.rows(list(jobs)):
+        fields = dict(zip(_ALLOC_COLUMNS, row[:width], strict=True))
+        where = nodes.setdefault(fields["node_id"], Node(id=fields["node_id"], name=row[width]))
+        device = None
+        if fields["device_id"] is not None:
+            device = Device(node=where, **dict(zip(DEVICE_FIELDS, row[width + 1:], strict=True)))
+        alloc = Allocation(**fields)
+        alloc.node, alloc.device = where, device
+        allocations.setdefault(alloc.job_id, []).append(alloc)
+    mine = {job_id for job_id, allocs in allocations.items() if any(a.node_id == node.pk for a in allocs)}
+    return Owned({i: j for i, j in jobs.items() if i in mine}, allocations)
+
+
+def _owned_job(node: Node, job_id: int) -> tuple[Job, list[Allocation]]:
+    """The job, locked, if it ever had a replica on ``node`` (else :class:`NotYours`), and its
+    allocations."""
+    owned = _owned(node, [job_id])
+    if job_id not in owned.jobs:
         raise NotYours(job_id)
-    # One query: the ownership test is a subquery of the locking read (only the job row is locked).
-    ever_here = Exists(Allocation.objects.filter(job_id=OuterRef("pk"), node=node))
-    job = locked_jobs().filter(ever_here, pk=job_id).first()
-    if job is None:
-        raise NotYours(job_id)
-    return job
+    return owned.jobs[job_id], owned.allocations[job_id]
 
 
-def _active(job: Job, node_id: int, replica: int, attempt: int):
-    return Allocation.objects.filter(
-        job=job, node_id=node_id, replica=replica, attempt=attempt, released_at__isnull=True,
-        exited_at__isnull=True,
-    )
+def _scheduled_at(job_ids: list[int]) -> dict[int, datetime]:
+    """When each job was last bound (its latest ``scheduled`` event), in one query."""
+    if not job_ids:
+        return {}
+    qn = connection.ops.quote_name
+    table = qn(JobEvent._meta.db_table)
+    job_col, type_col, at_col = (qn(JobEvent._meta.get_field(f).column) for f in ("job", "type", "at"))
+    with connection.cursor() as cur:
+        cur.execute(
+            f"SELECT {job_col}, MAX({at_col}) FROM {table} WHERE {type_col} = %s AND {job_col} IN "
+            f"({', '.join(['%s'] * len(job_ids))}) GROUP BY {job_col}",
+            [EventType.SCHEDULED, *job_ids],
+        )
+        rows = cur.fetchall()
+    if connection.vendor != "postgresql":  # SQLite hands back text
+        return {job_id: JobEvent._meta.get_field("at").to_python(at) for job_id, at in rows}
+    return dict(rows)
+
+
+def _clamped(seen: float | None, scheduled: datetime | None, now: datetime) -> datetime:
+    """The agent's process start (``seen``, epoch seconds, its clock), kept between the job's
+    ``scheduled`` event and now, so that a skewed agent clock cannot reorder its history."""
+    if seen is None:
+        return now
+    at = datetime.fromtimestamp(seen, tz=UTC)
+    return min(now, max(at, scheduled or at))
+
+
+def _bound_here(allocs: list[Allocation], node_id: int, replica: int, attempt: int) -> bool:
+    """``replica`` of ``attempt`` runs on the node: an allocation neither released nor exited."""
+    return any(_is_replica(a, node_id, replica) and a.attempt == attempt and a.released_at is None
+               for a in allocs)
 
 
 def do_report_started(
@@ -353,21 +436,28 @@ def do_report_started(
     """
     now = timezone.now()
     with transaction.atomic():
-        job = _owned_job(node, job_id)
-        bound = attempt == job.attempts and _active(job, node.pk, replica, attempt).exists()
+        job, allocs = _owned_job(node, job_id)
+        bound = attempt == job.attempts and _bound_here(allocs, node.pk, replica, attempt)
         if not bound or job.state not in HOLDING_STATES:
             raise Stale(f"job {job_id} attempt {attempt} replica {replica} is not bound to {node.name}")
-        do_mark_running(job, _clamped_start(job, started_at, now))
+        if job.state == JobState.SCHEDULED:
+            scheduled = _scheduled_at([job.pk]).get(job.pk) if started_at is not None else None
+            settlement = Settlement()
+            settlement.mark_running(job, _clamped(started_at, scheduled, now))
+            settlement.write()
         return job
 
 
-def _clamped_start(job: Job, started_at: float | None, now: datetime) -> datetime:
-    if started_at is None or job.state != JobState.SCHEDULED:
-        return now
-    seen = datetime.fromtimestamp(started_at, tz=UTC)
-    scheduled = job.events.filter(type=EventType.SCHEDULED).order_by("-at", "-pk").values_list(
-        "at", flat=True).first()
-    return min(now, max(seen, scheduled or seen))
+@dataclass(frozen=True)
+class ExitReport:
+    """One replica's process ended (``started_at``: set when no ``started`` report was sent)."""
+
+    job_id: int
+    attempt: int
+    replica: int
+    exit_code: int | None
+    reason: str = ""
+    started_at: float | None = None
 
 
 def do_report_exit(
@@ -379,24 +469,54 @@ def do_report_exit(
     ``started_at``: the process's start (epoch seconds), sent when no ``started`` report was (a
     process that ended at once): the job is marked running at that time first.
     """
+    (result,) = do_report_exits(node, [ExitReport(job_id, attempt, replica, exit_code, reason, started_at)])
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
+def do_report_exits(node: Node, reports: list[ExitReport]) -> list[tuple[Job, bool] | NotYours | Stale]:
+    """Several exit reports of one node, settled in one transaction and a fixed handful of queries
+    (the jobs locked in one, their allocations read in one, every change written by one
+    :class:`Settlement`). Each report is answered on its own, in order: (job, recorded), or the
+    :class:`NotYours` or :class:`Stale` it would raise alone."""
     now = timezone.now()
     with transaction.atomic():
-        job = _owned_job(node, job_id)
-        # The job's unreleased allocations, read once (the job is locked): whether this replica is
-        # bound here, whether others still run, and what to free if it was the last.
-        held = list(active_allocations_of(job)) if attempt == job.attempts else []
-        if any(_is_replica(a, node.pk, replica) and a.attempt == attempt for a in held):
-            if started_at is not None and job.state == JobState.SCHEDULED:
-                do_mark_running(job, _clamped_start(job, started_at, now))
-            _settle_replica(job, node.pk, replica, exit_code, reason, now, held)
-            return job, True
-        already = Allocation.objects.filter(
-            Q(released_at__isnull=False) | Q(exited_at__isnull=False),
-            job=job, node=node, replica=replica, attempt=attempt,
-        ).exists()
-        if already:
-            return job, False  # a retried report: the first one counted
-        raise Stale(f"job {job_id} attempt {attempt} replica {replica} is not bound to {node.name}")
+        owned = _owned(node, [r.job_id for r in reports])
+        starts = [r.job_id for r in reports if r.started_at is not None and r.job_id in owned.jobs
+                  and owned.jobs[r.job_id].state == JobState.SCHEDULED]
+        scheduled = _scheduled_at(sorted(set(starts)))
+        settlement = Settlement()
+        results: list[tuple[Job, bool] | NotYours | Stale] = []
+        for report in reports:
+            try:
+                results.append(_exit_one(node, owned, settlement, report, scheduled, now))
+            except (NotYours, Stale) as exc:
+                results.append(exc)
+        settlement.write()
+    return results
+
+
+def _exit_one(
+    node: Node, owned: Owned, settlement: Settlement, r: ExitReport, scheduled: dict[int, datetime],
+    now: datetime,
+) -> tuple[Job, bool]:
+    job = owned.jobs.get(r.job_id)
+    if job is None:
+        raise NotYours(r.job_id)
+    allocs = owned.allocations[job.pk]
+    # The job's unreleased allocations: whether this replica is bound here, whether others still
+    # run, and what to free if it was the last.
+    held = [a for a in allocs if a.released_at is None] if r.attempt == job.attempts else []
+    if _bound_here(held, node.pk, r.replica, r.attempt):
+        if r.started_at is not None and job.state == JobState.SCHEDULED:
+            settlement.mark_running(job, _clamped(r.started_at, scheduled.get(job.pk), now))
+        _settle_replica(settlement, job, node.pk, r.replica, r.exit_code, r.reason, now, held)
+        return job, True
+    if any(a.node_id == node.pk and a.replica == r.replica and a.attempt == r.attempt
+           and (a.released_at is not None or a.exited_at is not None) for a in allocs):
+        return job, False  # a retried report: the first one counted
+    raise Stale(f"job {r.job_id} attempt {r.attempt} replica {r.replica} is not bound to {node.name}")
 
 
 def _is_replica(alloc: Allocation, node_id: int, replica: int) -> bool:
@@ -404,32 +524,36 @@ def _is_replica(alloc: Allocation, node_id: int, replica: int) -> bool:
     return alloc.exited_at is None and alloc.node_id == node_id and alloc.replica == replica
 
 
+def _settle_alone(job: Job, node_id: int, replica: int, reason: str, now: datetime) -> None:
+    """:func:`_settle_replica` for one replica whose process is gone without an exit code."""
+    settlement = Settlement()
+    _settle_replica(settlement, job, node_id, replica, None, reason, now, list(active_allocations_of(job)))
+    settlement.write()
+
+
 def _settle_replica(
-    job: Job, node_id: int, replica: int, exit_code: int | None, reason: str, now: datetime,
-    held: list[Allocation] | None = None,
+    settlement: Settlement, job: Job, node_id: int, replica: int, exit_code: int | None, reason: str,
+    now: datetime, held: list[Allocation],
 ) -> None:
     """One replica's process is gone (``job`` locked): free its GPUs; settle the job if it was the last.
 
     ``reason``: ``time-limit`` when the agent stopped it at its limit; ``lost`` when its process
-    vanished with the agent; empty otherwise. ``held``: the job's unreleased allocations, when the
-    caller has just read them (read here otherwise).
+    vanished with the agent; empty otherwise. ``held``: the job's unreleased allocations. The
+    changes go into ``settlement``, which the caller writes.
     """
-    if held is None:
-        held = list(active_allocations_of(job))
-    if job.state == JobState.SCHEDULED:
-        do_mark_running(job, now)  # its ``started`` report was lost; keep the history in order
-    others = any(a.exited_at is None and (a.node_id, a.replica) != (node_id, replica) for a in held)
+    settlement.mark_running(job, now)  # its ``started`` report was lost; keep the history in order
+    this = [a for a in held if (a.node_id, a.replica) == (node_id, replica)]
+    others = any(a.exited_at is None for a in held if a not in this)
     if job.state == JobState.RUNNING:
+        where = {a.node_id for a in held}
         if reason == "time-limit":
-            begin_stop(job, "time-limit", now)
+            settlement.stop(job, "time-limit", now, where)
         elif others and (exit_code != 0 or reason == "lost"):
-            begin_stop(job, "lost" if exit_code is None else f"exit {exit_code}", now)
+            settlement.stop(job, "lost" if exit_code is None else f"exit {exit_code}", now, where)
     if others:
         # Its GPUs stay held until the job settles: all of a job's GPUs are freed together, so
         # the history (export_trace) is exact and a gang's place is not taken piecemeal.
-        Allocation.objects.filter(
-            job=job, node_id=node_id, replica=replica, released_at__isnull=True
-        ).update(exited_at=now)
+        settlement.replica_exited(this, now)
         return
     code = None if reason == "lost" else exit_code  # killed by its agent's fencing: not its own code
     if job.state == JobState.TERMINATING and job.stop_reason.startswith("exit "):
@@ -440,7 +564,7 @@ def _settle_replica(
     elif job.state == JobState.TERMINATING and job.stop_reason == "lost":
         code = None
     # Stamped now, not at ``now``: a ``terminating`` event just recorded must stay before it.
-    do_record_exit(job, code, active=held)
+    settlement.exit(job, code, timezone.now(), held)
 
 
 # --- Logs --------------------------------------------------------------------------------------
@@ -462,7 +586,7 @@ def do_append_log(
     """
     cap = settings.TESSERA["LOG_CAP_BYTES"]
     with transaction.atomic():
-        job = _owned_job(node, job_id)
+        job, _ = _owned_job(node, job_id)
         if attempt != job.attempts:
             raise Stale(f"job {job_id} is at attempt {job.attempts}, not {attempt}")
         end = _log_end(job.pk, replica)

@@ -19,6 +19,7 @@ from django.utils import timezone
 from scheduling.choices import HOLDING_STATES, QUEUE_LEVELS, TERMINAL_STATES, EventType, JobState
 from scheduling.models import Allocation, IdempotencyKey, Job, JobEvent
 from scheduling.services import live
+from scheduling.services.bulk import RowsInsert, RowsUpdate
 from scheduling.states import check_transition
 
 
@@ -227,13 +228,10 @@ def do_cancel_job(job_id: int) -> Job:
 
 def begin_stop(job: Job, reason: str, now: datetime | None = None) -> Job:
     """Send the stop signal: state ``terminating``; the job keeps its GPUs through its grace."""
-    now = now or timezone.now()
-    do_transition(
-        job, JobState.TERMINATING, EventType.TERMINATING, reason,
-        stop_reason=reason, stop_deadline=now + timedelta(seconds=job.grace_seconds),
-    )
-    for node_id in set(active_allocations_of(job).values_list("node_id", flat=True)):
-        live.wake_agent(node_id)
+    settlement = Settlement()
+    settlement.stop(job, reason, now or timezone.now(),
+                    set(active_allocations_of(job).values_list("node_id", flat=True)))
+    settlement.write()
     return job
 
 
@@ -242,11 +240,17 @@ def release_allocations(job: Job, at: datetime | None = None, active=None) -> li
 
     ``active``: the job's unreleased allocations (with node and device) when the caller, holding
     the job's lock, has just read them; read here otherwise."""
-    at = at or timezone.now()
     allocs = list(active_allocations_of(job)) if active is None else list(active)
+    return _release(allocs, at or timezone.now())
+
+
+def _release(allocs: list[Allocation], at: datetime) -> list[dict[str, Any]]:
+    """Mark ``allocs`` (any jobs'; node and device set) released at ``at``; publish their devices."""
     if not allocs:
         return []
-    Allocation.objects.filter(pk__in=[a.pk for a in allocs]).update(released_at=at)
+    for a in allocs:
+        a.released_at = at
+    _WRITE_RELEASED.run(allocs)
     # The nodes' versions are not bumped: capacity freed since a pass's snapshot never makes its
     # decisions wrong (the pass checks each device's allocations again under the node's lock),
     # and bumping them made a pass drop every binding onto a node where a job had just ended.
@@ -262,39 +266,120 @@ def release_allocations(job: Job, at: datetime | None = None, active=None) -> li
     return rows
 
 
+# What a settlement may change of a job: every column any of its transitions writes.
+_SETTLED_FIELDS = (
+    "state", "pending_reason", "pending_code", "estimated_start", "exit_code", "stop_deadline",
+    "finished_at", "attempts", "not_before", "stop_reason", "started_at",
+)
+_WRITE_JOBS = RowsUpdate(Job, _SETTLED_FIELDS)
+_WRITE_EVENTS = RowsInsert(JobEvent, ("job", "type", "at", "reason", "allocations"))
+_WRITE_RELEASED = RowsUpdate(Allocation, ("released_at",))
+_WRITE_EXITED = RowsUpdate(Allocation, ("exited_at",))
+
+
+class Settlement:
+    """Transitions of locked jobs made in memory, then written together: one UPDATE of the jobs,
+    one INSERT of their events and one UPDATE of the allocations freed, whatever their number
+    (an agent's exit report settles a batch of jobs this way; a single exit is a batch of one).
+    Every transition is checked against the state machine as :func:`do_transition` checks it.
+    """
+
+    def __init__(self) -> None:
+        self.jobs: dict[int, Job] = {}
+        self.events: list[JobEvent] = []
+        self.freed: dict[datetime, list[Allocation]] = {}  # by when they were freed
+        self.exited: list[Allocation] = []  # replicas ended while others of their job run
+        self.woken: set[int] = set()  # nodes whose agents have stop orders to fetch
+        self.ask_pass = False
+
+    def move(self, job: Job, target: str, event: str, reason: str = "", at: datetime | None = None,
+             **fields: Any) -> None:
+        if not set(fields) <= set(_SETTLED_FIELDS):
+            raise ValueError(f"a settlement does not write {sorted(set(fields) - set(_SETTLED_FIELDS))}")
+        check_transition(job.pk, job.state, target)
+        job.state = target
+        for name, value in fields.items():
+            setattr(job, name, value)
+        if target != JobState.PENDING:
+            job.pending_reason = job.pending_code = job.estimated_start = None
+        self.jobs[job.pk] = job
+        self.events.append(JobEvent(job=job, type=event, at=at or timezone.now(), reason=reason[:256]))
+
+    def mark_running(self, job: Job, at: datetime) -> None:
+        """:func:`do_mark_running`, in this settlement."""
+        if job.state == JobState.SCHEDULED:
+            self.move(job, JobState.RUNNING, EventType.STARTED, at=at, started_at=at)
+
+    def stop(self, job: Job, reason: str, at: datetime, node_ids: set[int]) -> None:
+        """:func:`begin_stop`, in this settlement (``node_ids``: where the job's replicas run)."""
+        self.move(job, JobState.TERMINATING, EventType.TERMINATING, reason, at=at,
+                  stop_reason=reason, stop_deadline=at + timedelta(seconds=job.grace_seconds))
+        self.woken |= node_ids
+
+    def replica_exited(self, allocs: list[Allocation], at: datetime) -> None:
+        """A replica's process ended while others of its job still run: it keeps its GPUs."""
+        for a in allocs:
+            a.exited_at = at
+        self.exited.extend(allocs)
+
+    def exit(self, job: Job, exit_code: int | None, at: datetime, active: list[Allocation]) -> None:
+        """:func:`do_record_exit`, in this settlement (``active``: the job's unreleased allocations)."""
+        if job.state in TERMINAL_STATES or job.state == JobState.PENDING:
+            return
+        self.freed.setdefault(at, []).extend(active)
+        for a in active:
+            a.released_at = at  # (written with the rest): a repeated report finds it released
+        self.ask_pass = True
+        stop = job.stop_reason if job.state == JobState.TERMINATING else ""
+        common = {"exit_code": exit_code, "stop_deadline": None}
+        if stop == "cancelled":
+            self.move(job, JobState.CANCELLED, EventType.CANCELLED, "cancelled by user",
+                      at=at, finished_at=at, **common)
+        elif stop.startswith("preempt"):
+            self.move(job, JobState.PENDING, EventType.PREEMPTED, stop, at=at,
+                      attempts=job.attempts + 1, stop_reason="", **common)
+            self.events.append(
+                JobEvent(job=job, type=EventType.REQUEUED, at=at, reason="from last checkpoint")
+            )
+        elif stop == "time-limit":
+            self.move(job, JobState.FAILED, EventType.FAILED, "time-limit", at=at, finished_at=at, **common)
+        elif exit_code == 0:
+            self.move(job, JobState.SUCCEEDED, EventType.SUCCEEDED, "", at=at, finished_at=at, **common)
+        elif (used := retries_used(job)) < job.max_retries:
+            why = f"exit {exit_code}" if exit_code is not None else "lost"
+            self.move(job, JobState.PENDING, EventType.RETRYING, why, at=at,
+                      attempts=job.attempts + 1, not_before=at + retry_backoff(used),
+                      stop_reason="", **common)
+        else:
+            reason = f"exit {exit_code}" if exit_code is not None else "lost"
+            self.move(job, JobState.FAILED, EventType.FAILED, reason, at=at, finished_at=at, **common)
+
+    def write(self) -> None:
+        """Write it all (inside the caller's transaction); live updates and a pass after commit."""
+        _WRITE_JOBS.run(list(self.jobs.values()))
+        _WRITE_EVENTS.run(self.events)
+        _WRITE_EXITED.run(self.exited)
+        for at, allocs in self.freed.items():
+            _release(allocs, at)
+        for job in self.jobs.values():
+            live.publish_job(job)
+        for node_id in sorted(self.woken):
+            live.wake_agent(node_id)
+        if self.ask_pass:
+            request_pass_on_commit()
+
+
 def do_record_exit(job: Job, exit_code: int | None, at: datetime | None = None, active=None) -> Job:
     """The job's process ended (all replicas): settle its final or next state and free its GPUs.
 
     ``job`` must be locked by the caller; ``active``: as for :func:`release_allocations`.
     """
-    at = at or timezone.now()
     if job.state in TERMINAL_STATES or job.state == JobState.PENDING:
         return job
-    release_allocations(job, at, active)
-    stop = job.stop_reason if job.state == JobState.TERMINATING else ""
-    common = {"exit_code": exit_code, "stop_deadline": None}
-    if stop == "cancelled":
-        do_transition(job, JobState.CANCELLED, EventType.CANCELLED, "cancelled by user",
-                      at=at, finished_at=at, **common)
-    elif stop.startswith("preempt"):
-        do_transition(job, JobState.PENDING, EventType.PREEMPTED, stop, at=at,
-                      attempts=job.attempts + 1, stop_reason="", **common)
-        record_event(job, EventType.REQUEUED, "from last checkpoint", at=at)
-    elif stop == "time-limit":
-        do_transition(job, JobState.FAILED, EventType.FAILED, "time-limit", at=at,
-                      finished_at=at, **common)
-    elif exit_code == 0:
-        do_transition(job, JobState.SUCCEEDED, EventType.SUCCEEDED, "", at=at,
-                      finished_at=at, **common)
-    elif (used := retries_used(job)) < job.max_retries:
-        why = f"exit {exit_code}" if exit_code is not None else "lost"
-        do_transition(job, JobState.PENDING, EventType.RETRYING, why, at=at,
-                      attempts=job.attempts + 1, not_before=at + retry_backoff(used),
-                      stop_reason="", **common)
-    else:
-        reason = f"exit {exit_code}" if exit_code is not None else "lost"
-        do_transition(job, JobState.FAILED, EventType.FAILED, reason, at=at, finished_at=at, **common)
-    request_pass_on_commit()
+    settlement = Settlement()
+    settlement.exit(job, exit_code, at or timezone.now(),
+                    list(active_allocations_of(job)) if active is None else list(active))
+    settlement.write()
     return job
 
 
