@@ -20,7 +20,6 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F
 from django.utils import timezone
 
 from scheduling.choices import EventType, JobState
@@ -28,9 +27,10 @@ from scheduling.engine.collector import collector_paused
 from scheduling.engine.config import EngineConfig
 from scheduling.engine.policy import TesseraScheduler
 from scheduling.engine.types import Binding, Decisions
-from scheduling.models import Allocation, Device, Job, Node, SchedulerState
+from scheduling.models import Allocation, Device, Job, Node, SchedulerState, Tenant
 from scheduling.services import live
 from scheduling.services.agents import bindings_by_node
+from scheduling.services.bulk import RowsInsert, RowsUpdate
 from scheduling.services.inventory import Holder, device_rows, holders
 from scheduling.services.jobs import allocations_payload, begin_stop, do_transition_many, locked_jobs
 from scheduling.services.snapshot import (
@@ -222,14 +222,29 @@ def _add_pass(state: SchedulerState, result: PassResult, now: datetime) -> dict[
     return fields
 
 
+_JOB_COLUMNS = tuple(f.attname for f in Job._meta.concrete_fields)
+# A chunk's jobs, locked (their row only; the tenant's name read alongside), whatever their state:
+# which of them are still pending is looked at here, so that the SQL is built once (PreparedRead).
+_LOCK_JOBS = PreparedRead(
+    lambda ids: Job.objects.select_for_update(of=("self",))
+    .filter(pk__in=ids)
+    .order_by("pk")
+    .values_list(*_JOB_COLUMNS, "tenant__name")
+)
+_JOBS = PreparedRead(
+    lambda ids: Job.objects.filter(pk__in=ids).order_by("pk").values_list(*_JOB_COLUMNS, "tenant__name")
+)
+_NODE_COLUMNS = ("id", "name", "version")
 _LOCK_NODES = PreparedRead(
     lambda names: (
-        Node.objects.select_for_update()
-        .filter(name__in=names)
-        .order_by("pk")
-        .values_list("id", "name", "version")
+        Node.objects.select_for_update().filter(name__in=names).order_by("pk").values_list(*_NODE_COLUMNS)
     )
 )
+# Every column of an allocation but its id (not read back: nothing after the insert needs it).
+_WRITE_ALLOCATIONS = RowsInsert(
+    Allocation, [f.name for f in Allocation._meta.concrete_fields if not f.primary_key]
+)
+_WRITE_VERSIONS = RowsUpdate(Node, ("version",))
 APPLY_CHUNK = 64  # bindings per transaction: few commits, yet node locks held only briefly
 
 
@@ -262,22 +277,12 @@ def _apply_bindings(
         return
     node_names = sorted({p.node for b in bindings for p in b.placements})
     with transaction.atomic():
-        jobs = {
-            str(j.pk): j
-            for j in locked_jobs()
-            .filter(pk__in=[int(b.job_id) for b in bindings], state=JobState.PENDING)
-            .order_by("pk")
-        }
+        locked = _jobs(_LOCK_JOBS.rows(sorted({int(b.job_id) for b in bindings})))
+        jobs = {str(j.pk): j for j in locked if j.state == JobState.PENDING}
         # Locked for their versions; the pass needs no more of them (nor their JSON columns).
-        nodes = {name: Node(id=pk, name=name, version=v) for pk, name, v in _LOCK_NODES.rows(node_names)}
+        nodes = {row[1]: Node.from_db("default", _NODE_COLUMNS, row) for row in _LOCK_NODES.rows(node_names)}
         fresh = {name for name, n in nodes.items() if n.version == loaded.node_versions.get(name)}
-        # A node's devices change only with its version (an agent's registration), so a fresh
-        # node's are as the snapshot read them.
-        devices = {
-            (name, d["index"]): Device(node=nodes[name], **d)
-            for name in fresh
-            for d in loaded.devices.get(nodes[name].pk, [])
-        }
+        devices = _devices(loaded, bindings, nodes, fresh)
         # Who holds these devices now: the capacity check below, then the device rows published.
         held = holders(d.pk for d in devices.values())
         used = {device_id: sum(h[3] for h in hs) for device_id, hs in held.items()}
@@ -295,25 +300,24 @@ def _apply_bindings(
             result.bound.append(binding.job_id)
         if not bound:
             return
-        allocs = Allocation.objects.bulk_create(
-            Allocation(job=job, node=n, device=d, replica=r, share_milli=s, attempt=job.attempts)
-            for job, wanted in bound
-            for n, d, r, s in wanted
-        )
-        touched = {n.pk for _, wanted in bound for n, _, _, _ in wanted}
-        Node.objects.filter(pk__in=touched).update(version=F("version") + 1)
-        # This pass made that change and its engine already counted it: the pass's next chunk
-        # on the same node is not stale (a change by anyone else still is).
-        for name, node in nodes.items():
-            if node.pk in touched:
-                loaded.node_versions[name] = node.version + 1
-        rows = iter(allocs)
+        allocs: list[Allocation] = []
         events: dict[int, list[dict]] = {}
         for job, wanted in bound:
-            mine = [next(rows) for _ in wanted]
-            for a, (n, d, _, _) in zip(mine, wanted, strict=True):
-                a.node, a.device = n, d
+            mine = [
+                Allocation(job=job, node=n, device=d, replica=r, share_milli=s, attempt=job.attempts)
+                for n, d, r, s in wanted
+            ]
+            allocs.extend(mine)
             events[job.pk] = allocations_payload(mine)
+        _WRITE_ALLOCATIONS.run(allocs)
+        # The nodes are locked: their versions as read, plus one.
+        touched = {n.pk: n for _, wanted in bound for n, _, _, _ in wanted}
+        for node in touched.values():
+            node.version += 1
+            # This pass made that change and its engine already counted it: the pass's next
+            # chunk on the same node is not stale (a change by anyone else still is).
+            loaded.node_versions[node.name] = node.version
+        _WRITE_VERSIONS.run(sorted(touched.values(), key=lambda n: n.pk))
         # Stamped now, not at the pass's start: a job committed while the snapshot was being
         # read is bound by this pass, and its history must not start before its submission.
         jobs_bound = [job for job, _ in bound]
@@ -323,6 +327,34 @@ def _apply_bindings(
         live.publish_devices(_rows_after(allocs, held))
         # Each agent's wake carries its new bindings: it starts them without asking first.
         live.wake_agents(bindings_by_node(jobs_bound, allocs))
+
+
+def _jobs(rows: list) -> list[Job]:
+    """Jobs from ``_JOB_COLUMNS`` rows followed by their tenant's name."""
+    jobs = []
+    for row in rows:
+        job = Job.from_db("default", _JOB_COLUMNS, row[:-1])
+        job.tenant = Tenant(id=job.tenant_id, name=row[-1])
+        jobs.append(job)
+    return jobs
+
+
+def _devices(
+    loaded: LoadedSnapshot, bindings: list[Binding], nodes: dict[str, Node], fresh: set[str]
+) -> dict[tuple[str, int], Device]:
+    """The devices ``bindings`` place on fresh nodes, by (node name, index).
+
+    A node's devices change only with its version (an agent's registration), so a fresh node's
+    are as the snapshot read them."""
+    wanted = {(p.node, i) for b in bindings for p in b.placements if p.node in fresh for i in p.gpus}
+    devices = {}
+    for name in sorted({name for name, _ in wanted}):
+        node = nodes[name]
+        for d in loaded.devices.get(node.pk, []):
+            if (name, d["index"]) in wanted:
+                device = Device(node=node, **d)
+                devices[(name, d["index"])] = device
+    return devices
 
 
 def _rows_after(allocs: list[Allocation], held: dict[int, list[Holder]]) -> list[dict]:
@@ -399,7 +431,7 @@ def _store_pending_reasons(decisions: Decisions, loaded: LoadedSnapshot) -> None
                 pending_code=code, pending_reason=reason, estimated_start=estimated
             )
         changed = [pk for ids in groups.values() for pk in ids]
-        jobs = Job.objects.filter(pk__in=changed, state=JobState.PENDING).select_related("tenant")
+        jobs = [job for job in _jobs(_JOBS.rows(sorted(changed))) if job.state == JobState.PENDING]
         live.publish_on_commit(*(message for job in jobs for message in live.job_messages(job)))
 
 
