@@ -22,6 +22,7 @@ from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.permissions import BasePermission
 
 from scheduling.models import JoinToken, Node, hash_secret
+from scheduling.services.snapshot import PreparedRead
 
 NODE_KEYWORD = "Node"
 JOIN_KEYWORD = "Join"
@@ -75,8 +76,16 @@ def _secret_after(request, keyword: str) -> str | None:
         raise AuthenticationFailed("Invalid credential.") from None
 
 
+_NODE_COLUMNS = tuple(f.attname for f in Node._meta.concrete_fields)
+# Every agent request looks its node up: the SQL is built once (see PreparedRead).
+_NODE_BY_CREDENTIAL = PreparedRead(
+    lambda hashes: Node.objects.filter(credential_hash__in=hashes).order_by().values_list(*_NODE_COLUMNS)
+)
+
+
 def node_for_credential(secret: str) -> Node | None:
-    return Node.objects.filter(credential_hash=hash_secret(secret)).first()
+    rows = _NODE_BY_CREDENTIAL.rows([hash_secret(secret)])
+    return Node.from_db("default", _NODE_COLUMNS, rows[0]) if rows else None
 
 
 def valid_join_token(secret: str) -> JoinToken | None:

@@ -7,7 +7,8 @@ once per model, columns and database vendor, from ``Model._meta`` (the models st
 one truth), and then only convert each row's values as the ORM would (``get_db_prep_save``).
 
 On PostgreSQL the rows travel as one array per column (``UNNEST``, as Django's own
-``bulk_create`` does): one statement, one plan, whatever their number. Elsewhere (SQLite, the
+``bulk_create`` does): one statement, one plan, whatever their number; a single row travels as
+plain values (psycopg's array conversion costs more CPU than it saves for one). Elsewhere (SQLite, the
 embedded default) the ORM's own ``bulk_update``/``bulk_create`` run instead.
 """
 
@@ -35,21 +36,25 @@ class RowsUpdate:
 
     def __init__(self, model: type[Model], names: Sequence[str]) -> None:
         self.model, self.names = model, tuple(names)
-        self._sql: str | None = None
+        self._sql: dict[bool, str] = {}  # one row?, many rows?
 
-    def _statement(self) -> tuple[str, list[Field]]:
+    def _statement(self, one: bool) -> tuple[str, list[Field]]:
         fields = [self.model._meta.pk, *_columns(self.model, self.names)]
-        if self._sql is None:
+        if one not in self._sql:
             qn = connection.ops.quote_name
             table = qn(self.model._meta.db_table)
             cols = [qn(f.column) for f in fields]
-            sets = ", ".join(f"{c} = v.{c}" for c in cols[1:])
-            arrays = ", ".join(f"%s::{_array_type(f)}" for f in fields)
-            self._sql = (
-                f"UPDATE {table} SET {sets} FROM UNNEST({arrays}) AS v({', '.join(cols)}) "
-                f"WHERE {table}.{cols[0]} = v.{cols[0]}"
-            )
-        return self._sql, fields
+            if one:
+                sets = ", ".join(f"{c} = %s" for c in cols[1:])
+                self._sql[one] = f"UPDATE {table} SET {sets} WHERE {cols[0]} = %s"
+            else:
+                sets = ", ".join(f"{c} = v.{c}" for c in cols[1:])
+                arrays = ", ".join(f"%s::{_array_type(f)}" for f in fields)
+                self._sql[one] = (
+                    f"UPDATE {table} SET {sets} FROM UNNEST({arrays}) AS v({', '.join(cols)}) "
+                    f"WHERE {table}.{cols[0]} = v.{cols[0]}"
+                )
+        return self._sql[one], fields
 
     def run(self, objs: Sequence[Model]) -> None:
         if not objs:
@@ -57,38 +62,56 @@ class RowsUpdate:
         if connection.vendor != "postgresql":
             self.model._default_manager.bulk_update(objs, self.names)
             return
-        sql, fields = self._statement()
-        params = [[f.get_db_prep_save(getattr(o, f.attname), connection) for o in objs] for f in fields]
+        sql, fields = self._statement(len(objs) == 1)
+        values = [[f.get_db_prep_save(getattr(o, f.attname), connection) for f in fields] for o in objs]
         with connection.cursor() as cur:
-            cur.execute(sql, params)
+            cur.execute(sql, [*values[0][1:], values[0][0]] if len(objs) == 1 else _by_column(values))
 
 
 class RowsInsert:
-    """``INSERT`` of many new ``model`` objects (columns ``names``; their primary keys are not read
-    back)."""
+    """``INSERT`` of many new ``model`` objects (columns ``names``, or all but an automatic primary
+    key); with ``returning``, each object's primary key is set from the database's."""
 
-    def __init__(self, model: type[Model], names: Sequence[str]) -> None:
-        self.model, self.names = model, tuple(names)
-        self._sql: str | None = None
+    def __init__(
+        self, model: type[Model], names: Sequence[str] | None = None, returning: bool = False
+    ) -> None:
+        if names is None:
+            names = [f.name for f in model._meta.concrete_fields if f is not model._meta.auto_field]
+        self.model, self.names, self.returning = model, tuple(names), returning
+        self._sql: dict[bool, str] = {}
 
-    def _statement(self) -> tuple[str, list[Field]]:
+    def _statement(self, one: bool) -> tuple[str, list[Field]]:
         fields = _columns(self.model, self.names)
-        if self._sql is None:
+        if one not in self._sql:
             qn = connection.ops.quote_name
             cols = ", ".join(qn(f.column) for f in fields)
-            arrays = ", ".join(f"%s::{_array_type(f)}" for f in fields)
-            self._sql = f"INSERT INTO {qn(self.model._meta.db_table)} ({cols}) SELECT * FROM UNNEST({arrays})"
-        return self._sql, fields
+            if one:
+                rows = f"VALUES ({', '.join(['%s'] * len(fields))})"
+            else:
+                rows = f"SELECT * FROM UNNEST({', '.join(f'%s::{_array_type(f)}' for f in fields)})"
+            sql = f"INSERT INTO {qn(self.model._meta.db_table)} ({cols}) {rows}"
+            if self.returning:
+                sql += f" RETURNING {qn(self.model._meta.pk.column)}"
+            self._sql[one] = sql
+        return self._sql[one], fields
 
     def run(self, objs: Sequence[Model]) -> None:
         if not objs:
             return
         if connection.vendor != "postgresql":
-            self.model._default_manager.bulk_create(objs)
+            self.model._default_manager.bulk_create(objs)  # sets primary keys on SQLite too
             return
-        sql, fields = self._statement()
-        params: list[list[Any]] = [
-            [f.get_db_prep_save(f.pre_save(o, True), connection) for o in objs] for f in fields
-        ]
+        sql, fields = self._statement(len(objs) == 1)
+        values = [[f.get_db_prep_save(f.pre_save(o, True), connection) for f in fields] for o in objs]
         with connection.cursor() as cur:
-            cur.execute(sql, params)
+            cur.execute(sql, values[0] if len(objs) == 1 else _by_column(values))
+            if self.returning:
+                # Rows come back in the order UNNEST gave them, as Django's bulk_create relies on.
+                for obj, (pk,) in zip(objs, cur.fetchall(), strict=True):
+                    obj.pk = pk
+                    obj._state.adding = False
+
+
+def _by_column(rows: list[list[Any]]) -> list[list[Any]]:
+    """Rows of values → one list per column (the arrays UNNEST takes)."""
+    return [list(column) for column in zip(*rows, strict=True)]
