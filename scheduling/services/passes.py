@@ -191,8 +191,32 @@ def record_pass(result: PassResult, now: datetime) -> None:
 
 def _add_if_unchanged(state: SchedulerState, result: PassResult, now: datetime) -> bool:
     """Add the pass to the row if it is still as ``state`` (as last written here) says."""
-    seen = {"passes": state.passes, "last_pass_at": state.last_pass_at}
-    return SchedulerState.objects.filter(id=1, **seen).update(**_add_pass(state, result, now)) == 1
+    if state.last_pass_at is None:
+        return False
+    seen = {"id": state.pk, "passes": state.passes, "last_pass_at": state.last_pass_at}
+    fields = _add_pass(state, result, now)
+    field = SchedulerState._meta.get_field
+    params = [field(name).get_db_prep_save(value, connection) for name, value in fields.items()]
+    params += [field(name).get_db_prep_value(value, connection) for name, value in seen.items()]
+    with connection.cursor() as cur:
+        cur.execute(_update_if_sql(tuple(fields), tuple(seen)), params)
+        return cur.rowcount == 1
+
+
+_UPDATE_IF: dict[tuple[str, tuple[str, ...], tuple[str, ...]], str] = {}
+
+
+def _update_if_sql(fields: tuple[str, ...], seen: tuple[str, ...]) -> str:
+    """``UPDATE`` of ``SchedulerState``'s ``fields`` where ``seen`` are as given, built once from
+    the model (the ORM's ``update()`` built its SQL anew every pass: a third of recording it)."""
+    key = (connection.vendor, fields, seen)
+    sql = _UPDATE_IF.get(key)
+    if sql is None:
+        qn, field = connection.ops.quote_name, SchedulerState._meta.get_field
+        sets = ", ".join(f"{qn(field(name).column)} = %s" for name in fields)
+        where = " AND ".join(f"{qn(field(name).column)} = %s" for name in seen)
+        sql = _UPDATE_IF[key] = f"UPDATE {qn(SchedulerState._meta.db_table)} SET {sets} WHERE {where}"
+    return sql
 
 
 def _add_pass(state: SchedulerState, result: PassResult, now: datetime) -> dict[str, Any]:

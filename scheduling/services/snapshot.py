@@ -117,37 +117,58 @@ class PreparedRead:
     was more than the engine's decision. Rows come back as ``values_list`` rows would, each
     field converted as the ORM would (JSON decoded, times made aware).
 
-    ``build`` may take one list of values (ids, names: ``__in``): the SQL is then built once per
-    number of values, and kept only if those values are all of its parameters, in order (any
-    other SQL is built again for every read).
+    ``build`` may take one list of values (ids, names: ``__in``): the SQL is then kept only if
+    those values are all of its parameters, in order (any other SQL is built again for every
+    read). On PostgreSQL their ``IN (%s, ...)`` becomes ``= ANY(%s)``, one array: one statement
+    for any number of values. Elsewhere the SQL is built once per number of values.
     """
 
     def __init__(self, build: Callable[..., QuerySet]) -> None:
         self._build = build
-        # (vendor, number of values) -> (compiler, SQL, its parameters, the fields' converters)
+        # (vendor, number of values: -1 without, 0 for "any") -> (compiler, SQL, its parameters,
+        # the fields' converters)
         self._compiled: dict[tuple[str, int], tuple[SQLCompiler, str, tuple, dict]] = {}
 
     def rows(self, *values: Sequence[Any]) -> list[Sequence[Any]]:
         if values and not values[0]:
             return []  # ``__in`` an empty list: no row
-        key = (connection.vendor, len(values[0]) if values else -1)
-        given = tuple(values[0]) if values else None
-        compiled = self._compiled.get(key)
-        if compiled is None:
-            compiler = self._build(*values).query.get_compiler(connection=connection)
-            sql, built = compiler.as_sql()
-            converters = compiler.get_converters([s[0] for s in compiler.select[: compiler.col_count]])
-            compiled = (compiler, sql, tuple(built), converters)
-            if given is None or compiled[2] == given:
-                self._compiled[key] = compiled
-            given = None  # this read runs with the parameters just built
-        compiler, sql, params, converters = compiled
-        if given is not None:
-            params = given
+        vendor = connection.vendor
+        # Without repeats, as the ORM's ``__in`` sends them (so that the parameters compare).
+        given = tuple(dict.fromkeys(values[0])) if values else None
+        params: Sequence[Any]
+        if given is not None and (vendor, 0) in self._compiled:
+            compiler, sql, _, converters = self._compiled[(vendor, 0)]
+            params = ([*given],)
+        else:
+            compiled = self._compiled.get((vendor, -1 if given is None else len(given)))
+            if compiled is None:
+                compiled = self._compile(values, given)
+                given = None  # this read runs with the parameters just built
+            compiler, sql, params, converters = compiled
+            if given is not None:
+                params = given
         with connection.cursor() as cur:
             cur.execute(sql, params)
             rows = cur.fetchall()
         return list(compiler.apply_converters(rows, converters)) if converters else rows
+
+    def _compile(
+        self, values: tuple[Sequence[Any], ...], given: tuple[Any, ...] | None
+    ) -> tuple[SQLCompiler, str, tuple, dict]:
+        vendor = connection.vendor
+        compiler = self._build(*values).query.get_compiler(connection=connection)
+        sql, built = compiler.as_sql()
+        converters = compiler.get_converters([s[0] for s in compiler.select[: compiler.col_count]])
+        compiled = (compiler, sql, tuple(built), converters)
+        if given is None:
+            self._compiled[(vendor, -1)] = compiled
+        elif compiled[2] == given:
+            self._compiled[(vendor, len(given))] = compiled
+            # The values are the only parameters: the SQL's only placeholders are their list.
+            listed = "IN (" + ", ".join(["%s"] * len(given)) + ")"
+            if vendor == "postgresql" and sql.count(listed) == 1:
+                self._compiled[(vendor, 0)] = (compiler, sql.replace(listed, "= ANY(%s)"), (), converters)
+        return compiled
 
 
 _PENDING = PreparedRead(lambda: Job.objects.filter(state=JobState.PENDING).values_list(*JOB_FIELDS))

@@ -135,3 +135,18 @@ def test_a_pass_with_no_job_pending_reads_only_the_queue(world, two_nodes, djang
 # Counted inside the test's transaction, where each transaction of the pass is a savepoint.
 QUERIES_PER_PASS = 21
 QUERIES_IDLE = 7  # lock, the pending jobs, the pass's record (4), unlock
+
+
+def test_each_pass_is_recorded_once_even_when_another_process_recorded_in_between(world, two_nodes):
+    from scheduling.models import SchedulerState
+
+    passes._recorded.clear()  # as a fresh worker process: the row is read, locked, first
+    passes.run_pass()
+    passes.run_pass()  # updated in place: the row is still as this process left it
+    assert SchedulerState.objects.get(id=1).passes == 2
+    # another worker process records a pass of its own: this one's copy is stale now
+    SchedulerState.objects.filter(id=1).update(passes=3, last_pass_at=timezone.now())
+    passes.run_pass()
+    state = SchedulerState.objects.get(id=1)
+    assert state.passes == 4
+    assert sum(state.pass_buckets) == 3  # the other process's pass left no bucket: it was faked

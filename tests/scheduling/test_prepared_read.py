@@ -1,0 +1,42 @@
+"""PreparedRead: SQL built once, rows as the ORM's ``values_list`` gives them."""
+
+from __future__ import annotations
+
+import importlib
+
+from scheduling.models import Node
+from scheduling.services.snapshot import PreparedRead
+
+helpers = importlib.import_module("tests.scheduling.helpers")
+
+
+def test_a_read_by_ids_gives_the_orms_rows_for_any_number_of_ids_and_repeats(db):
+    nodes = [helpers.make_node(f"n{i}") for i in range(5)]
+    ids = [n.pk for n in nodes]
+    read = PreparedRead(lambda ids: Node.objects.filter(pk__in=ids).order_by("pk").values_list("id", "name"))
+    for wanted in ([ids[0]], ids[:3], ids, [ids[4], ids[1], ids[4]], ids[1:2]):
+        expected = list(Node.objects.filter(pk__in=wanted).order_by("pk").values_list("id", "name"))
+        assert [tuple(row) for row in read.rows(wanted)] == expected
+
+
+def test_on_postgresql_one_statement_serves_every_number_of_ids(db, require_postgres):
+    nodes = [helpers.make_node(f"n{i}") for i in range(4)]
+    built = []
+
+    def build(ids):
+        built.append(len(ids))
+        return Node.objects.filter(pk__in=ids).values_list("id")
+
+    read = PreparedRead(build)
+    for n in (1, 2, 3, 4, 2, 1):
+        assert len(read.rows([node.pk for node in nodes[:n]])) == n
+    assert built == [1]
+
+
+def test_a_read_by_names_works_with_one_statement_too(db):
+    helpers.make_node("a"), helpers.make_node("b"), helpers.make_node("c")
+    read = PreparedRead(
+        lambda names: Node.objects.filter(name__in=names).order_by("name").values_list("name")
+    )
+    assert [r[0] for r in read.rows(["a"])] == ["a"]
+    assert [r[0] for r in read.rows(["c", "a", "zz"])] == ["a", "c"]
