@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import json
 import os
 import random
@@ -39,8 +40,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
-
-import requests
+from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -116,32 +116,44 @@ def job_body(i: int, rng: random.Random) -> dict[str, Any]:
 
 
 class Submitter:
-    """Client threads posting jobs; each records (index, send time, status, job id)."""
+    """Client threads posting jobs; each records (index, send time, status, job id).
+
+    Plain ``http.client`` on one kept-alive connection per thread: the client shares the machine's
+    cores with the service it measures (``requests`` cost 3.6 s of CPU for 2,000 posts, this 2.1 s)."""
 
     def __init__(self, base: str, token: str, threads: int):
-        self.url = base + "/api/v1/jobs/"
-        self.token = token
+        parts = urlsplit(base)
+        self.host, self.port = parts.hostname, parts.port
+        self.headers = {"Authorization": f"Token {token}", "Content-Type": "application/json"}
         self.local = threading.local()
         self.pool = ThreadPoolExecutor(threads)
         self.results: dict[int, dict[str, Any]] = {}
 
-    def _session(self) -> requests.Session:
-        if not hasattr(self.local, "s"):
-            self.local.s = requests.Session()
-            self.local.s.trust_env = False
-            self.local.s.headers["Authorization"] = f"Token {self.token}"
-        return self.local.s
+    def _connection(self) -> http.client.HTTPConnection:
+        if getattr(self.local, "conn", None) is None:
+            self.local.conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
+        return self.local.conn
+
+    def _send(self, body: bytes, key: str) -> tuple[int, Any]:
+        conn = self._connection()
+        try:
+            conn.request("POST", "/api/v1/jobs/", body, {**self.headers, "Idempotency-Key": key})
+            response = conn.getresponse()
+            return response.status, json.loads(response.read() or b"null")
+        except (OSError, http.client.HTTPException, ValueError):
+            conn.close()
+            self.local.conn = None
+            raise
 
     def post(self, i: int, body: dict[str, Any], at: float | None = None) -> None:
+        payload = json.dumps(body).encode()
         if at is not None:
             time.sleep(max(0.0, at - time.time()))
         sent = time.time()
         try:
-            r = self._session().post(
-                self.url, json=body, timeout=30, headers={"Idempotency-Key": f"bench-{i}"}
-            )
-            status, job_id = r.status_code, (r.json().get("id") if r.status_code < 300 else None)
-        except requests.RequestException as exc:
+            status, answer = self._send(payload, f"bench-{i}")
+            job_id = answer.get("id") if status < 300 and isinstance(answer, dict) else None
+        except (OSError, http.client.HTTPException, ValueError) as exc:
             status, job_id = 0, None
             say(f"job {i}: {exc.__class__.__name__}")
         self.results[i] = {

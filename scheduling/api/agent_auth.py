@@ -9,13 +9,21 @@ agent views demand it, so a user's token cannot call them.
 
 Registration authenticates with ``Authorization: Join <join token>`` (made by
 ``manage.py create_join_token``), or with the node's current credential when a node re-registers.
+
+A credential's node is kept in the process for ``CACHE_S`` seconds, as people's tokens are
+(``user_auth.py``): every agent request (a wait, an exit report) would otherwise read it. A node
+saved (re-registered with a new credential, deleted) empties this process's cache at once; in
+other web processes the old credential keeps working for at most ``CACHE_S`` more seconds.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from typing import Any
 
 from django.db.models import Q
+from django.db.models.signals import post_delete, post_save
 from django.utils import timezone
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.exceptions import AuthenticationFailed
@@ -83,9 +91,39 @@ _NODE_BY_CREDENTIAL = PreparedRead(
 )
 
 
+CACHE_S = 5.0
+MAX_ENTRIES = 10_000
+_cache: dict[str, tuple[float, Node]] = {}  # credential hash -> (expires, node)
+
+
+def forget_credentials(**_: Any) -> None:
+    _cache.clear()
+
+
+post_save.connect(forget_credentials, sender=Node, dispatch_uid="tessera-node-credential-save")
+post_delete.connect(forget_credentials, sender=Node, dispatch_uid="tessera-node-credential-delete")
+
+
+def cached_node(secret: str) -> Node | None:
+    """The credential's node if this process looked it up less than ``CACHE_S`` ago (no query)."""
+    hit = _cache.get(hash_secret(secret))
+    return hit[1] if hit is not None and hit[0] > time.monotonic() else None
+
+
 def node_for_credential(secret: str) -> Node | None:
-    rows = _NODE_BY_CREDENTIAL.rows([hash_secret(secret)])
-    return Node.from_db("default", _NODE_COLUMNS, rows[0]) if rows else None
+    digest = hash_secret(secret)
+    hit = _cache.get(digest)
+    now = time.monotonic()
+    if hit is not None and hit[0] > now:
+        return hit[1]
+    rows = _NODE_BY_CREDENTIAL.rows([digest])
+    if not rows:
+        return None
+    if len(_cache) >= MAX_ENTRIES:
+        _cache.clear()
+    node = Node.from_db("default", _NODE_COLUMNS, rows[0])
+    _cache[digest] = (now + CACHE_S, node)
+    return node
 
 
 def valid_join_token(secret: str) -> JoinToken | None:

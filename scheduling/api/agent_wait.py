@@ -31,7 +31,7 @@ from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
 
-from scheduling.api.agent_auth import NODE_KEYWORD, node_for_credential
+from scheduling.api.agent_auth import NODE_KEYWORD, cached_node, node_for_credential
 
 log = logging.getLogger("tessera.agents")
 
@@ -46,11 +46,15 @@ def wake_channel(node_id: int) -> str:
     return f"agentwake.{node_id}"
 
 
-def _node_id_for(header: str) -> int | None:
+def _credential(header: str) -> str | None:
     parts = header.split()
     if len(parts) != 2 or parts[0].lower() != NODE_KEYWORD.lower():
         return None
-    node = node_for_credential(parts[1])
+    return parts[1]
+
+
+def _node_id_for(secret: str) -> int | None:
+    node = node_for_credential(secret)
     # Give the connection back now, not when this request ends 25 s later: with a connection
     # pool, sixteen waiting agents would otherwise hold sixteen connections doing nothing.
     if connection.vendor == "postgresql" and not connection.in_atomic_block:
@@ -178,8 +182,11 @@ async def agent_wait(request: HttpRequest) -> JsonResponse:
     ``{"wake": false}`` on timeout."""
     if request.method != "GET":
         return JsonResponse({"detail": f'Method "{request.method}" not allowed.'}, status=405)
-    header = request.headers.get("Authorization", "")
-    node_id = await sync_to_async(_node_id_for)(header) if header else None
+    secret = _credential(request.headers.get("Authorization", ""))
+    node_id = None
+    if secret is not None:
+        cached = cached_node(secret)  # most waits: no thread hop, no query
+        node_id = cached.pk if cached is not None else await sync_to_async(_node_id_for)(secret)
     if node_id is None:
         response = JsonResponse({"detail": "A valid node credential is required."}, status=401)
         response["WWW-Authenticate"] = NODE_KEYWORD
