@@ -15,7 +15,9 @@ from scheduling.services.snapshot import PreparedRead
 Holder = tuple[int, int, str, int, int]
 
 
-_HOLDERS = PreparedRead(
+# The active allocations of some devices (``HOLDERS.rows(device_ids)``), by job and replica: rows
+# for :func:`holders_of`.
+HOLDERS = PreparedRead(
     lambda device_ids: (
         Allocation.objects.filter(device_id__in=device_ids, released_at__isnull=True)
         .order_by("job_id", "replica")
@@ -26,8 +28,13 @@ _HOLDERS = PreparedRead(
 
 def holders(device_ids: Iterable[int]) -> dict[int, list[Holder]]:
     """The active allocations of ``device_ids``, per device id, by job and replica."""
+    return holders_of(HOLDERS.rows(sorted(set(device_ids))))
+
+
+def holders_of(rows: Iterable[Any]) -> dict[int, list[Holder]]:
+    """``HOLDERS`` rows, per device id."""
     out: dict[int, list[Holder]] = defaultdict(list)
-    for device_id, *holder in _HOLDERS.rows(sorted(set(device_ids))):
+    for device_id, *holder in rows:
         out[device_id].append(tuple(holder))
     return out
 

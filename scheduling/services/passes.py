@@ -31,7 +31,7 @@ from scheduling.models import Allocation, Device, Job, Node, SchedulerState, Ten
 from scheduling.services import live
 from scheduling.services.agents import bindings_by_node
 from scheduling.services.bulk import RowsInsert, RowsUpdate
-from scheduling.services.inventory import Holder, device_rows, holders
+from scheduling.services.inventory import HOLDERS, Holder, device_rows, holders_of
 from scheduling.services.jobs import allocations_payload, begin_stop, do_transition_many, locked_jobs
 from scheduling.services.snapshot import (
     LoadedSnapshot,
@@ -39,6 +39,7 @@ from scheduling.services.snapshot import (
     StoredReason,
     load_snapshot,
     pending_rows,
+    read_together,
 )
 from scheduling.services.triggers import AGAIN_FLAG, QUEUED_FLAG, queue_pass
 
@@ -301,14 +302,19 @@ def _apply_bindings(
         return
     node_names = sorted({p.node for b in bindings for p in b.placements})
     with transaction.atomic():
-        locked = _jobs(_LOCK_JOBS.rows(sorted({int(b.job_id) for b in bindings})))
-        jobs = {str(j.pk): j for j in locked if j.state == JobState.PENDING}
-        # Locked for their versions; the pass needs no more of them (nor their JSON columns).
-        nodes = {row[1]: Node.from_db("default", _NODE_COLUMNS, row) for row in _LOCK_NODES.rows(node_names)}
+        # One round trip: the jobs locked, then the nodes (for their versions; the pass needs no
+        # more of them, nor their JSON columns), then who holds the devices the bindings want
+        # now (the capacity check below, then the device rows published).
+        job_rows, node_rows, holder_rows = read_together(
+            (_LOCK_JOBS, sorted({int(b.job_id) for b in bindings})),
+            (_LOCK_NODES, node_names),
+            (HOLDERS, _device_ids(loaded, bindings)),
+        )
+        jobs = {str(j.pk): j for j in _jobs(job_rows) if j.state == JobState.PENDING}
+        nodes = {row[1]: Node.from_db("default", _NODE_COLUMNS, row) for row in node_rows}
         fresh = {name for name, n in nodes.items() if n.version == loaded.node_versions.get(name)}
         devices = _devices(loaded, bindings, nodes, fresh)
-        # Who holds these devices now: the capacity check below, then the device rows published.
-        held = holders(d.pk for d in devices.values())
+        held = holders_of(holder_rows)
         used = {device_id: sum(h[3] for h in hs) for device_id, hs in held.items()}
         bound: list[tuple[Job, list[tuple[Node, Device | None, int, int]]]] = []
         for binding in bindings:
@@ -363,6 +369,17 @@ def _jobs(rows: list) -> list[Job]:
     return jobs
 
 
+def _device_ids(loaded: LoadedSnapshot, bindings: list[Binding]) -> list[int]:
+    """The ids of the devices ``bindings`` place, as the snapshot read them (those of a node that
+    changed since may be others: its bindings are dropped, whoever holds them)."""
+    wanted = {(p.node, i) for b in bindings for p in b.placements for i in p.gpus}
+    ids = []
+    for name in {name for name, _ in wanted}:
+        node_id = loaded.node_ids.get(name)
+        ids.extend(d["id"] for d in loaded.devices.get(node_id, []) if (name, d["index"]) in wanted)
+    return sorted(ids)
+
+
 def _devices(
     loaded: LoadedSnapshot, bindings: list[Binding], nodes: dict[str, Node], fresh: set[str]
 ) -> dict[tuple[str, int], Device]:
@@ -376,8 +393,7 @@ def _devices(
         node = nodes[name]
         for d in loaded.devices.get(node.pk, []):
             if (name, d["index"]) in wanted:
-                device = Device(node=node, **d)
-                devices[(name, d["index"])] = device
+                devices[(name, d["index"])] = Device(node=node, **d)
     return devices
 
 

@@ -130,8 +130,12 @@ class PreparedRead:
         self._compiled: dict[tuple[str, int], tuple[SQLCompiler, str, tuple, dict]] = {}
 
     def rows(self, *values: Sequence[Any]) -> list[Sequence[Any]]:
+        return read_together((self, *values))[0]
+
+    def statement(self, *values: Sequence[Any]) -> Statement | None:
+        """The read's SQL and parameters for ``values`` (None: ``__in`` an empty list, no row)."""
         if values and not values[0]:
-            return []  # ``__in`` an empty list: no row
+            return None
         vendor = connection.vendor
         # Without repeats, as the ORM's ``__in`` sends them (so that the parameters compare).
         given = tuple(dict.fromkeys(values[0])) if values else None
@@ -147,10 +151,7 @@ class PreparedRead:
             compiler, sql, params, converters = compiled
             if given is not None:
                 params = given
-        with connection.cursor() as cur:
-            cur.execute(sql, params)
-            rows = cur.fetchall()
-        return list(compiler.apply_converters(rows, converters)) if converters else rows
+        return Statement(sql, params, compiler, converters)
 
     def _compile(
         self, values: tuple[Sequence[Any], ...], given: tuple[Any, ...] | None
@@ -169,6 +170,49 @@ class PreparedRead:
             if vendor == "postgresql" and sql.count(listed) == 1:
                 self._compiled[(vendor, 0)] = (compiler, sql.replace(listed, "= ANY(%s)"), (), converters)
         return compiled
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    """One read ready to run: its SQL and parameters, and how its rows are converted."""
+
+    sql: str
+    params: Sequence[Any]
+    compiler: SQLCompiler
+    converters: dict
+
+    def convert(self, rows: list[Sequence[Any]]) -> list[Sequence[Any]]:
+        return list(self.compiler.apply_converters(rows, self.converters)) if self.converters else rows
+
+
+def read_together(*reads: tuple[Any, ...]) -> list[list[Sequence[Any]]]:
+    """The rows of each ``(PreparedRead, *values)`` of ``reads``, in order.
+
+    On PostgreSQL, in one round trip: their statements are sent as one query (psycopg's
+    client-side binding cursor, Django's default, runs several statements in one ``execute``)
+    and their results are read one after the other. Each is its own statement, as if sent
+    alone: a later one sees what an earlier one locked or changed. Elsewhere, one by one.
+    """
+    statements = [read.statement(*values) for read, *values in reads]
+    ready = [s for s in statements if s is not None]
+    together = (
+        connection.vendor == "postgresql"
+        and len(ready) > 1
+        and not connection.settings_dict.get("OPTIONS", {}).get("server_side_binding")
+    )
+    results: dict[int, list[Sequence[Any]]] = {}
+    with connection.cursor() as cur:
+        if together:
+            cur.execute(";\n".join(s.sql for s in ready), [p for s in ready for p in s.params])
+            for i, statement in enumerate(ready):
+                if i and not cur.nextset():
+                    raise RuntimeError("a statement of a batch of reads gave no result")
+                results[id(statement)] = statement.convert(cur.fetchall())
+        else:
+            for statement in ready:
+                cur.execute(statement.sql, statement.params)
+                results[id(statement)] = statement.convert(cur.fetchall())
+    return [results[id(s)] if s is not None else [] for s in statements]
 
 
 _PENDING = PreparedRead(lambda: Job.objects.filter(state=JobState.PENDING).values_list(*JOB_FIELDS))
@@ -250,15 +294,17 @@ def load_snapshot(now: datetime, pending: list[dict[str, Any]] | None = None) ->
     """
     if pending is None:
         pending = pending_rows()
-    jobs = [dict(zip(JOB_FIELDS, row, strict=True)) for row in _HOLDING.rows()] + pending
-    nodes = [dict(zip(NODE_FIELDS, row, strict=True)) for row in _NODES.rows()]
+    holding, node_rows, device_rows, held, quotas = read_together(
+        (_HOLDING,), (_NODES,), (_DEVICES,), (_HELD,), (_QUOTAS,)
+    )
+    jobs = [dict(zip(JOB_FIELDS, row, strict=True)) for row in holding] + pending
+    nodes = [dict(zip(NODE_FIELDS, row, strict=True)) for row in node_rows]
     devices: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for node_id, *device in _DEVICES.rows():
+    for node_id, *device in device_rows:
         devices[node_id].append(dict(zip(DEVICE_FIELDS, device, strict=True)))
     by_job: dict[int, list[tuple[int, str, int, int | None]]] = defaultdict(list)
-    for job_id, replica, node_name, share, index in _HELD.rows():
+    for job_id, replica, node_name, share, index in held:
         by_job[job_id].append((replica, node_name, share, index))
-    quotas = _QUOTAS.rows()
     running, waiting, reasons = [], [], {}
     for job in jobs:
         request = request_of(job["tenant__name"], job)

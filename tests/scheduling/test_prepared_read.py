@@ -40,3 +40,18 @@ def test_a_read_by_names_works_with_one_statement_too(db):
     )
     assert [r[0] for r in read.rows(["a"])] == ["a"]
     assert [r[0] for r in read.rows(["c", "a", "zz"])] == ["a", "c"]
+
+
+def test_reads_together_give_what_each_read_gives_alone_in_order(db):
+    from scheduling.services.snapshot import read_together
+
+    nodes = [helpers.make_node(f"n{i}") for i in range(3)]
+    by_ids = PreparedRead(
+        lambda ids: Node.objects.filter(pk__in=ids).order_by("pk").values_list("id", "labels")
+    )
+    every = PreparedRead(lambda: Node.objects.order_by("-pk").values_list("name", "last_heartbeat"))
+    ids = [nodes[2].pk, nodes[0].pk]
+    alone = [by_ids.rows(ids), every.rows(), by_ids.rows([])]
+    together = read_together((by_ids, ids), (every,), (by_ids, []))
+    assert together == alone
+    assert together[0][0][1] == {}  # converted as the ORM converts (JSON decoded)
