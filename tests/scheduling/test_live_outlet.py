@@ -59,38 +59,52 @@ def redis_layer(redis_url):
 
 
 def test_the_outlet_sends_to_groups_with_a_member_and_skips_the_empty_ones(redis_layer, monkeypatch):
-    sent: list[str] = []
-    send = redis_layer.group_send
-
-    async def spy(group, message):
-        sent.append(group)
-        await send(group, message)
-
-    monkeypatch.setattr(redis_layer, "group_send", spy)
     monkeypatch.setattr(live, "get_channel_layer", lambda: redis_layer)
     wake = {"type": "agent.wake", "start": [{"job_id": 1}], "heartbeat": False}
 
     async def scenario():
         await redis_layer.group_add("agent.3", "agentwake.3")
         await live.Outlet._send_all([("gpus", {"type": "gpu.update", "devices": []}), ("agent.3", wake)])
-        return await redis_layer.receive("agentwake.3")
+        connection = redis_layer.connection(0)
+        return await redis_layer.receive("agentwake.3"), await connection.keys(f"{redis_layer.prefix}*")
 
-    assert async_to_sync(scenario)() == {"type": "agent.wake", "start": [{"job_id": 1}], "heartbeat": False}
-    assert sent == ["agent.3"]
+    received, keys = async_to_sync(scenario)()
+    assert received == wake
+    assert not [key for key in keys if b"gpus" in key]  # nothing written for the empty group
 
 
-def test_a_group_whose_members_all_expired_is_not_heard(redis_layer):
+def test_a_batch_reaches_each_member_as_one_group_send_after_another_would(redis_layer):
+    batch = [
+        ("jobs.operators", {"type": "job.update", "job": {"id": i, "state": "running"}}) for i in range(5)
+    ] + [("gpus", {"type": "gpu.update", "devices": [{"index": 0}]})]
+
+    async def receive_all(channel, n):
+        return [await redis_layer.receive(channel) for _ in range(n)]
+
+    async def scenario():
+        mine, theirs = await redis_layer.new_channel(), await redis_layer.new_channel()
+        for group in ("jobs.operators", "gpus"):
+            await redis_layer.group_add(group, mine)
+        await live._group_send_all(redis_layer, batch)
+        got = await receive_all(mine, len(batch))
+        # the same messages through channels_redis's own group_send, to another member
+        for group in ("jobs.operators", "gpus"):
+            await redis_layer.group_discard(group, mine)
+            await redis_layer.group_add(group, theirs)
+        for group, message in batch:
+            await redis_layer.group_send(group, message)
+        return got, await receive_all(theirs, len(batch))
+
+    ours, theirs = async_to_sync(scenario)()
+    assert ours == theirs == [message for _, message in batch]
+
+
+def test_a_group_whose_members_all_expired_has_none(redis_layer):
     async def scenario():
         await redis_layer.group_add("gpus", "dash.1")
         await redis_layer.group_add("jobs.operators", "dash.2")
         stale = time.time() - redis_layer.group_expiry - 5
         await redis_layer.connection(0).zadd(redis_layer._group_key("jobs.operators"), {"dash.2": stale})
-        return await live._groups_heard(redis_layer, {"gpus", "jobs.operators", "agent.9"})
+        return await live._members(redis_layer, {"gpus", "jobs.operators", "agent.9"})
 
-    assert async_to_sync(scenario)() == {"gpus"}
-
-
-def test_without_redis_the_outlet_sends_to_every_group():
-    from channels.layers import InMemoryChannelLayer
-
-    assert async_to_sync(live._groups_heard)(InMemoryChannelLayer(), {"gpus"}) is None
+    assert async_to_sync(scenario)() == {"gpus": ["dash.1"], "jobs.operators": [], "agent.9": []}
