@@ -14,7 +14,7 @@ embedded default) the ORM's own ``bulk_update``/``bulk_create`` run instead.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.db import connection
@@ -69,16 +69,12 @@ class RowsUpdate:
 
 
 class RowsInsert:
-    """``INSERT`` of many new ``model`` objects (columns ``names``, or all but an automatic primary
-    key); with ``returning``, each object's primary key is set from the database's."""
+    """``INSERT`` of many new ``model`` objects (columns ``names``; their primary keys are not read
+    back)."""
 
-    def __init__(
-        self, model: type[Model], names: Sequence[str] | None = None, returning: bool = False
-    ) -> None:
-        if names is None:
-            names = [f.name for f in model._meta.concrete_fields if f is not model._meta.auto_field]
-        self.model, self.names, self.returning = model, tuple(names), returning
-        self._sql: dict[bool, str] = {}
+    def __init__(self, model: type[Model], names: Sequence[str]) -> None:
+        self.model, self.names = model, tuple(names)
+        self._sql: dict[bool, str] = {}  # one row?, many rows?
 
     def _statement(self, one: bool) -> tuple[str, list[Field]]:
         fields = _columns(self.model, self.names)
@@ -89,29 +85,80 @@ class RowsInsert:
                 rows = f"VALUES ({', '.join(['%s'] * len(fields))})"
             else:
                 rows = f"SELECT * FROM UNNEST({', '.join(f'%s::{_array_type(f)}' for f in fields)})"
-            sql = f"INSERT INTO {qn(self.model._meta.db_table)} ({cols}) {rows}"
-            if self.returning:
-                sql += f" RETURNING {qn(self.model._meta.pk.column)}"
-            self._sql[one] = sql
+            self._sql[one] = f"INSERT INTO {qn(self.model._meta.db_table)} ({cols}) {rows}"
         return self._sql[one], fields
 
     def run(self, objs: Sequence[Model]) -> None:
         if not objs:
             return
         if connection.vendor != "postgresql":
-            self.model._default_manager.bulk_create(objs)  # sets primary keys on SQLite too
+            self.model._default_manager.bulk_create(objs)
             return
         sql, fields = self._statement(len(objs) == 1)
         values = [[f.get_db_prep_save(f.pre_save(o, True), connection) for f in fields] for o in objs]
         with connection.cursor() as cur:
             cur.execute(sql, values[0] if len(objs) == 1 else _by_column(values))
-            if self.returning:
-                # Rows come back in the order UNNEST gave them, as Django's bulk_create relies on.
-                for obj, (pk,) in zip(objs, cur.fetchall(), strict=True):
-                    obj.pk = pk
-                    obj._state.adding = False
 
 
 def _by_column(rows: list[list[Any]]) -> list[list[Any]]:
     """Rows of values → one list per column (the arrays UNNEST takes)."""
     return [list(column) for column in zip(*rows, strict=True)]
+
+
+class InsertWithChildren:
+    """``INSERT`` of one new ``model`` object and of rows of other models that point at it (each
+    child's foreign key filled with the new primary key) in ONE statement: one round trip, and
+    nothing half-stored if any row fails (a unique key, a constraint). Sets the object's primary
+    key and the children's foreign keys."""
+
+    def __init__(self, model: type[Model], children: Sequence[tuple[type[Model], str]]) -> None:
+        self.model = model
+        self.children = tuple(children)  # (model, name of its foreign key to ``model``)
+        self._sql: dict[tuple[bool, ...], str] = {}
+
+    @staticmethod
+    def _fields(model: type[Model], skip: str | None = None) -> list[Field]:
+        return [f for f in model._meta.concrete_fields if f is not model._meta.auto_field and f.name != skip]
+
+    def _statement(self, present: tuple[bool, ...]) -> str:
+        if present not in self._sql:
+            qn = connection.ops.quote_name
+            pk = qn(self.model._meta.pk.column)
+
+            def into(model: type[Model], fields: list[Field]) -> str:
+                return f"INSERT INTO {qn(model._meta.db_table)} ({', '.join(qn(f.column) for f in fields)})"
+
+            fields = self._fields(self.model)
+            parts = [f"p AS ({into(self.model, fields)} VALUES ({', '.join(['%s'] * len(fields))}) "
+                     f"RETURNING {pk})"]
+            for n, ((child, fk), here) in enumerate(zip(self.children, present, strict=True)):
+                if here:
+                    cols = [child._meta.get_field(fk), *self._fields(child, skip=fk)]
+                    values = ", ".join(["%s"] * (len(cols) - 1))
+                    parts.append(f"c{n} AS ({into(child, cols)} SELECT p.{pk}, {values} FROM p)")
+            self._sql[present] = f"WITH {', '.join(parts)} SELECT {pk} FROM p"
+        return self._sql[present]
+
+    def run(self, obj: Model, children: Callable[[], Sequence[Model | None]]) -> None:
+        """``children``: called once ``obj``'s own values are final (its ``auto_now_add`` fields
+        set), it gives one object (or None: no row of that model) per child model, in order."""
+        if connection.vendor != "postgresql":
+            obj.save(force_insert=True)
+            for (_, fk), child in zip(self.children, children(), strict=True):
+                if child is not None:
+                    setattr(child, fk, obj)
+                    child.save(force_insert=True)
+            return
+        params = [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in self._fields(self.model)]
+        rows = children()
+        for (model, fk), child in zip(self.children, rows, strict=True):
+            if child is not None:
+                params += [f.get_db_prep_save(f.pre_save(child, True), connection)
+                           for f in self._fields(model, skip=fk)]
+        with connection.cursor() as cur:
+            cur.execute(self._statement(tuple(child is not None for child in rows)), params)
+            obj.pk = cur.fetchone()[0]
+        obj._state.adding = False
+        for (_, fk), child in zip(self.children, rows, strict=True):
+            if child is not None:
+                setattr(child, fk, obj)

@@ -7,19 +7,20 @@ many jobs moving to one state in a few queries (the pass binding a chunk of jobs
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from scheduling.choices import HOLDING_STATES, QUEUE_LEVELS, TERMINAL_STATES, EventType, JobState
 from scheduling.models import Allocation, IdempotencyKey, Job, JobEvent
 from scheduling.services import live
-from scheduling.services.bulk import RowsInsert, RowsUpdate
+from scheduling.services.bulk import InsertWithChildren, RowsInsert, RowsUpdate
 from scheduling.states import check_transition
 
 
@@ -136,7 +137,9 @@ def do_submit_job(
     # and a retry's insert fails on the key's unique constraint, which rolls back the job too.
     for _ in range(2):  # once more if the key found had outlived its TTL (deleted, then free)
         try:
-            with transaction.atomic():
+            # One statement (see _INSERT_SUBMIT): atomic by itself; a savepoint only inside a
+            # caller's transaction, so that a failed insert leaves that transaction usable.
+            with transaction.atomic() if connection.in_atomic_block else contextlib.nullcontext():
                 job = Job(
                     tenant=tenant,
                     owner=user,
@@ -145,11 +148,12 @@ def do_submit_job(
                     pending_reason="waiting for the next scheduling pass",
                     **cleaned,
                 )
-                _INSERT_JOB.run([job])
+                key = None
                 if idempotency_key:
-                    key = IdempotencyKey(user=user, key=idempotency_key, body_hash=digest, job=job)
-                    _INSERT_KEY.run([key])
-                _WRITE_EVENTS.run([JobEvent(job=job, type=EventType.SUBMITTED, at=job.submitted_at)])
+                    key = IdempotencyKey(user=user, key=idempotency_key, body_hash=digest)
+                _INSERT_SUBMIT.run(job, lambda: [
+                    key, JobEvent(type=EventType.SUBMITTED, at=job.submitted_at)  # noqa: B023 - called at once
+                ])
                 live.publish_job(job)
                 transaction.on_commit(_pass_for_new_job)
             return job, True
@@ -163,9 +167,9 @@ def do_submit_job(
     raise IntegrityError(f"idempotency key {idempotency_key!r} could not be stored")
 
 
-# A submit's three rows, their SQL built once (services/bulk.py).
-_INSERT_JOB = RowsInsert(Job, returning=True)
-_INSERT_KEY = RowsInsert(IdempotencyKey)
+# A submit's rows (the job, its idempotency key, its "submitted" event) in one statement, its SQL
+# built once (services/bulk.py).
+_INSERT_SUBMIT = InsertWithChildren(Job, [(IdempotencyKey, "job"), (JobEvent, "job")])
 
 
 def _retried(existing: IdempotencyKey, digest: str) -> tuple[Job, bool]:
