@@ -33,9 +33,12 @@ if settings.TESSERA["PASS_LOOP"]:
 
     start_embedded_loop()
 
+from controlplane.gc_tuning import tune_for_server  # noqa: E402
+
 application = ProtocolTypeRouter(
     {
         "http": ASGIStaticFilesHandler(django_asgi_app),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )
+tune_for_server()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from celery import Celery
+from celery.signals import worker_ready
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
@@ -22,3 +23,10 @@ app.conf.beat_schedule = {
         "schedule": 10.0,
     },
 }
+
+
+@worker_ready.connect
+def _tune_gc(**_: object) -> None:
+    from controlplane.gc_tuning import tune_for_server
+
+    tune_for_server()  # the worker has loaded Django and its tasks: see controlplane/gc_tuning.py
