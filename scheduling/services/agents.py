@@ -19,40 +19,39 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from functools import cache
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import F, Max
 from django.db.models.functions import Length
 from django.utils import timezone
 
-from scheduling.choices import HOLDING_STATES, EventType, JobState, NodeState
+from scheduling.choices import HOLDING_STATES, JobState, NodeState
 from scheduling.models import (
     Allocation,
     Device,
     Job,
-    JobEvent,
     JoinToken,
     LogChunk,
     Node,
-    Tenant,
     hash_secret,
     new_secret,
 )
 from scheduling.services import live
 from scheduling.services.inventory import device_rows
 from scheduling.services.jobs import (
+    LOCK_JOBS,
     Settlement,
     active_allocations_of,
     begin_stop,
     device_index,
     do_mark_running,
+    jobs_from_rows,
     locked_jobs,
     request_pass_on_commit,
 )
-from scheduling.services.snapshot import DEVICE_FIELDS, PreparedRead
+from scheduling.services.snapshot import DEVICE_FIELDS, PreparedRead, read_together
 
 log = logging.getLogger("tessera.agents")
 
@@ -336,16 +335,10 @@ def _stop_order(
 
 # --- Job reports -------------------------------------------------------------------------------
 
-_JOB_COLUMNS = tuple(f.attname for f in Job._meta.concrete_fields)
 _ALLOC_COLUMNS = ("id", "job_id", "node_id", "device_id", "replica", "share_milli", "attempt",
                   "created_at", "released_at", "exited_at")
-# The reports' reads, their SQL built once (see PreparedRead): a report's jobs, locked (their row
-# only; the tenant's name read alongside), and every allocation those jobs ever had, with the
-# node's name and the device (what settling needs: ownership, bound replicas, device rows).
-_LOCK_JOBS = PreparedRead(
-    lambda ids: Job.objects.select_for_update(of=("self",)).filter(pk__in=ids).order_by("pk")
-    .values_list(*_JOB_COLUMNS, "tenant__name")
-)
+# Every allocation a report's jobs ever had, with the node's name and the device (what settling
+# needs: ownership, bound replicas, device rows), its SQL built once (see PreparedRead).
 _JOB_ALLOCATIONS = PreparedRead(
     lambda ids: Allocation.objects.filter(job_id__in=ids).order_by("job_id", "replica", "id")
     .values_list(*_ALLOC_COLUMNS, "node__name", *(f"device__{f}" for f in DEVICE_FIELDS))
@@ -361,18 +354,17 @@ class Owned:
 
 
 def _owned(node: Node, job_ids: list[int]) -> Owned:
-    """Lock ``job_ids`` (in id order, as everywhere) and read their allocations: two queries."""
+    """Lock ``job_ids`` (in id order, as everywhere) and read their allocations: one round trip."""
     ids = sorted({i for i in job_ids if 0 < i <= MAX_DB_INT})
-    jobs = {}
-    for row in _LOCK_JOBS.rows(ids):
-        job = Job.from_db("default", _JOB_COLUMNS, row[:-1])
-        job.tenant = Tenant(id=job.tenant_id, name=row[-1])
-        jobs[job.pk] = job
+    job_rows, alloc_rows = read_together((LOCK_JOBS, ids), (_JOB_ALLOCATIONS, ids))
+    jobs = {job.pk: job for job in jobs_from_rows(job_rows)}
     allocations: dict[int, list[Allocation]] = {}
     nodes: dict[int, Node] = {}
     width = len(_ALLOC_COLUMNS)
-    for row in _JOB_ALLOCATIONS.rows(list(jobs)):
+    for row in alloc_rows:
         fields = dict(zip(_ALLOC_COLUMNS, row[:width], strict=True))
+        if fields["job_id"] not in jobs:
+            continue
         where = nodes.setdefault(fields["node_id"], Node(id=fields["node_id"], name=row[width]))
         device = None
         if fields["device_id"] is not None:
@@ -393,36 +385,16 @@ def _owned_job(node: Node, job_id: int) -> tuple[Job, list[Allocation]]:
     return owned.jobs[job_id], owned.allocations[job_id]
 
 
-def _scheduled_at(job_ids: list[int]) -> dict[int, datetime]:
-    """When each job was last bound (its latest ``scheduled`` event), in one query; on PostgreSQL
-    with SQL built once (the ORM's costs more CPU than the query)."""
-    if not job_ids:
-        return {}
-    if connection.vendor != "postgresql":
-        return dict(
-            JobEvent.objects.filter(job_id__in=job_ids, type=EventType.SCHEDULED)
-            .values("job_id").annotate(last=Max("at")).values_list("job_id", "last")
-        )
-    with connection.cursor() as cur:
-        cur.execute(_scheduled_at_sql(), [EventType.SCHEDULED, job_ids])
-        return dict(cur.fetchall())
-
-
-@cache
-def _scheduled_at_sql() -> str:
-    qn = connection.ops.quote_name
-    job, type_, at = (qn(JobEvent._meta.get_field(f).column) for f in ("job", "type", "at"))
-    return (f"SELECT {job}, MAX({at}) FROM {qn(JobEvent._meta.db_table)} "
-            f"WHERE {type_} = %s AND {job} = ANY(%s) GROUP BY {job}")
-
-
-def _clamped(seen: float | None, scheduled: datetime | None, now: datetime) -> datetime:
+def _clamped(seen: float | None, job: Job, allocs: list[Allocation], now: datetime) -> datetime:
     """The agent's process start (``seen``, epoch seconds, its clock), kept between the job's
-    ``scheduled`` event and now, so that a skewed agent clock cannot reorder its history."""
+    binding and now, so that a skewed agent clock cannot reorder its history. The binding's time
+    is its allocations' ``created_at`` (the pass writes them after stamping the ``scheduled``
+    event: never before it), so no event is read."""
     if seen is None:
         return now
     at = datetime.fromtimestamp(seen, tz=UTC)
-    return min(now, max(at, scheduled or at))
+    bound = [a.created_at for a in allocs if a.attempt == job.attempts and a.created_at is not None]
+    return min(now, max(at, *bound))
 
 
 def _bound_here(allocs: list[Allocation], node_id: int, replica: int, attempt: int) -> bool:
@@ -446,9 +418,8 @@ def do_report_started(
         if not bound or job.state not in HOLDING_STATES:
             raise Stale(f"job {job_id} attempt {attempt} replica {replica} is not bound to {node.name}")
         if job.state == JobState.SCHEDULED:
-            scheduled = _scheduled_at([job.pk]).get(job.pk) if started_at is not None else None
             settlement = Settlement()
-            settlement.mark_running(job, _clamped(started_at, scheduled, now))
+            settlement.mark_running(job, _clamped(started_at, job, allocs, now))
             settlement.write()
         return job
 
@@ -488,14 +459,11 @@ def do_report_exits(node: Node, reports: list[ExitReport]) -> list[tuple[Job, bo
     now = timezone.now()
     with transaction.atomic():
         owned = _owned(node, [r.job_id for r in reports])
-        starts = [r.job_id for r in reports if r.started_at is not None and r.job_id in owned.jobs
-                  and owned.jobs[r.job_id].state == JobState.SCHEDULED]
-        scheduled = _scheduled_at(sorted(set(starts)))
         settlement = Settlement()
         results: list[tuple[Job, bool] | NotYours | Stale] = []
         for report in reports:
             try:
-                results.append(_exit_one(node, owned, settlement, report, scheduled, now))
+                results.append(_exit_one(node, owned, settlement, report, now))
             except (NotYours, Stale) as exc:
                 results.append(exc)
         settlement.write()
@@ -503,8 +471,7 @@ def do_report_exits(node: Node, reports: list[ExitReport]) -> list[tuple[Job, bo
 
 
 def _exit_one(
-    node: Node, owned: Owned, settlement: Settlement, r: ExitReport, scheduled: dict[int, datetime],
-    now: datetime,
+    node: Node, owned: Owned, settlement: Settlement, r: ExitReport, now: datetime
 ) -> tuple[Job, bool]:
     job = owned.jobs.get(r.job_id)
     if job is None:
@@ -515,7 +482,7 @@ def _exit_one(
     held = [a for a in allocs if a.released_at is None] if r.attempt == job.attempts else []
     if _bound_here(held, node.pk, r.replica, r.attempt):
         if r.started_at is not None and job.state == JobState.SCHEDULED:
-            settlement.mark_running(job, _clamped(r.started_at, scheduled.get(job.pk), now))
+            settlement.mark_running(job, _clamped(r.started_at, job, held, now))
         _settle_replica(settlement, job, node.pk, r.replica, r.exit_code, r.reason, now, held)
         return job, True
     if any(a.node_id == node.pk and a.replica == r.replica and a.attempt == r.attempt

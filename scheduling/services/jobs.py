@@ -18,9 +18,10 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from scheduling.choices import HOLDING_STATES, QUEUE_LEVELS, TERMINAL_STATES, EventType, JobState
-from scheduling.models import Allocation, IdempotencyKey, Job, JobEvent
+from scheduling.models import Allocation, IdempotencyKey, Job, JobEvent, Tenant
 from scheduling.services import live
 from scheduling.services.bulk import InsertWithChildren, RowsInsert, RowsUpdate
+from scheduling.services.snapshot import PreparedRead
 from scheduling.states import check_transition
 
 
@@ -89,7 +90,8 @@ def do_transition_many(
     jobs: list[Job], target: str, event: str, allocations: dict[int, list[dict[str, Any]]], at: datetime
 ) -> None:
     """:func:`do_transition` for ``jobs`` (locked by the caller) all moving to ``target`` at ``at``:
-    one UPDATE and one INSERT for all of them. ``allocations``: each job's event allocations."""
+    one UPDATE and one INSERT for all of them, their SQL built once. ``allocations``: each job's
+    event allocations."""
     if not jobs:
         return
     for job in jobs:
@@ -97,14 +99,11 @@ def do_transition_many(
         job.state = target
         if target != JobState.PENDING:
             job.pending_reason = job.pending_code = job.estimated_start = None
-    cleared = {} if target == JobState.PENDING else {
-        "pending_reason": None, "pending_code": None, "estimated_start": None}
-    Job.objects.filter(pk__in=[j.pk for j in jobs]).update(state=target, **cleared)
-    JobEvent.objects.bulk_create(
-        JobEvent(job=job, type=event, at=at, allocations=allocations.get(job.pk)) for job in jobs
+    _WRITE_STATES.run(jobs)
+    _WRITE_EVENTS.run(
+        [JobEvent(job=job, type=event, at=at, allocations=allocations.get(job.pk)) for job in jobs]
     )
-    for job in jobs:
-        live.publish_job(job)
+    live.publish_on_commit(*(message for job in jobs for message in live.job_messages(job)))
 
 
 def _body_hash(body: dict[str, Any]) -> str:
@@ -201,6 +200,26 @@ def _expired_removed(user, key: str) -> bool:
     return IdempotencyKey.objects.filter(user=user, key=key, created_at__lt=_ttl_cutoff()).delete()[0] > 0
 
 
+JOB_COLUMNS = tuple(f.attname for f in Job._meta.concrete_fields)
+# What ``locked_jobs()`` reads, by id, with SQL built once (see PreparedRead) for the paths every
+# job crosses (the pass binding it, its agent's reports): rows of ``JOB_COLUMNS`` and the
+# tenant's name, in id order (the lock order), whatever their state. ``jobs_from_rows`` builds them.
+LOCK_JOBS = PreparedRead(
+    lambda ids: Job.objects.select_for_update(of=("self",)).filter(pk__in=ids).order_by("pk")
+    .values_list(*JOB_COLUMNS, "tenant__name")
+)
+
+
+def jobs_from_rows(rows) -> list[Job]:
+    """Jobs from ``JOB_COLUMNS`` rows followed by their tenant's name (the tenant built from it)."""
+    jobs = []
+    for row in rows:
+        job = Job.from_db("default", JOB_COLUMNS, row[:-1])
+        job.tenant = Tenant(id=job.tenant_id, name=row[-1])
+        jobs.append(job)
+    return jobs
+
+
 def locked_jobs():
     """Jobs read to be changed: ``FOR UPDATE OF`` the job row only, its tenant read alongside.
 
@@ -285,6 +304,7 @@ _SETTLED_FIELDS = (
 _WRITE_JOBS = RowsUpdate(Job, _SETTLED_FIELDS)
 _WRITE_EVENTS = RowsInsert(JobEvent, ("job", "type", "at", "reason", "allocations"))
 _WRITE_RELEASED = RowsUpdate(Allocation, ("released_at",))
+_WRITE_STATES = RowsUpdate(Job, ("state", "pending_reason", "pending_code", "estimated_start"))
 _WRITE_EXITED = RowsUpdate(Allocation, ("exited_at",))
 
 

@@ -27,12 +27,20 @@ from scheduling.engine.collector import collector_paused
 from scheduling.engine.config import EngineConfig
 from scheduling.engine.policy import TesseraScheduler
 from scheduling.engine.types import Binding, Decisions
-from scheduling.models import Allocation, Device, Job, Node, SchedulerState, Tenant
+from scheduling.models import Allocation, Device, Job, Node, SchedulerState
 from scheduling.services import live
 from scheduling.services.agents import bindings_by_node
 from scheduling.services.bulk import RowsInsert, RowsUpdate
 from scheduling.services.inventory import HOLDERS, Holder, device_rows, holders_of
-from scheduling.services.jobs import allocations_payload, begin_stop, do_transition_many, locked_jobs
+from scheduling.services.jobs import (
+    JOB_COLUMNS,
+    LOCK_JOBS,
+    allocations_payload,
+    begin_stop,
+    do_transition_many,
+    jobs_from_rows,
+    locked_jobs,
+)
 from scheduling.services.snapshot import (
     LoadedSnapshot,
     PreparedRead,
@@ -254,17 +262,8 @@ def _add_pass(state: SchedulerState, result: PassResult, now: datetime) -> dict[
     return fields
 
 
-_JOB_COLUMNS = tuple(f.attname for f in Job._meta.concrete_fields)
-# A chunk's jobs, locked (their row only; the tenant's name read alongside), whatever their state:
-# which of them are still pending is looked at here, so that the SQL is built once (PreparedRead).
-_LOCK_JOBS = PreparedRead(
-    lambda ids: Job.objects.select_for_update(of=("self",))
-    .filter(pk__in=ids)
-    .order_by("pk")
-    .values_list(*_JOB_COLUMNS, "tenant__name")
-)
 _JOBS = PreparedRead(
-    lambda ids: Job.objects.filter(pk__in=ids).order_by("pk").values_list(*_JOB_COLUMNS, "tenant__name")
+    lambda ids: Job.objects.filter(pk__in=ids).order_by("pk").values_list(*JOB_COLUMNS, "tenant__name")
 )
 _NODE_COLUMNS = ("id", "name", "version")
 _LOCK_NODES = PreparedRead(
@@ -313,11 +312,11 @@ def _apply_bindings(
         # more of them, nor their JSON columns), then who holds the devices the bindings want
         # now (the capacity check below, then the device rows published).
         job_rows, node_rows, holder_rows = read_together(
-            (_LOCK_JOBS, sorted({int(b.job_id) for b in bindings})),
+            (LOCK_JOBS, sorted({int(b.job_id) for b in bindings})),
             (_LOCK_NODES, node_names),
             (HOLDERS, _device_ids(loaded, bindings)),
         )
-        jobs = {str(j.pk): j for j in _jobs(job_rows) if j.state == JobState.PENDING}
+        jobs = {str(j.pk): j for j in jobs_from_rows(job_rows) if j.state == JobState.PENDING}
         nodes = {row[1]: Node.from_db("default", _NODE_COLUMNS, row) for row in node_rows}
         fresh = {name for name, n in nodes.items() if n.version == loaded.node_versions.get(name)}
         devices = _devices(loaded, bindings, nodes, fresh)
@@ -346,6 +345,11 @@ def _apply_bindings(
             ]
             allocs.extend(mine)
             events[job.pk] = allocations_payload(mine)
+        # Stamped now, not at the pass's start: a job committed while the snapshot was being
+        # read is bound by this pass, and its history must not start before its submission. And
+        # before the allocations are written: their ``created_at`` is never before the binding's
+        # event, so an agent's reported start, kept after them, is after it too.
+        at = max(now, timezone.now())
         _WRITE_ALLOCATIONS.run(allocs)
         # The nodes are locked: their versions as read, plus one.
         touched = {n.pk: n for _, wanted in bound for n, _, _, _ in wanted}
@@ -355,25 +359,11 @@ def _apply_bindings(
             # chunk on the same node is not stale (a change by anyone else still is).
             loaded.node_versions[node.name] = node.version
         _WRITE_VERSIONS.run(sorted(touched.values(), key=lambda n: n.pk))
-        # Stamped now, not at the pass's start: a job committed while the snapshot was being
-        # read is bound by this pass, and its history must not start before its submission.
         jobs_bound = [job for job, _ in bound]
-        do_transition_many(
-            jobs_bound, JobState.SCHEDULED, EventType.SCHEDULED, events, max(now, timezone.now())
-        )
+        do_transition_many(jobs_bound, JobState.SCHEDULED, EventType.SCHEDULED, events, at)
         live.publish_devices(_rows_after(allocs, held))
         # Each agent's wake carries its new bindings: it starts them without asking first.
         live.wake_agents(bindings_by_node(jobs_bound, allocs))
-
-
-def _jobs(rows: list) -> list[Job]:
-    """Jobs from ``_JOB_COLUMNS`` rows followed by their tenant's name."""
-    jobs = []
-    for row in rows:
-        job = Job.from_db("default", _JOB_COLUMNS, row[:-1])
-        job.tenant = Tenant(id=job.tenant_id, name=row[-1])
-        jobs.append(job)
-    return jobs
 
 
 def _device_ids(loaded: LoadedSnapshot, bindings: list[Binding]) -> list[int]:
@@ -478,7 +468,7 @@ def _store_pending_reasons(decisions: Decisions, loaded: LoadedSnapshot) -> None
                 pending_code=code, pending_reason=reason, estimated_start=estimated
             )
         changed = [pk for ids in groups.values() for pk in ids]
-        jobs = [job for job in _jobs(_JOBS.rows(sorted(changed))) if job.state == JobState.PENDING]
+        jobs = [job for job in jobs_from_rows(_JOBS.rows(sorted(changed))) if job.state == JobState.PENDING]
         live.publish_on_commit(*(message for job in jobs for message in live.job_messages(job)))
 
 

@@ -65,6 +65,7 @@ def report(node: APIClient, job_id: int, what: str, **body: Any):
 def bind(job, node_name: str, gpus: list[int], replica: int = 0):
     """Bind ``job`` to ``gpus`` of a node as a scheduling pass would (state ``scheduled``)."""
     from django.db import transaction
+    from django.utils import timezone
 
     from scheduling.choices import EventType, JobState
     from scheduling.models import Allocation, Device, Job
@@ -72,6 +73,7 @@ def bind(job, node_name: str, gpus: list[int], replica: int = 0):
 
     with transaction.atomic():
         job = Job.objects.select_for_update().select_related("tenant").get(pk=job.pk)
+        at = timezone.now()  # as the pass: the event first, then its allocations (created after)
         allocs = [
             Allocation.objects.create(
                 job=job,
@@ -81,7 +83,9 @@ def bind(job, node_name: str, gpus: list[int], replica: int = 0):
             )
             for i in gpus
         ]
-        do_transition(job, JobState.SCHEDULED, EventType.SCHEDULED, allocations=allocations_payload(allocs))
+        do_transition(
+            job, JobState.SCHEDULED, EventType.SCHEDULED, allocations=allocations_payload(allocs), at=at
+        )
     return job
 
 

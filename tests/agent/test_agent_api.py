@@ -196,6 +196,25 @@ def test_an_exit_report_carrying_the_start_records_both_at_the_agents_start_time
     assert abs(job.started_at.timestamp() - spawned) < 0.001 and job.finished_at >= job.started_at
 
 
+def test_a_skewed_agent_clock_cannot_put_a_start_before_the_binding_or_after_the_report(
+    world, join_token
+):
+    node, _ = h.register(join_token, "gpu-01")
+    early = h.bind(h.submit(world.alice, world.vision), "gpu-01", [0])
+    late = h.bind(h.submit(world.alice, world.vision), "gpu-01", [1])
+    hour_ago, in_an_hour = timezone.now().timestamp() - 3600, timezone.now().timestamp() + 3600
+    h.report(node, early.pk, "started", attempt=0, replica=0, started_at=hour_ago, pid=3)
+    before = timezone.now()
+    h.report(node, late.pk, "exited", attempt=0, replica=0, exit_code=0, started_at=in_an_hour, pid=4)
+    for job in (early, late):
+        job.refresh_from_db()
+        scheduled = job.events.get(type="scheduled").at
+        started = job.events.get(type="started").at
+        assert scheduled <= started == job.started_at
+    assert early.started_at == max(a.created_at for a in early.allocations.all())  # the binding
+    assert before <= late.started_at <= late.finished_at  # the report's time, not the agent's
+
+
 def test_exits_reported_together_are_settled_and_answered_each_on_its_own(world, join_token):
     node, _ = h.register(join_token, "gpu-01")
     h.register(join_token, "gpu-02")

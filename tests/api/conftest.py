@@ -76,6 +76,7 @@ def bind(job: Job, node: Node, gpus: list[int], replica: int = 0, share: float =
     """Bind ``job`` to ``gpus`` of ``node`` (what a scheduling pass would do), state ``scheduled``."""
     with transaction.atomic():
         job = Job.objects.select_for_update().select_related("tenant").get(pk=job.pk)
+        at = timezone.now()  # as the pass: the event first, then its allocations (created after)
         allocs = [
             Allocation.objects.create(
                 job=job,
@@ -86,7 +87,9 @@ def bind(job: Job, node: Node, gpus: list[int], replica: int = 0, share: float =
             )
             for i in gpus
         ]
-        do_transition(job, JobState.SCHEDULED, EventType.SCHEDULED, allocations=allocations_payload(allocs))
+        do_transition(
+            job, JobState.SCHEDULED, EventType.SCHEDULED, allocations=allocations_payload(allocs), at=at
+        )
     return job
 
 
