@@ -8,13 +8,16 @@ one truth), and then only convert each row's values as the ORM would (``get_db_p
 
 On PostgreSQL the rows travel as one array per column (``UNNEST``, as Django's own
 ``bulk_create`` does): one statement, one plan, whatever their number; a single row travels as
-plain values (psycopg's array conversion costs more CPU than it saves for one). Elsewhere (SQLite, the
+plain values (psycopg's array conversion costs more CPU than it saves for one). Statements that
+belong together (a settlement's job rows, events and allocations) go in one round trip
+(:func:`write_together`). Elsewhere (SQLite, the
 embedded default) the ORM's own ``bulk_update``/``bulk_create`` run instead.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection
@@ -28,6 +31,34 @@ def _array_type(field: Field) -> str:
 
 def _columns(model: type[Model], names: Sequence[str]) -> list[Field]:
     return [model._meta.get_field(name) for name in names]
+
+
+@dataclass(frozen=True)
+class Write:
+    """One statement and its parameters (``fallback``: the ORM's way, off PostgreSQL)."""
+
+    sql: str
+    params: list[Any]
+    fallback: Callable[[], Any] | None = None
+
+
+def write_together(*writes: Write | None) -> None:
+    """Run ``writes`` in order; on PostgreSQL in one round trip (psycopg's client-side binding
+    cursor, Django's default, runs several statements sent as one query, each as if alone)."""
+    ready = [w for w in writes if w is not None]
+    if not ready:
+        return
+    if connection.vendor != "postgresql":
+        for w in ready:
+            if w.fallback is not None:
+                w.fallback()
+        return
+    with connection.cursor() as cur:
+        if connection.settings_dict.get("OPTIONS", {}).get("server_side_binding"):
+            for w in ready:  # a server-side binding cursor takes one statement at a time
+                cur.execute(w.sql, w.params)
+        else:
+            cur.execute(";\n".join(w.sql for w in ready), [p for w in ready for p in w.params])
 
 
 class RowsUpdate:
@@ -56,16 +87,18 @@ class RowsUpdate:
                 )
         return self._sql[one], fields
 
-    def run(self, objs: Sequence[Model]) -> None:
+    def write(self, objs: Sequence[Model]) -> Write | None:
+        """The statement for ``objs`` (None if there are none), to run or to send together."""
         if not objs:
-            return
+            return None
         if connection.vendor != "postgresql":
-            self.model._default_manager.bulk_update(objs, self.names)
-            return
+            return Write("", [], lambda: self.model._default_manager.bulk_update(objs, self.names))
         sql, fields = self._statement(len(objs) == 1)
         values = [[f.get_db_prep_save(getattr(o, f.attname), connection) for f in fields] for o in objs]
-        with connection.cursor() as cur:
-            cur.execute(sql, [*values[0][1:], values[0][0]] if len(objs) == 1 else _by_column(values))
+        return Write(sql, [*values[0][1:], values[0][0]] if len(objs) == 1 else _by_column(values))
+
+    def run(self, objs: Sequence[Model]) -> None:
+        write_together(self.write(objs))
 
 
 class RowsInsert:
@@ -88,16 +121,18 @@ class RowsInsert:
             self._sql[one] = f"INSERT INTO {qn(self.model._meta.db_table)} ({cols}) {rows}"
         return self._sql[one], fields
 
-    def run(self, objs: Sequence[Model]) -> None:
+    def write(self, objs: Sequence[Model]) -> Write | None:
+        """The statement for ``objs`` (None if there are none), to run or to send together."""
         if not objs:
-            return
+            return None
         if connection.vendor != "postgresql":
-            self.model._default_manager.bulk_create(objs)
-            return
+            return Write("", [], lambda: self.model._default_manager.bulk_create(objs))
         sql, fields = self._statement(len(objs) == 1)
         values = [[f.get_db_prep_save(f.pre_save(o, True), connection) for f in fields] for o in objs]
-        with connection.cursor() as cur:
-            cur.execute(sql, values[0] if len(objs) == 1 else _by_column(values))
+        return Write(sql, values[0] if len(objs) == 1 else _by_column(values))
+
+    def run(self, objs: Sequence[Model]) -> None:
+        write_together(self.write(objs))
 
 
 def _by_column(rows: list[list[Any]]) -> list[list[Any]]:

@@ -1,8 +1,9 @@
 """Write paths of a job's life: submit, cancel, and every state change with its event.
 
-``do_transition`` is the one function that changes a job's state: it checks the state machine,
-records the event and publishes the change after commit. ``do_transition_many`` does the same for
-many jobs moving to one state in a few queries (the pass binding a chunk of jobs).
+A job's state changes only through code here, and every change is checked against the state
+machine, recorded as an event and published after commit: ``do_transition`` for one job;
+``transition_writes`` for many moving to one state (the pass binding a chunk of jobs);
+``Settlement`` for the changes an agent's reports make (starts, exits, stops), written together.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from django.utils import timezone
 from scheduling.choices import HOLDING_STATES, QUEUE_LEVELS, TERMINAL_STATES, EventType, JobState
 from scheduling.models import Allocation, IdempotencyKey, Job, JobEvent, Tenant
 from scheduling.services import live
-from scheduling.services.bulk import InsertWithChildren, RowsInsert, RowsUpdate
+from scheduling.services.bulk import InsertWithChildren, RowsInsert, RowsUpdate, Write, write_together
 from scheduling.services.snapshot import PreparedRead
 from scheduling.states import check_transition
 
@@ -86,24 +87,28 @@ def do_transition(
     return job
 
 
-def do_transition_many(
+def transition_writes(
     jobs: list[Job], target: str, event: str, allocations: dict[int, list[dict[str, Any]]], at: datetime
-) -> None:
-    """:func:`do_transition` for ``jobs`` (locked by the caller) all moving to ``target`` at ``at``:
-    one UPDATE and one INSERT for all of them, their SQL built once. ``allocations``: each job's
-    event allocations."""
+) -> list[Write | None]:
+    """:func:`do_transition` for ``jobs`` (locked by the caller) all moving to ``target`` at ``at``
+    (``allocations``: each job's event allocations), as two statements for all of them — their
+    rows' UPDATE and their events' INSERT — for the caller to send with its own
+    (:func:`~scheduling.services.bulk.write_together`). The checks, the jobs' new state in memory
+    and their live updates (after commit) are done here."""
     if not jobs:
-        return
+        return []
     for job in jobs:
         check_transition(job.pk, job.state, target)
         job.state = target
         if target != JobState.PENDING:
             job.pending_reason = job.pending_code = job.estimated_start = None
-    _WRITE_STATES.run(jobs)
-    _WRITE_EVENTS.run(
-        [JobEvent(job=job, type=event, at=at, allocations=allocations.get(job.pk)) for job in jobs]
-    )
     live.publish_on_commit(*(message for job in jobs for message in live.job_messages(job)))
+    return [
+        _WRITE_STATES.write(jobs),
+        _WRITE_EVENTS.write(
+            [JobEvent(job=job, type=event, at=at, allocations=allocations.get(job.pk)) for job in jobs]
+        ),
+    ]
 
 
 def _body_hash(body: dict[str, Any]) -> str:
@@ -281,6 +286,11 @@ def _release(allocs: list[Allocation], at: datetime) -> list[dict[str, Any]]:
     for a in allocs:
         a.released_at = at
     _WRITE_RELEASED.run(allocs)
+    return _publish_freed(allocs)
+
+
+def _publish_freed(allocs: list[Allocation]) -> list[dict[str, Any]]:
+    """Publish the rows of the devices ``allocs`` (just released) held; return them."""
     # The nodes' versions are not bumped: capacity freed since a pass's snapshot never makes its
     # decisions wrong (the pass checks each device's allocations again under the node's lock),
     # and bumping them made a pass drop every binding onto a node where a job had just ended.
@@ -318,7 +328,7 @@ class Settlement:
     def __init__(self) -> None:
         self.jobs: dict[int, Job] = {}
         self.events: list[JobEvent] = []
-        self.freed: dict[datetime, list[Allocation]] = {}  # by when they were freed
+        self.freed: list[Allocation] = []  # each with its released_at set
         self.exited: list[Allocation] = []  # replicas ended while others of their job run
         self.woken: set[int] = set()  # nodes whose agents have stop orders to fetch
         self.ask_pass = False
@@ -357,7 +367,7 @@ class Settlement:
         """:func:`do_record_exit`, in this settlement (``active``: the job's unreleased allocations)."""
         if job.state in TERMINAL_STATES or job.state == JobState.PENDING:
             return
-        self.freed.setdefault(at, []).extend(active)
+        self.freed.extend(active)
         for a in active:
             a.released_at = at  # (written with the rest): a repeated report finds it released
         self.ask_pass = True
@@ -387,11 +397,14 @@ class Settlement:
 
     def write(self) -> None:
         """Write it all (inside the caller's transaction); live updates and a pass after commit."""
-        _WRITE_JOBS.run(list(self.jobs.values()))
-        _WRITE_EVENTS.run(self.events)
-        _WRITE_EXITED.run(self.exited)
-        for at, allocs in self.freed.items():
-            _release(allocs, at)
+        write_together(  # one round trip
+            _WRITE_JOBS.write(list(self.jobs.values())),
+            _WRITE_EVENTS.write(self.events),
+            _WRITE_EXITED.write(self.exited),
+            _WRITE_RELEASED.write(self.freed),
+        )
+        if self.freed:
+            _publish_freed(self.freed)
         for job in self.jobs.values():
             live.publish_job(job)
         for node_id in sorted(self.woken):

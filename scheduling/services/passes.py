@@ -30,16 +30,16 @@ from scheduling.engine.types import Binding, Decisions
 from scheduling.models import Allocation, Device, Job, Node, SchedulerState
 from scheduling.services import live
 from scheduling.services.agents import bindings_by_node
-from scheduling.services.bulk import RowsInsert, RowsUpdate
+from scheduling.services.bulk import RowsInsert, RowsUpdate, write_together
 from scheduling.services.inventory import HOLDERS, Holder, device_rows, holders_of
 from scheduling.services.jobs import (
     JOB_COLUMNS,
     LOCK_JOBS,
     allocations_payload,
     begin_stop,
-    do_transition_many,
     jobs_from_rows,
     locked_jobs,
+    transition_writes,
 )
 from scheduling.services.snapshot import (
     LoadedSnapshot,
@@ -350,7 +350,6 @@ def _apply_bindings(
         # before the allocations are written: their ``created_at`` is never before the binding's
         # event, so an agent's reported start, kept after them, is after it too.
         at = max(now, timezone.now())
-        _WRITE_ALLOCATIONS.run(allocs)
         # The nodes are locked: their versions as read, plus one.
         touched = {n.pk: n for _, wanted in bound for n, _, _, _ in wanted}
         for node in touched.values():
@@ -358,9 +357,12 @@ def _apply_bindings(
             # This pass made that change and its engine already counted it: the pass's next
             # chunk on the same node is not stale (a change by anyone else still is).
             loaded.node_versions[node.name] = node.version
-        _WRITE_VERSIONS.run(sorted(touched.values(), key=lambda n: n.pk))
         jobs_bound = [job for job, _ in bound]
-        do_transition_many(jobs_bound, JobState.SCHEDULED, EventType.SCHEDULED, events, at)
+        write_together(  # one round trip
+            _WRITE_ALLOCATIONS.write(allocs),
+            _WRITE_VERSIONS.write(sorted(touched.values(), key=lambda n: n.pk)),
+            *transition_writes(jobs_bound, JobState.SCHEDULED, EventType.SCHEDULED, events, at),
+        )
         live.publish_devices(_rows_after(allocs, held))
         # Each agent's wake carries its new bindings: it starts them without asking first.
         live.wake_agents(bindings_by_node(jobs_bound, allocs))
