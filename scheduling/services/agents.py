@@ -394,7 +394,7 @@ def _clamped(seen: float | None, job: Job, allocs: list[Allocation], now: dateti
         return now
     at = datetime.fromtimestamp(seen, tz=UTC)
     bound = [a.created_at for a in allocs if a.attempt == job.attempts and a.created_at is not None]
-    return min(now, max(at, *bound))
+    return min(now, max([at, *bound]))
 
 
 def _bound_here(allocs: list[Allocation], node_id: int, replica: int, attempt: int) -> bool:
