@@ -44,10 +44,12 @@ class EngineConfig:
     # Starvation bound: a job that has waited this long (since submit) comes first among the
     # promoted jobs (oldest first), may preempt preemptible jobs of its own or a lower kind level
     # that were submitted after it (seniority: the victims can never preempt it back; least lost
-    # work first, sparing spare_ending_s), may borrow even where owners wait, and once started is
-    # not reclaimed (its borrowing ends with it). Its reservation counts what it may preempt as
-    # free now. What lets a gang that needs a whole rack start within hours when every rack
-    # holds a long job. 0 = off.
+    # work first, sparing spare_ending_s) or that checkpoint and have run starve_s in their
+    # current attempt (served: they have had their turn), may make quota room from such jobs of
+    # its own tenant, may borrow even where owners wait, and once started is neither reclaimed
+    # (its borrowing ends with it) nor preempted for seniority (no job it displaced takes its
+    # place back). Its reservation counts what it may preempt as free now. What lets a gang
+    # that needs a whole rack start within hours when every rack holds a long job. 0 = off.
     starve_s: float = 8 * 3600.0
     min_split_gpus: int = 1  # smallest buddy block a whole-GPU replica claims (power of two)
     # Preferred accelerators by kind, used when a job names none (earlier = preferred).

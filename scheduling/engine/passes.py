@@ -48,7 +48,13 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
     for r in s.last_reservations:
         if r.job_id in s.pending and r.job_id not in s.room:
             res.add(r)
+    hold: list = []  # an aged job that quotas admit but nodes do not: its quota, held below
     for job in queues.order(list(s.pending.values()), now, cfg, s.quotas):
+        if hold:
+            # What the aged job before this one needs stays charged to its tenant for the rest
+            # of the pass, so its tenant's later jobs cannot take the quota it will start on
+            # (they could, and a 64-GPU job near its tenant's limit never started).
+            _hold_quota(s, *hold.pop(), claimed)
         if job.held:
             d.pending[job.id] = PendingReason("held", "held: released by its owner or an operator")
             continue
@@ -131,6 +137,8 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
                     if r is not None:
                         res.add(r)
             continue
+        if s.quotas.enabled and geo.req.count and queues.is_aged(job, now, cfg):
+            hold.append((job, geo))
         if node_ok is not None:  # does it fit without the reservations? then they hold it back
             probe, _ = s._try_place(job, geo, None)
             if probe:
@@ -259,6 +267,20 @@ def _quota_instead(s: TesseraScheduler, job, geo) -> PendingReason | None:
                 s.state.release_replica(job.id, a)
             return PendingReason(*why)
     return None
+
+
+def _hold_quota(s: TesseraScheduler, job, geo, claimed: list) -> None:
+    """Charge ``job``'s need to its tenant on each model its quota admits it now (undone at the
+    end of the pass, with the other claims)."""
+    if job.id not in s.pending:
+        return  # it started after all (shrinking made room)
+    need = geo.charge * geo.need
+    models, _ = s._models_for(job)
+    for m in models:
+        if s.quotas.row(job.tenant, m) is not None and s._admits(job, m, need):
+            s.quotas.add(job.tenant, m, need, job.preemptible)
+            claimed.append((job.tenant, m, need, job.preemptible))
+            s.quota_token = (*s.quota_token, job.id)  # placements failed before it may not now
 
 
 def _off_clear(s: TesseraScheduler, node_ok):

@@ -393,6 +393,10 @@ class TesseraScheduler:
         self._reclaimable: set[str] = set()  # borrowers whose reclaim would lose little now
         self._protected: set[str] = set()  # started after starving: never reclaimed
         self._senior_ok: set[str] = set()  # may be preempted for seniority (not ending soon)
+        # Served: checkpointing jobs whose current run has lasted starve_s: a starving job may
+        # preempt them even if they were submitted before it (they have had their turn).
+        self._served: set[str] = set()
+        starve = self.config.starve_s
         window = self.config.reclaim_checkpoint_window_s
         for jid, run in self.running.items():
             if (not run.job.preemptible or run.terminating or run.cancelled
@@ -408,7 +412,12 @@ class TesseraScheduler:
             else:
                 self._senior_ok.add(jid)
             if self.starving(run.job, run.started_at):
-                self._protected.add(jid)  # started starving: its borrowing ends with it
+                # started starving: its borrowing ends with it, and no seniority preemption
+                # takes it back (an older job it made room for cannot preempt it in turn)
+                self._protected.add(jid)
+            elif (starve > 0 and run.job.checkpoint_s and now - run.started_at >= starve
+                  and (jid in self._reclaimable or jid in self._senior_ok)):
+                self._served.add(jid)
             gpus = sum(len(a.gpus) * a.milli for a in allocs) / MILLI
             victim = Victim(jid, gpus * max(0.0, now - since), run.job.priority, allocs,
                             run.job.grace_s)
@@ -455,9 +464,7 @@ class TesseraScheduler:
                 borrowing and _jid in self._reclaimable and _jid not in self._protected
                 and any((run.job.tenant, m) in borrowing for m in vmodels)
             ) and not (
-                senior is not None and vrank[0] >= mine[0]
-                and (_jid in self._reclaimable or _jid in self._senior_ok)
-                and (run.job.submitted_at, run.job.id) > senior
+                senior is not None and self._senior_victim(_jid, run, vrank, mine, senior)
             ):
                 continue
             for node in sorted({a.node for a in victim.allocs}):
@@ -517,6 +524,13 @@ class TesseraScheduler:
                     return chosen
         self.quota_room_model = None
         return None
+
+    def _senior_victim(self, jid: str, run: Running, vrank: tuple, mine: tuple,
+                       senior: tuple) -> bool:
+        """May a starving job of rank ``mine``, submitted at ``senior``, preempt ``run``?"""
+        return (vrank[0] >= mine[0] and jid not in self._protected
+                and (jid in self._reclaimable or jid in self._senior_ok)
+                and ((run.job.submitted_at, run.job.id) > senior or jid in self._served))
 
     def _row_charge(self, run, tenant: str, row: tuple[str, str]) -> int:
         """What ``run`` is charged on ``tenant``'s quota row ``row`` (milli-GPU): what leaving frees."""

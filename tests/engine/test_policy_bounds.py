@@ -227,3 +227,46 @@ def test_non_preemptible_work_keeps_off_the_racks_a_rack_gang_could_use():
     assert start("svc3", 3.0) == dirty  # ... and the next service goes there too
     # the two other racks stay clear for the gang
     assert len({s.nodes[a.node].rack for allocs in s.state.allocs.values() for a in allocs}) == 2
+
+
+def test_a_starving_gang_preempts_an_older_job_only_once_it_has_run_starve_s():
+    # served seniority: a job submitted before the gang but running for starve_s has had its
+    # turn; one that started starving is never taken back for seniority (no loop)
+    cfg = EngineConfig(starve_s=3600.0, aging_s=600.0, backfill=False)
+    s = TesseraScheduler(_racks(1, 2), config=cfg)
+    old = JobRequest("old", "nlp", "training", 4, time_limit_s=10 * 3600.0, checkpoint_s=600.0,
+                     submitted_at=0.0)
+    s.submit(old)
+    assert len(s.decide(500.0).bindings) == 1
+    s.submit(JobRequest("gang", "vision", "training", 8, replicas=2, submitted_at=10.0))
+    assert not s.decide(3700.0).preemptions  # starving, but "old" has run 3200 s only
+    d = s.decide(4100.0)
+    assert [p.job_id for p in d.preemptions] == ["old"]
+    assert d.preemptions[0].reason.startswith("seniority:")
+    s.release("old", 4130.0)
+    s.requeue(old)
+    assert [b.job_id for b in s.decide(4130.0).bindings] == ["gang"]
+    # "old" is older and starving now, but the gang started starving: it is not taken back
+    d = s.decide(5000.0)
+    assert not d.preemptions and "old" in s.pending
+
+
+def _quota_world(cfg: EngineConfig) -> TesseraScheduler:
+    quotas = [QuotaSpec("research", "H100", 0, 8), QuotaSpec("nlp", "H100", 0, 100)]
+    s = TesseraScheduler(_racks(1, 3), quotas, cfg)
+    for n in ("n1", "n2"):
+        s.submit(JobRequest(n, "nlp", "training", 4, time_limit_s=36000.0))
+    return s
+
+
+def test_an_aged_job_that_waits_for_nodes_keeps_its_quota_from_its_tenants_later_jobs():
+    s = _quota_world(EngineConfig(aging_s=600.0, starve_s=0.0, backfill=False, preemption=False))
+    assert len(s.decide(0.0).bindings) == 2
+    s.submit(JobRequest("gang", "research", "training", 8, replicas=2, submitted_at=10.0))
+    s.submit(JobRequest("small", "research", "batch", 4, submitted_at=690.0))
+    d = s.decide(700.0)  # the gang's quota admits it, the free node does not hold it
+    assert not d.bindings and d.pending["small"].code == "quota"
+    s.release("n1", 800.0)
+    assert [b.job_id for b in s.decide(800.0).bindings] == ["gang"]
+
+
