@@ -329,9 +329,11 @@ def main() -> int:  # noqa: PLR0915 - one linear script, read top to bottom
         paced.run([(i, bodies[i], t0 + i / args.rate) for i in range(args.paced)])
         burst = Submitter(base, token, args.threads)
         say(f"throughput phase: {args.jobs - args.paced} jobs, {args.threads} client threads")
+        cpu_before = procs.cpu_seconds()
         burst_start = time.time()
         burst.run([(i, bodies[i], None) for i in range(args.paced, args.jobs)])
         burst_end = max((r["done"] for r in burst.results.values()), default=time.time())
+        cpu_burst = {k: round(v - cpu_before.get(k, 0.0), 1) for k, v in procs.cpu_seconds().items()}
         say("waiting for every job to finish")
         all_results = {**paced.results, **burst.results}
         ids = [r["id"] for r in all_results.values() if r["id"]]
@@ -398,6 +400,7 @@ def main() -> int:  # noqa: PLR0915 - one linear script, read top to bottom
             "load_avg_1m": round(os.getloadavg()[0], 2),
         }
         out["cpu_seconds"] = {**procs.cpu_seconds(), "bench_client": round(sum(os.times()[:2]), 1)}
+        out["burst_cpu_seconds"] = cpu_burst  # what each kind of process used while the burst was sent
         print(json.dumps(out), flush=True)
         missed = []
         if out["p99_submit_to_running_ms"] is None or out["p99_submit_to_running_ms"] > TARGET_P99_MS:
