@@ -124,8 +124,8 @@ def do_submit_job(
     With an idempotency key, a retry of the same body within the TTL returns the first job (even
     if quotas changed since); the same key with another body raises :class:`IdempotencyConflict`.
     ``check_quota``: a new job that no quota of ``tenant`` could ever admit raises
-    :class:`NotAdmissible`. All in one transaction, so a web process killed mid-submit leaves
-    nothing half-stored.
+    :class:`NotAdmissible`. The job and what goes with it are stored in one statement, so a web
+    process killed mid-submit leaves nothing half-stored.
     """
     digest = _body_hash(body)
     if check_quota:
@@ -144,22 +144,7 @@ def do_submit_job(
             # One statement (see _INSERT_SUBMIT): atomic by itself; a savepoint only inside a
             # caller's transaction, so that a failed insert leaves that transaction usable.
             with transaction.atomic() if connection.in_atomic_block else contextlib.nullcontext():
-                job = Job(
-                    tenant=tenant,
-                    owner=user,
-                    queue_level=QUEUE_LEVELS.get(cleaned["kind"], 2),
-                    pending_code="priority",
-                    pending_reason="waiting for the next scheduling pass",
-                    **cleaned,
-                )
-                key = None
-                if idempotency_key:
-                    key = IdempotencyKey(user=user, key=idempotency_key, body_hash=digest)
-                _INSERT_SUBMIT.run(job, lambda: [
-                    key, JobEvent(type=EventType.SUBMITTED, at=job.submitted_at)  # noqa: B023 - called at once
-                ])
-                live.publish_job(job)
-                transaction.on_commit(_pass_for_new_job)
+                job = _store_new(user, tenant, cleaned, idempotency_key, digest)
             return job, True
         except IntegrityError:
             existing = _find_idempotent(user, idempotency_key) if idempotency_key else None
@@ -169,6 +154,25 @@ def do_submit_job(
                 raise
             return _retried(existing, digest)
     raise IntegrityError(f"idempotency key {idempotency_key!r} could not be stored")
+
+
+def _store_new(user, tenant, cleaned: dict[str, Any], idempotency_key: str | None, digest: str) -> Job:
+    """Insert the job, its idempotency key and its ``submitted`` event (one statement); its live
+    update and a pass request follow the commit."""
+    job = Job(
+        tenant=tenant,
+        owner=user,
+        queue_level=QUEUE_LEVELS.get(cleaned["kind"], 2),
+        pending_code="priority",
+        pending_reason="waiting for the next scheduling pass",
+        **cleaned,
+    )
+    key = IdempotencyKey(user=user, key=idempotency_key, body_hash=digest) if idempotency_key else None
+    # The event's time is the job's, known once its values are final (``submitted_at`` is set then).
+    _INSERT_SUBMIT.run(job, lambda: [key, JobEvent(type=EventType.SUBMITTED, at=job.submitted_at)])
+    live.publish_job(job)
+    transaction.on_commit(_pass_for_new_job)
+    return job
 
 
 # A submit's rows (the job, its idempotency key, its "submitted" event) in one statement, its SQL
