@@ -62,6 +62,17 @@ def record_event(job: Job, type_: str, reason: str = "", allocations=None, at: d
     )
 
 
+def _moved(job: Job, target: str, fields: dict[str, Any]) -> None:
+    """``job`` moved to ``target`` in memory (the state machine checked; ``fields`` set; a job no
+    longer pending loses its pending reason): what every transition writes, however it writes."""
+    check_transition(job.pk, job.state, target)
+    job.state = target
+    for name, value in fields.items():
+        setattr(job, name, value)
+    if target != JobState.PENDING:
+        job.pending_reason = job.pending_code = job.estimated_start = None
+
+
 def do_transition(
     job: Job,
     target: str,
@@ -72,14 +83,7 @@ def do_transition(
     **fields: Any,
 ) -> Job:
     """Move ``job`` (locked by the caller) to ``target``, recording ``event``."""
-    check_transition(job.pk, job.state, target)
-    job.state = target
-    for name, value in fields.items():
-        setattr(job, name, value)
-    if target != JobState.PENDING:
-        job.pending_reason = None
-        job.pending_code = None
-        job.estimated_start = None
+    _moved(job, target, fields)
     # Only the columns a transition writes (the job is locked): a full save compiled every column.
     job.save(update_fields=["state", "pending_reason", "pending_code", "estimated_start", *fields])
     record_event(job, event, reason, allocations, at)
@@ -98,11 +102,8 @@ def transition_writes(
     if not jobs:
         return []
     for job in jobs:
-        check_transition(job.pk, job.state, target)
-        job.state = target
-        if target != JobState.PENDING:
-            job.pending_reason = job.pending_code = job.estimated_start = None
-    live.publish_on_commit(*(message for job in jobs for message in live.job_messages(job)))
+        _moved(job, target, {})
+    live.publish_jobs(jobs)
     return [
         _WRITE_STATES.write(jobs),
         _WRITE_EVENTS.write(
@@ -214,8 +215,7 @@ JOB_COLUMNS = tuple(f.attname for f in Job._meta.concrete_fields)
 # job crosses (the pass binding it, its agent's reports): rows of ``JOB_COLUMNS`` and the
 # tenant's name, in id order (the lock order), whatever their state. ``jobs_from_rows`` builds them.
 LOCK_JOBS = PreparedRead(
-    lambda ids: Job.objects.select_for_update(of=("self",)).filter(pk__in=ids).order_by("pk")
-    .values_list(*JOB_COLUMNS, "tenant__name")
+    lambda ids: locked_jobs().filter(pk__in=ids).order_by("pk").values_list(*JOB_COLUMNS, "tenant__name")
 )
 
 
@@ -280,13 +280,9 @@ def release_allocations(job: Job, at: datetime | None = None, active=None) -> li
     ``active``: the job's unreleased allocations (with node and device) when the caller, holding
     the job's lock, has just read them; read here otherwise."""
     allocs = list(active_allocations_of(job)) if active is None else list(active)
-    return _release(allocs, at or timezone.now())
-
-
-def _release(allocs: list[Allocation], at: datetime) -> list[dict[str, Any]]:
-    """Mark ``allocs`` (any jobs'; node and device set) released at ``at``; publish their devices."""
     if not allocs:
         return []
+    at = at or timezone.now()
     for a in allocs:
         a.released_at = at
     _WRITE_RELEASED.run(allocs)
@@ -341,12 +337,7 @@ class Settlement:
              **fields: Any) -> None:
         if not set(fields) <= set(_SETTLED_FIELDS):
             raise ValueError(f"a settlement does not write {sorted(set(fields) - set(_SETTLED_FIELDS))}")
-        check_transition(job.pk, job.state, target)
-        job.state = target
-        for name, value in fields.items():
-            setattr(job, name, value)
-        if target != JobState.PENDING:
-            job.pending_reason = job.pending_code = job.estimated_start = None
+        _moved(job, target, fields)
         self.jobs[job.pk] = job
         self.events.append(JobEvent(job=job, type=event, at=at or timezone.now(), reason=reason[:256]))
 
@@ -409,8 +400,7 @@ class Settlement:
         )
         if self.freed:
             _publish_freed(self.freed)
-        for job in self.jobs.values():
-            live.publish_job(job)
+        live.publish_jobs(list(self.jobs.values()))
         for node_id in sorted(self.woken):
             live.wake_agent(node_id)
         if self.ask_pass:
@@ -444,10 +434,10 @@ def retry_backoff(used: int) -> timedelta:
 
 def do_mark_running(job: Job, at: datetime | None = None) -> Job:
     """The agent started the job's process (every replica it holds). ``job`` locked by caller."""
-    if job.state != JobState.SCHEDULED:
-        return job
-    at = at or timezone.now()
-    return do_transition(job, JobState.RUNNING, EventType.STARTED, at=at, started_at=at)
+    settlement = Settlement()
+    settlement.mark_running(job, at or timezone.now())
+    settlement.write()
+    return job
 
 
 def holding_jobs():

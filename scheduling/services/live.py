@@ -238,11 +238,16 @@ def job_payload(job) -> dict[str, Any]:
 
 
 def publish_job(job) -> None:
-    publish_on_commit(*job_messages(job))
+    publish_jobs([job])
+
+
+def publish_jobs(jobs) -> None:
+    """Publish ``jobs`` after commit, in one commit hook."""
+    publish_on_commit(*(message for job in jobs for message in job_messages(job)))
 
 
 def job_messages(job) -> list[Message]:
-    """:func:`publish_job`'s messages: the job to its tenant's users and to operators."""
+    """A job's live update: to its tenant's users and to operators."""
     payload = job_payload(job)
     return [
         (f"jobs.tenant.{job.tenant_id}", {"type": "job.update", "job": payload}),

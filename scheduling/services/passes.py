@@ -471,7 +471,7 @@ def _store_pending_reasons(decisions: Decisions, loaded: LoadedSnapshot) -> None
             )
         changed = [pk for ids in groups.values() for pk in ids]
         jobs = [job for job in jobs_from_rows(_JOBS.rows(sorted(changed))) if job.state == JobState.PENDING]
-        live.publish_on_commit(*(message for job in jobs for message in live.job_messages(job)))
+        live.publish_jobs(jobs)
 
 
 _NO_FLUSH = "SET LOCAL synchronous_commit TO OFF"
