@@ -18,9 +18,7 @@ other web processes the old credential keeps working for at most ``CACHE_S`` mor
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from typing import Any
 
 from django.db.models import Q
 from django.db.models.signals import post_delete, post_save
@@ -29,6 +27,7 @@ from rest_framework.authentication import BaseAuthentication, get_authorization_
 from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.permissions import BasePermission
 
+from scheduling.api.process_cache import ProcessCache
 from scheduling.models import JoinToken, Node, hash_secret
 from scheduling.services.snapshot import PreparedRead
 
@@ -92,37 +91,26 @@ _NODE_BY_CREDENTIAL = PreparedRead(
 
 
 CACHE_S = 5.0
-MAX_ENTRIES = 10_000
-_cache: dict[str, tuple[float, Node]] = {}  # credential hash -> (expires, node)
-
-
-def forget_credentials(**_: Any) -> None:
-    _cache.clear()
-
-
-post_save.connect(forget_credentials, sender=Node, dispatch_uid="tessera-node-credential-save")
-post_delete.connect(forget_credentials, sender=Node, dispatch_uid="tessera-node-credential-delete")
+_cache = ProcessCache(CACHE_S)  # credential hash -> node
+post_save.connect(_cache.forget, sender=Node, dispatch_uid="tessera-node-credential-save")
+post_delete.connect(_cache.forget, sender=Node, dispatch_uid="tessera-node-credential-delete")
 
 
 def cached_node(secret: str) -> Node | None:
     """The credential's node if this process looked it up less than ``CACHE_S`` ago (no query)."""
-    hit = _cache.get(hash_secret(secret))
-    return hit[1] if hit is not None and hit[0] > time.monotonic() else None
+    return _cache.get(hash_secret(secret))
 
 
 def node_for_credential(secret: str) -> Node | None:
     digest = hash_secret(secret)
-    hit = _cache.get(digest)
-    now = time.monotonic()
-    if hit is not None and hit[0] > now:
-        return hit[1]
+    node = _cache.get(digest)
+    if node is not None:
+        return node
     rows = _NODE_BY_CREDENTIAL.rows([digest])
     if not rows:
         return None
-    if len(_cache) >= MAX_ENTRIES:
-        _cache.clear()
     node = Node.from_db("default", _NODE_COLUMNS, rows[0])
-    _cache[digest] = (now + CACHE_S, node)
+    _cache.put(digest, node)
     return node
 
 
