@@ -42,9 +42,16 @@ class Write:
     fallback: Callable[[], Any] | None = None
 
 
+def statements_together() -> bool:
+    """Can several statements go to the database as one query? On PostgreSQL with psycopg's
+    client-side binding cursor (Django's default), yes: each runs as if sent alone. A
+    server-side binding cursor takes one statement at a time."""
+    return connection.vendor == "postgresql" and not connection.settings_dict.get(
+        "OPTIONS", {}).get("server_side_binding")
+
+
 def write_together(*writes: Write | None) -> None:
-    """Run ``writes`` in order; on PostgreSQL in one round trip (psycopg's client-side binding
-    cursor, Django's default, runs several statements sent as one query, each as if alone)."""
+    """Run ``writes`` in order; in one round trip where :func:`statements_together`."""
     ready = [w for w in writes if w is not None]
     if not ready:
         return
@@ -54,11 +61,11 @@ def write_together(*writes: Write | None) -> None:
                 w.fallback()
         return
     with connection.cursor() as cur:
-        if connection.settings_dict.get("OPTIONS", {}).get("server_side_binding"):
-            for w in ready:  # a server-side binding cursor takes one statement at a time
-                cur.execute(w.sql, w.params)
-        else:
+        if statements_together():
             cur.execute(";\n".join(w.sql for w in ready), [p for w in ready for p in w.params])
+        else:
+            for w in ready:
+                cur.execute(w.sql, w.params)
 
 
 class RowsUpdate:

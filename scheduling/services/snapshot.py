@@ -22,6 +22,7 @@ from django.db.models.sql.compiler import SQLCompiler
 from scheduling.choices import HOLDING_STATES, JobState, NodeState
 from scheduling.engine.types import JobRequest, NodeSpec, Placement, QuotaSpec, RunningJob, Snapshot
 from scheduling.models import Allocation, Device, Job, Node, Quota
+from scheduling.services.bulk import statements_together
 
 
 def ts(value: datetime | None) -> float | None:
@@ -195,11 +196,7 @@ def read_together(*reads: tuple[Any, ...]) -> list[list[Sequence[Any]]]:
     """
     statements = [read.statement(*values) for read, *values in reads]
     ready = [s for s in statements if s is not None]
-    together = (
-        connection.vendor == "postgresql"
-        and len(ready) > 1
-        and not connection.settings_dict.get("OPTIONS", {}).get("server_side_binding")
-    )
+    together = len(ready) > 1 and statements_together()
     results: dict[int, list[Sequence[Any]]] = {}
     with connection.cursor() as cur:
         if together:
