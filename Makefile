@@ -10,13 +10,14 @@ STAMP := $(VENV)/.installed
 RUNTIME_STAMP := $(VENV)/.installed-runtime
 PIP := $(BIN)/python -m pip install --disable-pip-version-check -q
 
-.PHONY: help demo test bench bench-e2e eval gpu-check lint venv install deps clean-demo
+.PHONY: help demo test bench bench-e2e bench-requests eval gpu-check lint venv install deps clean-demo
 
 help:
 	@echo "make demo   - start the embedded demo cluster (web, scheduler, 12 simulated agents)"
 	@echo "make test   - the whole test suite (.venv/bin/pytest; env such as DATABASE_URL passes through)"
 	@echo "make bench  - scheduling benchmarks;  make eval - the simulator's evaluation"
 	@echo "make bench-e2e - submit-to-running latency through every real part (needs PostgreSQL, Redis)"
+	@echo "make bench-requests - web CPU per request, by kind (one daphne; needs PostgreSQL, Redis)"
 	@echo "make gpu-check - check discovery and real jobs on this machine's NVIDIA GPUs"
 	@echo "make lint   - ruff;  make install - create .venv and install the project"
 
@@ -45,6 +46,9 @@ bench: $(STAMP)
 # BENCH_ARGS: e.g. "--jobs 500 --agents 8" (see scripts/bench_e2e.py).
 bench-e2e: $(STAMP)
 	$(BIN)/python scripts/bench_e2e.py $(BENCH_ARGS)
+
+bench-requests: $(STAMP)
+	$(BIN)/python scripts/bench_requests.py
 
 eval: $(STAMP)
 	bash scripts/eval.sh

@@ -3,31 +3,39 @@ middleware and view run together in one thread of a fixed pool (``TESSERA_WEB_TH
 
 Django's own ASGI handler gives every request a thread of its own (created for that request) and
 runs each sync middleware in it through a separate hop from the event loop, before and after the
-view: measured under ``make bench-e2e``, those hops and thread starts were about a quarter of the
-web process's CPU, for requests that are mostly a few queries. Here a request costs one hop: the
-sync middleware chain (the same middleware, loaded for sync use) and the view run in a pooled
-thread, with a pooled database connection that is handed back when the request ends
-(``close_old_connections``, as Django does around a request); the URL is resolved once, on
-arrival (to tell sync views from async ones), not again in the chain. Async views (the agents'
-long-poll) run on the event loop; those marked ``without_middleware`` (the long-poll, which
-authenticates itself and uses no session) are called directly, the others through Django's async
-chain, where each sync middleware costs two thread hops (12 per long-poll, profiled). Without
-PostgreSQL (SQLite takes one writer at a time) or inside pytest, ``controlplane/asgi.py`` uses
-Django's handler unchanged.
+view, plus a hop for the ``request_started`` signal, one for closing the response, and a task
+listening for the client's disconnect (which cannot interrupt a view already running in a thread
+anyway). Measured under ``make bench-e2e``, those hops and thread starts were about a quarter of
+the web process's CPU, for requests that are mostly a few queries. Here a sync view's request is
+one hop: in a pooled thread, the ``request_started`` signal, the request built, the sync
+middleware chain (the same middleware, loaded for sync use) and the view, and the response closed
+(``request_finished``, which hands the pooled database connection back from the thread that used
+it); the event loop only reads the body and sends the answer. The URL is resolved once, on
+arrival (to tell sync views from async ones), not again in the chain. ``make bench-requests``
+measured the web CPU per request: a 404 2.7 → 1.8 ms, a submit 7.9 → 6.3 ms.
+
+Async views (the agents' long-poll) run on the event loop, through Django's handler; those marked
+``without_middleware`` (the long-poll, which authenticates itself and uses no session) are called
+directly, the others through Django's async chain, where each sync middleware costs two thread
+hops (12 per long-poll, profiled). Without PostgreSQL (SQLite takes one writer at a time) or
+inside pytest, ``controlplane/asgi.py`` uses Django's handler unchanged.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.conf import settings
-from django.core.handlers.asgi import ASGIHandler
+from django.core import signals
+from django.core.exceptions import RequestAborted
+from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.base import BaseHandler
 from django.core.handlers.exception import response_for_exception
-from django.db import close_old_connections
-from django.urls import Resolver404, get_resolver
+from django.urls import Resolver404, get_resolver, set_script_prefix
 from django.utils.log import log_response
 
 
@@ -60,19 +68,48 @@ class PooledASGIHandler(_Resolved, ASGIHandler):
         # starting a thread for every request.
         if scope["type"] != "http":
             raise ValueError(f"Django can only handle ASGI/HTTP connections, not {scope['type']}.")
-        await self.handle(scope, receive, send)
+        prefix = get_script_prefix(scope)
+        match = _resolve(scope["path"].removeprefix(prefix) if prefix else scope["path"])
+        if match is not None and iscoroutinefunction(match.func):
+            await self.handle(scope, receive, send)  # Django's way: the view runs on the loop
+            return
+        try:
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return
+        set_script_prefix(prefix)
+        context = contextvars.copy_context()
+        loop = asyncio.get_running_loop()
+        try:
+            serve = self._serve
+            response = await loop.run_in_executor(self._pool, context.run, serve, scope, body_file, match)
+            await self.send_response(response, send)
+        except asyncio.CancelledError:  # the client went away while its answer was being sent
+            return
+        finally:
+            body_file.close()
+        if response.streaming:  # its iterator was consumed by the send: close it now
+            await sync_to_async(response.close, thread_sensitive=False, executor=self._pool)()
+
+    def _serve(self, scope: dict[str, Any], body_file: Any, match: Any) -> Any:
+        """In a pooled thread: what Django's handler does around a sync view, and the view."""
+        signals.request_started.send(sender=self.__class__, scope=scope)  # (closes old connections)
+        request, response = self.create_request(scope, body_file)
+        if request is not None:
+            request.tessera_match = match
+            response = self._sync.get_response(request)
+            response._handler_class = self.__class__
+        if not response.streaming:
+            response.close()  # request_finished: this thread's database connection goes back
+        return response
 
     async def get_response_async(self, request: Any) -> Any:
-        try:
-            request.tessera_match = get_resolver().resolve(request.path_info)
-        except Resolver404:  # answered by the chain below (404, or a redirect to add a slash)
-            request.tessera_match = None
+        """The async views' chain (reached through Django's ``handle``)."""
+        request.tessera_match = _resolve(request.path_info)
         view = request.tessera_match.func if request.tessera_match is not None else None
-        if view is not None and iscoroutinefunction(view):
-            if getattr(view, "without_middleware", False):
-                return await self._respond_bare(request)
-            return await super().get_response_async(request)
-        return await sync_to_async(self._respond, thread_sensitive=False, executor=self._pool)(request)
+        if view is not None and getattr(view, "without_middleware", False):
+            return await self._respond_bare(request)
+        return await super().get_response_async(request)
 
     async def _respond_bare(self, request: Any) -> Any:
         """The async view alone, with what Django's chain adds around any view: the match on the
@@ -87,9 +124,11 @@ class PooledASGIHandler(_Resolved, ASGIHandler):
             log_response("%s: %s", response.reason_phrase, request.path, response=response, request=request)
         return response
 
-    def _respond(self, request: Any) -> Any:
-        close_old_connections()
-        try:
-            return self._sync.get_response(request)
-        finally:
-            close_old_connections()
+
+
+def _resolve(path: str) -> Any:
+    """The URL's match, or None where the chain answers it (a 404, or a redirect to add a slash)."""
+    try:
+        return get_resolver().resolve(path)
+    except Resolver404:
+        return None

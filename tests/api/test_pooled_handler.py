@@ -27,12 +27,20 @@ def handler(transactional_db, settings):
 
 
 def _get(app, path: str, query: str = "", auth: str | None = None) -> tuple[int, dict, dict]:
+    return _call(app, "GET", path, query, auth)
+
+
+def _call(
+    app, method: str, path: str, query: str = "", auth: str | None = None, body: bytes = b""
+) -> tuple[int, dict, dict]:
     headers = [(b"host", b"testserver")] + ([(b"authorization", auth.encode())] if auth else [])
+    if body:
+        headers += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     scope = {
         "type": "http",
         "asgi": {"version": "3.0"},
         "http_version": "1.1",
-        "method": "GET",
+        "method": method,
         "scheme": "http",
         "path": path,
         "raw_path": path.encode(),
@@ -45,20 +53,39 @@ def _get(app, path: str, query: str = "", auth: str | None = None) -> tuple[int,
 
     async def go():
         talk = ApplicationCommunicator(app, scope)
-        await talk.send_input({"type": "http.request", "body": b"", "more_body": False})
+        # the body in two messages, as a server may deliver it
+        await talk.send_input({"type": "http.request", "body": body[:5], "more_body": True})
+        await talk.send_input({"type": "http.request", "body": body[5:], "more_body": False})
         start = await talk.receive_output(10)
-        body = await talk.receive_output(10)
-        return start, body
+        answer = await talk.receive_output(10)
+        return start, answer
 
-    start, body = async_to_sync(go)()
+    start, answer = async_to_sync(go)()
     response_headers = {k.decode().lower(): v.decode() for k, v in start["headers"]}
-    return start["status"], response_headers, json.loads(body["body"] or b"{}")
+    return start["status"], response_headers, json.loads(answer["body"] or b"{}")
 
 
 def test_a_sync_view_runs_with_the_middleware_in_the_pool(handler, world):
     status, headers, body = _get(handler, "/api/v1/jobs/", auth=f"Token {world.tokens['alice']}")
     assert status == 200 and body["count"] == 0
     assert headers["x-frame-options"] == "DENY"  # the middleware chain ran
+
+
+def test_a_post_reaches_its_view_with_its_body_and_what_it_stores_is_kept(handler, world):
+    from scheduling.models import Job
+
+    body = json.dumps({"name": "via-pool", "kind": "batch", "command": ["true"], "gpus": 1}).encode()
+    auth = f"Token {world.tokens['alice']}"
+    status, _, answer = _call(handler, "POST", "/api/v1/jobs/", auth=auth, body=body)
+    assert status == 201 and answer["name"] == "via-pool"
+    assert Job.objects.get(pk=answer["id"]).name == "via-pool"
+
+
+def test_a_bad_body_is_a_400_naming_the_field(handler, world):
+    body = json.dumps({"name": "bad", "kind": "batch", "command": ["true"], "gpus": -1}).encode()
+    auth = f"Token {world.tokens['alice']}"
+    status, _, answer = _call(handler, "POST", "/api/v1/jobs/", auth=auth, body=body)
+    assert status == 400 and "gpus" in answer
 
 
 def test_the_long_poll_is_served_without_the_middleware_and_answers_as_before(handler):
