@@ -85,13 +85,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--poll-interval",
         type=float,
         default=5.0,
-        help="seconds between heartbeats (work arrives at once through the long-poll)",
+        help="seconds between heartbeats (work arrives at once through the stream or long-poll)",
+    )
+    p.add_argument(
+        "--no-stream",
+        action="store_true",
+        help="take pushed work through the HTTP long-poll, not the websocket stream",
     )
     p.add_argument(
         "--wait-timeout",
         type=float,
         default=25.0,
-        help="seconds the long-poll for pushed work stays open (0: no push, poll only)",
+        help="seconds the long-poll for pushed work stays open (0: no push at all, poll only)",
     )
     p.add_argument(
         "--util-speed",
@@ -254,6 +259,7 @@ def run(args: argparse.Namespace) -> int:
     )
     agent.wait_timeout = args.wait_timeout
     agent.push = args.wait_timeout > 0
+    agent.stream = agent.push and not args.no_stream
 
     try:
         trace = UtilProfiles.check() if inventory.simulated else None

@@ -13,8 +13,11 @@ import http.client
 import json
 import queue
 import select
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlsplit
+
+if TYPE_CHECKING:
+    from agent.stream import Stream
 
 TIMEOUT_S = 10.0
 
@@ -117,14 +120,14 @@ class AgentClient:
             raise Rejected(status, data)
         return data
 
-    def _node_auth(self) -> str:
+    def node_auth(self) -> str:
         if not self.credential:
             raise RuntimeError("not registered")
         return f"Node {self.credential}"
 
     def register(self, body: dict[str, Any], join_token: str | None) -> dict[str, Any]:
         """Register with the join token, or (none given) re-register with the stored credential."""
-        auth = f"Join {join_token}" if join_token else self._node_auth()
+        auth = f"Join {join_token}" if join_token else self.node_auth()
         data = self._post("register", body, auth)
         self.credential = data["credential"]
         return data
@@ -139,7 +142,7 @@ class AgentClient:
             "GET",
             "wait?" + urlencode({"timeout": f"{timeout_s:g}"}),
             None,
-            self._node_auth(),
+            self.node_auth(),
             timeout_s + self.timeout,
         )
         if status >= 400:
@@ -150,8 +153,15 @@ class AgentClient:
             return {"wake": False}
         return answer if isinstance(answer, dict) else {"wake": False}
 
+    def open_stream(self, idle_s: float) -> Stream:
+        """The websocket for wakes and exit reports (agent/stream.py); :class:`Rejected` from a
+        server that refuses it, :class:`ServerError` when it cannot be reached."""
+        from agent.stream import Stream
+
+        return Stream.open(self.base, self.node_auth(), self.timeout, idle_s)
+
     def heartbeat(self, running: list[dict[str, int]]) -> dict[str, Any]:
-        return self._post("heartbeat", {"running": running}, self._node_auth())
+        return self._post("heartbeat", {"running": running}, self.node_auth())
 
     def started(
         self, job_id: int, attempt: int, replica: int, pid: int, started_at: float | None = None
@@ -160,7 +170,7 @@ class AgentClient:
         body: dict[str, Any] = {"attempt": attempt, "replica": replica, "pid": pid}
         if started_at is not None:
             body["started_at"] = started_at
-        return self._post(f"jobs/{job_id}/started", body, self._node_auth())
+        return self._post(f"jobs/{job_id}/started", body, self.node_auth())
 
     def logs(self, job_id: int, attempt: int, replica: int, offset: int, data: bytes) -> dict[str, Any]:
         body = {
@@ -169,7 +179,7 @@ class AgentClient:
             "offset": offset,
             "data": base64.b64encode(data).decode("ascii"),
         }
-        return self._post(f"jobs/{job_id}/logs", body, self._node_auth())
+        return self._post(f"jobs/{job_id}/logs", body, self.node_auth())
 
     def exited(
         self,
@@ -184,10 +194,10 @@ class AgentClient:
         """``started_at``/``pid``: set when no ``started`` report was sent (a process that ended
         at once): the exit report then records its start too."""
         body = exit_body(attempt, replica, exit_code, reason, started_at, pid)
-        return self._post(f"jobs/{job_id}/exited", body, self._node_auth())
+        return self._post(f"jobs/{job_id}/exited", body, self.node_auth())
 
     def report_exits(self, reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Several replicas' exit reports in one request (the ``exited`` bodies, each with its
         ``job_id``); one result per report, in order: ``{"status": 200, "state", "recorded"}``, or
         ``{"status": 404|409, "detail"}`` for a report refused on its own."""
-        return self._post("exits", {"exits": reports}, self._node_auth())["results"]
+        return self._post("exits", {"exits": reports}, self.node_auth())["results"]

@@ -1,11 +1,13 @@
 """The agent's main loop: heartbeat, start what is bound here, stop what must stop, keep the lease.
 
 Each heartbeat reports the processes running here and gets back the bindings to start and the
-stop orders (docs/agent.md). Between heartbeats a second thread holds a long-poll open
-(``GET /api/v1/agent/wait``): when the server has news for this node it answers at once, with the
-new bindings in the answer, which the main loop starts at once; news that carries no bindings (a
-stop order) makes the agent heartbeat immediately. So work arrives in milliseconds, not at the
-next poll. The periodic heartbeat remains, for the lease and as the fallback when push fails.
+stop orders (docs/agent.md). Between heartbeats a second thread holds a websocket open
+(``/api/v1/agent/stream``; the long-poll ``GET /api/v1/agent/wait`` where the server refuses it):
+when the server has news for this node it pushes it at once, with the new bindings in it, which
+the main loop starts at once; news that carries no bindings (a stop order) makes the agent
+heartbeat immediately. Exit reports go on the same websocket while it is open. So work arrives
+in milliseconds, not at the next poll. The periodic heartbeat remains, for the lease and as the
+fallback when push fails.
 Heartbeats are sent from a thread of their own, which hands their orders to the main loop: a slow
 heartbeat (a busy server) never holds up the start of a pushed binding.
 Processes are spawned by the main thread only: a job's parent-death signal follows the thread
@@ -33,6 +35,8 @@ from agent.reports import ExitReporter
 log = logging.getLogger("tessera.agent")
 
 Key = tuple[int, int, int]
+STREAM_IDLE_S = 60.0  # a stream silent this long (the server pings every 20 s) is dead
+STREAM_RETRY_S = 300.0  # after a refused stream handshake, the long-poll this long
 
 
 class CredentialRevoked(Exception):
@@ -64,6 +68,8 @@ class Agent:
         self.last_ok = time.monotonic()
         self.fenced = False
         self.push = True  # False once the server is found to have no long-poll endpoint
+        self.stream = True  # push over the websocket (agent/stream.py), the long-poll where refused
+        self._stream_retry_at = 0.0
         self.wait_timeout = 25.0
         self._poke = threading.Event()  # wakes the main loop
         self._beat = threading.Event()  # asks the heartbeat thread for a heartbeat now
@@ -155,9 +161,13 @@ class Agent:
         return 0
 
     def _listen(self, stop: threading.Event) -> None:
-        """Hold the long-poll open; hand what the server pushes to the main loop."""
+        """Hold the stream (or, where the server refuses it, the long-poll) open; hand what the
+        server pushes to the main loop."""
         errors = 0
         while not stop.is_set():
+            if self.stream and time.monotonic() >= self._stream_retry_at:
+                errors = self._stream_session(stop, errors)
+                continue
             answer: dict[str, Any] = {}
             try:
                 answer = self.client.wait(self.wait_timeout)
@@ -178,16 +188,51 @@ class Agent:
                 # lost with it, so fetch the orders now rather than at the next periodic heartbeat.
                 self._beat.set()
             if answer.get("wake"):
-                start = answer.get("start")
-                if isinstance(start, list):
-                    with self._lock:
-                        self._pushed.extend(b for b in start if isinstance(b, dict))
-                    self._poke.set()
-                # A wake without bindings (or from a server that sends none) asks for orders.
-                if answer.get("heartbeat", True) or not isinstance(start, list):
-                    self._beat.set()
+                self._woken(answer)
             elif errors:
                 stop.wait(min(5.0, 0.5 * errors))  # the server is down: do not spin
+
+    def _stream_session(self, stop: threading.Event, errors: int) -> int:
+        """Open the websocket and hand its wakes on until it ends; the failures in a row so far.
+
+        While it is open, exit reports go on it too (agent/reports.py). A refused handshake (a
+        server without the stream) means the long-poll for ``STREAM_RETRY_S``; a failure, another
+        try after a pause that grows, with a heartbeat now, as a wake may have been missed."""
+        stream = None
+        try:
+            stream = self.client.open_stream(STREAM_IDLE_S)
+            errors = 0
+            self.reporter.stream = stream
+            self._beat.set()  # wakes published while no socket was open: the heartbeat has them
+            while not stop.is_set():
+                self._woken(stream.receive())
+        except Rejected as exc:
+            log.warning("the server refused the stream (%s): long-poll for %gs", exc, STREAM_RETRY_S)
+            self._stream_retry_at = time.monotonic() + STREAM_RETRY_S
+        except ServerError as exc:
+            errors += 1
+            if errors in (1, 10) or errors % 60 == 0:
+                log.warning("stream failed (%d in a row): %s", errors, exc)
+            self._beat.set()
+            stop.wait(min(5.0, 0.5 * (errors - 1)))  # at once after a good session; then slower
+        finally:
+            self.reporter.stream = None
+            if stream is not None:
+                stream.close()
+        return errors
+
+    def _woken(self, answer: dict[str, Any]) -> None:
+        """A wake (the long-poll's answer, or a stream message): its bindings to the main loop at
+        once; a wake without bindings (or from a server that sends none) asks for orders."""
+        if not answer.get("wake"):
+            return
+        start = answer.get("start")
+        if isinstance(start, list):
+            with self._lock:
+                self._pushed.extend(b for b in start if isinstance(b, dict))
+            self._poke.set()
+        if answer.get("heartbeat", True) or not isinstance(start, list):
+            self._beat.set()
 
     def poke(self) -> None:
         """Heartbeat now, and wake the main loop (what a stop does, so the loop exits at once)."""

@@ -2,10 +2,12 @@
 
 Each job's supervisor thread calls :meth:`ExitReporter.exited` as it would call the client's, and
 blocks until its own answer: the reporter thread takes every report queued within a few
-milliseconds of the first and sends them as one ``POST /api/v1/agent/exits``. A pass that binds
-eight short jobs to a node thus costs one exit request, not eight. Errors stay per report: a
-refused one raises :class:`~agent.client.Rejected` in its own thread only; a failed request
-raises :class:`~agent.client.ServerError` in each, and each retries as before.
+milliseconds of the first and sends them as one ``POST /api/v1/agent/exits``, or as one message on
+the agent's websocket while it has one open (the same body, the same answers; if the socket fails,
+by HTTP). A pass that binds eight short jobs to a node thus costs one exit request, not eight.
+Errors stay per report: a refused one raises :class:`~agent.client.Rejected` in its own thread
+only; a failed request raises :class:`~agent.client.ServerError` in each, and each retries as
+before.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.client import Rejected, ServerError, exit_body
+from agent.client import TIMEOUT_S, Rejected, ServerError, exit_body
 
 WINDOW_S = 0.005  # how long the first report waits for others to join it
 MAX_BATCH = 256
@@ -39,6 +41,7 @@ class ExitReporter:
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self.batched = True  # False once the server is found to have no ``exits`` endpoint
+        self.stream: Any = None  # the agent's open websocket (agent/stream.py), when it has one
 
     def __getattr__(self, name: str) -> Any:  # started, logs, heartbeat, ...: the client's own
         return getattr(self.client, name)
@@ -80,6 +83,9 @@ class ExitReporter:
         if not self.batched:
             self._send_one_by_one(batch)
             return
+        stream = self.stream
+        if stream is not None and self._send_on_stream(stream, batch):
+            return
         try:
             results = self.client.report_exits([item.body for item in batch])
             if len(results) != len(batch):
@@ -96,6 +102,27 @@ class ExitReporter:
                 exc = ServerError(f"exits: {exc.__class__.__name__}: {exc}")
             self._fail(batch, exc)
             return
+        self._deliver(batch, results)
+
+    def _send_on_stream(self, stream: Any, batch: list[_Pending]) -> bool:
+        """Send the batch on the agent's websocket; False (nothing delivered) if the stream failed:
+        the batch then goes by HTTP (a repeated exit report is recorded once)."""
+        try:
+            answer = stream.request({"exits": [item.body for item in batch]}, TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - whatever failed, the batch still goes (by HTTP)
+            return False
+        status = int(answer.get("status", 500))
+        results = answer.get("results")
+        if status == 200 and isinstance(results, list) and len(results) == len(batch):
+            self._deliver(batch, results)
+        elif 400 <= status < 500:
+            self._fail(batch, Rejected(status, answer))
+        else:
+            return False
+        return True
+
+    @staticmethod
+    def _deliver(batch: list[_Pending], results: list[dict[str, Any]]) -> None:
         for item, result in zip(batch, results, strict=True):
             status = int(result.get("status", 200))
             if status >= 400:

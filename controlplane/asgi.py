@@ -1,4 +1,5 @@
-"""ASGI entry point: HTTP through Django, websockets through Channels (session-authenticated).
+"""ASGI entry point: HTTP through Django, websockets through Channels (the dashboard's, session-
+authenticated; the agents' stream, node-credential-authenticated).
 
 daphne serves static files itself through ``ASGIStaticFilesHandler``, so the embedded default and
 a small deployment need no separate web server; a large one may put a proxy in front.
@@ -34,11 +35,18 @@ if settings.TESSERA["PASS_LOOP"]:
     start_embedded_loop()
 
 from controlplane.gc_tuning import tune_for_server  # noqa: E402
+from scheduling.api.agent_stream import STREAM_PATH, AgentStream  # noqa: E402
 
-application = ProtocolTypeRouter(
-    {
-        "http": ASGIStaticFilesHandler(django_asgi_app),
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
-    }
-)
+dashboard_sockets = AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))
+agent_stream = AgentStream.as_asgi()
+
+
+async def websockets(scope, receive, send):
+    """The agents' stream (a node credential in a header: no session, no Origin check), or the
+    dashboard's sockets (a signed-in person's session, from an allowed Origin)."""
+    app = agent_stream if scope["path"] == STREAM_PATH else dashboard_sockets
+    return await app(scope, receive, send)
+
+
+application = ProtocolTypeRouter({"http": ASGIStaticFilesHandler(django_asgi_app), "websocket": websockets})
 tune_for_server()

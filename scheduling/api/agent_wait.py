@@ -46,7 +46,7 @@ def wake_channel(node_id: int) -> str:
     return f"agentwake.{node_id}"
 
 
-def _credential(header: str) -> str | None:
+def node_secret(header: str) -> str | None:
     parts = header.split()
     if len(parts) != 2 or parts[0].lower() != NODE_KEYWORD.lower():
         return None
@@ -60,6 +60,16 @@ def _node_id_for(secret: str) -> int | None:
     if connection.vendor == "postgresql" and not connection.in_atomic_block:
         connection.close()
     return node.pk if node is not None else None
+
+
+async def node_id_from_header(header: str) -> int | None:
+    """The node whose credential an ``Authorization: Node <credential>`` value carries, or None:
+    from this process's cache when it can (no thread hop, no query), else looked up in a thread."""
+    secret = node_secret(header)
+    if secret is None:
+        return None
+    cached = cached_node(secret)
+    return cached.pk if cached is not None else await sync_to_async(_node_id_for)(secret)
 
 
 def _timeout_of(request: HttpRequest) -> float | None:
@@ -146,6 +156,12 @@ async def _join(layer, node_id: int, channel: str) -> None:
         joined[channel] = now
 
 
+def forget_join(node_id: int) -> None:
+    """The node's wake channel was taken out of its group (its agent streams now): a later wait in
+    this process joins it again at once. (Another web process may take up to ``REJOIN_S`` to.)"""
+    _state().joined.pop(wake_channel(node_id), None)
+
+
 async def _receive(layer, channel: str, deadline: float) -> dict:
     """Wait for a message on ``channel`` until ``deadline`` (raises TimeoutError).
 
@@ -182,11 +198,7 @@ async def agent_wait(request: HttpRequest) -> JsonResponse:
     ``{"wake": false}`` on timeout."""
     if request.method != "GET":
         return JsonResponse({"detail": f'Method "{request.method}" not allowed.'}, status=405)
-    secret = _credential(request.headers.get("Authorization", ""))
-    node_id = None
-    if secret is not None:
-        cached = cached_node(secret)  # most waits: no thread hop, no query
-        node_id = cached.pk if cached is not None else await sync_to_async(_node_id_for)(secret)
+    node_id = await node_id_from_header(request.headers.get("Authorization", ""))
     if node_id is None:
         response = JsonResponse({"detail": "A valid node credential is required."}, status=401)
         response["WWW-Authenticate"] = NODE_KEYWORD

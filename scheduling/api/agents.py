@@ -227,22 +227,29 @@ class ExitsView(AgentView):
     @extend_schema(request=ExitsIn, responses={200: inline_serializer("ExitsDone", {
         "results": serializers.ListField(child=serializers.DictField())})})
     def post(self, request: Request) -> Response:
-        data = _valid(ExitsIn, request)
-        reports = [
-            svc.ExitReport(item["job_id"], item["attempt"], item["replica"], item["exit_code"],
-                           item["reason"], item.get("started_at"))
-            for item in data["exits"]
-        ]
-        results = []
-        for outcome in svc.do_report_exits(self.node(request), reports):
-            if isinstance(outcome, svc.NotYours):
-                results.append({"status": 404, "detail": "No such job on this node."})
-            elif isinstance(outcome, svc.Stale):
-                results.append({"status": 409, "detail": str(outcome)})
-            else:
-                job, recorded = outcome
-                results.append({"status": 200, "state": job.state, "recorded": recorded})
-        return Response({"results": results})
+        return Response({"results": exit_results(self.node(request), request.data)})
+
+
+def exit_results(node, body: Any) -> list[dict[str, Any]]:
+    """Settle an ``exits`` body's reports (validated: ValidationError names the field) for ``node``;
+    one result per report, in order. Shared by ``POST exits`` and the agent's stream."""
+    serializer = ExitsIn(data=body)
+    serializer.is_valid(raise_exception=True)
+    reports = [
+        svc.ExitReport(item["job_id"], item["attempt"], item["replica"], item["exit_code"],
+                       item["reason"], item.get("started_at"))
+        for item in serializer.validated_data["exits"]
+    ]
+    results = []
+    for outcome in svc.do_report_exits(node, reports):
+        if isinstance(outcome, svc.NotYours):
+            results.append({"status": 404, "detail": "No such job on this node."})
+        elif isinstance(outcome, svc.Stale):
+            results.append({"status": 409, "detail": str(outcome)})
+        else:
+            job, recorded = outcome
+            results.append({"status": 200, "state": job.state, "recorded": recorded})
+    return results
 
 
 class LogsView(AgentView):

@@ -50,6 +50,11 @@ class FakeServer:
             self.pushed = start
         self.woken.set()
 
+    def open_stream(self, idle_s: float) -> Any:
+        """As a server from before the stream: the handshake is refused (the long-poll is used)."""
+        self._record("open_stream")
+        raise Rejected(404, "no stream here")
+
     def heartbeat(self, running: list[dict[str, int]]) -> dict[str, Any]:
         self._record("heartbeat", running=running)
         with self.lock:
@@ -111,6 +116,55 @@ class FakeServer:
         found = wait_for(lambda: next((e for e in self.exits if e["job_id"] == job_id), None), timeout)
         assert found is not None, f"job {job_id} did not exit within {timeout}s: {self.calls}"
         return found
+
+
+class StreamingServer(FakeServer):
+    """A server with the stream: wakes come on it, exit reports go on it (``stream-exits``), and
+    :meth:`drop_stream` ends it as a restarted web process would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.streams: list[FakeStream] = []
+
+    def open_stream(self, idle_s: float) -> FakeStream:
+        self._record("open_stream")
+        stream = FakeStream(self)
+        with self.lock:
+            self.streams.append(stream)
+        return stream
+
+    def wake(self, start: list[dict[str, Any]] | None = None) -> None:
+        message = {"wake": True, "start": start or [], "heartbeat": start is None}
+        wait_for(lambda: self.streams and not self.streams[-1].closed, 5)
+        self.streams[-1].inbox.put(message)
+
+    def drop_stream(self) -> None:
+        self.streams[-1].inbox.put(None)
+
+
+class FakeStream:
+    def __init__(self, server: StreamingServer) -> None:
+        import queue
+
+        self.server = server
+        self.inbox: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
+        self.closed = False
+
+    def receive(self) -> dict[str, Any]:
+        message = self.inbox.get()
+        if message is None:
+            self.closed = True
+            from agent.client import ServerError
+
+            raise ServerError("stream: closed by the server")
+        return message
+
+    def request(self, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        self.server._record("stream-exits", count=len(body["exits"]))
+        return {"status": 200, "results": [{"status": 200, **self.server.exited(**r)} for r in body["exits"]]}
+
+    def close(self, why: str = "closed") -> None:
+        self.closed = True
 
 
 def wait_for(check: Callable[[], Any], timeout: float = 20.0, every: float = 0.05) -> Any:

@@ -1,0 +1,106 @@
+"""``/api/v1/agent/stream``: the agent's websocket, one connection for its wakes and exit reports.
+
+What the long-poll (``agent_wait``) and ``POST exits`` do, without an HTTP request each: the
+server pushes the node's wakes as they are published (``{"wake": true, "start": [...],
+"heartbeat": bool}``, the long-poll's answer), and the agent sends its exit reports as
+``{"id": N, "exits": [...]}`` (the ``exits`` body), answered ``{"id": N, "status": 200,
+"results": [...]}`` (or ``"status": 400`` with the fields' errors, ``401`` when the credential no
+longer holds, after which the server closes the socket). In ``make bench-e2e`` those two were
+~1.5 HTTP requests a job, each ~2-4 ms of web CPU before any work.
+
+The handshake authenticates as every agent call does (``Authorization: Node <credential>``);
+a bad credential is refused there (HTTP 403). No Origin check: the credential is a header, never
+a cookie a browser would send. The consumer's channel joins the node's group ``agent.<id>``, where
+passes publish its wakes (``scheduling.services.live``), and takes the long-poll's named channel
+out of it, so a wake is not also queued for a long-poll nobody holds. A wake published while no
+socket is open is not kept: the agent heartbeats on every (re)connection, which delivers what it
+missed; the periodic heartbeat stays the source of truth (docs/agent.md, "Push").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import Any
+
+from channels.consumer import AsyncConsumer
+from channels.db import database_sync_to_async
+from channels.exceptions import StopConsumer
+from rest_framework.exceptions import ValidationError
+
+from scheduling.api.agent_auth import node_for_credential
+from scheduling.api.agent_wait import forget_join, node_id_from_header, node_secret, wake_channel
+from scheduling.api.agents import exit_results
+
+log = logging.getLogger("tessera.agents")
+
+STREAM_PATH = "/api/v1/agent/stream"
+
+
+class AgentStream(AsyncConsumer):
+    secret: str = ""
+    node_id: int | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._tasks: set[asyncio.Task] = set()  # exit reports being answered
+
+    async def websocket_connect(self, message: dict[str, Any]) -> None:
+        header = dict(self.scope.get("headers", [])).get(b"authorization", b"").decode("latin1")
+        node_id = await node_id_from_header(header)
+        if node_id is None or self.channel_layer is None:
+            await self.send({"type": "websocket.close"})  # before the accept: the handshake gets 403
+            return
+        self.secret, self.node_id = node_secret(header) or "", node_id
+        group = f"agent.{node_id}"
+        await self.channel_layer.group_add(group, self.channel_name)
+        await self.channel_layer.group_discard(group, wake_channel(node_id))
+        forget_join(node_id)
+        await self.send({"type": "websocket.accept"})
+
+    async def websocket_receive(self, message: dict[str, Any]) -> None:
+        try:
+            request = json.loads(message.get("text") or message.get("bytes") or b"")
+        except ValueError:
+            request = None
+        if not isinstance(request, dict) or not isinstance(request.get("id"), int) or "exits" not in request:
+            await self._send({"id": None, "status": 400, "detail": 'Expected {"id": <int>, "exits": [...]}.'})
+            return
+        # Answered from a task of its own: the consumer handles one message at a time, and a wake
+        # must not wait behind the database work of this node's exit reports.
+        task = asyncio.ensure_future(self._answer_exits(request))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _answer_exits(self, request: dict[str, Any]) -> None:
+        answer = await database_sync_to_async(self._exits)(request)
+        await self._send({"id": request["id"], **answer})
+        if answer["status"] == 401:
+            await self.send({"type": "websocket.close", "code": 4401})
+
+    def _exits(self, request: dict[str, Any]) -> dict[str, Any]:
+        node = node_for_credential(self.secret)
+        if node is None or node.pk != self.node_id:
+            return {"status": 401, "detail": "A valid node credential is required."}
+        try:
+            return {"status": 200, "results": exit_results(node, {"exits": request["exits"]})}
+        except ValidationError as exc:
+            return {"status": 400, "errors": exc.detail}
+
+    async def agent_wake(self, message: dict[str, Any]) -> None:
+        await self._send(
+            {"wake": True, "start": message.get("start", []), "heartbeat": message.get("heartbeat", True)}
+        )
+
+    async def websocket_disconnect(self, message: dict[str, Any]) -> None:
+        # Reports being settled finish (their answers are dropped; the agent sends them again by
+        # HTTP, and a repeated report is recorded once).
+        if self.node_id is not None:
+            with contextlib.suppress(Exception):  # Redis gone: the membership expires by itself
+                await self.channel_layer.group_discard(f"agent.{self.node_id}", self.channel_name)
+        raise StopConsumer
+
+    async def _send(self, body: dict[str, Any]) -> None:
+        await self.send({"type": "websocket.send", "text": json.dumps(body)})
