@@ -86,6 +86,45 @@ def fresh_database(pg: str, name: str) -> None:
         conn.execute(f'CREATE DATABASE "{name}"')
 
 
+def bench_env(pg: str, db: str, redis: str, broker_db: int, layer_db: int, **extra: str) -> dict[str, str]:
+    """The server processes' environment: database ``db``, Redis databases of the benchmark's own."""
+    return stack_env(
+        f"{pg}/{db}",
+        redis,
+        TESSERA_REDIS_BROKER_DB=str(broker_db),
+        TESSERA_REDIS_LAYER_DB=str(layer_db),
+        TESSERA_DEBUG="0",
+        # The per-user rate limits (scheduling/api/throttling.py) would answer 429 to one user
+        # submitting 2,000 jobs as fast as it can: the benchmark measures the service, unthrottled.
+        TESSERA_RATE_LIMIT_SUBMIT="off",
+        TESSERA_RATE_LIMIT_API="off",
+        TESSERA_SECRET_KEY="bench-" + "k" * 50,
+        **extra,
+    )
+
+
+def prepare(pg: str, db: str, redis: str, redis_dbs: tuple[int, int], env: dict[str, str]) -> None:
+    """A fresh database ``db``, migrated; the benchmark's Redis databases emptied (flags left by a
+    run killed mid-way included); Django set up in this process, on ``env`` (made current)."""
+    say(f"fresh database {db}; migrating")
+    os.environ.update(env)
+    fresh_database(pg, db)
+    subprocess.run([PY, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
+    import django
+
+    django.setup()
+    import redis as redis_lib
+
+    from controlplane.env import redis_db_url
+
+    for n in redis_dbs:
+        redis_lib.Redis.from_url(redis_db_url(redis, n)).flushdb()
+    from scheduling.services import redis_flags
+
+    for flag in ("pass-queued", "pass-again"):
+        redis_flags.client().delete(redis_flags.key(flag))
+
+
 def seed(gpus: int) -> tuple[str, str]:
     """A tenant with a quota for the whole cluster, a user with a token; a join token."""
     from django.contrib.auth.models import User
@@ -258,39 +297,12 @@ def main() -> int:  # noqa: PLR0915 - one linear script, read top to bottom
     broker_db, layer_db = (int(x) for x in args.redis_dbs.split(","))
     work = Path(tempfile.mkdtemp(prefix="tessera-bench-", dir="/tmp"))
     work.chmod(0o711)
-    env = stack_env(
-        f"{args.pg}/{args.db}",
-        args.redis,
-        TESSERA_REDIS_BROKER_DB=str(broker_db),
-        TESSERA_REDIS_LAYER_DB=str(layer_db),
-        TESSERA_DEBUG="0",
-        TESSERA_LOG_LEVEL="INFO",  # the worker logs one line per pass: its duration
-        # The per-user rate limits (scheduling/api/throttling.py) would answer 429 to one user
-        # submitting 2,000 jobs as fast as it can: the benchmark measures the service, unthrottled.
-        TESSERA_RATE_LIMIT_SUBMIT="off",
-        TESSERA_RATE_LIMIT_API="off",
-        TESSERA_SECRET_KEY="bench-" + "k" * 50,
-    )
-    os.environ.update(env)
+    # The worker logs one line per pass at INFO: its duration.
+    env = bench_env(args.pg, args.db, args.redis, broker_db, layer_db, TESSERA_LOG_LEVEL="INFO")
     procs = Processes(work)
     total_gpus = args.agents * args.gpus
     try:
-        say(f"fresh database {args.db}; migrating")
-        fresh_database(args.pg, args.db)
-        subprocess.run([PY, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
-        import django
-
-        django.setup()
-        import redis as redis_lib
-
-        from controlplane.env import redis_db_url
-
-        for db in (broker_db, layer_db):
-            redis_lib.Redis.from_url(redis_db_url(args.redis, db)).flushdb()
-        from scheduling.services import redis_flags
-
-        for flag in ("pass-queued", "pass-again"):  # left by an earlier run killed mid-way
-            redis_flags.client().delete(redis_flags.key(flag))
+        prepare(args.pg, args.db, args.redis, (broker_db, layer_db), env)
         token, join = seed(total_gpus)
 
         # One listening socket shared by --web daphne processes (the kernel spreads connections

@@ -26,8 +26,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scripts.bench_e2e import fresh_database, job_body, say, seed  # noqa: E402
-from tests.support import PY, Processes, stack_env, wait_until, web_answers, web_argv  # noqa: E402
+from scripts.bench_e2e import bench_env, job_body, prepare, say, seed  # noqa: E402
+from tests.support import Processes, wait_until, web_answers, web_argv  # noqa: E402
 
 
 def cpu_seconds(pid: int) -> tuple[float, float]:
@@ -63,34 +63,11 @@ def main() -> int:
     args = p.parse_args()
 
     broker_db, layer_db = (int(x) for x in args.redis_dbs.split(","))
-    env = stack_env(
-        f"{args.pg}/{args.db}",
-        args.redis,
-        TESSERA_REDIS_BROKER_DB=str(broker_db),
-        TESSERA_REDIS_LAYER_DB=str(layer_db),
-        TESSERA_DEBUG="0",
-        TESSERA_RATE_LIMIT_SUBMIT="off",
-        TESSERA_RATE_LIMIT_API="off",
-        TESSERA_SECRET_KEY="bench-" + "k" * 50,
-    )
-    os.environ.update(env)
+    env = bench_env(args.pg, args.db, args.redis, broker_db, layer_db)
     work = Path(tempfile.mkdtemp(prefix="tessera-reqbench-", dir="/tmp"))
     procs = Processes(work)
     try:
-        say(f"fresh database {args.db}; migrating")
-        fresh_database(args.pg, args.db)
-        import subprocess
-
-        subprocess.run([PY, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
-        import django
-
-        django.setup()
-        import redis as redis_lib
-
-        from controlplane.env import redis_db_url
-
-        for db in (broker_db, layer_db):
-            redis_lib.Redis.from_url(redis_db_url(args.redis, db)).flushdb()
+        prepare(args.pg, args.db, args.redis, (broker_db, layer_db), env)
         token, join = seed(8)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
