@@ -14,7 +14,10 @@ a cookie a browser would send. The consumer's channel joins the node's group ``a
 passes publish its wakes (``scheduling.services.live``), and takes the long-poll's named channel
 out of it, so a wake is not also queued for a long-poll nobody holds. A wake published while no
 socket is open is not kept: the agent heartbeats on every (re)connection, which delivers what it
-missed; the periodic heartbeat stays the source of truth (docs/agent.md, "Push").
+missed; the periodic heartbeat stays the source of truth (docs/agent.md, "Push"). The credential
+is checked again before each wake and each report (cached for ``agent_auth.CACHE_S``, as every
+agent call's): a socket whose node registered again, or was removed, is closed, so no binding
+reaches an agent the control plane no longer knows.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from rest_framework.exceptions import ValidationError
 
-from scheduling.api.agent_auth import node_for_credential
+from scheduling.api.agent_auth import cached_node, node_for_credential
 from scheduling.api.agent_wait import forget_join, node_id_from_header, node_secret, wake_channel
 from scheduling.api.agents import exit_results
 
@@ -90,9 +93,22 @@ class AgentStream(AsyncConsumer):
             return {"status": 400, "errors": exc.detail}
 
     async def agent_wake(self, message: dict[str, Any]) -> None:
+        if not await self._credential_holds():
+            # Replaced (the node registered again) or removed: bindings must not reach this agent.
+            await self.send({"type": "websocket.close", "code": 4401})
+            return
         await self._send(
             {"wake": True, "start": message.get("start", []), "heartbeat": message.get("heartbeat", True)}
         )
+
+    async def _credential_holds(self) -> bool:
+        """Whether the socket's credential is still its node's: from this process's cache (no
+        query), else looked up (so at most every ``CACHE_S`` seconds, and at once in the process
+        that saw the node saved)."""
+        node = cached_node(self.secret)
+        if node is None:
+            node = await database_sync_to_async(node_for_credential)(self.secret)
+        return node is not None and node.pk == self.node_id
 
     async def websocket_disconnect(self, message: dict[str, Any]) -> None:
         # Reports being settled finish (their answers are dropped; the agent sends them again by

@@ -155,5 +155,21 @@ def test_a_credential_replaced_while_the_socket_is_open_gets_401_and_the_socket_
     assert closed["type"] == "websocket.close"
 
 
+def test_no_wake_reaches_a_socket_whose_node_registered_again(join_token):
+    _, answer = h.register(join_token, "gpu-01")
+
+    async def replace_then_wake(talk: WebsocketCommunicator) -> dict[str, Any]:
+        from asgiref.sync import sync_to_async
+
+        await sync_to_async(h.register)(join_token, "gpu-01")  # a new credential for the node
+        await get_channel_layer().group_send(
+            f"agent.{answer['node_id']}", {"type": "agent.wake", "start": [{"job_id": 1}], "heartbeat": False}
+        )
+        return await talk.receive_output(timeout=5)
+
+    connected, out = _session(f"Node {answer['credential']}", replace_then_wake)
+    assert connected and out["type"] == "websocket.close"  # closed, not the binding
+
+
 def _exit(job_id: int) -> dict[str, Any]:
     return {"job_id": job_id, "attempt": 0, "replica": 0, "exit_code": 0}
