@@ -15,7 +15,7 @@ from bisect import bisect_left
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -451,7 +451,7 @@ def _store_pending_reasons(decisions: Decisions, loaded: LoadedSnapshot) -> None
             if reason.estimated_start is not None
             else None
         )
-        if stored is not None and stored != (reason.code, reason.message, estimated):
+        if stored is not None and reason_changed(stored, (reason.code, reason.message, estimated)):
             groups.setdefault((reason.code, reason.message, estimated), []).append(int(job_id))
     for job_id, why in decisions.rejections.items():
         # The live cluster keeps such jobs pending (nodes may join later): say why.
@@ -472,6 +472,21 @@ def _store_pending_reasons(decisions: Decisions, loaded: LoadedSnapshot) -> None
         changed = [pk for ids in groups.values() for pk in ids]
         jobs = [job for job in jobs_from_rows(_JOBS.rows(sorted(changed))) if job.state == JobState.PENDING]
         live.publish_jobs(jobs)
+
+
+# An estimated start that moved less than this is not rewritten: every pass recomputes it from
+# "now", so a waiting job's estimate moved a few milliseconds each pass, and each pass wrote it
+# (and published the job) again for nothing. Its reason's text (minutes) is compared as before.
+ESTIMATE_SLACK = timedelta(seconds=60)
+
+
+def reason_changed(stored: StoredReason, new: StoredReason) -> bool:
+    if stored[:2] != new[:2]:
+        return True
+    before, after = stored[2], new[2]
+    if before is None or after is None:
+        return before is not after
+    return abs(after - before) >= ESTIMATE_SLACK
 
 
 _NO_FLUSH = "SET LOCAL synchronous_commit TO OFF"

@@ -150,3 +150,19 @@ def test_each_pass_is_recorded_once_even_when_another_process_recorded_in_betwee
     state = SchedulerState.objects.get(id=1)
     assert state.passes == 4
     assert sum(state.pass_buckets) == 3  # the other process's pass left no bucket: it was faked
+
+
+def test_a_reason_is_rewritten_when_its_text_changes_or_its_estimate_moves_a_minute_not_milliseconds():
+    from datetime import UTC, datetime, timedelta
+
+    from scheduling.services.passes import ESTIMATE_SLACK, reason_changed
+
+    t = datetime(2026, 1, 1, tzinfo=UTC)
+    reserved = ("reserved", "reserved: 1 node(s) held for it, expected to start in ~240 min")
+    assert not reason_changed((*reserved, t), (*reserved, t + timedelta(milliseconds=130)))  # pass to pass
+    assert reason_changed((*reserved, t), (*reserved, t + ESTIMATE_SLACK))
+    assert reason_changed((*reserved, t), ("reserved", "reserved: ... in ~239 min", t))
+    assert reason_changed(("quota", "quota: full", None), (*reserved, None))
+    assert reason_changed((*reserved, None), (*reserved, t))
+    assert reason_changed((*reserved, t), (*reserved, None))
+    assert not reason_changed(("quota", "quota: full", None), ("quota", "quota: full", None))
