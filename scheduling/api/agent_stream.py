@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 from typing import Any
 
 from channels.consumer import AsyncConsumer
@@ -36,8 +35,6 @@ from rest_framework.exceptions import ValidationError
 from scheduling.api.agent_auth import cached_node, node_for_credential
 from scheduling.api.agent_wait import forget_join, node_id_from_header, node_secret, wake_channel
 from scheduling.api.agents import exit_results
-
-log = logging.getLogger("tessera.agents")
 
 STREAM_PATH = "/api/v1/agent/stream"
 
