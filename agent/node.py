@@ -20,6 +20,7 @@ killed — by then the control plane may have requeued them elsewhere.
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from pathlib import Path
@@ -35,8 +36,18 @@ from agent.reports import ExitReporter
 log = logging.getLogger("tessera.agent")
 
 Key = tuple[int, int, int]
+HEARTBEAT_JITTER = 0.1  # each gap is the poll interval ± 10%: see heartbeat_gap
 STREAM_IDLE_S = 60.0  # a stream silent this long (the server pings every 20 s) is dead
 STREAM_RETRY_S = 300.0  # after a refused stream handshake, the long-poll this long
+
+
+def heartbeat_gap(poll_interval: float) -> float:
+    """Seconds to the next periodic heartbeat: ``poll_interval`` ± ``HEARTBEAT_JITTER``, at random.
+
+    Agents started together (a rack after a power cut, a deployment) would otherwise heartbeat
+    together for ever, every poll interval a burst of requests on the web; random gaps spread
+    them within a few intervals. The mean stays ``poll_interval``, far inside the lease."""
+    return poll_interval * random.uniform(1 - HEARTBEAT_JITTER, 1 + HEARTBEAT_JITTER)
 
 
 class CredentialRevoked(Exception):
@@ -130,7 +141,7 @@ class Agent:
             if stop.is_set():
                 return
             sent_at = time.monotonic()
-            next_heartbeat = sent_at + self.poll_interval
+            next_heartbeat = sent_at + heartbeat_gap(self.poll_interval)
             try:
                 failures = self._heartbeat(sent_at, failures)
             except CredentialRevoked as exc:

@@ -181,3 +181,12 @@ def test_a_process_that_ended_unreported_is_not_listed_running_while_its_exit_re
         finally:
             server.release.set()
             node.shutdown(0.5)
+
+
+def test_periodic_heartbeats_are_spread_around_the_poll_interval_not_in_lockstep():
+    from agent.node import HEARTBEAT_JITTER, heartbeat_gap
+
+    gaps = [heartbeat_gap(5.0) for _ in range(2000)]
+    assert all(5.0 * (1 - HEARTBEAT_JITTER) <= g <= 5.0 * (1 + HEARTBEAT_JITTER) for g in gaps)
+    assert max(gaps) - min(gaps) > 0.5  # agents started together drift apart
+    assert abs(sum(gaps) / len(gaps) - 5.0) < 0.05  # the mean (the lease's arithmetic) holds
