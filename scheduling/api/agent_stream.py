@@ -10,10 +10,12 @@ longer holds, after which the server closes the socket). In ``make bench-e2e`` t
 
 The handshake authenticates as every agent call does (``Authorization: Node <credential>``);
 a bad credential is refused there (HTTP 403). No Origin check: the credential is a header, never
-a cookie a browser would send. The consumer's channel joins the node's group ``agent.<id>``, where
-passes publish its wakes (``scheduling.services.live``), and takes the long-poll's named channel
-out of it, so a wake is not also queued for a long-poll nobody holds. A wake published while no
-socket is open is not kept: the agent heartbeats on every (re)connection, which delivers what it
+a cookie a browser would send. The socket registers for its node's wakes with the process's
+Redis pub/sub subscription (``scheduling.services.wake_bus``: one message per pass for all nodes;
+with the in-memory layer of the embedded default, the consumer's channel joins the node's group
+``agent.<id>`` instead), and takes the long-poll's named channel out of that group, so a wake is
+not also queued for a long-poll nobody holds. A wake published while no socket is open is not
+kept: the agent heartbeats on every (re)connection, which delivers what it
 missed; the periodic heartbeat stays the source of truth (docs/agent.md, "Push"). The credential
 is checked again before each wake and each report (cached for ``agent_auth.CACHE_S``, as every
 agent call's): a socket whose node registered again, or was removed, is closed, so no binding
@@ -35,6 +37,7 @@ from rest_framework.exceptions import ValidationError
 from scheduling.api.agent_auth import cached_node, node_for_credential
 from scheduling.api.agent_wait import forget_join, node_id_from_header, node_secret, wake_channel
 from scheduling.api.agents import exit_results
+from scheduling.services import wake_bus
 
 STREAM_PATH = "/api/v1/agent/stream"
 
@@ -45,7 +48,7 @@ class AgentStream(AsyncConsumer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._tasks: set[asyncio.Task] = set()  # exit reports being answered
+        self._tasks: set[asyncio.Task] = set()  # exit reports being answered, wakes being sent
 
     async def websocket_connect(self, message: dict[str, Any]) -> None:
         header = dict(self.scope.get("headers", [])).get(b"authorization", b"").decode("latin1")
@@ -55,10 +58,21 @@ class AgentStream(AsyncConsumer):
             return
         self.secret, self.node_id = node_secret(header) or "", node_id
         group = f"agent.{node_id}"
-        await self.channel_layer.group_add(group, self.channel_name)
+        if wake_bus.enabled():  # the pass's wakes by pub/sub (services/wake_bus.py)
+            await wake_bus.subscription().add(node_id, self._bus_wake)
+        else:
+            await self.channel_layer.group_add(group, self.channel_name)
         await self.channel_layer.group_discard(group, wake_channel(node_id))
         forget_join(node_id)
         await self.send({"type": "websocket.accept"})
+
+    def _bus_wake(self, wake: dict[str, Any]) -> None:
+        self._spawn(self.agent_wake({"type": "agent.wake", **wake}))
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def websocket_receive(self, message: dict[str, Any]) -> None:
         try:
@@ -70,9 +84,7 @@ class AgentStream(AsyncConsumer):
             return
         # Answered from a task of its own: the consumer handles one message at a time, and a wake
         # must not wait behind the database work of this node's exit reports.
-        task = asyncio.ensure_future(self._answer_exits(request))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._spawn(self._answer_exits(request))
 
     async def _answer_exits(self, request: dict[str, Any]) -> None:
         answer = await database_sync_to_async(self._exits)(request)
@@ -111,6 +123,8 @@ class AgentStream(AsyncConsumer):
         # Reports being settled finish (their answers are dropped; the agent sends them again by
         # HTTP, and a repeated report is recorded once).
         if self.node_id is not None:
+            if wake_bus.enabled():
+                wake_bus.subscription().remove(self.node_id, self._bus_wake)
             with contextlib.suppress(Exception):  # Redis gone: the membership expires by itself
                 await self.channel_layer.group_discard(f"agent.{self.node_id}", self.channel_name)
         raise StopConsumer

@@ -293,6 +293,7 @@ def wake_agent(node_id: int, start: list[dict[str, Any]] | None = None) -> None:
     else:
         message = {"type": "agent.wake", "start": start, "heartbeat": False}
     publish_on_commit((f"agent.{node_id}", message))
+    _publish_wakes_on_commit({node_id: {"start": start or [], "heartbeat": start is None}})
 
 
 def wake_agents(starts: dict[int, list[dict[str, Any]]]) -> None:
@@ -301,3 +302,13 @@ def wake_agents(starts: dict[int, list[dict[str, Any]]]) -> None:
         *((f"agent.{node_id}", {"type": "agent.wake", "start": start, "heartbeat": False})
           for node_id, start in sorted(starts.items()))
     )
+    _publish_wakes_on_commit({n: {"start": start, "heartbeat": False} for n, start in starts.items()})
+
+
+def _publish_wakes_on_commit(wakes: dict[int, dict[str, Any]]) -> None:
+    """The wakes for the agents' streams, as one pub/sub message after commit (wake_bus.py); the
+    groups above still carry them to long-polls."""
+    from scheduling.services import wake_bus
+
+    if wakes and wake_bus.enabled():
+        transaction.on_commit(lambda: wake_bus.publish(wakes))

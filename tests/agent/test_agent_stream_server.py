@@ -173,3 +173,78 @@ def test_no_wake_reaches_a_socket_whose_node_registered_again(join_token):
 
 def _exit(job_id: int) -> dict[str, Any]:
     return {"job_id": job_id, "attempt": 0, "replica": 0, "exit_code": 0}
+
+
+# --- wakes by Redis pub/sub (services/wake_bus.py), where the channel layer is Redis -------------
+
+
+@pytest.fixture
+def redis_nodes(join_token, settings, redis_url):
+    import uuid
+
+    from channels.layers import channel_layers
+
+    from controlplane.env import redis_db_url
+
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [redis_db_url(redis_url, 2)], "prefix": f"t{uuid.uuid4().hex[:8]}"},
+        }
+    }
+    settings.REDIS_URL = redis_url
+    channel_layers.backends.pop("default", None)
+    _, mine = h.register(join_token, "bus-01")
+    _, other = h.register(join_token, "bus-02")
+    yield mine, other
+    channel_layers.backends.pop("default", None)
+
+
+def _wake_after_commit(starts: dict[int, list[dict[str, Any]]]) -> None:
+    from django.db import transaction
+
+    from scheduling.services import live
+
+    with transaction.atomic():  # as a pass: published once its bindings are committed
+        live.wake_agents(starts)
+
+
+def test_a_pass_wakes_reach_the_nodes_stream_by_pub_sub_and_no_other_node_s(redis_nodes):
+    from asgiref.sync import sync_to_async
+
+    from scheduling.services import wake_bus
+
+    mine, other = redis_nodes
+    binding = {"job_id": 31, "attempt": 0, "replica": 0, "command": ["true"]}
+
+    async def go() -> list[Any]:
+        talk = _communicator(f"Node {mine['credential']}")
+        connected, _ = await talk.connect()
+        assert connected and wake_bus.enabled()
+        starts = {other["node_id"]: [{"job_id": 30}], mine["node_id"]: [binding]}
+        await sync_to_async(_wake_after_commit)(starts)
+        got = await talk.receive_json_from(timeout=5)
+        nothing_else = await talk.receive_nothing(timeout=0.3)  # not twice (the group), not node 2's
+        await talk.disconnect()
+        return [got, nothing_else, wake_bus.subscription().task]
+
+    got, nothing_else, task = async_to_sync(go)()
+    assert got == {"wake": True, "start": [binding], "heartbeat": False} and nothing_else
+    assert task is None  # the last socket gone: the subscription closed with it
+
+
+def test_after_the_subscription_breaks_every_socket_is_asked_to_heartbeat(redis_nodes, redis_url):
+    import redis
+
+    mine, _ = redis_nodes
+
+    async def go() -> dict[str, Any]:
+        talk = _communicator(f"Node {mine['credential']}")
+        connected, _ = await talk.connect()
+        assert connected
+        redis.Redis.from_url(redis_url).client_kill_filter(_type="pubsub")  # as a Redis restart
+        got = await talk.receive_json_from(timeout=10)
+        await talk.disconnect()
+        return got
+
+    assert async_to_sync(go)() == {"wake": True, "start": [], "heartbeat": True}
