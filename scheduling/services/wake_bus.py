@@ -99,6 +99,7 @@ class Subscription:
             try:
                 pubsub = client.pubsub()
                 await pubsub.subscribe(channel())
+                await _confirmed(pubsub)  # Redis has it: what is published from now on comes here
                 self.ready.set()
                 if subscribed_before:  # what was published meanwhile is lost: heartbeat now
                     self._dispatch({n: POKE for n in self.sockets})
@@ -120,6 +121,15 @@ class Subscription:
         for node_id, wake in wakes.items():
             for deliver in list(self.sockets.get(node_id, ())):
                 deliver(wake)
+
+
+async def _confirmed(pubsub: Any) -> None:
+    while True:
+        message = await pubsub.get_message(timeout=READY_TIMEOUT_S)
+        if message is None:
+            raise TimeoutError("no confirmation of the subscription")
+        if message.get("type") == "subscribe":
+            return
 
 
 def _wakes(data: Any) -> dict[int, Wake]:
