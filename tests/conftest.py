@@ -46,6 +46,28 @@ def redis_url() -> str:
 
 
 @pytest.fixture
+def redis_channel_layer(settings, redis_url: str):
+    """Channels over Redis (database 2, under a prefix of its own: other test runs may share it),
+    as a deployment runs them; the layer is made afresh before and after the test."""
+    import uuid
+
+    from channels.layers import channel_layers
+
+    from controlplane.env import redis_db_url
+
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [redis_db_url(redis_url, 2)], "prefix": f"t{uuid.uuid4().hex[:8]}"},
+        }
+    }
+    settings.REDIS_URL = redis_url
+    channel_layers.backends.pop("default", None)
+    yield
+    channel_layers.backends.pop("default", None)
+
+
+@pytest.fixture
 def require_postgres(settings) -> None:
     if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
         need_service("PostgreSQL (set DATABASE_URL)")

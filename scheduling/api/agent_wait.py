@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import logging
 import time
-import weakref
 
 from asgiref.sync import sync_to_async
 from channels.layers import InMemoryChannelLayer, get_channel_layer
@@ -32,6 +31,7 @@ from django.db import connection
 from django.http import HttpRequest, JsonResponse
 
 from scheduling.api.agent_auth import NODE_KEYWORD, cached_node, node_for_credential
+from scheduling.per_loop import PerLoop
 
 log = logging.getLogger("tessera.agents")
 
@@ -137,15 +137,7 @@ class _LoopState:
         self.joined: dict[str, float] = {}
 
 
-_loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
-
-
-def _state() -> _LoopState:
-    loop = asyncio.get_running_loop()
-    state = _loops.get(loop)
-    if state is None:
-        state = _loops[loop] = _LoopState()
-    return state
+_state = PerLoop(_LoopState).get
 
 
 async def _join(layer, node_id: int, channel: str) -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +30,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 
 from controlplane.env import redis_db_url
+from scheduling.per_loop import PerLoop
 from scheduling.services import redis_flags
 
 log = logging.getLogger("tessera.agents")
@@ -141,15 +141,4 @@ def _wakes(data: Any) -> dict[int, Wake]:
         return {}
 
 
-_subscriptions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Subscription] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def subscription() -> Subscription:
-    """This event loop's subscription (daphne runs one loop per process)."""
-    loop = asyncio.get_running_loop()
-    found = _subscriptions.get(loop)
-    if found is None:
-        found = _subscriptions[loop] = Subscription()
-    return found
+subscription = PerLoop(Subscription).get  # this event loop's (daphne runs one loop per process)

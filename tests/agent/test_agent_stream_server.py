@@ -179,25 +179,10 @@ def _exit(job_id: int) -> dict[str, Any]:
 
 
 @pytest.fixture
-def redis_nodes(join_token, settings, redis_url):
-    import uuid
-
-    from channels.layers import channel_layers
-
-    from controlplane.env import redis_db_url
-
-    settings.CHANNEL_LAYERS = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [redis_db_url(redis_url, 2)], "prefix": f"t{uuid.uuid4().hex[:8]}"},
-        }
-    }
-    settings.REDIS_URL = redis_url
-    channel_layers.backends.pop("default", None)
+def redis_nodes(join_token, redis_channel_layer):
     _, mine = h.register(join_token, "bus-01")
     _, other = h.register(join_token, "bus-02")
-    yield mine, other
-    channel_layers.backends.pop("default", None)
+    return mine, other
 
 
 def _wake_after_commit(starts: dict[int, list[dict[str, Any]]]) -> None:

@@ -11,14 +11,11 @@ from __future__ import annotations
 import asyncio
 import importlib
 import time
-import uuid
 
 import pytest
 from asgiref.sync import async_to_sync
-from channels.layers import channel_layers, get_channel_layer
+from channels.layers import get_channel_layer
 from django.test import AsyncClient
-
-from controlplane.env import redis_db_url
 
 h = importlib.import_module("tests.agent.helpers")
 
@@ -29,18 +26,9 @@ pytestmark = pytest.mark.services
 
 
 @pytest.fixture
-def node(transactional_db, settings, redis_url):
-    settings.CHANNEL_LAYERS = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            # A prefix of its own: other test runs may share this Redis database.
-            "CONFIG": {"hosts": [redis_db_url(redis_url, 2)], "prefix": f"t{uuid.uuid4().hex[:8]}"},
-        }
-    }
-    channel_layers.backends.pop("default", None)
+def node(transactional_db, redis_channel_layer):
     _, answer = h.register(h.new_join_token(), "wait-01")
-    yield answer["node_id"], {"Authorization": f"Node {answer['credential']}"}
-    channel_layers.backends.pop("default", None)
+    return answer["node_id"], {"Authorization": f"Node {answer['credential']}"}
 
 
 async def _wait(auth: dict[str, str], timeout: float):
