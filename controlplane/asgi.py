@@ -34,6 +34,7 @@ if settings.TESSERA["PASS_LOOP"]:
 
     start_embedded_loop()
 
+from controlplane.daphne_requests import skip_form_parsing  # noqa: E402
 from controlplane.gc_tuning import tune_for_server  # noqa: E402
 from scheduling.api.agent_stream import STREAM_PATH, AgentStream  # noqa: E402
 
@@ -49,4 +50,5 @@ async def websockets(scope, receive, send):
 
 
 application = ProtocolTypeRouter({"http": ASGIStaticFilesHandler(django_asgi_app), "websocket": websockets})
+skip_form_parsing()
 tune_for_server()

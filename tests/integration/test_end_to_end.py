@@ -109,6 +109,13 @@ def test_alices_two_gpu_job_runs_on_a_real_agent_and_succeeds(stack, world):
     assert logs["data"].strip() == ",".join(str(g) for g in placement["gpus"]), logs
     assert logs["truncated"] is False
 
+    # daphne's requests skip Twisted's form parsing (controlplane/daphne_requests.py): a form or
+    # a multipart body still reaches the API whole, which refuses it cleanly, as it always did
+    for body in ({"data": {"name": "x"}}, {"files": {"spec": ("job.json", b'{"name": "x"}')}}):
+        refused = alice.post(base + "/api/v1/jobs/", timeout=10, **body)
+        assert refused.status_code == 400, refused.text
+        assert refused.json() == {"detail": "Content-Type must be application/json."}
+
     # The pass that bound it ran in the worker, as a Celery task (nothing else runs passes here).
     assert "scheduling.tasks.scheduling_pass" in procs.output("worker")
     assert "Traceback" not in procs.output("web") + procs.output("worker") + procs.output("agent")
