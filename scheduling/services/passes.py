@@ -30,7 +30,7 @@ from scheduling.engine.types import Binding, Decisions
 from scheduling.models import Allocation, Device, Job, Node, SchedulerState
 from scheduling.services import live
 from scheduling.services.agents import bindings_by_node
-from scheduling.services.bulk import RowsInsert, RowsUpdate, write_together
+from scheduling.services.bulk import RowsInsert, RowsUpdate, statements_together, write_together
 from scheduling.services.inventory import HOLDERS, Holder, device_rows, holders_of
 from scheduling.services.jobs import (
     JOB_COLUMNS,
@@ -209,7 +209,7 @@ def _add_if_unchanged(state: SchedulerState, result: PassResult, now: datetime) 
     params += [field(name).get_db_prep_value(value, connection) for name, value in seen.items()]
     sql = _update_if_sql(tuple(fields), tuple(seen))
     with connection.cursor() as cur:
-        if connection.vendor != "postgresql":
+        if not statements_together():
             cur.execute(sql, params)
             return cur.rowcount == 1
         # One round trip, its own transaction (several statements in one query are one), whose
