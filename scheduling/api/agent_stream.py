@@ -34,8 +34,8 @@ from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from rest_framework.exceptions import ValidationError
 
-from scheduling.api.agent_auth import cached_node, node_for_credential
-from scheduling.api.agent_wait import forget_join, node_id_from_header, node_secret, wake_channel
+from scheduling.api.agent_auth import node_for_credential
+from scheduling.api.agent_wait import forget_join, node_id_for_secret, node_secret, wake_channel
 from scheduling.api.agents import exit_results
 from scheduling.services import wake_bus
 
@@ -52,11 +52,12 @@ class AgentStream(AsyncConsumer):
 
     async def websocket_connect(self, message: dict[str, Any]) -> None:
         header = dict(self.scope.get("headers", [])).get(b"authorization", b"").decode("latin1")
-        node_id = await node_id_from_header(header)
-        if node_id is None or self.channel_layer is None:
+        secret = node_secret(header)
+        node_id = await node_id_for_secret(secret)
+        if secret is None or node_id is None or self.channel_layer is None:
             await self.send({"type": "websocket.close"})  # before the accept: the handshake gets 403
             return
-        self.secret, self.node_id = node_secret(header) or "", node_id
+        self.secret, self.node_id = secret, node_id
         group = f"agent.{node_id}"
         if wake_bus.enabled():  # the pass's wakes by pub/sub (services/wake_bus.py)
             await wake_bus.subscription().add(node_id, self._bus_wake)
@@ -111,13 +112,9 @@ class AgentStream(AsyncConsumer):
         )
 
     async def _credential_holds(self) -> bool:
-        """Whether the socket's credential is still its node's: from this process's cache (no
-        query), else looked up (so at most every ``CACHE_S`` seconds, and at once in the process
-        that saw the node saved)."""
-        node = cached_node(self.secret)
-        if node is None:
-            node = await database_sync_to_async(node_for_credential)(self.secret)
-        return node is not None and node.pk == self.node_id
+        """Whether the socket's credential is still its node's, looked up as every agent call's
+        (cached ``CACHE_S`` seconds; at once in the process that saw the node saved)."""
+        return await node_id_for_secret(self.secret) == self.node_id
 
     async def websocket_disconnect(self, message: dict[str, Any]) -> None:
         # Reports being settled finish (their answers are dropped; the agent sends them again by

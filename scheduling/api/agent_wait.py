@@ -62,11 +62,10 @@ def _node_id_for(secret: str) -> int | None:
     return node.pk if node is not None else None
 
 
-async def node_id_from_header(header: str) -> int | None:
-    """The node whose credential an ``Authorization: Node <credential>`` value carries, or None:
-    from this process's cache when it can (no thread hop, no query), else looked up in a thread."""
-    secret = node_secret(header)
-    if secret is None:
+async def node_id_for_secret(secret: str | None) -> int | None:
+    """The node whose credential ``secret`` is (:func:`node_secret` of a header), or None: from
+    this process's cache when it can (no thread hop, no query), else looked up in a thread."""
+    if not secret:
         return None
     cached = cached_node(secret)
     return cached.pk if cached is not None else await sync_to_async(_node_id_for)(secret)
@@ -190,7 +189,7 @@ async def agent_wait(request: HttpRequest) -> JsonResponse:
     ``{"wake": false}`` on timeout."""
     if request.method != "GET":
         return JsonResponse({"detail": f'Method "{request.method}" not allowed.'}, status=405)
-    node_id = await node_id_from_header(request.headers.get("Authorization", ""))
+    node_id = await node_id_for_secret(node_secret(request.headers.get("Authorization", "")))
     if node_id is None:
         response = JsonResponse({"detail": "A valid node credential is required."}, status=401)
         response["WWW-Authenticate"] = NODE_KEYWORD
