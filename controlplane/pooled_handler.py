@@ -71,7 +71,8 @@ class PooledASGIHandler(_Resolved, ASGIHandler):
         prefix = get_script_prefix(scope)
         match = _resolve(scope["path"].removeprefix(prefix) if prefix else scope["path"])
         if match is not None and iscoroutinefunction(match.func):
-            await self.handle(scope, receive, send)  # Django's way: the view runs on the loop
+            # Django's way: the view runs on the loop (its match handed on, not resolved again)
+            await self.handle({**scope, "tessera_match": match}, receive, send)
             return
         try:
             body_file = await self.read_body(receive)
@@ -104,10 +105,9 @@ class PooledASGIHandler(_Resolved, ASGIHandler):
         return response
 
     async def get_response_async(self, request: Any) -> Any:
-        """The async views' chain (reached through Django's ``handle``)."""
-        request.tessera_match = _resolve(request.path_info)
-        view = request.tessera_match.func if request.tessera_match is not None else None
-        if view is not None and getattr(view, "without_middleware", False):
+        """The async views' chain (reached through Django's ``handle``, from :meth:`__call__`)."""
+        match = request.tessera_match = request.scope["tessera_match"]
+        if getattr(match.func, "without_middleware", False):
             return await self._respond_bare(request)
         return await super().get_response_async(request)
 
