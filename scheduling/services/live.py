@@ -288,27 +288,21 @@ def publish_nodes(**filters: Any) -> None:
 def wake_agent(node_id: int, start: list[dict[str, Any]] | None = None) -> None:
     """Wake the node's agent after commit. ``start``: the bindings to start, carried in the wake
     so that the agent starts them at once; without them the agent heartbeats to get its orders."""
-    if start is None:
-        message: dict[str, Any] = {"type": "agent.wake", "heartbeat": True}
-    else:
-        message = {"type": "agent.wake", "start": start, "heartbeat": False}
-    publish_on_commit((f"agent.{node_id}", message))
-    _publish_wakes_on_commit({node_id: {"start": start or [], "heartbeat": start is None}})
+    _wake_on_commit({node_id: {"start": start or [], "heartbeat": start is None}})
 
 
 def wake_agents(starts: dict[int, list[dict[str, Any]]]) -> None:
     """:func:`wake_agent` with its bindings for each node of ``starts``, with one commit hook."""
-    publish_on_commit(
-        *((f"agent.{node_id}", {"type": "agent.wake", "start": start, "heartbeat": False})
-          for node_id, start in sorted(starts.items()))
-    )
-    _publish_wakes_on_commit({n: {"start": start, "heartbeat": False} for n, start in starts.items()})
+    _wake_on_commit({node_id: {"start": start, "heartbeat": False} for node_id, start in starts.items()})
 
 
-def _publish_wakes_on_commit(wakes: dict[int, dict[str, Any]]) -> None:
-    """The wakes for the agents' streams, as one pub/sub message after commit (wake_bus.py); the
-    groups above still carry them to long-polls."""
+def _wake_on_commit(wakes: dict[int, dict[str, Any]]) -> None:
+    """After commit: each wake to its node's group (the long-polls'), and all of them as one
+    pub/sub message for the agents' streams where the layer is Redis (wake_bus.py)."""
     from scheduling.services import wake_bus
 
+    publish_on_commit(
+        *((f"agent.{node_id}", {"type": "agent.wake", **wake}) for node_id, wake in sorted(wakes.items()))
+    )
     if wakes and wake_bus.enabled():
         transaction.on_commit(lambda: wake_bus.publish(wakes))
