@@ -9,7 +9,6 @@ UTF-8 cannot encode. Errors are flat lists of words (``{"field": ["reason"]}``),
 
 from __future__ import annotations
 
-import copy
 import math
 from typing import Any
 
@@ -37,7 +36,15 @@ class FieldTemplates:
             for field in templates.values():
                 field.validators  # noqa: B018 - built now, once, and shared by the copies
             cls._field_templates = templates  # type: ignore[attr-defined]
-        return {name: copy.copy(field) for name, field in templates.items()}
+        return {name: _shallow_copy(field) for name, field in templates.items()}
+
+
+def _shallow_copy(field: serializers.Field) -> serializers.Field:
+    """What ``copy.copy`` makes of a field (a new object sharing the template's attribute values),
+    without its ``__reduce_ex__`` round: ~4x faster, and a serializer copies ~30 fields."""
+    twin = object.__new__(type(field))
+    twin.__dict__.update(field.__dict__)
+    return twin
 
 
 def text_problem(value: str) -> str | None:

@@ -153,9 +153,13 @@ class InsertWithChildren:
     nothing half-stored if any row fails (a unique key, a constraint). Sets the object's primary
     key and the children's foreign keys."""
 
-    def __init__(self, model: type[Model], children: Sequence[tuple[type[Model], str]]) -> None:
+    def __init__(self, model: type[Model], children: Sequence[tuple[type[Model], str]],
+                 where: Callable[[], str] | None = None) -> None:
+        """``where``: builds (once) a condition the new row must meet, or nothing is stored; its
+        parameters are given to :meth:`run`."""
         self.model = model
         self.children = tuple(children)  # (model, name of its foreign key to ``model``)
+        self.where = where
         self._sql: dict[tuple[bool, ...], str] = {}
 
     @staticmethod
@@ -171,8 +175,9 @@ class InsertWithChildren:
                 return f"INSERT INTO {qn(model._meta.db_table)} ({', '.join(qn(f.column) for f in fields)})"
 
             fields = self._fields(self.model)
-            parts = [f"p AS ({into(self.model, fields)} VALUES ({', '.join(['%s'] * len(fields))}) "
-                     f"RETURNING {pk})"]
+            values = ", ".join(["%s"] * len(fields))
+            row = f"SELECT {values} WHERE {self.where()}" if self.where else f"VALUES ({values})"
+            parts = [f"p AS ({into(self.model, fields)} {row} RETURNING {pk})"]
             for n, ((child, fk), here) in enumerate(zip(self.children, present, strict=True)):
                 if here:
                     cols = [child._meta.get_field(fk), *self._fields(child, skip=fk)]
@@ -181,17 +186,21 @@ class InsertWithChildren:
             self._sql[present] = f"WITH {', '.join(parts)} SELECT {pk} FROM p"
         return self._sql[present]
 
-    def run(self, obj: Model, children: Callable[[], Sequence[Model | None]]) -> None:
+    def run(self, obj: Model, children: Callable[[], Sequence[Model | None]],
+            where: Sequence[Any] = ()) -> bool:
         """``children``: called once ``obj``'s own values are final (its ``auto_now_add`` fields
-        set), it gives one object (or None: no row of that model) per child model, in order."""
+        set), it gives one object (or None: no row of that model) per child model, in order.
+        ``where``: the condition's parameters. False if the condition stored nothing (PostgreSQL
+        only: elsewhere the caller checks first, and there is no condition)."""
         if connection.vendor != "postgresql":
             obj.save(force_insert=True)
             for (_, fk), child in zip(self.children, children(), strict=True):
                 if child is not None:
                     setattr(child, fk, obj)
                     child.save(force_insert=True)
-            return
+            return True
         params = [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in self._fields(self.model)]
+        params += where  # the condition follows the new row's values, before its children's
         rows = children()
         for (model, fk), child in zip(self.children, rows, strict=True):
             if child is not None:
@@ -199,8 +208,12 @@ class InsertWithChildren:
                            for f in self._fields(model, skip=fk)]
         with connection.cursor() as cur:
             cur.execute(self._statement(tuple(child is not None for child in rows)), params)
-            obj.pk = cur.fetchone()[0]
+            stored = cur.fetchone()
+        if stored is None:
+            return False
+        obj.pk = stored[0]
         obj._state.adding = False
         for (_, fk), child in zip(self.children, rows, strict=True):
             if child is not None:
                 setattr(child, fk, obj)
+        return True

@@ -129,24 +129,21 @@ def do_submit_job(
     process killed mid-submit leaves nothing half-stored.
     """
     digest = _body_hash(body)
-    if check_quota:
-        from scheduling.services.quotas import check_job_admissible
-
-        why = check_job_admissible(tenant, cleaned)
-        if why:
-            existing = _find_idempotent(user, idempotency_key) if idempotency_key else None
-            if existing is None:
-                raise NotAdmissible(why)
-            return _retried(existing, digest)
+    # On PostgreSQL the quota check is a condition of the submit's own statement (one round trip);
+    # elsewhere it runs first.
+    in_statement = check_quota and connection.vendor == "postgresql"
+    if check_quota and not in_statement:
+        retried = _refuse_inadmissible(user, tenant, cleaned, idempotency_key, digest)
+        if retried is not None:
+            return retried
     # The key is not looked up first: a first submit (the common case) inserts it with its job,
     # and a retry's insert fails on the key's unique constraint, which rolls back the job too.
-    for _ in range(2):  # once more if the key found had outlived its TTL (deleted, then free)
+    for _ in range(3):  # again if a found key had outlived its TTL, or the quotas changed meanwhile
         try:
             # One statement (see _INSERT_SUBMIT): atomic by itself; a savepoint only inside a
             # caller's transaction, so that a failed insert leaves that transaction usable.
             with transaction.atomic() if connection.in_atomic_block else contextlib.nullcontext():
-                job = _store_new(user, tenant, cleaned, idempotency_key, digest)
-            return job, True
+                job = _store_new(user, tenant, cleaned, idempotency_key, digest, in_statement)
         except IntegrityError:
             existing = _find_idempotent(user, idempotency_key) if idempotency_key else None
             if existing is None and idempotency_key and _expired_removed(user, idempotency_key):
@@ -154,12 +151,38 @@ def do_submit_job(
             if existing is None:
                 raise
             return _retried(existing, digest)
-    raise IntegrityError(f"idempotency key {idempotency_key!r} could not be stored")
+        if job is not None:
+            return job, True
+        # No quota admitted it: why (and a retry of an earlier submit gets that submit's job).
+        # If they admit it now (changed since), store it.
+        retried = _refuse_inadmissible(user, tenant, cleaned, idempotency_key, digest)
+        if retried is not None:
+            return retried
+    raise IntegrityError(f"job could not be stored (idempotency key {idempotency_key!r})")
 
 
-def _store_new(user, tenant, cleaned: dict[str, Any], idempotency_key: str | None, digest: str) -> Job:
-    """Insert the job, its idempotency key and its ``submitted`` event (one statement); its live
-    update and a pass request follow the commit."""
+def _refuse_inadmissible(
+    user, tenant, cleaned: dict[str, Any], idempotency_key: str | None, digest: str
+) -> tuple[Job, bool] | None:
+    """Raise :class:`NotAdmissible` if no quota of ``tenant`` could admit the job, unless the key
+    names an earlier submit (then its job, as a retry gets it, even if quotas changed since)."""
+    from scheduling.services.quotas import check_job_admissible
+
+    why = check_job_admissible(tenant, cleaned)
+    if not why:
+        return None
+    existing = _find_idempotent(user, idempotency_key) if idempotency_key else None
+    if existing is None:
+        raise NotAdmissible(why)
+    return _retried(existing, digest)
+
+
+def _store_new(
+    user, tenant, cleaned: dict[str, Any], idempotency_key: str | None, digest: str, check_quota: bool
+) -> Job | None:
+    """Insert the job, its idempotency key and its ``submitted`` event (one statement; with
+    ``check_quota``, only if a quota could admit the job, else None); its live update and a pass
+    request follow the commit."""
     job = Job(
         tenant=tenant,
         owner=user,
@@ -170,7 +193,14 @@ def _store_new(user, tenant, cleaned: dict[str, Any], idempotency_key: str | Non
     )
     key = IdempotencyKey(user=user, key=idempotency_key, body_hash=digest) if idempotency_key else None
     # The event's time is the job's, known once its values are final (``submitted_at`` is set then).
-    _INSERT_SUBMIT.run(job, lambda: [key, JobEvent(type=EventType.SUBMITTED, at=job.submitted_at)])
+    children = lambda: [key, JobEvent(type=EventType.SUBMITTED, at=job.submitted_at)]  # noqa: E731
+    if check_quota:
+        from scheduling.services.quotas import admission_params
+
+        if not _INSERT_ADMITTED.run(job, children, admission_params(tenant, cleaned)):
+            return None
+    else:
+        _INSERT_SUBMIT.run(job, children)
     live.publish_job(job)
     transaction.on_commit(_pass_for_new_job)
     return job
@@ -179,6 +209,16 @@ def _store_new(user, tenant, cleaned: dict[str, Any], idempotency_key: str | Non
 # A submit's rows (the job, its idempotency key, its "submitted" event) in one statement, its SQL
 # built once (services/bulk.py).
 _INSERT_SUBMIT = InsertWithChildren(Job, [(IdempotencyKey, "job"), (JobEvent, "job")])
+
+
+def _admission_sql() -> str:
+    from scheduling.services.quotas import admission_sql  # quotas imports this module
+
+    return admission_sql()
+
+
+# The same, stored only if a quota of the tenant could admit the job.
+_INSERT_ADMITTED = InsertWithChildren(Job, [(IdempotencyKey, "job"), (JobEvent, "job")], where=_admission_sql)
 
 
 def _retried(existing: IdempotencyKey, digest: str) -> tuple[Job, bool]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 
 from scheduling.engine.geometry import geometry
 from scheduling.engine.types import MILLI, JobRequest
@@ -73,6 +73,32 @@ def quota_charge(cleaned: dict[str, Any]) -> float:
         return 0.0
     geo = geometry(job)
     return geo.charge * geo.need / MILLI
+
+
+def admission_sql() -> str:
+    """The SQL form of "some quota of the tenant could admit the job" (:func:`check_job_admissible`,
+    same rules), for the submit's INSERT to store the job only if it holds: the check and the store
+    in one statement. Its parameters: :func:`admission_params`."""
+    qn = connection.ops.quote_name
+    table, tenant, model = qn(Quota._meta.db_table), qn("tenant_id"), qn("model")
+    limit, guaranteed = qn("limit"), qn("guaranteed")
+    # An applicable row: any, with no accelerator named; one named; or the ``*`` row while a named
+    # model has no row of its own.
+    return (
+        f"(%s::float8 <= 0 OR EXISTS (SELECT 1 FROM {table} q WHERE q.{tenant} = %s"
+        f" AND (CASE WHEN %s THEN q.{limit} ELSE q.{guaranteed} END) >= %s::float8"
+        f" AND (cardinality(%s::text[]) = 0 OR q.{model} = ANY(%s::text[])"
+        f" OR (q.{model} = %s AND EXISTS (SELECT 1 FROM unnest(%s::text[]) AS named(m)"
+        f" WHERE NOT EXISTS (SELECT 1 FROM {table} o"
+        f" WHERE o.{tenant} = q.{tenant} AND o.{model} = named.m))))))"
+    )
+
+
+def admission_params(tenant: Tenant, cleaned: dict[str, Any]) -> list[Any]:
+    charge = quota_charge(cleaned)
+    accelerators = list(cleaned.get("accelerators") or [])
+    return [charge, tenant.pk, bool(cleaned.get("preemptible", True)), charge,
+            accelerators, accelerators, ANY_MODEL, accelerators]
 
 
 def check_job_admissible(tenant: Tenant, cleaned: dict[str, Any]) -> str | None:
