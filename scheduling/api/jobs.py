@@ -177,7 +177,9 @@ class JobViewSet(viewsets.GenericViewSet):
         summary="Cancel a job",
         parameters=[ID_PARAMETER],
         description="Idempotent: cancelling a cancelled job returns it. 409 if it already succeeded "
-        "or failed. A running job is sent its stop signal and ends `cancelled` after it exits.",
+        "or failed. A pending job ends `cancelled` at once. A bound (`scheduled`) or running job is "
+        "sent its stop signal (`terminating`) and ends `cancelled` once its agent reports its process "
+        "exited or never started; its GPUs stay held until then.",
         request=None,
         responses={200: JobSerializer},
     )

@@ -278,8 +278,12 @@ def locked_jobs():
 
 
 def do_cancel_job(job_id: int) -> Job:
-    """Cancel: pending/scheduled-but-not-started jobs at once; running ones get the stop signal.
+    """Cancel: a pending job at once; a bound or running one gets the stop signal (``terminating``,
+    its GPUs held until its agent says its process has exited, or never started).
 
+    A bound job (``scheduled``) may already run: its binding was pushed to its agent, whose
+    ``started`` report comes later. Its GPUs are freed when the agent's next heartbeat (the stop
+    wakes it) shows no process for it, or when that process has exited — never at once.
     Idempotent for cancelled jobs; a succeeded or failed job raises InvalidTransition (409).
     """
     with transaction.atomic():
@@ -288,14 +292,12 @@ def do_cancel_job(job_id: int) -> Job:
             job.state == JobState.TERMINATING and job.stop_reason == "cancelled"
         ):
             return job
-        if job.state in (JobState.PENDING, JobState.SCHEDULED):
-            released = release_allocations(job)
+        if job.state == JobState.PENDING:
             do_transition(job, JobState.CANCELLED, EventType.CANCELLED, "cancelled by user",
                           finished_at=timezone.now())
-            if released:
-                request_pass_on_commit()
+            request_pass_on_commit()  # it may have held a reservation or the head of its queue
             return job
-        if job.state == JobState.RUNNING:
+        if job.state in (JobState.SCHEDULED, JobState.RUNNING):
             return begin_stop(job, "cancelled")
         if job.state == JobState.TERMINATING:
             job.stop_reason = "cancelled"

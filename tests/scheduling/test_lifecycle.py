@@ -96,6 +96,51 @@ def test_cancelling_a_running_job_keeps_its_gpus_until_the_process_exits(world, 
     assert not Allocation.objects.filter(job=job, released_at__isnull=True).exists()
 
 
+def _held(job):
+    return Allocation.objects.filter(job=job, released_at__isnull=True).count()
+
+
+def test_cancelling_a_bound_job_its_agent_already_started_frees_nothing_until_it_exits(world):
+    """The binding was pushed and the process runs, but its ``started`` report is not in yet:
+    the GPUs stay with the job until the agent says the process has ended."""
+    agent = importlib.import_module("tests.agent.helpers")
+    client, _ = agent.register(agent.new_join_token())
+    job = agent.bind(helpers.submit(world.alice, world.vision, gpus=2, grace_seconds=7), "gpu-01", [0, 1])
+    job = do_cancel_job(job.pk)
+    assert job.state == JobState.TERMINATING and _held(job) == 2
+    passes.run_pass()  # nothing may be bound onto those GPUs meanwhile
+    assert _held(job) == 2
+    running = [{"job_id": job.pk, "attempt": 0, "replica": 0, "pid": 1}]
+    (order,) = agent.heartbeat(client, running)["stop"]  # the process is there: stop it, with grace
+    assert order["reason"] == "cancelled" and 6 <= order["grace_left_seconds"] <= 7
+    agent.report(client, job.pk, "exited", attempt=0, replica=0, exit_code=-15, reason="stopped")
+    job.refresh_from_db()
+    assert job.state == JobState.CANCELLED and _held(job) == 0
+
+
+def test_cancelling_a_bound_job_its_agent_never_started_ends_at_the_agents_next_heartbeat(world):
+    agent = importlib.import_module("tests.agent.helpers")
+    client, _ = agent.register(agent.new_join_token())
+    job = agent.bind(helpers.submit(world.alice, world.vision, gpus=2), "gpu-01", [0, 1])
+    assert do_cancel_job(job.pk).state == JobState.TERMINATING
+    assert agent.heartbeat(client, [])["start"] == []  # no process here: never to be started
+    job.refresh_from_db()
+    assert job.state == JobState.CANCELLED and _held(job) == 0
+    assert _types(job)[-2:] == ["terminating", "cancelled"]
+
+
+def test_cancelling_a_pending_job_asks_for_a_pass(
+    world, node, monkeypatch, django_capture_on_commit_callbacks
+):
+    """It may have held a reservation, or the head of its queue: what waited behind it may start."""
+    asked = []
+    monkeypatch.setattr("scheduling.services.triggers.request_pass", lambda: asked.append(1))
+    job = helpers.submit(world.alice, world.vision, gpus=64)
+    with django_capture_on_commit_callbacks(execute=True):
+        do_cancel_job(job.pk)
+    assert asked == [1]
+
+
 def test_cancelling_a_succeeded_job_is_a_conflict(world, node):
     job = _run_to_running(helpers.submit(world.alice, world.vision))
     with transaction.atomic():
