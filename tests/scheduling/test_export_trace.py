@@ -33,12 +33,13 @@ def _exit(job, code):
         do_record_exit(_locked(job), code)
 
 
-def _check_dir(path):
+def _check_dir(path, unfinished_ok=False):
     return check(
         read_nodes(path / "nodes.csv"),
         read_jobs(path / "jobs.csv"),
         read_events(path / "events.jsonl"),
         read_quotas(path / "quotas.csv"),
+        unfinished_ok=unfinished_ok,
     )
 
 
@@ -73,6 +74,19 @@ def test_an_exported_live_history_passes_the_simulators_checker(world, tmp_path)
     assert report.jobs == 4
     kinds = [json.loads(line)["event"] for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert kinds.count("start") == 5 and kinds.count("finish") == 3 and kinds.count("cancel") == 1
+
+
+def test_a_cluster_still_at_work_is_judged_with_its_jobs_running_and_queued(world, tmp_path):
+    helpers.make_node("a100-01")  # 8 GPUs
+    running = helpers.submit(world.alice, world.vision, gpus=8)
+    _start(running)
+    queued = helpers.submit(world.bob, world.nlp, gpus=4)
+    passes.run_pass()  # no room: it stays queued
+    queued.refresh_from_db()
+    assert queued.state == "pending"
+    call_command("export_trace", str(tmp_path))
+    assert len(_check_dir(tmp_path).violations) == 2  # as a finished history: both "never end"
+    assert _check_dir(tmp_path, unfinished_ok=True).violations == []
 
 
 def test_the_checker_catches_a_gpu_bound_to_two_jobs_in_a_live_history(world, tmp_path):

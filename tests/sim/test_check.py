@@ -254,6 +254,17 @@ def test_it_flags_a_job_that_never_ends(tmp_path: Path) -> None:
     assert "job b: never ends (never submitted after the last event)" in report.violations
 
 
+def test_a_live_clusters_history_so_far_may_end_with_jobs_pending_or_running(tmp_path: Path) -> None:
+    events = [ev(0, "submit", "a"), ev(0, "start", "a", alloc("n1", [0])), ev(1, "submit", "b")]
+    jobs = [job("a"), job("b"), job("c")]
+    (tmp_path / "nodes.csv").write_text(NODES)
+    (tmp_path / "jobs.csv").write_text(HEADER + "\n" + "\n".join(jobs) + "\n")
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    report = check(read_nodes(tmp_path / "nodes.csv"), read_jobs(tmp_path / "jobs.csv"),
+                   read_events(tmp_path / "events.jsonl"), unfinished_ok=True)
+    assert report.violations == ["job c: never ends (never submitted after the last event)"]
+
+
 def test_it_flags_a_reject_the_cluster_could_hold(tmp_path: Path) -> None:
     events = [ev(0, "submit", "a"), ev(0, "reject", "a", reason="no")]
     only(run(tmp_path, [job("a", 8, model="H100")], events), "rejected but the empty cluster could hold it")

@@ -105,6 +105,8 @@ def test_check_exits_one_on_a_violation_and_zero_when_clean(
     events.write_text('{"t":0,"event":"submit","job":"j1"}\n')
     assert main(["check", str(nodes), str(jobs), str(events)]) == 1
     assert "never ends" in capsys.readouterr().out
+    # a live cluster's history so far: a job still pending is no violation
+    assert main(["check", "--unfinished-ok", str(nodes), str(jobs), str(events)]) == 0
     events.write_text(
         '{"t":0,"event":"submit","job":"j1"}\n'
         '{"t":0,"event":"start","job":"j1","allocations":[{"node":"n1","gpus":[0],"share":1.0,"replica":0}]}\n'
