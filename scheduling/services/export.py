@@ -41,6 +41,9 @@ def _num(value: float | int | None) -> str:
     return f"{value:.6f}".rstrip("0").rstrip(".") or "0"
 
 
+TRACE_NODE_KINDS = ("gpu", "tpu", "npu")
+
+
 def node_rows() -> Iterator[dict[str, Any]]:
     for node in Node.objects.prefetch_related("devices").order_by("name"):
         devices = sorted(node.devices.all(), key=lambda d: d.index)
@@ -55,7 +58,9 @@ def node_rows() -> Iterator[dict[str, Any]]:
             "cpus": _num(node.cpus),
             "memory_gib": _num(node.memory_gib),
             "price_per_gpu_hour": _num(node.price_per_gpu_hour),
-            "kind": node.kind,
+            # The formats know accelerator kinds only (gpu, tpu, npu): a CPU-only node (no devices)
+            # is written with the default.
+            "kind": node.kind if node.kind in TRACE_NODE_KINDS else "gpu",
             "labels": labels,
         }
 

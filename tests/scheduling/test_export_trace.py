@@ -76,6 +76,19 @@ def test_an_exported_live_history_passes_the_simulators_checker(world, tmp_path)
     assert kinds.count("start") == 5 and kinds.count("finish") == 3 and kinds.count("cancel") == 1
 
 
+def test_nodes_are_written_with_the_formats_kinds_only(world, tmp_path):
+    import csv
+
+    helpers.make_node("a100-01")
+    cpu = helpers.make_node("cpu-01", gpus=0)
+    cpu.kind = "cpu"
+    cpu.save()
+    call_command("export_trace", str(tmp_path))
+    with open(tmp_path / "nodes.csv", newline="") as fh:
+        rows = {r["node"]: r for r in csv.DictReader(fh)}
+    assert (rows["a100-01"]["kind"], rows["cpu-01"]["kind"], rows["cpu-01"]["gpus"]) == ("gpu", "gpu", "0")
+
+
 def test_a_cluster_still_at_work_is_judged_with_its_jobs_running_and_queued(world, tmp_path):
     helpers.make_node("a100-01")  # 8 GPUs
     running = helpers.submit(world.alice, world.vision, gpus=8)
