@@ -56,7 +56,8 @@ FINISH_DEADLINE_S = 110.0  # after the last submission, every job must have ende
 AGENTS = 3
 TERMINAL = ("succeeded", "failed", "cancelled")
 
-pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(240)]
+# The issue bounds it at 3 minutes, set-up included: a slower run fails rather than passes late.
+pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(180)]
 
 
 def chaos_plan(rng: random.Random) -> list[tuple[float, str]]:
