@@ -191,7 +191,9 @@ def register(
     token: str | None,
     state_dir: Path,
     timeout: float,
-) -> dict:
+) -> tuple[dict, float]:
+    """Register (retrying while the server cannot be reached); the answer, and when the request
+    that succeeded was sent (``time.monotonic()``): the lease counts from there."""
     stored = state.read_credential(state_dir)
     if token is None and stored is None:
         raise Fatal(f"no join token: set ${TOKEN_ENV}, or use --join-token-file PATH or --join-token -")
@@ -199,6 +201,7 @@ def register(
     deadline = time.monotonic() + timeout
     delay = 0.5
     while True:
+        sent_at = time.monotonic()
         try:
             answer = client.register(inventory.register_body(metrics_url), token)
             break
@@ -211,7 +214,7 @@ def register(
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
     state.write_credential(state_dir, answer["credential"])
-    return answer
+    return answer, sent_at
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -278,7 +281,9 @@ def run(args: argparse.Namespace) -> int:
     )
     metrics_url = f"http://{host}:{server.server_port}/metrics"
 
-    answer = register(agent.client, inventory, metrics_url, token, state_dir, args.register_timeout)
+    answer, agent.last_ok = register(
+        agent.client, inventory, metrics_url, token, state_dir, args.register_timeout
+    )
     agent.lease_seconds = float(answer.get("lease_seconds", agent.lease_seconds))
     log.info(
         "registered %s (%d GPUs, %s) as node %s; metrics at %s; jobs run as %s, spawned %s",

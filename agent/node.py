@@ -13,8 +13,11 @@ heartbeat (a busy server) never holds up the start of a pushed binding.
 Processes are spawned by the main thread only: a job's parent-death signal follows the thread
 that spawned it.
 Starts are idempotent: a (job, attempt, replica) is started at most
-once per agent life. Fencing: if no heartbeat has succeeded for a lease period, every job is
-killed — by then the control plane may have requeued them elsewhere.
+once per agent life. Fencing: the lease runs out a lease period after the send of the last
+heartbeat that succeeded; at that moment (the main loop's wait ends there, whatever it waits for)
+every job is SIGKILLed, as by then the control plane may requeue them elsewhere, and no binding is
+started until a heartbeat gets through again. A later heartbeat renews the lease for what runs
+then; the killed jobs stay killed and are reported as exits (reason ``lost``).
 """
 
 from __future__ import annotations
@@ -76,8 +79,8 @@ class Agent:
         self.ever_started: set[Key] = set()
         self._last_attempt: dict[tuple[int, int], int] = {}  # (job, replica): latest attempt started
         self._lock = threading.Lock()
-        self.last_ok = time.monotonic()
-        self.fenced = False
+        self.last_ok = time.monotonic()  # the send time of the last heartbeat that succeeded
+        self._fenced: set[Key] = set()  # killed when the lease ran out
         self.push = True  # False once the server is found to have no long-poll endpoint
         self.stream = True  # push over the websocket (agent/stream.py), the long-poll where refused
         self._stream_retry_at = 0.0
@@ -130,7 +133,7 @@ class Agent:
                 self.apply({"start": pushed, "stop": []})
             self._fence_if_expired()
             self._reap()
-            self._poke.wait(self.poll_interval)
+            self._poke.wait(self._wait_s())
 
     def _heartbeats(self, stop: threading.Event) -> None:
         failures = 0
@@ -164,7 +167,6 @@ class Agent:
                 log.warning("heartbeat failed (%d in a row): %s", failures, exc)
             return failures
         self.last_ok = sent_at  # the lease counts from the send: the server's is later
-        self.fenced = False
         self.lease_seconds = float(orders.get("lease_seconds", self.lease_seconds))
         with self._lock:
             self._orders.append(orders)
@@ -263,6 +265,11 @@ class Agent:
             with self._lock:
                 if key in self.jobs or key in self.ever_started:
                     continue
+                if time.monotonic() >= self.lease_deadline():
+                    # No lease: the server may already be requeueing this node's work. A heartbeat
+                    # that gets through delivers the binding again, if it is still ours.
+                    log.warning("lease expired: not starting job %s attempt %s replica %s", *key)
+                    continue
                 if self._last_attempt.get((key[0], key[2]), -1) > key[1]:
                     log.info("ignoring binding of job %s attempt %s: a later attempt ran here", *key[:2])
                     continue
@@ -275,25 +282,42 @@ class Agent:
             log.info("starting job %s attempt %s replica %s on GPUs %s", *key, binding.get("gpus"))
             process.start()
 
+    def lease_deadline(self) -> float:
+        """When the lease runs out (``time.monotonic()``): the last successful heartbeat's send
+        time plus the lease. The server's own count starts when it received that heartbeat."""
+        return self.last_ok + self.lease_seconds
+
+    def _wait_s(self) -> float:
+        """The main loop's wait: the poll interval, cut short so that a turn (and its fencing)
+        comes at the lease's deadline, not up to a poll interval after it. Once it has run out,
+        nothing is due until a heartbeat renews it (which wakes the loop)."""
+        left = self.lease_deadline() - time.monotonic()
+        return min(self.poll_interval, left) if left > 0 else self.poll_interval
+
     def _fence_if_expired(self) -> None:
-        if time.monotonic() - self.last_ok < self.lease_seconds or self.fenced:
+        """The lease has run out: SIGKILL every job (each once). What a later heartbeat renews
+        is the lease of what runs then; a killed job is reported as an exit (reason ``lost``)."""
+        now = time.monotonic()
+        if now < self.lease_deadline():
             return
         with self._lock:
-            processes = list(self.jobs.values())
+            processes = [p for key, p in self.jobs.items() if key not in self._fenced]
+            self._fenced.update(p.key for p in processes)
         if processes:
             log.error(
-                "lease expired (no heartbeat for %.0fs): killing %d job(s)",
+                "lease expired (no heartbeat for %.1fs, lease %gs): killing %d job(s)",
+                now - self.last_ok,
                 self.lease_seconds,
                 len(processes),
             )
         for process in processes:
             process.stop("lease expired", 0)
-        self.fenced = True
 
     def _reap(self) -> None:
         with self._lock:
             for key in [k for k, p in self.jobs.items() if p.done.is_set()]:
                 del self.jobs[key]
+                self._fenced.discard(key)
 
     def shutdown(self, grace_s: float) -> None:
         """Stop every job (SIGTERM, SIGKILL after at most ``grace_s``) without reporting exits.

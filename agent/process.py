@@ -312,7 +312,8 @@ class JobProcess:
     # --- stopping ------------------------------------------------------------------------------
 
     def stop(self, reason: str, grace_s: float) -> None:
-        """SIGTERM the process group now; SIGKILL it when ``grace_s`` has passed."""
+        """SIGTERM the process group now; SIGKILL it when ``grace_s`` has passed. No grace: SIGKILL
+        now, from the caller's thread (the lease's fencing does not wait for the supervisor)."""
         with self._lock:
             deadline = time.monotonic() + max(0.0, grace_s)
             if self.kill_at is None or deadline < self.kill_at:
@@ -320,8 +321,12 @@ class JobProcess:
             first = self.stop_reason is None
             if first:
                 self.stop_reason = reason
-        if first and self.proc is not None and self.proc.poll() is None:
-            self._note(f"stopping ({reason}): SIGTERM, SIGKILL in {max(0.0, grace_s):g}s")
+        running = self.proc is not None and self.proc.poll() is None
+        if running and grace_s <= 0:
+            self._note(f"stopping ({reason}): SIGKILL")
+            self._signal(signal.SIGKILL)
+        elif running and first:
+            self._note(f"stopping ({reason}): SIGTERM, SIGKILL in {grace_s:g}s")
             self._signal(signal.SIGTERM)
         self._wake()
 

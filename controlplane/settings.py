@@ -197,6 +197,12 @@ TESSERA = {
     "LOG_CAP_BYTES": env_int("TESSERA_LOG_CAP_BYTES", 4 * 1024 * 1024, minimum=1024),
     "HEARTBEAT_TIMEOUT_S": env_float("TESSERA_HEARTBEAT_TIMEOUT_S", 30.0, minimum=1.0),
     "LEASE_S": env_float("TESSERA_LEASE_S", 60.0, minimum=1.0),
+    # A lost node's jobs are requeued only this long after their lease ran out, not at once: the
+    # agent kills them at its own deadline (which comes first: it counts from the heartbeat's send),
+    # but the kill itself takes a moment, and so may a loaded agent's wake-up; the agent's clock
+    # and the server's run at slightly different rates, and the web process that stamped the
+    # heartbeat and the worker that sweeps may not read the same wall clock (docs/agent.md).
+    "FENCE_MARGIN_S": env_float("TESSERA_FENCE_MARGIN_S", 5.0, minimum=0.0),
     "IDEMPOTENCY_TTL_S": env_int("TESSERA_IDEMPOTENCY_TTL_S", 24 * 3600, minimum=60),
     "RETRY_BACKOFF_S": env_float("TESSERA_RETRY_BACKOFF_S", 10.0, minimum=0.0),
     "WEB_THREADS": WEB_THREADS,

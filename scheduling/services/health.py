@@ -1,5 +1,12 @@
-"""Node health: a node whose heartbeats stop becomes ``not-ready``; once its leases have expired
-its jobs are requeued (fencing: a job never runs in two places).
+"""Node health: a node whose heartbeats stop becomes ``not-ready``; once its leases have expired,
+and a safety margin after that, its jobs are requeued (fencing: a job never runs in two places).
+
+The agent kills its jobs at its lease's deadline, which it counts from the *send* of its last
+heartbeat that succeeded, so it comes before ``last_heartbeat + LEASE_S`` here. The margin
+(``TESSERA["FENCE_MARGIN_S"]``, default 5 s) covers what that order alone does not: the kill takes
+a moment (a loaded agent wakes late; a process dies after its SIGKILL is delivered), the agent's
+monotonic clock and the server's wall clock run at slightly different rates, and the web process
+that stamped ``last_heartbeat`` and the worker that sweeps read two wall clocks.
 
 What a lost node's job becomes, once the lease has expired (docs/operations.md):
 
@@ -40,10 +47,11 @@ OWN_STOPS = ("cancelled", "preempt", "time-limit")
 
 
 def sweep_nodes(now: datetime | None = None) -> list[str]:
-    """Mark silent nodes not-ready; requeue the jobs of nodes whose leases expired."""
+    """Mark silent nodes not-ready; requeue the jobs of nodes whose leases expired (plus the
+    fencing margin: see the module's docstring)."""
     now = now or timezone.now()
     timeout = timedelta(seconds=settings.TESSERA["HEARTBEAT_TIMEOUT_S"])
-    lease = timedelta(seconds=settings.TESSERA["LEASE_S"])
+    fence_after = timedelta(seconds=settings.TESSERA["LEASE_S"] + settings.TESSERA["FENCE_MARGIN_S"])
     lost = list(
         Node.objects.filter(state=NodeState.READY, last_heartbeat__lt=now - timeout)
         .values_list("name", flat=True)
@@ -52,7 +60,7 @@ def sweep_nodes(now: datetime | None = None) -> list[str]:
         # Versions bumped: a pass whose snapshot still saw them ready drops its bindings there.
         Node.objects.filter(name__in=lost).update(state=NodeState.NOT_READY, version=F("version") + 1)
         live.publish_nodes(name__in=lost)
-    fenced = Node.objects.exclude(state=NodeState.READY).filter(last_heartbeat__lt=now - lease)
+    fenced = Node.objects.exclude(state=NodeState.READY).filter(last_heartbeat__lt=now - fence_after)
     for node in fenced:
         job_ids = set(
             Job.objects.filter(

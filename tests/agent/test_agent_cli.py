@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import signal
-import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
@@ -21,72 +18,14 @@ from scheduling.models import Job, Node
 
 h = importlib.import_module("tests.agent.helpers")
 fakes = importlib.import_module("tests.agent.fakes")
-ROOT = Path(__file__).resolve().parents[2]
+processes = importlib.import_module("tests.agent.agent_process")
+start_agent, stop_agent, registered = processes.start_agent, processes.stop_agent, processes.registered
 
 
 @pytest.fixture
 def state_dir():
     with fakes.job_user_state_dir() as path:
         yield path
-
-
-def start_agent(server: str, state_dir: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
-    argv = [
-        sys.executable,
-        "-m",
-        "agent",
-        "--server",
-        server,
-        "--simulate",
-        "4xA100,nvlink=2,rack=r9",
-        "--name",
-        "cli-node",
-        "--metrics-port",
-        "0",
-        "--metrics-addr",
-        "127.0.0.1",
-        "--state-dir",
-        str(state_dir),
-        "--poll-interval",
-        "0.2",
-        "--shutdown-grace",
-        "2",
-        # No long-poll against the test's threaded WSGI server: a request parked there for
-        # seconds would outlive the test (push is tested against daphne: tests/integration).
-        "--wait-timeout",
-        "0",
-        *extra,
-    ]
-    clean = {k: v for k, v in os.environ.items() if k != "TESSERA_JOIN_TOKEN"}
-    return subprocess.Popen(
-        argv,
-        cwd=ROOT,
-        env={**clean, **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-
-
-def stop_agent(agent: subprocess.Popen) -> str:
-    if agent.poll() is None:
-        agent.send_signal(signal.SIGINT)
-        try:
-            agent.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(agent.pid, signal.SIGKILL)
-            agent.wait(5)
-    return agent.stdout.read() if agent.stdout else ""
-
-
-def registered(state_dir: Path, name: str = "cli-node", timeout: float = 30) -> Node:
-    """The node, once the agent has registered it and stored its credential."""
-    ours = Node.objects.filter(name=name, credential_hash__isnull=False)
-    node = fakes.wait_for(ours.first, timeout)
-    assert node is not None, "the agent did not register"
-    assert fakes.wait_for(lambda: (state_dir / "credential").exists(), 10)
-    return node
 
 
 def descendants(pid: int) -> list[int]:

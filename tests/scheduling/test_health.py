@@ -17,6 +17,11 @@ from scheduling.services.jobs import begin_stop, do_mark_running, do_record_exit
 helpers = importlib.import_module("tests.scheduling.helpers")
 
 
+def _fenced_after(settings) -> float:
+    """Seconds after its last heartbeat that a lost node's jobs may be requeued."""
+    return settings.TESSERA["LEASE_S"] + settings.TESSERA["FENCE_MARGIN_S"]
+
+
 def _running_job(world, **fields):
     job = helpers.submit(world.alice, world.vision, **fields)
     passes.run_pass()
@@ -44,7 +49,7 @@ def test_a_lost_nodes_jobs_keep_their_gpus_until_the_lease_expires(world, settin
     assert job.state == JobState.RUNNING  # the lease has not expired: it may still be running
     assert Allocation.objects.filter(job=job, released_at__isnull=True).count() == 2
 
-    expired = timezone.now() - timedelta(seconds=settings.TESSERA["LEASE_S"] + 1)
+    expired = timezone.now() - timedelta(seconds=_fenced_after(settings) + 1)
     Node.objects.filter(pk=node.pk).update(last_heartbeat=expired)
     sweep_nodes()
     job.refresh_from_db()
@@ -53,10 +58,32 @@ def test_a_lost_nodes_jobs_keep_their_gpus_until_the_lease_expires(world, settin
     assert not Allocation.objects.filter(job=job, released_at__isnull=True).exists()
 
 
+def test_a_lost_nodes_jobs_are_requeued_only_once_the_lease_and_the_fencing_margin_have_passed(
+    world, settings
+):
+    # The agent kills its jobs at its own deadline (sent + LEASE_S, before received + LEASE_S):
+    # the margin covers the kill itself and the clocks' differences.
+    settings.TESSERA = {**settings.TESSERA, "LEASE_S": 60.0, "FENCE_MARGIN_S": 5.0}
+    node = helpers.make_node("a100-01")
+    job = _running_job(world, gpus=1, max_retries=1)
+    beat = timezone.now() - timedelta(hours=1)
+    Node.objects.filter(pk=node.pk).update(last_heartbeat=beat)
+    for after in (60.5, 64.9):  # the lease has run out, the margin not yet
+        sweep_nodes(now=beat + timedelta(seconds=after))
+        job.refresh_from_db()
+        assert job.state == JobState.RUNNING, f"requeued {after}s after the last heartbeat"
+        assert Allocation.objects.filter(job=job, released_at__isnull=True).exists()
+    assert Node.objects.get(pk=node.pk).state == NodeState.NOT_READY
+    sweep_nodes(now=beat + timedelta(seconds=65.1))
+    job.refresh_from_db()
+    assert job.state == JobState.PENDING and job.events.filter(type="retrying", reason="node-lost").exists()
+    assert not Allocation.objects.filter(job=job, released_at__isnull=True).exists()
+
+
 def test_a_lost_nodes_job_without_retries_fails_with_node_lost(world, settings):
     node = helpers.make_node("a100-01")
     job = _running_job(world, gpus=1)
-    expired = timezone.now() - timedelta(seconds=settings.TESSERA["LEASE_S"] + 1)
+    expired = timezone.now() - timedelta(seconds=_fenced_after(settings) + 1)
     Node.objects.filter(pk=node.pk).update(last_heartbeat=expired, state=NodeState.NOT_READY)
     sweep_nodes()
     job.refresh_from_db()
@@ -65,7 +92,7 @@ def test_a_lost_nodes_job_without_retries_fails_with_node_lost(world, settings):
 
 
 def _lose_node(node, settings):
-    expired = timezone.now() - timedelta(seconds=settings.TESSERA["LEASE_S"] + 1)
+    expired = timezone.now() - timedelta(seconds=_fenced_after(settings) + 1)
     Node.objects.filter(pk=node.pk).update(last_heartbeat=expired, state=NodeState.NOT_READY)
     sweep_nodes()
 
