@@ -5,7 +5,8 @@
     python -m agent --server URL --join-token - < token-file
 
 Exit codes: 0 after Ctrl-C/SIGTERM; 1 the server could not be reached in time; 2 bad arguments,
-a refused join token or no GPU found; 3 the node's credential was revoked while running.
+a refused join token or no GPU found; 3 the node's credential was revoked while running; 4 processes
+left by a previous run would not die (agent/leftovers.py), so the node was not registered.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-from agent import cgroups, state
+from agent import cgroups, leftovers, state
 from agent.client import AgentClient, Rejected, ServerError
 from agent.inventory import Inventory, ModelMap, NoGPUs, nvml_inventory, simulated_inventory
 from agent.metrics import GpuCollector, UtilProfiles, make_registry, nvml_reader, serve
@@ -246,6 +247,12 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise Fatal(str(exc)) from None
     state_dir = state.prepare_state_dir(args.state_dir or state.default_state_dir(args.name))
+    # Before registering: the server then settles this node's old replicas as lost and hands
+    # their GPUs on, so whatever a previous run of the agent left must be dead first.
+    try:
+        leftovers.kill_leftovers(state_dir)
+    except leftovers.LeftoversRemain as exc:
+        raise Fatal(str(exc), 4) from None
     if not runs_as(["/bin/sh", "-c", 'cd "$0"', str(state_dir / "jobs")], run_as):
         raise Fatal(
             f"user {run_as.name} cannot reach {state_dir}/jobs (a parent directory is not "

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent import leftovers
 from agent.cgroups import Cgroups
 from agent.client import AgentClient, Rejected, ServerError
 
@@ -37,6 +38,9 @@ TICK_S = 0.25
 # A process that ends this soon after its start is reported once: its exit report carries its
 # start (one request instead of two; the start time is the spawn's either way).
 QUICK_EXIT_S = 0.05
+# After the job's main process exits, how long the rest of its session gets to die of SIGKILL
+# before the exit is reported anyway (its record stays: the next agent start tries again).
+SESSION_END_S = 10.0
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 PR_SET_PDEATHSIG = 1
 
@@ -217,6 +221,7 @@ class JobProcess:
         self.share = float(binding.get("share", 1.0))
         self.client, self.state_dir, self.run_as, self.path = client, state_dir, run_as, path
         self.proc: subprocess.Popen[bytes] | None = None
+        self.session: leftovers.Session | None = None  # recorded in STATE/sessions while it runs
         self.started_at = time.monotonic()
         self.started_wall: float | None = None  # the epoch time the process was spawned
         self.exit_code: int | None = None
@@ -292,9 +297,48 @@ class JobProcess:
         else:
             self.started_wall = time.time()
             self._output_open = True
+            self._record_session()
             self._limit()
         self.started_at = time.monotonic()
         threading.Thread(target=self._supervise, name=f"job-{self.job_id}", daemon=True).start()
+
+    @property
+    def name(self) -> str:
+        return f"{self.job_id}-{self.attempt}-{self.replica}"
+
+    def _record_session(self) -> None:
+        """Record the job's session (agent/leftovers.py): a restarted agent kills what is left."""
+        assert self.proc is not None
+        # Nothing has waited for it yet: the pid is still the job's (a zombie at worst).
+        self.session = leftovers.session_of(self.proc.pid)
+        if self.session is None:
+            return
+        try:
+            leftovers.record(self.state_dir, self.name, self.session)
+        except OSError as exc:
+            log.warning("job %s: its session could not be recorded (%s): a restarted agent "
+                        "will not find what it leaves", self.job_id, exc)
+
+    def _end_session(self) -> None:
+        """The main process has exited (and is reaped): kill the rest of its session, whatever
+        process group it moved to, and wait until it is gone, so the job's GPUs are free when its
+        exit is reported. Forget the record then (kept if something would not die)."""
+        if self.session is None:
+            return
+        killed, alive = leftovers.end_sessions([self.session], SESSION_END_S)
+        if killed:
+            self._note(f"killed {len(killed)} leftover process(es) of the job")
+        if alive:
+            log.error(
+                "job %s: %d process(es) of its session outlived %gs of SIGKILL: %s",
+                self.job_id,
+                len(alive),
+                SESSION_END_S,
+                ", ".join(f"{p.pid} ({p.name}, state {p.state})" for p in alive),
+            )
+            return
+        with contextlib.suppress(OSError):
+            leftovers.forget(self.state_dir, self.name)
 
     def _limit(self) -> None:
         """Move the process into its own cgroup with the replica's CPU and memory limits."""
@@ -303,7 +347,7 @@ class JobProcess:
         if self.cgroups is None or self.proc is None or (cpus <= 0 and memory <= 0):
             return
         try:
-            self.cgroup = self.cgroups.create(f"{self.job_id}-{self.attempt}-{self.replica}", cpus, memory)
+            self.cgroup = self.cgroups.create(self.name, cpus, memory)
             if self.cgroup is not None:
                 self.cgroups.add(self.cgroup, self.proc.pid)
         except OSError as exc:
@@ -432,6 +476,10 @@ class JobProcess:
         if self.proc is not None:
             self._signal(signal.SIGKILL)  # leftovers of the group; the job itself has exited
             self.proc.wait()
+            try:
+                self._end_session()  # and of its session: the processes that left the group
+            except Exception:  # the exit is reported all the same; the record stays
+                log.exception("job %s: could not end its session", self.job_id)
             self._drain(2.0)
             self.exit_code = self.proc.returncode
             self.exit_reason = self._reason()

@@ -3,6 +3,7 @@
 ``STATE/credential`` (mode 0600, owned by the agent's user) holds the node's credential, so a
 restarted agent re-registers without the join token. The directory itself is 0711: job users may
 pass through to their own working directories (``STATE/jobs/...``, owned by them) but list nothing.
+``STATE/sessions`` (0700) records the running replicas' sessions (:mod:`agent.leftovers`).
 
 The join token is read from, in order: ``--join-token-file PATH``, ``--join-token -`` (stdin),
 ``$TESSERA_JOIN_TOKEN``, or a literal ``--join-token T`` — which ``ps`` would show, so the CLI
@@ -32,6 +33,8 @@ def prepare_state_dir(path: Path) -> Path:
     for sub in ("jobs", "checkpoints"):
         (path / sub).mkdir(exist_ok=True)
         (path / sub).chmod(0o711)
+    (path / "sessions").mkdir(exist_ok=True)
+    (path / "sessions").chmod(0o700)  # the agent's alone: a job must not edit what gets killed
     return path
 
 

@@ -1,0 +1,259 @@
+"""What a job leaves behind: its session's processes, recorded so that no agent life loses them.
+
+Every replica runs in a session of its own (:mod:`agent.process`). The parent-death signal kills
+only the session's leader when the agent dies; whatever it forked (``sh -c "sleep 300; ..."``)
+runs on. A restarted agent registers again and the server settles the old replicas as lost and
+frees their GPUs, so such a leftover would share its GPUs with the next job, or run a job twice.
+
+So each running replica's session is recorded in ``STATE/sessions/<job>-<attempt>-<replica>``
+(written atomically, removed once the session is empty), and an agent that starts kills every
+process of a recorded session before it registers (:func:`kill_leftovers`). A session is named by
+its id and its leader's start time (``/proc/<pid>/stat`` field 22, clock ticks since boot) and
+the boot it belongs to: a process counts as the session's only when its session id matches and
+it started at or after the leader (a session id reused by a later session, after every process
+of ours was gone, then mostly differs by its leader; see :func:`_members`). Signals go through a
+pidfd after a second look at the process, so a pid reused in between is never hit.
+
+What escapes: a process that starts a session of its own (``setsid``), and one forked in the
+instant between the spawn and its record. Stdlib only, as the rest of the agent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("tessera.agent")
+
+SESSIONS_DIR = "sessions"
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+STARTUP_TIMEOUT_S = 60.0  # how long a starting agent waits for leftovers to die before it gives up
+PROGRESS_EVERY_S = 2.0
+ROUND_S = 0.05  # between two scans while processes die
+
+
+@dataclass(frozen=True)
+class Session:
+    """A job's session: its id (the leader's pid), the leader's start time, the boot."""
+
+    sid: int
+    start: int  # clock ticks after boot, /proc/<pid>/stat field 22
+    boot_id: str
+
+
+@dataclass(frozen=True)
+class Proc:
+    pid: int
+    name: str
+    state: str
+    ppid: int
+    sid: int
+    start: int
+
+
+class LeftoversRemain(Exception):
+    """Processes of a previous run would not die in time: the node must not take work."""
+
+
+def boot_id() -> str:
+    try:
+        return BOOT_ID.read_text().strip()
+    except OSError:
+        return ""
+
+
+def read_proc(pid: int) -> Proc | None:
+    """``/proc/<pid>/stat``, the fields we need; None when the process is gone."""
+    try:
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        raw = os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    # The name (field 2) is in parentheses and may hold anything, ')' too: split at the last one.
+    head, _, tail = raw.rpartition(b")")
+    fields = tail.split(maxsplit=20)  # fields 3.. of the man page: fields[n - 3] is field n
+    if len(fields) < 20:
+        return None
+    name = head.partition(b"(")[2].decode("utf-8", "replace")
+    return Proc(pid, name, fields[0].decode(), int(fields[1]), int(fields[3]), int(fields[19]))
+
+
+def session_of(pid: int) -> Session | None:
+    """The session ``pid`` leads (a job's process, spawned with ``start_new_session``)."""
+    proc = read_proc(pid)
+    if proc is None or proc.sid != pid:
+        return None
+    return Session(pid, proc.start, boot_id())
+
+
+# --- the records --------------------------------------------------------------------------------
+
+
+def record(state_dir: Path, name: str, session: Session) -> None:
+    """Record ``session`` as replica ``name``'s (temp file and rename: never half written)."""
+    directory = state_dir / SESSIONS_DIR
+    directory.mkdir(mode=0o700, exist_ok=True)
+    tmp = directory / f".{name}.tmp"
+    body = json.dumps({"sid": session.sid, "start": session.start, "boot_id": session.boot_id})
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, body.encode())
+    finally:
+        os.close(fd)
+    os.replace(tmp, directory / name)
+
+
+def forget(state_dir: Path, name: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        (state_dir / SESSIONS_DIR / name).unlink()
+
+
+def recorded(state_dir: Path) -> dict[str, Session]:
+    """The recorded sessions by replica name; an unreadable record is dropped (and said so)."""
+    found: dict[str, Session] = {}
+    directory = state_dir / SESSIONS_DIR
+    try:
+        names = sorted(n for n in os.listdir(directory) if not n.startswith("."))
+    except FileNotFoundError:
+        return found
+    for name in names:
+        try:
+            body = json.loads((directory / name).read_text())
+            found[name] = Session(int(body["sid"]), int(body["start"]), str(body["boot_id"]))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("ignoring the unreadable session record %s: %s", directory / name, exc)
+            forget(state_dir, name)
+    return found
+
+
+# --- finding and killing ------------------------------------------------------------------------
+
+
+def _members(sessions: Iterable[Session]) -> list[tuple[Proc, Session]]:
+    """The live (not zombie) processes of ``sessions``, with the session each belongs to."""
+    by_sid = {s.sid: s for s in sessions}
+    if not by_sid:
+        return []
+    procs = [p for e in os.listdir("/proc") if e.isdigit() and (p := read_proc(int(e))) is not None]
+    # A live process whose pid is a recorded session's id, leading a session but started at
+    # another time, is a later session with that id: ours ended (its id was free to reuse).
+    reused = {p.sid for p in procs if p.pid == p.sid and p.sid in by_sid and p.start != by_sid[p.sid].start}
+    me = os.getpid()
+    return [
+        (p, by_sid[p.sid])
+        for p in procs
+        if p.sid in by_sid
+        and p.sid not in reused
+        and p.start >= by_sid[p.sid].start
+        and p.state not in ("Z", "X")  # dead, waiting for whoever inherited it to reap it
+        and p.pid not in (1, me)
+    ]
+
+
+def _kill(proc: Proc, session: Session) -> None:
+    """SIGKILL ``proc`` if it is still the one we saw (looked at again through a pidfd)."""
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (OSError, AttributeError):
+        pidfd = None  # gone, or a kernel before 5.3: the plain kill below
+    try:
+        again = read_proc(proc.pid)
+        if again is None or again.sid != session.sid or again.start != proc.start:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if pidfd is not None:
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            else:
+                os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def end_sessions(
+    sessions: Iterable[Session], timeout: float, names: dict[int, str] | None = None
+) -> tuple[list[Proc], list[Proc]]:
+    """SIGKILL every process of ``sessions`` until none is left or ``timeout`` has passed.
+
+    Rounds of scan and kill: a process may fork while its session is being killed, and its child
+    shows up in the next scan. Returns (the processes killed, those still alive at the timeout).
+    ``names``: session id → what to call it in the progress lines (none are logged without it).
+    """
+    sessions = list(sessions)
+    killed: dict[tuple[int, int], Proc] = {}
+    began = time.monotonic()
+    next_progress = began + PROGRESS_EVERY_S
+    while True:
+        members = _members(sessions)
+        if not members:
+            return list(killed.values()), []
+        now = time.monotonic()
+        if now - began >= timeout:
+            return list(killed.values()), [p for p, _ in members]
+        if names is not None and now >= next_progress:
+            next_progress = now + PROGRESS_EVERY_S
+            waiting = (f"{p.pid} ({p.name}, {names.get(s.sid, '?')}, state {p.state})" for p, s in members)
+            log.warning(
+                "still waiting for %d leftover process(es) to exit after %.0fs: %s",
+                len(members),
+                now - began,
+                ", ".join(waiting),
+            )
+        for proc, session in members:
+            killed[(proc.pid, proc.start)] = proc  # the latest look: its name after an exec
+            _kill(proc, session)  # again each round: cheap, and a stopped process needs no more
+        time.sleep(ROUND_S)
+
+
+def kill_leftovers(state_dir: Path, timeout: float = STARTUP_TIMEOUT_S) -> list[Proc]:
+    """At the agent's start, before it registers: kill what runs of the recorded sessions, wait
+    until it is gone, forget the records. Raises LeftoversRemain when some outlive ``timeout``
+    (the records stay, for the next try). Returns the processes killed."""
+    records = recorded(state_dir)
+    if not records:
+        return []
+    this_boot = boot_id()
+    for name, session in list(records.items()):
+        if session.boot_id != this_boot:  # nothing survives a reboot; its ids mean nothing now
+            forget(state_dir, name)
+            del records[name]
+    names = {s.sid: f"replica {name}" for name, s in records.items()}
+    if records:
+        log.info(
+            "%d job session(s) recorded by a previous agent run: killing what is left of them "
+            "before registering (waiting up to %gs)",
+            len(records),
+            timeout,
+        )
+    began = time.monotonic()
+    killed, alive = end_sessions(records.values(), timeout, names)
+    if alive:
+        raise LeftoversRemain(
+            f"{len(alive)} leftover process(es) of a previous run still alive after "
+            f"{time.monotonic() - began:.1f}s of SIGKILL: "
+            + ", ".join(f"{p.pid} ({p.name}, {names.get(p.sid, '?')}, state {p.state})" for p in alive)
+            + "; not registering while they may hold GPUs"
+        )
+    if killed:
+        log.warning(
+            "killed %d leftover process(es) of the previous agent run before registering: %s",
+            len(killed),
+            ", ".join(f"{p.pid} ({p.name}, {names.get(p.sid, '?')})" for p in killed),
+        )
+    for name in records:
+        forget(state_dir, name)
+    if killed:
+        log.info("leftovers gone after %.1fs", time.monotonic() - began)
+    return killed

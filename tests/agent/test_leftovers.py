@@ -1,0 +1,218 @@
+"""What a job leaves behind is killed: when the job ends, and when an agent (re)starts.
+
+A job's session is recorded while it runs (agent/leftovers.py); its processes that outlive its
+main one (forked, moved to another process group, left by an agent that was SIGKILLed) are killed
+before its exit is reported, or, after the agent died, before the next agent registers: only then
+may the server hand the job's GPUs to another.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+from django.core.signals import request_started
+
+from agent import leftovers
+from agent.process import JobProcess, job_path, resolve_run_as
+from scheduling.choices import JobState
+from scheduling.models import Job
+
+h = importlib.import_module("tests.agent.helpers")
+fakes = importlib.import_module("tests.agent.fakes")
+processes = importlib.import_module("tests.agent.agent_process")
+alive = processes.alive
+
+
+@pytest.fixture
+def state_dir():
+    with fakes.job_user_state_dir() as path:
+        yield path
+
+
+@pytest.fixture
+def spawned():
+    """Start processes in sessions of their own, as the agent starts jobs; all killed at the end."""
+    started: list[subprocess.Popen] = []
+
+    def spawn(script: str) -> subprocess.Popen:
+        proc = subprocess.Popen(["sh", "-c", script], start_new_session=True, stdout=subprocess.PIPE)
+        started.append(proc)
+        return proc
+
+    yield spawn
+    for proc in started:
+        for pid in members_of(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+        proc.kill()
+        proc.wait(5)
+        proc.stdout.close()
+
+
+def children_of(pid: int) -> list[leftovers.Proc]:
+    procs = (leftovers.read_proc(int(e)) for e in os.listdir("/proc") if e.isdigit())
+    return [p for p in procs if p is not None and p.ppid == pid]
+
+
+def members_of(sid: int) -> list[int]:
+    """The live processes of session ``sid``, looked up directly in /proc."""
+    procs = (leftovers.read_proc(int(e)) for e in os.listdir("/proc") if e.isdigit())
+    return sorted(p.pid for p in procs if p is not None and p.sid == sid and p.state != "Z")
+
+
+def test_a_session_record_is_written_whole_private_and_forgotten(state_dir):
+    session = leftovers.Session(4242, 1234567, "boot")
+    leftovers.record(state_dir, "7-0-1", session)
+    path = state_dir / "sessions" / "7-0-1"
+    assert json.loads(path.read_text()) == {"sid": 4242, "start": 1234567, "boot_id": "boot"}
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert os.listdir(state_dir / "sessions") == ["7-0-1"]  # no temp file left behind
+    assert leftovers.recorded(state_dir) == {"7-0-1": session}
+    leftovers.forget(state_dir, "7-0-1")
+    assert leftovers.recorded(state_dir) == {}
+
+
+def test_a_starting_agent_kills_every_process_of_a_recorded_session_and_forgets_it(state_dir, spawned):
+    job = spawned("sleep 300 & sleep 300 & echo started; wait")
+    job.stdout.readline()
+    other = spawned("sleep 300 & wait")  # a session nobody recorded
+    leftovers.record(state_dir, "1-0-0", leftovers.session_of(job.pid))
+    ours = members_of(job.pid)
+    assert len(ours) == 3 and len(members_of(other.pid)) == 2
+
+    killed = leftovers.kill_leftovers(state_dir)
+
+    assert sorted(p.pid for p in killed) == ours
+    assert not any(alive(pid) for pid in ours)
+    assert len(members_of(other.pid)) == 2
+    assert leftovers.recorded(state_dir) == {}
+
+
+def test_a_session_id_that_a_later_process_now_leads_is_left_alone(state_dir, spawned):
+    later = spawned("sleep 300")
+    real = leftovers.session_of(later.pid)
+    # Ours had this id and started earlier; it ended, and the id went to ``later``.
+    leftovers.record(state_dir, "2-0-0", leftovers.Session(real.sid, real.start - 1, real.boot_id))
+    assert leftovers.kill_leftovers(state_dir) == []
+    assert alive(later.pid) and leftovers.recorded(state_dir) == {}
+
+
+def test_records_from_before_a_reboot_are_dropped_unused(state_dir, spawned):
+    job = spawned("sleep 300")
+    real = leftovers.session_of(job.pid)
+    leftovers.record(state_dir, "3-0-0", leftovers.Session(real.sid, real.start, "another-boot"))
+    assert leftovers.kill_leftovers(state_dir) == []
+    assert alive(job.pid) and leftovers.recorded(state_dir) == {}
+
+
+def test_leftovers_that_will_not_die_keep_the_agent_from_registering(state_dir, spawned, monkeypatch):
+    job = spawned("sleep 300")
+    leftovers.record(state_dir, "4-0-0", leftovers.session_of(job.pid))
+    monkeypatch.setattr(leftovers, "_kill", lambda proc, session: None)  # as if stuck in the kernel
+    with pytest.raises(leftovers.LeftoversRemain, match=r"leftover process.*sleep, replica 4-0-0"):
+        leftovers.kill_leftovers(state_dir, timeout=0.3)
+    assert "4-0-0" in leftovers.recorded(state_dir)  # the next start tries again
+
+
+class ChecksAtExit(fakes.FakeServer):
+    """Notes, when a job's exit is reported, whether the child it printed the pid of still runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.child_alive_at_exit: bool | None = None
+
+    def exited(self, job_id, *args, **kwargs):
+        child = int(self.output(job_id).split()[0])
+        self.child_alive_at_exit = alive(child)
+        return super().exited(job_id, *args, **kwargs)
+
+
+def test_a_child_that_left_the_jobs_process_group_is_killed_before_the_exit_is_reported(state_dir):
+    server = ChecksAtExit()
+    run_as = resolve_run_as("nobody")
+    script = (
+        "import subprocess, time\n"
+        "child = subprocess.Popen(['sleep', '300'], process_group=0)\n"  # out of the job's group
+        "print(child.pid, flush=True)\n"
+        "time.sleep(0.5)\n"
+    )
+    binding = fakes.binding(job_id=40, command=["python", "-c", script])
+    job = JobProcess(binding, server, state_dir, run_as, job_path(state_dir, run_as))
+    job.start()
+    child = int(fakes.wait_for(lambda: server.output(40).strip(), 10) or 0)
+    try:
+        assert server.exit_of(40, timeout=15)["exit_code"] == 0
+        assert server.child_alive_at_exit is False, "the exit was reported while its child ran on"
+    finally:
+        if alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_a_running_jobs_session_is_recorded_until_its_processes_are_gone(state_dir):
+    server = fakes.FakeServer()
+    run_as = resolve_run_as("nobody")
+    binding = fakes.binding(job_id=41, attempt=2, replica=1, command=["sleep", "0.5"])
+    job = JobProcess(binding, server, state_dir, run_as, job_path(state_dir, run_as))
+    job.start()
+    (session,) = leftovers.recorded(state_dir).values()
+    assert list(leftovers.recorded(state_dir)) == ["41-2-1"]
+    assert session.sid == job.pid and session == leftovers.session_of(job.pid)
+    assert session.boot_id == leftovers.boot_id() != ""
+    server.exit_of(41, timeout=10)
+    assert job.done.wait(5)
+    assert leftovers.recorded(state_dir) == {}
+
+
+@pytest.mark.slow
+def test_a_restarted_agent_kills_what_its_killed_predecessor_left_before_it_registers(
+    live_server, world, state_dir
+):
+    token_file = state_dir / "join-token"
+    token_file.write_text(h.new_join_token())
+    first = processes.start_agent(live_server.url, state_dir, "--join-token-file", str(token_file))
+    second = None
+    leftover = 0
+    seen: list[tuple[str, bool]] = []  # (path, whether the leftover ran) per request to the server
+
+    def on_request(sender, environ, **kwargs):
+        seen.append((environ.get("PATH_INFO", ""), alive(leftover)))
+
+    try:
+        processes.registered(state_dir)
+        job = h.bind(h.submit(world.alice, world.vision, command=["sh", "-c", "sleep 300 & wait"]),
+                     "cli-node", [0])
+        assert fakes.wait_for(lambda: Job.objects.get(pk=job.pk).state == JobState.RUNNING, 20)
+        (leader,) = [p.pid for p in children_of(first.pid) if p.name == "sh"]  # setpriv exec'd it
+
+        def sleeping() -> int:
+            return next((p for p in members_of(leader) if p != leader), 0)
+
+        leftover = fakes.wait_for(sleeping, 5)
+        assert leftover and leftovers.read_proc(leftover).name == "sleep"
+
+        os.killpg(first.pid, signal.SIGKILL)  # the agent alone: its jobs have sessions of their own
+        first.wait(10)
+        assert fakes.wait_for(lambda: not alive(leader), 5), "the parent-death signal did not kill sh"
+        time.sleep(0.3)
+        assert alive(leftover), "the job's child did not outlive its agent: nothing to test"
+
+        request_started.connect(on_request)
+        second = processes.start_agent(live_server.url, state_dir)  # its stored credential
+        assert fakes.wait_for(lambda: any(path.endswith("/register") for path, _ in seen), 30)
+        assert seen[0][0].endswith("/agent/register"), seen
+        assert not any(running for _, running in seen), f"the leftover ran when the server heard: {seen}"
+        assert not alive(leftover)
+        assert leftovers.recorded(state_dir) == {}
+    finally:
+        request_started.disconnect(on_request)
+        output = processes.stop_agent(second) if second is not None else ""
+        processes.stop_agent(first)
+        if leftover and alive(leftover):
+            os.kill(leftover, signal.SIGKILL)
+    said = "killed 1 leftover process(es) of the previous agent run before registering"
+    assert f"{said}: {leftover} (sleep" in output, output
