@@ -9,6 +9,7 @@ each one in ``SchedulerState``, and the histogram and counters are read from the
 | --- | --- | --- |
 | ``tessera_scheduling_pass_seconds`` | | histogram of pass durations |
 | ``tessera_scheduling_decisions_total`` | ``decision`` | bindings made, dropped as stale, preemptions |
+| ``tessera_scheduling_passes_cut_short_total`` | | passes that reached their time budget |
 | ``tessera_scheduling_last_pass_timestamp_seconds`` | | when the last pass ran |
 | ``tessera_jobs_pending`` | ``kind`` | pending jobs |
 | ``tessera_jobs`` | ``state`` | jobs by state (terminal ones included) |
@@ -117,11 +118,16 @@ def _pass_families() -> list:
     totals = (state.decisions_total or {}) if state is not None else {}
     for decision in ("bound", "dropped", "preempted"):
         decisions.add_metric([decision], totals.get(decision, 0))
+    cut_short = CounterMetricFamily(
+        "tessera_scheduling_passes_cut_short",
+        "Scheduling passes that reached their time budget (TESSERA_PASS_BUDGET_S) before deciding every job.",
+    )
+    cut_short.add_metric([], totals.get("cut_short", 0))
     last = GaugeMetricFamily(
         "tessera_scheduling_last_pass_timestamp_seconds", "When the last scheduling pass ran (epoch)."
     )
     last.add_metric([], state.last_pass_at.timestamp() if state is not None and state.last_pass_at else 0)
-    return [seconds, decisions, last]
+    return [seconds, decisions, cut_short, last]
 
 
 _registered: set[int] = set()

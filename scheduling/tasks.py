@@ -6,7 +6,21 @@ The live updates a pass makes leave through the outlet's own thread and event lo
 
 from __future__ import annotations
 
+import logging
+
 from celery import shared_task
+from celery.exceptions import SoftTimeLimitExceeded
+from django.conf import settings
+
+log = logging.getLogger("tessera.pass")
+
+# A safety net far above the pass's own time budget (PASS_BUDGET_S, which a pass honours by
+# itself): a task runs up to 3 rounds of a pass, each over budget only by its snapshot and its
+# applying. The soft limit raises SoftTimeLimitExceeded in the pass (handled below); the hard
+# limit kills the worker process (prefork pool only), and PostgreSQL then rolls back its open
+# transaction and drops its advisory lock with its connection.
+PASS_SOFT_TIME_LIMIT_S = max(60.0, 20 * settings.TESSERA["PASS_BUDGET_S"])
+PASS_TIME_LIMIT_S = PASS_SOFT_TIME_LIMIT_S + 30
 
 
 def _drop_dead_connections() -> None:
@@ -18,14 +32,29 @@ def _drop_dead_connections() -> None:
             conn.close()
 
 
-@shared_task(bind=True, name="scheduling.tasks.scheduling_pass", ignore_result=True)
+@shared_task(
+    bind=True,
+    name="scheduling.tasks.scheduling_pass",
+    ignore_result=True,
+    soft_time_limit=PASS_SOFT_TIME_LIMIT_S,
+    time_limit=PASS_TIME_LIMIT_S,
+)
 def scheduling_pass(self) -> None:
+    from django.db import connection
+
     from scheduling.services.passes import run_pass
 
     # The pass clears "queued" when it ends with no request left (services/triggers.py).
     if not self.request.called_directly:  # a test or a shell runs on the caller's connection
         _drop_dead_connections()
-    run_pass()
+    try:
+        run_pass()
+    except SoftTimeLimitExceeded:
+        # Wherever it broke in: the chunk being applied was one transaction (rolled back on
+        # the way out, or by the server now), and closing the connection drops the pass lock
+        # even if releasing it failed. Beat's safety pass decides the rest.
+        log.error("scheduling pass stopped by its soft time limit (%.0f s)", PASS_SOFT_TIME_LIMIT_S)
+        connection.close()
 
 
 @shared_task(bind=True, name="scheduling.tasks.node_health_sweep", ignore_result=True)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from . import queues
 from .backfill import Reservation, Reservations
 from .preference import wait_for_preferred
-from .types import MILLI, Decisions, PendingReason, Preemption, Resize
+from .types import MILLI, Deadline, Decisions, PendingReason, Preemption, Resize
 
 if TYPE_CHECKING:
     from .policy import TesseraScheduler
@@ -18,7 +18,7 @@ def _minutes(seconds: float) -> str:
     return f"~{max(1, round(seconds / 60))} min"
 
 
-def run_pass(s: TesseraScheduler, now: float) -> Decisions:
+def run_pass(s: TesseraScheduler, now: float, deadline: Deadline | None = None) -> Decisions:
     from .policy import diagnose_job, placements_of
 
     cfg = s.config
@@ -49,7 +49,15 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
         if r.job_id in s.pending and r.job_id not in s.room:
             res.add(r)
     hold: list = []  # an aged job that quotas admit but nodes do not: its quota, held below
+    reached: set[str] = set()  # with a deadline: the jobs this pass has looked at
     for job in queues.order(list(s.pending.values()), now, cfg, s.quotas):
+        if deadline is not None:
+            # Out of time: what was decided stands; the jobs not reached keep their place in
+            # the queue and are decided by the next pass (the driver asks for it).
+            if deadline.passed():
+                _not_reached(s, reached, d)
+                break
+            reached.add(job.id)
         if hold:
             # What the aged job before this one needs stays charged to its tenant for the rest
             # of the pass, so its tenant's later jobs cannot take the quota it will start on
@@ -157,7 +165,7 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
         budget = (attempts < cfg.max_preemption_attempts
                   and len(d.preemptions) < cfg.max_preemptions_per_pass)
         if geo.req.count and cfg.preemption and budget:
-            if _shrink_for(s, job, geo, now, d):
+            if cfg.resizes and _shrink_for(s, job, geo, now, d):
                 continue
             if hypo is None:
                 hypo = s.new_hypo()
@@ -202,7 +210,8 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
                                 f"in {_minutes(r.start - now)}", r.start)
                 continue
         to_diagnose.append((job, geo))
-    _grow(s, now, d, res)
+    if cfg.resizes:
+        _grow(s, now, d, res)
     s.last_reservations = list(res.items)
     held = {r.job_id for r in res.items}
     for jid in [j for j in s.sticky if j not in held]:
@@ -235,6 +244,16 @@ def run_pass(s: TesseraScheduler, now: float) -> Decisions:
     del placements_of
     s.last_codes = {jid: r.code for jid, r in d.pending.items()}
     return d
+
+
+def _not_reached(s: TesseraScheduler, reached: set[str], d: Decisions) -> None:
+    """The pending jobs the pass did not reach before its deadline: each told so."""
+    why = PendingReason("priority", "priority: the scheduling pass ran out of time before "
+                                    "reaching it; the next pass decides it")
+    for jid in s.pending:
+        if jid not in reached:
+            d.pending[jid] = why
+            d.undecided += 1
 
 
 def _why(s: TesseraScheduler, job, victim: str, may_rank: bool, now: float) -> str:

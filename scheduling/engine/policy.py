@@ -7,7 +7,11 @@
    (:mod:`.topology`), honouring the reservations made so far (:mod:`.backfill`).
 4. If it does not fit: shrink elastic jobs behind it if that alone makes room; else preempt
    (:mod:`.preemption`); else, if it is aged or the first blocked job, reserve nodes for it.
+   Steps 3-4 stop at the driver's deadline, if it gives one: the jobs not reached wait for the
+   next pass.
 5. Grow elastic jobs and partially started gangs with what is left.
+   (Shrinking in 4 and growing in 5 only with ``config.resizes``: the live control plane turns
+   them off, since its agents cannot resize a running job.)
 6. Give every job still pending its reason (:mod:`.reasons`), diagnosed on the final state.
 
 Bindings, resizes and preemption marks are applied to the engine's own state as they are made;
@@ -41,6 +45,7 @@ from .topology import place_gang
 from .types import (
     MILLI,
     Binding,
+    Deadline,
     Decisions,
     JobRequest,
     NodeSpec,
@@ -361,11 +366,14 @@ class TesseraScheduler:
         d.bindings.append(Binding(job.id, placements_of(allocs, self.state)))
 
     # -- the pass ---------------------------------------------------------------------------------
-    def decide(self, now: float) -> Decisions:
+    def decide(self, now: float, deadline: Deadline | None = None) -> Decisions:
+        """One pass at ``now``. With a ``deadline``, the pass stops deciding more jobs once it
+        has passed, keeps what it decided, and says which jobs it did not reach
+        (``Decisions.undecided``): a driver that bounds its passes in time asks for another."""
         from .passes import run_pass
 
         self._refresh_frag()
-        return run_pass(self, now)
+        return run_pass(self, now, deadline)
 
     # helpers used by the pass ----------------------------------------------------------------------
     def expected_end(self, run: Running, now: float) -> float:

@@ -7,6 +7,7 @@ engine so that fractional shares sum exactly.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -153,6 +154,19 @@ class PendingReason:
     estimated_start: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Deadline:
+    """When a pass stops deciding more jobs: ``at`` on the scale of ``clock``, the driver's own
+    clock (the live pass passes a monotonic one; tests a fake one). The engine reads no clock
+    of its own, so a pass without a deadline (the simulator) decides exactly as before."""
+
+    at: float
+    clock: Callable[[], float]
+
+    def passed(self) -> bool:
+        return self.clock() >= self.at
+
+
 @dataclass(slots=True)
 class Decisions:
     bindings: list[Binding] = field(default_factory=list)
@@ -160,6 +174,13 @@ class Decisions:
     resizes: list[Resize] = field(default_factory=list)
     pending: dict[str, PendingReason] = field(default_factory=dict)
     rejections: dict[str, str] = field(default_factory=dict)  # job id -> why it can never run
+    # Pending jobs the pass did not reach before its deadline (each has a "priority" reason
+    # saying so); 0 when it decided every one.
+    undecided: int = 0
+
+    @property
+    def cut_short(self) -> bool:
+        return self.undecided > 0
 
 
 class Scheduler(Protocol):

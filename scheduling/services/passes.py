@@ -2,8 +2,10 @@
 
 One pass runs at a time cluster-wide: under a non-blocking PostgreSQL advisory lock (released if
 the worker dies with its connection), or an in-process lock on SQLite. A request that arrives
-while a pass runs sets a flag, so exactly one more pass follows. Decisions made on stale state
-(a node's version moved since the snapshot) are dropped, never double-booked.
+while a pass runs sets a flag, so one more pass follows (see :func:`run_pass` for why none is
+lost). Each pass is bounded in starts and in time (``MAX_STARTS_PER_PASS``, ``PASS_BUDGET_S``).
+Decisions made on stale state (a node's version moved since the snapshot) are dropped, never
+double-booked.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from scheduling.choices import EventType, JobState
 from scheduling.engine.collector import collector_paused
 from scheduling.engine.config import EngineConfig
 from scheduling.engine.policy import TesseraScheduler
-from scheduling.engine.types import Binding, Decisions
+from scheduling.engine.types import Binding, Deadline, Decisions
 from scheduling.models import Allocation, Device, Job, Node, SchedulerState
 from scheduling.services import live
 from scheduling.services.agents import bindings_by_node
@@ -56,6 +58,8 @@ log = logging.getLogger("tessera.pass")
 PASS_LOCK_KEY = 0x7E55E7A  # the advisory lock's key, arbitrary but fixed
 _local_lock = threading.Lock()
 _again = threading.Event()
+# The pass's clock: its duration and its time budget's deadline (a test may give a fake one).
+clock = time.perf_counter
 
 
 @dataclass
@@ -65,27 +69,42 @@ class PassResult:
     dropped: list[str] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
     pending: int = 0
+    # Pending jobs not decided: the pass reached its time budget first (0: it was not cut short).
+    undecided: int = 0
+
+
+def try_lock() -> bool:
+    """Take the pass lock if it is free; never waits."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_try_advisory_lock(%s)", [PASS_LOCK_KEY])
+            return bool(cur.fetchone()[0])
+    return _local_lock.acquire(blocking=False)
+
+
+def unlock() -> None:
+    """Give the pass lock back. If the connection cannot say so (a Celery soft time limit broke
+    into a query), it is closed: PostgreSQL drops a session's advisory locks with it, so a pass
+    cut off half-way never keeps the next one out."""
+    if connection.vendor != "postgresql":
+        _local_lock.release()
+        return
+    try:
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_advisory_unlock(%s)", [PASS_LOCK_KEY])
+    except Exception:
+        log.warning("could not release the pass lock: closing the connection", exc_info=True)
+        connection.close()
 
 
 @contextmanager
 def pass_lock() -> Iterator[bool]:
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cur:
-            cur.execute("SELECT pg_try_advisory_lock(%s)", [PASS_LOCK_KEY])
-            got = bool(cur.fetchone()[0])
-        try:
-            yield got
-        finally:
-            if got:
-                with connection.cursor() as cur:
-                    cur.execute("SELECT pg_advisory_unlock(%s)", [PASS_LOCK_KEY])
-    else:
-        got = _local_lock.acquire(blocking=False)
-        try:
-            yield got
-        finally:
-            if got:
-                _local_lock.release()
+    got = try_lock()
+    try:
+        yield got
+    finally:
+        if got:
+            unlock()
 
 
 def _set_again() -> None:
@@ -119,21 +138,50 @@ def _asked_again() -> bool:
 
 
 def run_pass(now: datetime | None = None, max_rounds: int = 3) -> PassResult | None:
-    """Run a pass unless one is running (then ask it to run once more), and once more for every
-    request made meanwhile, up to ``max_rounds`` (then a task is queued for the rest, so that the
-    worker's other tasks get their turn). Returns the last result."""
-    with pass_lock() as got:
-        if not got:
+    """Run a pass unless one is running (then make sure one runs after this request), and once
+    more for every request made meanwhile, up to ``max_rounds`` (then a task is queued for the
+    rest, so that the worker's other tasks get their turn). Returns the last result.
+
+    Why no request is lost, whichever worker processes run what when. A request sets "again"
+    (then "queued" NX, queuing a task if it set it); a pass's round is: take the lock, take
+    "again", decide and apply, **give the lock back, then** check "again" (clearing "queued"
+    atomically if it is not set). "again" is only ever taken by a lock holder that then runs a
+    pass, and every holder checks "again" after its unlock. So a request's "again" is either
+    taken by a round that starts after it (that round's pass covers it), or still set when the
+    lock's current holder — or, if none holds it, the holder of the "queued" flag — checks it:
+
+    1. The holder sees it: it takes the lock again and runs a round; if another process took
+       the lock in between, that one took "again" after its lock and checks after its unlock.
+    2. A task that finds the lock taken sets "again" (beat's safety pass, the embedded loop
+       and tests did not set it before) and tries once more: the lock is free now (it runs
+       the round itself), or it is held by a process that took it after "again" was set (that
+       one checks after its unlock). Without the second try, a holder that made its final
+       check between the first try and "again" being set would leave nothing running.
+    3. "queued" is cleared only while "again" is not set: a request that finds "queued" set
+       has its "again" seen by the task that set "queued" (queued, running, or checking).
+
+    Checking before the unlock (the old order) lost a request: the holder cleared "queued",
+    a request queued a task, that task found the lock still held and left, and the holder
+    unlocked without looking again; "queued" then swallowed triggers until it expired.
+    """
+    result = None
+    for round_ in range(max_rounds):
+        if not try_lock():
+            if round_:
+                return result  # the holder took the lock after this round's check: it checks
             _set_again()
-            return None
-        for _ in range(max_rounds):
+            if not try_lock():
+                return None
+        try:
             _take_again()
             result = _one_pass(now)
-            now = None
-            if not _asked_again():
-                return result
-        queue_pass()
-        return result
+        finally:
+            unlock()
+        now = None
+        if not _asked_again():
+            return result
+    queue_pass()
+    return result
 
 
 def make_policy(loaded: LoadedSnapshot) -> TesseraScheduler:
@@ -141,33 +189,43 @@ def make_policy(loaded: LoadedSnapshot) -> TesseraScheduler:
 
 
 def engine_config() -> EngineConfig:
-    return EngineConfig(max_starts_per_pass=settings.TESSERA["MAX_STARTS_PER_PASS"])
+    # No resizes live: the agent has no way to add or remove a running job's replicas, so an
+    # elastic job runs at the size it started with (between its min and max), and the engine
+    # must not plan a start on GPUs it would free by shrinking one (docs/scheduler.md).
+    return EngineConfig(max_starts_per_pass=settings.TESSERA["MAX_STARTS_PER_PASS"], resizes=False)
 
 
 def _one_pass(now: datetime | None) -> PassResult:
-    started = time.perf_counter()
+    started = clock()
     now = now or timezone.now()
     pending = pending_rows()
     if pending:
         loaded = load_snapshot(now, pending)
+        # The time budget counts from the pass's start: reading the snapshot spends it too.
+        deadline = Deadline(started + settings.TESSERA["PASS_BUDGET_S"], clock)
         with collector_paused():  # full GC collections grew faster than the pass (engine/collector.py)
-            decisions: Decisions = make_policy(loaded).decide(loaded.snapshot.now)
+            decisions: Decisions = make_policy(loaded).decide(loaded.snapshot.now, deadline)
         result = apply_decisions(loaded, decisions, now)
     else:
         # Nothing waits: there is nothing to bind, preempt for or explain, so the rest of the
         # cluster need not be read (a pass after a job's exit, with an empty queue, ends here).
         result = PassResult()
-    result.seconds = time.perf_counter() - started
+    result.seconds = clock() - started
     # One line per pass (the benchmark reads the durations from the worker's log).
     log.info(
-        "pass took %.1f ms: %d bound, %d dropped, %d preempted, %d pending",
+        "pass took %.1f ms: %d bound, %d dropped, %d preempted, %d pending%s",
         result.seconds * 1000,
         len(result.bound),
         len(result.dropped),
         len(result.preempted),
         result.pending,
+        f"; cut short by its time budget, {result.undecided} left for the next pass"
+        if result.undecided
+        else "",
     )
     record_pass(result, now)
+    if result.undecided:
+        _set_again()  # the rest are decided by the next round (or, after max_rounds, task)
     return result
 
 
@@ -248,10 +306,17 @@ def _add_pass(state: SchedulerState, result: PassResult, now: datetime) -> dict[
     totals = dict(state.decisions_total or {})
     for key, n in decisions.items():
         totals[key] = totals.get(key, 0) + n
+    if result.undecided:  # passes cut short by their time budget
+        totals["cut_short"] = totals.get("cut_short", 0) + 1
     fields = {
         "last_pass_at": now,
         "last_pass_seconds": result.seconds,
-        "last_pass_decisions": {**decisions, "pending": result.pending},
+        "last_pass_decisions": {
+            **decisions,
+            "pending": result.pending,
+            "cut_short": bool(result.undecided),
+            "undecided": result.undecided,
+        },
         "passes": state.passes + 1,
         "pass_seconds_sum": state.pass_seconds_sum + result.seconds,
         "pass_buckets": buckets,
@@ -280,7 +345,10 @@ APPLY_CHUNK = 64  # bindings per transaction: few commits, yet node locks held o
 
 
 def apply_decisions(loaded: LoadedSnapshot, decisions: Decisions, now: datetime) -> PassResult:
-    result = PassResult(pending=len(decisions.pending))
+    """Apply bindings (in chunks, each one transaction), then preemptions, then pending reasons.
+
+    There are no resizes to apply: the live engine makes none (``engine_config``)."""
+    result = PassResult(pending=len(decisions.pending), undecided=decisions.undecided)
     bindings = list(decisions.bindings[: settings.TESSERA["MAX_STARTS_PER_PASS"]])
     for i in range(0, len(bindings), APPLY_CHUNK):
         _apply_bindings(loaded, bindings[i : i + APPLY_CHUNK], now, result)

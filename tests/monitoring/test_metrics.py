@@ -94,7 +94,7 @@ def test_passes_recorded_by_another_process_show_in_the_histogram_and_the_decisi
     buckets[-1] = 1  # and one of over 10 s
     SchedulerState.objects.filter(id=1).update(
         passes=4, pass_seconds_sum=12.0, pass_buckets=buckets,
-        decisions_total={"bound": 40, "dropped": 2, "preempted": 1},
+        decisions_total={"bound": 40, "dropped": 2, "preempted": 1, "cut_short": 1},
     )
     got = scrape()
     assert got[("tessera_scheduling_pass_seconds_count", ())] == 4
@@ -105,6 +105,7 @@ def test_passes_recorded_by_another_process_show_in_the_histogram_and_the_decisi
     assert got[("tessera_scheduling_decisions_total", (("decision", "bound"),))] == 40
     assert got[("tessera_scheduling_decisions_total", (("decision", "dropped"),))] == 2
     assert got[("tessera_scheduling_decisions_total", (("decision", "preempted"),))] == 1
+    assert got[("tessera_scheduling_passes_cut_short_total", ())] == 1
     assert got[("tessera_scheduling_last_pass_timestamp_seconds", ())] > 0
 
 
