@@ -222,6 +222,7 @@ class JobProcess:
         self.client, self.state_dir, self.run_as, self.path = client, state_dir, run_as, path
         self.proc: subprocess.Popen[bytes] | None = None
         self.session: leftovers.Session | None = None  # recorded in STATE/sessions while it runs
+        self.pids: leftovers.PidClock | None = None  # which pids its session's processes can have
         self.started_at = time.monotonic()
         self.started_wall: float | None = None  # the epoch time the process was spawned
         self.exit_code: int | None = None
@@ -313,6 +314,7 @@ class JobProcess:
         self.session = leftovers.session_of(self.proc.pid)
         if self.session is None:
             return
+        self.pids = leftovers.PidClock(self.proc.pid)
         try:
             leftovers.record(self.state_dir, self.name, self.session)
         except OSError as exc:
@@ -325,7 +327,7 @@ class JobProcess:
         exit is reported. Forget the record then (kept if something would not die)."""
         if self.session is None:
             return
-        killed, alive = leftovers.end_sessions([self.session], SESSION_END_S)
+        killed, alive = leftovers.end_sessions([self.session], SESSION_END_S, pids=self.pids)
         if killed:
             self._note(f"killed {len(killed)} leftover process(es) of the job")
         if alive:
@@ -529,6 +531,8 @@ class JobProcess:
             if self._started_pending and not self.silent and not quick_exit:
                 self._report_started()
             self._enforce(now)
+            if self.pids is not None:
+                self.pids.observe()  # at every tick: a wrap of the pid numbers is seen
             if not self.silent:
                 self._ship_logs()
             if exited_at is None and self.proc.poll() is not None:

@@ -216,3 +216,33 @@ def test_a_restarted_agent_kills_what_its_killed_predecessor_left_before_it_regi
             os.kill(leftover, signal.SIGKILL)
     said = "killed 1 leftover process(es) of the previous agent run before registering"
     assert f"{said}: {leftover} (sleep" in output, output
+
+
+def test_the_pid_clock_sees_a_wrap_of_the_pid_numbers(monkeypatch):
+    looks = iter([500, 900, 30000, 12, 40])  # up, up, then down: the numbers wrapped around
+    monkeypatch.setattr(leftovers, "_last_pid", lambda: next(looks))
+    clock = leftovers.PidClock(480)
+    assert clock.newer_than_leader() == 480  # no wrap yet: only pids from the leader's up are read
+    assert clock.newer_than_leader() == 480
+    clock.observe()
+    assert clock.wrapped and clock.newer_than_leader() is None  # from now on: every process
+    monkeypatch.setattr(leftovers, "_last_pid", lambda: None)
+    assert leftovers.PidClock(480).newer_than_leader() is None  # unreadable: every process
+
+
+def test_only_a_wrap_lets_a_sessions_process_have_a_pid_below_its_leaders(spawned, monkeypatch):
+    """A process of the session whose pid is below the leader's (possible only after a wrap) is
+    found when the clock saw the wrap, and not looked for otherwise."""
+    proc = spawned("sleep 300 & echo started; wait")
+    proc.stdout.readline()
+    session = leftovers.session_of(proc.pid)
+    members = lambda floor: {p.pid for p, _ in leftovers._members([session], floor)}  # noqa: E731
+    assert members(proc.pid) == members(None) == set(members_of(proc.pid))
+    # Pretend the leader's pid were above the child's, as after a wrap: without one seen, the
+    # child is not looked for; with one, it is.
+    (child,) = [pid for pid in members_of(proc.pid) if pid != proc.pid]
+    assert child not in members(child + 1)
+    clock = leftovers.PidClock(child + 1)
+    clock.wrapped = True
+    killed, left = leftovers.end_sessions([session], 5.0, pids=clock)
+    assert child in {p.pid for p in killed} and left == []
