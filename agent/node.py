@@ -42,6 +42,7 @@ Key = tuple[int, int, int]
 HEARTBEAT_JITTER = 0.1  # each gap is the poll interval ± 10%: see heartbeat_gap
 STREAM_IDLE_S = 60.0  # a stream silent this long (the server pings every 20 s) is dead
 STREAM_RETRY_S = 300.0  # after a refused stream handshake, the long-poll this long
+HELD_RETRY_S = 0.05  # how soon a binding held back for its GPUs is tried again
 
 
 def heartbeat_gap(poll_interval: float) -> float:
@@ -88,7 +89,10 @@ class Agent:
         self._poke = threading.Event()  # wakes the main loop
         self._beat = threading.Event()  # asks the heartbeat thread for a heartbeat now
         self._pushed: list[dict[str, Any]] = []  # bindings a wake carried, for the main loop
-        self._orders: list[dict[str, Any]] = []  # heartbeat answers, for the main loop
+        self._orders: list[tuple[float, dict[str, Any]]] = []  # (send time, heartbeat answer)
+        # Bindings whose GPUs a process of another job still uses (see :meth:`_gpus_in_use`), with
+        # when they were held back: started once that process is gone.
+        self._held: dict[Key, tuple[float, dict[str, Any]]] = {}
         self._revoked: CredentialRevoked | None = None
 
     # --- what the metrics and the heartbeat read ------------------------------------------------
@@ -127,13 +131,17 @@ class Agent:
                 orders, self._orders = self._orders, []
             if self._revoked is not None:
                 raise self._revoked
-            for answer in orders:
+            for sent_at, answer in orders:
+                self._drop_unordered(sent_at, answer)
                 self.apply(answer)
             if pushed:
                 self.apply({"start": pushed, "stop": []})
+            if self._held:
+                self.apply({"start": [b for _, b in self._held.values()], "stop": []})
             self._fence_if_expired()
             self._reap()
-            self._poke.wait(self._wait_s())
+            # Held bindings are tried again soon: their GPUs' old process is being stopped.
+            self._poke.wait(min(self._wait_s(), HELD_RETRY_S) if self._held else self._wait_s())
 
     def _heartbeats(self, stop: threading.Event) -> None:
         failures = 0
@@ -169,7 +177,7 @@ class Agent:
         self.last_ok = sent_at  # the lease counts from the send: the server's is later
         self.lease_seconds = float(orders.get("lease_seconds", self.lease_seconds))
         with self._lock:
-            self._orders.append(orders)
+            self._orders.append((sent_at, orders))
         self._poke.set()
         return 0
 
@@ -273,6 +281,11 @@ class Agent:
                 if self._last_attempt.get((key[0], key[2]), -1) > key[1]:
                     log.info("ignoring binding of job %s attempt %s: a later attempt ran here", *key[:2])
                     continue
+                busy = self._gpus_in_use(binding)
+                if busy:
+                    self._hold(key, binding, busy)
+                    continue
+                self._held.pop(key, None)
                 self.ever_started.add(key)
                 self._last_attempt[(key[0], key[2])] = key[1]
                 process = JobProcess(
@@ -281,6 +294,41 @@ class Agent:
                 self.jobs[key] = process
             log.info("starting job %s attempt %s replica %s on GPUs %s", *key, binding.get("gpus"))
             process.start()
+
+    def _gpus_in_use(self, binding: dict[str, Any]) -> list[int]:
+        """The binding's GPUs that processes still running here leave too little of (shares
+        summed; call with the lock held). The server binds a GPU only once its last process has
+        exited, so such a process is no longer bound there as the server sees it (a job stopped
+        or settled while its start was on its way here): a GPU never runs two jobs' processes
+        beyond its capacity, even then."""
+        share = float(binding.get("share", 1.0))
+        used: dict[int, float] = {}
+        for p in self.jobs.values():
+            if p.proc is not None and p.exit_code is None:
+                for gpu in p.gpus:
+                    used[gpu] = used.get(gpu, 0.0) + p.share
+        return [int(g) for g in binding.get("gpus") or [] if used.get(int(g), 0.0) + share > 1.0 + 1e-6]
+
+    def _hold(self, key: Key, binding: dict[str, Any], busy: list[int]) -> None:
+        """Start ``binding`` once its GPUs are free; ask for a heartbeat now: its answer stops the
+        processes that are not bound here any more (and drops the binding if it is not either)."""
+        if key not in self._held:
+            log.warning(
+                "job %s attempt %s replica %s: GPUs %s are still used by a process the server no "
+                "longer binds there; starting it once that one has exited", *key, busy,
+            )
+            self._held[key] = (time.monotonic(), binding)
+            self._beat.set()
+
+    def _drop_unordered(self, sent_at: float, answer: dict[str, Any]) -> None:
+        """A heartbeat sent after a binding was held back lists every binding to start here: one
+        it does not list was cancelled or moved meanwhile."""
+        listed = {(int(b["job_id"]), int(b["attempt"]), int(b.get("replica", 0)))
+                  for b in answer.get("start", [])}
+        for key, (held_at, _) in list(self._held.items()):
+            if sent_at > held_at and key not in listed:
+                log.info("job %s attempt %s replica %s: no longer bound here; not starting it", *key)
+                del self._held[key]
 
     def lease_deadline(self) -> float:
         """When the lease runs out (``time.monotonic()``): the last successful heartbeat's send

@@ -190,3 +190,55 @@ def test_periodic_heartbeats_are_spread_around_the_poll_interval_not_in_lockstep
     assert all(5.0 * (1 - HEARTBEAT_JITTER) <= g <= 5.0 * (1 + HEARTBEAT_JITTER) for g in gaps)
     assert max(gaps) - min(gaps) > 0.5  # agents started together drift apart
     assert abs(sum(gaps) / len(gaps) - 5.0) < 0.05  # the mean (the lease's arithmetic) holds
+
+
+def test_a_binding_on_gpus_a_stale_process_still_uses_starts_only_once_it_has_exited(agent):
+    """The server freed job 20's GPUs (it settled it: say a cancel met its start on the way) and
+    bound job 21 there. The agent holds 21 back, asks for a heartbeat, whose answer stops 20
+    ("not bound"), and starts 21 once 20 has exited: the GPUs never run both."""
+    node, server = agent
+    node.apply({"start": [fakes.binding(job_id=20, command=["sleep", "30"], gpus=[0, 1])]})
+    old = fakes.wait_for(lambda: node.jobs[(20, 0, 0)].pid, 5)
+    record = server.heartbeat
+
+    def heartbeat(running):  # as the server answers: 21 is to start here, 20 is not bound
+        record(running)
+        stale = [{"job_id": 20, "attempt": 0, "replica": 0, "reason": "not bound", "grace_left_seconds": 0}
+                 for r in running if r["job_id"] == 20]
+        started = any(r["job_id"] == 21 for r in running)
+        start = [] if started else [fakes.binding(job_id=21, command=["sleep", "30"], gpus=[1, 2])]
+        return {"node": "fake", "lease_seconds": 60, "start": start, "stop": stale}
+
+    server.heartbeat = heartbeat
+    stop = threading.Event()
+    loop = threading.Thread(target=node.run, args=(stop,), daemon=True)
+    node.apply({"start": [fakes.binding(job_id=21, command=["sleep", "30"], gpus=[1, 2])]})
+    assert (21, 0, 0) not in node.jobs and (21, 0, 0) in node._held
+    loop.start()
+    try:
+        new = fakes.wait_for(lambda: (21, 0, 0) in node.jobs and node.jobs[(21, 0, 0)].pid, 10)
+        assert new and not alive(old)
+        assert server.exit_of(20, timeout=5) is not None
+    finally:
+        stop.set()
+        loop.join(5)
+
+
+def test_fractional_shares_of_one_gpu_start_side_by_side(agent):
+    node, _ = agent
+    node.apply({"start": [fakes.binding(job_id=22, command=["sleep", "30"], gpus=[3], share=0.5)]})
+    node.apply({"start": [fakes.binding(job_id=23, command=["sleep", "30"], gpus=[3], share=0.5)]})
+    assert {(22, 0, 0), (23, 0, 0)} <= set(node.jobs) and not node._held
+
+
+def test_a_held_binding_the_server_no_longer_lists_is_dropped(agent):
+    node, server = agent
+    node.apply({"start": [fakes.binding(job_id=24, command=["sleep", "30"], gpus=[0])]})
+    fakes.wait_for(lambda: node.jobs[(24, 0, 0)].pid, 5)
+    node.apply({"start": [fakes.binding(job_id=25, command=["sleep", "30"], gpus=[0])]})
+    assert (25, 0, 0) in node._held
+    before = node._held[(25, 0, 0)][0]
+    node._drop_unordered(before - 1, {"start": []})  # an answer to a heartbeat sent before: kept
+    assert (25, 0, 0) in node._held
+    node._drop_unordered(before + 1, {"start": []})  # one sent after it: 25 is not bound here
+    assert (25, 0, 0) not in node._held and (25, 0, 0) not in node.jobs
