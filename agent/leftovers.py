@@ -106,16 +106,32 @@ def session_of(pid: int) -> Session | None:
 
 def record(state_dir: Path, name: str, session: Session) -> None:
     """Record ``session`` as replica ``name``'s (temp file and rename: never half written)."""
-    directory = state_dir / SESSIONS_DIR
-    directory.mkdir(mode=0o700, exist_ok=True)
-    tmp = directory / f".{name}.tmp"
-    body = json.dumps({"sid": session.sid, "start": session.start, "boot_id": session.boot_id})
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    directory = _sessions_dir(str(state_dir))
+    tmp = f"{directory}/.{name}.tmp"
+    body = f'{{"sid": {session.sid}, "start": {session.start}, "boot_id": {json.dumps(session.boot_id)}}}'
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    except FileNotFoundError:  # the directory was removed meanwhile: make it again
+        _made.discard(directory)
+        directory = _sessions_dir(str(state_dir))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         os.write(fd, body.encode())
     finally:
         os.close(fd)
-    os.replace(tmp, directory / name)
+    os.replace(tmp, f"{directory}/{name}")
+
+
+_made: set[str] = set()
+
+
+def _sessions_dir(state_dir: str) -> str:
+    """``STATE/sessions``, made on first use (once per agent: a record is written per job)."""
+    directory = os.path.join(state_dir, SESSIONS_DIR)
+    if directory not in _made:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        _made.add(directory)
+    return directory
 
 
 def forget(state_dir: Path, name: str) -> None:
