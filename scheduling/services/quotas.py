@@ -6,6 +6,7 @@ start, a lowered guarantee may let others reclaim borrowed GPUs.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
@@ -78,27 +79,36 @@ def quota_charge(cleaned: dict[str, Any]) -> float:
 def admission_sql() -> str:
     """The SQL form of "some quota of the tenant could admit the job" (:func:`check_job_admissible`,
     same rules), for the submit's INSERT to store the job only if it holds: the check and the store
-    in one statement. Its parameters: :func:`admission_params`."""
+    in one statement. Its one parameter: :func:`admission_params` (one JSON value, not four: the
+    submit's statement stays within the parameters psycopg caches its parsing for)."""
     qn = connection.ops.quote_name
     table, tenant, model = qn(Quota._meta.db_table), qn("tenant_id"), qn("model")
     limit, guaranteed = qn("limit"), qn("guaranteed")
+    job = (
+        "SELECT (j->>'charge')::float8 AS charge, (j->>'tenant')::bigint AS tenant,"
+        " (j->>'preemptible')::boolean AS preemptible,"
+        " ARRAY(SELECT jsonb_array_elements_text(j->'names')) AS names FROM (SELECT %s::jsonb AS j) AS p"
+    )
     # An applicable row: any, with no accelerator named; one named; or the ``*`` row while a named
     # model has no row of its own.
     return (
-        f"(%s::float8 <= 0 OR EXISTS (SELECT 1 FROM {table} q WHERE q.{tenant} = %s"
-        f" AND (CASE WHEN %s THEN q.{limit} ELSE q.{guaranteed} END) >= %s::float8"
-        f" AND (cardinality(%s::text[]) = 0 OR q.{model} = ANY(%s::text[])"
-        f" OR (q.{model} = %s AND EXISTS (SELECT 1 FROM unnest(%s::text[]) AS named(m)"
+        f"EXISTS (SELECT 1 FROM ({job}) AS a WHERE a.charge <= 0 OR EXISTS (SELECT 1 FROM {table} q"
+        f" WHERE q.{tenant} = a.tenant"
+        f" AND (CASE WHEN a.preemptible THEN q.{limit} ELSE q.{guaranteed} END) >= a.charge"
+        f" AND (cardinality(a.names) = 0 OR q.{model} = ANY(a.names)"
+        f" OR (q.{model} = '{ANY_MODEL}' AND EXISTS (SELECT 1 FROM unnest(a.names) AS named(m)"
         f" WHERE NOT EXISTS (SELECT 1 FROM {table} o"
-        f" WHERE o.{tenant} = q.{tenant} AND o.{model} = named.m))))))"
+        f" WHERE o.{tenant} = a.tenant AND o.{model} = named.m))))))"
     )
 
 
 def admission_params(tenant: Tenant, cleaned: dict[str, Any]) -> list[Any]:
-    charge = quota_charge(cleaned)
-    accelerators = list(cleaned.get("accelerators") or [])
-    return [charge, tenant.pk, bool(cleaned.get("preemptible", True)), charge,
-            accelerators, accelerators, ANY_MODEL, accelerators]
+    return [json.dumps({
+        "charge": quota_charge(cleaned),
+        "tenant": tenant.pk,
+        "preemptible": bool(cleaned.get("preemptible", True)),
+        "names": list(cleaned.get("accelerators") or []),
+    })]
 
 
 def check_job_admissible(tenant: Tenant, cleaned: dict[str, Any]) -> str | None:
