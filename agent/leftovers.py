@@ -193,10 +193,15 @@ class PidClock:
 
 def _last_pid() -> int | None:
     try:
-        with open(LAST_PID, "rb") as fh:
-            return int(fh.read())
+        fd = os.open(LAST_PID, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return int(os.read(fd, 32))
     except (OSError, ValueError):
         return None
+    finally:
+        os.close(fd)
 
 
 def _members(sessions: Iterable[Session], floor: int | None = None) -> list[tuple[Proc, Session]]:

@@ -298,7 +298,9 @@ class JobProcess:
         else:
             self.started_wall = time.time()
             self._output_open = True
-            self._record_session()
+            # Nothing has waited for it yet: the pid is still the job's (a zombie at worst). Its
+            # record is written by its supervisor, off the path of the next binding's start.
+            self.session = leftovers.session_of(self.proc.pid)
             self._limit()
         self.started_at = time.monotonic()
         threading.Thread(target=self._supervise, name=f"job-{self.job_id}", daemon=True).start()
@@ -309,12 +311,9 @@ class JobProcess:
 
     def _record_session(self) -> None:
         """Record the job's session (agent/leftovers.py): a restarted agent kills what is left."""
-        assert self.proc is not None
-        # Nothing has waited for it yet: the pid is still the job's (a zombie at worst).
-        self.session = leftovers.session_of(self.proc.pid)
         if self.session is None:
             return
-        self.pids = leftovers.PidClock(self.proc.pid)
+        self.pids = leftovers.PidClock(self.session.sid)
         try:
             leftovers.record(self.state_dir, self.name, self.session)
         except OSError as exc:
@@ -471,6 +470,7 @@ class JobProcess:
 
     def _supervise(self) -> None:
         try:
+            self._record_session()
             self._watch()
         except Exception:  # a bug here must not leave the job unwatched and never reported
             log.exception("job %s: supervisor failed; killing the job", self.job_id)

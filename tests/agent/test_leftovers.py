@@ -159,6 +159,7 @@ def test_a_running_jobs_session_is_recorded_until_its_processes_are_gone(state_d
     binding = fakes.binding(job_id=41, attempt=2, replica=1, command=["sleep", "0.5"])
     job = JobProcess(binding, server, state_dir, run_as, job_path(state_dir, run_as))
     job.start()
+    assert fakes.wait_for(lambda: leftovers.recorded(state_dir), 5)  # written by its supervisor
     (session,) = leftovers.recorded(state_dir).values()
     assert list(leftovers.recorded(state_dir)) == ["41-2-1"]
     assert session.sid == job.pid and session == leftovers.session_of(job.pid)
