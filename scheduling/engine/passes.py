@@ -50,11 +50,11 @@ def run_pass(s: TesseraScheduler, now: float, deadline: Deadline | None = None) 
             res.add(r)
     hold: list = []  # an aged job that quotas admit but nodes do not: its quota, held below
     reached: set[str] = set()  # with a deadline: the jobs this pass has looked at
-    for job in queues.order(list(s.pending.values()), now, cfg, s.quotas):
+    for job in _in_turn(s, now, cfg, deadline):
         if deadline is not None:
-            # Out of time: what was decided stands; the jobs not reached keep their place in
-            # the queue and are decided by the next pass (the driver asks for it).
-            if deadline.passed():
+            # Out of time (once at least one job was decided): what was decided stands; the
+            # jobs not reached are decided first by the next pass (the driver asks for it).
+            if deadline.passed() and reached:
                 _not_reached(s, reached, d)
                 break
             reached.add(job.id)
@@ -246,14 +246,27 @@ def run_pass(s: TesseraScheduler, now: float, deadline: Deadline | None = None) 
     return d
 
 
+def _in_turn(s: TesseraScheduler, now: float, cfg, deadline: Deadline | None):
+    """Queue order; with a deadline that names the jobs the last pass did not reach, those
+    first (in queue order), then the others (in queue order)."""
+    jobs = list(s.pending.values())
+    first = deadline.first if deadline is not None else frozenset()
+    if not first:
+        yield from queues.order(jobs, now, cfg, s.quotas)
+        return
+    yield from queues.order([j for j in jobs if j.id in first], now, cfg, s.quotas)
+    yield from queues.order([j for j in jobs if j.id not in first], now, cfg, s.quotas)
+
+
 def _not_reached(s: TesseraScheduler, reached: set[str], d: Decisions) -> None:
     """The pending jobs the pass did not reach before its deadline: each told so."""
     why = PendingReason("priority", "priority: the scheduling pass ran out of time before "
-                                    "reaching it; the next pass decides it")
+                                    "reaching it; the next pass decides it first")
     for jid in s.pending:
         if jid not in reached:
             d.pending[jid] = why
             d.undecided += 1
+            d.not_reached.append(jid)
 
 
 def _why(s: TesseraScheduler, job, victim: str, may_rank: bool, now: float) -> str:

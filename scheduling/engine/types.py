@@ -162,6 +162,10 @@ class Deadline:
 
     at: float
     clock: Callable[[], float]
+    # The jobs the last pass cut short did not reach: decided first (in queue order among them),
+    # then the rest, so that a queue longer than one pass can decide is worked through in turns
+    # instead of its tail never being reached.
+    first: frozenset[str] = frozenset()
 
     def passed(self) -> bool:
         return self.clock() >= self.at
@@ -175,8 +179,9 @@ class Decisions:
     pending: dict[str, PendingReason] = field(default_factory=dict)
     rejections: dict[str, str] = field(default_factory=dict)  # job id -> why it can never run
     # Pending jobs the pass did not reach before its deadline (each has a "priority" reason
-    # saying so); 0 when it decided every one.
+    # saying so); 0 when it decided every one. ``not_reached``: their ids.
     undecided: int = 0
+    not_reached: list[str] = field(default_factory=list)
 
     @property
     def cut_short(self) -> bool:

@@ -201,10 +201,13 @@ def _one_pass(now: datetime | None) -> PassResult:
     pending = pending_rows()
     if pending:
         loaded = load_snapshot(now, pending)
-        # The time budget counts from the pass's start: reading the snapshot spends it too.
-        deadline = Deadline(started + settings.TESSERA["PASS_BUDGET_S"], clock)
+        # The time budget bounds the deciding (a slow snapshot read must not leave it no time:
+        # it would then decide nothing, pass after pass). What a cut-short pass did not reach is
+        # decided first by the next one, so a long queue is worked through in turns.
+        deadline = Deadline(clock() + settings.TESSERA["PASS_BUDGET_S"], clock, _not_reached_last())
         with collector_paused():  # full GC collections grew faster than the pass (engine/collector.py)
             decisions: Decisions = make_policy(loaded).decide(loaded.snapshot.now, deadline)
+        _remember_not_reached(decisions.not_reached)
         result = apply_decisions(loaded, decisions, now)
     else:
         # Nothing waits: there is nothing to bind, preempt for or explain, so the rest of the
@@ -227,6 +230,20 @@ def _one_pass(now: datetime | None) -> PassResult:
     if result.undecided:
         _set_again()  # the rest are decided by the next round (or, after max_rounds, task)
     return result
+
+
+# The jobs the last cut-short pass did not reach (this process's; a pass in another worker
+# process decides in plain queue order, and its own cut-short leaves its own list there).
+_left_by_last_pass: frozenset[str] = frozenset()
+
+
+def _not_reached_last() -> frozenset[str]:
+    return _left_by_last_pass
+
+
+def _remember_not_reached(ids: list[str]) -> None:
+    global _left_by_last_pass
+    _left_by_last_pass = frozenset(ids)
 
 
 # The pass-duration histogram's buckets (seconds), as /metrics exposes them.

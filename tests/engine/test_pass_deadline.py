@@ -51,3 +51,33 @@ def test_the_next_passes_decide_the_jobs_a_cut_pass_left():
 def test_without_a_deadline_a_pass_decides_every_job():
     d = _twelve_jobs_on_two_nodes().decide(100.0)
     assert len(d.bindings) == 12 and not d.cut_short and d.undecided == 0
+
+
+def test_a_pass_decides_at_least_one_job_even_past_its_deadline():
+    """A driver whose snapshot read took the whole budget still makes progress."""
+    s = _twelve_jobs_on_two_nodes()
+    clock = FakeClock()
+    d = s.decide(100.0, Deadline(-1.0, clock))
+    assert [b.job_id for b in d.bindings] == ["j00"] and d.undecided == 11
+
+
+def test_a_queue_longer_than_a_pass_can_decide_is_worked_through_in_turns():
+    """Blocked jobs at the head used up every pass's budget, and a small job further down that
+    fits now was never reached. The jobs a cut-short pass leaves are decided first next time."""
+    from scheduling.engine.config import EngineConfig
+
+    s = TesseraScheduler([node("a")], config=EngineConfig(resizes=False))  # 8 GPUs
+    s.submit(JobRequest("big", "vision", "training", 6, preemptible=False, submitted_at=0.0))
+    assert [b.job_id for b in s.decide(1.0).bindings] == ["big"]
+    for i in range(6):  # none fits beside "big": each is decided "waiting", pass after pass
+        s.submit(JobRequest(f"b{i}", "vision", "training", 4, preemptible=False, submitted_at=10.0 + i))
+    s.submit(JobRequest("small", "vision", "training", 1, preemptible=False, submitted_at=50.0,
+                        time_limit_s=60))
+    clock = FakeClock()
+    left: frozenset[str] = frozenset()
+    bound = []
+    for k in range(3):
+        d = s.decide(100.0 + k, Deadline(clock.t + 5.5, clock, left))  # 5 jobs' worth a pass
+        left = frozenset(d.not_reached)
+        bound += [b.job_id for b in d.bindings]
+    assert bound == ["small"]
