@@ -36,6 +36,7 @@ log = logging.getLogger("tessera.agent")
 SESSIONS_DIR = "sessions"
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 LAST_PID = "/proc/sys/kernel/ns_last_pid"
+MAX_LOOK_GAP_S = 2.0  # a PidClock's looks farther apart than this may have missed a wrap
 STARTUP_TIMEOUT_S = 60.0  # how long a starting agent waits for leftovers to die before it gives up
 PROGRESS_EVERY_S = 2.0
 ROUND_S = 0.05  # between two scans while processes die
@@ -176,14 +177,18 @@ class PidClock:
     def __init__(self, leader: int):
         self.floor = leader
         self.seen = _last_pid()
+        self.looked = time.monotonic()
         self.wrapped = self.seen is None or self.seen < leader
 
     def observe(self) -> None:
-        now = _last_pid()
-        if now is None or self.seen is None or now < self.seen:
+        now, at = _last_pid(), time.monotonic()
+        # Looks far apart (a supervisor tick held up by a slow request) could hide a whole
+        # cycle: then assume one.
+        if now is None or self.seen is None or now < self.seen or at - self.looked > MAX_LOOK_GAP_S:
             self.wrapped = True
         else:
             self.seen = now
+        self.looked = at
 
     def newer_than_leader(self) -> int | None:
         """The smallest pid a process of the session can have; None: any."""

@@ -348,6 +348,11 @@ class Agent:
         now = time.monotonic()
         if now < self.lease_deadline():
             return
+        if self._held:
+            # Not to be started without a lease; a heartbeat that gets through brings each
+            # binding again if it is still this node's.
+            log.warning("lease expired: dropping %d binding(s) held for their GPUs", len(self._held))
+            self._held.clear()
         with self._lock:
             processes = [p for key, p in self.jobs.items() if key not in self._fenced]
             self._fenced.update(p.key for p in processes)

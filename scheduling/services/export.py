@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from django.db import connection, transaction
+
 from scheduling.models import Job, JobEvent, Node, Quota
 from scheduling.sim.traces import JOB_COLUMNS, JOB_OPTIONAL, JOB_PREFER, NODE_COLUMNS, QUOTA_COLUMNS
 
@@ -119,9 +121,22 @@ def sim_event(event: JobEvent, origin) -> dict[str, Any] | None:
 
 
 def export_trace(directory: str | Path) -> dict[str, int]:
-    """Write nodes.csv, jobs.csv, quotas.csv and events.jsonl into ``directory``; return counts."""
+    """Write nodes.csv, jobs.csv, quotas.csv and events.jsonl into ``directory``; return counts.
+
+    On PostgreSQL every table is read in one snapshot (a repeatable-read, read-only transaction):
+    a job submitted while a live cluster is exported is in all of the files or in none (read
+    apart, it could be in jobs.csv without its ``submit`` event)."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
+    if connection.vendor != "postgresql" or connection.in_atomic_block:
+        return _write_trace(out)  # SQLite has one writer at a time; a caller's transaction is its own
+    with transaction.atomic():
+        with connection.cursor() as cur:
+            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        return _write_trace(out)
+
+
+def _write_trace(out: Path) -> dict[str, int]:
     first = Job.objects.order_by("submitted_at").values_list("submitted_at", flat=True).first()
     events = list(JobEvent.objects.order_by("at", "id"))
     origin = min([e.at for e in events] + ([first] if first else [])) if (events or first) else None

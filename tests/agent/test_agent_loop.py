@@ -242,3 +242,16 @@ def test_a_held_binding_the_server_no_longer_lists_is_dropped(agent):
     assert (25, 0, 0) in node._held
     node._drop_unordered(before + 1, {"start": []})  # one sent after it: 25 is not bound here
     assert (25, 0, 0) not in node._held and (25, 0, 0) not in node.jobs
+
+
+def test_a_held_binding_is_dropped_when_the_lease_runs_out(agent):
+    """Held for its GPUs when the control plane became unreachable: no retry loop (and no
+    warning 20 times a second) for the outage; the heartbeat that gets through brings it again."""
+    node, _ = agent
+    node.apply({"start": [fakes.binding(job_id=26, command=["sleep", "30"], gpus=[0])]})
+    fakes.wait_for(lambda: node.jobs[(26, 0, 0)].pid, 5)
+    node.apply({"start": [fakes.binding(job_id=27, command=["sleep", "30"], gpus=[0])]})
+    assert (27, 0, 0) in node._held
+    node.last_ok = time.monotonic() - node.lease_seconds - 1  # the lease has run out
+    node._fence_if_expired()
+    assert not node._held and node._wait_s() == node.poll_interval

@@ -229,6 +229,10 @@ def test_the_pid_clock_sees_a_wrap_of_the_pid_numbers(monkeypatch):
     assert clock.wrapped and clock.newer_than_leader() is None  # from now on: every process
     monkeypatch.setattr(leftovers, "_last_pid", lambda: None)
     assert leftovers.PidClock(480).newer_than_leader() is None  # unreadable: every process
+    monkeypatch.setattr(leftovers, "_last_pid", lambda: 500)
+    slow = leftovers.PidClock(480)
+    slow.looked -= leftovers.MAX_LOOK_GAP_S + 1  # its last look long ago: a wrap may hide there
+    assert slow.newer_than_leader() is None
 
 
 def test_only_a_wrap_lets_a_sessions_process_have_a_pid_below_its_leaders(spawned, monkeypatch):

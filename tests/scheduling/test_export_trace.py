@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import json
 
+import pytest
 from django.core.management import call_command
 from django.db import transaction
 
@@ -118,3 +119,39 @@ def test_the_checker_catches_a_gpu_bound_to_two_jobs_in_a_live_history(world, tm
     report = _check_dir(tmp_path)
     assert any("over-committed" in v for v in report.violations)
     assert Allocation.objects.count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_submitted_during_an_export_is_in_all_its_files_or_in_none(tmp_path, monkeypatch, settings):
+    """The export reads every table in one snapshot: a submit committed (by another connection)
+    while nodes.csv is being written is not in jobs.csv without its submit event."""
+    import threading
+
+    from django.contrib.auth.models import User
+    from django.db import connections
+
+    from scheduling.models import Quota, Tenant
+    from scheduling.services import export
+
+    tenant = Tenant.objects.create(name="t")
+    Quota.objects.create(tenant=tenant, model="*", guaranteed=8, limit=8)
+    user = User.objects.create(username="u")
+    helpers.make_node("a100-01")
+    helpers.submit(user, tenant, gpus=1)
+    rows = export.node_rows
+
+    def submit_meanwhile():
+        def other():
+            helpers.submit(user, tenant, gpus=1)
+            connections.close_all()
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+        return rows()
+
+    monkeypatch.setattr(export, "node_rows", submit_meanwhile)
+    call_command("export_trace", str(tmp_path))
+    assert Job.objects.count() == 2
+    report = _check_dir(tmp_path, unfinished_ok=True)
+    assert report.violations == [] and report.jobs == 1
