@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from controlplane.env import (
+    channel_layer_host,
     database_from_url,
     env_bool,
     env_float,
@@ -105,7 +106,9 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [redis_db_url(REDIS_URL, env_int("TESSERA_REDIS_LAYER_DB", 1))]},
+            "CONFIG": {
+                "hosts": [channel_layer_host(redis_db_url(REDIS_URL, env_int("TESSERA_REDIS_LAYER_DB", 1)))]
+            },
         }
     }
 else:

@@ -53,12 +53,15 @@ def redis_channel_layer(settings, redis_url: str):
 
     from channels.layers import channel_layers
 
-    from controlplane.env import redis_db_url
+    from controlplane.env import channel_layer_host, redis_db_url
 
     settings.CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [redis_db_url(redis_url, 2)], "prefix": f"t{uuid.uuid4().hex[:8]}"},
+            "CONFIG": {
+                "hosts": [channel_layer_host(redis_db_url(redis_url, 2))],
+                "prefix": f"t{uuid.uuid4().hex[:8]}",
+            },
         }
     }
     settings.REDIS_URL = redis_url
