@@ -265,7 +265,6 @@ def _not_reached(s: TesseraScheduler, reached: set[str], d: Decisions) -> None:
     for jid in s.pending:
         if jid not in reached:
             d.pending[jid] = why
-            d.undecided += 1
             d.not_reached.append(jid)
 
 

@@ -179,13 +179,16 @@ class Decisions:
     pending: dict[str, PendingReason] = field(default_factory=dict)
     rejections: dict[str, str] = field(default_factory=dict)  # job id -> why it can never run
     # Pending jobs the pass did not reach before its deadline (each has a "priority" reason
-    # saying so); 0 when it decided every one. ``not_reached``: their ids.
-    undecided: int = 0
+    # saying so); empty when it decided every one.
     not_reached: list[str] = field(default_factory=list)
 
     @property
+    def undecided(self) -> int:
+        return len(self.not_reached)
+
+    @property
     def cut_short(self) -> bool:
-        return self.undecided > 0
+        return bool(self.not_reached)
 
 
 class Scheduler(Protocol):

@@ -14,8 +14,6 @@ import logging
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -95,16 +93,6 @@ def unlock() -> None:
     except Exception:
         log.warning("could not release the pass lock: closing the connection", exc_info=True)
         connection.close()
-
-
-@contextmanager
-def pass_lock() -> Iterator[bool]:
-    got = try_lock()
-    try:
-        yield got
-    finally:
-        if got:
-            unlock()
 
 
 def _set_again() -> None:
