@@ -110,7 +110,7 @@ class Agent:
         now = time.monotonic()
         uses: dict[int, list[GpuUse]] = {}
         with self._lock:
-            live = [p for p in self.jobs.values() if p.exit_code is None and p.proc is not None]
+            live = [p for p in self.jobs.values() if p.holds_gpus]
         for p in live:
             for gpu in p.gpus:
                 uses.setdefault(gpu, []).append(GpuUse(p.job_id, now - p.started_at, p.share))
@@ -304,7 +304,7 @@ class Agent:
         share = float(binding.get("share", 1.0))
         used: dict[int, float] = {}
         for p in self.jobs.values():
-            if p.proc is not None and p.exit_code is None:
+            if p.holds_gpus:
                 for gpu in p.gpus:
                     used[gpu] = used.get(gpu, 0.0) + p.share
         return [int(g) for g in binding.get("gpus") or [] if used.get(int(g), 0.0) + share > 1.0 + 1e-6]

@@ -240,7 +240,7 @@ class JobProcess:
         self._offset = int(binding.get("log_offset", 0))
         self._drop_logs = False
         self._started_pending = True
-        self.workdir = state_dir / "jobs" / f"{self.job_id}-{self.attempt}-{self.replica}"
+        self.workdir = state_dir / "jobs" / self.name
         self.checkpoint_dir = state_dir / "checkpoints" / str(self.job_id)
 
     @property
@@ -250,6 +250,11 @@ class JobProcess:
     @property
     def pid(self) -> int:
         return self.proc.pid if self.proc is not None else 0
+
+    @property
+    def holds_gpus(self) -> bool:
+        """Spawned, and its exit not yet recorded (which follows the end of its whole session)."""
+        return self.proc is not None and self.exit_code is None
 
     @property
     def reported_running(self) -> bool:
