@@ -45,6 +45,11 @@ STREAM_RETRY_S = 300.0  # after a refused stream handshake, the long-poll this l
 HELD_RETRY_S = 0.05  # how soon a binding held back for its GPUs is tried again
 
 
+def binding_key(binding: dict[str, Any]) -> Key:
+    """(job, attempt, replica) of a binding: what is started at most once per agent life."""
+    return int(binding["job_id"]), int(binding["attempt"]), int(binding.get("replica", 0))
+
+
 def heartbeat_gap(poll_interval: float) -> float:
     """Seconds to the next periodic heartbeat: ``poll_interval`` ± ``HEARTBEAT_JITTER``, at random.
 
@@ -269,7 +274,7 @@ class Agent:
             if process is not None:
                 process.stop(str(order.get("reason") or "stopped"), float(order.get("grace_left_seconds", 0)))
         for binding in orders.get("start", []):
-            key = (int(binding["job_id"]), int(binding["attempt"]), int(binding.get("replica", 0)))
+            key = binding_key(binding)
             with self._lock:
                 if key in self.jobs or key in self.ever_started:
                     continue
@@ -323,8 +328,7 @@ class Agent:
     def _drop_unordered(self, sent_at: float, answer: dict[str, Any]) -> None:
         """A heartbeat sent after a binding was held back lists every binding to start here: one
         it does not list was cancelled or moved meanwhile."""
-        listed = {(int(b["job_id"]), int(b["attempt"]), int(b.get("replica", 0)))
-                  for b in answer.get("start", [])}
+        listed = {binding_key(b) for b in answer.get("start", [])}
         for key, (held_at, _) in list(self._held.items()):
             if sent_at > held_at and key not in listed:
                 log.info("job %s attempt %s replica %s: no longer bound here; not starting it", *key)
