@@ -19,6 +19,7 @@ from agent.process import job_path, resolve_run_as
 from agent.spec import parse_spec
 
 fakes = importlib.import_module("tests.agent.fakes")
+alive = importlib.import_module("tests.agent.agent_process").alive
 
 
 @pytest.fixture
@@ -36,14 +37,6 @@ def agent():
         )
         yield node, server
         node.shutdown(0.5)
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_a_binding_is_started_once_even_when_delivered_again(agent):

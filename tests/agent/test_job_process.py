@@ -16,6 +16,7 @@ from agent import process as process_module
 from agent.process import JobProcess, job_path, resolve_run_as
 
 fakes = importlib.import_module("tests.agent.fakes")
+alive = importlib.import_module("tests.agent.agent_process").alive
 
 
 @pytest.fixture(params=["setpriv", "fork"])
@@ -209,7 +210,7 @@ def test_a_job_dies_with_its_agent(node, spawn):
         assert fakes.wait_for(lambda: _command_of(pid) == b"sleep\x0060\x00", 5), "the job did not start"
         os.kill(agent.pid, signal.SIGKILL)
         agent.wait(10)
-        assert fakes.wait_for(lambda: not _alive(pid), 5), "the job outlived its agent"
+        assert fakes.wait_for(lambda: not alive(pid), 5), "the job outlived its agent"
     finally:
         if agent.poll() is None:
             agent.kill()
@@ -223,13 +224,6 @@ def _command_of(pid: int) -> bytes:
         return b""
 
 
-def _alive(pid: int) -> bool:
-    """Running (not gone, not a zombie waiting for whoever inherited it)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def test_a_job_past_its_time_limit_is_stopped_and_reported_as_time_limit(node):
