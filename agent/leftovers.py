@@ -255,7 +255,9 @@ def _kill(proc: Proc, session: Session) -> None:
 
 
 def end_sessions(
-    sessions: Iterable[Session], timeout: float, names: dict[int, str] | None = None,
+    sessions: Iterable[Session],
+    timeout: float,
+    names: dict[int, str] | None = None,
     pids: PidClock | None = None,
 ) -> tuple[list[Proc], list[Proc]]:
     """SIGKILL every process of ``sessions`` until none is left or ``timeout`` has passed.

@@ -320,7 +320,9 @@ class Agent:
         if key not in self._held:
             log.warning(
                 "job %s attempt %s replica %s: GPUs %s are still used by a process the server no "
-                "longer binds there; starting it once that one has exited", *key, busy,
+                "longer binds there; starting it once that one has exited",
+                *key,
+                busy,
             )
             self._held[key] = (time.monotonic(), binding)
             self._beat.set()

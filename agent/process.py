@@ -322,8 +322,12 @@ class JobProcess:
         try:
             leftovers.record(self.state_dir, self.name, self.session)
         except OSError as exc:
-            log.warning("job %s: its session could not be recorded (%s): a restarted agent "
-                        "will not find what it leaves", self.job_id, exc)
+            log.warning(
+                "job %s: its session could not be recorded (%s): a restarted agent "
+                "will not find what it leaves",
+                self.job_id,
+                exc,
+            )
 
     def _end_session(self) -> None:
         """The main process has exited (and is reaped): kill the rest of its session, whatever

@@ -125,7 +125,6 @@ class PooledASGIHandler(_Resolved, ASGIHandler):
         return response
 
 
-
 def _resolve(path: str) -> Any:
     """The URL's match, or None where the chain answers it (a 404, or a redirect to add a slash)."""
     try:

@@ -94,8 +94,11 @@ if ON_POSTGRES and env_bool("TESSERA_DB_POOL", not os.environ.get("PYTEST_VERSIO
     DATABASES["default"]["OPTIONS"] = {
         **DATABASES["default"].get("OPTIONS", {}),
         # The view threads, Django's own thread and the long-poll's lookups.
-        "pool": {"min_size": 1, "max_size": env_int("TESSERA_DB_POOL_MAX", WEB_THREADS + 4, minimum=1),
-                 "timeout": 20},
+        "pool": {
+            "min_size": 1,
+            "max_size": env_int("TESSERA_DB_POOL_MAX", WEB_THREADS + 4, minimum=1),
+            "timeout": 20,
+        },
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -191,8 +194,9 @@ TESSERA = {
     # Off by default inside pytest (PYTEST_VERSION), where tests run passes explicitly; a test
     # that starts a web server subprocess sets TESSERA_PASS_LOOP=1 for it.
     "PASS_LOOP": env_bool(
-        "TESSERA_PASS_LOOP", (not REDIS_URL or env_bool("TESSERA_EMBEDDED_PASSES", False))
-        and not os.environ.get("PYTEST_VERSION")
+        "TESSERA_PASS_LOOP",
+        (not REDIS_URL or env_bool("TESSERA_EMBEDDED_PASSES", False))
+        and not os.environ.get("PYTEST_VERSION"),
     ),
     "PASS_INTERVAL_S": env_float("TESSERA_PASS_INTERVAL_S", 5.0, minimum=0.1),
     "MAX_STARTS_PER_PASS": env_int("TESSERA_MAX_STARTS_PER_PASS", 2000, minimum=1),

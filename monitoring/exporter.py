@@ -32,6 +32,7 @@ from prometheus_client.utils import floatToGoString
 
 log = logging.getLogger("tessera.metrics")
 
+
 class ClusterCollector(Collector):
     """Reads the cluster's totals from the database when Prometheus scrapes."""
 
@@ -109,8 +110,10 @@ def _pass_families() -> list:
         cumulative += n
         buckets.append((bound, cumulative))
     seconds = HistogramMetricFamily(
-        "tessera_scheduling_pass_seconds", "Duration of scheduling passes (snapshot, decide, apply).",
-        buckets=buckets, sum_value=state.pass_seconds_sum if state is not None else 0.0,
+        "tessera_scheduling_pass_seconds",
+        "Duration of scheduling passes (snapshot, decide, apply).",
+        buckets=buckets,
+        sum_value=state.pass_seconds_sum if state is not None else 0.0,
     )
     decisions = CounterMetricFamily(
         "tessera_scheduling_decisions", "Decisions of all scheduling passes.", labels=["decision"]

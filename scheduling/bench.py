@@ -27,14 +27,28 @@ from scheduling.engine.config import EngineConfig
 from scheduling.engine.policy import TesseraScheduler
 from scheduling.engine.types import JobRequest, NodeSpec, Placement, QuotaSpec, RunningJob, Snapshot
 
-FEATURES = ["quotas", "fair-share", "backfill", "preemption", "topology", "fragmentation",
-            "elastic", "reasons"]
+FEATURES = [
+    "quotas",
+    "fair-share",
+    "backfill",
+    "preemption",
+    "topology",
+    "fragmentation",
+    "elastic",
+    "reasons",
+]
 TENANTS = ("vision", "nlp", "speech", "recsys", "search", "ads")
 MODELS = (("H100", 8, 3.9), ("A100", 8, 2.2), ("L40S", 4, 1.1))  # model, island size, price
 OPENB = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces" / "openb" / "jobs.csv"
-FALLBACK = [(1.0, 8.0, 16.0)] * 30 + [(0.5, 4.0, 8.0)] * 25 + [(0.25, 2.0, 4.0)] * 10 + [
-    (2.0, 16.0, 32.0)] * 8 + [(4.0, 32.0, 64.0)] * 5 + [(8.0, 64.0, 128.0)] * 4 + [
-    (0.0, 8.0, 16.0)] * 13
+FALLBACK = (
+    [(1.0, 8.0, 16.0)] * 30
+    + [(0.5, 4.0, 8.0)] * 25
+    + [(0.25, 2.0, 4.0)] * 10
+    + [(2.0, 16.0, 32.0)] * 8
+    + [(4.0, 32.0, 64.0)] * 5
+    + [(8.0, 64.0, 128.0)] * 4
+    + [(0.0, 8.0, 16.0)] * 13
+)
 
 
 def request_sizes() -> list[tuple[float, float, float]]:
@@ -53,20 +67,30 @@ def cluster(n_nodes: int, racks: int = 32) -> list[NodeSpec]:
     for i in range(n_nodes):
         model, island, price = MODELS[(i // per_rack) % len(MODELS)]
         rack = f"rack-{i // per_rack:02d}"
-        nodes.append(NodeSpec(f"node-{i:04d}", rack, model, 8, nvlink_domain=island, cpus=128,
-                              memory_gib=1024, price_per_gpu_hour=price,
-                              labels=(("rack", rack),)))
+        nodes.append(
+            NodeSpec(
+                f"node-{i:04d}",
+                rack,
+                model,
+                8,
+                nvlink_domain=island,
+                cpus=128,
+                memory_gib=1024,
+                price_per_gpu_hour=price,
+                labels=(("rack", rack),),
+            )
+        )
     return nodes
 
 
 def quotas(total_gpus: int) -> list[QuotaSpec]:
     g = total_gpus / len(TENANTS)
-    return [QuotaSpec(t, "*", round(g), round(g * 2.5), 1.0 + (k % 2)) for k, t in
-            enumerate(TENANTS)]
+    return [QuotaSpec(t, "*", round(g), round(g * 2.5), 1.0 + (k % 2)) for k, t in enumerate(TENANTS)]
 
 
-def pending_jobs(n: int, rng: random.Random, sizes: list, start: int = 0,
-                 inference_share: float = 0.1) -> list[JobRequest]:
+def pending_jobs(
+    n: int, rng: random.Random, sizes: list, start: int = 0, inference_share: float = 0.1
+) -> list[JobRequest]:
     out = []
     for k in range(n):
         i = start + k
@@ -76,28 +100,51 @@ def pending_jobs(n: int, rng: random.Random, sizes: list, start: int = 0,
             per = 8
             topo = rng.choice(["any", "rack"])
             elastic = rng.random() < 0.3
-            out.append(JobRequest(
-                f"g{i}", tenant, "training", per * replicas, replicas=replicas, topology=topo,
-                cpus=32.0 * replicas, memory_gib=128.0 * replicas, submitted_at=float(i),
-                time_limit_s=rng.choice([None, 3600.0, 86400.0]), priority=rng.randint(0, 2),
-                elastic_min_gpus=per * max(1, replicas // 2) if elastic else None,
-                elastic_max_gpus=per * replicas if elastic else None))
+            out.append(
+                JobRequest(
+                    f"g{i}",
+                    tenant,
+                    "training",
+                    per * replicas,
+                    replicas=replicas,
+                    topology=topo,
+                    cpus=32.0 * replicas,
+                    memory_gib=128.0 * replicas,
+                    submitted_at=float(i),
+                    time_limit_s=rng.choice([None, 3600.0, 86400.0]),
+                    priority=rng.randint(0, 2),
+                    elastic_min_gpus=per * max(1, replicas // 2) if elastic else None,
+                    elastic_max_gpus=per * replicas if elastic else None,
+                )
+            )
             continue
         gpus, cpus, mem = sizes[rng.randrange(len(sizes))]
-        kind = "inference" if rng.random() < inference_share else rng.choice(
-            ["training", "finetune", "batch"])
+        kind = (
+            "inference" if rng.random() < inference_share else rng.choice(["training", "finetune", "batch"])
+        )
         topo = "nvlink" if gpus >= 2 and rng.random() < 0.3 else "any"
         accel = rng.choice([(), (), (), ("H100",), ("A100", "H100"), ("L40S",)]) if gpus else ()
-        out.append(JobRequest(
-            f"j{i}", tenant, kind, gpus, accelerators=accel, topology=topo, cpus=cpus,
-            memory_gib=mem, submitted_at=float(i), priority=rng.randint(0, 3),
-            preemptible=kind != "inference", time_limit_s=rng.choice([None, 1800.0, 7200.0]),
-            checkpoint_s=rng.choice([None, 600.0])))
+        out.append(
+            JobRequest(
+                f"j{i}",
+                tenant,
+                kind,
+                gpus,
+                accelerators=accel,
+                topology=topo,
+                cpus=cpus,
+                memory_gib=mem,
+                submitted_at=float(i),
+                priority=rng.randint(0, 3),
+                preemptible=kind != "inference",
+                time_limit_s=rng.choice([None, 1800.0, 7200.0]),
+                checkpoint_s=rng.choice([None, 600.0]),
+            )
+        )
     return out
 
 
-def saturate(nodes: list[NodeSpec], fill: float, rng: random.Random, now: float
-             ) -> list[RunningJob]:
+def saturate(nodes: list[NodeSpec], fill: float, rng: random.Random, now: float) -> list[RunningJob]:
     """Running jobs filling ``fill`` of the GPUs, whole and fractional, several tenants."""
     running = []
     k = 0
@@ -110,12 +157,24 @@ def saturate(nodes: list[NodeSpec], fill: float, rng: random.Random, now: float
                 size = 1
             tenant = TENANTS[0] if rng.random() < 0.35 else TENANTS[rng.randrange(len(TENANTS))]
             kind = rng.choice(["training", "finetune", "batch", "batch"])
-            job = JobRequest(f"r{k}", tenant, kind, float(size), cpus=4.0 * size,
-                             memory_gib=16.0 * size, submitted_at=now - 7200,
-                             time_limit_s=rng.choice([None, 3600.0 * 6]))
-            running.append(RunningJob(job, (Placement(0, node.name, tuple(range(g, g + size))),),
-                                      started_at=now - rng.uniform(600, 7200),
-                                      last_checkpoint_at=now - rng.uniform(0, 600)))
+            job = JobRequest(
+                f"r{k}",
+                tenant,
+                kind,
+                float(size),
+                cpus=4.0 * size,
+                memory_gib=16.0 * size,
+                submitted_at=now - 7200,
+                time_limit_s=rng.choice([None, 3600.0 * 6]),
+            )
+            running.append(
+                RunningJob(
+                    job,
+                    (Placement(0, node.name, tuple(range(g, g + size))),),
+                    started_at=now - rng.uniform(600, 7200),
+                    last_checkpoint_at=now - rng.uniform(0, 600),
+                )
+            )
             g += size
             k += 1
     return running
@@ -133,8 +192,7 @@ def one_pass(snapshot: Snapshot, config: EngineConfig) -> tuple[float, float, in
     return elapsed, cpu, len(d.bindings), len(d.preemptions)
 
 
-def scenario(name: str, n_nodes: int, n_pending: int, fill: float, seed: int = 0,
-             repeat: int = 1) -> dict:
+def scenario(name: str, n_nodes: int, n_pending: int, fill: float, seed: int = 0, repeat: int = 1) -> dict:
     rng = random.Random(seed)
     nodes = cluster(n_nodes)
     sizes = request_sizes()
@@ -142,12 +200,15 @@ def scenario(name: str, n_nodes: int, n_pending: int, fill: float, seed: int = 0
     running = saturate(nodes, fill, rng, now) if fill > 0 else []
     pending = pending_jobs(n_pending, rng, sizes, inference_share=0.15 if fill else 0.1)
     pending = [
-        JobRequest(**{**{f: getattr(j, f) for f in j.__dataclass_fields__},
-                      "submitted_at": now - 600 + j.submitted_at * 0.01})
+        JobRequest(
+            **{
+                **{f: getattr(j, f) for f in j.__dataclass_fields__},
+                "submitted_at": now - 600 + j.submitted_at * 0.01,
+            }
+        )
         for j in pending
     ]
-    snap = Snapshot(now, tuple(nodes), tuple(running), tuple(pending),
-                    tuple(quotas(8 * n_nodes)))
+    snap = Snapshot(now, tuple(nodes), tuple(running), tuple(pending), tuple(quotas(8 * n_nodes)))
     config = EngineConfig()
     runs = sorted(one_pass(snap, config) for _ in range(max(1, repeat)))
     elapsed, cpu, placed, preempted = runs[len(runs) // 2]  # the median pass
@@ -175,8 +236,9 @@ def scenario(name: str, n_nodes: int, n_pending: int, fill: float, seed: int = 0
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m scheduling.bench", description=__doc__)
     p.add_argument("--only", choices=["cold", "saturated", "growth"], action="append")
-    p.add_argument("--repeat", type=int, default=3,
-                   help="passes per scenario; the median is reported (default 3)")
+    p.add_argument(
+        "--repeat", type=int, default=3, help="passes per scenario; the median is reported (default 3)"
+    )
     args = p.parse_args(argv)
     which = args.only or ["cold", "saturated", "growth"]
     rep = args.repeat

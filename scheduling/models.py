@@ -56,9 +56,7 @@ class Tenant(models.Model):
 class Membership(models.Model):
     """A user's tenant. Operators (staff) have none and see everything."""
 
-    user = models.OneToOneField(
-        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="membership"
-    )
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="membership")
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="members")
 
     def __str__(self) -> str:

@@ -93,7 +93,9 @@ def main() -> int:
             "heartbeat": lambda: client.call("POST", "/api/v1/agent/heartbeat", node, {"running": []}),
             "wait_timeout_0": lambda: client.call("GET", "/api/v1/agent/wait?timeout=0", node),
             "exits_stale": lambda: client.call(
-                "POST", "/api/v1/agent/exits", node,
+                "POST",
+                "/api/v1/agent/exits",
+                node,
                 {"exits": [{"job_id": 1, "attempt": 0, "replica": 0, "exit_code": 0, "reason": ""}]},
             ),
             "not_found": lambda: client.call("GET", "/api/v1/nothing-here", user),

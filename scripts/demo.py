@@ -70,8 +70,13 @@ class Demo:
         log_path = log_dir / f"{name}.log"
         with open(log_path, "ab") as out:
             proc = subprocess.Popen(
-                argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                stderr=subprocess.STDOUT, start_new_session=True,  # its own group: we stop it whole
+                argv,
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own group: we stop it whole
             )
         child = Child(name, proc, log_path)
         self.children.append(child)
@@ -115,7 +120,7 @@ def start_time(pid: int) -> int | None:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2:].split()
+    fields = stat[stat.rindex(")") + 2 :].split()
     return int(fields[19]) if fields[0] != "Z" else None
 
 
@@ -129,7 +134,7 @@ def descendants(roots: list[int]) -> dict[int, int]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
         parents.setdefault(ppid, []).append(int(entry.name))
     found: dict[int, int] = {}
     todo = list(roots)
@@ -172,8 +177,7 @@ def tail(path: Path, lines: int = 25) -> str:
 
 def run_step(name: str, argv: list[str], env: dict[str, str], log_dir: Path) -> str:
     """Run one setup command to completion; its output goes to a log, and on failure to the screen."""
-    result = subprocess.run(argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True,
-                            text=True)
+    result = subprocess.run(argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
     (log_dir / f"{name}.log").write_text(result.stdout + result.stderr)
     if result.returncode != 0:
         sys.exit(f"[demo] {name} failed (exit {result.returncode}):\n{result.stdout}{result.stderr}")
@@ -183,8 +187,15 @@ def run_step(name: str, argv: list[str], env: dict[str, str], log_dir: Path) -> 
 def agent_flags(python: str, env: dict[str, str]) -> list[str] | None:
     """Which optional flags this agent build takes (it is developed alongside this script)."""
     try:
-        result = subprocess.run([python, "-m", "agent", "--help"], cwd=ROOT, env=env, timeout=60,
-                                capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        result = subprocess.run(
+            [python, "-m", "agent", "--help"],
+            cwd=ROOT,
+            env=env,
+            timeout=60,
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+        )
     except subprocess.TimeoutExpired:
         return None
     if result.returncode != 0:
@@ -205,8 +216,10 @@ def child_env(db: str | None) -> dict[str, str]:
     env = dict(os.environ)
     ignored = [name for name in SERVICE_VARS if env.pop(name, "")]
     if ignored:
-        log(f"ignoring {', '.join(ignored)}: the demo runs on the embedded default "
-            "(docker-compose.yml runs the full stack)")
+        log(
+            f"ignoring {', '.join(ignored)}: the demo runs on the embedded default "
+            "(docker-compose.yml runs the full stack)"
+        )
     if db:
         env["DATABASE_URL"] = "sqlite://" + str(Path(db).resolve())
     env["PYTHONUNBUFFERED"] = "1"
@@ -222,34 +235,38 @@ def banner(base: str, seed: dict, ready_s: float, agents: int, log_dir: Path, gp
     for u in users:
         role = "operator" if u["operator"] else f"tenant {u['tenant']}"
         rows.append(f"  {u['username']:<{width}}  {role:<15}  password {u['password']}  token {u['token']}")
-    body = json.dumps({"name": "hello", "kind": "batch", "command": ["python", "-c", "print(42)"],
-                       "gpus": 1}, separators=(",", ":"))
-    return "\n".join([
-        "",
-        f"Tessera demo is up in {ready_s:.1f}s: web + scheduler, {agents} simulated agents "
-        f"(racks r1 H100, r2 A100, r3 T4)"
-        + (f", and node {GPU_NODE} with this machine's real GPUs." if gpu else "."),
-        "",
-        f"  Dashboard  {base}/",
-        f"  API        {base}/api/v1/        (docs: {base}/api/docs/)",
-        f"  Admin      {base}/admin/",
-        f"  Metrics    {base}/metrics",
-        "",
-        "Users (fresh passwords and tokens every run):",
-        *rows,
-        "",
-        "Try it (as alice): submit a job, then watch it reach 'succeeded' and read its output:",
-        f"  export TOKEN={alice['token']}",
-        f"  curl -s -H \"Authorization: Token $TOKEN\" -H 'Content-Type: application/json' "
-        f"-d {shlex.quote(body)} {base}/api/v1/jobs/",
-        "  export ID=<the id it returned>",
-        f"  curl -s -H \"Authorization: Token $TOKEN\" {base}/api/v1/jobs/$ID/",
-        f"  curl -s -H \"Authorization: Token $TOKEN\" {base}/api/v1/jobs/$ID/logs/",
-        "",
-        f"Logs: {log_dir.relative_to(ROOT) if log_dir.is_relative_to(ROOT) else log_dir}/. "
-        "Press Ctrl-C to stop everything.",
-        "",
-    ])
+    body = json.dumps(
+        {"name": "hello", "kind": "batch", "command": ["python", "-c", "print(42)"], "gpus": 1},
+        separators=(",", ":"),
+    )
+    return "\n".join(
+        [
+            "",
+            f"Tessera demo is up in {ready_s:.1f}s: web + scheduler, {agents} simulated agents "
+            f"(racks r1 H100, r2 A100, r3 T4)"
+            + (f", and node {GPU_NODE} with this machine's real GPUs." if gpu else "."),
+            "",
+            f"  Dashboard  {base}/",
+            f"  API        {base}/api/v1/        (docs: {base}/api/docs/)",
+            f"  Admin      {base}/admin/",
+            f"  Metrics    {base}/metrics",
+            "",
+            "Users (fresh passwords and tokens every run):",
+            *rows,
+            "",
+            "Try it (as alice): submit a job, then watch it reach 'succeeded' and read its output:",
+            f"  export TOKEN={alice['token']}",
+            f"  curl -s -H \"Authorization: Token $TOKEN\" -H 'Content-Type: application/json' "
+            f"-d {shlex.quote(body)} {base}/api/v1/jobs/",
+            "  export ID=<the id it returned>",
+            f'  curl -s -H "Authorization: Token $TOKEN" {base}/api/v1/jobs/$ID/',
+            f'  curl -s -H "Authorization: Token $TOKEN" {base}/api/v1/jobs/$ID/logs/',
+            "",
+            f"Logs: {log_dir.relative_to(ROOT) if log_dir.is_relative_to(ROOT) else log_dir}/. "
+            "Press Ctrl-C to stop everything.",
+            "",
+        ]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -260,12 +277,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--db", help="SQLite file (default var/tessera.sqlite3)")
     parser.add_argument("--agents", type=int, default=len(NODES), help="how many of the 12 nodes")
     parser.add_argument("--log-dir", default=str(ROOT / "var" / "demo-logs"))
-    parser.add_argument("--state-dir", default=str(ROOT / "var" / "agents"),
-                        help="the agents' state (credentials, job directories), one folder each")
+    parser.add_argument(
+        "--state-dir",
+        default=str(ROOT / "var" / "agents"),
+        help="the agents' state (credentials, job directories), one folder each",
+    )
     parser.add_argument("--credentials-file", help="also write the users' credentials here (JSON)")
     parser.add_argument("--ready-timeout", type=float, default=90.0)
-    parser.add_argument("--gpu", action="store_true",
-                        help="also start an agent on this machine's real NVIDIA GPUs (node 'gpu-local')")
+    parser.add_argument(
+        "--gpu",
+        action="store_true",
+        help="also start an agent on this machine's real NVIDIA GPUs (node 'gpu-local')",
+    )
     args = parser.parse_args(argv)
 
     python = sys.executable
@@ -273,8 +296,10 @@ def main(argv: list[str] | None = None) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     (ROOT / "var").mkdir(exist_ok=True)
     if not port_is_free(args.host, args.port):
-        sys.exit(f"[demo] port {args.port} on {args.host} is in use: stop what holds it, "
-                 f"or run PORT=8001 make demo")
+        sys.exit(
+            f"[demo] port {args.port} on {args.host} is in use: stop what holds it, "
+            f"or run PORT=8001 make demo"
+        )
     env = child_env(args.db)
     base = f"http://{args.host}:{args.port}"
 
@@ -299,16 +324,29 @@ def main(argv: list[str] | None = None) -> int:
         log("stopped")
 
 
-def run(demo: Demo, args: argparse.Namespace, python: str, env: dict[str, str], base: str,
-        seed: dict, log_dir: Path, started: float, stop_requested: list[int]) -> int:
+def run(
+    demo: Demo,
+    args: argparse.Namespace,
+    python: str,
+    env: dict[str, str],
+    base: str,
+    seed: dict,
+    log_dir: Path,
+    started: float,
+    stop_requested: list[int],
+) -> int:
     daphne = Path(python).with_name("daphne")
     server = [str(daphne)] if daphne.exists() else [python, "-m", "daphne"]
     # The embedded default runs the scheduling pass inside the web process; say so explicitly,
     # since the settings turn that loop off by default under pytest (which may launch this demo).
     web_env = {**env, "PORT": str(args.port), "TESSERA_PASS_LOOP": "1"}
     log(f"starting the web process on {base}")
-    web = demo.spawn("web", [*server, "-b", args.host, "-p", str(args.port),
-                             "controlplane.asgi:application"], web_env, log_dir)
+    web = demo.spawn(
+        "web",
+        [*server, "-b", args.host, "-p", str(args.port), "controlplane.asgi:application"],
+        web_env,
+        log_dir,
+    )
     deadline = time.monotonic() + args.ready_timeout
     while not answers(f"{base}/metrics"):
         if stop_requested:
@@ -351,8 +389,9 @@ def run(demo: Demo, args: argparse.Namespace, python: str, env: dict[str, str], 
         path = Path(args.credentials_file)
         path.touch(mode=0o600)
         path.write_text(json.dumps({"url": base, "users": seed["users"]}))
-    print(banner(base, seed, time.monotonic() - started, len(nodes) - args.gpu, log_dir, args.gpu),
-          flush=True)
+    print(
+        banner(base, seed, time.monotonic() - started, len(nodes) - args.gpu, log_dir, args.gpu), flush=True
+    )
 
     while not stop_requested:
         if web.proc.poll() is not None:
@@ -361,8 +400,10 @@ def run(demo: Demo, args: argparse.Namespace, python: str, env: dict[str, str], 
         for child in demo.children:
             if child is not web and not child.reported_exit and child.proc.poll() is not None:
                 child.reported_exit = True
-                log(f"agent {child.name} exited ({child.proc.returncode}); "
-                    f"its log:\n{tail(child.log_path, 10)}")
+                log(
+                    f"agent {child.name} exited ({child.proc.returncode}); "
+                    f"its log:\n{tail(child.log_path, 10)}"
+                )
         time.sleep(0.3)
     return 0
 

@@ -70,8 +70,12 @@ class Api:
 
     def call(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict | list]:
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(self.base + path, data=data, method=method, headers={
-            "Authorization": f"Token {self.token}", "Content-Type": "application/json"})
+        request = urllib.request.Request(
+            self.base + path,
+            data=data,
+            method=method,
+            headers={"Authorization": f"Token {self.token}", "Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(request, timeout=30) as response:
                 return response.status, json.loads(response.read() or b"null")
@@ -132,16 +136,31 @@ def gpu_memory_used_mib() -> float | None:
     """Memory in use on all GPUs (nvidia-smi; its process list is empty inside some VMs)."""
     if not shutil.which("nvidia-smi"):
         return None
-    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True, timeout=30).stdout
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
     return sum(float(v) for v in out.split())
 
 
 def start_demo(args: argparse.Namespace, workdir: Path) -> tuple[subprocess.Popen, dict]:
     creds = workdir / "credentials.json"
-    argv = [sys.executable, str(ROOT / "scripts" / "demo.py"), "--port", str(args.port),
-            "--db", str(workdir / "tessera.sqlite3"), "--credentials-file", str(creds),
-            "--log-dir", args.log_dir, "--state-dir", str(workdir / "agents")]
+    argv = [
+        sys.executable,
+        str(ROOT / "scripts" / "demo.py"),
+        "--port",
+        str(args.port),
+        "--db",
+        str(workdir / "tessera.sqlite3"),
+        "--credentials-file",
+        str(creds),
+        "--log-dir",
+        args.log_dir,
+        "--state-dir",
+        str(workdir / "agents"),
+    ]
     argv += ["--agents", "0", "--gpu"] if not args.dry_run else ["--agents", "0"]
     proc = subprocess.Popen(argv, cwd=ROOT, start_new_session=True)
     deadline = time.monotonic() + 180
@@ -154,9 +173,21 @@ def start_demo(args: argparse.Namespace, workdir: Path) -> tuple[subprocess.Pope
 
 def dry_run_agent(base: str, workdir: Path, join_token: str) -> subprocess.Popen:
     env = {**os.environ, "TESSERA_JOIN_TOKEN": join_token}
-    argv = [sys.executable, "-m", "agent", "--server", base, "--simulate", "1xH200,nvlink=1",
-            "--name", "gpu-local", "--state-dir", str(workdir / "agents" / "gpu-local"),
-            "--metrics-port", "0"]
+    argv = [
+        sys.executable,
+        "-m",
+        "agent",
+        "--server",
+        base,
+        "--simulate",
+        "1xH200,nvlink=1",
+        "--name",
+        "gpu-local",
+        "--state-dir",
+        str(workdir / "agents" / "gpu-local"),
+        "--metrics-port",
+        "0",
+    ]
     return subprocess.Popen(argv, cwd=ROOT, env=env, start_new_session=True)
 
 
@@ -174,23 +205,36 @@ def run_checks(args: argparse.Namespace, base: str, users: list[dict], checks: C
     if not checks.check("the GPU node registered and is ready", node is not None):
         return
     models = sorted({d["model"] for d in node["devices"]})
-    nvsmi = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout if shutil.which(
-        "nvidia-smi") else ""
+    nvsmi = (
+        subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
+        if shutil.which("nvidia-smi")
+        else ""
+    )
     expected = len([line for line in nvsmi.splitlines() if line.startswith("GPU ")]) if nvsmi else None
-    checks.check("devices match nvidia-smi", args.dry_run or len(node["devices"]) == expected,
-                 {"devices": node["devices"], "nvidia_smi": nvsmi.strip()})
+    checks.check(
+        "devices match nvidia-smi",
+        args.dry_run or len(node["devices"]) == expected,
+        {"devices": node["devices"], "nvidia_smi": nvsmi.strip()},
+    )
     model, count = models[0], len(node["devices"])
-    status, quota = admin.call("POST", "/api/v1/quotas/", {"tenant": "vision", "model": model,
-                                                           "guaranteed": count, "limit": count + 8})
+    status, quota = admin.call(
+        "POST",
+        "/api/v1/quotas/",
+        {"tenant": "vision", "model": model, "guaranteed": count, "limit": count + 8},
+    )
     checks.check(f"quota for vision on {model}", status == 201, quota)
 
     program = ["python", "-c", GPU_PROGRAM]
     # 2. A real GPU job; the agent's NVML metrics see the GPU busy.
-    job = alice.submit(name="gpu-matmul", kind="training", command=[*program, "8"], gpus=1,
-                       accelerators=[model])
+    job = alice.submit(
+        name="gpu-matmul", kind="training", command=[*program, "8"], gpus=1, accelerators=[model]
+    )
     running = alice.wait(job["id"], {"running", "succeeded", "failed"}, 60)
-    checks.check("1-GPU job starts", running["state"] in ("running", "succeeded"),
-                 {"state": running["state"], "reason": running.get("pending_reason")})
+    checks.check(
+        "1-GPU job starts",
+        running["state"] in ("running", "succeeded"),
+        {"state": running["state"], "reason": running.get("pending_reason")},
+    )
     peak = 0.0
     gpu_index = str(running["allocations"][0]["gpus"][0]) if running["allocations"] else "0"
     deadline = time.monotonic() + 120  # an 8 s job: bounded even if the agent dies under it
@@ -199,46 +243,73 @@ def run_checks(args: argparse.Namespace, base: str, users: list[dict], checks: C
         time.sleep(0.5)
     done = alice.wait(job["id"], {"succeeded", "failed"}, 60)
     out = alice.logs(job["id"])
-    checks.check("1-GPU job succeeded", done["state"] == "succeeded",
-                 {"exit_code": done.get("exit_code"), "logs": out[-600:]})
-    checks.check("job saw exactly its GPU", f"CUDA_VISIBLE_DEVICES={gpu_index}" in out and (
-        args.dry_run or "count=1" in out), out[:200])
+    checks.check(
+        "1-GPU job succeeded",
+        done["state"] == "succeeded",
+        {"exit_code": done.get("exit_code"), "logs": out[-600:]},
+    )
+    checks.check(
+        "job saw exactly its GPU",
+        f"CUDA_VISIBLE_DEVICES={gpu_index}" in out and (args.dry_run or "count=1" in out),
+        out[:200],
+    )
     if not args.dry_run:
-        checks.check("job computed on the GPU", bool(re.search(r"tflops=\d+", out)),
-                     re.findall(r"device=.*|tflops=\d+", out))
+        checks.check(
+            "job computed on the GPU",
+            bool(re.search(r"tflops=\d+", out)),
+            re.findall(r"device=.*|tflops=\d+", out),
+        )
         checks.check("agent /metrics saw the GPU busy (NVML)", peak > 10, {"peak_util_percent": peak})
 
     # 3. Two half GPUs on one GPU at the same time.
-    halves = [alice.submit(name=f"half-{i}", kind="inference", command=[*program, "6"], gpus=0.5,
-                           accelerators=[model]) for i in range(2)]
+    halves = [
+        alice.submit(
+            name=f"half-{i}", kind="inference", command=[*program, "6"], gpus=0.5, accelerators=[model]
+        )
+        for i in range(2)
+    ]
     states = [alice.wait(h["id"], {"running", "succeeded", "failed"}, 60) for h in halves]
     both = [alice.job(h["id"]) for h in halves]
     same_gpu = [tuple(j["allocations"][0]["gpus"]) for j in states if j["allocations"]]
-    checks.check("two 0.5-GPU jobs run at once on one GPU",
-                 all(j["state"] == "running" for j in both) and len(set(same_gpu)) == 1,
-                 {"states": [j["state"] for j in both], "gpus": same_gpu})
+    checks.check(
+        "two 0.5-GPU jobs run at once on one GPU",
+        all(j["state"] == "running" for j in both) and len(set(same_gpu)) == 1,
+        {"states": [j["state"] for j in both], "gpus": same_gpu},
+    )
     finals = [alice.wait(h["id"], {"succeeded", "failed"}, 60) for h in halves]
     outs = [alice.logs(h["id"]) for h in halves]
-    checks.check("both shares succeeded, each told its share",
-                 all(f["state"] == "succeeded" for f in finals)
-                 and all("TESSERA_GPU_SHARE=0.5" in o for o in outs), [o[-300:] for o in outs])
+    checks.check(
+        "both shares succeeded, each told its share",
+        all(f["state"] == "succeeded" for f in finals) and all("TESSERA_GPU_SHARE=0.5" in o for o in outs),
+        [o[-300:] for o in outs],
+    )
 
     # 4. More GPUs than the node has: pending, with a reason.
-    big = alice.submit(name="too-big", kind="training", command=["true"], gpus=count + 1,
-                       accelerators=[model])
+    big = alice.submit(
+        name="too-big", kind="training", command=["true"], gpus=count + 1, accelerators=[model]
+    )
     time.sleep(2)
     big = alice.job(big["id"])
-    checks.check("an impossible job stays pending and says why",
-                 big["state"] == "pending" and bool(big["pending_reason"]) and bool(big["pending_code"]),
-                 {"code": big["pending_code"], "reason": big["pending_reason"]})
+    checks.check(
+        "an impossible job stays pending and says why",
+        big["state"] == "pending" and bool(big["pending_reason"]) and bool(big["pending_code"]),
+        {"code": big["pending_code"], "reason": big["pending_reason"]},
+    )
     alice.call("POST", f"/api/v1/jobs/{big['id']}/cancel/")
 
     # 5. Cancel a running GPU job: terminating, then its process is off the GPU.
-    forever = alice.submit(name="forever", kind="training", command=[*program, "3600"], gpus=1,
-                           accelerators=[model], grace_seconds=5)
+    forever = alice.submit(
+        name="forever",
+        kind="training",
+        command=[*program, "3600"],
+        gpus=1,
+        accelerators=[model],
+        grace_seconds=5,
+    )
     started = alice.wait(forever["id"], {"running"}, 60)
-    if not checks.check("a job that runs until stopped starts", started["state"] == "running",
-                        started["state"]):
+    if not checks.check(
+        "a job that runs until stopped starts", started["state"] == "running", started["state"]
+    ):
         return
     time.sleep(5)  # let it reach the GPU
     before = gpu_memory_used_mib()
@@ -248,8 +319,11 @@ def run_checks(args: argparse.Namespace, base: str, users: list[dict], checks: C
     after = gpu_memory_used_mib()
     checks.check("cancel: terminating, then cancelled", final["state"] == "cancelled", seen)
     if before is not None and after is not None:
-        checks.check("its process left the GPU: its memory is free once the job is cancelled",
-                     before > 500 and after < 100, {"gpu_memory_used_mib_before": before, "after": after})
+        checks.check(
+            "its process left the GPU: its memory is free once the job is cancelled",
+            before > 500 and after < 100,
+            {"gpu_memory_used_mib_before": before, "after": after},
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -279,8 +353,9 @@ def main(argv: list[str] | None = None) -> int:
                 except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
         if args.report:
-            Path(args.report).write_text(json.dumps({"failed": checks.failed, "checks": checks.results},
-                                                    indent=2))
+            Path(args.report).write_text(
+                json.dumps({"failed": checks.failed, "checks": checks.results}, indent=2)
+            )
     print(f"{len(checks.results) - checks.failed} passed, {checks.failed} failed", flush=True)
     return 1 if checks.failed or not checks.results else 0
 

@@ -114,7 +114,8 @@ def world(db, settings) -> World:
         user = User.objects.create_user(name, password=f"{name}-pass-123")
         Membership.objects.create(user=user, tenant=tenant)
         users[name] = user
-    users["admin"] = User.objects.create_user("admin", password="admin-pass-123", is_staff=True,
-                                              is_superuser=True)
+    users["admin"] = User.objects.create_user(
+        "admin", password="admin-pass-123", is_staff=True, is_superuser=True
+    )
     tokens = {name: Token.objects.create(user=u).key for name, u in users.items()}
     return World(vision, nlp, users["alice"], users["carol"], users["bob"], users["admin"], tokens)

@@ -68,10 +68,16 @@ def stack_env(database_url: str, redis_url: str, **tessera: str) -> dict[str, st
     """The environment of a stack's server processes: this process's, without its own Tessera,
     Django and pytest settings, pointed at the given services, passes in the Celery worker."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TESSERA_", "DJANGO_", "PYTEST_"))}
-    env.update({
-        "DATABASE_URL": database_url, "REDIS_URL": redis_url, "TESSERA_EMBEDDED_PASSES": "0",
-        "TESSERA_PASS_LOOP": "0", "DJANGO_SETTINGS_MODULE": "controlplane.settings", **tessera,
-    })
+    env.update(
+        {
+            "DATABASE_URL": database_url,
+            "REDIS_URL": redis_url,
+            "TESSERA_EMBEDDED_PASSES": "0",
+            "TESSERA_PASS_LOOP": "0",
+            "DJANGO_SETTINGS_MODULE": "controlplane.settings",
+            **tessera,
+        }
+    )
     return env
 
 
@@ -83,8 +89,23 @@ def agent_env(env: dict[str, str], join_token: str) -> dict[str, str]:
 
 
 def worker_argv(name: str) -> list[str]:
-    return [PY, "-m", "celery", "-A", "controlplane", "worker", "-P", "solo", "--without-mingle",
-            "--without-gossip", "--without-heartbeat", "-n", f"{name}-{os.getpid()}@%h", "-l", "INFO"]
+    return [
+        PY,
+        "-m",
+        "celery",
+        "-A",
+        "controlplane",
+        "worker",
+        "-P",
+        "solo",
+        "--without-mingle",
+        "--without-gossip",
+        "--without-heartbeat",
+        "-n",
+        f"{name}-{os.getpid()}@%h",
+        "-l",
+        "INFO",
+    ]
 
 
 def beat_argv(schedule: Path) -> list[str]:
@@ -98,8 +119,24 @@ def web_argv(port: int | None = None, fd: int | None = None) -> list[str]:
 
 
 def agent_argv(server: str, name: str, spec: str, state_dir: Path, *extra: str) -> list[str]:
-    return [PY, "-m", "agent", "--server", server, "--simulate", spec, "--name", name,
-            "--metrics-port", "0", "--metrics-addr", "127.0.0.1", "--state-dir", str(state_dir), *extra]
+    return [
+        PY,
+        "-m",
+        "agent",
+        "--server",
+        server,
+        "--simulate",
+        spec,
+        "--name",
+        name,
+        "--metrics-port",
+        "0",
+        "--metrics-addr",
+        "127.0.0.1",
+        "--state-dir",
+        str(state_dir),
+        *extra,
+    ]
 
 
 def web_answers(base: str) -> bool:
@@ -120,13 +157,21 @@ class Processes:
         self.log_dir = log_dir
         self.children: dict[str, subprocess.Popen] = {}
 
-    def start(self, name: str, argv: list[str], env: dict[str, str],
-              pass_fds: Iterable[int] = ()) -> subprocess.Popen:
+    def start(
+        self, name: str, argv: list[str], env: dict[str, str], pass_fds: Iterable[int] = ()
+    ) -> subprocess.Popen:
         """Start ``name`` (again, after a kill: a new log file, so old output is not read as new)."""
         with open(self.log_dir / f"{name}.log", "wb") as log:
-            proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True,
-                                    pass_fds=tuple(pass_fds))
+            proc = subprocess.Popen(
+                argv,
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                pass_fds=tuple(pass_fds),
+            )
         self.children[name] = proc
         return proc
 

@@ -51,8 +51,9 @@ class DeviceIn(FieldTemplates, serializers.Serializer):
 class RegisterIn(FieldTemplates, serializers.Serializer):
     name = serializers.CharField(max_length=128)
     rack = serializers.CharField(max_length=64, default="default")
-    labels = serializers.DictField(child=serializers.CharField(max_length=128, allow_blank=True),
-                                   default=dict)
+    labels = serializers.DictField(
+        child=serializers.CharField(max_length=128, allow_blank=True), default=dict
+    )
     kind = serializers.ChoiceField(choices=NODE_KINDS, default="gpu")
     cpus = serializers.FloatField(min_value=0, max_value=1e6, default=0.0)
     memory_gib = serializers.FloatField(min_value=0, max_value=1e9, default=0.0)
@@ -169,9 +170,20 @@ class RegisterView(APIView):
     authentication_classes = [JoinTokenAuthentication, NodeCredentialAuthentication]
     permission_classes = [IsNodeOrJoin]
 
-    @extend_schema(request=RegisterIn, responses={201: inline_serializer("Registered", {
-        "node": serializers.CharField(), "node_id": serializers.IntegerField(),
-        "credential": serializers.CharField(), "lease_seconds": serializers.FloatField()})})
+    @extend_schema(
+        request=RegisterIn,
+        responses={
+            201: inline_serializer(
+                "Registered",
+                {
+                    "node": serializers.CharField(),
+                    "node_id": serializers.IntegerField(),
+                    "credential": serializers.CharField(),
+                    "lease_seconds": serializers.FloatField(),
+                },
+            )
+        },
+    )
     def post(self, request: Request) -> Response:
         desc = _valid(RegisterIn, request)
         as_node = request.user.node if isinstance(request.user, NodePrincipal) else None
@@ -191,10 +203,20 @@ class RegisterView(APIView):
 
 
 class HeartbeatView(AgentView):
-    @extend_schema(request=HeartbeatIn, responses={200: inline_serializer("Orders", {
-        "node": serializers.CharField(), "lease_seconds": serializers.FloatField(),
-        "start": serializers.ListField(child=serializers.DictField()),
-        "stop": serializers.ListField(child=serializers.DictField())})})
+    @extend_schema(
+        request=HeartbeatIn,
+        responses={
+            200: inline_serializer(
+                "Orders",
+                {
+                    "node": serializers.CharField(),
+                    "lease_seconds": serializers.FloatField(),
+                    "start": serializers.ListField(child=serializers.DictField()),
+                    "stop": serializers.ListField(child=serializers.DictField()),
+                },
+            )
+        },
+    )
     def post(self, request: Request) -> Response:
         data = _valid(HeartbeatIn, request)
         running = [svc.Reported(**r) for r in data["running"]]
@@ -205,8 +227,14 @@ class StartedView(AgentView):
     @extend_schema(request=StartedIn, responses={200: _OK})
     def post(self, request: Request, job_id: str) -> Response:
         data = _valid(StartedIn, request)
-        job = _job_call(svc.do_report_started, self.node(request), int(job_id), data["attempt"],
-                        data["replica"], data.get("started_at"))
+        job = _job_call(
+            svc.do_report_started,
+            self.node(request),
+            int(job_id),
+            data["attempt"],
+            data["replica"],
+            data.get("started_at"),
+        )
         return Response({"state": job.state})
 
 
@@ -214,9 +242,16 @@ class ExitedView(AgentView):
     @extend_schema(request=ExitedIn, responses={200: _OK})
     def post(self, request: Request, job_id: str) -> Response:
         data = _valid(ExitedIn, request)
-        job, recorded = _job_call(svc.do_report_exit, self.node(request), int(job_id), data["attempt"],
-                                  data["replica"], data["exit_code"], data["reason"],
-                                  data.get("started_at"))
+        job, recorded = _job_call(
+            svc.do_report_exit,
+            self.node(request),
+            int(job_id),
+            data["attempt"],
+            data["replica"],
+            data["exit_code"],
+            data["reason"],
+            data.get("started_at"),
+        )
         return Response({"state": job.state, "recorded": recorded})
 
 
@@ -224,8 +259,14 @@ class ExitsView(AgentView):
     """Several exit reports in one request (an agent's replicas that ended together), settled
     together in one transaction and answered each on its own, as ``jobs/{id}/exited`` would."""
 
-    @extend_schema(request=ExitsIn, responses={200: inline_serializer("ExitsDone", {
-        "results": serializers.ListField(child=serializers.DictField())})})
+    @extend_schema(
+        request=ExitsIn,
+        responses={
+            200: inline_serializer(
+                "ExitsDone", {"results": serializers.ListField(child=serializers.DictField())}
+            )
+        },
+    )
     def post(self, request: Request) -> Response:
         return Response({"results": exit_results(self.node(request), request.data)})
 
@@ -236,8 +277,14 @@ def exit_results(node, body: Any) -> list[dict[str, Any]]:
     serializer = ExitsIn(data=body)
     serializer.is_valid(raise_exception=True)
     reports = [
-        svc.ExitReport(item["job_id"], item["attempt"], item["replica"], item["exit_code"],
-                       item["reason"], item.get("started_at"))
+        svc.ExitReport(
+            item["job_id"],
+            item["attempt"],
+            item["replica"],
+            item["exit_code"],
+            item["reason"],
+            item.get("started_at"),
+        )
         for item in serializer.validated_data["exits"]
     ]
     results = []
@@ -253,11 +300,28 @@ def exit_results(node, body: Any) -> list[dict[str, Any]]:
 
 
 class LogsView(AgentView):
-    @extend_schema(request=LogsIn, responses={200: inline_serializer("LogStored", {
-        "stored": serializers.IntegerField(), "next_offset": serializers.IntegerField(),
-        "truncated": serializers.BooleanField()})})
+    @extend_schema(
+        request=LogsIn,
+        responses={
+            200: inline_serializer(
+                "LogStored",
+                {
+                    "stored": serializers.IntegerField(),
+                    "next_offset": serializers.IntegerField(),
+                    "truncated": serializers.BooleanField(),
+                },
+            )
+        },
+    )
     def post(self, request: Request, job_id: str) -> Response:
         data = _valid(LogsIn, request)
-        result = _job_call(svc.do_append_log, self.node(request), int(job_id), data["attempt"],
-                           data["replica"], data["offset"], data["data"])
+        result = _job_call(
+            svc.do_append_log,
+            self.node(request),
+            int(job_id),
+            data["attempt"],
+            data["replica"],
+            data["offset"],
+            data["data"],
+        )
         return Response(result)

@@ -130,9 +130,7 @@ class JobSubmitSerializer(FieldTemplates, serializers.Serializer):
         # Nodes alike share a placement group across racks, so the placer scores labels per
         # node class, and the rack is not part of it: refused rather than silently ignored.
         if "rack" in value:
-            raise serializers.ValidationError(
-                "may not name rack (use node_selector or topology for racks)"
-            )
+            raise serializers.ValidationError("may not name rack (use node_selector or topology for racks)")
         return value
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:

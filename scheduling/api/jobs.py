@@ -159,8 +159,9 @@ class JobViewSet(viewsets.GenericViewSet):
         tenant = submit_tenant(request.user, submit.validated_data.get("tenant"))
         cleaned = submit.model_fields()
         try:
-            job, created = do_submit_job(request.user, tenant, cleaned, body, idempotency_key=key,
-                                         check_quota=True)
+            job, created = do_submit_job(
+                request.user, tenant, cleaned, body, idempotency_key=key, check_quota=True
+            )
         except NotAdmissible as why:
             raise ValidationError({"accelerators": [str(why)]}) from None
         except IdempotencyConflict:

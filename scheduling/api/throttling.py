@@ -23,6 +23,7 @@ from rest_framework.throttling import BaseThrottle
 
 log = logging.getLogger("tessera.api")
 
+
 class _LocalCounters:
     """Fixed-window counters in this process (the embedded default has one web process)."""
 

@@ -49,8 +49,9 @@ class History:
         return sum(q) / len(q) if q else None
 
 
-def node_ready_time(placer: Placer, node: int, req: ReplicaReq,
-                    holders: list[tuple[float, Alloc]], now: float) -> float | None:
+def node_ready_time(
+    placer: Placer, node: int, req: ReplicaReq, holders: list[tuple[float, Alloc]], now: float
+) -> float | None:
     """When ``req`` fits on ``node`` if its holders leave at their expected ends (None: never)."""
     state = placer.state
     n = state.nodes[node]
@@ -75,8 +76,9 @@ def gang_shape(req: ReplicaReq, replicas: int, topology: str) -> tuple[ReplicaRe
     ``node``/``nvlink`` gang of whole GPUs is one request on one node (reservations and
     preemption search the same shape)."""
     if topology in ("node", "nvlink") and replicas > 1 and req.count and req.milli >= MILLI:
-        return ReplicaReq(req.milli, req.count * replicas, req.cpu * replicas, req.mem * replicas,
-                          topology == "nvlink"), 1
+        return ReplicaReq(
+            req.milli, req.count * replicas, req.cpu * replicas, req.mem * replicas, topology == "nvlink"
+        ), 1
     return req, replicas
 
 
@@ -88,9 +90,16 @@ def gang_group(spec: NodeSpec, replicas: int, topology: str) -> tuple[str, str]:
     return (spec.model, spec.rack if topology == "rack" else "")
 
 
-def reserve(placer: Placer, job: JobRequest, req: ReplicaReq, replicas: int, c: Constraints,
-            holders: dict[int, list[tuple[float, Alloc]]], taken: set[int],
-            now: float) -> Reservation | None:
+def reserve(
+    placer: Placer,
+    job: JobRequest,
+    req: ReplicaReq,
+    replicas: int,
+    c: Constraints,
+    holders: dict[int, list[tuple[float, Alloc]]],
+    taken: set[int],
+    now: float,
+) -> Reservation | None:
     """The reservation for ``job`` (step 2), avoiding nodes already reserved (``taken``).
 
     The nodes must be able to hold the job as placement would: a ``node``/``nvlink`` gang is one
@@ -105,8 +114,7 @@ def reserve(placer: Placer, job: JobRequest, req: ReplicaReq, replicas: int, c: 
             continue
         t = node_ready_time(placer, n.index, req, holders.get(n.index, []), now)
         if t is not None:
-            by_group.setdefault(gang_group(n.spec, replicas, job.topology), []).append(
-                (t, n.rank, n.index))
+            by_group.setdefault(gang_group(n.spec, replicas, job.topology), []).append((t, n.rank, n.index))
     best: tuple[float, int, tuple[str, str]] | None = None
     chosen: list[tuple[float, int, int]] = []
     for group, ready in sorted(by_group.items()):
@@ -142,8 +150,15 @@ class Reservations:
     def taken(self) -> set[int]:
         return set(self.start_by_node)
 
-    def allows(self, node: int, now: float, runtime: float | None, job_id: str = "",
-               removable_at: int | None = None, limited: bool = False) -> bool:
+    def allows(
+        self,
+        node: int,
+        now: float,
+        runtime: float | None,
+        job_id: str = "",
+        removable_at: int | None = None,
+        limited: bool = False,
+    ) -> bool:
         """May a job that runs ``runtime`` use ``node`` now? ``removable_at``: the lowest kind
         level whose starving job could preempt it (None: none could); ``limited``: ``runtime``
         is a hard time limit."""

@@ -35,8 +35,13 @@ BASELINES = ("fcfs-node", "fcfs-device", "random", "best-fit", "fgd")
 
 
 class BaselineScheduler:
-    def __init__(self, name: str, nodes: tuple[NodeSpec, ...] | list[NodeSpec],
-                 quotas: tuple[QuotaSpec, ...] | list[QuotaSpec] = (), seed: int = 0):
+    def __init__(
+        self,
+        name: str,
+        nodes: tuple[NodeSpec, ...] | list[NodeSpec],
+        quotas: tuple[QuotaSpec, ...] | list[QuotaSpec] = (),
+        seed: int = 0,
+    ):
         if name not in BASELINES:
             raise ValueError(f"unknown baseline {name!r}")
         self.name = name
@@ -70,8 +75,7 @@ class BaselineScheduler:
         for node in [n for n, j in self.held_nodes.items() if j == job_id]:
             del self.held_nodes[node]
         for model, milli in self.running.pop(job_id, []):
-            self.quotas.add(self.tenant[job_id], model, -milli,
-                            self.preemptible.get(job_id, True))
+            self.quotas.add(self.tenant[job_id], model, -milli, self.preemptible.get(job_id, True))
 
     def requeue(self, job: JobRequest) -> None:
         if job.id in self.running:
@@ -82,8 +86,10 @@ class BaselineScheduler:
         return None
 
     def decide(self, now: float) -> Decisions:
-        if self.name == "fgd" and self._dirty and (
-            self._dirty >= max(1, len(self.recent) // 10) or not self.state.frag.typical
+        if (
+            self.name == "fgd"
+            and self._dirty
+            and (self._dirty >= max(1, len(self.recent) // 10) or not self.state.frag.typical)
         ):
             self.state.set_frag(FragmentationModel.from_shapes(list(self.recent)))
             self._dirty = 0
@@ -94,8 +100,7 @@ class BaselineScheduler:
                 d.pending[job.id] = PendingReason("held", "held: released by its owner or an operator")
                 continue
             if job.not_before > now:
-                d.pending[job.id] = PendingReason("backoff", "backoff: waiting to retry",
-                                                  job.not_before)
+                d.pending[job.id] = PendingReason("backoff", "backoff: waiting to retry", job.not_before)
                 continue
             geo, static = self._shape(job)
             if static is not None:
@@ -108,7 +113,8 @@ class BaselineScheduler:
                 continue
             if head is not None:
                 d.pending[job.id] = PendingReason(
-                    "priority", f"priority: behind job {head} (first come, first served)")
+                    "priority", f"priority: behind job {head} (first come, first served)"
+                )
                 continue
             refusal = self._quota(job, geo)
             if refusal is not None:
@@ -116,11 +122,11 @@ class BaselineScheduler:
                 continue
             allocs = self._place(job, geo)
             if allocs is None:
-                reason = diagnose(_Probe(self.state), job, geo.req, geo.replicas, geo.need,
-                                  constraints(job))
+                reason = diagnose(_Probe(self.state), job, geo.req, geo.replicas, geo.need, constraints(job))
                 if self.name == "fcfs-node" and reason.code == "gang":
-                    reason = PendingReason("capacity", "capacity: not enough wholly free nodes "
-                                                       f"for {geo.replicas} replica(s)")
+                    reason = PendingReason(
+                        "capacity", f"capacity: not enough wholly free nodes for {geo.replicas} replica(s)"
+                    )
                 d.pending[job.id] = reason
                 head = job.id
                 continue
@@ -148,8 +154,7 @@ class BaselineScheduler:
         least = geo
         geo = replace(geo, replicas=max(1, job.replicas), need=max(1, job.replicas))
         static = static_check(self.state, self.quotas, job, geo, self._static)
-        if static is not None and static_check(self.state, self.quotas, job, least,
-                                               self._static) is None:
+        if static is not None and static_check(self.state, self.quotas, job, least, self._static) is None:
             # too big at its asked size for the cluster or quota: run at its elastic minimum
             geo, static = replace(least, replicas=least.need), None
         self._shapes[job.id] = (job, geo, static)
@@ -172,22 +177,30 @@ class BaselineScheduler:
         models = job.accelerators or tuple(sorted({n.model for n in self.nodes if n.gpus}))
         if not self.quotas.enabled or not geo.req.count:
             return job.accelerators
-        return tuple(m for m in models if self.quotas.check(
-            job.tenant, m, geo.charge * geo.replicas, job.preemptible) is None)
+        return tuple(
+            m
+            for m in models
+            if self.quotas.check(job.tenant, m, geo.charge * geo.replicas, job.preemptible) is None
+        )
 
     def _place(self, job: JobRequest, geo: Geometry) -> list[Alloc] | None:
         req, n_rep = geo.req, geo.replicas
         c = constraints(job, self._allowed_models(job, geo) if geo.req.count else None)
         rack_sel = next((v for k, v in job.node_selector if k == "rack"), None)
         if job.topology in ("node", "nvlink") and n_rep > 1 and req.milli >= MILLI:
-            whole = ReplicaReq(req.milli, req.count * n_rep, req.cpu * n_rep, req.mem * n_rep,
-                               job.topology == "nvlink")
+            whole = ReplicaReq(
+                req.milli, req.count * n_rep, req.cpu * n_rep, req.mem * n_rep, job.topology == "nvlink"
+            )
             node = self._choose(whole, c, rack_sel, None)
             if node is None:
                 return None
             gpus = self._gpus(node[0], whole, node[1])
-            return [self.state.take(job.id, node[0], gpus[r * req.count:(r + 1) * req.count],
-                                    req.milli, req.cpu, req.mem, r) for r in range(n_rep)]
+            return [
+                self.state.take(
+                    job.id, node[0], gpus[r * req.count : (r + 1) * req.count], req.milli, req.cpu, req.mem, r
+                )
+                for r in range(n_rep)
+            ]
         racks = [None]
         if job.topology == "rack" and n_rep > 1:
             racks = sorted({n.spec.rack for n in self.state.nodes})
@@ -197,8 +210,11 @@ class BaselineScheduler:
                 node = self._choose(req, c, rack_sel, rack)
                 if node is None:
                     break
-                allocs.append(self.state.take(job.id, node[0], self._gpus(node[0], req, node[1]),
-                                              req.milli, req.cpu, req.mem, r))
+                allocs.append(
+                    self.state.take(
+                        job.id, node[0], self._gpus(node[0], req, node[1]), req.milli, req.cpu, req.mem, r
+                    )
+                )
                 if self.name == "fcfs-node":
                     self.held_nodes[node[0]] = job.id
             if len(allocs) == n_rep:
@@ -208,8 +224,7 @@ class BaselineScheduler:
                 self.held_nodes.pop(a.node, None)
         return None
 
-    def _feasible(self, req: ReplicaReq, c: Constraints, rack_sel: str | None,
-                  rack: str | None) -> list[int]:
+    def _feasible(self, req: ReplicaReq, c: Constraints, rack_sel: str | None, rack: str | None) -> list[int]:
         out = []
         allows: dict[int, bool] = {}  # per node class, asked once
         for n in self.state.nodes:
@@ -221,17 +236,19 @@ class BaselineScheduler:
                 continue
             if (rack_sel and spec.rack != rack_sel) or (rack and spec.rack != rack):
                 continue
-            if self.name == "fcfs-node" and (n.index in self.held_nodes or any(
-                v < MILLI for g, v in enumerate(n.free) if g not in spec.unhealthy_gpus
-            )):
+            if self.name == "fcfs-node" and (
+                n.index in self.held_nodes
+                or any(v < MILLI for g, v in enumerate(n.free) if g not in spec.unhealthy_gpus)
+            ):
                 continue
             d = max(1, min(spec.nvlink_domain, spec.gpus)) if spec.gpus else 1
             if fits_state(n.key(), req, d, spec.gpus):
                 out.append(n.index)
         return out
 
-    def _choose(self, req: ReplicaReq, c: Constraints, rack_sel: str | None,
-                rack: str | None) -> tuple[int, int | None] | None:
+    def _choose(
+        self, req: ReplicaReq, c: Constraints, rack_sel: str | None, rack: str | None
+    ) -> tuple[int, int | None] | None:
         feasible = self._feasible(req, c, rack_sel, rack)
         if not feasible:
             return None
@@ -255,8 +272,9 @@ class BaselineScheduler:
                 if 0 < req.milli < MILLI:
                     value = min(v for v in free if v >= req.milli)
             else:
-                delta, value = frag_delta(self.state.frag, n.spec.model, n.cpu, free, req.cpu,
-                                          req.milli, req.count)
+                delta, value = frag_delta(
+                    self.state.frag, n.spec.model, n.cpu, free, req.cpu, req.milli, req.count
+                )
                 score = sigmoid_score(delta)
             key = (score, -n.rank)
             if best is None or key > best[0]:

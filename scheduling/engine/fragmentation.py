@@ -75,8 +75,7 @@ def typical_requests(shapes: Iterable[Shape], coverage: float = 0.95) -> tuple[T
         if covered >= coverage * total:
             break
     return tuple(
-        TypicalRequest(cpu=s[0], milli=s[1], count=s[2], models=s[3], p=n / covered)
-        for s, n in chosen
+        TypicalRequest(cpu=s[0], milli=s[1], count=s[2], models=s[3], p=n / covered) for s, n in chosen
     )
 
 
@@ -156,8 +155,9 @@ class FragmentationModel:
             value += p * (partial if full >= count else total)
         return value
 
-    def _terms(self, model: str, cpu_class: int
-               ) -> tuple[float, list[tuple[int, float]], list[tuple[int, float]]]:
+    def _terms(
+        self, model: str, cpu_class: int
+    ) -> tuple[float, list[tuple[int, float]], list[tuple[int, float]]]:
         """For nodes of ``model`` whose free CPU holds the ``cpu_class`` smallest typical CPU
         sizes: the probability of requests that can use none of the free GPUs, and the
         probabilities of the others by share per GPU (fractions) and by GPU count (whole)."""
@@ -169,8 +169,7 @@ class FragmentationModel:
             shares: dict[int, float] = {}
             counts: dict[int, float] = {}
             for req in self.typical:
-                if req.count == 0 or req.cpu not in fits_cpu or (
-                        req.models and model not in req.models):
+                if req.count == 0 or req.cpu not in fits_cpu or (req.models and model not in req.models):
                     p_all += req.p
                 elif req.milli < MILLI:
                     shares[req.milli] = shares.get(req.milli, 0.0) + req.p

@@ -46,20 +46,37 @@ def geometry(job: JobRequest, min_split: int = 1) -> Geometry:
 
 def constraints(job: JobRequest, models: tuple[str, ...] | None = None) -> Constraints:
     if job.gpus <= 0:  # CPU-only: any node kind, but a model list still names acceptable nodes
-        return Constraints(job.accelerators, job.node_selector, job.tolerations, gpu_job=False,
-                           prefer=job.prefer_labels)
-    return Constraints(job.accelerators if models is None else models, job.node_selector,
-                       job.tolerations, gpu_job=True, prefer=job.prefer_labels)
+        return Constraints(
+            job.accelerators, job.node_selector, job.tolerations, gpu_job=False, prefer=job.prefer_labels
+        )
+    return Constraints(
+        job.accelerators if models is None else models,
+        job.node_selector,
+        job.tolerations,
+        gpu_job=True,
+        prefer=job.prefer_labels,
+    )
 
 
-def static_check(state: ClusterState, quotas: Quotas, job: JobRequest, geo: Geometry,
-             memo: dict) -> tuple[str, str] | None:
+def static_check(
+    state: ClusterState, quotas: Quotas, job: JobRequest, geo: Geometry, memo: dict
+) -> tuple[str, str] | None:
     """('reject', why) for a job that can never run here; ('capacity', why) for one larger
     than the cluster; None otherwise. Memoised per shape (what the cluster could ever hold) and
     per shape and tenant (what its quota could ever admit)."""
     r = geo.req  # keys of plain values: hashed in C, not by the dataclasses' Python methods
-    shape = (r.milli, r.count, r.cpu, r.mem, r.nvlink, geo.need, job.accelerators,
-             job.node_selector, job.tolerations, job.topology)
+    shape = (
+        r.milli,
+        r.count,
+        r.cpu,
+        r.mem,
+        r.nvlink,
+        geo.need,
+        job.accelerators,
+        job.node_selector,
+        job.tolerations,
+        job.topology,
+    )
     key = (shape, geo.replicas, geo.charge, job.tenant, job.preemptible, job.gpus)
     hit = memo.get(key, memo)
     if hit is not memo:
@@ -73,22 +90,28 @@ def static_check(state: ClusterState, quotas: Quotas, job: JobRequest, geo: Geom
     result: tuple[str, str] | None = None
     what = "|".join(job.accelerators) if job.accelerators else "GPUs"
     if holders == 0:
-        result = ("reject", "no node can ever hold one replica "
-                            f"({geo.req.demand / MILLI:g} {what} each, topology {job.topology})")
-    elif req.count and quotas.enabled and not any(
-        quotas.ever_admits(job.tenant, m, geo.charge * need, job.preemptible)
-        for m in models_ok
+        result = (
+            "reject",
+            "no node can ever hold one replica "
+            f"({geo.req.demand / MILLI:g} {what} each, topology {job.topology})",
+        )
+    elif (
+        req.count
+        and quotas.enabled
+        and not any(quotas.ever_admits(job.tenant, m, geo.charge * need, job.preemptible) for m in models_ok)
     ):
         result = ("reject", f"quota: no quota of {job.tenant} admits {job.gpus:g} {what}")
     elif req.count and total < req.demand * need:
-        result = ("capacity", f"capacity: needs {req.demand * need / MILLI:g} {what}; the "
-                              f"cluster has {total / MILLI:g} it may use")
+        result = (
+            "capacity",
+            f"capacity: needs {req.demand * need / MILLI:g} {what}; the "
+            f"cluster has {total / MILLI:g} it may use",
+        )
     memo[key] = result
     return result
 
 
-def _holders(state: ClusterState, job: JobRequest, geo: Geometry
-             ) -> tuple[int, int, tuple[str, ...]]:
+def _holders(state: ClusterState, job: JobRequest, geo: Geometry) -> tuple[int, int, tuple[str, ...]]:
     """Nodes that could ever hold one replica (all of a ``node``/``nvlink`` job), the milli-GPU
     they have, and their models."""
     req, need = geo.req, geo.need
@@ -101,8 +124,7 @@ def _holders(state: ClusterState, job: JobRequest, geo: Geometry
     for cls, spec in state.class_spec.items():  # a class is nodes alike but for the rack
         if class_allows(spec, c) is None:
             continue
-        count = state.class_racks[cls].get(rack, 0) if rack else sum(
-            state.class_racks[cls].values())
+        count = state.class_racks[cls].get(rack, 0) if rack else sum(state.class_racks[cls].values())
         if not count:
             continue
         k = need if whole_job else 1

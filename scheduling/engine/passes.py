@@ -82,29 +82,33 @@ def run_pass(s: TesseraScheduler, now: float, deadline: Deadline | None = None) 
             continue
         if starts >= cfg.max_starts_per_pass:
             d.pending[job.id] = PendingReason(
-                "priority", f"priority: this pass started its limit of {cfg.max_starts_per_pass} "
-                            "jobs; next pass")
+                "priority",
+                f"priority: this pass started its limit of {cfg.max_starts_per_pass} jobs; next pass",
+            )
             continue
         rows = _rows(s, job, geo)
         holder = next((held_rows[r] for r in rows if r in held_rows), None)
         if holder is not None and rows and all(r in held_rows for r in rows):
             d.pending[job.id] = PendingReason(
-                "quota", f"quota: {job.tenant}'s quota is held for its job {holder}, which has "
-                         "waited longest")
+                "quota", f"quota: {job.tenant}'s quota is held for its job {holder}, which has waited longest"
+            )
             continue
         runtime = s.history.predict(job)
         node_ok = None
         who = _removable(s, job)
         if res.items:
+
             def node_ok(i: int, runtime=runtime, jid=job.id, who=who) -> bool:
                 return res.allows(i, now, runtime, jid, *who)
+
         allocs = refusal = None
         if s.clear_racks and not job.preemptible and geo.req.count:
             # non-preemptible work goes off the racks kept clear for rack gangs if it fits there
             allocs, refusal = s._try_place(job, geo, _off_clear(s, node_ok))
         if not allocs and refusal is None:
-            allocs, refusal = s._try_place(job, geo, node_ok, token=(
-                len(res.items), runtime, job.id if job.id in s.room else None, who))
+            allocs, refusal = s._try_place(
+                job, geo, node_ok, token=(len(res.items), runtime, job.id if job.id in s.room else None, who)
+            )
         if allocs:
             wait = wait_for_preferred(s, job, geo, allocs, now)  # gamma: a better model soon?
             if wait is not None:
@@ -127,13 +131,17 @@ def run_pass(s: TesseraScheduler, now: float, deadline: Deadline | None = None) 
                     s.quotas.frozen.setdefault(s.quotas._row_key(job.tenant, m), job.id)
                 for v in own:
                     s.running[v.job_id].terminating = True
-                    d.preemptions.append(Preemption(
-                        v.job_id, f"quota: {job.tenant} needs the room for job {job.id}", job.id))
+                    d.preemptions.append(
+                        Preemption(v.job_id, f"quota: {job.tenant} needs the room for job {job.id}", job.id)
+                    )
                 d.pending[job.id] = PendingReason(
-                    "reserved", f"reserved: preempting {len(own)} of {job.tenant}'s own jobs to "
-                                "make quota room; starts when they exit" if own else
-                                f"reserved: waiting for {job.tenant}'s terminating jobs to exit",
-                    now + max((s.running[v.job_id].job.grace_s for v in own), default=0.0))
+                    "reserved",
+                    f"reserved: preempting {len(own)} of {job.tenant}'s own jobs to "
+                    "make quota room; starts when they exit"
+                    if own
+                    else f"reserved: waiting for {job.tenant}'s terminating jobs to exit",
+                    now + max((s.running[v.job_id].job.grace_s for v in own), default=0.0),
+                )
                 continue
             quota_blocked.append((job, geo))  # worded at the end, on the final usage
             if queues.is_aged(job, now, cfg):  # its tenant's later jobs must not overtake it
@@ -156,23 +164,33 @@ def run_pass(s: TesseraScheduler, now: float, deadline: Deadline | None = None) 
                 d.pending[job.id] = PendingReason(
                     "reserved",
                     f"reserved: the free room is held for job {owner.job_id}, expected to start "
-                    f"in {_minutes(owner.start - now)}" if owner else "reserved",
+                    f"in {_minutes(owner.start - now)}"
+                    if owner
+                    else "reserved",
                 )
                 if cfg.level_of(job.kind) not in cfg.preemptor_levels:
                     continue
                 # a job that may preempt (inference) makes its room off the reserved nodes
         # 4. shrink elastic jobs, else preempt, else reserve
-        budget = (attempts < cfg.max_preemption_attempts
-                  and len(d.preemptions) < cfg.max_preemptions_per_pass)
+        budget = attempts < cfg.max_preemption_attempts and len(d.preemptions) < cfg.max_preemptions_per_pass
         if geo.req.count and cfg.preemption and budget:
             if cfg.resizes and _shrink_for(s, job, geo, now, d):
                 continue
             if hypo is None:
                 hypo = s.new_hypo()
             plan = None
-            fail_key = (geo, job.accelerators, job.node_selector, job.tolerations, job.topology,
-                        queues.rank(job, cfg), queues.is_aged(job, now, cfg), job.tenant,
-                        len(res.items), runtime)
+            fail_key = (
+                geo,
+                job.accelerators,
+                job.node_selector,
+                job.tolerations,
+                job.topology,
+                queues.rank(job, cfg),
+                queues.is_aged(job, now, cfg),
+                job.tenant,
+                len(res.items),
+                runtime,
+            )
             victims = s.victims(job, geo, now) if fail_key not in s._preempt_fail else {}
             if victims or (hypo.terminating and fail_key not in s._preempt_fail):
                 attempts += 1
@@ -187,17 +205,17 @@ def run_pass(s: TesseraScheduler, now: float, deadline: Deadline | None = None) 
                 may_rank = cfg.level_of(job.kind) in cfg.preemptor_levels
                 for v in plan:
                     s.running[v.job_id].terminating = True
-                    d.preemptions.append(Preemption(v.job_id, _why(s, job, v.job_id, may_rank, now),
-                                                    job.id))
-                waiting = f"preempting {len(plan)} job(s)" if plan else "waiting for "\
-                    "terminating jobs"
+                    d.preemptions.append(Preemption(v.job_id, _why(s, job, v.job_id, may_rank, now), job.id))
+                waiting = f"preempting {len(plan)} job(s)" if plan else "waiting for terminating jobs"
                 grace = max((s.running[v.job_id].job.grace_s for v in plan), default=0.0)
                 if plan and hypo.last_nodes:
                     s.room[job.id] = (hypo.last_nodes, now + grace + cfg.room_hold_s)
                     res.add(Reservation(job.id, hypo.last_nodes, now))
                 d.pending[job.id] = PendingReason(
-                    "reserved", f"reserved: {waiting} to make room; starts when they exit",
-                    now + grace if plan else None)
+                    "reserved",
+                    f"reserved: {waiting} to make room; starts when they exit",
+                    now + grace if plan else None,
+                )
                 continue
         aged = queues.is_aged(job, now, cfg)
         if cfg.backfill and len(res.items) < cfg.max_reservations and (aged or not blocked_seen):
@@ -206,8 +224,11 @@ def run_pass(s: TesseraScheduler, now: float, deadline: Deadline | None = None) 
             if r is not None:
                 res.add(r)
                 d.pending[job.id] = PendingReason(
-                    "reserved", f"reserved: {len(r.nodes)} node(s) held for it, expected to start "
-                                f"in {_minutes(r.start - now)}", r.start)
+                    "reserved",
+                    f"reserved: {len(r.nodes)} node(s) held for it, expected to start "
+                    f"in {_minutes(r.start - now)}",
+                    r.start,
+                )
                 continue
         to_diagnose.append((job, geo))
     if cfg.resizes:
@@ -229,8 +250,15 @@ def run_pass(s: TesseraScheduler, now: float, deadline: Deadline | None = None) 
     summaries: dict = {}
     quota_cache: dict = {}
     for job, geo in to_diagnose:
-        qkey = (geo, job.accelerators, job.node_selector, job.tolerations, job.topology,
-                job.tenant, job.preemptible)
+        qkey = (
+            geo,
+            job.accelerators,
+            job.node_selector,
+            job.tolerations,
+            job.topology,
+            job.tenant,
+            job.preemptible,
+        )
         if qkey not in quota_cache:
             quota_cache[qkey] = _quota_instead(s, job, geo)
         if quota_cache[qkey] is not None:  # room exists, on a model its quota refuses it
@@ -260,8 +288,10 @@ def _in_turn(s: TesseraScheduler, now: float, cfg, deadline: Deadline | None):
 
 def _not_reached(s: TesseraScheduler, reached: set[str], d: Decisions) -> None:
     """The pending jobs the pass did not reach before its deadline: each told so."""
-    why = PendingReason("priority", "priority: the scheduling pass ran out of time before "
-                                    "reaching it; the next pass decides it first")
+    why = PendingReason(
+        "priority",
+        "priority: the scheduling pass ran out of time before reaching it; the next pass decides it first",
+    )
     for jid in s.pending:
         if jid not in reached:
             d.pending[jid] = why
@@ -273,8 +303,9 @@ def _why(s: TesseraScheduler, job, victim: str, may_rank: bool, now: float) -> s
     if may_rank and queues.rank(s.running[victim].job, s.config) > queues.rank(job, s.config):
         return f"priority: for job {job.id}"
     if s.starving(job, now):
-        return (f"seniority: job {job.id} has waited {(now - job.submitted_at) / 3600:.0f} h "
-                "(starvation bound)")
+        return (
+            f"seniority: job {job.id} has waited {(now - job.submitted_at) / 3600:.0f} h (starvation bound)"
+        )
     return f"reclaim: {job.tenant} needs its guarantee"
 
 
@@ -316,8 +347,10 @@ def _hold_quota(s: TesseraScheduler, job, geo, claimed: list) -> None:
 
 def _off_clear(s: TesseraScheduler, node_ok):
     """``node_ok`` narrowed to the nodes off the racks kept clear for rack gangs."""
+
     def ok(i: int) -> bool:
         return s.nodes[i].rack not in s.clear_racks and (node_ok is None or node_ok(i))
+
     return ok
 
 
@@ -355,20 +388,23 @@ def _plan(s: TesseraScheduler, hypo, job, geo, c, victims, node_ok):
     ok = allowed if prev or node_ok is not None else None
     urgent = not job.preemptible  # a service: its start waits on its slowest victim's exit
     if s.clear_racks and not job.preemptible:  # off the racks kept clear, if room is there
-        plan = choose_victims(s.placer, hypo, geo.req, geo.need, c, victims, gone, job.topology,
-                              _off_clear(s, ok), urgent)
+        plan = choose_victims(
+            s.placer, hypo, geo.req, geo.need, c, victims, gone, job.topology, _off_clear(s, ok), urgent
+        )
         if plan is not None:
             return plan
-    return choose_victims(s.placer, hypo, geo.req, geo.need, c, victims, gone, job.topology, ok,
-                          urgent)
+    return choose_victims(s.placer, hypo, geo.req, geo.need, c, victims, gone, job.topology, ok, urgent)
 
 
 def _shrink_for(s: TesseraScheduler, job, geo, now: float, d: Decisions) -> bool:
     """Shrink elastic jobs behind ``job`` (or borrowing) if that alone lets it start."""
     from .policy import placements_of
 
-    elastic = [jid for _r, jid, run, _v, _m in s._elastic
-               if not run.terminating and len(s.state.allocs.get(jid, ())) > run.geo.need]
+    elastic = [
+        jid
+        for _r, jid, run, _v, _m in s._elastic
+        if not run.terminating and len(s.state.allocs.get(jid, ())) > run.geo.need
+    ]
     if not elastic:
         return False
     eligible = {v.job_id for vs in s.victims(job, geo, now).values() for v in vs}
@@ -417,8 +453,9 @@ def _grow(s: TesseraScheduler, now: float, d: Decisions, res: Reservations) -> N
 
         topo = run.job.topology
         if topo == "nvlink":
-            more = _grow_in_island(s, run, have, nxt, res.allows(have[0].node, now, runtime,
-                                                                 "", *_removable(s, run.job)))
+            more = _grow_in_island(
+                s, run, have, nxt, res.allows(have[0].node, now, runtime, "", *_removable(s, run.job))
+            )
             if more:
                 d.resizes.append(Resize(jid, placements_of(s.state.allocs[jid], s.state)))
             continue
@@ -427,16 +464,18 @@ def _grow(s: TesseraScheduler, now: float, d: Decisions, res: Reservations) -> N
 
         who = _removable(s, run.job)
 
-        def node_ok(i: int, runtime=runtime, topo=topo, home_nodes=home_nodes,
-                    home_racks=home_racks, who=who) -> bool:
+        def node_ok(
+            i: int, runtime=runtime, topo=topo, home_nodes=home_nodes, home_racks=home_racks, who=who
+        ) -> bool:
             if topo == "node" and i not in home_nodes:
                 return False
             if topo == "rack" and s.state.nodes[i].spec.rack not in home_racks:
                 return False
             return res.allows(i, now, runtime, "", *who)
 
-        more, _ = s._try_place(replace(run.job, topology="any"), run.geo, node_ok, nxt,
-                               top=run.geo.replicas - len(have), need=1)
+        more, _ = s._try_place(
+            replace(run.job, topology="any"), run.geo, node_ok, nxt, top=run.geo.replicas - len(have), need=1
+        )
         if not more:
             continue
         for a in more:
@@ -444,16 +483,13 @@ def _grow(s: TesseraScheduler, now: float, d: Decisions, res: Reservations) -> N
         d.resizes.append(Resize(jid, placements_of(s.state.allocs[jid], s.state)))
 
 
-
-def _grow_in_island(s: TesseraScheduler, run, have: list, first_replica: int, allowed: bool
-                    ) -> list:
+def _grow_in_island(s: TesseraScheduler, run, have: list, first_replica: int, allowed: bool) -> list:
     """Grow an ``nvlink`` job with whole free GPUs of the island it runs in (never another
     island, never another node), as many replicas as fit there, its quota admits and the
     reservations allow (``allowed``: the node is not held for another job)."""
     req = run.geo.req
     node = have[0].node
-    if (not allowed or req.count == 0 or req.milli < MILLI
-            or any(a.node != node or not a.gpus for a in have)):
+    if not allowed or req.count == 0 or req.milli < MILLI or any(a.node != node or not a.gpus for a in have):
         return []
     n = s.state.nodes[node]
     size = n.islands[0].size
@@ -471,7 +507,16 @@ def _grow_in_island(s: TesseraScheduler, run, have: list, first_replica: int, al
         k -= 1
     out = []
     for r in range(max(0, k)):
-        out.append(s.state.take(run.job.id, node, free[r * req.count:(r + 1) * req.count],
-                                req.milli, req.cpu, req.mem, first_replica + r))
+        out.append(
+            s.state.take(
+                run.job.id,
+                node,
+                free[r * req.count : (r + 1) * req.count],
+                req.milli,
+                req.cpu,
+                req.mem,
+                first_replica + r,
+            )
+        )
         s._charge(run, model, run.geo.charge)
     return out

@@ -169,8 +169,7 @@ class Placer:
     the memo and the per-class heaps. docs/placement.md has the whole score.
     """
 
-    def __init__(self, state: ClusterState, alpha: float = 0.0, beta: float = 0.0,
-                 delta: float = 0.0):
+    def __init__(self, state: ClusterState, alpha: float = 0.0, beta: float = 0.0, delta: float = 0.0):
         self.state = state
         self.alpha = alpha
         self.beta = beta
@@ -219,8 +218,7 @@ class Placer:
             info = self._cls_info[cls] = (d, spec.gpus, spec.model, spec.price_per_gpu_hour, cap)
         return info
 
-    def _group_score(self, g: Group, req: ReplicaReq, per: dict
-                     ) -> tuple[float, int | None] | None:
+    def _group_score(self, g: Group, req: ReplicaReq, per: dict) -> tuple[float, int | None] | None:
         """Score of ``req`` on the nodes of group ``g`` (higher is better) and, for a fraction,
         the free share of the GPU to use; None when it does not fit. Memoised in ``per`` (the
         request's scores by group id)."""
@@ -241,13 +239,17 @@ class Placer:
         if fits:
             frag = self.state.frag
             cpus = frag.cpu_sizes
-            fk = (info[2], bisect_right(cpus, cpu_free),
-                  bisect_right(cpus, cpu_free - req.cpu) if cpu_free < UNTRACKED else -1,
-                  g.sfree, req.milli, req.count)
+            fk = (
+                info[2],
+                bisect_right(cpus, cpu_free),
+                bisect_right(cpus, cpu_free - req.cpu) if cpu_free < UNTRACKED else -1,
+                g.sfree,
+                req.milli,
+                req.count,
+            )
             hit = self._frag_score.get(fk)
             if hit is None:
-                delta, value = frag_delta(frag, info[2], cpu_free, g.sfree, req.cpu, req.milli,
-                                          req.count)
+                delta, value = frag_delta(frag, info[2], cpu_free, g.sfree, req.cpu, req.milli, req.count)
                 hit = self._frag_score[fk] = (tessera_score(delta, req.count, g.fsum), value)
             score = hit[0]
             if self.alpha:
@@ -264,13 +266,18 @@ class Placer:
         hit = self._allowed.get(c)
         if hit is None:
             hit = self._allowed[c] = sorted(
-                ((cls, pref) for cls in sorted(self.state.class_spec)
-                 if (pref := self.class_pref(cls, c)) is not None),
-                key=lambda t: t[1])
+                (
+                    (cls, pref)
+                    for cls in sorted(self.state.class_spec)
+                    if (pref := self.class_pref(cls, c)) is not None
+                ),
+                key=lambda t: t[1],
+            )
         return hit
 
-    def candidates(self, req: ReplicaReq, c: Constraints, sort: bool = True
-                   ) -> list[tuple[tuple, list[int], int | None]]:
+    def candidates(
+        self, req: ReplicaReq, c: Constraints, sort: bool = True
+    ) -> list[tuple[tuple, list[int], int | None]]:
         """Every group that can take ``req``: (sort key, its node ranks, GPU value), best first."""
         out = []
         per = self._score.get(req)
@@ -292,8 +299,9 @@ class Placer:
             out.sort(key=lambda t: t[0], reverse=True)
         return out
 
-    def best(self, req: ReplicaReq, c: Constraints,
-             node_ok: Callable[[int], bool] | None = None) -> tuple[int, int | None] | None:
+    def best(
+        self, req: ReplicaReq, c: Constraints, node_ok: Callable[[int], bool] | None = None
+    ) -> tuple[int, int | None] | None:
         """The best node index for ``req`` and the GPU value (fractions), or None."""
         by_rank = self.state.by_rank
         if node_ok is not None:
@@ -332,9 +340,9 @@ class Placer:
                 best_key, best_pick = k, (by_rank[rank], value)
         return best_pick
 
-    def best_among(self, req: ReplicaReq, c: Constraints, rack: str,
-                   node_ok: Callable[[int], bool] | None = None
-                   ) -> tuple[int, int | None] | None:
+    def best_among(
+        self, req: ReplicaReq, c: Constraints, rack: str, node_ok: Callable[[int], bool] | None = None
+    ) -> tuple[int, int | None] | None:
         """Like :meth:`best`, over the nodes of one rack: a look at each group the rack's nodes
         are in (the best node of a group is its lowest-ranked allowed node in the rack)."""
         state = self.state
@@ -387,8 +395,7 @@ class Placer:
         groups = state.by_class[cls]
         by_gid = state.group_by_gid
         score = self._group_score
-        if (h is None or h[1] < base or end - h[1] > len(groups) + 16
-                or len(h[0]) > 4 * len(groups) + 64):
+        if h is None or h[1] < base or end - h[1] > len(groups) + 16 or len(h[0]) > 4 * len(groups) + 64:
             heap = []
             for g in groups.values():
                 sc = per.get(g.gid, MISS)
@@ -401,7 +408,7 @@ class Placer:
         elif end > h[1]:
             heap = h[0]
             push = heapq.heappush
-            for gid in log[h[1] - base:]:
+            for gid in log[h[1] - base :]:
                 g = by_gid.get(gid)
                 if g is None:
                     continue
@@ -424,8 +431,7 @@ class Placer:
             return -negs, r0, per[gid][1]  # type: ignore[index]
         return None
 
-    def place(self, job_id: str, node: int, req: ReplicaReq, value: int | None,
-              replica: int) -> Alloc:
+    def place(self, job_id: str, node: int, req: ReplicaReq, value: int | None, replica: int) -> Alloc:
         n = self.state.nodes[node]
         gpus = self.state.choose_gpus(n, req, value)
         return self.state.take(job_id, node, gpus, req.milli, req.cpu, req.mem, replica)

@@ -78,9 +78,12 @@ def placements_of(allocs: list[Alloc], state: ClusterState) -> tuple[Placement, 
 class TesseraScheduler:
     """The default policy; implements :class:`~.types.Scheduler`."""
 
-    def __init__(self, nodes: tuple[NodeSpec, ...] | list[NodeSpec],
-                 quotas: tuple[QuotaSpec, ...] | list[QuotaSpec] = (),
-                 config: EngineConfig | None = None):
+    def __init__(
+        self,
+        nodes: tuple[NodeSpec, ...] | list[NodeSpec],
+        quotas: tuple[QuotaSpec, ...] | list[QuotaSpec] = (),
+        config: EngineConfig | None = None,
+    ):
         self.config = config or EngineConfig()
         self.nodes = tuple(nodes)
         self.state = ClusterState(self.nodes, FragmentationModel(()), seed=self.config.seed)
@@ -126,18 +129,22 @@ class TesseraScheduler:
 
     # -- the driver's calls -----------------------------------------------------------------------
     @classmethod
-    def from_snapshot(cls, snapshot: Snapshot, config: EngineConfig | None = None
-                      ) -> TesseraScheduler:
+    def from_snapshot(cls, snapshot: Snapshot, config: EngineConfig | None = None) -> TesseraScheduler:
         s = cls(snapshot.nodes, snapshot.quotas, config)
         for job in snapshot.pending:
             s.submit(job)
         for run in snapshot.running:
-            s.adopt(run.job, run.placements, run.started_at, run.last_checkpoint_at,
-                    run.terminating)
+            s.adopt(run.job, run.placements, run.started_at, run.last_checkpoint_at, run.terminating)
         return s
 
-    def adopt(self, job: JobRequest, placements: tuple[Placement, ...], started_at: float,
-              last_checkpoint: float | None = None, terminating: bool = False) -> None:
+    def adopt(
+        self,
+        job: JobRequest,
+        placements: tuple[Placement, ...],
+        started_at: float,
+        last_checkpoint: float | None = None,
+        terminating: bool = False,
+    ) -> None:
         """Record a job that already holds GPUs (from a snapshot)."""
         geo = geometry(job, self.config.min_split_gpus)
         run = Running(job, geo, started_at, last_checkpoint, terminating)
@@ -146,8 +153,7 @@ class TesseraScheduler:
         for p in placements:
             node = self.state.by_name[p.node]
             milli = MILLI if p.share >= 1 else to_milli(p.share)
-            self.state.take(job.id, node, p.gpus, milli if p.gpus else 0, geo.req.cpu,
-                            geo.req.mem, p.replica)
+            self.state.take(job.id, node, p.gpus, milli if p.gpus else 0, geo.req.cpu, geo.req.mem, p.replica)
             self._charge(run, self.nodes[node].model, geo.charge if p.gpus else 0)
 
     def submit(self, job: JobRequest) -> None:
@@ -214,17 +220,35 @@ class TesseraScheduler:
         return static_check(self.state, self.quotas, job, geo, self._static)
 
     # -- placing one job --------------------------------------------------------------------------
-    def _try_place(self, job: JobRequest, geo: Geometry, node_ok, first_replica: int = 0,
-                   top: int | None = None, need: int | None = None, token: tuple | None = None
-                   ) -> tuple[list[Alloc] | None, tuple[str, str] | None]:
+    def _try_place(
+        self,
+        job: JobRequest,
+        geo: Geometry,
+        node_ok,
+        first_replica: int = 0,
+        top: int | None = None,
+        need: int | None = None,
+        token: tuple | None = None,
+    ) -> tuple[list[Alloc] | None, tuple[str, str] | None]:
         """(allocations, None) on success; (None, quota reason or None) otherwise.
 
         A failure is memoised with the state's version and ``token`` (what ``node_ok`` depends
         on): the same request on an unchanged state fails again without a search."""
         memo_key = None
         if token is not None or node_ok is None:
-            memo_key = (geo, job.accelerators, job.node_selector, job.tolerations, job.topology,
-                        job.tenant, job.preemptible, top, need, token, self.quota_token)
+            memo_key = (
+                geo,
+                job.accelerators,
+                job.node_selector,
+                job.tolerations,
+                job.topology,
+                job.tenant,
+                job.preemptible,
+                top,
+                need,
+                token,
+                self.quota_token,
+            )
             if self._fail_memo.get(memo_key) == self.state.version:
                 return None, None
         got, refusal = self._try_place_inner(job, geo, node_ok, first_replica, top, need)
@@ -232,15 +256,16 @@ class TesseraScheduler:
             self._fail_memo[memo_key] = self.state.version
         return got, refusal
 
-    def _try_place_inner(self, job: JobRequest, geo: Geometry, node_ok, first_replica: int,
-                         top: int | None, need: int | None
-                         ) -> tuple[list[Alloc] | None, tuple[str, str] | None]:
+    def _try_place_inner(
+        self, job: JobRequest, geo: Geometry, node_ok, first_replica: int, top: int | None, need: int | None
+    ) -> tuple[list[Alloc] | None, tuple[str, str] | None]:
         top = geo.replicas if top is None else top
         need = geo.need if need is None else need
         if geo.req.count == 0:
             c = constraints(job)
-            return place_gang(self.placer, job.id, geo.req, top, need, job.topology, c, node_ok,
-                              first_replica), None
+            return place_gang(
+                self.placer, job.id, geo.req, top, need, job.topology, c, node_ok, first_replica
+            ), None
         models, ranked = self._models_for(job)
         allowed: list[tuple[str, int]] = []
         refusal: tuple[str, str] | None = None
@@ -261,10 +286,14 @@ class TesseraScheduler:
         else:
             attempts = [((m,), r) for m, r in allowed]
         for ms, r in attempts:
-            c = Constraints(ms if ranked or len(ms) < len(self.models) else (), job.node_selector,
-                            job.tolerations, True, job.prefer_labels)
-            got = place_gang(self.placer, job.id, geo.req, r, need, job.topology, c, node_ok,
-                             first_replica)
+            c = Constraints(
+                ms if ranked or len(ms) < len(self.models) else (),
+                job.node_selector,
+                job.tolerations,
+                True,
+                job.prefer_labels,
+            )
+            got = place_gang(self.placer, job.id, geo.req, r, need, job.topology, c, node_ok, first_replica)
             if got:
                 return got, None
         return None, None
@@ -296,11 +325,18 @@ class TesseraScheduler:
         if why is not None or not self.quotas.enabled or not milli:
             return why
         owners = self._owed.get(model)
-        if (owners and any(t != job.tenant for t in owners) and not self.starving(job, self._now)
-                and not self.quotas.under_guarantee(job.tenant, model, milli, job.preemptible)):
+        if (
+            owners
+            and any(t != job.tenant for t in owners)
+            and not self.starving(job, self._now)
+            and not self.quotas.under_guarantee(job.tenant, model, milli, job.preemptible)
+        ):
             waiting = ", ".join(t for t in owners if t != job.tenant)
-            return ("borrow-limit", f"borrow-limit: {model} above {job.tenant}'s guarantee is "
-                                    f"owed to {waiting}, waiting within their guarantee")
+            return (
+                "borrow-limit",
+                f"borrow-limit: {model} above {job.tenant}'s guarantee is "
+                f"owed to {waiting}, waiting within their guarantee",
+            )
         return None
 
     def geo(self, job: JobRequest) -> Geometry:
@@ -346,15 +382,13 @@ class TesseraScheduler:
                 if key in seen:  # usage does not change here: one answer per key
                     continue
                 seen.add(key)
-                if self.quotas.under_guarantee(job.tenant, m, geo.charge * geo.need,
-                                               job.preemptible):
+                if self.quotas.under_guarantee(job.tenant, m, geo.charge * geo.need, job.preemptible):
                     owners = self._owed.setdefault(m, [])
                     if job.tenant not in owners:
                         owners.append(job.tenant)
         self.quota_token = tuple(sorted((m, tuple(o)) for m, o in self._owed.items()))
 
-    def _bind(self, job: JobRequest, geo: Geometry, allocs: list[Alloc], now: float,
-              d: Decisions) -> None:
+    def _bind(self, job: JobRequest, geo: Geometry, allocs: list[Alloc], now: float, d: Decisions) -> None:
         run = Running(job, geo, now)
         for a in allocs:
             self._charge(run, self.nodes[a.node].model, geo.charge if a.gpus else 0)
@@ -407,8 +441,12 @@ class TesseraScheduler:
         starve = self.config.starve_s
         window = self.config.reclaim_checkpoint_window_s
         for jid, run in self.running.items():
-            if (not run.job.preemptible or run.terminating or run.cancelled
-                    or now - run.started_at < self.config.preempt_min_run_s):
+            if (
+                not run.job.preemptible
+                or run.terminating
+                or run.cancelled
+                or now - run.started_at < self.config.preempt_min_run_s
+            ):
                 continue
             allocs = tuple(self.state.allocs.get(jid, ()))
             since = max(run.started_at, run.last_checkpoint or run.started_at)
@@ -423,12 +461,15 @@ class TesseraScheduler:
                 # started starving: its borrowing ends with it, and no seniority preemption
                 # takes it back (an older job it made room for cannot preempt it in turn)
                 self._protected.add(jid)
-            elif (starve > 0 and run.job.checkpoint_s and now - run.started_at >= starve
-                  and (jid in self._reclaimable or jid in self._senior_ok)):
+            elif (
+                starve > 0
+                and run.job.checkpoint_s
+                and now - run.started_at >= starve
+                and (jid in self._reclaimable or jid in self._senior_ok)
+            ):
                 self._served.add(jid)
             gpus = sum(len(a.gpus) * a.milli for a in allocs) / MILLI
-            victim = Victim(jid, gpus * max(0.0, now - since), run.job.priority, allocs,
-                            run.job.grace_s)
+            victim = Victim(jid, gpus * max(0.0, now - since), run.job.priority, allocs, run.job.grace_s)
             models = tuple(sorted({m for m, _ in run.charged}))
             self._eligible.append((queues.rank(run.job, self.config), jid, run, victim, models))
         self._elastic = [e for e in self._eligible if e[2].job.elastic_max_gpus is not None]
@@ -438,7 +479,8 @@ class TesseraScheduler:
             for run in self.running.values():
                 if not run.job.preemptible and run.geo.req.count:
                     self.clear_racks.difference_update(
-                        self.nodes[a.node].rack for a in self.state.allocs.get(run.job.id, ()))
+                        self.nodes[a.node].rack for a in self.state.allocs.get(run.job.id, ())
+                    )
 
     def victims(self, job: JobRequest, geo: Geometry, now: float) -> dict[int, list[Victim]]:
         """Eligible victims per node, cheapest first (see :mod:`.preemption`): jobs strictly
@@ -447,15 +489,22 @@ class TesseraScheduler:
         mine = queues.rank(job, self.config)
         under: tuple[str, ...] = ()
         borrowing: tuple[tuple[str, str], ...] = ()
-        if (self.quotas.enabled and geo.req.count
-                and now - job.submitted_at >= self.config.reclaim_after_s):
+        if self.quotas.enabled and geo.req.count and now - job.submitted_at >= self.config.reclaim_after_s:
             models, _ = self._models_for(job)
-            under = tuple(m for m in models if self.quotas.under_guarantee(
-                job.tenant, m, geo.charge * geo.need, job.preemptible))
+            under = tuple(
+                m
+                for m in models
+                if self.quotas.under_guarantee(job.tenant, m, geo.charge * geo.need, job.preemptible)
+            )
             if under:
-                borrowing = tuple(sorted(
-                    (t, m) for t in self.quotas.rows for m in under
-                    if t != job.tenant and self.quotas.borrowed(t, m) > 0))
+                borrowing = tuple(
+                    sorted(
+                        (t, m)
+                        for t in self.quotas.rows
+                        for m in under
+                        if t != job.tenant and self.quotas.borrowed(t, m) > 0
+                    )
+                )
         may_rank = self.config.level_of(job.kind) in self.config.preemptor_levels
         # An aged job may preempt strictly lower kind levels (never its own level): this bounds
         # the wait of big gangs, and the victims, being lower, can never preempt it back.
@@ -468,11 +517,16 @@ class TesseraScheduler:
             return hit
         out: dict[int, list[Victim]] = {}
         for vrank, _jid, run, victim, vmodels in self._eligible:
-            if not (may_rank and vrank > mine) and not (aged and vrank[0] > mine[0]) and not (
-                borrowing and _jid in self._reclaimable and _jid not in self._protected
-                and any((run.job.tenant, m) in borrowing for m in vmodels)
-            ) and not (
-                senior is not None and self._senior_victim(_jid, run, vrank, mine, senior)
+            if (
+                not (may_rank and vrank > mine)
+                and not (aged and vrank[0] > mine[0])
+                and not (
+                    borrowing
+                    and _jid in self._reclaimable
+                    and _jid not in self._protected
+                    and any((run.job.tenant, m) in borrowing for m in vmodels)
+                )
+                and not (senior is not None and self._senior_victim(_jid, run, vrank, mine, senior))
             ):
                 continue
             for node in sorted({a.node for a in victim.allocs}):
@@ -482,14 +536,16 @@ class TesseraScheduler:
         self._victim_memo[key] = out
         return out
 
-    def quota_victims(self, job: JobRequest, geo: Geometry, budget: int = 1 << 30
-                      ) -> list[Victim] | None:
+    def quota_victims(self, job: JobRequest, geo: Geometry, budget: int = 1 << 30) -> list[Victim] | None:
         """Victims among ``job``'s own tenant's jobs behind it on one of its models whose
         release would make quota room for it (least lost work first); [] when jobs already
         terminating will make the room; None when preemption cannot help. Only for the
         preemptor levels (an inference job stuck behind its tenant's own batch work)."""
-        if (not self.quotas.enabled or not geo.req.count
-                or self.config.level_of(job.kind) not in self.config.preemptor_levels):
+        if (
+            not self.quotas.enabled
+            or not geo.req.count
+            or self.config.level_of(job.kind) not in self.config.preemptor_levels
+        ):
             return None
         mine = queues.rank(job, self.config)
         models, _ = self._models_for(job)
@@ -499,8 +555,10 @@ class TesseraScheduler:
             if q is None:
                 continue
             cap = round(q.limit * MILLI)
-            if need > cap or (not job.preemptible and self.quotas.fixed_used(job.tenant, m)
-                              + need > round(q.guaranteed * MILLI)):
+            if need > cap or (
+                not job.preemptible
+                and self.quotas.fixed_used(job.tenant, m) + need > round(q.guaranteed * MILLI)
+            ):
                 continue  # its own preemptible jobs' room would not admit it
             excess = self.quotas.used(job.tenant, m) + need - cap
             row = self.quotas._row_key(job.tenant, m)
@@ -514,10 +572,15 @@ class TesseraScheduler:
             mine_jobs = self._quota_memo.get(memo_key)
             if mine_jobs is None:  # once per pass and (tenant, row, rank)
                 mine_jobs = self._quota_memo[memo_key] = sorted(
-                    (v for vrank, _j, run, v, vmodels in self._eligible
-                     if run.job.tenant == job.tenant and vrank > mine
-                     and any(self.quotas._row_key(job.tenant, vm) == row for vm in vmodels)),
-                    key=lambda v: (v.lost, v.priority, v.job_id))
+                    (
+                        v
+                        for vrank, _j, run, v, vmodels in self._eligible
+                        if run.job.tenant == job.tenant
+                        and vrank > mine
+                        and any(self.quotas._row_key(job.tenant, vm) == row for vm in vmodels)
+                    ),
+                    key=lambda v: (v.lost, v.priority, v.job_id),
+                )
             mine_jobs = [v for v in mine_jobs if not self.running[v.job_id].terminating]
             # The job starts when the slowest victim has exited, so the victims come from the
             # shortest grace period that can make the room; within it:
@@ -527,25 +590,32 @@ class TesseraScheduler:
             for g in graces:
                 chosen = self._quota_pick(
                     [v for v in mine_jobs if self.running[v.job_id].job.grace_s <= g],
-                    job.tenant, row, excess, budget)
+                    job.tenant,
+                    row,
+                    excess,
+                    budget,
+                )
                 if chosen is not None:
                     return chosen
         self.quota_room_model = None
         return None
 
-    def _senior_victim(self, jid: str, run: Running, vrank: tuple, mine: tuple,
-                       senior: tuple) -> bool:
+    def _senior_victim(self, jid: str, run: Running, vrank: tuple, mine: tuple, senior: tuple) -> bool:
         """May a starving job of rank ``mine``, submitted at ``senior``, preempt ``run``?"""
-        return (vrank[0] >= mine[0] and jid not in self._protected
-                and (jid in self._reclaimable or jid in self._senior_ok)
-                and ((run.job.submitted_at, run.job.id) > senior or jid in self._served))
+        return (
+            vrank[0] >= mine[0]
+            and jid not in self._protected
+            and (jid in self._reclaimable or jid in self._senior_ok)
+            and ((run.job.submitted_at, run.job.id) > senior or jid in self._served)
+        )
 
     def _row_charge(self, run, tenant: str, row: tuple[str, str]) -> int:
         """What ``run`` is charged on ``tenant``'s quota row ``row`` (milli-GPU): what leaving frees."""
         return sum(mi for mm, mi in run.charged if self.quotas._row_key(tenant, mm) == row)
 
-    def _quota_pick(self, candidates: list[Victim], tenant: str, row: tuple[str, str],
-                    excess: int, budget: int) -> list[Victim] | None:
+    def _quota_pick(
+        self, candidates: list[Victim], tenant: str, row: tuple[str, str], excess: int, budget: int
+    ) -> list[Victim] | None:
         chosen: list[tuple[Victim, int]] = []
         for v in candidates:
             if excess <= 0 or len(chosen) >= budget:
@@ -563,8 +633,11 @@ class TesseraScheduler:
         return sorted((v for v, _ in chosen), key=lambda v: v.job_id)
 
     def new_hypo(self) -> Hypo:
-        term = [(jid, tuple(self.state.allocs.get(jid, ()))) for jid, r in self.running.items()
-                if r.terminating or r.cancelled]
+        term = [
+            (jid, tuple(self.state.allocs.get(jid, ())))
+            for jid, r in self.running.items()
+            if r.terminating or r.cancelled
+        ]
         return Hypo(self.placer, term)
 
     def holders(self, now: float) -> dict[int, list]:
@@ -603,8 +676,7 @@ class TesseraScheduler:
         strict = self.config.level_of(job.kind) if starving else None
         if prev is not None and not (set(prev) & taken):
             req, _n = gang_shape(geo.req, geo.need, job.topology)
-            times = [node_ready_time(self.placer, i, req, holders.get(i, []), now)
-                     for i in prev]
+            times = [node_ready_time(self.placer, i, req, holders.get(i, []), now) for i in prev]
             if all(t is not None for t in times):
                 return Reservation(job.id, prev, max(times), strict)  # type: ignore[type-var]
         c = constraints(job)
@@ -615,12 +687,16 @@ class TesseraScheduler:
         return r
 
 
-def diagnose_job(s: TesseraScheduler, job: JobRequest, geo: Geometry,
-                 summaries: dict | None = None) -> PendingReason:
+def diagnose_job(
+    s: TesseraScheduler, job: JobRequest, geo: Geometry, summaries: dict | None = None
+) -> PendingReason:
     c = constraints(job)
     reason = diagnose(s.placer, job, geo.req, geo.replicas, geo.need, c, summaries)
     if reason.code == "gang" and job.topology in ("node", "nvlink", "rack") and geo.need > 1:
-        return PendingReason("topology", f"topology: {geo.need} replicas of "
-                                         f"{geo.req.demand / MILLI:g} GPUs do not fit in one "
-                                         f"{job.topology} now")
+        return PendingReason(
+            "topology",
+            f"topology: {geo.need} replicas of "
+            f"{geo.req.demand / MILLI:g} GPUs do not fit in one "
+            f"{job.topology} now",
+        )
     return reason

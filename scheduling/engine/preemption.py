@@ -102,12 +102,18 @@ def _take(placer: Placer, i: int, st: list, req: ReplicaReq) -> None:
         st[2] -= req.mem
 
 
-
-def choose_victims(placer: Placer, hypo: Hypo, req: ReplicaReq, replicas: int, c: Constraints,
-                   victims_by_node: dict[int, list[Victim]],
-                   gone: Callable[[str], bool] = lambda _j: False, topology: str = "any",
-                   node_ok: Callable[[int], bool] | None = None, by_grace: bool = False
-                   ) -> list[Victim] | None:
+def choose_victims(
+    placer: Placer,
+    hypo: Hypo,
+    req: ReplicaReq,
+    replicas: int,
+    c: Constraints,
+    victims_by_node: dict[int, list[Victim]],
+    gone: Callable[[str], bool] = lambda _j: False,
+    topology: str = "any",
+    node_ok: Callable[[int], bool] | None = None,
+    by_grace: bool = False,
+) -> list[Victim] | None:
     """Steps 1-4 for a job of ``replicas`` x ``req`` with ``topology``: the room is searched where
     placement could use it — a ``node``/``nvlink`` gang on one node, a gang's replicas on one
     model (and one rack for ``rack``) — and the cheapest such room wins. ``node_ok`` leaves out
@@ -123,8 +129,11 @@ def choose_victims(placer: Placer, hypo: Hypo, req: ReplicaReq, replicas: int, c
     if replicas > 1:
         pool = [n.index for n in state.nodes if n.cls in classes]
     else:
-        pool = [i for i in sorted(set(victims_by_node) | hypo.nodes_of_interest())
-                if state.nodes[i].cls in classes]
+        pool = [
+            i
+            for i in sorted(set(victims_by_node) | hypo.nodes_of_interest())
+            if state.nodes[i].cls in classes
+        ]
     groups: dict[tuple[str, str], list[int]] = {}
     for i in pool:
         spec = state.nodes[i].spec
@@ -132,8 +141,12 @@ def choose_victims(placer: Placer, hypo: Hypo, req: ReplicaReq, replicas: int, c
             continue
         groups.setdefault(gang_group(spec, replicas, topology), []).append(i)
     if by_grace:  # each node's victims, quickest to exit first (then the least lost work)
-        victims_by_node = {i: sorted(victims_by_node[i], key=_by_grace)
-                           for nodes in groups.values() for i in nodes if i in victims_by_node}
+        victims_by_node = {
+            i: sorted(victims_by_node[i], key=_by_grace)
+            for nodes in groups.values()
+            for i in nodes
+            if i in victims_by_node
+        }
     best: tuple[tuple[float, int], list[Victim], list[tuple[int, ReplicaReq]]] | None = None
     for _key, nodes in sorted(groups.items()):
         if req.count * replicas > sum(state.nodes[i].spec.gpus for i in nodes):
@@ -152,10 +165,16 @@ def _by_grace(v: Victim) -> tuple[float, float, int, str]:
     return (v.grace, v.lost, v.priority, v.job_id)
 
 
-def _search(placer: Placer, hypo: Hypo, req: ReplicaReq, replicas: int, allowed: list[int],
-            victims_by_node: dict[int, list[Victim]], gone: Callable[[str], bool],
-            by_grace: bool = False
-            ) -> tuple[tuple[float, float, int], list[Victim], list[tuple[int, ReplicaReq]]] | None:
+def _search(
+    placer: Placer,
+    hypo: Hypo,
+    req: ReplicaReq,
+    replicas: int,
+    allowed: list[int],
+    victims_by_node: dict[int, list[Victim]],
+    gone: Callable[[str], bool],
+    by_grace: bool = False,
+) -> tuple[tuple[float, float, int], list[Victim], list[tuple[int, ReplicaReq]]] | None:
     """Steps 2-3 on the nodes ``allowed``: (cost, victims, claims), or None if no room. Each
     node's victims come cheapest first (by grace period first when ``by_grace``)."""
     state = placer.state

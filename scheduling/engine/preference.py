@@ -29,8 +29,9 @@ if TYPE_CHECKING:
     from .policy import TesseraScheduler
 
 
-def wait_for_preferred(s: TesseraScheduler, job: JobRequest, geo: Geometry,
-                       allocs: list[Alloc], now: float) -> PendingReason | None:
+def wait_for_preferred(
+    s: TesseraScheduler, job: JobRequest, geo: Geometry, allocs: list[Alloc], now: float
+) -> PendingReason | None:
     """If ``job`` should wait for a model it prefers over where ``allocs`` put it, give the
     allocations back and return its pending reason; else None (bind them)."""
     gamma = s.config.gamma
@@ -54,7 +55,10 @@ def wait_for_preferred(s: TesseraScheduler, job: JobRequest, geo: Geometry,
             for a in allocs:
                 s.state.release_replica(job.id, a)
             return PendingReason(
-                "model", f"model: waiting for {m} (choice {j + 1} of its models), expected free "
-                         f"in ~{max(1, round(wait_h * 60))} min, rather than starting now on "
-                         f"{got} (choice {k + 1})", r.start)
+                "model",
+                f"model: waiting for {m} (choice {j + 1} of its models), expected free "
+                f"in ~{max(1, round(wait_h * 60))} min, rather than starting now on "
+                f"{got} (choice {k + 1})",
+                r.start,
+            )
     return None

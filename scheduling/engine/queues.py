@@ -37,8 +37,9 @@ def level(job: JobRequest, now: float, config: EngineConfig) -> int:
     return 0 if is_aged(job, now, config) else config.level_of(job.kind)
 
 
-def order(jobs: Iterable[JobRequest], now: float, config: EngineConfig,
-          quotas: Quotas) -> Iterator[JobRequest]:
+def order(
+    jobs: Iterable[JobRequest], now: float, config: EngineConfig, quotas: Quotas
+) -> Iterator[JobRequest]:
     """Pending jobs in queue order, chosen one at a time. Jobs are grouped by all that comes
     before the fair share (level, the starvation rule, borrowing, priority); inside a group a
     heap holds one entry per tenant, keyed by (its share, its oldest job's arrival and id), and
@@ -68,8 +69,7 @@ def order(jobs: Iterable[JobRequest], now: float, config: EngineConfig,
             if tenant not in scale:
                 scale[tenant] = quotas.share_per_milli(tenant) if tenant else 0.0
             head = queue[-1]
-            heap.append((total.get(tenant, 0) * scale[tenant], head.submitted_at, head.id,
-                         tenant))
+            heap.append((total.get(tenant, 0) * scale[tenant], head.submitted_at, head.id, tenant))
         heapq.heapify(heap)
         while heap:
             tenant = heap[0][3]
@@ -77,8 +77,9 @@ def order(jobs: Iterable[JobRequest], now: float, config: EngineConfig,
             yield queue.pop()
             if queue:  # re-key the tenant with its share now
                 head = queue[-1]
-                heapq.heapreplace(heap, (total.get(tenant, 0) * scale[tenant],
-                                         head.submitted_at, head.id, tenant))
+                heapq.heapreplace(
+                    heap, (total.get(tenant, 0) * scale[tenant], head.submitted_at, head.id, tenant)
+                )
             else:
                 heapq.heappop(heap)
 

@@ -77,8 +77,7 @@ class Quotas:
         label = model if q.model != "*" else f"{model} (* row)"
         holder = self.frozen.get(key)
         if holder is not None:
-            return ("quota", f"quota: {tenant}'s {label} quota is being freed for its job "
-                             f"{holder}")
+            return ("quota", f"quota: {tenant}'s {label} quota is being freed for its job {holder}")
         if used + milli > round(q.limit * MILLI):
             return ("quota", f"quota: {tenant} uses {fmt_gpus(used)} of {q.limit:g} {label} (limit)")
         fixed = self.fixed.get(key, 0)
@@ -105,8 +104,7 @@ class Quotas:
             return 0
         return max(0, self.used(tenant, model) - round(q.guaranteed * MILLI))
 
-    def under_guarantee(self, tenant: str, model: str, milli: int,
-                        preemptible: bool = True) -> bool:
+    def under_guarantee(self, tenant: str, model: str, milli: int, preemptible: bool = True) -> bool:
         """Would ``tenant`` stay within its guarantee after taking ``milli`` more (for a
         non-preemptible job: its non-preemptible usage, which the guarantee serves first)?"""
         q = self.row(tenant, model)

@@ -28,8 +28,17 @@ def _models(c: Constraints) -> str:
 class ClassSummary:
     """Free capacity of the nodes of one class (optionally in one rack), from one scan."""
 
-    __slots__ = ("nodes", "gpus", "whole_free", "free_milli", "max_whole", "max_block",
-                 "max_island", "max_gpu", "model")
+    __slots__ = (
+        "nodes",
+        "gpus",
+        "whole_free",
+        "free_milli",
+        "max_whole",
+        "max_block",
+        "max_island",
+        "max_gpu",
+        "model",
+    )
 
     def __init__(self, model: str):
         self.model = model
@@ -65,9 +74,15 @@ def summarize(state: ClusterState, rack: str | None = None) -> dict[int, ClassSu
     return out
 
 
-def diagnose(placer: Placer, job: JobRequest, req: ReplicaReq, replicas: int, need: int,
-             c: Constraints, summaries: dict[str | None, dict[int, ClassSummary]] | None = None,
-             ) -> PendingReason:
+def diagnose(
+    placer: Placer,
+    job: JobRequest,
+    req: ReplicaReq,
+    replicas: int,
+    need: int,
+    c: Constraints,
+    summaries: dict[str | None, dict[int, ClassSummary]] | None = None,
+) -> PendingReason:
     """Why ``job`` (which did not fit) cannot start on the current state."""
     state = placer.state
     rack = next((v for k, v in c.selector if k == "rack"), None)
@@ -113,8 +128,9 @@ def diagnose(placer: Placer, job: JobRequest, req: ReplicaReq, replicas: int, ne
                 f"gang: needs {need} replicas of {fmt_gpus(req.demand)} {what} together; "
                 f"only {fit_nodes} node(s) can take one now",
             )
-        return PendingReason("gang", f"gang: {need} replicas of {fmt_gpus(req.demand)} {what} "
-                                     "do not fit together now")
+        return PendingReason(
+            "gang", f"gang: {need} replicas of {fmt_gpus(req.demand)} {what} do not fit together now"
+        )
     if mine_total < total_need:
         return PendingReason(
             "capacity",
@@ -153,8 +169,7 @@ def diagnose(placer: Placer, job: JobRequest, req: ReplicaReq, replicas: int, ne
     if req.milli < MILLI:
         return PendingReason(
             "fragmentation",
-            f"fragmentation: {fmt_gpus(mine_free)} {what} free, no GPU with "
-            f"{fmt_gpus(req.milli)} free",
+            f"fragmentation: {fmt_gpus(mine_free)} {what} free, no GPU with {fmt_gpus(req.milli)} free",
         )
     return PendingReason(
         "fragmentation",

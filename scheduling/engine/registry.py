@@ -12,8 +12,13 @@ from .types import NodeSpec, QuotaSpec, Scheduler
 POLICIES: tuple[str, ...] = ("tessera", *BASELINES)
 
 
-def make_scheduler(name: str, nodes: Sequence[NodeSpec], quotas: Sequence[QuotaSpec] = (),
-                   seed: int = 0, config: EngineConfig | None = None) -> Scheduler:
+def make_scheduler(
+    name: str,
+    nodes: Sequence[NodeSpec],
+    quotas: Sequence[QuotaSpec] = (),
+    seed: int = 0,
+    config: EngineConfig | None = None,
+) -> Scheduler:
     """A fresh scheduler for ``name`` (one of :data:`POLICIES`) over ``nodes``."""
     if name == "tessera":
         if config is None:

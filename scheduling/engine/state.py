@@ -59,8 +59,7 @@ class Alloc:
 class NodeState:
     """Free capacity of one node."""
 
-    __slots__ = ("index", "spec", "free", "cpu", "mem", "islands", "cls", "rank", "labels",
-                 "group")
+    __slots__ = ("index", "spec", "free", "cpu", "mem", "islands", "cls", "rank", "labels", "group")
 
     def __init__(self, index: int, spec: NodeSpec, cls: int, rank: int):
         self.index = index
@@ -130,8 +129,7 @@ class Group:
 class ClusterState:
     """Every node's free capacity, the groups, the running fragmentation sums and who holds what."""
 
-    def __init__(self, specs: list[NodeSpec] | tuple[NodeSpec, ...], frag: FragmentationModel,
-                 seed: int = 0):
+    def __init__(self, specs: list[NodeSpec] | tuple[NodeSpec, ...], frag: FragmentationModel, seed: int = 0):
         self.frag = frag
         self.min_split_order = 0  # blocks smaller than 2^this are not split off for whole GPUs
         order = list(range(len(specs)))
@@ -143,8 +141,16 @@ class ClusterState:
         self.nodes: list[NodeState] = []
         for i, s in enumerate(specs):
             labels = tuple(kv for kv in s.labels if kv[0] != "rack")
-            ckey = (s.model, s.gpus, s.nvlink_domain, s.kind, labels, s.taints, s.schedulable,
-                    s.unhealthy_gpus)
+            ckey = (
+                s.model,
+                s.gpus,
+                s.nvlink_domain,
+                s.kind,
+                labels,
+                s.taints,
+                s.schedulable,
+                s.unhealthy_gpus,
+            )
             cls = classes.setdefault(ckey, len(classes))
             self.nodes.append(NodeState(i, s, cls, rank[i]))
         self.by_name = {n.spec.name: n.index for n in self.nodes}
@@ -256,7 +262,7 @@ class ClusterState:
         if req.milli < MILLI:
             return any(v >= req.milli for v in self.share_hist[cls])
         hist = self.whole_hist[cls]
-        return any(hist[req.count:])
+        return any(hist[req.count :])
 
     def set_frag(self, frag: FragmentationModel) -> None:
         """Switch to another request mix: recompute the sums once (not per decision)."""
@@ -277,8 +283,7 @@ class ClusterState:
                 value = min(v for v in n.free if v >= req.milli)
             return [n.free.index(value)]
         best: tuple[int, int] | None = None  # (block order, first GPU)
-        for k in dict.fromkeys((max(order_for(req.count), self.min_split_order),
-                                order_for(req.count))):
+        for k in dict.fromkeys((max(order_for(req.count), self.min_split_order), order_for(req.count))):
             for isl in n.islands:
                 for order in range(k, len(isl.free)):
                     if isl.free[order]:
@@ -297,9 +302,7 @@ class ClusterState:
                     return got[: req.count]
             raise ValueError("no island holds the request")
         # 1. Larger than any island: whole free blocks, largest first, then the smallest rest.
-        blocks = sorted(
-            (b for isl in n.islands for b in isl.blocks()), key=lambda b: (-b[1], b[0])
-        )
+        blocks = sorted((b for isl in n.islands for b in isl.blocks()), key=lambda b: (-b[1], b[0]))
         out: list[int] = []
         for first, size in blocks:
             out.extend(range(first, first + min(size, req.count - len(out))))
@@ -308,8 +311,16 @@ class ClusterState:
         return out
 
     # -- binding and freeing ---------------------------------------------------------------------
-    def take(self, job_id: str, node: int, gpus: list[int] | tuple[int, ...], milli: int, cpu: int,
-             mem: int, replica: int) -> Alloc:
+    def take(
+        self,
+        job_id: str,
+        node: int,
+        gpus: list[int] | tuple[int, ...],
+        milli: int,
+        cpu: int,
+        mem: int,
+        replica: int,
+    ) -> Alloc:
         n = self.nodes[node]
         self._leave(n)
         for g in gpus:

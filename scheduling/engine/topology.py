@@ -53,8 +53,13 @@ def place_gang(
 
     if topology in ("nvlink", "node") and replicas > 1 and req.count > 0:
         for k in range(replicas, need - 1, -1):
-            whole = ReplicaReq(req.milli, req.count * k if req.milli >= MILLI else req.count,
-                               req.cpu * k, req.mem * k, topology == "nvlink")
+            whole = ReplicaReq(
+                req.milli,
+                req.count * k if req.milli >= MILLI else req.count,
+                req.cpu * k,
+                req.mem * k,
+                topology == "nvlink",
+            )
             if req.milli < MILLI and k > 1:
                 continue  # several fractional replicas never share one request
             pick = _pick(placer, whole, c, node_ok, rack)
@@ -63,16 +68,22 @@ def place_gang(
             node, _ = pick
             gpus = state.choose_gpus(state.nodes[node], whole, None)
             allocs = [
-                state.take(job_id, node, gpus[r * req.count : (r + 1) * req.count], req.milli,
-                           req.cpu, req.mem, first_replica + r)
+                state.take(
+                    job_id,
+                    node,
+                    gpus[r * req.count : (r + 1) * req.count],
+                    req.milli,
+                    req.cpu,
+                    req.mem,
+                    first_replica + r,
+                )
                 for r in range(k)
             ]
             return allocs
         return None
     if topology == "rack" and replicas > 1 and rack is None:
         allowed = [cls for cls, _ in placer.allowed_classes(c)]
-        racks = {r: sum(state.rack_free.get((r, cls), 0) for cls in allowed)
-                 for r in state.rack_nodes}
+        racks = {r: sum(state.rack_free.get((r, cls), 0) for cls in allowed) for r in state.rack_nodes}
         need_milli, full_milli = req.demand * need, req.demand * replicas
 
         def order(r: str) -> tuple[bool, int, str]:
@@ -90,17 +101,25 @@ def place_gang(
     return _greedy(placer, job_id, req, replicas, need, c, node_ok, first_replica, rack)
 
 
-def _pick(placer: Placer, req: ReplicaReq, c: Constraints,
-          node_ok: Callable[[int], bool] | None, rack: str | None
-          ) -> tuple[int, int | None] | None:
+def _pick(
+    placer: Placer, req: ReplicaReq, c: Constraints, node_ok: Callable[[int], bool] | None, rack: str | None
+) -> tuple[int, int | None] | None:
     if rack is None:
         return placer.best(req, c, node_ok)
     return placer.best_among(req, c, rack, node_ok)
 
 
-def _greedy(placer: Placer, job_id: str, req: ReplicaReq, replicas: int, need: int,
-            c: Constraints, node_ok: Callable[[int], bool] | None,
-            first_replica: int, rack: str | None = None) -> list[Alloc] | None:
+def _greedy(
+    placer: Placer,
+    job_id: str,
+    req: ReplicaReq,
+    replicas: int,
+    need: int,
+    c: Constraints,
+    node_ok: Callable[[int], bool] | None,
+    first_replica: int,
+    rack: str | None = None,
+) -> list[Alloc] | None:
     state = placer.state
     allocs: list[Alloc] = []
     last: int | None = None

@@ -216,8 +216,10 @@ def do_heartbeat(node: Node, running: list[Reported]) -> dict[str, Any]:
             # Not (or no longer) bound here: a stale attempt, a cancelled or a lost job. Stop now.
             stop.append(_stop_order(seen.job_id, seen.attempt, seen.replica, "not bound", now, now))
     ends = _log_ends([job.pk for job, _, _, _ in to_start])  # one query for every binding
-    start = [_binding(job, attempt, replica, allocs, ends.get((job.pk, replica), 0))
-             for job, attempt, replica, allocs in to_start]
+    start = [
+        _binding(job, attempt, replica, allocs, ends.get((job.pk, replica), 0))
+        for job, attempt, replica, allocs in to_start
+    ]
     return {
         "node": node.name,
         "lease_seconds": settings.TESSERA["LEASE_S"],
@@ -335,13 +337,26 @@ def _stop_order(
 
 # --- Job reports -------------------------------------------------------------------------------
 
-_ALLOC_COLUMNS = ("id", "job_id", "node_id", "device_id", "replica", "share_milli", "attempt",
-                  "created_at", "released_at", "exited_at")
+_ALLOC_COLUMNS = (
+    "id",
+    "job_id",
+    "node_id",
+    "device_id",
+    "replica",
+    "share_milli",
+    "attempt",
+    "created_at",
+    "released_at",
+    "exited_at",
+)
 # Every allocation a report's jobs ever had, with the node's name and the device (what settling
 # needs: ownership, bound replicas, device rows), its SQL built once (see PreparedRead).
 _JOB_ALLOCATIONS = PreparedRead(
-    lambda ids: Allocation.objects.filter(job_id__in=ids).order_by("job_id", "replica", "id")
-    .values_list(*_ALLOC_COLUMNS, "node__name", *(f"device__{f}" for f in DEVICE_FIELDS))
+    lambda ids: (
+        Allocation.objects.filter(job_id__in=ids)
+        .order_by("job_id", "replica", "id")
+        .values_list(*_ALLOC_COLUMNS, "node__name", *(f"device__{f}" for f in DEVICE_FIELDS))
+    )
 )
 
 
@@ -368,7 +383,7 @@ def _owned(node: Node, job_ids: list[int]) -> Owned:
         where = nodes.setdefault(fields["node_id"], Node(id=fields["node_id"], name=row[width]))
         device = None
         if fields["device_id"] is not None:
-            device = Device(node=where, **dict(zip(DEVICE_FIELDS, row[width + 1:], strict=True)))
+            device = Device(node=where, **dict(zip(DEVICE_FIELDS, row[width + 1 :], strict=True)))
         alloc = Allocation(**fields)
         alloc.node, alloc.device = where, device
         allocations.setdefault(alloc.job_id, []).append(alloc)
@@ -399,8 +414,9 @@ def _clamped(seen: float | None, job: Job, allocs: list[Allocation], now: dateti
 
 def _bound_here(allocs: list[Allocation], node_id: int, replica: int, attempt: int) -> bool:
     """``replica`` of ``attempt`` runs on the node: an allocation neither released nor exited."""
-    return any(_is_replica(a, node_id, replica) and a.attempt == attempt and a.released_at is None
-               for a in allocs)
+    return any(
+        _is_replica(a, node_id, replica) and a.attempt == attempt and a.released_at is None for a in allocs
+    )
 
 
 def do_report_started(
@@ -437,7 +453,12 @@ class ExitReport:
 
 
 def do_report_exit(
-    node: Node, job_id: int, attempt: int, replica: int, exit_code: int | None, reason: str = "",
+    node: Node,
+    job_id: int,
+    attempt: int,
+    replica: int,
+    exit_code: int | None,
+    reason: str = "",
     started_at: float | None = None,
 ) -> tuple[Job, bool]:
     """A replica's process ended. Returns (job, recorded); a repeated report is not recorded again.
@@ -485,8 +506,13 @@ def _exit_one(
             settlement.mark_running(job, _clamped(r.started_at, job, held, now))
         _settle_replica(settlement, job, node.pk, r.replica, r.exit_code, r.reason, now, held)
         return job, True
-    if any(a.node_id == node.pk and a.replica == r.replica and a.attempt == r.attempt
-           and (a.released_at is not None or a.exited_at is not None) for a in allocs):
+    if any(
+        a.node_id == node.pk
+        and a.replica == r.replica
+        and a.attempt == r.attempt
+        and (a.released_at is not None or a.exited_at is not None)
+        for a in allocs
+    ):
         return job, False  # a retried report: the first one counted
     raise Stale(f"job {r.job_id} attempt {r.attempt} replica {r.replica} is not bound to {node.name}")
 
@@ -504,8 +530,14 @@ def _settle_alone(job: Job, node_id: int, replica: int, reason: str, now: dateti
 
 
 def _settle_replica(
-    settlement: Settlement, job: Job, node_id: int, replica: int, exit_code: int | None, reason: str,
-    now: datetime, held: list[Allocation],
+    settlement: Settlement,
+    job: Job,
+    node_id: int,
+    replica: int,
+    exit_code: int | None,
+    reason: str,
+    now: datetime,
+    held: list[Allocation],
 ) -> None:
     """One replica's process is gone (``job`` locked): free its GPUs; settle the job if it was the last.
 

@@ -46,8 +46,9 @@ def statements_together() -> bool:
     """Can several statements go to the database as one query? On PostgreSQL with psycopg's
     client-side binding cursor (Django's default), yes: each runs as if sent alone. A
     server-side binding cursor takes one statement at a time."""
-    return connection.vendor == "postgresql" and not connection.settings_dict.get(
-        "OPTIONS", {}).get("server_side_binding")
+    return connection.vendor == "postgresql" and not connection.settings_dict.get("OPTIONS", {}).get(
+        "server_side_binding"
+    )
 
 
 def write_together(*writes: Write | None) -> None:
@@ -153,8 +154,12 @@ class InsertWithChildren:
     nothing half-stored if any row fails (a unique key, a constraint). Sets the object's primary
     key and the children's foreign keys."""
 
-    def __init__(self, model: type[Model], children: Sequence[tuple[type[Model], str]],
-                 where: Callable[[], str] | None = None) -> None:
+    def __init__(
+        self,
+        model: type[Model],
+        children: Sequence[tuple[type[Model], str]],
+        where: Callable[[], str] | None = None,
+    ) -> None:
         """``where``: builds (once) a condition the new row must meet, or nothing is stored; its
         parameters are given to :meth:`run`."""
         self.model = model
@@ -186,8 +191,9 @@ class InsertWithChildren:
             self._sql[present] = f"WITH {', '.join(parts)} SELECT {pk} FROM p"
         return self._sql[present]
 
-    def run(self, obj: Model, children: Callable[[], Sequence[Model | None]],
-            where: Sequence[Any] = ()) -> bool:
+    def run(
+        self, obj: Model, children: Callable[[], Sequence[Model | None]], where: Sequence[Any] = ()
+    ) -> bool:
         """``children``: called once ``obj``'s own values are final (its ``auto_now_add`` fields
         set), it gives one object (or None: no row of that model) per child model, in order.
         ``where``: the condition's parameters. False if the condition stored nothing (PostgreSQL
@@ -204,8 +210,10 @@ class InsertWithChildren:
         rows = children()
         for (model, fk), child in zip(self.children, rows, strict=True):
             if child is not None:
-                params += [f.get_db_prep_save(f.pre_save(child, True), connection)
-                           for f in self._fields(model, skip=fk)]
+                params += [
+                    f.get_db_prep_save(f.pre_save(child, True), connection)
+                    for f in self._fields(model, skip=fk)
+                ]
         with connection.cursor() as cur:
             cur.execute(self._statement(tuple(child is not None for child in rows)), params)
             stored = cur.fetchone()

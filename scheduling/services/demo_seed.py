@@ -50,13 +50,20 @@ class DemoSeed:
     def as_dict(self) -> dict[str, object]:
         return {
             "users": [
-                {"username": u.username, "tenant": u.tenant, "operator": u.operator,
-                 "password": u.password, "token": u.token}
+                {
+                    "username": u.username,
+                    "tenant": u.tenant,
+                    "operator": u.operator,
+                    "password": u.password,
+                    "token": u.token,
+                }
                 for u in self.users
             ],
             "join_token": self.join_token,
-            "quotas": {t: {m: {"guaranteed": g, "limit": lim} for m, (g, lim) in rows.items()}
-                       for t, rows in self.quotas.items()},
+            "quotas": {
+                t: {m: {"guaranteed": g, "limit": lim} for m, (g, lim) in rows.items()}
+                for t, rows in self.quotas.items()
+            },
         }
 
 
@@ -74,7 +81,8 @@ def do_seed_demo_people() -> DemoSeed:
         tenants[name], _ = Tenant.objects.get_or_create(name=name)
         for model, (guaranteed, limit) in rows.items():
             Quota.objects.update_or_create(
-                tenant=tenants[name], model=model,
+                tenant=tenants[name],
+                model=model,
                 defaults={"guaranteed": guaranteed, "limit": limit, "weight": 1.0},
             )
     for username, tenant_name in DEMO_USERS.items():

@@ -159,8 +159,13 @@ def _write_trace(out: Path) -> dict[str, int]:
         writer.writeheader()
         for q in Quota.objects.select_related("tenant").order_by("tenant__name", "model"):
             writer.writerow(
-                {"tenant": q.tenant.name, "model": q.model, "guaranteed": _num(q.guaranteed),
-                 "limit": _num(q.limit), "weight": _num(q.weight)}
+                {
+                    "tenant": q.tenant.name,
+                    "model": q.model,
+                    "guaranteed": _num(q.guaranteed),
+                    "limit": _num(q.limit),
+                    "weight": _num(q.weight),
+                }
             )
     written = 0
     with open(out / "events.jsonl", "w", encoding="utf-8") as fh:

@@ -53,8 +53,9 @@ def sweep_nodes(now: datetime | None = None) -> list[str]:
     timeout = timedelta(seconds=settings.TESSERA["HEARTBEAT_TIMEOUT_S"])
     fence_after = timedelta(seconds=settings.TESSERA["LEASE_S"] + settings.TESSERA["FENCE_MARGIN_S"])
     lost = list(
-        Node.objects.filter(state=NodeState.READY, last_heartbeat__lt=now - timeout)
-        .values_list("name", flat=True)
+        Node.objects.filter(state=NodeState.READY, last_heartbeat__lt=now - timeout).values_list(
+            "name", flat=True
+        )
     )
     if lost:
         # Versions bumped: a pass whose snapshot still saw them ready drops its bindings there.
@@ -84,13 +85,29 @@ def requeue_lost(job: Job, now: datetime) -> None:
         do_record_exit(job, None, now)
         return
     if job.state == JobState.SCHEDULED:
-        do_transition(job, JobState.PENDING, EventType.REQUEUED, "node-lost", at=now,
-                      attempts=job.attempts + 1, stop_reason="")
+        do_transition(
+            job,
+            JobState.PENDING,
+            EventType.REQUEUED,
+            "node-lost",
+            at=now,
+            attempts=job.attempts + 1,
+            stop_reason="",
+        )
     elif (used := retries_used(job)) < job.max_retries:
-        do_transition(job, JobState.PENDING, EventType.RETRYING, "node-lost", at=now,
-                      attempts=job.attempts + 1, not_before=now + retry_backoff(used),
-                      stop_reason="", stop_deadline=None)
+        do_transition(
+            job,
+            JobState.PENDING,
+            EventType.RETRYING,
+            "node-lost",
+            at=now,
+            attempts=job.attempts + 1,
+            not_before=now + retry_backoff(used),
+            stop_reason="",
+            stop_deadline=None,
+        )
     else:
-        do_transition(job, JobState.FAILED, EventType.FAILED, "node-lost", at=now,
-                      finished_at=now, stop_deadline=None)
+        do_transition(
+            job, JobState.FAILED, EventType.FAILED, "node-lost", at=now, finished_at=now, stop_deadline=None
+        )
     request_pass_on_commit()

@@ -117,7 +117,11 @@ def _body_hash(body: dict[str, Any]) -> str:
 
 
 def do_submit_job(
-    user, tenant, cleaned: dict[str, Any], body: dict[str, Any], idempotency_key: str | None = None,
+    user,
+    tenant,
+    cleaned: dict[str, Any],
+    body: dict[str, Any],
+    idempotency_key: str | None = None,
     check_quota: bool = False,
 ) -> tuple[Job, bool]:
     """Store a validated job (``cleaned``: model field values). Returns (job, created).
@@ -293,8 +297,9 @@ def do_cancel_job(job_id: int) -> Job:
         ):
             return job
         if job.state == JobState.PENDING:
-            do_transition(job, JobState.CANCELLED, EventType.CANCELLED, "cancelled by user",
-                          finished_at=timezone.now())
+            do_transition(
+                job, JobState.CANCELLED, EventType.CANCELLED, "cancelled by user", finished_at=timezone.now()
+            )
             request_pass_on_commit()  # it may have held a reservation or the head of its queue
             return job
         if job.state in (JobState.SCHEDULED, JobState.RUNNING):
@@ -310,8 +315,9 @@ def do_cancel_job(job_id: int) -> Job:
 def begin_stop(job: Job, reason: str, now: datetime | None = None) -> Job:
     """Send the stop signal: state ``terminating``; the job keeps its GPUs through its grace."""
     settlement = Settlement()
-    settlement.stop(job, reason, now or timezone.now(),
-                    set(active_allocations_of(job).values_list("node_id", flat=True)))
+    settlement.stop(
+        job, reason, now or timezone.now(), set(active_allocations_of(job).values_list("node_id", flat=True))
+    )
     settlement.write()
     return job
 
@@ -350,8 +356,17 @@ def _publish_freed(allocs: list[Allocation]) -> list[dict[str, Any]]:
 
 # What a settlement may change of a job: every column any of its transitions writes.
 _SETTLED_FIELDS = (
-    "state", "pending_reason", "pending_code", "estimated_start", "exit_code", "stop_deadline",
-    "finished_at", "attempts", "not_before", "stop_reason", "started_at",
+    "state",
+    "pending_reason",
+    "pending_code",
+    "estimated_start",
+    "exit_code",
+    "stop_deadline",
+    "finished_at",
+    "attempts",
+    "not_before",
+    "stop_reason",
+    "started_at",
 )
 _WRITE_JOBS = RowsUpdate(Job, _SETTLED_FIELDS)
 _WRITE_EVENTS = RowsInsert(JobEvent, ("job", "type", "at", "reason", "allocations"))
@@ -375,8 +390,9 @@ class Settlement:
         self.woken: set[int] = set()  # nodes whose agents have stop orders to fetch
         self.ask_pass = False
 
-    def move(self, job: Job, target: str, event: str, reason: str = "", at: datetime | None = None,
-             **fields: Any) -> None:
+    def move(
+        self, job: Job, target: str, event: str, reason: str = "", at: datetime | None = None, **fields: Any
+    ) -> None:
         if not set(fields) <= set(_SETTLED_FIELDS):
             raise ValueError(f"a settlement does not write {sorted(set(fields) - set(_SETTLED_FIELDS))}")
         _moved(job, target, fields)
@@ -390,8 +406,15 @@ class Settlement:
 
     def stop(self, job: Job, reason: str, at: datetime, node_ids: set[int]) -> None:
         """:func:`begin_stop`, in this settlement (``node_ids``: where the job's replicas run)."""
-        self.move(job, JobState.TERMINATING, EventType.TERMINATING, reason, at=at,
-                  stop_reason=reason, stop_deadline=at + timedelta(seconds=job.grace_seconds))
+        self.move(
+            job,
+            JobState.TERMINATING,
+            EventType.TERMINATING,
+            reason,
+            at=at,
+            stop_reason=reason,
+            stop_deadline=at + timedelta(seconds=job.grace_seconds),
+        )
         self.woken |= node_ids
 
     def replica_exited(self, allocs: list[Allocation], at: datetime) -> None:
@@ -411,11 +434,26 @@ class Settlement:
         stop = job.stop_reason if job.state == JobState.TERMINATING else ""
         common = {"exit_code": exit_code, "stop_deadline": None}
         if stop == "cancelled":
-            self.move(job, JobState.CANCELLED, EventType.CANCELLED, "cancelled by user",
-                      at=at, finished_at=at, **common)
+            self.move(
+                job,
+                JobState.CANCELLED,
+                EventType.CANCELLED,
+                "cancelled by user",
+                at=at,
+                finished_at=at,
+                **common,
+            )
         elif stop.startswith("preempt"):
-            self.move(job, JobState.PENDING, EventType.PREEMPTED, stop, at=at,
-                      attempts=job.attempts + 1, stop_reason="", **common)
+            self.move(
+                job,
+                JobState.PENDING,
+                EventType.PREEMPTED,
+                stop,
+                at=at,
+                attempts=job.attempts + 1,
+                stop_reason="",
+                **common,
+            )
             self.events.append(
                 JobEvent(job=job, type=EventType.REQUEUED, at=at, reason="from last checkpoint")
             )
@@ -425,9 +463,17 @@ class Settlement:
             self.move(job, JobState.SUCCEEDED, EventType.SUCCEEDED, "", at=at, finished_at=at, **common)
         elif (used := retries_used(job)) < job.max_retries:
             why = f"exit {exit_code}" if exit_code is not None else "lost"
-            self.move(job, JobState.PENDING, EventType.RETRYING, why, at=at,
-                      attempts=job.attempts + 1, not_before=at + retry_backoff(used),
-                      stop_reason="", **common)
+            self.move(
+                job,
+                JobState.PENDING,
+                EventType.RETRYING,
+                why,
+                at=at,
+                attempts=job.attempts + 1,
+                not_before=at + retry_backoff(used),
+                stop_reason="",
+                **common,
+            )
         else:
             reason = f"exit {exit_code}" if exit_code is not None else "lost"
             self.move(job, JobState.FAILED, EventType.FAILED, reason, at=at, finished_at=at, **common)
@@ -457,8 +503,12 @@ def do_record_exit(job: Job, exit_code: int | None, at: datetime | None = None, 
     if job.state in TERMINAL_STATES or job.state == JobState.PENDING:
         return job
     settlement = Settlement()
-    settlement.exit(job, exit_code, at or timezone.now(),
-                    list(active_allocations_of(job)) if active is None else list(active))
+    settlement.exit(
+        job,
+        exit_code,
+        at or timezone.now(),
+        list(active_allocations_of(job)) if active is None else list(active),
+    )
     settlement.write()
     return job
 

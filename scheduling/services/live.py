@@ -130,8 +130,13 @@ async def _group_send_all(layer: RedisChannelLayer, batch: list[Message]) -> Non
                 pipe.zremrangebyscore(key, min=0, max=int(at) - int(layer.expiry))
             evals.append((index, len(pipe), group, len(channels)))
             pipe.eval(
-                _GROUP_SEND_LUA, len(keys), *keys, *(payloads[k] for k in keys),
-                *(capacities[k] for k in keys), at, layer.expiry,
+                _GROUP_SEND_LUA,
+                len(keys),
+                *keys,
+                *(payloads[k] for k in keys),
+                *(capacities[k] for k in keys),
+                at,
+                layer.expiry,
             )
     results = {index: await pipe.execute() for index, pipe in pipes.items()}
     for index, position, group, count in evals:

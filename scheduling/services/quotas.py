@@ -103,12 +103,16 @@ def admission_sql() -> str:
 
 
 def admission_params(tenant: Tenant, cleaned: dict[str, Any]) -> list[Any]:
-    return [json.dumps({
-        "charge": quota_charge(cleaned),
-        "tenant": tenant.pk,
-        "preemptible": bool(cleaned.get("preemptible", True)),
-        "names": list(cleaned.get("accelerators") or []),
-    })]
+    return [
+        json.dumps(
+            {
+                "charge": quota_charge(cleaned),
+                "tenant": tenant.pk,
+                "preemptible": bool(cleaned.get("preemptible", True)),
+                "names": list(cleaned.get("accelerators") or []),
+            }
+        )
+    ]
 
 
 def check_job_admissible(tenant: Tenant, cleaned: dict[str, Any]) -> str | None:

@@ -89,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("events", type=Path, metavar="EVENTS.jsonl")
     p.add_argument("quotas", type=Path, nargs="?", metavar="QUOTAS.csv")
     p.add_argument(
-        "--unfinished-ok", action="store_true",
+        "--unfinished-ok",
+        action="store_true",
         help="the events are a live cluster's history so far (manage.py export_trace while jobs "
         "still run): jobs pending or running after the last event are no violation",
     )

@@ -90,8 +90,7 @@ class PackCluster:
 
     def __init__(self, nodes: list[NodeSpec], rank: list[int], frag: FragmentationModel):
         types: dict[tuple, int] = {}
-        self.type = [types.setdefault((n.model, n.gpus, n.cpus, n.memory_gib), len(types))
-                     for n in nodes]
+        self.type = [types.setdefault((n.model, n.gpus, n.cpus, n.memory_gib), len(types)) for n in nodes]
         self.model = [n.model for n in nodes]
         self.cpu = [to_milli(n.cpus) if n.cpus > 0 else UNTRACKED for n in nodes]
         self.mem = [int(round(n.memory_gib * 1024)) if n.memory_gib > 0 else UNTRACKED for n in nodes]
@@ -241,8 +240,7 @@ class _Scorer:
             fa = frag.node(model, cpu_after, _after(gpus, pod, None))
             return (_sigmoid_score(before - fa), None)
         # tessera: the engine's own placement scoring
-        return tessera_pack_choice(frag, model, cpu, gpus, pod.cpu, pod.milli, pod.count,
-                                   self.beta)
+        return tessera_pack_choice(frag, model, cpu, gpus, pod.cpu, pod.milli, pod.count, self.beta)
 
 
 class BestGroups:
@@ -283,7 +281,7 @@ class BestGroups:
         else:
             heap = h[0]
             by_gid = cl.by_gid
-            for gid in log[h[1]:]:
+            for gid in log[h[1] :]:
                 g = by_gid.get(gid)
                 if g is None:
                     continue
@@ -315,8 +313,9 @@ class BestGroups:
             i = rng.randrange(n)
             if self._scored(per, cl.by_gid[cl.node_gid[i]], pod) is not None:
                 return i
-        feasible = [(g.ranks, len(g.ranks)) for g in cl.groups.values()
-                    if self._scored(per, g, pod) is not None]
+        feasible = [
+            (g.ranks, len(g.ranks)) for g in cl.groups.values() if self._scored(per, g, pod) is not None
+        ]
         pick = rng.randrange(sum(c for _, c in feasible))
         for ranks, c in feasible:
             if pick < c:

@@ -196,9 +196,7 @@ def test_an_exit_report_carrying_the_start_records_both_at_the_agents_start_time
     assert abs(job.started_at.timestamp() - spawned) < 0.001 and job.finished_at >= job.started_at
 
 
-def test_a_skewed_agent_clock_cannot_put_a_start_before_the_binding_or_after_the_report(
-    world, join_token
-):
+def test_a_skewed_agent_clock_cannot_put_a_start_before_the_binding_or_after_the_report(world, join_token):
     node, _ = h.register(join_token, "gpu-01")
     early = h.bind(h.submit(world.alice, world.vision), "gpu-01", [0])
     late = h.bind(h.submit(world.alice, world.vision), "gpu-01", [1])

@@ -196,8 +196,11 @@ def test_a_binding_on_gpus_a_stale_process_still_uses_starts_only_once_it_has_ex
 
     def heartbeat(running):  # as the server answers: 21 is to start here, 20 is not bound
         record(running)
-        stale = [{"job_id": 20, "attempt": 0, "replica": 0, "reason": "not bound", "grace_left_seconds": 0}
-                 for r in running if r["job_id"] == 20]
+        stale = [
+            {"job_id": 20, "attempt": 0, "replica": 0, "reason": "not bound", "grace_left_seconds": 0}
+            for r in running
+            if r["job_id"] == 20
+        ]
         started = any(r["job_id"] == 21 for r in running)
         start = [] if started else [fakes.binding(job_id=21, command=["sleep", "30"], gpus=[1, 2])]
         return {"node": "fake", "lease_seconds": 60, "start": start, "stop": stale}

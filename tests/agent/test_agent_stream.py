@@ -137,8 +137,10 @@ def test_the_handshake_carries_the_credential_and_a_wake_arrives():
     assert seen["authorization"] == "Node secret-cred" and seen["upgrade"].lower() == "websocket"
 
 
-@pytest.mark.parametrize("status, error", [("404 Not Found", Rejected), ("403 Forbidden", Rejected),
-                                           ("500 Internal Server Error", ServerError)])
+@pytest.mark.parametrize(
+    "status, error",
+    [("404 Not Found", Rejected), ("403 Forbidden", Rejected), ("500 Internal Server Error", ServerError)],
+)
 def test_a_refused_handshake_is_a_refusal_and_a_failing_server_a_server_error(status, error):
     with scripted(lambda conn, seen: None, status=status) as (base, _), pytest.raises(error):
         _open(base)

@@ -224,8 +224,6 @@ def _command_of(pid: int) -> bytes:
         return b""
 
 
-
-
 def test_a_job_past_its_time_limit_is_stopped_and_reported_as_time_limit(node):
     began = time.monotonic()
     process, server = start(node, job_id=18, command=["sleep", "30"], time_limit_seconds=1, grace_seconds=5)

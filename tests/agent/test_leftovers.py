@@ -185,8 +185,9 @@ def test_a_restarted_agent_kills_what_its_killed_predecessor_left_before_it_regi
 
     try:
         processes.registered(state_dir)
-        job = h.bind(h.submit(world.alice, world.vision, command=["sh", "-c", "sleep 300 & wait"]),
-                     "cli-node", [0])
+        job = h.bind(
+            h.submit(world.alice, world.vision, command=["sh", "-c", "sleep 300 & wait"]), "cli-node", [0]
+        )
         assert fakes.wait_for(lambda: Job.objects.get(pk=job.pk).state == JobState.RUNNING, 20)
         (leader,) = [p.pid for p in children_of(first.pid) if p.name == "sh"]  # setpriv exec'd it
 

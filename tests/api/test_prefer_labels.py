@@ -34,15 +34,18 @@ def test_prefer_labels_default_to_none(world):
     assert response.json()["prefer_labels"] == {}
 
 
-@pytest.mark.parametrize("value", [
-    {"data": 1},
-    ["data:eu"],
-    "data:eu",
-    {"": "eu"},
-    {"rack": "r1"},
-    {f"k{i}": "v" for i in range(65)},
-    {"data": "x" * 20_000},
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"data": 1},
+        ["data:eu"],
+        "data:eu",
+        {"": "eu"},
+        {"rack": "r1"},
+        {f"k{i}": "v" for i in range(65)},
+        {"data": "x" * 20_000},
+    ],
+)
 def test_bad_prefer_labels_are_a_400_naming_the_field_and_store_nothing(world, value):
     response = post_json(world.client("alice"), JOBS, valid_body(prefer_labels=value))
     assert response.status_code == 400

@@ -60,8 +60,9 @@ def test_with_redis_the_count_is_shared_by_every_web_process(world, settings, re
     assert submit(world, "alice").status_code == 201
 
 
-@pytest.mark.parametrize(("value", "expected"), [("1200/m", (1200, 60)), ("5/s", (5, 1)),
-                                                 ("100/h", (100, 3600)), ("off", None)])
+@pytest.mark.parametrize(
+    ("value", "expected"), [("1200/m", (1200, 60)), ("5/s", (5, 1)), ("100/h", (100, 3600)), ("off", None)]
+)
 def test_rates_are_read_from_the_environment(monkeypatch, value, expected):
     from controlplane.env import env_rate
 

@@ -72,8 +72,11 @@ def chaos_plan(rng: random.Random) -> list[tuple[float, str]]:
 
 def job_body(i: int, rng: random.Random) -> dict[str, Any]:
     roll = rng.random()
-    body: dict[str, Any] = {"name": f"chaos-{i:03d}", "kind": "batch",
-                            "command": ["sleep", str(rng.choice([0.2, 0.5, 1, 2, 4]))]}
+    body: dict[str, Any] = {
+        "name": f"chaos-{i:03d}",
+        "kind": "batch",
+        "command": ["sleep", str(rng.choice([0.2, 0.5, 1, 2, 4]))],
+    }
     if roll < 0.5:
         body["gpus"] = 1
     elif roll < 0.7:
@@ -99,13 +102,29 @@ class RedisServer:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.work)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.work),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            with contextlib.suppress(OSError), __import__("socket").create_connection(
-                    ("127.0.0.1", self.port), 0.2):
+            with (
+                contextlib.suppress(OSError),
+                __import__("socket").create_connection(("127.0.0.1", self.port), 0.2),
+            ):
                 return
             time.sleep(0.05)
         raise RuntimeError("redis-server did not start")
@@ -170,18 +189,32 @@ def chaos_stack(require_postgres, redis_url, transactional_db, world, settings):
     redis.start()
     port = free_port()
     env = stack_env(
-        database_url_of(settings), f"redis://127.0.0.1:{redis.port}/0",
+        database_url_of(settings),
+        f"redis://127.0.0.1:{redis.port}/0",
         TESSERA_PASS_INTERVAL_S="1",  # beat's safety pass: what carries on when triggers are lost
-        TESSERA_HEARTBEAT_TIMEOUT_S="5", TESSERA_LEASE_S="10", TESSERA_RETRY_BACKOFF_S="0.5",
+        TESSERA_HEARTBEAT_TIMEOUT_S="5",
+        TESSERA_LEASE_S="10",
+        TESSERA_RETRY_BACKOFF_S="0.5",
     )
     procs = Processes(work)
     base = f"http://127.0.0.1:{port}"
-    argv = {"worker": worker_argv("chaos"), "beat": beat_argv(work / "celerybeat-schedule"),
-            "web": web_argv(port=port)}
+    argv = {
+        "worker": worker_argv("chaos"),
+        "beat": beat_argv(work / "celerybeat-schedule"),
+        "web": web_argv(port=port),
+    }
     agents_env = agent_env(env, join_token)
     for n in range(AGENTS):
-        argv[f"agent{n}"] = agent_argv(base, f"chaos-{n}", f"8xA100,nvlink=4,rack=r{n}", work / f"agent{n}",
-                                       "--poll-interval", "1", "--shutdown-grace", "1")
+        argv[f"agent{n}"] = agent_argv(
+            base,
+            f"chaos-{n}",
+            f"8xA100,nvlink=4,rack=r{n}",
+            work / f"agent{n}",
+            "--poll-interval",
+            "1",
+            "--shutdown-grace",
+            "1",
+        )
     try:
         for name in ("worker", "beat", "web"):
             procs.start(name, argv[name], env)
@@ -190,8 +223,15 @@ def chaos_stack(require_postgres, redis_url, transactional_db, world, settings):
         wait_until("the web server", lambda: web_answers(base), procs, deadline)
         for n in range(AGENTS):
             procs.start(f"agent{n}", argv[f"agent{n}"], agents_env)
-        yield {"base": base, "procs": procs, "argv": argv, "env": env, "agent_env": agents_env,
-               "redis": redis, "work": work}
+        yield {
+            "base": base,
+            "procs": procs,
+            "argv": argv,
+            "env": env,
+            "agent_env": agents_env,
+            "redis": redis,
+            "work": work,
+        }
     finally:
         procs.stop_all()
         redis.stop()
@@ -233,8 +273,12 @@ def test_jobs_survive_killed_workers_agents_web_and_a_redis_restart(chaos_stack,
     bodies = [job_body(i, rng) for i in range(JOBS)]
     happened: list[str] = [f"seed {SEED}, plan {plan}"]
     print(happened[0])
-    wait_until(f"{AGENTS} agents", lambda: Node.objects.filter(devices__isnull=False).distinct()
-                   .count() == AGENTS, procs, time.monotonic() + 60)
+    wait_until(
+        f"{AGENTS} agents",
+        lambda: Node.objects.filter(devices__isnull=False).distinct().count() == AGENTS,
+        procs,
+        time.monotonic() + 60,
+    )
 
     submitter = Submitter(base, world.tokens, bodies)
     submitter.start()
@@ -278,8 +322,12 @@ def test_jobs_survive_killed_workers_agents_web_and_a_redis_restart(chaos_stack,
 
     out = chaos_stack["work"] / "trace"
     export_trace(out)
-    report = check(read_nodes(out / "nodes.csv"), read_jobs(out / "jobs.csv"),
-                   read_events(out / "events.jsonl"), read_quotas(out / "quotas.csv"))
+    report = check(
+        read_nodes(out / "nodes.csv"),
+        read_jobs(out / "jobs.csv"),
+        read_events(out / "events.jsonl"),
+        read_quotas(out / "quotas.csv"),
+    )
     assert report.ok, (report.violations[:20], happened)
     print(f"chaos: {states}, {submitter.retries} client retries; {happened}")
 
@@ -288,7 +336,8 @@ def assert_no_device_was_over_committed(allocation_model) -> None:
     """From the database's own rows: at no instant did a GPU's held shares exceed one GPU."""
     changes: dict[int, list[tuple[float, int]]] = {}
     for device_id, share, created, released in allocation_model.objects.filter(
-            device__isnull=False).values_list("device_id", "share_milli", "created_at", "released_at"):
+        device__isnull=False
+    ).values_list("device_id", "share_milli", "created_at", "released_at"):
         changes.setdefault(device_id, []).append((created.timestamp(), share))
         changes.setdefault(device_id, []).append((released.timestamp(), -share))
     for device_id, steps in changes.items():

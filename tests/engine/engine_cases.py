@@ -9,11 +9,20 @@ from scheduling.engine.types import JobRequest, NodeSpec, QuotaSpec
 MODELS = ("H100", "A100", "T4")
 
 
-def node(name: str, model: str = "H100", gpus: int = 8, nvlink: int = 8, rack: str = "r0",
-         cpus: float = 64, memory_gib: float = 512, **kw) -> NodeSpec:
+def node(
+    name: str,
+    model: str = "H100",
+    gpus: int = 8,
+    nvlink: int = 8,
+    rack: str = "r0",
+    cpus: float = 64,
+    memory_gib: float = 512,
+    **kw,
+) -> NodeSpec:
     labels = tuple(sorted({("rack", rack), *kw.pop("labels", ())}))
-    return NodeSpec(name, rack, model, gpus, nvlink_domain=nvlink, cpus=cpus,
-                    memory_gib=memory_gib, labels=labels, **kw)
+    return NodeSpec(
+        name, rack, model, gpus, nvlink_domain=nvlink, cpus=cpus, memory_gib=memory_gib, labels=labels, **kw
+    )
 
 
 @st.composite
@@ -25,8 +34,17 @@ def clusters(draw, max_nodes: int = 6) -> list[NodeSpec]:
         nvlink = draw(st.sampled_from([d for d in (1, 2, 4, 8) if d <= gpus]))
         model = draw(st.sampled_from(MODELS))
         zone = draw(st.sampled_from(["a", "b"]))
-        out.append(node(f"n{i:02d}", model, gpus, nvlink, rack=f"r{i // 2}",
-                        cpus=draw(st.sampled_from([0, 32, 96])), labels=(("zone", zone),)))
+        out.append(
+            node(
+                f"n{i:02d}",
+                model,
+                gpus,
+                nvlink,
+                rack=f"r{i // 2}",
+                cpus=draw(st.sampled_from([0, 32, 96])),
+                labels=(("zone", zone),),
+            )
+        )
     return out
 
 
@@ -38,8 +56,7 @@ def jobs(draw, count: int = 12) -> list[JobRequest]:
         kind = draw(st.sampled_from(["inference", "training", "finetune", "batch"]))
         shape = draw(st.sampled_from(["frac", "one", "two", "four", "eight", "cpu", "gang"]))
         replicas = 1
-        gpus: float = {"frac": 0.25, "one": 1, "two": 2, "four": 4, "eight": 8, "cpu": 0,
-                       "gang": 4}[shape]
+        gpus: float = {"frac": 0.25, "one": 1, "two": 2, "four": 4, "eight": 8, "cpu": 0, "gang": 4}[shape]
         if shape == "frac":
             gpus = draw(st.sampled_from([0.25, 0.5, 0.46, 0.75]))
         if shape == "gang":
@@ -51,16 +68,25 @@ def jobs(draw, count: int = 12) -> list[JobRequest]:
         accel = draw(st.sampled_from([(), (), ("H100",), ("A100", "H100"), ("T4",)]))
         selector = draw(st.sampled_from([(), (), (("zone", "a"),)]))
         elastic = shape == "gang" and draw(st.booleans())
-        out.append(JobRequest(
-            id=f"j{i:03d}", tenant=draw(st.sampled_from(["vision", "nlp", "speech"])), kind=kind,
-            gpus=gpus, replicas=replicas, accelerators=accel, topology=topology,
-            priority=draw(st.integers(0, 3)), preemptible=kind != "inference",
-            cpus=draw(st.sampled_from([0, 4, 16])), node_selector=selector,
-            time_limit_s=draw(st.sampled_from([None, 600.0, 3600.0])),
-            elastic_min_gpus=int(gpus // replicas) if elastic else None,
-            elastic_max_gpus=int(gpus) * 2 if elastic else None,
-            submitted_at=float(i),
-        ))
+        out.append(
+            JobRequest(
+                id=f"j{i:03d}",
+                tenant=draw(st.sampled_from(["vision", "nlp", "speech"])),
+                kind=kind,
+                gpus=gpus,
+                replicas=replicas,
+                accelerators=accel,
+                topology=topology,
+                priority=draw(st.integers(0, 3)),
+                preemptible=kind != "inference",
+                cpus=draw(st.sampled_from([0, 4, 16])),
+                node_selector=selector,
+                time_limit_s=draw(st.sampled_from([None, 600.0, 3600.0])),
+                elastic_min_gpus=int(gpus // replicas) if elastic else None,
+                elastic_max_gpus=int(gpus) * 2 if elastic else None,
+                submitted_at=float(i),
+            )
+        )
     return out
 
 

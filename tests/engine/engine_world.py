@@ -37,8 +37,7 @@ class World:
         self.check_gpus()
         self.check_quotas()
 
-    def check_binding(self, job: JobRequest, placements: tuple[Placement, ...],
-                      resize: bool = False) -> None:
+    def check_binding(self, job: JobRequest, placements: tuple[Placement, ...], resize: bool = False) -> None:
         replicas = [p.replica for p in placements]
         assert len(set(replicas)) == len(replicas), "a replica placed twice"
         per = job.gpus / job.replicas
@@ -110,8 +109,9 @@ class World:
         sched.release(job_id, now)
 
 
-def run(sched, world: World, jobs: list[JobRequest], steps: int = 8, seed: int = 0,
-        step_s: float = 400.0) -> World:
+def run(
+    sched, world: World, jobs: list[JobRequest], steps: int = 8, seed: int = 0, step_s: float = 400.0
+) -> World:
     """Submit everything, then alternate decide / finish some / release the preempted."""
     rng = random.Random(seed)
     for j in jobs:

@@ -30,9 +30,11 @@ def test_an_aged_job_gets_a_reservation_with_an_estimated_start():
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     limits=st.lists(st.sampled_from([300.0, 900.0, 2000.0, None]), min_size=4, max_size=4),
-    later=st.lists(st.tuples(st.sampled_from([1, 2, 0.5]),
-                             st.sampled_from([100.0, 500.0, 5000.0, None])),
-                   min_size=1, max_size=12),
+    later=st.lists(
+        st.tuples(st.sampled_from([1, 2, 0.5]), st.sampled_from([100.0, 500.0, 5000.0, None])),
+        min_size=1,
+        max_size=12,
+    ),
 )
 def test_an_aged_jobs_reservation_is_never_delayed_by_a_later_start(limits, later):
     cfg = EngineConfig(aging_s=50.0, default_runtime_s=3000.0, preemption=False)
@@ -46,8 +48,7 @@ def test_an_aged_jobs_reservation_is_never_delayed_by_a_later_start(limits, late
     assert reservations, "the aged job got no reservation"
     res = reservations[0]
     for k, (g, lim) in enumerate(later):
-        s.submit(JobRequest(f"late{k}", "speech", "batch", g, time_limit_s=lim,
-                            submitted_at=101.0 + k))
+        s.submit(JobRequest(f"late{k}", "speech", "batch", g, time_limit_s=lim, submitted_at=101.0 + k))
     limits_by_id = {f"late{k}": lim for k, (_g, lim) in enumerate(later)}
     d = s.decide(101.0)
     for b in d.bindings:

@@ -34,15 +34,15 @@ def _pair_and_crowd():
 
 def test_a_job_lands_on_the_node_carrying_its_preferred_labels():
     for seed in range(10):
-        assert _bound(EngineConfig(seed=seed), _pair_and_crowd(), _job(prefer_labels=EU)) == (
-            "near",)
+        assert _bound(EngineConfig(seed=seed), _pair_and_crowd(), _job(prefer_labels=EU)) == ("near",)
 
 
 def test_without_prefer_labels_the_seeded_order_decides_and_delta_changes_nothing():
     for seed in range(10):
         cfg = EngineConfig(seed=seed)
         assert _bound(cfg, _pair_and_crowd(), _job()) == _bound(
-            replace(cfg, delta=0.0), _pair_and_crowd(), _job())
+            replace(cfg, delta=0.0), _pair_and_crowd(), _job()
+        )
 
 
 def test_delta_zero_ignores_prefer_labels():
@@ -72,8 +72,7 @@ def test_model_preference_still_wins_over_locality():
 def test_a_gang_follows_its_data_too():
     nodes = [node(f"far-{i}") for i in range(3)] + [node(f"near-{i}", labels=EU) for i in range(2)]
     for seed in range(10):
-        got = _bound(EngineConfig(seed=seed), nodes,
-                     _job(gpus=16, replicas=2, prefer_labels=EU))
+        got = _bound(EngineConfig(seed=seed), nodes, _job(gpus=16, replicas=2, prefer_labels=EU))
         assert set(got) <= {"near-0", "near-1"}
 
 
@@ -83,14 +82,22 @@ def test_the_preferred_label_is_soft_a_job_starts_where_it_is_missing():
 
 # -- on random clusters: prefer_labels never take a job where its selector or models forbid ------
 
+
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(nodes=clusters(), workload=jobs(), quotas=quota_sets(),
-       prefer=st.lists(st.sampled_from([(("zone", "a"),), (("zone", "b"),),
-                                        (("zone", "b"), ("gpu", "none"))]), min_size=1,
-                       max_size=12),
-       delta=st.sampled_from([10.0, 1000.0]))
+@given(
+    nodes=clusters(),
+    workload=jobs(),
+    quotas=quota_sets(),
+    prefer=st.lists(
+        st.sampled_from([(("zone", "a"),), (("zone", "b"),), (("zone", "b"), ("gpu", "none"))]),
+        min_size=1,
+        max_size=12,
+    ),
+    delta=st.sampled_from([10.0, 1000.0]),
+)
 def test_prefer_labels_never_place_a_job_where_its_selector_or_models_forbid(
-        nodes, workload, quotas, prefer, delta):
+    nodes, workload, quotas, prefer, delta
+):
     workload = [replace(j, prefer_labels=prefer[i % len(prefer)]) for i, j in enumerate(workload)]
     sched = TesseraScheduler(nodes, quotas, EngineConfig(delta=delta))
     run(sched, World(nodes, quotas, workload), workload)  # World checks every binding

@@ -52,8 +52,15 @@ print(json.dumps(out, sort_keys=True))
 def _run(code: str, hashseed: str) -> str:
     env = dict(os.environ, PYTHONHASHSEED=hashseed, PYTHONPATH=str(ROOT))
     env.pop("DJANGO_SETTINGS_MODULE", None)
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     return proc.stdout
 
 

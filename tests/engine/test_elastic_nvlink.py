@@ -17,8 +17,19 @@ def test_an_elastic_nvlink_job_grows_inside_its_island_and_never_into_another():
     s.submit(JobRequest("y", "nlp", "batch", 4, topology="nvlink", submitted_at=1))
     s.decide(2.0)
     assert _gpus(s, "x") == [0, 1] and _gpus(s, "y") == [4, 5, 6, 7]
-    s.submit(JobRequest("el", "vision", "training", 2, replicas=2, topology="nvlink",
-                        elastic_min_gpus=2, elastic_max_gpus=4, submitted_at=3))
+    s.submit(
+        JobRequest(
+            "el",
+            "vision",
+            "training",
+            2,
+            replicas=2,
+            topology="nvlink",
+            elastic_min_gpus=2,
+            elastic_max_gpus=4,
+            submitted_at=3,
+        )
+    )
     d = s.decide(3.0)
     assert [b.job_id for b in d.bindings] == ["el"]
     assert _gpus(s, "el") == [2, 3]  # 2 of at most 4 GPUs fit in island 0

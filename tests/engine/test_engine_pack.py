@@ -20,8 +20,10 @@ t1,r1,2,T4,16,1,64,256,1
 
 
 def _jobs(path):
-    rows = ["job,tenant,kind,submit_s,duration_s,gpus,replicas,model,priority,preemptible,"
-            "time_limit_s,cpus,memory_gib"]
+    rows = [
+        "job,tenant,kind,submit_s,duration_s,gpus,replicas,model,priority,preemptible,"
+        "time_limit_s,cpus,memory_gib"
+    ]
     shapes = [(1, 8), (0.5, 4), (2, 8), (0, 4), (0.25, 2), (4, 16), (1, 8), (0.5, 4)]
     for i in range(16):
         g, c = shapes[i % len(shapes)]
@@ -37,8 +39,13 @@ def test_every_pack_policy_writes_a_summary_and_a_plot(tmp_path, policy):
     summary = run_pack(tmp_path / "nodes.csv", tmp_path / "jobs.csv", policy, out, [42, 43])
     data = json.loads((out / "summary.json").read_text())
     assert data == json.loads(json.dumps(summary))
-    for key in ("gpu_allocation_rate_at_100", "gpu_allocation_rate_at_130",
-                "fragmentation_rate_at_90", "per_seed", "policy"):
+    for key in (
+        "gpu_allocation_rate_at_100",
+        "gpu_allocation_rate_at_130",
+        "fragmentation_rate_at_90",
+        "per_seed",
+        "policy",
+    ):
         assert key in data
     assert len(data["per_seed"]) == 2
     assert (out / "allocation.png").stat().st_size > 1000
@@ -60,7 +67,9 @@ def test_fcfs_node_gives_each_replica_a_whole_node_and_lists_only_what_it_asked(
     s.submit(JobRequest("three", "t", "batch", 1, submitted_at=2))
     d = s.decide(0.0)
     assert [(b.job_id, b.placements[0].node, b.placements[0].gpus) for b in d.bindings] == [
-        ("one", "a", (0,)), ("two", "b", (0,))]
+        ("one", "a", (0,)),
+        ("two", "b", (0,)),
+    ]
     assert d.pending["three"].code == "capacity"
 
 

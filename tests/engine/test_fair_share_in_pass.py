@@ -15,8 +15,7 @@ def _started(weights: tuple[float, float]) -> list[str]:
     s = TesseraScheduler([node("a", gpus=8), node("b", gpus=2, nvlink=2)], quotas)
     for t in ("A", "B"):
         for i in range(20):
-            s.submit(JobRequest(f"{t}{i:02d}", t, "training", 1,
-                                submitted_at=(0 if t == "A" else 100) + i))
+            s.submit(JobRequest(f"{t}{i:02d}", t, "training", 1, submitted_at=(0 if t == "A" else 100) + i))
     d = s.decide(200.0)
     return [b.job_id[0] for b in d.bindings]
 
@@ -35,8 +34,7 @@ def test_each_tenant_still_starts_its_own_jobs_oldest_first():
     s = TesseraScheduler([node("a", gpus=8)], quotas)
     for t in ("A", "B"):
         for i in (3, 1, 2, 0):
-            s.submit(JobRequest(f"{t}{i}", t, "training", 1, submitted_at=i + (0.5 if t == "B"
-                                                                               else 0)))
+            s.submit(JobRequest(f"{t}{i}", t, "training", 1, submitted_at=i + (0.5 if t == "B" else 0)))
     d = s.decide(10.0)
     assert [b.job_id for b in d.bindings] == ["A0", "B0", "A1", "B1", "A2", "B2", "A3", "B3"]
 

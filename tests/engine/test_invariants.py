@@ -10,14 +10,12 @@ from scheduling.engine.registry import POLICIES, make_scheduler
 from tests.engine.engine_cases import clusters, jobs, quota_sets
 from tests.engine.engine_world import World, run
 
-SETTINGS = settings(max_examples=40, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @SETTINGS
 @given(nodes=clusters(), workload=jobs(), quotas=quota_sets(), seed=st.integers(0, 3))
-def test_tessera_keeps_the_invariants_through_binds_preemptions_and_releases(
-        nodes, workload, quotas, seed):
+def test_tessera_keeps_the_invariants_through_binds_preemptions_and_releases(nodes, workload, quotas, seed):
     sched = make_scheduler("tessera", nodes, quotas, seed=seed)
     run(sched, World(nodes, quotas, workload), workload, seed=seed)
 

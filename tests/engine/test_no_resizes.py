@@ -24,16 +24,14 @@ LIVE = EngineConfig(resizes=False)
 
 def _elastic_on_every_gpu(config: EngineConfig) -> TesseraScheduler:
     s = TesseraScheduler([node("a", gpus=4, nvlink=4), node("b", gpus=4, nvlink=4)], config=config)
-    s.submit(JobRequest("el", "vision", "training", 4, replicas=4, elastic_min_gpus=2,
-                        elastic_max_gpus=8))
+    s.submit(JobRequest("el", "vision", "training", 4, replicas=4, elastic_min_gpus=2, elastic_max_gpus=8))
     d = s.decide(0.0)
     assert len(d.bindings[0].placements) == 8  # an idle cluster: it starts at its maximum
     return s
 
 
 def _gpus_of(d: Decisions, job_id: str) -> set[tuple[str, int]]:
-    return {(p.node, g) for b in d.bindings if b.job_id == job_id for p in b.placements
-            for g in p.gpus}
+    return {(p.node, g) for b in d.bindings if b.job_id == job_id for p in b.placements for g in p.gpus}
 
 
 def test_the_simulator_shrinks_an_elastic_job_to_start_a_service_on_its_gpus():
@@ -68,8 +66,11 @@ def test_without_resizes_an_elastic_job_does_not_grow_into_freed_gpus():
     s = TesseraScheduler([node("a", gpus=4, nvlink=4), node("b", gpus=4, nvlink=4)], config=LIVE)
     s.submit(JobRequest("other", "nlp", "batch", 4))
     s.decide(0.0)
-    s.submit(JobRequest("el", "vision", "training", 4, replicas=4, elastic_min_gpus=2,
-                        elastic_max_gpus=8, submitted_at=1))
+    s.submit(
+        JobRequest(
+            "el", "vision", "training", 4, replicas=4, elastic_min_gpus=2, elastic_max_gpus=8, submitted_at=1
+        )
+    )
     d = s.decide(1.0)
     assert len(d.bindings[0].placements) == 4  # what fits, between its min and max
     s.release("other", 50.0)
@@ -99,7 +100,8 @@ class LiveWorld(World):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(nodes=clusters(), workload=jobs(), quotas=quota_sets(), seed=st.integers(0, 3))
 def test_without_resizes_no_gpu_is_ever_planned_twice_by_a_driver_that_cannot_resize(
-        nodes, workload, quotas, seed):
+    nodes, workload, quotas, seed
+):
     sched = TesseraScheduler(nodes, quotas, EngineConfig(seed=seed, resizes=False))
     world = run(sched, LiveWorld(nodes, quotas, workload), workload, seed=seed)
     assert world.resizes == 0

@@ -71,8 +71,9 @@ def test_a_queue_longer_than_a_pass_can_decide_is_worked_through_in_turns():
     assert [b.job_id for b in s.decide(1.0).bindings] == ["big"]
     for i in range(6):  # none fits beside "big": each is decided "waiting", pass after pass
         s.submit(JobRequest(f"b{i}", "vision", "training", 4, preemptible=False, submitted_at=10.0 + i))
-    s.submit(JobRequest("small", "vision", "training", 1, preemptible=False, submitted_at=50.0,
-                        time_limit_s=60))
+    s.submit(
+        JobRequest("small", "vision", "training", 1, preemptible=False, submitted_at=50.0, time_limit_s=60)
+    )
     clock = FakeClock()
     left: frozenset[str] = frozenset()
     bound = []

@@ -34,12 +34,12 @@ def _bound_node(config: EngineConfig, nodes, running, job: JobRequest) -> tuple[
 
 # -- β ---------------------------------------------------------------------------------------------
 
+
 def _half_busy():
     """Two equal nodes; ``busy`` runs four 1-GPU jobs, ``idle`` nothing. Every request seen is
     one GPU, so fragmentation scores both nodes alike and only β (or the seeded order) decides."""
     nodes = [node("busy"), node("idle")]
-    running = [RunningJob(_one_gpu(f"r{g}"), (Placement(0, "busy", (g,)),), NOW - 600)
-               for g in range(4)]
+    running = [RunningJob(_one_gpu(f"r{g}"), (Placement(0, "busy", (g,)),), NOW - 600) for g in range(4)]
     return nodes, running
 
 
@@ -52,12 +52,12 @@ def test_beta_puts_work_on_busy_nodes_and_keeps_idle_nodes_whole():
 
 def test_without_beta_the_seeded_node_order_breaks_the_tie():
     nodes, running = _half_busy()
-    got = {_bound_node(EngineConfig(seed=seed), nodes, running, _one_gpu("new"))[0]
-           for seed in range(10)}
+    got = {_bound_node(EngineConfig(seed=seed), nodes, running, _one_gpu("new"))[0] for seed in range(10)}
     assert got == {"busy", "idle"}
 
 
 # -- γ ---------------------------------------------------------------------------------------------
+
 
 def _h100_full_until(end_in_s: float):
     """An H100 node held whole by a job whose time limit ends ``end_in_s`` from now, and an idle
@@ -65,8 +65,7 @@ def _h100_full_until(end_in_s: float):
     nodes = [node("h", "H100"), node("a", "A100")]
     limit = 3600.0
     holder = JobRequest("hold", "t", "training", 8, time_limit_s=limit, submitted_at=0)
-    running = [RunningJob(holder, (Placement(0, "h", tuple(range(8))),),
-                          NOW - limit + end_in_s)]
+    running = [RunningJob(holder, (Placement(0, "h", tuple(range(8))),), NOW - limit + end_in_s)]
     return nodes, running
 
 
@@ -115,11 +114,18 @@ def test_gamma_leaves_jobs_without_a_preference_alone():
 
 # -- γ on random clusters: the invariants hold and every "waiting for" claim is true ---------------
 
+
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(nodes=clusters(), workload=jobs(), quotas=quota_sets(), gamma=st.sampled_from([0.0, 0.5]),
-       ranked=st.sampled_from([("A100", "H100"), ("H100", "A100", "T4"), ("T4", "H100")]))
+@given(
+    nodes=clusters(),
+    workload=jobs(),
+    quotas=quota_sets(),
+    gamma=st.sampled_from([0.0, 0.5]),
+    ranked=st.sampled_from([("A100", "H100"), ("H100", "A100", "T4"), ("T4", "H100")]),
+)
 def test_with_a_finite_gamma_the_invariants_hold_and_waits_are_for_a_full_better_model(
-        nodes, workload, quotas, gamma, ranked):
+    nodes, workload, quotas, gamma, ranked
+):
     workload = [replace(j, accelerators=ranked) if j.gpus else j for j in workload]
     sched = TesseraScheduler(nodes, quotas, EngineConfig(gamma=gamma))
     world = World(nodes, quotas, workload)
@@ -129,8 +135,9 @@ def test_with_a_finite_gamma_the_invariants_hold_and_waits_are_for_a_full_better
     for _ in range(6):
         d = sched.decide(now)
         for jid, reason in d.pending.items():
-            m = re.match(r"model: waiting for (\S+) \(choice (\d+) .* now on (\S+) \(choice (\d+)\)",
-                         reason.message)
+            m = re.match(
+                r"model: waiting for (\S+) \(choice (\d+) .* now on (\S+) \(choice (\d+)\)", reason.message
+            )
             if not reason.message.startswith("model: waiting for"):
                 continue
             assert m, reason.message
@@ -140,8 +147,11 @@ def test_with_a_finite_gamma_the_invariants_hold_and_waits_are_for_a_full_better
             assert reason.estimated_start is not None and reason.estimated_start > now
             geo = geometry(job)
             for n in sched.state.nodes:  # the model it waits for has no room for it now
-                if n.spec.model == m[1] and sched.placer.class_pref(n.cls, constraints(job)) \
-                        is not None and geo.need == 1:
+                if (
+                    n.spec.model == m[1]
+                    and sched.placer.class_pref(n.cls, constraints(job)) is not None
+                    and geo.need == 1
+                ):
                     d_ = max(1, min(n.spec.nvlink_domain, n.spec.gpus))
                     assert not fits_state(n.key(), geo.req, d_, n.spec.gpus), reason.message
         world.apply(d)

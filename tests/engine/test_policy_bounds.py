@@ -13,17 +13,28 @@ from tests.engine.engine_cases import node
 
 
 def _racks(n_racks: int = 2, per_rack: int = 2, gpus: int = 4):
-    return [node(f"r{r}n{i}", gpus=gpus, nvlink=gpus, rack=f"r{r}")
-            for r in range(n_racks) for i in range(per_rack)]
+    return [
+        node(f"r{r}n{i}", gpus=gpus, nvlink=gpus, rack=f"r{r}")
+        for r in range(n_racks)
+        for i in range(per_rack)
+    ]
 
 
 def _fill(s: TesseraScheduler, now: float = 0.0, **kw) -> None:
     """One job per node, each the node's size; ``kw`` per job id (``limits``, ``submitted``)."""
     limits = kw.get("limits", {})
     for i, n in enumerate(s.nodes):
-        s.submit(JobRequest(f"f{i}", "nlp", kw.get("kind", "batch"), float(n.gpus),
-                            time_limit_s=limits.get(i), checkpoint_s=kw.get("checkpoint_s"),
-                            submitted_at=kw.get("submitted", now)))
+        s.submit(
+            JobRequest(
+                f"f{i}",
+                "nlp",
+                kw.get("kind", "batch"),
+                float(n.gpus),
+                time_limit_s=limits.get(i),
+                checkpoint_s=kw.get("checkpoint_s"),
+                submitted_at=kw.get("submitted", now),
+            )
+        )
     assert len(s.decide(now).bindings) == len(s.nodes)
 
 
@@ -51,8 +62,18 @@ def test_a_preemption_for_a_rack_gang_frees_room_in_one_rack():
     s.checkpoint(by_rack["r0"][0], 990.0)
     s.checkpoint(by_rack["r1"][0], 990.0)
     s.checkpoint(by_rack["r1"][1], 100.0)
-    s.submit(JobRequest("serve", "vision", "inference", 8, replicas=2, topology="rack",
-                        preemptible=False, submitted_at=900.0))
+    s.submit(
+        JobRequest(
+            "serve",
+            "vision",
+            "inference",
+            8,
+            replicas=2,
+            topology="rack",
+            preemptible=False,
+            submitted_at=900.0,
+        )
+    )
     d = s.decide(1000.0)
     victims = sorted(p.job_id for p in d.preemptions)
     assert len(victims) == 2
@@ -69,8 +90,9 @@ def test_the_room_a_preemption_frees_is_held_for_the_job_it_was_made_for():
     d = s.decide(1000.0)
     [victim] = [p.job_id for p in d.preemptions]
     # a job ahead of it in the queue arrives while the victim is in its grace period
-    s.submit(JobRequest("urgent", "speech", "inference", 4, priority=200, preemptible=False,
-                        submitted_at=1001))
+    s.submit(
+        JobRequest("urgent", "speech", "inference", 4, priority=200, preemptible=False, submitted_at=1001)
+    )
     s.decide(1001.0)
     s.release(victim, 1030.0)
     d = s.decide(1030.0)
@@ -81,21 +103,24 @@ def test_the_room_a_preemption_frees_is_held_for_the_job_it_was_made_for():
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     limits=st.lists(st.sampled_from([600.0, 2000.0, 5000.0]), min_size=4, max_size=4),
-    later=st.lists(st.tuples(st.sampled_from([1, 2, 4]), st.sampled_from(["inference", "batch"])),
-                   min_size=1, max_size=6),
+    later=st.lists(
+        st.tuples(st.sampled_from([1, 2, 4]), st.sampled_from(["inference", "batch"])), min_size=1, max_size=6
+    ),
 )
 def test_a_reservation_is_never_delayed_by_a_preemption_driven_start(limits, later):
     cfg = EngineConfig(aging_s=50.0, preempt_min_run_s=0.0)
-    s = TesseraScheduler([node(f"n{i}", gpus=4, nvlink=4, rack=f"r{i // 2}") for i in range(4)],
-                         config=cfg)
+    s = TesseraScheduler([node(f"n{i}", gpus=4, nvlink=4, rack=f"r{i // 2}") for i in range(4)], config=cfg)
     _fill(s, limits=dict(enumerate(limits)))
     s.submit(JobRequest("big", "vision", "training", 8, replicas=2))
     s.decide(100.0)  # big is aged: it gets a reservation
     [res] = [r for r in s.last_reservations if r.job_id == "big"]
     reserved = {s.nodes[i].name for i in res.nodes}
     for k, (g, kind) in enumerate(later):
-        s.submit(JobRequest(f"late{k}", "speech", kind, float(g), preemptible=kind != "inference",
-                            submitted_at=101.0 + k))
+        s.submit(
+            JobRequest(
+                f"late{k}", "speech", kind, float(g), preemptible=kind != "inference", submitted_at=101.0 + k
+            )
+        )
     now = 101.0
     for _ in range(3):  # decide, let the victims go, decide again
         d = s.decide(now)
@@ -104,7 +129,8 @@ def test_a_reservation_is_never_delayed_by_a_preemption_driven_start(limits, lat
                 assert not {p.node for p in b.placements} & reserved
         for p in d.preemptions:
             assert p.for_job == "big" or not (
-                {s.nodes[a.node].name for a in s.state.allocs.get(p.job_id, ())} & reserved)
+                {s.nodes[a.node].name for a in s.state.allocs.get(p.job_id, ())} & reserved
+            )
             s.release(p.job_id, now + 30)
         now += 30.0
 
@@ -134,8 +160,7 @@ def test_a_starving_gang_preempts_younger_jobs_only_and_starts():
     s.submit(JobRequest("old", "nlp", "batch", 4, time_limit_s=10 * 3600.0, submitted_at=0.0))
     s.decide(0.0)
     s.submit(JobRequest("gang", "vision", "training", 8, replicas=2, submitted_at=10.0))
-    s.submit(JobRequest("young", "speech", "batch", 4, time_limit_s=10 * 3600.0,
-                        submitted_at=20.0))
+    s.submit(JobRequest("young", "speech", "batch", 4, time_limit_s=10 * 3600.0, submitted_at=20.0))
     s.decide(20.0)
     assert "young" in s.running and "gang" in s.pending
     assert not s.decide(3000.0).preemptions  # not starving yet: same level, no preemption
@@ -182,10 +207,8 @@ def test_a_gang_that_has_waited_long_starts_by_its_reservations_estimate():
     for k, t in enumerate((400.0, 1000.0, 1200.0)):  # jobs keep arriving; the holders leave by their limits
         if t >= 1000.0 and "f0" in s.running:
             s.release("f0", t)
-        s.submit(JobRequest(f"late{k}", "speech", "batch", 4, time_limit_s=600.0,
-                            submitted_at=t))
-        s.submit(JobRequest(f"long{k}", "speech", "batch", 4, time_limit_s=9000.0,
-                            submitted_at=t))
+        s.submit(JobRequest(f"late{k}", "speech", "batch", 4, time_limit_s=600.0, submitted_at=t))
+        s.submit(JobRequest(f"long{k}", "speech", "batch", 4, time_limit_s=9000.0, submitted_at=t))
         for b in s.decide(t).bindings:  # only what is gone by the estimate may backfill
             assert b.job_id.startswith("late") and t + 600.0 <= estimate
     s.release("f1", estimate)
@@ -207,8 +230,11 @@ def test_on_a_starving_jobs_nodes_only_what_it_could_preempt_or_a_hard_limit_bac
     # a service predicted to end in time could still overstay, and nothing could remove it:
     # only one whose hard limit ends it by then backfills the starving gang's node
     s.submit(JobRequest("svc1", "speech", "inference", 4, preemptible=False, submitted_at=160.0))
-    s.submit(JobRequest("svc2", "speech", "inference", 4, preemptible=False, time_limit_s=300.0,
-                        submitted_at=160.0))
+    s.submit(
+        JobRequest(
+            "svc2", "speech", "inference", 4, preemptible=False, time_limit_s=300.0, submitted_at=160.0
+        )
+    )
     assert [b.job_id for b in s.decide(160.0).bindings] == ["svc2"]
 
 
@@ -234,8 +260,9 @@ def test_a_starving_gang_preempts_an_older_job_only_once_it_has_run_starve_s():
     # turn; one that started starving is never taken back for seniority (no loop)
     cfg = EngineConfig(starve_s=3600.0, aging_s=600.0, backfill=False)
     s = TesseraScheduler(_racks(1, 2), config=cfg)
-    old = JobRequest("old", "nlp", "training", 4, time_limit_s=10 * 3600.0, checkpoint_s=600.0,
-                     submitted_at=0.0)
+    old = JobRequest(
+        "old", "nlp", "training", 4, time_limit_s=10 * 3600.0, checkpoint_s=600.0, submitted_at=0.0
+    )
     s.submit(old)
     assert len(s.decide(500.0).bindings) == 1
     s.submit(JobRequest("gang", "vision", "training", 8, replicas=2, submitted_at=10.0))
@@ -268,5 +295,3 @@ def test_an_aged_job_that_waits_for_nodes_keeps_its_quota_from_its_tenants_later
     assert not d.bindings and d.pending["small"].code == "quota"
     s.release("n1", 800.0)
     assert [b.job_id for b in s.decide(800.0).bindings] == ["gang"]
-
-

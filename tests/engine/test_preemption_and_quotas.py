@@ -12,9 +12,16 @@ from tests.engine.engine_cases import clusters, jobs, node
 
 def _full(s: TesseraScheduler, now: float = 0.0, **kw) -> None:
     for i, n in enumerate(s.nodes):
-        s.submit(JobRequest(f"fill{i}", kw.get("tenant", "nlp"), kw.get("kind", "batch"),
-                            float(n.gpus), preemptible=kw.get("preemptible", True),
-                            submitted_at=now))
+        s.submit(
+            JobRequest(
+                f"fill{i}",
+                kw.get("tenant", "nlp"),
+                kw.get("kind", "batch"),
+                float(n.gpus),
+                preemptible=kw.get("preemptible", True),
+                submitted_at=now,
+            )
+        )
     d = s.decide(now)
     assert len(d.bindings) == len(s.nodes)
 
@@ -76,7 +83,8 @@ def test_a_non_preemptible_job_may_not_borrow_and_one_above_the_guarantee_is_ref
     d = s.decide(0.0)
     assert d.pending["serve"].code == "borrow-limit"
     assert d.pending["serve"].message.startswith(
-        "borrow-limit: nlp's non-preemptible jobs use 2 of 4 guaranteed")
+        "borrow-limit: nlp's non-preemptible jobs use 2 of 4 guaranteed"
+    )
     assert "huge" in d.rejections
 
 
@@ -96,8 +104,11 @@ def test_an_elastic_job_starts_with_what_fits_grows_and_shrinks_before_anyone_is
     s = TesseraScheduler([node("a", gpus=4, nvlink=4), node("b", gpus=4, nvlink=4)])
     s.submit(JobRequest("other", "nlp", "batch", 4))
     s.decide(0.0)
-    s.submit(JobRequest("el", "vision", "training", 4, replicas=4, elastic_min_gpus=2,
-                        elastic_max_gpus=8, submitted_at=1))
+    s.submit(
+        JobRequest(
+            "el", "vision", "training", 4, replicas=4, elastic_min_gpus=2, elastic_max_gpus=8, submitted_at=1
+        )
+    )
     d = s.decide(1.0)
     assert len(d.bindings[0].placements) == 4  # 4 of at most 8 one-GPU replicas fit
     s.release("other", 50.0)
@@ -180,13 +191,18 @@ def test_training_does_not_preempt_batch_for_priority_by_default():
 
 
 def test_a_job_refused_a_model_owed_to_another_tenant_starts_there_once_it_is_no_longer_owed():
-    s = TesseraScheduler([node("h", gpus=1, nvlink=1, cpus=0),
-                          node("t1", model="T4", gpus=1, nvlink=1, cpus=0),
-                          node("t2", model="T4", gpus=1, nvlink=1, cpus=0, rack="r1")],
-                         [QuotaSpec("vision", "*", 1, 2), QuotaSpec("speech", "*", 1, 1)])
+    s = TesseraScheduler(
+        [
+            node("h", gpus=1, nvlink=1, cpus=0),
+            node("t1", model="T4", gpus=1, nvlink=1, cpus=0),
+            node("t2", model="T4", gpus=1, nvlink=1, cpus=0, rack="r1"),
+        ],
+        [QuotaSpec("vision", "*", 1, 2), QuotaSpec("speech", "*", 1, 1)],
+    )
     s.submit(JobRequest("serve", "vision", "inference", 1, preemptible=False))
-    s.submit(JobRequest("asr", "speech", "inference", 1, accelerators=("T4",),
-                        preemptible=False, submitted_at=1))
+    s.submit(
+        JobRequest("asr", "speech", "inference", 1, accelerators=("T4",), preemptible=False, submitted_at=1)
+    )
     s.submit(JobRequest("small", "vision", "training", 0.25, submitted_at=2))
     s.submit(JobRequest("big", "vision", "training", 1, submitted_at=3))
     d = s.decide(0.0)

@@ -58,7 +58,8 @@ def check_claim(s: TesseraScheduler, job: JobRequest, code: str, message: str) -
         assert int(m[2]) == largest
         assert not any(
             sum(1 for g in range(i.base, i.base + i.size) if n.free[g] >= MILLI) >= int(m[1])
-            for n in _allowed_nodes(s, job) for i in n.islands
+            for n in _allowed_nodes(s, job)
+            for i in n.islands
         )
     if code == "gang" and "only" in message:
         assert _fits_somewhere(s, job)

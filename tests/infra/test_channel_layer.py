@@ -30,8 +30,14 @@ def test_the_deployments_layer_is_configured_so(settings):
 
     code = "import json, controlplane.settings as s; print(json.dumps(s.CHANNEL_LAYERS))"
     env = {**os.environ, "REDIS_URL": "redis://r:6379/0", "TESSERA_REDIS_LAYER_DB": "7"}
-    out = subprocess.run([sys.executable, "-c", code], cwd=settings.BASE_DIR, env=env,
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=settings.BASE_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     (host,) = json.loads(out)["default"]["CONFIG"]["hosts"]
     assert host["address"] == "redis://r:6379/7" and host["socket_timeout"] >= 15
 

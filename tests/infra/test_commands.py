@@ -15,8 +15,9 @@ def make_dry_run(target: str) -> str:
     # Under `make test` the parent make's variables would make this one print "Entering directory".
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
     argv = ["make", "--no-print-directory", "-n", "-B", target, "PYTEST_ARGS="]
-    result = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=30,
-                            stdin=subprocess.DEVNULL)
+    result = subprocess.run(
+        argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL
+    )
     assert result.returncode == 0, result.stderr
     return result.stdout
 

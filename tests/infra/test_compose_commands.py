@@ -57,8 +57,7 @@ def database() -> Iterator[str]:
 
 def local(argv: list[str], port: int) -> list[str]:
     """A service's command with the compose network's addresses made local."""
-    swaps = {"http://web:8000": f"http://127.0.0.1:{port}", "-p 8000": f"-p {port}",
-             "0.0.0.0": "127.0.0.1"}
+    swaps = {"http://web:8000": f"http://127.0.0.1:{port}", "-p 8000": f"-p {port}", "0.0.0.0": "127.0.0.1"}
     out = []
     for arg in argv:
         for old, new in swaps.items():
@@ -71,8 +70,7 @@ def get(url: str, token: str | None = None, body: dict | None = None) -> tuple[i
     headers = {"Content-Type": "application/json"}
     if token:
         headers["Authorization"] = f"Token {token}"
-    request = urllib.request.Request(url, data=json.dumps(body).encode() if body else None,
-                                     headers=headers)
+    request = urllib.request.Request(url, data=json.dumps(body).encode() if body else None, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, response.read()
@@ -84,9 +82,16 @@ def test_the_compose_services_commands_run_a_job_through_web_worker_and_agent(da
     redis_url = os.environ.get("REDIS_URL", "")
     if not redis_url:
         need_service("Redis (set REDIS_URL)")
-    config = yaml.safe_load(subprocess.run(
-        [tool("docker-compose"), "-f", str(COMPOSE), "config"], cwd=ROOT, capture_output=True,
-        text=True, check=True, timeout=60).stdout)
+    config = yaml.safe_load(
+        subprocess.run(
+            [tool("docker-compose"), "-f", str(COMPOSE), "config"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout
+    )
     services = config["services"]
     port = free_port()
     path = f"{BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}"
@@ -97,7 +102,8 @@ def test_the_compose_services_commands_run_a_job_through_web_worker_and_agent(da
         "TESSERA_REDIS_LAYER_DB": "12",
         "PROMETHEUS_URL": "http://127.0.0.1:9",
         "TESSERA_ALLOWED_HOSTS": "127.0.0.1,localhost",
-        "PATH": path, "HOME": os.environ.get("HOME", "/root"),
+        "PATH": path,
+        "HOME": os.environ.get("HOME", "/root"),
     }
     procs: dict[str, subprocess.Popen[bytes]] = {}
     logs = tmp_path / "logs"
@@ -108,8 +114,15 @@ def test_the_compose_services_commands_run_a_job_through_web_worker_and_agent(da
 
     def start(name: str, argv: list[str], env: dict[str, str]) -> None:
         with open(logs / f"{name}.log", "wb") as out:
-            procs[name] = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                           stdin=subprocess.DEVNULL, start_new_session=True)
+            procs[name] = subprocess.Popen(
+                argv,
+                cwd=ROOT,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
 
     try:
         for name in ("web", "worker", "beat"):
@@ -141,8 +154,11 @@ def test_the_compose_services_commands_run_a_job_through_web_worker_and_agent(da
 
         # Production mode (TESSERA_DEBUG=0) still serves the admin's static files.
         assert get(f"{base}/static/admin/css/base.css")[0] == 200
-        status, body = get(f"{base}/api/v1/jobs/", alice.group(1), {
-            "name": "hello", "kind": "batch", "command": ["python", "-c", "print(42)"], "gpus": 2})
+        status, body = get(
+            f"{base}/api/v1/jobs/",
+            alice.group(1),
+            {"name": "hello", "kind": "batch", "command": ["python", "-c", "print(42)"], "gpus": 2},
+        )
         assert status == 201, body
         job = json.loads(body)
         deadline = time.monotonic() + 60

@@ -30,7 +30,7 @@ def start_time(pid: int) -> str | None:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2:].split()
+    fields = stat[stat.rindex(")") + 2 :].split()
     return None if fields[0] == "Z" else fields[19]
 
 
@@ -42,7 +42,7 @@ def process_tree(root: int) -> dict[int, str]:
                 stat = (entry / "stat").read_text()
             except OSError:
                 continue
-            children.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]), []).append(int(entry.name))
+            children.setdefault(int(stat[stat.rindex(")") + 2 :].split()[1]), []).append(int(entry.name))
     tree, todo = {}, [root]
     while todo:
         pid = todo.pop()
@@ -87,7 +87,8 @@ def port_listens(port: int) -> bool:
 
 def api(base: str, token: str, path: str, body: dict | None = None) -> dict:
     request = urllib.request.Request(
-        base + path, data=json.dumps(body).encode() if body is not None else None,
+        base + path,
+        data=json.dumps(body).encode() if body is not None else None,
         headers={"Authorization": f"Token {token}", "Content-Type": "application/json"},
     )
     with urllib.request.urlopen(request, timeout=10) as response:
@@ -98,11 +99,26 @@ def test_demo_serves_runs_a_job_and_ctrl_c_leaves_no_process_or_port(tmp_path):
     port = free_port()
     creds = tmp_path / "credentials.json"
     demo = subprocess.Popen(
-        [sys.executable, "scripts/demo.py", "--port", str(port), "--db", str(tmp_path / "demo.sqlite3"),
-         "--log-dir", str(tmp_path / "logs"), "--state-dir", str(tmp_path / "agents"),
-         "--credentials-file", str(creds)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        stdin=subprocess.DEVNULL, start_new_session=True,
+        [
+            sys.executable,
+            "scripts/demo.py",
+            "--port",
+            str(port),
+            "--db",
+            str(tmp_path / "demo.sqlite3"),
+            "--log-dir",
+            str(tmp_path / "logs"),
+            "--state-dir",
+            str(tmp_path / "agents"),
+            "--credentials-file",
+            str(creds),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
     )
     output: list[str] = []
     try:
@@ -121,8 +137,12 @@ def test_demo_serves_runs_a_job_and_ctrl_c_leaves_no_process_or_port(tmp_path):
 
         # The README's example: alice's job reaches `succeeded` on one of the agents.
         base, token = f"http://127.0.0.1:{port}", users["alice"]["token"]
-        job = api(base, token, "/api/v1/jobs/", {"name": "hello", "kind": "batch",
-                                                 "command": ["python", "-c", "print(42)"], "gpus": 1})
+        job = api(
+            base,
+            token,
+            "/api/v1/jobs/",
+            {"name": "hello", "kind": "batch", "command": ["python", "-c", "print(42)"], "gpus": 1},
+        )
         deadline = time.monotonic() + 30
         while job["state"] not in ("succeeded", "failed", "cancelled") and time.monotonic() < deadline:
             time.sleep(0.3)
@@ -131,8 +151,12 @@ def test_demo_serves_runs_a_job_and_ctrl_c_leaves_no_process_or_port(tmp_path):
         assert "42" in api(base, token, f"/api/v1/jobs/{job['id']}/logs/")["data"]
 
         # A job still running at Ctrl-C must not outlive the demo either.
-        sleeper = api(base, token, "/api/v1/jobs/", {"name": "sleeper", "kind": "batch", "gpus": 1,
-                                                     "command": ["python", "-c", SLEEPER]})
+        sleeper = api(
+            base,
+            token,
+            "/api/v1/jobs/",
+            {"name": "sleeper", "kind": "batch", "gpus": 1, "command": ["python", "-c", SLEEPER]},
+        )
         deadline = time.monotonic() + 30
         while sleeper["state"] != "running" and time.monotonic() < deadline:
             time.sleep(0.3)
@@ -163,9 +187,21 @@ def test_demo_refuses_a_busy_port_with_a_clear_message_and_starts_nothing(tmp_pa
         busy.listen()
         port = busy.getsockname()[1]
         result = subprocess.run(
-            [sys.executable, "scripts/demo.py", "--port", str(port), "--db", str(tmp_path / "d.sqlite3"),
-             "--log-dir", str(tmp_path / "logs")],
-            cwd=ROOT, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+            [
+                sys.executable,
+                "scripts/demo.py",
+                "--port",
+                str(port),
+                "--db",
+                str(tmp_path / "d.sqlite3"),
+                "--log-dir",
+                str(tmp_path / "logs"),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
         )
     assert result.returncode != 0
     assert f"port {port}" in result.stderr and "PORT=" in result.stderr

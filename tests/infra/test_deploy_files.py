@@ -34,8 +34,9 @@ def tool(name: str) -> str:
 
 
 def run(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60,
-                          stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        argv, cwd=ROOT, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
+    )
 
 
 @functools.cache
@@ -51,8 +52,7 @@ def compose_config() -> dict:
 
 
 def agent_services(config: dict) -> dict[str, dict]:
-    return {name: svc for name, svc in config["services"].items()
-            if "agent" in (svc.get("command") or [])}
+    return {name: svc for name, svc in config["services"].items() if "agent" in (svc.get("command") or [])}
 
 
 def test_docker_compose_accepts_the_compose_file():
@@ -64,8 +64,7 @@ def test_docker_compose_would_reject_an_unknown_key(tmp_path):
     # The check above must be able to fail: a misspelt key is refused.
     broken = tmp_path / "docker-compose.yml"
     broken.write_text(COMPOSE.read_text().replace("  worker:\n", "  worker:\n    comand: nope\n", 1))
-    result = run(tool("docker-compose"), "-f", str(broken), "--project-directory", str(ROOT),
-                 "config", "-q")
+    result = run(tool("docker-compose"), "-f", str(broken), "--project-directory", str(ROOT), "config", "-q")
     assert result.returncode != 0
     assert "comand" in result.stderr
 

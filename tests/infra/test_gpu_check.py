@@ -23,9 +23,21 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 def test_the_gpu_check_passes_its_dry_run_and_reports_every_check(tmp_path):
     report = tmp_path / "report.json"
     result = subprocess.run(
-        [sys.executable, "scripts/gpu_check.py", "--dry-run", "--port", str(free_port()),
-         "--log-dir", str(tmp_path / "logs"), "--report", str(report)],
-        cwd=ROOT, capture_output=True, text=True, timeout=220,
+        [
+            sys.executable,
+            "scripts/gpu_check.py",
+            "--dry-run",
+            "--port",
+            str(free_port()),
+            "--log-dir",
+            str(tmp_path / "logs"),
+            "--report",
+            str(report),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=220,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     checks = {c["check"]: c for c in json.loads(report.read_text())["checks"]}

@@ -53,8 +53,7 @@ def stack(require_postgres, redis_url, transactional_db, world, settings) -> Ite
     port = free_port()
     work = Path(tempfile.mkdtemp(prefix="tessera-e2e-", dir="/tmp"))
     work.chmod(0o711)  # the job user must reach the agent's job directories below it
-    env = stack_env(database_url_of(settings), redis_url,
-                    TESSERA_REDIS_BROKER_DB=str(8 + os.getpid() % 8))
+    env = stack_env(database_url_of(settings), redis_url, TESSERA_REDIS_BROKER_DB=str(8 + os.getpid() % 8))
     procs = Processes(work)
     try:
         procs.start("worker", worker_argv("e2e"), env)
@@ -63,8 +62,11 @@ def stack(require_postgres, redis_url, transactional_db, world, settings) -> Ite
         wait_until("the Celery worker", lambda: " ready." in procs.output("worker"), procs, deadline)
         base = f"http://127.0.0.1:{port}"
         wait_until("the web server", lambda: web_answers(base), procs, deadline)
-        procs.start("agent", agent_argv(base, "e2e-a100", "8xA100,nvlink=4,rack=r1", work / "agent",
-                                        "--poll-interval", "0.2"), agent_env(env, join_token))
+        procs.start(
+            "agent",
+            agent_argv(base, "e2e-a100", "8xA100,nvlink=4,rack=r1", work / "agent", "--poll-interval", "0.2"),
+            agent_env(env, join_token),
+        )
         yield {"base": base, "procs": procs, "deadline": deadline, "redis_url": redis_url}
     finally:
         procs.stop_all()
@@ -76,8 +78,12 @@ def test_alices_two_gpu_job_runs_on_a_real_agent_and_succeeds(stack, world):
     from scheduling.services.triggers import QUEUED_FLAG
 
     procs, deadline, base = stack["procs"], stack["deadline"], stack["base"]
-    wait_until("the agent to register", lambda: Node.objects.filter(name="e2e-a100", devices__isnull=False)
-               .exists(), procs, deadline)
+    wait_until(
+        "the agent to register",
+        lambda: Node.objects.filter(name="e2e-a100", devices__isnull=False).exists(),
+        procs,
+        deadline,
+    )
     # A "pass already queued" flag left by an earlier run on this test database would swallow this
     # submit's trigger for its TTL; clearing it only ever causes one more (harmless) pass.
     from scheduling.services import redis_flags

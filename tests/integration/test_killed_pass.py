@@ -51,7 +51,10 @@ def test_a_pass_killed_half_way_leaves_nothing_and_the_next_pass_binds_the_job_o
     dsn = database_url_of(settings).replace("postgres://", "postgresql://", 1)
     worker = subprocess.Popen(
         [sys.executable, "-c", HALF_A_PASS, dsn, str(passes.PASS_LOCK_KEY), str(job.pk)],
-        stdout=subprocess.PIPE, text=True, start_new_session=True)
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         assert worker.stdout.readline().strip() == "half-way"
         assert passes.run_pass() is None  # the lock is held: this pass only asks for another

@@ -93,7 +93,9 @@ def test_passes_recorded_by_another_process_show_in_the_histogram_and_the_decisi
     buckets[PASS_BUCKETS_S.index(0.05)] = 3  # three passes of 25-50 ms
     buckets[-1] = 1  # and one of over 10 s
     SchedulerState.objects.filter(id=1).update(
-        passes=4, pass_seconds_sum=12.0, pass_buckets=buckets,
+        passes=4,
+        pass_seconds_sum=12.0,
+        pass_buckets=buckets,
         decisions_total={"bound": 40, "dropped": 2, "preempted": 1, "cut_short": 1},
     )
     got = scrape()

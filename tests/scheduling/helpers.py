@@ -9,12 +9,17 @@ from scheduling.models import Device, Node
 
 def make_node(name: str, gpus: int = 8, model: str = "A100", rack: str = "r1", nvlink: int = 4) -> Node:
     node = Node.objects.create(
-        name=name, rack=rack, nvlink_domain=nvlink, cpus=64, memory_gib=512,
+        name=name,
+        rack=rack,
+        nvlink_domain=nvlink,
+        cpus=64,
+        memory_gib=512,
         last_heartbeat=timezone.now(),
     )
     Device.objects.bulk_create(
-        Device(node=node, index=i, uuid=f"GPU-{name}-{i}", model=model, memory_gib=80,
-               nvlink_island=i // nvlink)
+        Device(
+            node=node, index=i, uuid=f"GPU-{name}-{i}", model=model, memory_gib=80, nvlink_island=i // nvlink
+        )
         for i in range(gpus)
     )
     return node

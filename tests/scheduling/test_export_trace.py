@@ -49,8 +49,7 @@ def _live_history(world):
     ok = helpers.submit(world.alice, world.vision, gpus=2)
     _start(ok)
     _exit(ok, 0)
-    retried = helpers.submit(world.bob, world.nlp, gpus=1, max_retries=1, kind="inference",
-                             preemptible=False)
+    retried = helpers.submit(world.bob, world.nlp, gpus=1, max_retries=1, kind="inference", preemptible=False)
     _start(retried)
     _exit(retried, 1)
     Job.objects.filter(pk=retried.pk).update(not_before=None)

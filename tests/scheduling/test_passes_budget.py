@@ -128,9 +128,7 @@ def test_a_pass_stopped_by_the_soft_time_limit_leaves_no_half_chunk_and_no_lock(
     assert passes.run_pass().bound == [str(job.pk)]  # the next pass binds it, once
 
 
-def test_a_snapshot_read_longer_than_the_budget_still_leaves_the_budget_to_decide(
-    many_pending, monkeypatch
-):
+def test_a_snapshot_read_longer_than_the_budget_still_leaves_the_budget_to_decide(many_pending, monkeypatch):
     """The budget bounds the deciding: a slow read (here 100 s of the fake clock) must not make
     every pass decide nothing, as it did when the budget counted from the pass's start."""
     load = passes.load_snapshot

@@ -26,8 +26,9 @@ helpers = importlib.import_module("tests.scheduling.helpers")
 @pytest.fixture
 def elastic_on_every_gpu(world):
     helpers.make_node("a100-01")  # 8 GPUs
-    job = helpers.submit(world.alice, world.vision, gpus=4, replicas=4, min_available=2,
-                         elastic_min_gpus=2, elastic_max_gpus=8)
+    job = helpers.submit(
+        world.alice, world.vision, gpus=4, replicas=4, min_available=2, elastic_min_gpus=2, elastic_max_gpus=8
+    )
     assert passes.run_pass().bound == [str(job.pk)]
     assert Allocation.objects.filter(job=job, released_at__isnull=True).count() == 8  # its max
     with transaction.atomic():
@@ -63,4 +64,3 @@ def test_a_training_job_waits_for_a_running_elastic_job_and_says_why(world, elas
     waiting.refresh_from_db()
     assert waiting.state == JobState.PENDING and waiting.pending_code == "reserved"
     assert _held(elastic_on_every_gpu) == 8
-

@@ -19,13 +19,15 @@ quota_rows = st.dictionaries(
     st.tuples(st.sampled_from([0, 0.5, 1, 2, 4, 8, 16]), st.sampled_from([0, 1, 2, 3, 8, 16])),
     max_size=4,
 )
-jobs = st.fixed_dictionaries({
-    "kind": st.sampled_from(["training", "inference", "batch"]),
-    "gpus": st.sampled_from([0, 0.25, 0.5, 1, 2, 3, 4, 8, 16]),
-    "replicas": st.sampled_from([1, 2, 4]),
-    "accelerators": st.lists(st.sampled_from(["A100", "H100", "L4", "B200"]), unique=True, max_size=3),
-    "preemptible": st.booleans(),
-})
+jobs = st.fixed_dictionaries(
+    {
+        "kind": st.sampled_from(["training", "inference", "batch"]),
+        "gpus": st.sampled_from([0, 0.25, 0.5, 1, 2, 3, 4, 8, 16]),
+        "replicas": st.sampled_from([1, 2, 4]),
+        "accelerators": st.lists(st.sampled_from(["A100", "H100", "L4", "B200"]), unique=True, max_size=3),
+        "preemptible": st.booleans(),
+    }
+)
 
 
 @pytest.fixture
@@ -53,8 +55,13 @@ def test_the_statements_condition_agrees_with_the_rules(tenant, rows, job):
 def test_a_job_no_quota_admits_is_refused_with_the_reason_and_stores_nothing(tenant, django_user_model):
     user = django_user_model.objects.create(username="u")
     Quota.objects.create(tenant=tenant, model="A100", guaranteed=2, limit=4)
-    job = {"name": "j", "command": ["true"], **cleaned_job({
-        "kind": "training", "gpus": 8, "replicas": 1, "accelerators": ["A100"], "preemptible": True})}
+    job = {
+        "name": "j",
+        "command": ["true"],
+        **cleaned_job(
+            {"kind": "training", "gpus": 8, "replicas": 1, "accelerators": ["A100"], "preemptible": True}
+        ),
+    }
     with pytest.raises(NotAdmissible, match="largest applicable quota limit is 4"):
         do_submit_job(user, tenant, job, {"b": 1}, idempotency_key="k1", check_quota=True)
     assert (Job.objects.count(), JobEvent.objects.count(), IdempotencyKey.objects.count()) == (0, 0, 0)
@@ -74,8 +81,13 @@ def test_the_submit_statement_stays_one_psycopg_caches_the_parsing_of(tenant, dj
 
     user = django_user_model.objects.create(username="u")
     Quota.objects.create(tenant=tenant, model="*", guaranteed=8, limit=8)
-    job = {"name": "j", "command": ["true"], **cleaned_job({
-        "kind": "training", "gpus": 1, "replicas": 1, "accelerators": ["A100"], "preemptible": True})}
+    job = {
+        "name": "j",
+        "command": ["true"],
+        **cleaned_job(
+            {"kind": "training", "gpus": 1, "replicas": 1, "accelerators": ["A100"], "preemptible": True}
+        ),
+    }
     seen = []
 
     def spy(execute, sql, params, many, context):

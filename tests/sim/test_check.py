@@ -260,8 +260,12 @@ def test_a_live_clusters_history_so_far_may_end_with_jobs_pending_or_running(tmp
     (tmp_path / "nodes.csv").write_text(NODES)
     (tmp_path / "jobs.csv").write_text(HEADER + "\n" + "\n".join(jobs) + "\n")
     (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
-    report = check(read_nodes(tmp_path / "nodes.csv"), read_jobs(tmp_path / "jobs.csv"),
-                   read_events(tmp_path / "events.jsonl"), unfinished_ok=True)
+    report = check(
+        read_nodes(tmp_path / "nodes.csv"),
+        read_jobs(tmp_path / "jobs.csv"),
+        read_events(tmp_path / "events.jsonl"),
+        unfinished_ok=True,
+    )
     assert report.violations == ["job c: never ends (never submitted after the last event)"]
 
 

@@ -16,16 +16,24 @@ from scheduling.engine.types import MILLI, NodeSpec
 from scheduling.sim.pack import BestGroups, PackCluster, Pod, _choose_gpus, _Scorer, shape_of_pod
 
 SHAPES = [  # (cpu milli, mem MiB, milli per GPU, GPUs, models)
-    (4000, 8192, 1000, 1, ()), (8000, 16384, 1000, 2, ()), (2000, 4096, 500, 1, ()),
-    (2000, 4096, 250, 1, ()), (16000, 32768, 1000, 4, ()), (4000, 8192, 0, 0, ()),
-    (6000, 8192, 460, 1, ("T4",)), (12000, 8192, 1000, 8, ("G2",)), (30000, 4096, 1000, 1, ()),
+    (4000, 8192, 1000, 1, ()),
+    (8000, 16384, 1000, 2, ()),
+    (2000, 4096, 500, 1, ()),
+    (2000, 4096, 250, 1, ()),
+    (16000, 32768, 1000, 4, ()),
+    (4000, 8192, 0, 0, ()),
+    (6000, 8192, 460, 1, ("T4",)),
+    (12000, 8192, 1000, 8, ("G2",)),
+    (30000, 4096, 1000, 1, ()),
 ]
 
 
 def _nodes(kinds: list[int]) -> list[NodeSpec]:
     table = [("G2", 8, 96), ("T4", 2, 104), ("P100", 2, 16), ("V100", 4, 32)]
-    return [NodeSpec(f"n{i:02d}", "r0", table[k][0], table[k][1], cpus=table[k][2],
-                     memory_gib=256) for i, k in enumerate(kinds)]
+    return [
+        NodeSpec(f"n{i:02d}", "r0", table[k][0], table[k][1], cpus=table[k][2], memory_gib=256)
+        for i, k in enumerate(kinds)
+    ]
 
 
 def _scan(cl: PackCluster, scorer: _Scorer, pod: Pod) -> tuple[int, int | None] | None:
@@ -39,10 +47,12 @@ def _scan(cl: PackCluster, scorer: _Scorer, pod: Pod) -> tuple[int, int | None] 
 
 
 @settings(max_examples=40, deadline=None)
-@given(kinds=st.lists(st.integers(0, 3), min_size=1, max_size=12),
-       order=st.lists(st.integers(0, len(SHAPES) - 1), min_size=1, max_size=80),
-       policy=st.sampled_from(["tessera", "fgd", "best-fit", "fcfs-device", "fcfs-node"]),
-       seed=st.integers(0, 1000))
+@given(
+    kinds=st.lists(st.integers(0, 3), min_size=1, max_size=12),
+    order=st.lists(st.integers(0, len(SHAPES) - 1), min_size=1, max_size=80),
+    policy=st.sampled_from(["tessera", "fgd", "best-fit", "fcfs-device", "fcfs-node"]),
+    seed=st.integers(0, 1000),
+)
 def test_the_heaps_pick_what_a_full_scan_picks(kinds, order, policy, seed):
     nodes = _nodes(kinds)
     pods = [Pod(f"p{k}", *SHAPES[s]) for k, s in enumerate(order)]
@@ -58,16 +68,17 @@ def test_the_heaps_pick_what_a_full_scan_picks(kinds, order, policy, seed):
         assert got == _scan(cl, scorer, pod)
         if got is not None:
             node = cl.at_rank[got[0]]
-            cl.apply(node, pod, _choose_gpus(cl, node, pod, got[1], policy, rng),
-                     policy == "fcfs-node")
+            cl.apply(node, pod, _choose_gpus(cl, node, pod, got[1], policy, rng), policy == "fcfs-node")
     assert cl.allocated <= cl.capacity
     assert all(0 <= v <= MILLI for gpus in cl.gpu for v in gpus)
 
 
 @settings(max_examples=30, deadline=None)
-@given(kinds=st.lists(st.integers(0, 3), min_size=1, max_size=10),
-       order=st.lists(st.integers(0, len(SHAPES) - 1), min_size=1, max_size=60),
-       seed=st.integers(0, 1000))
+@given(
+    kinds=st.lists(st.integers(0, 3), min_size=1, max_size=10),
+    order=st.lists(st.integers(0, len(SHAPES) - 1), min_size=1, max_size=60),
+    seed=st.integers(0, 1000),
+)
 def test_random_picks_only_nodes_that_fit_and_rejects_only_when_none_does(kinds, order, seed):
     nodes = _nodes(kinds)
     pods = [Pod(f"p{k}", *SHAPES[s]) for k, s in enumerate(order)]
@@ -108,8 +119,15 @@ def _pack_run(hashseed: str) -> str:
     root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, PYTHONHASHSEED=hashseed, PYTHONPATH=str(root))
     env.pop("DJANGO_SETTINGS_MODULE", None)
-    return subprocess.run([sys.executable, "-c", PACK_RUN], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=120, check=True).stdout
+    return subprocess.run(
+        [sys.executable, "-c", PACK_RUN],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
 
 
 def test_pack_runs_are_identical_under_two_hash_seeds():

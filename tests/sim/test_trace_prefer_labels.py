@@ -18,8 +18,10 @@ NODES = (
     "near,r2,8,H100,80,8,64,512,4,data:eu;disk:nvme\n"
     "far3,r2,8,H100,80,8,64,512,4,\n"
 )
-HEAD = ("job,tenant,kind,submit_s,duration_s,gpus,replicas,model,priority,preemptible,"
-        "time_limit_s,cpus,memory_gib")
+HEAD = (
+    "job,tenant,kind,submit_s,duration_s,gpus,replicas,model,priority,preemptible,"
+    "time_limit_s,cpus,memory_gib"
+)
 
 
 def _jobs(tmp_path: Path, text: str) -> Path:
@@ -29,10 +31,12 @@ def _jobs(tmp_path: Path, text: str) -> Path:
 
 
 def test_the_column_is_read_in_node_selectors_form_and_optional(tmp_path: Path) -> None:
-    with_col = _jobs(tmp_path, HEAD + ",prefer_labels\nj1,t,batch,0,60,1,1,,0,true,,1,1,"
-                     "disk:nvme;data:eu\nj2,t,batch,0,60,1,1,,0,true,,1,1,\n")
-    assert [j.request.prefer_labels for j in read_jobs(with_col)] == [
-        (("data", "eu"), ("disk", "nvme")), ()]
+    with_col = _jobs(
+        tmp_path,
+        HEAD + ",prefer_labels\nj1,t,batch,0,60,1,1,,0,true,,1,1,"
+        "disk:nvme;data:eu\nj2,t,batch,0,60,1,1,,0,true,,1,1,\n",
+    )
+    assert [j.request.prefer_labels for j in read_jobs(with_col)] == [(("data", "eu"), ("disk", "nvme")), ()]
     without = _jobs(tmp_path, HEAD + "\nj1,t,batch,0,60,1,1,,0,true,,1,1\n")
     assert read_jobs(without)[0].request.prefer_labels == ()
 
@@ -50,9 +54,23 @@ def _replay_nodes(tmp_path: Path, prefer: str, seed: int) -> set[str]:
     rows = "".join(f"j{i},t,batch,{i},600,4,1,,0,true,,1,1,{prefer}\n" for i in range(2))
     _jobs(tmp_path, HEAD + ",prefer_labels\n" + rows)
     out = tmp_path / f"out-{seed}"
-    assert main(["replay", "--nodes", str(tmp_path / "nodes.csv"), "--jobs",
-                 str(tmp_path / "jobs.csv"), "--out", str(out), "--quiet",
-                 "--seed", str(seed)]) == 0
+    assert (
+        main(
+            [
+                "replay",
+                "--nodes",
+                str(tmp_path / "nodes.csv"),
+                "--jobs",
+                str(tmp_path / "jobs.csv"),
+                "--out",
+                str(out),
+                "--quiet",
+                "--seed",
+                str(seed),
+            ]
+        )
+        == 0
+    )
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
     return {a["node"] for e in events if e["event"] == "start" for a in e["allocations"]}
 

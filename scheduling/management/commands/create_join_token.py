@@ -17,7 +17,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser) -> None:
         parser.add_argument("--name", default="", help="a label for operators (max 64 characters)")
         parser.add_argument(
-            "--expires-hours", type=float, default=None,
+            "--expires-hours",
+            type=float,
+            default=None,
             help="hours until the token stops working (default: never; revoke it in the admin)",
         )
 

@@ -21,7 +21,8 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
         parser.add_argument(
-            "--join-token-from-env", action="store_true",
+            "--join-token-from-env",
+            action="store_true",
             help="register $TESSERA_JOIN_TOKEN as the join token instead of minting a new one",
         )
 
