@@ -27,6 +27,7 @@ from scheduling.api.fields import (
 )
 from scheduling.choices import JobKind, Topology
 from scheduling.models import Job, JobEvent
+from scheduling.services.history import placements_payload
 from scheduling.services.jobs import allocations_payload
 
 MAX_PRIORITY = 1_000_000
@@ -189,20 +190,21 @@ class JobSubmitSerializer(FieldTemplates, serializers.Serializer):
         return data
 
 
-@extend_schema_field(
-    {
-        "type": "array",
-        "items": {
-            "type": "object",
-            "properties": {
-                "node": {"type": "string"},
-                "gpus": {"type": "array", "items": {"type": "integer"}},
-                "share": {"type": "number"},
-                "replica": {"type": "integer"},
-            },
+ALLOCATIONS_SCHEMA = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "properties": {
+            "node": {"type": "string"},
+            "gpus": {"type": "array", "items": {"type": "integer"}},
+            "share": {"type": "number"},
+            "replica": {"type": "integer"},
         },
-    }
-)
+    },
+}
+
+
+@extend_schema_field(ALLOCATIONS_SCHEMA)
 class AllocationsField(serializers.Field):
     def __init__(self, **kwargs: Any):
         kwargs["read_only"] = True
@@ -210,16 +212,57 @@ class AllocationsField(serializers.Field):
         super().__init__(**kwargs)
 
     def to_representation(self, job: Job) -> list[dict[str, Any]]:
-        allocs = getattr(job, "active_allocations", None)
+        every = getattr(job, "all_allocations", None)  # prefetched by services.history.with_history
+        allocs = None if every is None else [a for a in every if a.released_at is None]
         if allocs is None:  # not prefetched (one job): read them now
             allocs = job.allocations.filter(released_at__isnull=True).select_related("node", "device")
         return allocations_payload(allocs)
 
 
+@extend_schema_field(
+    {
+        "type": "array",
+        "items": {
+            "type": "object",
+            "properties": {
+                "attempt": {"type": "integer"},
+                "allocations": ALLOCATIONS_SCHEMA,
+                "started_at": {"type": "string", "format": "date-time"},
+                "ended_at": {"type": "string", "format": "date-time", "nullable": True},
+                "outcome": {"type": "string"},
+                "reason": {"type": "string", "nullable": True},
+            },
+        },
+    }
+)
+class PlacementsField(serializers.Field):
+    """Where the job ran, per attempt (``services.history``), kept after it ends."""
+
+    def __init__(self, **kwargs: Any):
+        kwargs["read_only"] = True
+        kwargs.setdefault("source", "*")
+        super().__init__(**kwargs)
+
+    def to_representation(self, job: Job) -> list[dict[str, Any]]:
+        when = serializers.DateTimeField()
+        return [
+            {
+                **p,
+                "started_at": when.to_representation(p["started_at"]),
+                "ended_at": when.to_representation(p["ended_at"]) if p["ended_at"] else None,
+            }
+            for p in placements_payload(job)
+        ]
+
+
 class JobSerializer(FieldTemplates, serializers.ModelSerializer):
-    """A job as the API returns it: the body echoed, plus its state and placement."""
+    """A job as the API returns it: the body echoed, plus its state and placement (``allocations``:
+    what it holds now; ``placements``: where each attempt ran, kept after it ends)."""
 
     tenant = serializers.CharField(source="tenant.name", read_only=True)
+    # Who submitted it (a username): seen only by the job's own tenant and operators, since the
+    # job itself is (``visible_to``).
+    owner = serializers.CharField(source="owner.username", read_only=True, allow_null=True, default=None)
     queue_level_name = serializers.CharField(read_only=True)
     gpus = GpuCountField(read_only=True)
     command = StringListField(max_items=4096, max_bytes=256 * 1024, read_only=True)
@@ -229,6 +272,7 @@ class JobSerializer(FieldTemplates, serializers.ModelSerializer):
     prefer_labels = StringMapField(max_entries=64, max_bytes=16384, read_only=True)
     elastic = serializers.SerializerMethodField()
     allocations = AllocationsField()
+    placements = PlacementsField()
 
     class Meta:
         model = Job
@@ -237,6 +281,7 @@ class JobSerializer(FieldTemplates, serializers.ModelSerializer):
             "name",
             "kind",
             "tenant",
+            "owner",
             "state",
             "queue_level",
             "queue_level_name",
@@ -244,6 +289,7 @@ class JobSerializer(FieldTemplates, serializers.ModelSerializer):
             "pending_code",
             "estimated_start",
             "allocations",
+            "placements",
             "submitted_at",
             "started_at",
             "finished_at",
@@ -298,3 +344,17 @@ class LogPageSerializer(serializers.Serializer):
     data = serializers.CharField()
     eof = serializers.BooleanField()
     truncated = serializers.BooleanField()
+
+
+class DryRunSerializer(serializers.Serializer):
+    """``POST /api/v1/jobs/?dry_run=true``: what a submit would lead to now (nothing stored)."""
+
+    dry_run = serializers.BooleanField()
+    would_start = serializers.BooleanField()
+    allocations = serializers.JSONField(required=False, help_text="where it would start (if it would)")
+    preemptions = serializers.IntegerField(
+        required=False, help_text="running jobs it would stop first (their number only)"
+    )
+    pending_code = serializers.CharField(required=False)
+    pending_reason = serializers.CharField(required=False)
+    estimated_start = serializers.DateTimeField(required=False, allow_null=True)

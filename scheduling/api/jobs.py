@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Prefetch, QuerySet
+from django.db.models import QuerySet
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import serializers, status, viewsets
@@ -28,6 +28,7 @@ from rest_framework.response import Response
 from scheduling.api.errors import Unprocessable
 from scheduling.api.fields import text_problem
 from scheduling.api.job_serializers import (
+    DryRunSerializer,
     JobEventSerializer,
     JobSerializer,
     JobSubmitSerializer,
@@ -38,7 +39,9 @@ from scheduling.api.lookups import ID_PARAMETER, parse_nonnegative, parse_pk
 from scheduling.api.pagination import BoundedLimitOffsetPagination
 from scheduling.api.permissions import is_operator, tenant_of
 from scheduling.choices import JobKind, JobState
-from scheduling.models import Allocation, Job, Tenant
+from scheduling.models import Job, Tenant
+from scheduling.services.dryrun import dry_run
+from scheduling.services.history import with_history
 from scheduling.services.jobs import IdempotencyConflict, NotAdmissible, do_cancel_job, do_submit_job
 
 MAX_IDEMPOTENCY_KEY = 255
@@ -74,6 +77,15 @@ def idempotency_key(request: Request) -> str | None:
     return key
 
 
+def dry_run_asked(request: Request) -> bool:
+    value = request.query_params.get("dry_run")
+    if value is None:
+        return False
+    if value not in ("true", "false", "1", "0"):
+        raise ValidationError({"dry_run": ["must be true or false"]})
+    return value in ("true", "1")
+
+
 LIST_FILTERS = [
     OpenApiParameter("state", str, enum=list(JobState.values), description="only jobs in this state"),
     OpenApiParameter("kind", str, enum=list(JobKind.values), description="only jobs of this kind"),
@@ -93,12 +105,9 @@ class JobViewSet(viewsets.GenericViewSet):
     lookup_value_regex = "[^/]+"
 
     def get_queryset(self) -> QuerySet[Job]:
-        active = Allocation.objects.filter(released_at__isnull=True).select_related("node", "device")
-        return (
-            Job.objects.visible_to(self.request.user)
-            .select_related("tenant")
-            .prefetch_related(Prefetch("allocations", queryset=active, to_attr="active_allocations"))
-        )
+        # Every allocation row (active and released: ``placements``) and the events that ended
+        # attempts, in two queries for a whole page.
+        return with_history(Job.objects.visible_to(self.request.user).select_related("tenant", "owner"))
 
     def get_object(self) -> Job:
         job = self.get_queryset().filter(pk=parse_pk(self.kwargs.get("pk", ""), "job")).first()
@@ -145,7 +154,13 @@ class JobViewSet(viewsets.GenericViewSet):
                 OpenApiParameter.HEADER,
                 description="Makes retries safe: the same key and body within 24 h returns the first "
                 "job (200); the same key with another body answers 422. Keys are per user.",
-            )
+            ),
+            OpenApiParameter(
+                "dry_run",
+                OpenApiTypes.BOOL,
+                description="Validate and answer (200, a dry-run result) whether and where the job "
+                "would start now, or why it would wait, with the estimate; stores nothing.",
+            ),
         ],
         responses={201: JobSerializer, 200: JobSerializer},
     )
@@ -153,11 +168,17 @@ class JobViewSet(viewsets.GenericViewSet):
         body = request.data  # parsed by StrictJSONParser: 400/413 for what is not a JSON object
         if request.stream is None:  # no body at all: DRF would hand us an empty dict
             raise ParseError("Request body is empty; a JSON object is expected.")
+        dry = dry_run_asked(request)
         key = idempotency_key(request)
         submit = JobSubmitSerializer(data=body)
         submit.is_valid(raise_exception=True)
         tenant = submit_tenant(request.user, submit.validated_data.get("tenant"))
         cleaned = submit.model_fields()
+        if dry:
+            try:
+                return Response(DryRunSerializer(dry_run(tenant, cleaned)).data)
+            except NotAdmissible as why:
+                raise ValidationError({"accelerators": [str(why)]}) from None
         try:
             job, created = do_submit_job(
                 request.user, tenant, cleaned, body, idempotency_key=key, check_quota=True
@@ -167,7 +188,7 @@ class JobViewSet(viewsets.GenericViewSet):
         except IdempotencyConflict:
             raise Unprocessable("This Idempotency-Key was already used with another body.") from None
         if created:
-            job.active_allocations = []  # just stored: nothing to read back
+            job.all_allocations, job.ending_events = [], []  # just stored: nothing to read back
         else:
             job = self.get_queryset().get(pk=job.pk)  # the first submit's job, as it is now
         return Response(
