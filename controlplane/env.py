@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse, urlsplit
+
+import dj_database_url
 
 
 class ImproperlyConfiguredEnv(RuntimeError):
@@ -83,29 +85,36 @@ def env_secret(name: str, dev_default: str, debug: bool) -> str:
 
 
 def database_from_url(url: str, base_dir: os.PathLike[str] | str) -> dict[str, object]:
-    """Django DATABASES['default'] from DATABASE_URL ('' = the embedded SQLite file)."""
-    if not url:
+    """Django DATABASES['default'] from DATABASE_URL ('' = the embedded SQLite file).
+
+    A PostgreSQL URL is parsed by dj-database-url: the user and password percent-decoded, query
+    options (``?sslmode=require``, ``connect_timeout``, ...) passed to psycopg in ``OPTIONS``.
+    What the URL leaves out is Tessera's default: user ``postgres``, host ``127.0.0.1``, port
+    5432, database ``tessera``. ``sqlite:///path`` names the file at the absolute ``/path`` (as
+    this variable always has; dj-database-url would read it as a relative path).
+    """
+    scheme = urlsplit(url).scheme if url else "sqlite"
+    if scheme == "sqlite":
+        path = unquote(urlsplit(url).path) if url else ""
         return {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": os.path.join(base_dir, "var", "tessera.sqlite3"),
+            "NAME": path or os.path.join(base_dir, "var", "tessera.sqlite3"),
             "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
         }
-    parsed = urlparse(url)
-    if parsed.scheme == "sqlite":
-        return {
-            "ENGINE": "django.db.backends.sqlite3",
-            "NAME": parsed.path or os.path.join(base_dir, "var", "tessera.sqlite3"),
-            "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
-        }
+    try:
+        parsed = dj_database_url.parse(url, conn_max_age=0)
+    except ValueError as exc:
+        raise ImproperlyConfiguredEnv(f"DATABASE_URL: {exc}") from None
+    name = parsed.get("NAME") or "tessera"
     return {
+        **parsed,
         "ENGINE": "django.db.backends.postgresql",
-        "NAME": parsed.path.lstrip("/") or "tessera",
-        "USER": parsed.username or "postgres",
-        "PASSWORD": parsed.password or "",
-        "HOST": parsed.hostname or "127.0.0.1",
-        "PORT": str(parsed.port or 5432),
-        "CONN_MAX_AGE": 0,
-        "TEST": {"NAME": "test_" + (parsed.path.lstrip("/") or "tessera")},
+        "NAME": name,
+        "USER": parsed.get("USER") or "postgres",
+        "PASSWORD": parsed.get("PASSWORD") or "",
+        "HOST": parsed.get("HOST") or "127.0.0.1",
+        "PORT": str(parsed.get("PORT") or 5432),
+        "TEST": {"NAME": "test_" + name},
     }
 
 
