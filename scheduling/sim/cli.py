@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from scheduling.sim import policies
+from scheduling.sim import plots, policies
 from scheduling.sim.events import EventsError, read_events
 from scheduling.sim.replay import ReplayError
 from scheduling.sim.traces import TraceError, read_jobs, read_nodes, read_quotas
@@ -107,6 +107,7 @@ def _replay(args: argparse.Namespace) -> int:
 
     names = args.compare or [args.policy]
     _known_policies(names)
+    plots.require()
     if args.compare:
         summaries = runner.compare_replay(
             args.nodes, args.jobs, args.quotas, names, args.out, args.seed, show_progress=not args.quiet
@@ -126,6 +127,7 @@ def _pack(args: argparse.Namespace) -> int:
 
     names = args.compare or [args.policy]
     _known_policies(names)
+    plots.require()
     if args.compare:
         runner.compare_pack(
             args.nodes, args.jobs, names, args.out, args.seeds, args.processes, not args.quiet
@@ -183,7 +185,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except (TraceError, EventsError, ReplayError, policies.PolicyError, csv.Error) as exc:
+    except (
+        TraceError,
+        EventsError,
+        ReplayError,
+        policies.PolicyError,
+        plots.PlotsUnavailable,
+        csv.Error,
+    ) as exc:
         print(f"error: {exc}", file=sys.stderr)
     except (OSError, UnicodeDecodeError) as exc:
         where = getattr(exc, "filename", None)

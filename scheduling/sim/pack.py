@@ -496,11 +496,9 @@ def run_pack(
 
 
 def _plot(path: Path, policy: str, results: list[dict]) -> None:
-    import matplotlib
+    from scheduling.sim.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for r in results:
         xs = [100 * a for a, _ in r["curve"]]

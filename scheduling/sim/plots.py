@@ -16,7 +16,27 @@ from scheduling.engine.types import KINDS
 HOUR = 3600.0
 
 
-def _plt():  # noqa: ANN202 - matplotlib's pyplot module
+INSTALL_HINT = "pip install -e '.[sim]'"
+
+
+class PlotsUnavailable(RuntimeError):
+    """matplotlib is not installed: the simulator's plots need the ``sim`` extra."""
+
+
+def require() -> None:
+    """Raise :class:`PlotsUnavailable` (with how to install it) unless matplotlib can be imported;
+    called before a run that ends in plots, so that none is run only to fail at its end."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise PlotsUnavailable(
+            f"the simulator's plots need matplotlib, which is in Tessera's 'sim' extra: {INSTALL_HINT}"
+        ) from None
+
+
+def pyplot():  # noqa: ANN201 - matplotlib's pyplot module
+    """matplotlib's pyplot on the Agg backend (no display needed)."""
+    require()
     import matplotlib
 
     matplotlib.use("Agg")
@@ -39,7 +59,7 @@ def _cdf(ax: Any, values: list[float], label: str) -> None:
 
 def plot_run(out: Path, series: Mapping[str, Any], title: str) -> list[Path]:
     """Write the three plots of one replay into ``out``; return their paths."""
-    plt = _plt()
+    plt = pyplot()
     hours = _hours(series["t"])
     paths = []
 
@@ -83,7 +103,7 @@ def plot_run(out: Path, series: Mapping[str, Any], title: str) -> list[Path]:
 
 def plot_compare(path: Path, runs: Mapping[str, Mapping[str, Any]], title: str) -> Path:
     """Allocation over time, jobs waiting, and JCT distribution, one line per policy."""
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     for policy, series in runs.items():
         hours = _hours(series["t"])
@@ -107,7 +127,7 @@ def plot_compare(path: Path, runs: Mapping[str, Mapping[str, Any]], title: str) 
 
 def plot_pack_compare(path: Path, results: Mapping[str, Mapping[str, Any]], title: str) -> Path:
     """Allocation at 100% and 130% arrived demand per policy (mean over seeds), as bars."""
-    plt = _plt()
+    plt = pyplot()
     names = list(results)
     fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(names)), 4.5))
     width = 0.38

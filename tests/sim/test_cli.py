@@ -142,3 +142,22 @@ def test_the_module_runs_as_a_command(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "jobs.csv").exists()
     assert json.loads(out.stdout)["load"] == pytest.approx(1.0, rel=0.05)
+
+
+@pytest.mark.parametrize("command", ["replay", "pack"])
+def test_without_matplotlib_a_run_that_plots_says_to_install_the_sim_extra(tmp_path: Path, command: str):
+    """matplotlib is in the ``sim`` extra, not a core dependency: without it the simulator stops
+    before running, with one line saying what to install, instead of failing at its end."""
+    nodes, jobs = files(tmp_path, "j1,t,batch,0,10,1,1,,0,true,,1,1\n")
+    argv = [command, "--nodes", str(nodes), "--jobs", str(jobs), "--out", str(tmp_path / "o")]
+    code = (
+        "import sys; sys.modules['matplotlib'] = None  # as if not installed\n"
+        "from scheduling.sim.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    done = subprocess.run([sys.executable, "-c", code, *argv], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "error: the simulator's plots need matplotlib, which is in Tessera's 'sim' extra: "
+        "pip install -e '.[sim]'"
+    )
+    assert not (tmp_path / "o").exists()
