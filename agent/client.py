@@ -3,7 +3,7 @@
 Secrets travel only in the ``Authorization`` header. A call borrows a kept-alive connection
 (``http.client``) from a small pool and gives it back: a connection is never used by two threads
 at once, and every job's thread reuses one instead of opening its own. Every call has a timeout.
-(``requests`` cost ~3 times the CPU per call here, ~1 ms of the agent's ~3 ms per job.)
+(``requests`` cost several times the CPU per call: docs/benchmarks/e2e.md.)
 """
 
 from __future__ import annotations

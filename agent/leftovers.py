@@ -164,14 +164,14 @@ def recorded(state_dir: Path) -> dict[str, Session]:
 class PidClock:
     """Whether the kernel's pid numbers may have wrapped around since a session began.
 
-    Pids are handed out in increasing order up to ``pid_max`` (32,768 on many machines), then
-    from the bottom again. Every process of a session is newer than its leader, so until a wrap
-    its pid is above the leader's: the end of a job then reads ``/proc/<pid>/stat`` for the
-    processes newer than its leader only (a handful), not for all of the node's (~1.5 ms of the
-    agent's CPU a job, measured). The kernel's last pid (``ns_last_pid``) is looked at when the
-    session begins and at every tick of its supervisor (4 a second): a wrap means it went down
-    between two looks (a whole cycle between two looks would take ``pid_max`` forks in 0.25 s).
-    When it cannot be read, every process is read, as after a wrap.
+    Pids are handed out in increasing order up to ``pid_max`` (32,768 on many machines), then from
+    the bottom again. Every process of a session is newer than its leader, so until a wrap its pid
+    is above the leader's: the end of a job then reads ``/proc/<pid>/stat`` for the processes newer
+    than its leader only (a handful), not for all of the node's (several times the cost:
+    docs/benchmarks/e2e.md). The kernel's last pid (``ns_last_pid``) is looked at when the session
+    begins and at every tick of its supervisor (4 a second): a wrap means it went down between two
+    looks (a whole cycle between two looks would take ``pid_max`` forks in 0.25 s). When it cannot
+    be read, every process is read, as after a wrap.
     """
 
     def __init__(self, leader: int):

@@ -68,7 +68,8 @@ class UtilProfiles:
     @staticmethod
     def check(path: Path | None = None) -> Path:
         """The trace's path, once its header is read: what the agent checks at its start (parsing
-        its 157,000 rows costs ~0.4 s of CPU, which only the first scrape of a busy GPU needs)."""
+        its rows is a large part of an agent's start-up CPU, which only the first scrape of a busy
+        GPU needs: docs/benchmarks/e2e.md)."""
         path = path or trace_path()
         if path is None or not path.is_file():
             where = f"{path} does not exist" if path is not None else "no packaged copy"

@@ -161,8 +161,8 @@ def spawn_prefix(run_as: RunAs) -> tuple[str, ...]:
     :func:`_die_with_agent` in a forked child instead).
 
     Why: a ``preexec_fn`` or a user switch makes Python fork the whole agent and run Python in
-    the child; without them it uses ``vfork``. Spawning ``true`` costs ~1.9 ms of CPU (agent and
-    child) this way, ~3.8 ms the other. ``setpriv`` sets the signal after its user switch (which
+    the child; without them it uses ``vfork``, which costs half the CPU per spawn
+    (docs/benchmarks/e2e.md). ``setpriv`` sets the signal after its user switch (which
     would clear it), as :func:`_die_with_agent` does. Checked once per user, by running it.
     """
     setpriv = shutil.which("setpriv", path=f"{SAFE_PATH}:/usr/sbin:/sbin")

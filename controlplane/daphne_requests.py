@@ -2,8 +2,9 @@
 
 Twisted's ``Request`` parses the body of a POST with a form content type into ``request.args``
 and, to tell which, parses every POST's ``Content-Type`` header with the ``email`` package. daphne
-hands the ASGI application the raw body and never reads ``args``: under ``make bench-e2e`` that
-header parsing alone was 4.4% of the web processes' CPU. Twisted's own switch for it
+hands the ASGI application the raw body and never reads ``args``, yet that header parsing alone
+was a measurable share of the web processes' CPU under ``make bench-e2e`` (the figure:
+docs/benchmarks/e2e.md). Twisted's own switch for it
 (``parsePOSTFormSubmission``, a keyword of ``twisted.web.http.Request``) is turned off for the
 requests daphne builds; the body reaches the application unchanged.
 """

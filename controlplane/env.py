@@ -127,8 +127,8 @@ def redis_db_url(url: str, db: int) -> str:
 # channels_redis waits for a channel's next message with BZPOPMIN for 5 s; redis-py 8 reads every
 # reply with a 5 s socket timeout by default. The two raced: an idle consumer's wait timed out on
 # the client as the server answered "nothing", and the consumer died with it (an agent's stream
-# closed 1011 a few times a minute under load, a dashboard's socket too). The layer's connections
-# read with a timeout well past the wait.
+# closed 1011 a few times a minute under load, a dashboard's socket too; docs/benchmarks/e2e.md).
+# The layer's connections read with a timeout well past the wait.
 CHANNEL_LAYER_SOCKET_TIMEOUT_S = 20.0
 
 

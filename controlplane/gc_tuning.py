@@ -7,9 +7,8 @@ collected every 20,000 allocations instead of 700: a submit or an exit report al
 thousand objects, almost none of them in reference cycles, and each collection cost time on the
 request path. Cyclic garbage is still collected, by the older generations' collections.
 
-Measured under ``make bench-e2e`` on a busy 2-core machine, three pairs run back to back: p99
-submit→running 169 / 442 / 130 ms with these settings against 225 / 515 / 214 ms with Python's
-defaults (lower in every pair; the machine's noise is larger than the difference between pairs).
+Under ``make bench-e2e`` the p99 submit→running was lower with these settings than with Python's
+defaults in every pair run back to back (the figures: docs/benchmarks/e2e.md).
 """
 
 from __future__ import annotations

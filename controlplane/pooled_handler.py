@@ -5,19 +5,19 @@ Django's own ASGI handler gives every request a thread of its own (created for t
 runs each sync middleware in it through a separate hop from the event loop, before and after the
 view, plus a hop for the ``request_started`` signal, one for closing the response, and a task
 listening for the client's disconnect (which cannot interrupt a view already running in a thread
-anyway). Measured under ``make bench-e2e``, those hops and thread starts were about a quarter of
-the web process's CPU, for requests that are mostly a few queries. Here a sync view's request is
+anyway). Under ``make bench-e2e`` those hops and thread starts were a large share of the web
+process's CPU, for requests that are mostly a few queries. Here a sync view's request is
 one hop: in a pooled thread, the ``request_started`` signal, the request built, the sync
 middleware chain (the same middleware, loaded for sync use) and the view, and the response closed
 (``request_finished``, which hands the pooled database connection back from the thread that used
 it); the event loop only reads the body and sends the answer. The URL is resolved once, on
-arrival (to tell sync views from async ones), not again in the chain. ``make bench-requests``
-measured the web CPU per request: a 404 2.7 → 1.8 ms, a submit 7.9 → 6.3 ms.
+arrival (to tell sync views from async ones), not again in the chain. The web CPU per request
+before and after, from ``make bench-requests``: docs/benchmarks/requests.md.
 
 Async views (the agents' long-poll) run on the event loop, through Django's handler; those marked
 ``without_middleware`` (the long-poll, which authenticates itself and uses no session) are called
 directly, the others through Django's async chain, where each sync middleware costs two thread
-hops (12 per long-poll, profiled). Without PostgreSQL (SQLite takes one writer at a time) or
+hops. Without PostgreSQL (SQLite takes one writer at a time) or
 inside pytest, ``controlplane/asgi.py`` uses Django's handler unchanged.
 """
 

@@ -201,8 +201,8 @@ TESSERA = {
     "PASS_INTERVAL_S": env_float("TESSERA_PASS_INTERVAL_S", 5.0, minimum=0.1),
     "MAX_STARTS_PER_PASS": env_int("TESSERA_MAX_STARTS_PER_PASS", 2000, minimum=1),
     # A pass stops deciding more jobs this long after it began deciding (it applies what it
-    # decided and asks for another pass, which decides the jobs it did not reach first). A
-    # typical pass takes ~15 ms; 10,000 pending jobs on 1,000 nodes 1-2 s (make bench). The
+    # decided and asks for another pass, which decides the jobs it did not reach first). Far
+    # above what a pass takes, even a large one (docs/benchmarks/scheduling-pass.md). The
     # Celery task's soft and hard time limits (scheduling/tasks.py) are set well above this.
     "PASS_BUDGET_S": env_float("TESSERA_PASS_BUDGET_S", 10.0, minimum=0.01),
     "MAX_JOB_GPUS": env_int("TESSERA_MAX_JOB_GPUS", 4096, minimum=1),

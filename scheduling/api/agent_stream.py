@@ -5,8 +5,8 @@ server pushes the node's wakes as they are published (``{"wake": true, "start": 
 "heartbeat": bool}``, the long-poll's answer), and the agent sends its exit reports as
 ``{"id": N, "exits": [...]}`` (the ``exits`` body), answered ``{"id": N, "status": 200,
 "results": [...]}`` (or ``"status": 400`` with the fields' errors, ``401`` when the credential no
-longer holds, after which the server closes the socket). In ``make bench-e2e`` those two were
-~1.5 HTTP requests a job, each ~2-4 ms of web CPU before any work.
+longer holds, after which the server closes the socket). As HTTP requests those two cost the web
+process a full request's CPU each, per job, before any work (docs/benchmarks/e2e.md).
 
 The handshake authenticates as every agent call does (``Authorization: Node <credential>``);
 a bad credential is refused there (HTTP 403). No Origin check: the credential is a header, never

@@ -22,10 +22,11 @@ class FieldTemplates:
     """Serializer mixin: the fields are built once per class and copied shallowly per instance.
 
     DRF deep-copies every declared field for every serializer instance, re-running each field's
-    ``__init__`` (and its validators'): ~20% of a submit's CPU, measured. Here the unbound fields
-    are built once (for a ``ModelSerializer``, the model is introspected once too) with their
-    validators, and each instance binds shallow copies. The fields used here keep no per-request
-    state, so sharing their validators (and a list field's child) between copies is safe.
+    ``__init__`` (and its validators'): a large share of a submit's CPU
+    (docs/benchmarks/requests.md). Here the unbound fields are built once (for a
+    ``ModelSerializer``, the model is introspected once too) with their validators, and each
+    instance binds shallow copies. The fields used here keep no per-request state, so sharing their
+    validators (and a list field's child) between copies is safe.
     """
 
     def get_fields(self) -> dict[str, serializers.Field]:
@@ -41,7 +42,8 @@ class FieldTemplates:
 
 def _shallow_copy(field: serializers.Field) -> serializers.Field:
     """What ``copy.copy`` makes of a field (a new object sharing the template's attribute values),
-    without its ``__reduce_ex__`` round: ~4x faster, and a serializer copies ~30 fields."""
+    without its ``__reduce_ex__`` round, which costs more than the copy itself; a serializer copies
+    ~30 fields (docs/benchmarks/requests.md)."""
     twin = object.__new__(type(field))
     twin.__dict__.update(field.__dict__)
     return twin

@@ -1,7 +1,7 @@
 """What authenticated a caller, kept in the web process for a few seconds.
 
 Every API request needs its caller (a person's token, an agent's node credential): one query each
-time was a sizeable share of a web process's CPU under ``make bench-e2e``. An entry lives
+time was a sizeable share of a web process's CPU (docs/benchmarks/requests.md). An entry lives
 ``ttl_s`` seconds; a change that could make it wrong (a token, a user, a node saved or deleted:
 the callers connect :meth:`ProcessCache.forget` to those signals) empties this process's cache at
 once. Other web processes notice within ``ttl_s``.

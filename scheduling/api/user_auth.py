@@ -3,7 +3,8 @@
 Every API request needs the caller's tenant (scoping, submits), so the token, its user and the
 user's membership and tenant come in one query instead of three, and that answer is kept in the
 process for ``CACHE_S`` seconds: a script submitting many jobs pays the query once, not per
-request (it was ~8% of a web process's CPU under ``make bench-e2e``). A change to a token, a user,
+request (a measurable share of a web process's CPU: docs/benchmarks/requests.md). A change to a
+token, a user,
 a membership or a tenant empties this process's cache at once; in other web processes it takes
 effect within ``CACHE_S`` (a deleted token or a deactivated user is refused by then).
 """

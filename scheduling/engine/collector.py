@@ -3,8 +3,8 @@
 A pass allocates a few hundred thousand long-lived objects (replica requests, allocations,
 groups, memo entries) and almost no reference cycles; each full collection CPython runs meanwhile
 walks every live object, and the number of full collections grows with the pass, so on a large
-cluster they made the pass grow faster than the work (5,000 nodes: a fifth to a quarter of the
-pass). Reference counting still frees everything as usual; cycles made during the pass wait for
+cluster they made the pass grow faster than the work (docs/benchmarks/scheduling-pass.md).
+Reference counting still frees everything as usual; cycles made during the pass wait for
 the next collection after it. Re-entrant and thread-safe: the collector is enabled again when the last
 pass running in the process ends, and only if it was enabled when the first one began.
 """

@@ -38,8 +38,8 @@ class EngineConfig:
     # Reclaim and starvation preemption spare a job whose hard time limit ends it within this
     # long: waiting for it costs little, preempting it throws work away.
     spare_ending_s: float = 3600.0
-    # Aged jobs may preempt strictly lower kind levels. Off by default: measured on a generated
-    # 2-day workload it cut the longest wait (118 h -> 41 h) but threw away 20% of the work.
+    # Aged jobs may preempt strictly lower kind levels. Off by default: on a generated 2-day
+    # workload it cut the longest wait but threw away much of the work (docs/evaluation.md).
     aged_preempts: bool = False
     # Starvation bound: a job that has waited this long (since submit) comes first among the
     # promoted jobs (oldest first), may preempt preemptible jobs of its own or a lower kind level
@@ -58,7 +58,7 @@ class EngineConfig:
     alpha: float = 0.0  # weight of price per GPU-hour in the placement score
     # beta: weight of (1 - utilisation) of the node before the placement (consolidation: work
     # goes to busy nodes, idle ones stay whole). 0 by default: on openb's pod lists any positive
-    # weight packs worse than fragmentation alone (gpuspec20 at 100% arrived: 95.0 -> 93.9).
+    # weight packs worse than fragmentation alone (docs/placement.md has the figures).
     beta: float = 0.0
     # gamma: cost per hour of waiting for a more preferred model, one preference step costing 1
     # (preference.py): a job waits for its first choice when that saves more steps than

@@ -4,12 +4,12 @@ The main term is FGD's: the drop ``delta`` in expected fragmentation ``F(n)`` (s
 :mod:`.fragmentation`) that placing the request causes. Tessera scores it
 ``floor(100 * sigmoid(delta / 2000))`` (FGD uses ``/ 1000``) and breaks ties between nodes by a
 seeded node order, except that a CPU-only request prefers, among equal scores, the node with the
-least free GPU capacity (so it does not take the CPUs that free GPUs will need). Measured on openb
-default, 10 seeds (the pack benchmark): FGD 95.18 / 95.35, Tessera 95.30 / 95.43 at 100% / 130%
-arrived. Exact deltas instead of the coarse score pack worse (about 94.0 / 94.3 on two seeds): the
-exact delta herds every pod of a shape onto the same few node types, and the seeded ties spread
-them. Inside a node, a fractional request goes to the GPU that leaves the least fragmentation, then
-the least leftover share (best fit), so whole GPUs stay whole for the requests that need them.
+least free GPU capacity (so it does not take the CPUs that free GPUs will need). On openb's
+default pod list this packs a little more than FGD's own score (docs/evaluation.md). Exact deltas
+instead of the coarse score pack worse (docs/placement.md): the exact delta herds every pod of a
+shape onto the same few node types, and the seeded ties spread them. Inside a node, a fractional
+request goes to the GPU that leaves the least fragmentation, then the least leftover share (best
+fit), so whole GPUs stay whole for the requests that need them.
 The cost weights α (price), β (consolidation) and δ (data locality: the share of the job's
 ``prefer_labels`` a node carries) enter the score here; γ (expected wait for a preferred model) is
 :mod:`.preference`'s (docs/placement.md).

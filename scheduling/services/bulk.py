@@ -1,10 +1,11 @@
 """Writes of many rows in one statement, with SQL built once per process from the model's fields.
 
-The ORM builds a statement's SQL on every call: 0.5-1.5 ms of CPU each, more than PostgreSQL
-takes to run it. On the paths every job crosses (an agent's exit report settles a job: its row,
-its events, its allocations) that was most of the web process's work. These build the statement
-once per model, columns and database vendor, from ``Model._meta`` (the models stay the schema's
-one truth), and then only convert each row's values as the ORM would (``get_db_prep_save``).
+The ORM builds a statement's SQL on every call, which costs more CPU than PostgreSQL takes to run it
+(docs/benchmarks/requests.md). On the paths every job crosses (an agent's exit report settles a job:
+its row, its events, its allocations) that was most of the web process's work. These build the
+statement once per model, columns and database vendor, from ``Model._meta`` (the models stay the
+schema's one truth), and then only convert each row's values as the ORM would
+(``get_db_prep_save``).
 
 On PostgreSQL the rows travel as one array per column (``UNNEST``, as Django's own
 ``bulk_create`` does): one statement, one plan, whatever their number; a single row travels as

@@ -11,7 +11,7 @@ With the Redis channel layer, messages leave from one thread per process (:class
 from the request or the pass that made them: the commit hook only queues the message, so a submit
 or a pass never waits on Redis, and the thread's one event loop reuses its Redis connections (an
 ``async_to_sync`` call per message from a plain thread made a new loop and a new connection each
-time: ~5 ms a message, measured). Messages keep their order. The in-memory layer (the embedded
+time: docs/benchmarks/e2e.md). Messages keep their order. The in-memory layer (the embedded
 default, and tests) lives inside this process and is fed at once, as before.
 """
 

@@ -534,7 +534,8 @@ def _store_pending_reasons(decisions: Decisions, loaded: LoadedSnapshot) -> None
     if not groups:
         return
     # One UPDATE per distinct reason (a queue waiting for capacity shares one or a few), not
-    # bulk_update's CASE per row, which took ~280 ms for 270 jobs. Reasons are recomputed by
+    # bulk_update's CASE per row, far slower (docs/benchmarks/scheduling-pass.md). Reasons are
+    # recomputed by
     # every pass, so their commit need not wait for the disk.
     with transaction.atomic():
         _commit_without_flush()

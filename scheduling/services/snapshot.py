@@ -114,9 +114,10 @@ class LoadedSnapshot:
 class PreparedRead:
     """A read whose SQL the ORM builds once per process (per database vendor), then runs as is.
 
-    Building a query's SQL costs the ORM 0.5-1.5 ms of CPU; over the dozen reads of a pass that
-    was more than the engine's decision. Rows come back as ``values_list`` rows would, each
-    field converted as the ORM would (JSON decoded, times made aware).
+    Building a query's SQL costs the ORM more CPU than running it; over the dozen reads of a pass
+    that was more than the engine's decision (docs/benchmarks/scheduling-pass.md). Rows come back as
+    ``values_list`` rows would, each field converted as the ORM would (JSON decoded, times made
+    aware).
 
     ``build`` may take one list of values (ids, names: ``__in``): the SQL is then kept only if
     those values are all of its parameters, in order (any other SQL is built again for every

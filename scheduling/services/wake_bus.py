@@ -4,8 +4,8 @@ A pass publishes the wakes of all the nodes it bound jobs to as ONE message; eac
 holds ONE subscription and hands each wake to its own sockets of that node. Through the channel
 layer instead, each wake was a message to the node's group, and each web process took it with
 four Redis round trips one after another on its busy event loop (``channels_redis``: EVAL,
-BZPOPMIN, ZADD, ZPOPMIN): measured in ``make bench-e2e``, that hop was p50 11 / p99 100 ms of a
-job's submit→running.
+BZPOPMIN, ZADD, ZPOPMIN): under ``make bench-e2e`` that hop was the largest part of a job's
+bound→started (docs/benchmarks/e2e.md).
 
 Pub/sub keeps nothing for a process that is not subscribed: a wake published then is lost, and
 the agent's heartbeat delivers its bindings (a stream's agent heartbeats when it connects, and

@@ -13,7 +13,7 @@ the group's lowest-ranked node wins ties. Each pod shape keeps a heap of its bes
 only the groups created or re-ranked since its last query (:class:`BestGroups`), so a pod costs
 O(log groups), not a scan of every group; ``random`` draws nodes until one fits. A placement moves
 one node between groups and updates the running sum of ``F(n)`` for that node only: nothing is
-rebuilt per pod (openb default: ~0.3 s of CPU a seed for tessera and fgd).
+rebuilt per pod (how long a seed takes: docs/evaluation.md, "Method").
 """
 
 from __future__ import annotations
