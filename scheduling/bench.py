@@ -3,8 +3,8 @@
 A pass is what the live system does each time: build the engine from a snapshot (index build
 included, database excluded) and decide, with every feature on (quotas, fair share, backfill,
 preemption, topology, fragmentation-aware placement). Request sizes are drawn from the openb pod
-list (``../shared/traces/openb/jobs.csv`` when present, a built-in mix otherwise), plus multi-node
-gangs.
+list when one is given (``--sizes PATH``, or ``$TESSERA_TRACES/openb/jobs.csv``), from a built-in
+mix like it otherwise, plus multi-node gangs. Method and figures: docs/benchmarks/scheduling-pass.md.
 
 Scenarios: ``cold`` (1,000 nodes x 8 GPUs, empty, 10,000 pending), ``saturated`` (the same cluster
 90% allocated by several tenants, some over guarantee, 10,000 pending with gangs and inference that
@@ -39,7 +39,6 @@ FEATURES = [
 ]
 TENANTS = ("vision", "nlp", "speech", "recsys", "search", "ads")
 MODELS = (("H100", 8, 3.9), ("A100", 8, 2.2), ("L40S", 4, 1.1))  # model, island size, price
-OPENB = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces" / "openb" / "jobs.csv"
 FALLBACK = (
     [(1.0, 8.0, 16.0)] * 30
     + [(0.5, 4.0, 8.0)] * 25
@@ -51,14 +50,22 @@ FALLBACK = (
 )
 
 
-def request_sizes() -> list[tuple[float, float, float]]:
-    """(gpus, cpus, memory_gib) of each openb pod, or a built-in mix like it."""
-    for path in (OPENB, Path("../shared/traces/openb/jobs.csv")):
-        if path.exists():
-            from scheduling.sim.traces import read_jobs
+def sizes_path(given: str | None) -> Path | None:
+    """The pod list to draw request sizes from: ``given``, else ``$TESSERA_TRACES/openb/jobs.csv``
+    when that variable is set, else None (the built-in mix)."""
+    if given:
+        return Path(given)
+    traces = os.environ.get("TESSERA_TRACES")
+    return Path(traces) / "openb" / "jobs.csv" if traces else None
 
-            return [(t.request.gpus, t.request.cpus, t.request.memory_gib) for t in read_jobs(path)]
-    return FALLBACK
+
+def request_sizes(path: Path | None) -> list[tuple[float, float, float]]:
+    """(gpus, cpus, memory_gib) of each pod of the list at ``path``, or the built-in mix."""
+    if path is None:
+        return FALLBACK
+    from scheduling.sim.traces import read_jobs
+
+    return [(t.request.gpus, t.request.cpus, t.request.memory_gib) for t in read_jobs(path)]
 
 
 def cluster(n_nodes: int, racks: int = 32) -> list[NodeSpec]:
@@ -192,10 +199,17 @@ def one_pass(snapshot: Snapshot, config: EngineConfig) -> tuple[float, float, in
     return elapsed, cpu, len(d.bindings), len(d.preemptions)
 
 
-def scenario(name: str, n_nodes: int, n_pending: int, fill: float, seed: int = 0, repeat: int = 1) -> dict:
+def scenario(
+    name: str,
+    n_nodes: int,
+    n_pending: int,
+    fill: float,
+    seed: int = 0,
+    repeat: int = 1,
+    sizes: list[tuple[float, float, float]] = FALLBACK,
+) -> dict:
     rng = random.Random(seed)
     nodes = cluster(n_nodes)
-    sizes = request_sizes()
     now = 100_000.0
     running = saturate(nodes, fill, rng, now) if fill > 0 else []
     pending = pending_jobs(n_pending, rng, sizes, inference_share=0.15 if fill else 0.1)
@@ -239,16 +253,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--repeat", type=int, default=3, help="passes per scenario; the median is reported (default 3)"
     )
+    p.add_argument(
+        "--sizes",
+        metavar="JOBS_CSV",
+        help="a pod list (the simulator's jobs.csv) to draw request sizes from; default "
+        "$TESSERA_TRACES/openb/jobs.csv if that variable is set, else a built-in mix",
+    )
     args = p.parse_args(argv)
+    path = sizes_path(args.sizes)
+    if path is not None and not path.is_file():
+        p.error(
+            f"no pod list at {path} (README.md, 'Traces', says where to get one; without --sizes "
+            "or TESSERA_TRACES the built-in mix is used)"
+        )
+    sizes = request_sizes(path)
     which = args.only or ["cold", "saturated", "growth"]
     rep = args.repeat
     if "cold" in which:
-        print(json.dumps(scenario("cold", 1000, 10_000, 0.0, repeat=rep)), flush=True)
+        print(json.dumps(scenario("cold", 1000, 10_000, 0.0, repeat=rep, sizes=sizes)), flush=True)
     if "saturated" in which:
-        print(json.dumps(scenario("saturated", 1000, 10_000, 0.9, repeat=rep)), flush=True)
+        print(json.dumps(scenario("saturated", 1000, 10_000, 0.9, repeat=rep, sizes=sizes)), flush=True)
     if "growth" in which:
         for n in (100, 1000, 5000):
-            print(json.dumps(scenario("growth", n, 10 * n, 0.0, repeat=rep)), flush=True)
+            print(json.dumps(scenario("growth", n, 10 * n, 0.0, repeat=rep, sizes=sizes)), flush=True)
     return 0
 
 

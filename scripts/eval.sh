@@ -8,8 +8,8 @@
 #   then the tables, the plots and the targets are written into docs/evaluation.md (between its
 #   <!-- eval:... --> markers) and docs/eval/*.png.
 #
-# Knobs (environment): EVAL_OUT (default build/eval), EVAL_SEEDS (10), EVAL_PROCESSES (CPUs),
-# EVAL_PACK_POLICIES, EVAL_REPLAY_POLICIES, EVAL_LISTS (openb list names), EVAL_SKIP_PACK=1,
+# Knobs (environment): TESSERA_TRACES or OPENB (where the openb traces are), EVAL_OUT (default
+# build/eval), EVAL_SEEDS (10), EVAL_PROCESSES (CPUs), EVAL_PACK_POLICIES, EVAL_REPLAY_POLICIES, EVAL_LISTS (openb list names), EVAL_SKIP_PACK=1,
 # EVAL_SKIP_REPLAY=1, EVAL_WORKLOAD_SEED (1), EVAL_LOADS ("1.0 1.2"), EVAL_RESUME=1 (keep the runs
 # already in EVAL_OUT and do only the missing ones), EVAL_MATRIX_SEEDS ("1-5": tessera and
 # fcfs-device on each of these workload seeds), EVAL_SKIP_SEEDS=1.
@@ -19,8 +19,14 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 OUT=${EVAL_OUT:-build/eval}
-OPENB=${OPENB:-../shared/traces/openb}
-[ -d "$OPENB" ] || OPENB=/work/shared/traces/openb
+# The openb traces (README.md, "Traces"): OPENB, or TESSERA_TRACES/openb.
+OPENB=${OPENB:-${TESSERA_TRACES:+$TESSERA_TRACES/openb}}
+if [ "${EVAL_SKIP_PACK:-0}" != 1 ] && [ ! -f "${OPENB:-/nonexistent}/nodes.csv" ]; then
+  echo "eval.sh: the packing benchmark needs the openb traces: set TESSERA_TRACES=DIR (the folder" >&2
+  echo "holding openb/) or OPENB=DIR; README.md, \"Traces\", says where to get them." >&2
+  echo "EVAL_SKIP_PACK=1 runs the rest without them." >&2
+  exit 2
+fi
 SEEDS=${EVAL_SEEDS:-10}
 PROCS=${EVAL_PROCESSES:-$(nproc 2>/dev/null || echo 2)}
 PACK_POLICIES=${EVAL_PACK_POLICIES:-tessera,fgd,best-fit,random,fcfs-device}
