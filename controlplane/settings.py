@@ -7,6 +7,7 @@ Unset, everything runs embedded (SQLite, in-memory channel layer, passes in-proc
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from controlplane.env import (
@@ -80,6 +81,16 @@ TEMPLATES = [
 DATABASE_URL = env_url("DATABASE_URL", ("postgres", "postgresql", "sqlite"))
 DATABASES = {"default": database_from_url(DATABASE_URL, BASE_DIR)}
 ON_POSTGRES = DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # WAL: a reader keeps its snapshot while writers commit (export_trace reads every table in
+    # one; a long read never stops a submit).
+    DATABASES["default"]["OPTIONS"].setdefault("init_command", "PRAGMA journal_mode=WAL")
+    # Tests on SQLite use a file as the embedded install does, not Django's default shared-cache
+    # in-memory database: there a second connection's write fails at once ("database table is
+    # locked") while another reads, where a file database lets it wait or, in WAL, go ahead.
+    DATABASES["default"].setdefault(
+        "TEST", {"NAME": os.path.join(tempfile.gettempdir(), f"tessera-test-{os.getpid()}.sqlite3")}
+    )
 # Sync views (and their middleware) run in a pool of this many threads per web process
 # (controlplane/pooled_handler.py); 0: Django's own ASGI handler. On by default with PostgreSQL,
 # outside pytest (whose test client shares the test's one connection and transaction).

@@ -4,8 +4,13 @@ Who may see what (CONTRACTS.md): alice (owner) and carol (teammate) are both in 
 and see each other's jobs; bob is in ``nlp`` and sees none of vision's; admin is an operator
 (staff, no tenant) and sees everything.
 
-Services: tests marked ``services`` need PostgreSQL/Redis. Without them they skip — unless
-``TESSERA_REQUIRE_SERVICES=1`` (CI), where a missing service fails the test instead.
+Modes: ``make test`` runs on the embedded default (SQLite, in-memory channel layer, passes in
+process) and, in CI, again on PostgreSQL and Redis. A test that needs one of those says why in its
+mark — ``@pytest.mark.postgresql("why")``, ``@pytest.mark.redis("why")`` — and takes the
+``require_postgres`` or ``redis_url`` fixture; collection refuses a test that takes the fixture
+without the mark. Without the service such a test skips, giving its reason — unless
+``TESSERA_REQUIRE_SERVICES=1`` (CI), where a missing service fails it instead. Every other test
+must pass in both modes.
 """
 
 from __future__ import annotations
@@ -37,11 +42,31 @@ def _fresh_rate_limits():
     forget_counts()
 
 
+# The fixture that reaches each service, and the mark that must say why a test needs it.
+SERVICE_MARKS = {"require_postgres": "postgresql", "redis_url": "redis"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    unmarked = [
+        f'{item.nodeid} (@pytest.mark.{mark}("why"))'
+        for item in items
+        for fixture, mark in SERVICE_MARKS.items()
+        if fixture in getattr(item, "fixturenames", ()) and not _why(item, mark)
+    ]
+    if unmarked:
+        raise pytest.UsageError("tests that need a service must say why:\n  " + "\n  ".join(unmarked))
+
+
+def _why(item: pytest.Item, mark: str) -> str:
+    found = item.get_closest_marker(mark)
+    return str(found.args[0]) if found and found.args else ""
+
+
 @pytest.fixture
-def redis_url() -> str:
+def redis_url(request: pytest.FixtureRequest) -> str:
     url = os.environ.get("REDIS_URL", "")
     if not url or not _answers(url, 6379):
-        need_service("Redis (set REDIS_URL)")
+        need_service(f"Redis (set REDIS_URL), needed as {_why(request.node, 'redis')}")
     return url
 
 
@@ -71,9 +96,9 @@ def redis_channel_layer(settings, redis_url: str):
 
 
 @pytest.fixture
-def require_postgres(settings) -> None:
+def require_postgres(request: pytest.FixtureRequest, settings) -> None:
     if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
-        need_service("PostgreSQL (set DATABASE_URL)")
+        need_service(f"PostgreSQL (set DATABASE_URL), needed as {_why(request.node, 'postgresql')}")
 
 
 @dataclass

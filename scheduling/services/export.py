@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import json
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -123,17 +124,41 @@ def sim_event(event: JobEvent, origin) -> dict[str, Any] | None:
 def export_trace(directory: str | Path) -> dict[str, int]:
     """Write nodes.csv, jobs.csv, quotas.csv and events.jsonl into ``directory``; return counts.
 
-    On PostgreSQL every table is read in one snapshot (a repeatable-read, read-only transaction):
-    a job submitted while a live cluster is exported is in all of the files or in none (read
-    apart, it could be in jobs.csv without its ``submit`` event)."""
+    Every table is read in one snapshot (:func:`one_snapshot`): a job submitted while a live
+    cluster is exported is in all of the files or in none (read apart, it could be in jobs.csv
+    without its ``submit`` event)."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    if connection.vendor != "postgresql" or connection.in_atomic_block:
-        return _write_trace(out)  # SQLite has one writer at a time; a caller's transaction is its own
-    with transaction.atomic():
-        with connection.cursor() as cur:
-            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+    with one_snapshot():
         return _write_trace(out)
+
+
+@contextmanager
+def one_snapshot() -> Iterator[None]:
+    """Read every query inside in one snapshot of the database, without holding up writers.
+
+    PostgreSQL: a repeatable-read, read-only transaction. SQLite: a deferred transaction, whose
+    snapshot is taken by its first read; in WAL mode (the embedded database's, see
+    ``controlplane/env.py``) writers go on committing meanwhile, unseen by it. Django's
+    ``atomic()`` cannot open it: the embedded database's transactions begin IMMEDIATE (they take
+    the write lock at once, so that a read-then-write never fails on a busy database), which would
+    stop every submit for the length of the export. Inside a caller's transaction, that one is
+    the snapshot."""
+    if connection.in_atomic_block:
+        yield
+    elif connection.vendor == "postgresql":
+        with transaction.atomic():
+            with connection.cursor() as cur:
+                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            yield
+    else:
+        with connection.cursor() as cur:
+            cur.execute("BEGIN DEFERRED")
+        try:
+            yield
+        finally:
+            with connection.cursor() as cur:
+                cur.execute("COMMIT")  # read only: nothing to keep or undo
 
 
 def _write_trace(out: Path) -> dict[str, int]:

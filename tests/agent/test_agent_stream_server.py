@@ -21,6 +21,7 @@ from django.utils import timezone
 h = importlib.import_module("tests.agent.helpers")
 
 pytestmark = pytest.mark.django_db(transaction=True)
+REDIS_WHY = "a pass reaches other processes' agent streams only by Redis pub/sub"
 
 
 @pytest.fixture(autouse=True)
@@ -194,6 +195,7 @@ def _wake_after_commit(starts: dict[int, list[dict[str, Any]]]) -> None:
         live.wake_agents(starts)
 
 
+@pytest.mark.redis(REDIS_WHY)
 def test_a_pass_wakes_reach_the_nodes_stream_by_pub_sub_and_no_other_node_s(redis_nodes):
     from asgiref.sync import sync_to_async
 
@@ -218,6 +220,7 @@ def test_a_pass_wakes_reach_the_nodes_stream_by_pub_sub_and_no_other_node_s(redi
     assert task is None  # the last socket gone: the subscription closed with it
 
 
+@pytest.mark.redis(REDIS_WHY)
 def test_after_the_subscription_breaks_every_socket_is_asked_to_heartbeat(redis_nodes, redis_url):
     import redis
 

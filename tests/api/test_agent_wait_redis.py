@@ -22,7 +22,10 @@ h = importlib.import_module("tests.agent.helpers")
 WAIT = h.AGENT + "wait"
 WOKEN = {"wake": True, "start": [{"job_id": 7}], "heartbeat": False}
 
-pytestmark = pytest.mark.services
+pytestmark = [
+    pytest.mark.services,
+    pytest.mark.redis("a wake crosses web processes only through the Redis channel layer"),
+]
 
 
 @pytest.fixture

@@ -176,6 +176,7 @@ def test_the_table_has_at_least_25_cases_and_unique_ids():
     assert len({c[0] for c in CASES}) == len(CASES)
 
 
+@pytest.mark.postgresql("the submit's quota check is a condition of its INSERT only on PostgreSQL")
 def test_malformed_bodies_are_refused_and_not_stored_on_postgresql(require_postgres, world):
     check_table(world)
 

@@ -49,6 +49,7 @@ def test_agents_are_never_limited(db, settings):
         heartbeat(node)  # asserts 200 each time
 
 
+@pytest.mark.redis("the counts are shared between web processes only in Redis")
 def test_with_redis_the_count_is_shared_by_every_web_process(world, settings, redis_url):
     settings.REDIS_URL = redis_url
     settings.TESSERA_RATE_LIMITS = {"submit": (2, 60), "api": None}

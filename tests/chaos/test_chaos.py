@@ -57,7 +57,13 @@ AGENTS = 3
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 # The issue bounds it at 3 minutes, set-up included: a slower run fails rather than passes late.
-pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = [
+    pytest.mark.services,
+    pytest.mark.slow,
+    pytest.mark.timeout(180),
+    pytest.mark.postgresql("web, workers and agents are separate processes sharing one database"),
+    pytest.mark.redis("a Redis restart is one of the faults"),
+]
 
 
 def chaos_plan(rng: random.Random) -> list[tuple[float, str]]:

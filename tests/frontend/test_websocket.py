@@ -21,6 +21,7 @@ from channels.testing import WebsocketCommunicator
 from tests.frontend.helpers import session_cookie
 
 pytestmark = pytest.mark.django_db(transaction=True)
+REDIS_WHY = "updates cross from the pass's process to the web's only through the Redis channel layer"
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
 
@@ -119,6 +120,7 @@ def test_anonymous_connection_is_refused(db: Any) -> None:
 
 
 @pytest.mark.services
+@pytest.mark.redis(REDIS_WHY)
 def test_alice_receives_her_jobs_changes_and_bob_receives_none_of_its_details(
     world: Any, cluster: Any, redis_layer: str
 ) -> None:

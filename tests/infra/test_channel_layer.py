@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from channels_redis.utils import create_pool
 
 
+@pytest.mark.redis("these are channels_redis's own connections and blocking reads")
 def test_the_layers_connections_read_longer_than_its_blocking_wait(redis_channel_layer):
     layer = get_channel_layer()
     connection = create_pool(layer.hosts[0]).make_connection()
@@ -42,6 +44,7 @@ def test_the_deployments_layer_is_configured_so(settings):
     assert host["address"] == "redis://r:6379/7" and host["socket_timeout"] >= 15
 
 
+@pytest.mark.redis("these are channels_redis's own connections and blocking reads")
 def test_a_receive_idle_past_one_blocking_wait_gets_the_message(redis_channel_layer):
     layer = get_channel_layer()
     channel = async_to_sync(layer.new_channel)()

@@ -39,7 +39,7 @@ def database() -> Iterator[str]:
     """A database of its own on the tests' PostgreSQL server, dropped afterwards."""
     url = os.environ.get("DATABASE_URL", "")
     if not url.startswith(("postgres://", "postgresql://")):
-        need_service("PostgreSQL (set DATABASE_URL)")
+        need_service("PostgreSQL (set DATABASE_URL), needed as compose runs it: one for web, worker, agent")
     import psycopg
 
     parsed = urlparse(url)
@@ -81,7 +81,7 @@ def get(url: str, token: str | None = None, body: dict | None = None) -> tuple[i
 def test_the_compose_services_commands_run_a_job_through_web_worker_and_agent(database, tmp_path):
     redis_url = os.environ.get("REDIS_URL", "")
     if not redis_url:
-        need_service("Redis (set REDIS_URL)")
+        need_service("Redis (set REDIS_URL), needed as compose runs it: the broker and the channel layer")
     config = yaml.safe_load(
         subprocess.run(
             [tool("docker-compose"), "-f", str(COMPOSE), "config"],

@@ -41,7 +41,13 @@ from tests.support import (
 DEADLINE_S = 50  # everything below must happen within this; a hang fails, it does not block CI
 COMMAND = ["python", "-c", "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"]
 
-pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(90)]
+pytestmark = [
+    pytest.mark.services,
+    pytest.mark.slow,
+    pytest.mark.timeout(90),
+    pytest.mark.postgresql("web, Celery worker and agent are separate processes sharing one database"),
+    pytest.mark.redis("the Celery broker and the channel layer between the processes"),
+]
 
 
 @pytest.fixture

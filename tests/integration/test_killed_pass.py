@@ -24,7 +24,13 @@ from tests.support import database_url_of
 
 helpers = importlib.import_module("tests.scheduling.helpers")
 
-pytestmark = [pytest.mark.services, pytest.mark.timeout(60)]
+pytestmark = [
+    pytest.mark.services,
+    pytest.mark.timeout(60),
+    pytest.mark.postgresql(
+        "a pass killed in another process: row locks and the advisory lock die with its session"
+    ),
+]
 
 HALF_A_PASS = """
 import sys, time, psycopg

@@ -13,6 +13,8 @@ from controlplane.env import redis_db_url
 from scheduling.services import live
 from scheduling.services.live import _merged
 
+REDIS_WHY = "group membership and its expiry are the Redis channel layer's"
+
 
 def _job(job_id: int, state: str) -> dict:
     return {"type": "job.update", "job": {"id": job_id, "state": state}}
@@ -58,6 +60,7 @@ def redis_layer(redis_url):
     async_to_sync(layer.flush)()
 
 
+@pytest.mark.redis(REDIS_WHY)
 def test_the_outlet_sends_to_groups_with_a_member_and_skips_the_empty_ones(redis_layer, monkeypatch):
     monkeypatch.setattr(live, "get_channel_layer", lambda: redis_layer)
     wake = {"type": "agent.wake", "start": [{"job_id": 1}], "heartbeat": False}
@@ -73,6 +76,7 @@ def test_the_outlet_sends_to_groups_with_a_member_and_skips_the_empty_ones(redis
     assert not [key for key in keys if b"gpus" in key]  # nothing written for the empty group
 
 
+@pytest.mark.redis(REDIS_WHY)
 def test_a_batch_reaches_each_member_as_one_group_send_after_another_would(redis_layer):
     batch = [
         ("jobs.operators", {"type": "job.update", "job": {"id": i, "state": "running"}}) for i in range(5)
@@ -99,6 +103,7 @@ def test_a_batch_reaches_each_member_as_one_group_send_after_another_would(redis
     assert ours == theirs == [message for _, message in batch]
 
 
+@pytest.mark.redis(REDIS_WHY)
 def test_a_group_whose_members_all_expired_has_none(redis_layer):
     async def scenario():
         await redis_layer.group_add("gpus", "dash.1")

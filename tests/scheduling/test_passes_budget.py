@@ -101,6 +101,7 @@ def _lock_is_free() -> bool:
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.postgresql("the pass lock is PostgreSQL's advisory lock, seen from a second connection")
 @pytest.mark.parametrize("connection_broken", [False, True])
 def test_a_pass_stopped_by_the_soft_time_limit_leaves_no_half_chunk_and_no_lock(
     require_postgres, world, monkeypatch, connection_broken

@@ -23,7 +23,10 @@ from scheduling.services import passes, redis_flags, triggers
 
 helpers = importlib.import_module("tests.scheduling.helpers")
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.redis("two workers' passes meet through the Celery broker and flags in Redis"),
+]
 
 
 class ProcessFlag(threading.local):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 
+import pytest
+
 from scheduling.models import Node
 from scheduling.services.snapshot import PreparedRead
 
@@ -19,6 +21,7 @@ def test_a_read_by_ids_gives_the_orms_rows_for_any_number_of_ids_and_repeats(db)
         assert [tuple(row) for row in read.rows(wanted)] == expected
 
 
+@pytest.mark.postgresql("one statement for any number of ids uses PostgreSQL's = ANY(%s)")
 def test_on_postgresql_one_statement_serves_every_number_of_ids(db, require_postgres):
     nodes = [helpers.make_node(f"n{i}") for i in range(4)]
     built = []

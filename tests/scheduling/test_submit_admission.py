@@ -12,6 +12,10 @@ from scheduling.models import IdempotencyKey, Job, JobEvent, Quota, Tenant
 from scheduling.services.jobs import NotAdmissible, do_submit_job
 from scheduling.services.quotas import admission_params, admission_sql, check_job_admissible
 
+pytestmark = pytest.mark.postgresql(
+    "the quota check is a condition of the submit's INSERT only on PostgreSQL"
+)
+
 MODELS = ["A100", "H100", "L4", "*"]
 
 quota_rows = st.dictionaries(

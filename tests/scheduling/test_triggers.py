@@ -13,6 +13,8 @@ from scheduling.services import passes, redis_flags, triggers
 
 helpers = importlib.import_module("tests.scheduling.helpers")
 
+pytestmark = pytest.mark.redis("pass triggers go through the Celery broker and flags in Redis")
+
 
 @pytest.fixture
 def celery_mode(redis_url, settings, monkeypatch):
