@@ -12,12 +12,13 @@ after it may delay that start.
 
 from __future__ import annotations
 
-from collections import deque
+import bisect
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .placement import Constraints, Placer
 from .state import Alloc, ReplicaReq, fits_state
-from .types import MILLI, JobRequest, NodeSpec
+from .types import MILLI, PREDICTED_OUTCOMES, FinishedRun, JobRequest, NodeSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,21 +33,38 @@ class Reservation:
 
 
 class History:
-    """Runtimes of finished jobs, per (tenant, kind), for jobs that give no time limit."""
+    """Runtimes of finished runs, per (tenant, kind), for jobs that give no time limit: the
+    ``keep`` latest by (end, job id), so the same runs give the same prediction whether they
+    were recorded one by one (the simulator's long-lived engine) or loaded at once from the
+    database (the live pass, :class:`~.types.FinishedRun`)."""
 
     def __init__(self, keep: int = 10):
         self.keep = keep
-        self.runs: dict[tuple[str, str], deque[float]] = {}
+        self.runs: dict[tuple[str, str], list[tuple[float, str, float]]] = {}  # (end, job, runtime)
 
-    def record(self, job: JobRequest, runtime: float) -> None:
-        q = self.runs.setdefault((job.tenant, job.kind), deque(maxlen=self.keep))
-        q.append(max(0.0, runtime))
+    @classmethod
+    def of(cls, runs: Iterable[FinishedRun], keep: int = 10) -> History:
+        """The history of ``runs`` (those that ended on their own: succeeded or failed)."""
+        h = cls(keep)
+        for r in runs:
+            if r.outcome in PREDICTED_OUTCOMES:
+                h.add(r.tenant, r.kind, r.job_id, r.runtime_s, r.ended_at)
+        return h
+
+    def record(self, job: JobRequest, runtime: float, ended_at: float) -> None:
+        self.add(job.tenant, job.kind, job.id, runtime, ended_at)
+
+    def add(self, tenant: str, kind: str, job_id: str, runtime: float, ended_at: float) -> None:
+        q = self.runs.setdefault((tenant, kind), [])
+        bisect.insort(q, (ended_at, job_id, max(0.0, runtime)))
+        if len(q) > self.keep:
+            del q[0]
 
     def predict(self, job: JobRequest) -> float | None:
         if job.time_limit_s:
             return job.time_limit_s
         q = self.runs.get((job.tenant, job.kind))
-        return sum(q) / len(q) if q else None
+        return sum(r for _, _, r in q) / len(q) if q else None
 
 
 def node_ready_time(

@@ -20,6 +20,7 @@ a preempted job keeps its GPUs until the driver calls :meth:`TesseraScheduler.re
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field, replace
 
@@ -36,6 +37,7 @@ from .buddy import order_for
 from .config import EngineConfig
 from .fragmentation import FragmentationModel, Shape, shape_of, to_milli
 from .geometry import Geometry, constraints, geometry, static_check
+from .memory import EngineMemory, HeldReservation, HeldRoom
 from .placement import Constraints, Placer
 from .preemption import Hypo, Victim
 from .quota import Quotas
@@ -54,6 +56,8 @@ from .types import (
     QuotaSpec,
     Snapshot,
 )
+
+_NOTE_ANY = (-math.inf, frozenset())  # nothing counted yet in the request mix
 
 
 @dataclass(slots=True)
@@ -107,6 +111,9 @@ class TesseraScheduler:
         # job -> (nodes, until): room its preemptions are freeing, held for it alone
         self.room: dict[str, tuple[tuple[int, ...], float]] = {}
         self.prev_reserved: dict[int, str] = {}  # node -> job it was reserved for last pass
+        # The latest submission time counted in the request mix, and the jobs submitted then
+        # that were counted: a job is counted once, when a pass first sees it (memory.py).
+        self._noted_at, self._noted_ids = _NOTE_ANY[0], set(_NOTE_ANY[1])
         self._holders: dict[int, list] | None = None
         self.quota_room_model: str | None = None  # the model quota_victims made room on
         # What quota admission depends on besides usage (which moves with the state version):
@@ -129,13 +136,84 @@ class TesseraScheduler:
 
     # -- the driver's calls -----------------------------------------------------------------------
     @classmethod
-    def from_snapshot(cls, snapshot: Snapshot, config: EngineConfig | None = None) -> TesseraScheduler:
+    def from_snapshot(
+        cls, snapshot: Snapshot, config: EngineConfig | None = None, memory: EngineMemory | None = None
+    ) -> TesseraScheduler:
+        """A scheduler for one pass over ``snapshot``. With ``memory`` (what the last pass's
+        :meth:`memory` gave), it decides as the scheduler that made that pass would have, had
+        it lived on and been told of every change since; without, as a first pass: every job in
+        the snapshot counts in the request mix and nothing was reserved before."""
         s = cls(snapshot.nodes, snapshot.quotas, config)
+        if snapshot.history:
+            s.history = History.of(snapshot.history)
+        if memory is None:
+            for job in snapshot.pending:
+                s.submit(job)
+            for run in snapshot.running:
+                s.adopt(run.job, run.placements, run.started_at, run.last_checkpoint_at, run.terminating)
+            return s
+        s.restore(memory)
+        jobs = [*snapshot.pending, *(r.job for r in snapshot.running)]
+        for job in sorted((j for j in jobs if s._unnoted(j)), key=lambda j: (j.submitted_at, j.id)):
+            s._note(job)
         for job in snapshot.pending:
-            s.submit(job)
+            s.submit(job, note=False)
         for run in snapshot.running:
-            s.adopt(run.job, run.placements, run.started_at, run.last_checkpoint_at, run.terminating)
+            s.adopt(
+                run.job, run.placements, run.started_at, run.last_checkpoint_at, run.terminating, note=False
+            )
         return s
+
+    def restore(self, memory: EngineMemory) -> None:
+        """Take on what an earlier pass left (see :mod:`.memory`); entries naming a node this
+        scheduler does not have are dropped (their jobs are planned afresh)."""
+        by_name = self.state.by_name
+
+        def indices(names: tuple[str, ...]) -> tuple[int, ...] | None:
+            if not all(n in by_name for n in names):
+                return None
+            return tuple(sorted(by_name[n] for n in names))
+
+        self.last_reservations = [
+            Reservation(r.job_id, nodes, r.start, r.strict_level)
+            for r in memory.reservations
+            if (nodes := indices(r.nodes)) is not None
+        ]
+        self.sticky = {j: nodes for j, names in memory.sticky if (nodes := indices(names)) is not None}
+        self.room = {
+            r.job_id: (nodes, r.until) for r in memory.room if (nodes := indices(r.nodes)) is not None
+        }
+        self.last_codes = dict(memory.last_codes)
+        self.rack_gang_gpus = memory.rack_gang_gpus
+        self.recent = deque(memory.recent, maxlen=self.config.frag_window)
+        self._recent_changes = memory.frag_changes
+        if memory.frag_typical is not None:
+            self.state.set_frag(FragmentationModel(memory.frag_typical))
+            self.placer = Placer(self.state, self.config.alpha, self.config.beta, self.config.delta)
+        self._noted_at, self._noted_ids = memory.noted_at, set(memory.noted_ids)
+
+    def memory(self) -> EngineMemory:
+        """What the next pass needs of this one's (see :mod:`.memory`)."""
+
+        def names(nodes: tuple[int, ...]) -> tuple[str, ...]:
+            return tuple(self.nodes[i].name for i in nodes)
+
+        typical = self.state.frag.typical
+        return EngineMemory(
+            reservations=tuple(
+                HeldReservation(r.job_id, names(r.nodes), r.start, r.strict_level)
+                for r in self.last_reservations
+            ),
+            sticky=tuple((j, names(nodes)) for j, nodes in self.sticky.items()),
+            room=tuple(HeldRoom(j, names(nodes), until) for j, (nodes, until) in self.room.items()),
+            last_codes=tuple(self.last_codes.items()),
+            rack_gang_gpus=self.rack_gang_gpus,
+            recent=tuple(self.recent),
+            frag_changes=self._recent_changes,
+            frag_typical=typical if typical else None,
+            noted_at=self._noted_at,
+            noted_ids=tuple(sorted(self._noted_ids)),
+        )
 
     def adopt(
         self,
@@ -144,21 +222,25 @@ class TesseraScheduler:
         started_at: float,
         last_checkpoint: float | None = None,
         terminating: bool = False,
+        note: bool = True,
     ) -> None:
-        """Record a job that already holds GPUs (from a snapshot)."""
+        """Record a job that already holds GPUs (from a snapshot); ``note``: count it in the
+        request mix (a scheduler restored from memory counts only jobs it has not seen)."""
         geo = geometry(job, self.config.min_split_gpus)
         run = Running(job, geo, started_at, last_checkpoint, terminating)
         self.running[job.id] = run
-        self._note(job)
+        if note:
+            self._note(job)
         for p in placements:
             node = self.state.by_name[p.node]
             milli = MILLI if p.share >= 1 else to_milli(p.share)
             self.state.take(job.id, node, p.gpus, milli if p.gpus else 0, geo.req.cpu, geo.req.mem, p.replica)
             self._charge(run, self.nodes[node].model, geo.charge if p.gpus else 0)
 
-    def submit(self, job: JobRequest) -> None:
+    def submit(self, job: JobRequest, note: bool = True) -> None:
         self.pending[job.id] = job
-        self._note(job)
+        if note:
+            self._note(job)
         if job.topology == "rack" and job.replicas > 1:
             self.rack_gang_gpus = max(self.rack_gang_gpus, job.gpus)
 
@@ -177,7 +259,7 @@ class TesseraScheduler:
         for model, milli in run.charged:
             self.quotas.add(run.job.tenant, model, -milli, run.job.preemptible)
         if not run.terminating and not run.cancelled:
-            self.history.record(run.job, now - run.started_at)
+            self.history.record(run.job, now - run.started_at, now)
 
     def requeue(self, job: JobRequest) -> None:
         if job.id in self.running:
@@ -193,6 +275,16 @@ class TesseraScheduler:
     def _note(self, job: JobRequest) -> None:
         self.recent.append(shape_of(job))
         self._recent_changes += 1
+        if job.submitted_at > self._noted_at:
+            self._noted_at, self._noted_ids = job.submitted_at, {job.id}
+        elif job.submitted_at == self._noted_at:
+            self._noted_ids.add(job.id)
+
+    def _unnoted(self, job: JobRequest) -> bool:
+        """Has no pass counted ``job`` in the request mix yet?"""
+        return job.submitted_at > self._noted_at or (
+            job.submitted_at == self._noted_at and job.id not in self._noted_ids
+        )
 
     def _charge(self, run: Running, model: str, milli: int) -> None:
         run.charged.append((model, milli))
@@ -386,6 +478,8 @@ class TesseraScheduler:
                     owners = self._owed.setdefault(m, [])
                     if job.tenant not in owners:
                         owners.append(job.tenant)
+        for owners in self._owed.values():  # whatever order the pending jobs came in
+            owners.sort()
         self.quota_token = tuple(sorted((m, tuple(o)) for m, o in self._owed.items()))
 
     def _bind(self, job: JobRequest, geo: Geometry, allocs: list[Alloc], now: float, d: Decisions) -> None:
@@ -407,6 +501,10 @@ class TesseraScheduler:
         from .passes import run_pass
 
         self._refresh_frag()
+        # Failed placements are remembered within a pass only: the next one is at another time
+        # (reservations' backfill windows, starvation), and a scheduler rebuilt from memory
+        # (the live pass) must decide as one that lived on.
+        self._fail_memo.clear()
         return run_pass(self, now, deadline)
 
     # helpers used by the pass ----------------------------------------------------------------------

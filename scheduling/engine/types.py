@@ -117,6 +117,27 @@ class RunningJob:
     terminating: bool = False
 
 
+# How a run ended: on its own (succeeded, failed: what runtime predictions learn from), or stopped
+# by the scheduler or a person (preempted, cancelled: says nothing about how long it needs).
+RUN_OUTCOMES = ("succeeded", "failed", "preempted", "cancelled")
+PREDICTED_OUTCOMES = ("succeeded", "failed")
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedRun:
+    """One attempt of a job that has ended, for the runtime predictor."""
+
+    job_id: str
+    tenant: str
+    kind: str
+    runtime_s: float  # from its start to its processes' exit
+    ended_at: float
+    outcome: str  # one of RUN_OUTCOMES
+    user: str = ""
+    name: str = ""
+    gpus: float = 0.0
+
+
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     """One consistent view of the cluster, handed to the engine by a driver."""
@@ -126,6 +147,9 @@ class Snapshot:
     running: tuple[RunningJob, ...]
     pending: tuple[JobRequest, ...]
     quotas: tuple[QuotaSpec, ...] = ()  # empty = no quotas (every tenant unlimited, equal weight)
+    # Recently finished runs (at least the last few per tenant and kind): the runtime history
+    # that backfill and estimates use when a job gives no time limit.
+    history: tuple[FinishedRun, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

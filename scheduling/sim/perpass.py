@@ -1,0 +1,136 @@
+"""The live pass's way of scheduling, in the simulator: a fresh engine every pass.
+
+The simulator keeps one :class:`~scheduling.engine.policy.TesseraScheduler` for a whole trace;
+the live control plane cannot (every pass may run in another worker process), so it keeps the
+world in its database and the engine's memory in a table, and builds an engine from both each
+pass. :class:`PerPassScheduler` does the same with the simulator's calls: it keeps what the
+database would (pending and running jobs, finished runs) and the engine's memory *as the JSON
+document the live pass stores*, and each :meth:`decide` builds an engine from a snapshot of them.
+Replaying one trace with it and with the long-lived engine tells whether the memory is complete:
+any difference in a decision is something the engine remembers that the memory does not carry.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from scheduling.engine.config import EngineConfig
+from scheduling.engine.memory import EngineMemory
+from scheduling.engine.policy import TesseraScheduler
+from scheduling.engine.types import (
+    Decisions,
+    FinishedRun,
+    JobRequest,
+    NodeSpec,
+    Placement,
+    QuotaSpec,
+    RunningJob,
+    Snapshot,
+)
+
+HISTORY_KEEP = 10  # finished runs kept per (tenant, kind), as the live pass reads them
+
+
+@dataclass(slots=True)
+class _Run:
+    job: JobRequest
+    placements: tuple[Placement, ...]
+    started_at: float
+    last_checkpoint_at: float | None = None
+    terminating: bool = False
+    cancelled: bool = False
+
+
+class PerPassScheduler:
+    """A :class:`~scheduling.engine.types.Scheduler` that forgets everything between passes but
+    what the live control plane keeps. ``shuffle``: hand the engine the snapshot's jobs in
+    another order than their arrival (by id, reversed), as a database might."""
+
+    def __init__(
+        self,
+        nodes: Sequence[NodeSpec],
+        quotas: Sequence[QuotaSpec] = (),
+        config: EngineConfig | None = None,
+        *,
+        shuffle: bool = False,
+    ) -> None:
+        self.nodes = tuple(nodes)
+        self.quotas = tuple(quotas)
+        self.config = config or EngineConfig()
+        self.shuffle = shuffle
+        self.pending: dict[str, JobRequest] = {}
+        self.running: dict[str, _Run] = {}
+        self.history: dict[tuple[str, str], list[FinishedRun]] = {}
+        self.stored: str | None = None  # the engine's memory, as the live pass stores it
+        self.passes = 0
+
+    def submit(self, job: JobRequest) -> None:
+        self.pending[job.id] = job
+
+    def cancel(self, job_id: str) -> None:
+        self.pending.pop(job_id, None)
+        run = self.running.get(job_id)
+        if run is not None:
+            run.cancelled = True
+
+    def release(self, job_id: str, now: float) -> None:
+        run = self.running.pop(job_id, None)
+        if run is None:
+            return
+        outcome = "cancelled" if run.cancelled else "preempted" if run.terminating else "succeeded"
+        job = run.job
+        runs = self.history.setdefault((job.tenant, job.kind), [])
+        runs.append(FinishedRun(job.id, job.tenant, job.kind, now - run.started_at, now, outcome))
+        if outcome == "succeeded":
+            # what the live pass reads: the latest few that ended on their own, per tenant and kind
+            ended = [r for r in runs if r.outcome == "succeeded"]
+            runs[:] = sorted(ended, key=lambda r: (r.ended_at, r.job_id))[-HISTORY_KEEP:]
+        else:
+            runs.pop()  # the predictor never learns from a preempted or cancelled run
+
+    def requeue(self, job: JobRequest) -> None:
+        self.running.pop(job.id, None)
+        self.pending[job.id] = job
+
+    def checkpoint(self, job_id: str, at: float) -> None:
+        run = self.running.get(job_id)
+        if run is not None:
+            run.last_checkpoint_at = at
+
+    def snapshot(self, now: float) -> Snapshot:
+        pending = list(self.pending.values())
+        running = [
+            RunningJob(r.job, r.placements, r.started_at, r.last_checkpoint_at, r.terminating or r.cancelled)
+            for r in self.running.values()
+        ]
+        if self.shuffle:
+            pending.sort(key=lambda j: j.id, reverse=True)
+            running.sort(key=lambda r: r.job.id, reverse=True)
+        history = tuple(r for runs in self.history.values() for r in runs)
+        return Snapshot(now, self.nodes, tuple(running), tuple(pending), self.quotas, history)
+
+    def decide(self, now: float) -> Decisions:
+        memory = EngineMemory.from_json(json.loads(self.stored)) if self.stored is not None else None
+        engine = TesseraScheduler.from_snapshot(self.snapshot(now), self.config, memory)
+        d = engine.decide(now)
+        self.stored = json.dumps(engine.memory().to_json())
+        self.passes += 1
+        for jid in d.rejections:
+            self.pending.pop(jid, None)
+        for r in d.resizes:
+            run = self.running.get(r.job_id)
+            if run is not None:
+                run.placements = r.placements
+        for p in d.preemptions:
+            self.running[p.job_id].terminating = True
+        for b in d.bindings:
+            job = self.pending.pop(b.job_id)
+            self.running[job.id] = _Run(job, b.placements, now)
+        return d
+
+
+def config_without_resizes(config: EngineConfig | None = None) -> EngineConfig:
+    """The live pass's engine settings: no resizes (its agents cannot resize a running job)."""
+    return replace(config or EngineConfig(), resizes=False)

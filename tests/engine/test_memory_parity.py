@@ -1,0 +1,170 @@
+"""The engine's memory: an engine rebuilt every pass from a snapshot and the memory the last pass
+stored (as the live control plane does) decides exactly what one long-lived engine decides (as
+the simulator runs it) — every binding, preemption, resize, rejection and pending reason."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduling.engine.config import EngineConfig
+from scheduling.engine.fragmentation import TypicalRequest
+from scheduling.engine.memory import BadMemory, EngineMemory, HeldReservation, HeldRoom
+from scheduling.engine.policy import TesseraScheduler
+from scheduling.engine.types import Decisions, JobRequest, NodeSpec, Snapshot
+from scheduling.sim.generate import generate
+from scheduling.sim.perpass import PerPassScheduler
+from scheduling.sim.replay import replay
+from scheduling.sim.traces import read_jobs, read_nodes, read_quotas
+
+
+class Recorded:
+    """A scheduler whose every decision is written down, in full."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.log: list[tuple] = []
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def decide(self, now: float) -> Decisions:
+        d = self.inner.decide(now)
+        self.log.append(
+            (
+                now,
+                [(b.job_id, b.placements) for b in d.bindings],
+                [(p.job_id, p.reason, p.for_job) for p in d.preemptions],
+                [(r.job_id, r.placements) for r in d.resizes],
+                sorted(d.rejections.items()),
+                sorted((j, r.code, r.message, r.estimated_start) for j, r in d.pending.items()),
+            )
+        )
+        return d
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory: pytest.TempPathFactory):
+    out: Path = tmp_path_factory.mktemp("trace")
+    generate(out, seed=7, days=0.5, load=1.2, gpus=64)
+    return read_nodes(out / "nodes.csv"), read_jobs(out / "jobs.csv"), read_quotas(out / "quotas.csv")
+
+
+def both_ways(trace, config: EngineConfig, **per_pass) -> tuple[Recorded, Recorded]:
+    nodes, jobs, quotas = trace
+    long_lived = Recorded(TesseraScheduler(tuple(nodes), tuple(quotas), config))
+    rebuilt = Recorded(PerPassScheduler(nodes, quotas, config, **per_pass))
+    replay(nodes, jobs, long_lived)
+    replay(nodes, jobs, rebuilt)
+    return long_lived, rebuilt
+
+
+@pytest.mark.parametrize(
+    ("resizes", "shuffle"),
+    [(False, True), (True, False)],
+    ids=["live settings, jobs in another order", "simulator settings"],
+)
+def test_an_engine_rebuilt_every_pass_from_stored_memory_decides_as_the_long_lived_one(
+    trace, resizes: bool, shuffle: bool
+) -> None:
+    long_lived, rebuilt = both_ways(trace, EngineConfig(resizes=resizes), shuffle=shuffle)
+    assert rebuilt.inner.passes == len(long_lived.log) > 100
+    codes = {code for entry in long_lived.log for _, code, _, _ in entry[5]}
+    # the trace exercises what the memory carries: reservations, preemption rooms, quotas
+    assert {"reserved", "quota"} <= codes
+    assert any(entry[2] for entry in long_lived.log)
+    differing = [i for i, (a, b) in enumerate(zip(long_lived.log, rebuilt.log, strict=True)) if a != b]
+    assert differing == []
+
+
+def test_an_engine_rebuilt_without_its_memory_decides_otherwise(trace) -> None:
+    class Forgetful(PerPassScheduler):
+        def decide(self, now: float) -> Decisions:
+            self.stored = None  # as the live pass did before: a fresh engine knowing nothing
+            return super().decide(now)
+
+    nodes, jobs, quotas = trace
+    long_lived = Recorded(TesseraScheduler(tuple(nodes), tuple(quotas), EngineConfig(resizes=False)))
+    forgetful = Recorded(Forgetful(nodes, quotas, EngineConfig(resizes=False)))
+    replay(nodes, jobs, long_lived)
+    replay(nodes, jobs, forgetful)
+    assert long_lived.log != forgetful.log
+
+
+NODES = (NodeSpec("a", "r1", "H100", 8, 8), NodeSpec("b", "r1", "H100", 8, 8))
+
+
+def test_a_reservation_naming_a_node_that_left_is_dropped_and_the_rest_kept() -> None:
+    memory = EngineMemory(
+        reservations=(HeldReservation("j1", ("a", "gone"), 50.0), HeldReservation("j2", ("b",), 60.0, 1)),
+        sticky=(("j1", ("a", "gone")), ("j2", ("b",))),
+        room=(HeldRoom("j3", ("gone",), 90.0),),
+    )
+    s = TesseraScheduler.from_snapshot(Snapshot(0.0, NODES, (), ()), EngineConfig(), memory)
+    kept = s.memory()
+    assert kept.reservations == (HeldReservation("j2", ("b",), 60.0, 1),)
+    assert kept.sticky == (("j2", ("b",)),)
+    assert kept.room == ()
+
+
+def test_a_job_is_counted_in_the_request_mix_once_whatever_the_passes_that_see_it() -> None:
+    job = JobRequest("j1", "vision", "training", 2.0, submitted_at=5.0)
+    first = TesseraScheduler.from_snapshot(Snapshot(5.0, NODES, (), (job,)), EngineConfig(), EngineMemory())
+    assert len(first.memory().recent) == 1
+    again = TesseraScheduler.from_snapshot(Snapshot(9.0, NODES, (), (job,)), EngineConfig(), first.memory())
+    assert again.memory().recent == first.memory().recent
+    assert again.memory().frag_changes == first.memory().frag_changes == 1
+
+
+names = st.text("abcdefgh-0123", min_size=1, max_size=6)
+finite = st.floats(allow_nan=False, allow_infinity=False)
+shapes = st.tuples(
+    st.integers(0, 10**6), st.integers(0, 1000), st.integers(0, 64), st.lists(names, max_size=2).map(tuple)
+)
+memories = st.builds(
+    EngineMemory,
+    reservations=st.lists(
+        st.builds(HeldReservation, names, st.lists(names).map(tuple), finite, st.none() | st.integers(0, 3))
+    ).map(tuple),
+    sticky=st.lists(st.tuples(names, st.lists(names).map(tuple))).map(tuple),
+    room=st.lists(st.builds(HeldRoom, names, st.lists(names).map(tuple), finite)).map(tuple),
+    last_codes=st.lists(st.tuples(names, names)).map(tuple),
+    rack_gang_gpus=finite,
+    recent=st.lists(shapes, max_size=20).map(tuple),
+    frag_changes=st.integers(0, 10**6),
+    frag_typical=st.none()
+    | st.lists(
+        st.builds(
+            TypicalRequest,
+            st.integers(0, 10**6),
+            st.integers(0, 1000),
+            st.integers(0, 64),
+            st.lists(names, max_size=2).map(tuple),
+            st.floats(0, 1),
+        ),
+        max_size=5,
+    ).map(tuple),
+    noted_at=st.just(-math.inf) | finite,
+    noted_ids=st.lists(names).map(tuple),
+)
+
+
+@settings(max_examples=50)
+@given(memories)
+def test_memory_survives_its_json_document_exactly(memory: EngineMemory) -> None:
+    assert EngineMemory.from_json(json.loads(json.dumps(memory.to_json()))) == memory
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [None, [], {"version": 99}, {"version": 1}, {**EngineMemory().to_json(), "recent": [[1, 2]]}],
+    ids=["null", "a list", "another version", "fields missing", "a bad shape"],
+)
+def test_a_memory_document_this_engine_did_not_write_is_refused(doc) -> None:
+    with pytest.raises(BadMemory):
+        EngineMemory.from_json(doc)
