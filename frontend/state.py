@@ -60,3 +60,56 @@ def dashboard_state(user: Any, viewer: Viewer) -> dict[str, Any]:
         "jobs_truncated": truncated,
         "states": {"terminal": sorted(str(s) for s in TERMINAL_STATES), "pending": JobState.PENDING},
     }
+
+
+def team_usage(tenants: Any) -> list[dict[str, Any]]:
+    """Per tenant, its quota rows with the GPUs its jobs hold now on each row's models (a row
+    for ``*`` counts every model without a row of its own), and its jobs waiting and running."""
+    from django.db.models import Count, Sum
+
+    from scheduling.models import Allocation
+
+    tenants = list(tenants)
+    held = (
+        Allocation.objects.filter(released_at__isnull=True, device__isnull=False, job__tenant__in=tenants)
+        .values("job__tenant_id", "device__model")
+        .annotate(milli=Sum("share_milli"))
+    )
+    used: dict[int, dict[str, float]] = {}
+    for row in held:
+        used.setdefault(row["job__tenant_id"], {})[row["device__model"]] = row["milli"] / 1000
+    counts: dict[tuple[int, str], int] = {
+        (row["tenant_id"], row["state"]): row["n"]
+        for row in Job.objects.filter(tenant__in=tenants, state__in=["pending", "running"])
+        .values("tenant_id", "state")
+        .annotate(n=Count("id"))
+    }
+    out = []
+    for tenant in tenants:
+        models = used.get(tenant.pk, {})
+        named = {q.model for q in tenant.quotas.all()}
+        rows = []
+        for quota in tenant.quotas.all():
+            if quota.model == "*":
+                in_use = sum(v for m, v in models.items() if m not in named)
+            else:
+                in_use = models.get(quota.model, 0.0)
+            rows.append(
+                {
+                    "model": quota.model,
+                    "guaranteed": quota.guaranteed,
+                    "limit": quota.limit,
+                    "weight": quota.weight,
+                    "used": in_use,
+                    "borrowed": max(0.0, in_use - quota.guaranteed),
+                }
+            )
+        out.append(
+            {
+                "name": tenant.name,
+                "rows": rows,
+                "pending": counts.get((tenant.pk, "pending"), 0),
+                "running": counts.get((tenant.pk, "running"), 0),
+            }
+        )
+    return out

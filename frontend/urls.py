@@ -2,11 +2,19 @@
 
 from django.urls import path
 
-from frontend import views
+from frontend import jobs, views
 
 urlpatterns = [
     path("login/", views.LoginView.as_view(), name="login"),
     path("logout/", views.LogoutView.as_view(), name="logout"),
     path("dashboard/state.json", views.state_json, name="dashboard-state"),
+    path("dashboard/queue.json", views.queue_json, name="dashboard-queue"),
+    path("jobs/", jobs.job_list, name="jobs"),
+    path("jobs/new/", jobs.job_new, name="job-new"),
+    path("jobs/cancel/", jobs.bulk_cancel, name="jobs-cancel"),
+    path("jobs/<int:pk>/", jobs.job_detail, name="job"),
+    path("jobs/<int:pk>/cancel/", jobs.job_cancel, name="job-cancel-page"),
+    path("jobs/<int:pk>/log.txt", jobs.job_log_download, name="job-log"),
+    path("team/", views.team, name="team"),
     path("", views.dashboard, name="dashboard"),
 ]

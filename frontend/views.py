@@ -1,4 +1,5 @@
-"""The people-facing pages: login, logout and the live dashboard (heatmap and queue).
+"""The people-facing pages: login, logout, the live dashboard (heatmap and queue), the team page.
+The job pages are in ``frontend.jobs``.
 
 The dashboard is plain server-rendered HTML; its script loads ``state.json`` (the snapshot) and
 then applies the deltas pushed over ``/ws/dashboard/``.
@@ -14,7 +15,9 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 from frontend.redaction import viewer_for
-from frontend.state import dashboard_state
+from frontend.state import dashboard_state, team_usage
+from scheduling.models import Job, Tenant
+from scheduling.services.queue_order import queue_order
 
 
 class LoginView(auth_views.LoginView):
@@ -41,3 +44,27 @@ def state_json(request: HttpRequest) -> HttpResponse:
         return JsonResponse({"detail": "Authentication credentials were not provided."}, status=401)
     viewer = viewer_for(request.user)
     return JsonResponse(dashboard_state(request.user, viewer))
+
+
+@require_GET
+@never_cache
+def queue_json(request: HttpRequest) -> HttpResponse:
+    """The viewer's pending jobs in the order the scheduler considers them, with each one's place
+    in the whole queue (other tenants' jobs count, but are never named)."""
+    if not request.user.is_authenticated:
+        return JsonResponse({"detail": "Authentication credentials were not provided."}, status=401)
+    order = queue_order()
+    position = {job_id: n for n, job_id in enumerate(order, start=1)}
+    mine = set(Job.objects.visible_to(request.user).filter(pk__in=order).values_list("pk", flat=True))
+    return JsonResponse(
+        {"order": [{"id": i, "position": position[i]} for i in order if i in mine], "total": len(order)}
+    )
+
+
+@require_GET
+@login_required
+def team(request: HttpRequest) -> HttpResponse:
+    """The viewer's tenant (every tenant, for operators): quota rows and what is used now."""
+    viewer = viewer_for(request.user)
+    tenants = Tenant.objects.visible_to(request.user).prefetch_related("quotas")
+    return render(request, "frontend/team.html", {"viewer": viewer, "teams": team_usage(tenants)})

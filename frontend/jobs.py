@@ -1,0 +1,321 @@
+"""The portal's job pages: the list (mine or my team's), one job, the submit form, cancel.
+
+Every read starts from ``Job.objects.visible_to(user)``, so another tenant's job is a 404 here as
+in the API. Every write goes through the services the API calls (``do_submit_job``,
+``do_cancel_job``), with the API's serializer validating a submitted body: the page shows the
+API's own messages. Forms are POSTs under Django's CSRF check.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.db.models import QuerySet
+from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from rest_framework.exceptions import PermissionDenied, ValidationError
+
+from frontend.forms import PRESETS, JobForm, body_as_json, initial_from_job
+from frontend.redaction import viewer_for
+from scheduling.api.fields import text_problem
+from scheduling.api.job_serializers import JobSubmitSerializer
+from scheduling.api.jobs import submit_tenant
+from scheduling.choices import TERMINAL_STATES, JobKind, JobState
+from scheduling.models import Job, LogChunk, Tenant
+from scheduling.services.dryrun import dry_run
+from scheduling.services.history import placements_payload, with_history
+from scheduling.services.jobs import NotAdmissible, do_cancel_job, do_submit_job
+from scheduling.states import InvalidTransition
+
+PAGE_SIZE = 50
+SORTS = {
+    "newest": ("-id",),
+    "oldest": ("id",),
+    "name": ("name", "-id"),
+    "state": ("state", "-id"),
+}
+SINCE_HOURS = {"1h": 1, "24h": 24, "7d": 24 * 7}
+CANCELLABLE = {JobState.PENDING, JobState.SCHEDULED, JobState.RUNNING, JobState.TERMINATING}
+
+
+def visible_job(request: HttpRequest, pk: int) -> Job:
+    job = Job.objects.visible_to(request.user).select_related("tenant", "owner").filter(pk=pk).first()
+    if job is None:
+        raise Http404("No such job.")
+    return job
+
+
+# ---- the list --------------------------------------------------------------------------------
+
+
+def filtered_jobs(request: HttpRequest) -> tuple[QuerySet[Job], dict[str, str]]:
+    """The viewer's jobs under the query's filters (unknown values are ignored, never a 500)."""
+    params = request.GET
+    chosen: dict[str, str] = {}
+    qs = Job.objects.visible_to(request.user).select_related("tenant", "owner")
+    scope = params.get("scope", "team")
+    if scope == "mine":
+        qs = qs.filter(owner=request.user)
+        chosen["scope"] = "mine"
+    else:
+        chosen["scope"] = "team"
+    state = params.get("state", "")
+    if state == "active":
+        qs = qs.exclude(state__in=[str(s) for s in TERMINAL_STATES])
+        chosen["state"] = state
+    elif state in JobState.values:
+        qs = qs.filter(state=state)
+        chosen["state"] = state
+    kind = params.get("kind", "")
+    if kind in JobKind.values:
+        qs = qs.filter(kind=kind)
+        chosen["kind"] = kind
+    name = params.get("name", "")[:128]
+    if name and not text_problem(name):
+        qs = qs.filter(name__icontains=name)
+        chosen["name"] = name
+    owner = params.get("owner", "")[:150]
+    if owner and not text_problem(owner):
+        qs = qs.filter(owner__username=owner)
+        chosen["owner"] = owner
+    since = params.get("since", "")
+    if since in SINCE_HOURS:
+        from datetime import timedelta
+
+        from django.utils import timezone
+
+        qs = qs.filter(submitted_at__gte=timezone.now() - timedelta(hours=SINCE_HOURS[since]))
+        chosen["since"] = since
+    sort = params.get("sort", "newest")
+    chosen["sort"] = sort if sort in SORTS else "newest"
+    return qs.order_by(*SORTS[chosen["sort"]]), chosen
+
+
+@require_GET
+@login_required
+def job_list(request: HttpRequest) -> HttpResponse:
+    qs, chosen = filtered_jobs(request)
+    paginator = Paginator(qs, PAGE_SIZE)
+    page = paginator.get_page(request.GET.get("page"))
+    context = {
+        "viewer": viewer_for(request.user),
+        "page": page,
+        "jobs": page.object_list,
+        "chosen": chosen,
+        "query": query_without_page(chosen),
+        "states": ["active", *JobState.values],
+        "kinds": JobKind.values,
+        "sorts": list(SORTS),
+        "since_choices": list(SINCE_HOURS),
+        "cancellable": {str(s) for s in CANCELLABLE},
+    }
+    template = (
+        "frontend/jobs/rows.html" if request.GET.get("fragment") == "rows" else "frontend/jobs/list.html"
+    )
+    return render(request, template, context)
+
+
+def query_without_page(chosen: dict[str, str]) -> str:
+    from urllib.parse import urlencode
+
+    return urlencode(chosen)
+
+
+@require_POST
+@login_required
+def bulk_cancel(request: HttpRequest) -> HttpResponse:
+    ids = [int(i) for i in request.POST.getlist("job") if i.isdigit() and len(i) < 19]
+    jobs = Job.objects.visible_to(request.user).filter(pk__in=ids)
+    cancelled, finished = [], []
+    for job in jobs:
+        if job.state not in CANCELLABLE:
+            finished.append(job.pk)
+            continue
+        try:
+            do_cancel_job(job.pk)
+            cancelled.append(job.pk)
+        except InvalidTransition:  # it finished meanwhile
+            finished.append(job.pk)
+    if cancelled:
+        messages.success(
+            request, f"Cancelling {len(cancelled)} job(s): " + ", ".join(f"#{i}" for i in cancelled)
+        )
+    if finished:
+        messages.warning(
+            request, "Already finished, left as they are: " + ", ".join(f"#{i}" for i in sorted(finished))
+        )
+    if not cancelled and not finished:
+        messages.warning(request, "No job was selected.")
+    return redirect(safe_back(request, reverse("jobs")))
+
+
+def safe_back(request: HttpRequest, default: str) -> str:
+    """The list's own query to return to (only a path of this site)."""
+    back = request.POST.get("back", "")
+    return back if back.startswith("/jobs/") and "//" not in back and "\\" not in back else default
+
+
+# ---- one job ---------------------------------------------------------------------------------
+
+
+@require_GET
+@login_required
+def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    job = visible_job(request, pk)
+    job = with_history(Job.objects.filter(pk=job.pk).select_related("tenant", "owner")).get()
+    events = list(job.events.order_by("at", "id"))
+    replicas = range(job.replicas)
+    context = {
+        "viewer": viewer_for(request.user),
+        "job": job,
+        "placements": placements_payload(job),
+        "events": events,
+        "replicas": replicas,
+        "can_cancel": job.state in CANCELLABLE and job.stop_reason != "cancelled",
+        "finished": job.state in TERMINAL_STATES,
+    }
+    template = (
+        "frontend/jobs/status.html"
+        if request.GET.get("fragment") == "status"
+        else "frontend/jobs/detail.html"
+    )
+    return render(request, template, context)
+
+
+@require_POST
+@login_required
+def job_cancel(request: HttpRequest, pk: int) -> HttpResponse:
+    job = visible_job(request, pk)
+    seen = request.POST.get("seen_state", "")
+    if job.state in TERMINAL_STATES:
+        messages.warning(
+            request,
+            f"Job #{job.pk} {'had already ended' if seen == job.state else 'ended meanwhile'}: "
+            f"it is {job.state}, so there was nothing to cancel.",
+        )
+    else:
+        try:
+            job = do_cancel_job(job.pk)
+        except InvalidTransition:
+            job.refresh_from_db()
+            messages.warning(request, f"Job #{job.pk} ended meanwhile ({job.state}): nothing was cancelled.")
+        else:
+            changed = (
+                f" (it changed meanwhile: it was {seen} when you looked)"
+                if seen and seen != job.state
+                else ""
+            )
+            ending = (
+                "cancelled" if job.state == JobState.CANCELLED else "stopping: it ends once its process exits"
+            )
+            messages.success(request, f"Job #{job.pk} {ending}{changed}.")
+    return redirect("job", pk=job.pk)
+
+
+@require_GET
+@login_required
+def job_log_download(request: HttpRequest, pk: int) -> HttpResponse:
+    """The whole stored output of one replica, as a text file."""
+    job = visible_job(request, pk)
+    replica = request.GET.get("replica", "0")
+    if not replica.isdigit() or int(replica) >= job.replicas:
+        raise Http404("No such replica.")
+    chunks = (
+        LogChunk.objects.filter(job=job, replica=int(replica))
+        .order_by("offset")
+        .values_list("data", flat=True)
+    )
+    response = StreamingHttpResponse(
+        (bytes(c) for c in chunks.iterator(chunk_size=64)), content_type="text/plain"
+    )
+    response["Content-Disposition"] = f'attachment; filename="job-{job.pk}-replica-{int(replica)}.log"'
+    response["X-Content-Type-Options"] = "nosniff"
+    return response
+
+
+# ---- submit ----------------------------------------------------------------------------------
+
+
+@require_http_methods(["GET", "POST"])
+@login_required
+def job_new(request: HttpRequest) -> HttpResponse:
+    viewer = viewer_for(request.user)
+    context: dict[str, Any] = {
+        "viewer": viewer,
+        "presets": list(PRESETS),
+        "tenants": list(Tenant.objects.visible_to(request.user).values_list("name", flat=True))
+        if viewer.operator
+        else [],
+    }
+    if request.method == "GET":
+        initial: dict[str, str] = {}
+        source = request.GET.get("from", "")
+        if source.isdigit() and len(source) < 19:
+            copied = visible_job(request, int(source))
+            initial = initial_from_job(copied)
+            initial["name"] = copied.name
+            context["copied"] = copied
+        preset = request.GET.get("preset", "")
+        if preset in PRESETS:
+            initial = {**PRESETS[preset], "command": "", **{"name": ""}}
+            context["preset"] = preset
+        context["form"] = JobForm(initial=initial)
+        return render(request, "frontend/jobs/new.html", context)
+
+    form = JobForm(request.POST, request.FILES)
+    context["form"] = form
+    body = form.body() if form.is_valid() else None
+    if body is None:
+        return render(request, "frontend/jobs/new.html", context, status=400)
+    serializer = JobSubmitSerializer(data=body)
+    try:
+        serializer.is_valid(raise_exception=True)
+        tenant = submit_tenant(request.user, serializer.validated_data.get("tenant"))
+        cleaned = serializer.model_fields()
+        if "dry_run" in request.POST:
+            context["dry_run"] = dry_run(tenant, cleaned)
+            context["body_json"] = body_as_json(body)
+            return render(request, "frontend/jobs/new.html", context)
+        job, _ = do_submit_job(request.user, tenant, cleaned, body, check_quota=True)
+    except ValidationError as invalid:
+        attach_errors(form, invalid.detail)
+        return render(request, "frontend/jobs/new.html", context, status=400)
+    except NotAdmissible as why:
+        attach_errors(form, {"accelerators": [str(why)]})
+        return render(request, "frontend/jobs/new.html", context, status=400)
+    except PermissionDenied as denied:
+        form.add_error(None, str(denied.detail))
+        return render(request, "frontend/jobs/new.html", context, status=403)
+    messages.success(request, f"Job #{job.pk} submitted.")
+    return redirect("job", pk=job.pk)
+
+
+# Body keys whose messages belong beside another field of the form.
+FIELD_OF = {"elastic": "elastic_min_gpus"}
+
+
+def attach_errors(form: JobForm, detail: Any) -> None:
+    """The serializer's ``{"field": ["message"]}`` beside the form's fields (the file's box when
+    the body came from a file, since its fields are not the form's)."""
+    from_file = (
+        bool(form.cleaned_data.get("job_file", "").strip()) or form.cleaned_data.get("upload") is not None
+    )
+    if not isinstance(detail, dict):
+        form.add_error(None, str(detail))
+        return
+    for key, problems in detail.items():
+        texts = [str(p) for p in problems] if isinstance(problems, list) else [str(problems)]
+        field = FIELD_OF.get(str(key), str(key))
+        if key == "detail" or key == "non_field_errors":
+            form.add_error(None, texts)
+        elif from_file:
+            form.add_error("job_file", [f"{key}: {t}" for t in texts])
+        elif field in form.fields:
+            form.add_error(field, texts)
+        else:
+            form.add_error(None, [f"{key}: {t}" for t in texts])

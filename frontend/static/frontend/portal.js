@@ -1,0 +1,158 @@
+/* Tessera portal pages: the jobs list and a job's page follow changes live (no build step).
+ *
+ * Both listen on the dashboard's websocket (/ws/dashboard/: the viewer's own tenant's
+ * job.update messages only) and, when a job they show changes, fetch their server-rendered
+ * fragment again and swap it in: the server escapes everything, the page never builds HTML from
+ * data. On a reconnect ("ready") they fetch it again, so a drop loses nothing.
+ * A job's page also tails its output through the API's logs endpoint (session auth), from the
+ * byte offset it has read so far, until the job has ended and the log is complete.
+ */
+(function () {
+  "use strict";
+
+  const P = (window.TESSERA_PORTAL = { loadedAt: Date.now(), refreshes: 0, connected: false });
+
+  function setLive(on, text) {
+    P.connected = on;
+    const badge = document.getElementById("live");
+    if (!badge) return;
+    badge.textContent = text;
+    badge.className = "live " + (on ? "live-on" : "live-off");
+  }
+
+  /* Open the socket; call onReady after each (re)connect, onJob for each job.update. */
+  function listen(onReady, onJob) {
+    let retryMs = 500;
+    function connect() {
+      const scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
+      const socket = new WebSocket(scheme + window.location.host + "/ws/dashboard/");
+      socket.onmessage = function (event) {
+        let msg;
+        try { msg = JSON.parse(event.data); } catch (e) { return; }
+        if (msg.type === "ready") { retryMs = 500; setLive(true, "live"); onReady(); }
+        else if (msg.type === "job.update" && msg.job) onJob(msg.job);
+      };
+      socket.onclose = function () {
+        setLive(false, "reconnecting…");
+        window.setTimeout(connect, retryMs);
+        retryMs = Math.min(retryMs * 2, 15000);
+      };
+    }
+    connect();
+  }
+
+  /* Fetch url's HTML into box, at most once per `gap` ms (changes in a burst cost one fetch). */
+  function refresher(box, url, gap, after) {
+    let timer = null, running = false, again = false;
+    async function run() {
+      timer = null;
+      if (running) { again = true; return; }
+      running = true;
+      try {
+        const response = await fetch(url(), { credentials: "same-origin", headers: { Accept: "text/html" } });
+        if (response.status === 404) { box.textContent = "This job is no longer visible."; return; }
+        if (response.ok) {
+          const focused = document.activeElement && box.contains(document.activeElement) ? document.activeElement.id : null;
+          box.innerHTML = await response.text(); // server-rendered and escaped by Django's templates
+          P.refreshes += 1;
+          if (focused && document.getElementById(focused)) document.getElementById(focused).focus();
+          if (after) after();
+        }
+      } finally {
+        running = false;
+        if (again) { again = false; schedule(); }
+      }
+    }
+    function schedule() { if (timer === null) timer = window.setTimeout(run, gap); }
+    return schedule;
+  }
+
+  // ---- the jobs list ----------------------------------------------------------------------------
+
+  const list = document.querySelector("[data-live-list]");
+  if (list) {
+    const refresh = refresher(list, function () { return list.dataset.fragmentUrl; }, 300, keepChecks);
+    let checked = new Set();
+    list.addEventListener("change", function (e) {
+      if (e.target.name === "job") { if (e.target.checked) checked.add(e.target.value); else checked.delete(e.target.value); }
+    });
+    function keepChecks() {
+      for (const box of list.querySelectorAll("input[name=job]")) box.checked = checked.has(box.value);
+    }
+    let first = true;
+    listen(function () { if (first) first = false; else refresh(); }, function () { refresh(); });
+  }
+
+  // ---- one job ----------------------------------------------------------------------------------
+
+  const page = document.getElementById("job-page");
+  if (page) {
+    const jobId = Number(page.dataset.jobId);
+    const status = document.getElementById("job-status");
+    const refresh = refresher(status, function () { return page.dataset.fragmentUrl; }, 150, function () {
+      if (logs) logs.wake();
+    });
+    let first = true;
+    listen(function () { if (first) first = false; else refresh(); }, function (job) { if (job.id === jobId) refresh(); });
+    const logs = tailLogs(page);
+    P.logs = logs;
+  }
+
+  function currentState() {
+    const chip = document.getElementById("job-state");
+    return chip ? chip.textContent.trim() : "";
+  }
+
+  function tailLogs(page) {
+    const out = document.getElementById("log");
+    const note = document.getElementById("log-state");
+    const follow = document.getElementById("log-follow");
+    const replicaBox = document.getElementById("log-replica");
+    const download = document.getElementById("log-download");
+    let offset = 0, replica = 0, timer = null, busy = false, started = false;
+
+    async function poll() {
+      timer = null;
+      if (busy) return;
+      busy = true;
+      let eof = false, wait = 1000;
+      try {
+        for (;;) { // read on at once while pages come full: more may be waiting
+          const url = page.dataset.logUrl + "?offset=" + offset + "&replica=" + replica;
+          const response = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
+          if (!response.ok) { note.textContent = "Output unavailable (" + response.status + ")."; wait = 5000; break; }
+          const chunk = await response.json();
+          if (!started && (chunk.data || chunk.eof)) { out.textContent = ""; started = true; }
+          if (chunk.data) {
+            out.appendChild(document.createTextNode(chunk.data)); // text, never HTML
+            if (follow.checked) out.scrollTop = out.scrollHeight;
+          }
+          offset = chunk.next_offset;
+          eof = chunk.eof;
+          note.textContent = (eof ? "Complete: the job has ended." : "Following…") +
+            (chunk.truncated ? " Output was cut at the per-job cap." : "");
+          if (eof && !out.textContent) out.textContent = "(no output)";
+          if (eof || !chunk.data) break;
+        }
+      } catch (e) {
+        note.textContent = "Output: connection lost, retrying…";
+        wait = 3000;
+      } finally {
+        busy = false;
+      }
+      P.logPolls = (P.logPolls || 0) + 1;
+      if (!eof && follow.checked && timer === null) timer = window.setTimeout(poll, currentState() === "pending" ? 2 * wait : wait);
+    }
+    function wake() { if (timer !== null) window.clearTimeout(timer); timer = null; poll(); }
+    follow.addEventListener("change", function () { if (follow.checked) wake(); });
+    if (replicaBox) replicaBox.addEventListener("change", function () {
+      replica = Number(replicaBox.value);
+      offset = 0; started = false;
+      out.textContent = "";
+      download.href = download.href.replace(/replica=\d+/, "replica=" + replica);
+      wake();
+    });
+    poll();
+    return { wake: wake };
+  }
+})();

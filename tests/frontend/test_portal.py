@@ -1,0 +1,301 @@
+"""The portal's job pages: the submit form, the jobs list, a job's page, cancel, the team page.
+
+Who may see what: alice and carol (vision) see and act on each other's jobs; bob (nlp) gets 404 for
+them, on every page and action; admin (operator) sees every team. The form's messages are the
+API's own (its serializer validates what the form sends).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from scheduling.models import Job, JobEvent
+from tests.api.test_bad_input import CASES
+from tests.frontend.helpers import make_node
+
+HOSTILE = '<script>alert("x")</script><img src=x onerror=alert(1)>'
+
+
+def signed_in(user: Any, csrf: bool = False) -> Client:
+    client = Client(enforce_csrf_checks=csrf)
+    client.force_login(user)
+    return client
+
+
+def form(**fields: str) -> dict[str, str]:
+    return {
+        "name": "resnet",
+        "kind": "training",
+        "command": "python train.py --lr 0.1",
+        "gpus": "2",
+        **fields,
+    }
+
+
+def submit(world: Any, who: str, **body: Any) -> int:
+    body = {"name": f"{who}-job", "kind": "training", "command": ["true"], **body}
+    response = world.client(who).post("/api/v1/jobs/", body, format="json")
+    assert response.status_code == 201, response.content
+    return response.json()["id"]
+
+
+def test_every_portal_page_sends_an_anonymous_visitor_to_sign_in(db: Any) -> None:
+    for url in ("/jobs/", "/jobs/new/", "/jobs/1/", "/team/", "/jobs/1/log.txt"):
+        response = Client().get(url)
+        assert response.status_code == 302 and response["Location"].startswith("/login/"), url
+
+
+def test_alice_submits_from_the_form_and_lands_on_her_jobs_page(world: Any, cluster: Any) -> None:
+    client = signed_in(world.alice)
+    response = client.post(
+        "/jobs/new/",
+        form(accelerators="H100, A100", env="WANDB_MODE=offline\nSEED=3", priority="5", preemptible="false"),
+    )
+    job = Job.objects.get()
+    assert response.status_code == 302 and response["Location"] == f"/jobs/{job.pk}/"
+    assert job.owner == world.alice and job.tenant == world.vision
+    assert job.command == ["python", "train.py", "--lr", "0.1"]
+    assert job.accelerators == ["H100", "A100"] and job.env == {"WANDB_MODE": "offline", "SEED": "3"}
+    assert job.priority == 5 and job.preemptible is False and job.gpus == 2
+    page = client.get(response["Location"]).content.decode()
+    assert "resnet" in page and "pending" in page and "Why it waits" in page
+    assert "alice" in page  # the owner
+
+
+def test_the_forms_messages_are_the_apis_and_what_was_typed_stays(world: Any, cluster: Any) -> None:
+    typed = form(name="", gpus="3", replicas="2", priority="high", time_limit_seconds="-5")
+    response = signed_in(world.alice).post("/jobs/new/", typed)
+    assert response.status_code == 400
+    page = response.content.decode()
+    api = world.client("alice").post(
+        "/api/v1/jobs/",
+        {"kind": "training", "command": ["x"], "gpus": 3, "replicas": 2, "priority": "high"},  # no name
+        format="json",
+    )
+    for field in ("name", "priority"):
+        for message in api.json()[field]:
+            assert message in page, (field, message)
+    assert 'value="high"' in page and 'value="-5"' in page and 'value="python train.py --lr 0.1"' in page
+    assert Job.objects.count() == 0
+
+
+def test_a_field_that_only_the_cross_field_rules_refuse_shows_its_message(world: Any) -> None:
+    page = signed_in(world.alice).post("/jobs/new/", form(gpus="3", replicas="2")).content.decode()
+    assert "must divide gpus" in page
+    assert Job.objects.count() == 0
+
+
+def test_a_yaml_job_file_is_submitted_as_the_apis_body(world: Any) -> None:
+    job_file = "name: from-yaml\nkind: batch\ncommand: [python, -c, 'print(1)']\ngpus: 1\nenv: {A: b}\n"
+    response = signed_in(world.alice).post("/jobs/new/", {"job_file": job_file})
+    assert response.status_code == 302
+    job = Job.objects.get()
+    assert (job.name, job.kind, job.command, job.env) == (
+        "from-yaml",
+        "batch",
+        ["python", "-c", "print(1)"],
+        {"A": "b"},
+    )
+
+
+def test_an_uploaded_json_job_file_is_submitted(world: Any) -> None:
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    body = {"name": "uploaded", "kind": "inference", "command": ["serve"], "gpus": 0.5}
+    upload = SimpleUploadedFile("job.json", json.dumps(body).encode(), content_type="application/json")
+    response = signed_in(world.alice).post("/jobs/new/", {"upload": upload})
+    assert response.status_code == 302
+    assert Job.objects.get().gpus == 0.5
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("name: [unclosed", "not valid YAML or JSON"),
+        ("- a list\n- of things", "must hold one job"),
+        ("name: x\nkind: batch\ncommand: [x]\ncolour: blue", "colour: unknown field"),
+    ],
+)
+def test_a_bad_job_file_is_refused_with_a_sentence(world: Any, text: str, words: str) -> None:
+    response = signed_in(world.alice).post("/jobs/new/", {"job_file": text})
+    assert response.status_code == 400
+    assert words in response.content.decode()
+    assert Job.objects.count() == 0
+
+
+def is_utf8(data: bytes) -> bool:
+    try:
+        data.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def test_the_hostile_body_corpus_through_the_form_is_refused_never_a_500(world: Any) -> None:
+    client = signed_in(world.alice)
+    for case, body, _status, key in CASES:
+        if isinstance(body, bytes) and not is_utf8(body):
+            continue  # a browser's text box holds characters, not bytes
+        text = body.decode() if isinstance(body, bytes) else json.dumps(body)
+        response = client.post("/jobs/new/", {"job_file": text})
+        assert response.status_code in (400, 413), (case, response.status_code)
+        if response.status_code == 400 and key != "detail":
+            assert key in response.content.decode(), case
+    assert Job.objects.count() == 0
+
+
+def test_a_dry_run_from_the_form_says_where_it_would_start_and_stores_nothing(
+    world: Any, cluster: Any
+) -> None:
+    response = signed_in(world.alice).post("/jobs/new/", {**form(accelerators="H100"), "dry_run": "1"})
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "It would start now on n01 [0, 1]" in page
+    assert Job.objects.count() == 0 and JobEvent.objects.count() == 0
+
+
+def test_presets_fill_the_form_for_each_kind(world: Any) -> None:
+    page = signed_in(world.alice).get("/jobs/new/?preset=training").content.decode()
+    assert re.search(r'<option value="training" selected', page)
+    assert 'value="600"' in page  # checkpoint every 10 minutes
+
+
+def test_resubmit_copies_a_teammates_job_but_bob_gets_404(world: Any) -> None:
+    job_id = submit(world, "alice", name="copy-me", gpus=4, env={"K": "v"}, command=["python", "a b.py"])
+    page = signed_in(world.carol).get(f"/jobs/new/?from={job_id}").content.decode()
+    assert 'value="copy-me"' in page and "python &#x27;a b.py&#x27;" in page and "K=v" in page
+    assert signed_in(world.bob).get(f"/jobs/new/?from={job_id}").status_code == 404
+
+
+def test_bob_cannot_open_or_act_on_alices_job(world: Any) -> None:
+    job_id = submit(world, "alice", name="alice-secret")
+    bob = signed_in(world.bob)
+    assert bob.get(f"/jobs/{job_id}/").status_code == 404
+    assert bob.get(f"/jobs/{job_id}/?fragment=status").status_code == 404
+    assert bob.get(f"/jobs/{job_id}/log.txt").status_code == 404
+    assert bob.post(f"/jobs/{job_id}/cancel/").status_code == 404
+    bob.post("/jobs/cancel/", {"job": [str(job_id)]})
+    assert "alice-secret" not in bob.get("/jobs/").content.decode()
+    assert Job.objects.get(pk=job_id).state == "pending"
+
+
+def test_a_hostile_name_and_command_are_shown_as_text_never_markup(world: Any) -> None:
+    job_id = submit(world, "alice", name=HOSTILE[:128], command=["sh", "-c", HOSTILE])
+    client = signed_in(world.alice)
+    for url in (f"/jobs/{job_id}/", "/jobs/", f"/jobs/new/?from={job_id}"):
+        page = client.get(url).content.decode()
+        assert "<script>alert" not in page and "<img src=x" not in page, url
+        assert "&lt;script&gt;alert" in page, url
+
+
+def test_every_form_needs_its_csrf_token(world: Any) -> None:
+    job_id = submit(world, "alice")
+    client = signed_in(world.alice, csrf=True)
+    for url, data in (
+        ("/jobs/new/", form()),
+        (f"/jobs/{job_id}/cancel/", {}),
+        ("/jobs/cancel/", {"job": [str(job_id)]}),
+        ("/logout/", {}),
+    ):
+        assert client.post(url, data).status_code == 403, url
+    assert Job.objects.get(pk=job_id).state == "pending" and Job.objects.count() == 1
+    page = client.get("/jobs/new/").content.decode()
+    assert 'name="csrfmiddlewaretoken"' in page
+
+
+def test_cancel_from_the_job_page_goes_through_the_service_and_says_so(world: Any) -> None:
+    job_id = submit(world, "alice")
+    client = signed_in(world.carol)
+    response = client.post(f"/jobs/{job_id}/cancel/", {"seen_state": "pending"}, follow=True)
+    assert Job.objects.get(pk=job_id).state == "cancelled"
+    assert "cancelled" in response.content.decode()
+    assert JobEvent.objects.filter(job_id=job_id, type="cancelled").count() == 1
+
+
+def test_cancelling_a_job_that_ended_meanwhile_says_so(world: Any, cluster: Any) -> None:
+    from tests.api.conftest import bind, finish, run
+
+    job = Job.objects.get(pk=submit(world, "alice"))
+    bind(job, cluster[0], [0])
+    run(job)
+    finish(job, 0)
+    response = signed_in(world.alice).post(f"/jobs/{job.pk}/cancel/", {"seen_state": "running"}, follow=True)
+    assert "ended meanwhile" in response.content.decode()
+    assert Job.objects.get(pk=job.pk).state == "succeeded"
+
+
+def test_bulk_cancel_stops_the_selected_jobs_only(world: Any) -> None:
+    a, b, c = (submit(world, "alice", name=n) for n in ("a", "b", "c"))
+    response = signed_in(world.alice).post("/jobs/cancel/", {"job": [str(a), str(c), "junk"]})
+    assert response.status_code == 302
+    assert {j.pk: j.state for j in Job.objects.all()} == {a: "cancelled", b: "pending", c: "cancelled"}
+
+
+def test_the_list_filters_by_owner_state_kind_and_name_and_pages(world: Any) -> None:
+    submit(world, "alice", name="alpha-run")
+    submit(world, "carol", name="carol-batch", kind="batch")
+    submit(world, "bob", name="bob-run")
+    alice = signed_in(world.alice)
+    team = alice.get("/jobs/").content.decode()
+    assert "alpha-run" in team and "carol-batch" in team and "bob-run" not in team
+    mine = alice.get("/jobs/?scope=mine").content.decode()
+    assert "alpha-run" in mine and "carol-batch" not in mine
+    assert "alpha-run" not in alice.get("/jobs/?kind=batch").content.decode()
+    assert "carol-batch" in alice.get("/jobs/?owner=carol").content.decode()
+    assert "carol-batch" not in alice.get("/jobs/?name=alpha").content.decode()
+    assert alice.get("/jobs/?state=nonsense&kind=%00&page=zz&sort=evil&name=%00").status_code == 200
+
+
+def test_the_list_keeps_failed_and_finished_jobs_with_their_outcome(world: Any, cluster: Any) -> None:
+    from tests.api.conftest import bind, finish, run
+
+    job = Job.objects.get(pk=submit(world, "alice", name="will-fail"))
+    bind(job, cluster[0], [0])
+    run(job)
+    finish(job, 7)
+    page = signed_in(world.alice).get("/jobs/").content.decode()
+    assert "will-fail" in page and "exit 7" in page
+    detail = signed_in(world.alice).get(f"/jobs/{job.pk}/").content.decode()
+    assert "n01 [0]" in detail and "exit 7" in detail  # where it ran, kept after it ended
+
+
+def test_the_list_takes_the_same_few_queries_however_many_jobs(
+    world: Any, django_assert_max_num_queries: Any
+) -> None:
+    for i in range(60):
+        submit(world, "alice", name=f"j{i}")
+    client = signed_in(world.alice)
+    with django_assert_max_num_queries(8):
+        page = client.get("/jobs/").content.decode()
+    assert page.count('data-job-id="') == 50
+
+
+def test_the_team_page_shows_quotas_and_use_for_the_viewers_team_only(world: Any) -> None:
+    page = signed_in(world.bob).get("/team/").content.decode()
+    assert "Team nlp" in page and "vision" not in page
+    admin = signed_in(world.admin).get("/team/").content.decode()
+    assert "Team nlp" in admin and "Team vision" in admin
+
+
+def test_the_queue_order_is_the_schedulers_and_names_only_the_viewers_jobs(world: Any) -> None:
+    make_node("n9", "r9", 1, "T4")
+    low = submit(world, "alice", name="low", gpus=64)
+    bobs = submit(world, "bob", name="bobs", gpus=16, kind="inference")
+    high = submit(world, "alice", name="high", gpus=64, priority=10)
+    order = signed_in(world.alice).get("/dashboard/queue.json").json()
+    assert order["total"] == 3
+    assert [row["id"] for row in order["order"]] == [high, low]  # priority first, then arrival
+    assert bobs not in [row["id"] for row in order["order"]]
+    assert order["order"][0]["position"] == 2  # bob's inference job is ahead (a higher queue level)
+
+
+def test_admin_and_api_docs_are_linked_the_admin_only_for_operators(world: Any) -> None:
+    alice = signed_in(world.alice).get("/jobs/").content.decode()
+    assert 'href="/api/docs/"' in alice and 'href="/admin/"' not in alice
+    admin = signed_in(world.admin).get("/jobs/").content.decode()
+    assert 'href="/admin/"' in admin
