@@ -40,7 +40,7 @@ log = logging.getLogger("tessera.agent")
 
 Key = tuple[int, int, int]
 HEARTBEAT_JITTER = 0.1  # each gap is the poll interval ± 10%: see heartbeat_gap
-STREAM_IDLE_S = 60.0  # a stream silent this long (the server pings every 20 s) is dead
+STREAM_IDLE_S = 60.0  # the agent pings every 30 s; a pong 30 s late means the stream is dead
 STREAM_RETRY_S = 300.0  # after a refused stream handshake, the long-poll this long
 HELD_RETRY_S = 0.05  # how soon a binding held back for its GPUs is tried again
 

@@ -1,16 +1,19 @@
-"""The agent's websocket, agent side: the RFC 6455 client (``agent/stream.py``) against a small
-scripted websocket server on a real socket, and the agent's loop (``agent/node.py``) against a
-fake server that streams.
+"""The agent's websocket, agent side: the client (``agent/stream.py``, on the ``websockets``
+library) against a small scripted websocket server on a real socket, and the agent's loop
+(``agent/node.py``) against a fake server that streams.
 
 What the agent relies on: a refused handshake tells "no stream here" (use the long-poll) from
-"server down"; pings are answered; fragmented messages arrive whole; answers reach the request
-that asked, also when wakes come in between; a connection that ends fails what waits on it at
-once (so the exit report goes by HTTP), and the agent reconnects and heartbeats.
+"server down"; pings are answered; fragmented and large messages arrive whole; answers reach the
+request that asked, also when wakes come in between; a connection that ends, or that goes silent,
+fails what waits on it at once (so the exit report goes by HTTP), and the agent reconnects and
+heartbeats. The scripted server speaks RFC 6455 by hand so that it can misbehave on purpose.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import importlib
 import json
 import socket
@@ -22,31 +25,30 @@ from contextlib import contextmanager
 import pytest
 
 from agent.client import Rejected, ServerError
-from agent.stream import CLOSE, PING, PONG, TEXT, Stream, accept_for, frame, unmask
+from agent.stream import Stream, stream_uri
 
 fakes = importlib.import_module("tests.agent.fakes")
 push = importlib.import_module("tests.agent.test_agent_push")
 
-
-def test_the_handshake_answer_is_computed_as_rfc_6455_says():
-    assert accept_for("dGhlIHNhbXBsZSBub25jZQ==") == "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
+CONTINUATION, TEXT, CLOSE, PING, PONG = 0x0, 0x1, 0x8, 0x9, 0xA
 
 
-@pytest.mark.parametrize("size", [0, 1, 125, 126, 65535, 65536, 70000])
-def test_a_frame_is_masked_and_its_length_encoded_for_every_size(size):
-    payload = bytes(range(256)) * (size // 256) + bytes(range(size % 256))
-    data = frame(TEXT, payload, mask=b"\x01\x02\x03\x04")
-    assert data[0] == 0x80 | TEXT and data[1] & 0x80  # final, masked
-    length = data[1] & 0x7F
-    offset = 2
-    if length == 126:
-        (length,) = struct.unpack("!H", data[2:4])
-        offset = 4
-    elif length == 127:
-        (length,) = struct.unpack("!Q", data[2:10])
-        offset = 10
-    assert length == size and data[offset : offset + 4] == b"\x01\x02\x03\x04"
-    assert unmask(data[offset + 4 :], b"\x01\x02\x03\x04") == payload
+def _accept_for(key: str) -> str:
+    """The ``Sec-WebSocket-Accept`` a server answers to ``key`` (RFC 6455, 4.2.2)."""
+    return base64.b64encode(
+        hashlib.sha1(key.encode() + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest()
+    ).decode()
+
+
+def _unmask(payload: bytes, mask: bytes) -> bytes:
+    return bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+def test_the_stream_uri_is_the_api_url_as_a_websocket_without_user_info():
+    assert stream_uri("http://10.0.0.1:8000/api/v1/agent/") == "ws://10.0.0.1:8000/api/v1/agent/stream"
+    assert stream_uri("https://u:p@cp.example/api/v1/agent/") == "wss://cp.example/api/v1/agent/stream"
+    with pytest.raises(ServerError):
+        stream_uri("ftp://cp.example/api/v1/agent/")
 
 
 # --- a scripted server --------------------------------------------------------------------------
@@ -56,11 +58,18 @@ def _server_frame(opcode: int, payload: bytes, final: bool = True) -> bytes:
     """An unmasked frame, as a server sends."""
     n = len(payload)
     first = (0x80 if final else 0) | opcode
-    head = struct.pack("!BB", first, n) if n < 126 else struct.pack("!BBH", first, 126, n)
+    if n < 126:
+        head = struct.pack("!BB", first, n)
+    elif n < 1 << 16:
+        head = struct.pack("!BBH", first, 126, n)
+    else:
+        head = struct.pack("!BBQ", first, 127, n)
     return head + payload
 
 
-def _read_client_frame(conn: socket.socket) -> tuple[int, bytes]:
+def _read_client_frame(conn: socket.socket, skip: tuple[int, ...] = (PING,)) -> tuple[int, bytes]:
+    """The client's next frame (its own keepalive pings skipped): (opcode, unmasked payload)."""
+
     def exact(n: int) -> bytes:
         data = b""
         while len(data) < n:
@@ -70,15 +79,18 @@ def _read_client_frame(conn: socket.socket) -> tuple[int, bytes]:
             data += chunk
         return data
 
-    first, second = exact(2)
-    assert second & 0x80, "a client's frames must be masked"
-    length = second & 0x7F
-    if length == 126:
-        (length,) = struct.unpack("!H", exact(2))
-    elif length == 127:
-        (length,) = struct.unpack("!Q", exact(8))
-    mask = exact(4)
-    return first & 0x0F, unmask(exact(length), mask)
+    while True:
+        first, second = exact(2)
+        assert second & 0x80, "a client's frames must be masked"
+        length = second & 0x7F
+        if length == 126:
+            (length,) = struct.unpack("!H", exact(2))
+        elif length == 127:
+            (length,) = struct.unpack("!Q", exact(8))
+        mask = exact(4)
+        opcode, payload = first & 0x0F, _unmask(exact(length), mask)
+        if opcode not in skip:
+            return opcode, payload
 
 
 @contextmanager
@@ -103,7 +115,7 @@ def scripted(script: Callable[[socket.socket, dict[str, str]], None], status: st
             if not status.startswith("101"):
                 conn.sendall(f"HTTP/1.1 {status}\r\nContent-Length: 0\r\n\r\n".encode())
                 return
-            accept = accept_for(seen["sec-websocket-key"])
+            accept = _accept_for(seen["sec-websocket-key"])
             conn.sendall(
                 f"HTTP/1.1 {status}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                 f"Sec-WebSocket-Accept: {accept}\r\n\r\n".encode()
@@ -127,14 +139,17 @@ def _open(base: str, idle_s: float = 5.0) -> Stream:
 def test_the_handshake_carries_the_credential_and_a_wake_arrives():
     def script(conn: socket.socket, seen: dict[str, str]) -> None:
         conn.sendall(_server_frame(TEXT, json.dumps({"wake": True, "start": [], "heartbeat": True}).encode()))
-        _read_client_frame(conn)  # wait for the close
+        closes.append(_read_client_frame(conn))
+        conn.sendall(_server_frame(CLOSE, struct.pack("!H", 1000)))  # the server's half
 
+    closes: list[tuple[int, bytes]] = []
     with scripted(script) as (base, seen):
         stream = _open(base)
         assert stream.receive() == {"wake": True, "start": [], "heartbeat": True}
         stream.close()
     assert seen["request"] == "GET /api/v1/agent/stream HTTP/1.1"
     assert seen["authorization"] == "Node secret-cred" and seen["upgrade"].lower() == "websocket"
+    assert closes == [(CLOSE, struct.pack("!H", 1000))]  # a closing handshake, "normal closure"
 
 
 @pytest.mark.parametrize(
@@ -171,6 +186,34 @@ def test_pings_are_answered_and_a_fragmented_message_arrives_whole():
         assert stream.receive() == {"wake": True, "start": [{"job_id": 1}], "heartbeat": False}
         stream.close()
     assert pongs == [b"are you there"]
+
+
+def test_a_message_larger_than_64_kib_arrives_whole():
+    wake = {"wake": True, "start": [{"job_id": i, "command": ["x" * 40]} for i in range(2000)]}
+    text = json.dumps(wake).encode()
+    assert len(text) > 1 << 16
+
+    def script(conn: socket.socket, seen: dict[str, str]) -> None:
+        conn.sendall(_server_frame(TEXT, text))
+        _read_client_frame(conn)
+
+    with scripted(script) as (base, _):
+        stream = _open(base)
+        assert stream.receive() == wake
+        stream.close()
+
+
+def test_a_text_message_that_is_not_utf_8_ends_the_connection_as_a_server_error():
+    def script(conn: socket.socket, seen: dict[str, str]) -> None:
+        conn.sendall(_server_frame(TEXT, b'{"wake": "\xff\xfe"}'))
+        closes.append(_read_client_frame(conn))
+
+    closes: list[tuple[int, bytes]] = []
+    with scripted(script) as (base, _):
+        stream = _open(base)
+        with pytest.raises(ServerError):
+            stream.receive()
+    assert closes and closes[0][0] == CLOSE and closes[0][1][:2] == struct.pack("!H", 1007)  # invalid data
 
 
 def test_answers_reach_the_request_that_asked_while_wakes_arrive_in_between():
@@ -218,6 +261,7 @@ def test_a_connection_that_ends_fails_the_waiting_request_at_once_not_at_its_tim
 
 
 def test_a_silent_connection_counts_as_dead_after_idle_s():
+    """The server reads nothing and answers nothing, not even the agent's pings."""
     release = threading.Event()
 
     def script(conn: socket.socket, seen: dict[str, str]) -> None:
