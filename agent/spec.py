@@ -1,5 +1,5 @@
 """The ``--simulate`` SPEC: ``COUNTxMODEL`` with optional ``,nvlink=N``, ``,rack=R``, ``,cpus=N``,
-``,memory_gib=N`` and ``,labels=k:v;k:v`` (CONTRACTS.md, "Node agent"), e.g.
+``,memory_gib=N`` and ``,labels=k:v;k:v`` (docs/agent.md), e.g.
 ``8xA100,nvlink=4,rack=r2``.
 """
 

@@ -1,4 +1,4 @@
-"""States and kinds as choice classes (CONTRACTS.md's words, exactly)."""
+"""States and kinds as choice classes (the API's words, exactly: docs/api.md)."""
 
 from django.db import models
 

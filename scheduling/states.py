@@ -1,4 +1,4 @@
-"""The job state machine: the allowed transitions, in one place (CONTRACTS.md, "States")."""
+"""The job state machine: the allowed transitions, in one place (docs/api.md, "States")."""
 
 from __future__ import annotations
 

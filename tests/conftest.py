@@ -1,6 +1,6 @@
 """Shared fixtures: the three-user world, and access to the real services.
 
-Who may see what (CONTRACTS.md): alice (owner) and carol (teammate) are both in tenant ``vision``
+Who may see what (docs/api.md): alice (owner) and carol (teammate) are both in tenant ``vision``
 and see each other's jobs; bob is in ``nlp`` and sees none of vision's; admin is an operator
 (staff, no tenant) and sees everything.
 

@@ -4,7 +4,7 @@ Totals name no job and no tenant, so every signed-in user may read them.
 
 - ``allocation_rate``: allocated GPU capacity (fractions counted as their share) over the capacity
   of healthy GPUs.
-- ``fragmentation_rate``: PACKING.md's definition, computed by the engine's
+- ``fragmentation_rate``: FGD's definition (docs/evaluation.md), computed by the engine's
   ``scheduling.engine.fragmentation``: the share of free GPU capacity on ready nodes that the typical
   requests could not use, the typical requests taken from the last 1,000 submitted jobs (as the
   simulator's summary does). 0 when nothing is free or nothing was ever submitted.
@@ -33,7 +33,7 @@ RECENT_JOBS = 1000
 
 
 def fragmentation_rate(rows: list[dict[str, Any]]) -> float:
-    """PACKING.md's fragmentation rate of the ready nodes' free capacity for the recent request mix."""
+    """FGD's fragmentation rate of the ready nodes' free capacity for the recent request mix."""
     recent = Job.objects.select_related("tenant").order_by("-id")[:RECENT_JOBS]
     model = FragmentationModel.from_jobs(job_request(j) for j in recent)
     if not model.typical:

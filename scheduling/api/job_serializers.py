@@ -1,4 +1,4 @@
-"""The job body (CONTRACTS.md, "Job body"): its validation, and the job as the API returns it.
+"""The job body (docs/api.md, "The job body"): its validation, and the job as the API returns it.
 
 ``JobSubmitSerializer`` checks every field's JSON type and bound and the rules between fields
 (gang sizes, elastic range); ``JobSerializer`` renders a stored job: the body's fields echoed back

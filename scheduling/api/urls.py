@@ -1,4 +1,4 @@
-"""The REST API's URL map, mounted at ``/api/v1/`` (CONTRACTS.md, "REST API").
+"""The REST API's URL map, mounted at ``/api/v1/`` (docs/api.md, "Endpoints").
 
 Paths are listed one by one (no router) so that each has a name; the tenant-isolation test walks
 this module's patterns and fails on any it does not know, so a new endpoint cannot go unchecked.

@@ -6,12 +6,12 @@ classic FIFO batch system does. Jobs held, in backoff or refused by their quota 
 cannot start whatever the cluster does). Gangs start all together or not at all; models, node
 selectors, topology and quota limits are honoured; nothing is ever preempted.
 
-Placement of each replica (PACKING.md, "Baselines, exactly"):
+Placement of each replica (docs/evaluation.md, "The packing benchmark, defined"):
 * ``fcfs-node``: the first wholly free node (index order), held whole for the replica; only the
   GPUs the replica asked for are listed, the rest of the node counts as idle;
 * ``fcfs-device``: the first node that fits, lowest-index free GPUs (first fit);
 * ``random``: a uniformly random feasible node (seeded), a fraction on a random GPU that fits;
-* ``best-fit``: PACKING.md's best-fit score, ties by a seeded node order; a fraction on the GPU
+* ``best-fit``: the packing benchmark's best-fit score, ties by a seeded node order; a fraction on the GPU
   with the least free share that fits;
 * ``fgd``: FGD's fragmentation-gradient score, ties by the seeded node order.
 """

@@ -1,6 +1,6 @@
 """Expected fragmentation of free GPU capacity for the observed request mix.
 
-This is FGD's definition (Weng et al., USENIX ATC'23), exactly as ``PACKING.md`` states it:
+This is FGD's definition (Weng et al., USENIX ATC'23), as docs/evaluation.md states it:
 
 * a *request shape* is (CPU, GPU share per GPU, GPU count, acceptable models);
 * the *typical requests* are the most frequent shapes that together cover at least 95% of the

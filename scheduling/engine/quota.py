@@ -1,4 +1,4 @@
-"""Quotas per tenant and model (CONTRACTS.md): guaranteed, limit, weight; borrowing; fair share.
+"""Quotas per tenant and model (docs/api.md): guaranteed, limit, weight; borrowing; fair share.
 
 * A tenant's row for a model applies to it; the ``*`` row covers every model without its own row
   (usage on all of those models is summed against it); no row: the tenant may not use the model.

@@ -1,6 +1,6 @@
 """Pending reasons: the binding constraint of a pending job, in words a person can act on.
 
-Codes are CONTRACTS.md's (``types.PENDING_CODES``). Capacity-type reasons are diagnosed on the
+Codes are the API's (``types.PENDING_CODES``; docs/api.md). Capacity-type reasons are diagnosed on the
 state as it stands at the end of the pass, so every number in a message is true of that state:
 
 * ``capacity``: the nodes the job may use have fewer GPUs (or CPUs/memory) than it needs, free or

@@ -64,7 +64,7 @@ class QuotaSpec:
 
 @dataclass(frozen=True, slots=True)
 class JobRequest:
-    """A job as submitted (CONTRACTS.md's job body, in engine units)."""
+    """A job as submitted (the API's job body, docs/api.md, in engine units)."""
 
     id: str
     tenant: str

@@ -280,7 +280,7 @@ def _binding(
         "grace_seconds": job.grace_seconds,
         "time_limit_seconds": job.time_limit_seconds,
         "checkpoint_seconds": job.checkpoint_seconds,
-        # The job's CPUs and memory are for all its replicas, spread evenly (CONTRACTS.md).
+        # The job's CPUs and memory are for all its replicas, spread evenly (docs/api.md).
         "cpus": job.cpus / max(1, job.replicas),
         "memory_gib": job.memory_gib / max(1, job.replicas),
         # Offsets continue across attempts, so a retry's output follows the first's.

@@ -1,4 +1,4 @@
-"""Export the live cluster's history in the simulator's formats (CONTRACTS.md), so the same
+"""Export the live cluster's history in the simulator's formats (docs/formats.md), so the same
 checker (``python -m scheduling.sim check``) judges live runs and simulated ones.
 
 Event mapping: ``submitted``→``submit``, ``scheduled``→``start`` (with allocations),

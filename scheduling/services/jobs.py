@@ -514,7 +514,7 @@ def do_record_exit(job: Job, exit_code: int | None, at: datetime | None = None, 
 
 
 def retries_used(job: Job) -> int:
-    """Failed attempts that were retried: only failures consume ``max_retries`` (CONTRACTS.md);
+    """Failed attempts that were retried: only failures consume ``max_retries`` (docs/api.md);
     preemptions and requeues of never-started jobs do not (``attempts`` counts those too)."""
     return job.events.filter(type=EventType.RETRYING).count()
 

@@ -1,1 +1,1 @@
-"""The simulator: a second driver around the engine, through simulated time (CONTRACTS.md)."""
+"""The simulator: a second driver around the engine, through simulated time (docs/formats.md)."""

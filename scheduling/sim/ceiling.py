@@ -1,6 +1,6 @@
 """The most GPU allocation any policy could reach on a workload: an upper bound, from the inputs.
 
-``gpu_allocation_rate_while_arriving`` (CONTRACTS.md) averages allocation over [first submit,
+``gpu_allocation_rate_while_arriving`` (docs/formats.md) averages allocation over [first submit,
 last submit]. When jobs arrive slower than the cluster could run them — an empty cluster at night,
 say — no policy can reach 100%, and the bound below says how far any policy can get, so a measured
 rate can be read against what was possible.

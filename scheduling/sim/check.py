@@ -1,7 +1,7 @@
 """The checker: judge an events file against its inputs, trusting nothing the policy says.
 
 ``python -m scheduling.sim check NODES.csv JOBS.csv EVENTS.jsonl [QUOTAS.csv]`` reads only those
-files, walks the events in order, and reports every violation of the invariants (DESIGN.md):
+files, walks the events in order, and reports every violation of the invariants (docs/architecture.md):
 
 - time going backwards; an event for a job not in JOBS.csv; a job started while already running;
 - a GPU over-committed at any moment (shares sum > 1), a node's CPUs or memory over-committed;

@@ -1,4 +1,4 @@
-"""``python -m scheduling.sim replay|pack|generate|check`` (CONTRACTS.md, Simulator).
+"""``python -m scheduling.sim replay|pack|generate|check`` (docs/formats.md).
 
 Bad arguments or bad files end with one clear line on stderr (``error: FILE:LINE: ...``) and a
 non-zero exit (2), never a traceback; ``check`` exits 1 when it finds violations.
@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="the policy's seed (default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
-    p = sub.add_parser("pack", help="the FGD packing benchmark (PACKING.md)")
+    p = sub.add_parser("pack", help="the FGD packing benchmark (docs/evaluation.md)")
     p.add_argument("--nodes", required=True, type=Path, help="NODES.csv")
     p.add_argument("--jobs", required=True, type=Path, help="JOBS.csv (the pod list)")
     p.add_argument("--policy", default="tessera", help="policy name (default tessera)")

@@ -1,7 +1,7 @@
 """The events file (``events.jsonl``): read it strictly, write it compactly.
 
 One JSON object a line: ``{"t": 12.5, "event": "start", "job": "j42", "allocations": [...]}``
-(CONTRACTS.md, Simulator). Reading checks the shape of every line and raises :class:`EventsError`
+(docs/formats.md). Reading checks the shape of every line and raises :class:`EventsError`
 naming the file, the line and, for bad JSON, the column.
 """
 

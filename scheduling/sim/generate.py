@@ -1,4 +1,4 @@
-"""Generate a dynamic workload: ``nodes.csv``, ``jobs.csv`` and ``quotas.csv`` (CONTRACTS.md).
+"""Generate a dynamic workload: ``nodes.csv``, ``jobs.csv`` and ``quotas.csv`` (docs/formats.md).
 
 openb gives real request sizes but no load over time; this module writes the workloads it cannot:
 tenants with quotas, inference services, multi-node gangs, fine-tunes, short batch jobs. The shapes

@@ -1,6 +1,6 @@
 """Metrics of a replay, computed from its events and inputs only (so live exports work too).
 
-The summary's keys are those of CONTRACTS.md (Simulator, ``summary.json``). Conventions:
+The summary's keys are docs/formats.md's (``summary.json``). Conventions:
 
 - allocation = the GPU capacity listed in allocations (fractions count as their share),
   time-averaged over [first submit, last event] (``gpu_allocation_rate``) and over [first submit,
@@ -9,7 +9,7 @@ The summary's keys are those of CONTRACTS.md (Simulator, ``summary.json``). Conv
 - queueing delay = first ``start`` − ``submit``; a job that never started (and was not rejected)
   counts with its wait until the last event, so ``max_queue_s`` never hides a starved job;
 - JCT = end (``finish`` or ``fail``) − ``submit``; rejected and cancelled jobs have none;
-- fragmentation = PACKING.md's rate (:mod:`scheduling.engine.fragmentation`) with the typical
+- fragmentation = FGD's rate (:mod:`scheduling.engine.fragmentation`) with the typical
   requests of the last 1,000 submitted jobs, sampled on a regular grid, averaged where any GPU
   capacity is free;
 - ``lost_gpu_seconds`` comes from the ``preempt`` events' ``lost_gpu_seconds`` (work since the

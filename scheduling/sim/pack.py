@@ -1,4 +1,4 @@
-"""The packing benchmark of the FGD paper (``python -m scheduling.sim pack``), exactly per PACKING.md.
+"""The FGD paper's packing benchmark (``python -m scheduling.sim pack``), as docs/evaluation.md defines it.
 
 1. Every pod of the list, sorted by name, shuffled with the seed; then "tune-up" draws with
    replacement from the name-sorted list until the GPU demand would pass 130% of capacity.

@@ -5,7 +5,7 @@ done, when they checkpoint, finish, hit their time limit, and when a preempted j
 ends. The policy only sees what the live system would tell it (submit, release, requeue,
 checkpoint) and answers ``decide(now)`` — so the simulator measures the same code that runs online.
 
-Rules (CONTRACTS.md, Simulator):
+Rules (docs/formats.md describes the files):
 
 1. Jobs arrive at ``submit_s``. Events at one time are handled together, releases first, and then
    the policy decides once (one ``decide`` per distinct event time; checkpoints alone trigger none).

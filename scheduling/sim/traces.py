@@ -1,4 +1,4 @@
-"""Read and write the trace formats of CONTRACTS.md: NODES.csv, JOBS.csv, QUOTAS.csv.
+"""Read and write the trace formats of docs/formats.md: nodes.csv, jobs.csv, quotas.csv.
 
 Bad rows raise :class:`TraceError` naming the file, the line and the column, so a user can fix them.
 """

@@ -1,4 +1,4 @@
-"""A tiny test driver: runs a scheduler through steps and checks DESIGN.md's invariants."""
+"""A tiny test driver: runs a scheduler through steps and checks the invariants of docs/architecture.md."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""DESIGN.md invariants 1, 2, 3, 5 and 6 over random clusters and workloads, every policy."""
+"""Invariants 1, 2, 3, 5 and 6 (docs/architecture.md) over random clusters and workloads, every policy."""
 
 from __future__ import annotations
 

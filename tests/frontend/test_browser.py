@@ -234,7 +234,7 @@ def test_alice_sees_her_job_take_its_gpus_live_without_a_reload(server: dict[str
             assert alice.evaluate("window.TESSERA.snapshots") == snapshots
             assert alice.evaluate("window.TESSERA.deltas") > 0
 
-            # Snapshot plus deltas equals a fresh snapshot (CONVENTIONS.md 6), in the page's own code.
+            # Snapshot plus deltas equals a fresh snapshot (docs/websockets.md), in the page's own code.
             wait_quiet(alice)
             current = alice.evaluate("window.TESSERA.currentNormalized()")
             fresh = alice.evaluate("window.TESSERA.fetchNormalized()")

@@ -195,7 +195,7 @@ def test_a_job_update_outside_the_viewers_tenant_is_dropped_even_if_it_reaches_i
     assert async_to_sync(scenario)() == []
 
 
-# --- snapshot plus deltas (CONVENTIONS.md 6) -------------------------------------------------------
+# --- snapshot plus deltas (docs/websockets.md) -------------------------------------------------
 
 
 def apply_delta(model: dict[str, Any], message: dict[str, Any]) -> None:
