@@ -30,7 +30,7 @@ fi
 SEEDS=${EVAL_SEEDS:-10}
 PROCS=${EVAL_PROCESSES:-$(nproc 2>/dev/null || echo 2)}
 PACK_POLICIES=${EVAL_PACK_POLICIES:-tessera,fgd,best-fit,random,fcfs-device}
-REPLAY_POLICIES=${EVAL_REPLAY_POLICIES:-tessera,fcfs-device,fcfs-node,best-fit,fgd,random}
+REPLAY_POLICIES=${EVAL_REPLAY_POLICIES:-tessera,greedy-quota,greedy,fcfs-device,fcfs-node,best-fit,fgd,random}
 LISTS=${EVAL_LISTS:-jobs jobs_gpushare100 jobs_multigpu50 jobs_gpuspec20}
 WSEED=${EVAL_WORKLOAD_SEED:-1}
 LOADS=${EVAL_LOADS:-1.0 1.2}

@@ -1,10 +1,18 @@
 """Baseline policies for replay, behind the same :class:`~.types.Scheduler` protocol.
 
-All serve the queue first come, first served (submission time, then id) and **block at the
-head**: when the oldest startable job does not fit, nothing behind it starts (no backfill), as a
-classic FIFO batch system does. Jobs held, in backoff or refused by their quota do not block (they
-cannot start whatever the cluster does). Gangs start all together or not at all; models, node
-selectors, topology and quota limits are honoured; nothing is ever preempted.
+The FCFS family serves the queue first come, first served (submission time, then id) and
+**blocks at the head**: when the oldest startable job does not fit, nothing behind it starts (no
+backfill), as a classic FIFO batch system does. Jobs held, in backoff or refused by their quota do
+not block (they cannot start whatever the cluster does). Gangs start all together or not at all;
+models, node selectors, topology and quota limits are honoured; nothing is ever preempted.
+
+The greedy references are the fair ones to beat: they serve the queue by kind level (inference,
+then training, then fine-tune and batch, as :class:`~.config.EngineConfig` ranks them), then the
+job's priority, then arrival, and start **every** job that fits, first fit on the lowest-index free
+GPUs — no reservation, no reclaim, no preemption, nothing blocks:
+* ``greedy-quota``: obeys the same quota rules as every policy (non-preemptible work within the
+  tenant's guarantee, preemptible work up to its limit);
+* ``greedy``: ignores quotas.
 
 Placement of each replica (docs/evaluation.md, "The packing benchmark, defined"):
 * ``fcfs-node``: the first wholly free node (index order), held whole for the replica; only the
@@ -23,6 +31,7 @@ import random
 from collections import deque
 from dataclasses import replace
 
+from .config import EngineConfig
 from .fragmentation import UNTRACKED, FragmentationModel, Shape, shape_of
 from .geometry import Geometry, constraints, geometry, static_check
 from .placement import Constraints, class_allows, frag_delta, sigmoid_score
@@ -31,7 +40,8 @@ from .reasons import diagnose
 from .state import Alloc, ClusterState, ReplicaReq, fits_state
 from .types import MILLI, Binding, Decisions, JobRequest, NodeSpec, PendingReason, QuotaSpec
 
-BASELINES = ("fcfs-node", "fcfs-device", "random", "best-fit", "fgd")
+BASELINES = ("fcfs-node", "fcfs-device", "random", "best-fit", "fgd", "greedy", "greedy-quota")
+GREEDY = ("greedy", "greedy-quota")
 
 
 class BaselineScheduler:
@@ -47,7 +57,8 @@ class BaselineScheduler:
         self.name = name
         self.nodes = tuple(nodes)
         self.state = ClusterState(self.nodes, FragmentationModel(()), seed=seed)
-        self.quotas = Quotas(quotas)
+        self.quotas = Quotas(() if name == "greedy" else quotas)
+        self.levels = EngineConfig()
         self.rng = random.Random(seed)
         self.pending: dict[str, JobRequest] = {}
         self.running: dict[str, list[tuple[str, int]]] = {}  # job -> (model, milli) charged
@@ -95,7 +106,8 @@ class BaselineScheduler:
             self._dirty = 0
         d = Decisions()
         head: str | None = None
-        for job in sorted(self.pending.values(), key=lambda j: (j.submitted_at, j.id)):
+        greedy = self.name in GREEDY
+        for job in sorted(self.pending.values(), key=self._greedy_key if greedy else _arrival):
             if job.held:
                 d.pending[job.id] = PendingReason("held", "held: released by its owner or an operator")
                 continue
@@ -109,7 +121,7 @@ class BaselineScheduler:
                     del self.pending[job.id]
                 else:
                     d.pending[job.id] = PendingReason("capacity", static[1])
-                    head = head or job.id
+                    head = None if greedy else head or job.id
                 continue
             if head is not None:
                 d.pending[job.id] = PendingReason(
@@ -128,7 +140,7 @@ class BaselineScheduler:
                         "capacity", f"capacity: not enough wholly free nodes for {geo.replicas} replica(s)"
                     )
                 d.pending[job.id] = reason
-                head = job.id
+                head = None if greedy else job.id
                 continue
             charged = []
             for a in allocs:
@@ -143,6 +155,9 @@ class BaselineScheduler:
 
             d.bindings.append(Binding(job.id, placements_of(allocs, self.state)))
         return d
+
+    def _greedy_key(self, job: JobRequest) -> tuple[int, int, float, str]:
+        return (self.levels.level_of(job.kind), -job.priority, job.submitted_at, job.id)
 
     def _shape(self, job: JobRequest) -> tuple[Geometry, tuple[str, str] | None]:
         """The job's geometry here and whether it can never run (cached per job object: both
@@ -252,7 +267,7 @@ class BaselineScheduler:
         feasible = self._feasible(req, c, rack_sel, rack)
         if not feasible:
             return None
-        if self.name in ("fcfs-node", "fcfs-device"):
+        if self.name in ("fcfs-node", "fcfs-device", *GREEDY):
             return feasible[0], None
         if self.name == "random":
             node = self.rng.choice(feasible)
@@ -298,6 +313,10 @@ class BaselineScheduler:
                 if len(got) >= req.count:
                     return got[: req.count]
         return [g for g, v in enumerate(free) if v >= MILLI][: req.count]
+
+
+def _arrival(job: JobRequest) -> tuple[float, str]:
+    return (job.submitted_at, job.id)
 
 
 class _Probe:

@@ -23,7 +23,16 @@ from scheduling.sim.traces import TraceError, read_jobs, read_nodes, read_quotas
 SHOWN = 50  # violations printed in full; the rest are counted by kind
 
 COMPARE_HELP = "run these policies side by side into OUT/<policy>/, plus OUT/compare.md and .png"
-POLICY_NAMES = ("tessera", "fcfs-node", "fcfs-device", "random", "best-fit", "fgd")
+POLICY_NAMES = (
+    "tessera",
+    "fcfs-node",
+    "fcfs-device",
+    "random",
+    "best-fit",
+    "fgd",
+    "greedy",
+    "greedy-quota",
+)
 
 
 def _positive(kind: type) -> object:

@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out", type=Path)
     p.add_argument("--seeds", default="1-5", type=parse_seeds)
     p.add_argument("--loads", default="1.0,1.2")
-    p.add_argument("--policies", default="tessera,fcfs-device")
+    p.add_argument("--policies", default="tessera,greedy-quota,fcfs-device")
     p.add_argument("--processes", type=int, default=2)
     p.add_argument("--days", type=float, default=2.0)
     p.add_argument("--gpus", type=int, default=600)

@@ -95,6 +95,15 @@ def test_best_fit_and_fgd_share_a_gpu_between_fractions():
 
 
 def test_the_registry_knows_every_policy():
-    assert POLICIES == ("tessera", "fcfs-node", "fcfs-device", "random", "best-fit", "fgd")
+    assert POLICIES == (
+        "tessera",
+        "fcfs-node",
+        "fcfs-device",
+        "random",
+        "best-fit",
+        "fgd",
+        "greedy",
+        "greedy-quota",
+    )
     with pytest.raises(ValueError):
         make_scheduler("nope", [node("a")])
