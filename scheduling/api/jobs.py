@@ -26,7 +26,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from scheduling.api.errors import Unprocessable
-from scheduling.api.fields import text_problem
+from scheduling.api.filters import JobFilter
 from scheduling.api.job_serializers import (
     DryRunSerializer,
     JobEventSerializer,
@@ -38,7 +38,6 @@ from scheduling.api.logs import MAX_OFFSET, read_log
 from scheduling.api.lookups import ID_PARAMETER, parse_nonnegative, parse_pk
 from scheduling.api.pagination import BoundedLimitOffsetPagination
 from scheduling.api.permissions import is_operator, tenant_of
-from scheduling.choices import JobKind, JobState
 from scheduling.models import Job, Tenant
 from scheduling.services.dryrun import dry_run
 from scheduling.services.history import with_history
@@ -86,21 +85,15 @@ def dry_run_asked(request: Request) -> bool:
     return value in ("true", "1")
 
 
-LIST_FILTERS = [
-    OpenApiParameter("state", str, enum=list(JobState.values), description="only jobs in this state"),
-    OpenApiParameter("kind", str, enum=list(JobKind.values), description="only jobs of this kind"),
-    OpenApiParameter("name", str, description="only jobs with exactly this name"),
-]
-
-
 @extend_schema_view(
-    list=extend_schema(summary="The caller's tenant's jobs", parameters=LIST_FILTERS),
+    list=extend_schema(summary="The caller's tenant's jobs"),
     retrieve=extend_schema(summary="One job", parameters=[ID_PARAMETER]),
 )
 class JobViewSet(viewsets.GenericViewSet):
     throttle_scope = "jobs"  # submissions (create) count against the "submit" rate limit
     serializer_class = JobSerializer
     pagination_class = BoundedLimitOffsetPagination
+    filterset_class = JobFilter  # the list's query filters (scheduling/api/filters.py)
     lookup_field = "pk"
     lookup_value_regex = "[^/]+"
 
@@ -114,28 +107,6 @@ class JobViewSet(viewsets.GenericViewSet):
         if job is None:
             raise NotFound("No such job.")
         return job
-
-    def filter_queryset(self, queryset: QuerySet[Job]) -> QuerySet[Job]:
-        params = self.request.query_params
-        errors: dict[str, list[str]] = {}
-        for field, choices in (("state", JobState.values), ("kind", JobKind.values)):
-            value = params.get(field)
-            if value is None:
-                continue
-            if value not in choices:
-                errors[field] = ["must be one of: " + ", ".join(choices)]
-            else:
-                queryset = queryset.filter(**{field: value})
-        name = params.get("name")
-        if name is not None:
-            problem = text_problem(name) or ("must be at most 128 characters" if len(name) > 128 else None)
-            if problem:
-                errors["name"] = [problem]
-            else:
-                queryset = queryset.filter(name=name)
-        if errors:
-            raise ValidationError(errors)
-        return queryset
 
     def list(self, request: Request) -> Response:
         page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))

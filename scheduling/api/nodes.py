@@ -19,6 +19,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from scheduling.api.fields import text_problem
+from scheduling.api.filters import NodeFilter
 from scheduling.api.pagination import BoundedLimitOffsetPagination
 from scheduling.api.permissions import is_operator
 from scheduling.models import Device, Node, Tenant
@@ -137,12 +138,13 @@ class NodeViewSet(viewsets.GenericViewSet):
     lookup_field = "name"
     lookup_value_regex = "[^/]+"
     serializer_class = serializers.Serializer  # responses are built by node_payloads
+    filterset_class = NodeFilter  # the list's query filters (scheduling/api/filters.py)
 
     def get_queryset(self) -> QuerySet[Node]:
         return Node.objects.order_by("name")
 
     def list(self, request: Request) -> Response:
-        page = self.paginate_queryset(self.get_queryset())
+        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
         return self.get_paginated_response(node_payloads(page, request.user))
 
     def retrieve(self, request: Request, name: str) -> Response:

@@ -168,13 +168,50 @@ def test_list_shows_only_the_callers_tenant_and_filters(world):
     assert world.client("admin").get(JOBS).json()["count"] == 3
 
 
+def test_jobs_filter_by_owner_tenant_and_queue_and_filters_combine(world):
+    a1 = submit(world.alice, world.vision, name="a1", kind="inference")
+    c1 = submit(world.carol, world.vision, name="c1", kind="training")
+    c2 = submit(world.carol, world.vision, name="c2", kind="batch")
+    b1 = submit(world.bob, world.nlp, name="b1", kind="training")
+
+    def ids(who: str, **params: str) -> list[int]:
+        return [j["id"] for j in world.client(who).get(JOBS, params).json()["results"]]
+
+    assert ids("alice", owner="carol") == [c2.pk, c1.pk]
+    assert ids("alice", owner="carol", kind="batch") == [c2.pk]
+    assert ids("alice", queue="inference") == [a1.pk]
+    assert ids("alice", queue="training") == [c1.pk]
+    assert ids("admin", tenant="nlp") == [b1.pk]
+    assert ids("admin", queue="training") == [b1.pk, c1.pk]
+    assert ids("admin", tenant="vision", owner="alice") == [a1.pk]
+    # naming another tenant, or its users, finds nothing, as a name that does not exist
+    assert ids("alice", tenant="nlp") == ids("alice", owner="bob") == ids("alice", tenant="nobody") == []
+    assert ids("alice", state="", kind="") == [c2.pk, c1.pk, a1.pk]  # an empty value filters nothing
+
+
 @pytest.mark.parametrize(
-    "param", [{"state": "sleeping"}, {"kind": "x"}, {"name": "a\x00b"}, {"name": "n" * 129}]
+    "param",
+    [
+        {"state": "sleeping"},
+        {"kind": "x"},
+        {"queue": "2"},
+        {"name": "a\x00b"},
+        {"name": "n" * 129},
+        {"owner": "u\x00"},
+        {"tenant": "t" * 65},
+    ],
 )
 def test_a_bad_filter_is_a_400_naming_it(world, param):
     response = world.client("alice").get(JOBS, param)
     assert response.status_code == 400
     assert list(response.json()) == list(param)
+
+
+def test_a_bad_choice_says_what_is_allowed_without_echoing_the_value(world):
+    response = world.client("alice").get(JOBS, {"state": "<script>", "name": "ok"})
+    assert response.json() == {
+        "state": ["must be one of: pending, scheduled, running, terminating, succeeded, failed, cancelled"]
+    }
 
 
 def test_the_list_is_paginated(world):

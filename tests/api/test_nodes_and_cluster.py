@@ -41,6 +41,29 @@ def test_an_unknown_node_is_a_404(world, cluster):
     assert client.get("/api/v1/nodes/" + "n" * 300 + "/").status_code == 404
 
 
+def test_nodes_filter_by_state_rack_kind_and_device_model(world, cluster):
+    make_node("n03", "H100", 2, "r2")
+    Node.objects.filter(name="n02").update(state="cordoned")
+    client = world.client("carol")
+
+    def names(**params: str) -> list[str]:
+        page = client.get("/api/v1/nodes/", params).json()
+        assert page["count"] == len(page["results"])
+        return [n["name"] for n in page["results"]]
+
+    assert names(rack="r2") == ["n02", "n03"]
+    assert names(model="H100") == ["n01", "n03"]  # n01 has 8 of them: listed once
+    assert names(state="cordoned") == ["n02"]
+    assert names(rack="r2", model="H100") == ["n03"]
+    assert names(kind="gpu") == ["n01", "n02", "n03"] and names(kind="cpu") == []
+
+
+@pytest.mark.parametrize("param", [{"state": "asleep"}, {"rack": "r\x00"}, {"model": "m" * 65}])
+def test_a_bad_node_filter_is_a_400_naming_it(world, cluster, param):
+    response = world.client("alice").get("/api/v1/nodes/", param)
+    assert response.status_code == 400 and list(response.json()) == list(param)
+
+
 def test_listing_nodes_takes_a_fixed_number_of_queries(world, cluster, django_assert_max_num_queries):
     for i in range(3, 13):
         make_node(f"n{i:02}", "T4", 4)
