@@ -17,6 +17,9 @@ files, walks the events in order, and reports every violation of the invariants 
 - a reject of a job the empty cluster (and, with QUOTAS.csv, its quota) could hold;
 - with QUOTAS.csv: a tenant above its limit on a model, or using a model it has no row for
   (fractions count as their share).
+
+Beside the violations it measures each job's avoidable wait (``scheduling/sim/avoidable.py``):
+time spent pending while the free GPUs and the quota rules would have let it start at once.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scheduling.engine.types import JobRequest, NodeSpec, QuotaSpec
+from scheduling.sim.avoidable import AvoidableWait, free_view
 from scheduling.sim.feasible import could_hold, eligible, min_replicas, quota_row
 from scheduling.sim.traces import TraceJob
 
@@ -39,6 +43,9 @@ class CheckReport:
     violations: list[str] = field(default_factory=list)
     jobs: int = 0
     events: int = 0
+    # Seconds each job waited while it could have started at once, and their totals.
+    avoidable_s: dict[str, float] = field(default_factory=dict)
+    avoidable: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -78,6 +85,9 @@ class Checker:
         self.mem: dict[str, float] = defaultdict(float)
         self.usage: dict[tuple[str, str], float] = defaultdict(float)  # (tenant, row model)
         self.last_t = -math.inf
+        self.avoidable = AvoidableWait(
+            lambda: free_view(self.node_list, self.gpu, self.cpu, self.mem), self.quotas
+        )
 
     def _fail(self, where: str, why: str) -> None:
         self.report.violations.append(f"{where}: {why}")
@@ -91,6 +101,7 @@ class Checker:
         if t < self.last_t - EPS:
             self._fail(where, f"time goes backwards (after t={self.last_t:g})")
         self.last_t = max(self.last_t, t)
+        self.avoidable.advance(self.last_t)
         js = self.jobs.get(job_id)
         if js is None:
             self._fail(where, f"event for unknown job {job_id!r} (not in JOBS.csv)")
@@ -105,6 +116,7 @@ class Checker:
         if t < js.tj.submit_s - EPS:
             self._fail(where, f"submitted before its submit_s {js.tj.submit_s:g}")
         js.state = "pending"
+        self.avoidable.pending[js.tj.request.id] = js.tj.request
 
     def _on_start(self, where: str, t: float, js: _JobState, ev: dict[str, Any]) -> None:
         if js.state == "running":
@@ -117,6 +129,7 @@ class Checker:
         self._check_shape(where, js, allocs, starting=True)
         js.state = "running"
         js.attempt_start = t
+        self.avoidable.pending.pop(js.tj.request.id, None)
         self._take(where, t, js, allocs)
 
     def _on_resize(self, where: str, t: float, js: _JobState, ev: dict[str, Any]) -> None:
@@ -157,6 +170,7 @@ class Checker:
         js.work = min(js.work, saved)
         self._release(t, js)
         js.state = "pending"
+        self.avoidable.pending[req.id] = req
 
     def _on_fail(self, where: str, t: float, js: _JobState, ev: dict[str, Any]) -> None:
         limit = js.tj.request.time_limit_s
@@ -177,6 +191,7 @@ class Checker:
             scope = "cluster and its quota" if self.quotas is not None else "cluster"
             self._fail(where, f"rejected but the empty {scope} could hold it")
         js.state = "ended"
+        self.avoidable.pending.pop(js.tj.request.id, None)
 
     def _end(self, where: str, t: float, js: _JobState) -> None:
         if js.state == "ended":
@@ -185,6 +200,7 @@ class Checker:
         if js.state == "running":
             self._release(t, js)
         js.state = "ended"
+        self.avoidable.pending.pop(js.tj.request.id, None)
 
     def finish(self, unfinished_ok: bool = False) -> CheckReport:
         """``unfinished_ok``: the events are a live cluster's history so far (``export_trace`` of a
@@ -195,6 +211,9 @@ class Checker:
             if js.state != "ended":
                 what = "never submitted" if js.state == "new" else f"still {js.state}"
                 self._fail(f"job {job_id}", f"never ends ({what} after the last event)")
+        self.report.avoidable_s = {k: v for k, v in sorted(self.avoidable.seconds.items()) if v > 0}
+        kinds = {job_id: js.tj.request.kind for job_id, js in self.jobs.items()}
+        self.report.avoidable = self.avoidable.summary(kinds)
         return self.report
 
     # -- accounting ---------------------------------------------------------------------------
@@ -242,6 +261,7 @@ class Checker:
                     self._fail(where, f"tenant {req.tenant} uses {node.model} without a quota row")
                 else:
                     self.usage[(req.tenant, row.model)] += share * len(a["gpus"])
+                    self.avoidable.charge(req, (req.tenant, row.model), share * len(a["gpus"]))
                     grown.add((req.tenant, row.model))
         for key in grown:
             row = quota_row(self.quotas or (), key[0], key[1])
@@ -275,6 +295,7 @@ class Checker:
                 row = quota_row(self.quotas, req.tenant, node.model)
                 if row is not None:
                     self.usage[(req.tenant, row.model)] -= share * len(a["gpus"])
+                    self.avoidable.charge(req, (req.tenant, row.model), -share * len(a["gpus"]))
         js.allocs, js.rate, js.capacity = [], 0.0, 0.0
 
     # -- the shape of one allocation set ------------------------------------------------------

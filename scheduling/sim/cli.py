@@ -176,6 +176,14 @@ def _check(args: argparse.Namespace) -> int:
         print(f"... and {len(report.violations) - SHOWN} more; by kind:")
         for kind, n in kinds.most_common():
             print(f"  {n:6d}  {kind}")
+    a = report.avoidable
+    if a.get("jobs_with_avoidable_wait"):
+        by_kind = ", ".join(f"{k} {v:g} h" for k, v in a["avoidable_wait_by_kind_h"].items() if v)
+        print(
+            f"avoidable wait (pending while it could have started at once): "
+            f"{a['avoidable_wait_total_h']:g} h over {a['jobs_with_avoidable_wait']} jobs ({by_kind}); "
+            f"longest {a['avoidable_wait_max_h']:g} h (job {a['avoidable_wait_max_job']})"
+        )
     verdict = "OK" if report.ok else f"{len(report.violations)} violation(s)"
     print(f"check: {report.jobs} jobs, {report.events} events: {verdict}")
     return 0 if report.ok else 1

@@ -73,6 +73,7 @@ def run_replay(
         "quotas": str(quotas_csv) if quotas_csv else None,
         **summary,
         "check": {"ok": report.ok, "violations": len(report.violations)},
+        **report.avoidable,
         "wall_s": result.wall_s,
         "cpu_s": result.cpu_s,
         "policy_s": result.decide_s,
@@ -97,6 +98,12 @@ def _fmt(value: Any, scale: float = 1.0, digits: int = 1, pct: bool = False) -> 
     return f"{value / scale:.{digits}f}"
 
 
+def _avoidable(s: dict[str, Any]) -> str:
+    if "avoidable_wait_total_h" not in s:
+        return "–"
+    return f"{s['avoidable_wait_total_h']:.1f} / {s['avoidable_wait_max_h']:.1f}"
+
+
 REPLAY_COLUMNS = (
     ("alloc. while arriving", lambda s: _fmt(s["gpu_allocation_rate_while_arriving"], pct=True)),
     ("alloc. overall", lambda s: _fmt(s["gpu_allocation_rate"], pct=True)),
@@ -110,6 +117,7 @@ REPLAY_COLUMNS = (
     ("lost work", lambda s: _fmt(s["lost_work_fraction"], pct=True, digits=2)),
     ("rejected", lambda s: str(s["rejected"])),
     ("unfinished", lambda s: str(s["unfinished"])),
+    ("avoidable wait total / max (h)", lambda s: _avoidable(s)),
     ("check", lambda s: "OK" if s["check"]["ok"] else f"{s['check']['violations']} violations"),
     (
         "wall / CPU (s)",

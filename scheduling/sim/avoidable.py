@@ -1,0 +1,198 @@
+"""Avoidable waiting: how long a job waited while it could have started at once.
+
+Judged from the events and the inputs alone, never from what the policy says of its reasons. A
+pending job's wait is *avoidable* during any stretch between two events in which the GPUs then
+free could hold its smallest allowed gang (``min_available`` replicas, or ``min_gpus`` for an
+elastic job) without moving anyone:
+
+1. on nodes of one model the job accepts, its node selector honoured, each replica on one node
+   (whole GPUs wholly free; a fraction on one GPU with that share free), the nodes' free CPUs and
+   memory permitting;
+2. its topology honoured: ``nvlink``, the whole gang in one NVLink island of one node; ``node``,
+   one node; ``rack``, one rack; ``any``, anywhere;
+3. with quotas, the quota rules every policy obeys allowing it on that model: its tenant's usage
+   plus the gang within the row's limit, and a non-preemptible job's within the guarantee counted
+   over the tenant's non-preemptible usage alone.
+
+Nothing is assumed about time the policy might have needed to decide; every stretch of an instant
+on is counted. A job in a retry's backoff counts as waiting too (the events do not say the
+backoff), so a policy's retries show here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from scheduling.engine.types import JobRequest, NodeSpec, QuotaSpec
+from scheduling.sim.feasible import eligible, min_replicas, quota_row
+
+EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class NodeFree:
+    """What one node has free at one moment."""
+
+    spec: NodeSpec
+    shares: tuple[float, ...]  # free share of each healthy GPU, by index (unhealthy: 0)
+    cpus: float  # free CPUs (inf when not tracked)
+    memory_gib: float  # free memory (inf when not tracked)
+
+
+def free_view(
+    nodes: Iterable[NodeSpec],
+    holders: Mapping[tuple[str, int], Mapping[str, float]],
+    cpus_used: Mapping[str, float],
+    memory_used: Mapping[str, float],
+) -> list[NodeFree]:
+    """Every node's free GPUs, CPUs and memory from the checker's accounting."""
+    out = []
+    for n in nodes:
+        shares = tuple(
+            0.0 if g in n.unhealthy_gpus else max(0.0, 1.0 - sum(holders.get((n.name, g), {}).values()))
+            for g in range(n.gpus)
+        )
+        cpus = n.cpus - cpus_used.get(n.name, 0.0) if n.cpus else math.inf
+        mem = n.memory_gib - memory_used.get(n.name, 0.0) if n.memory_gib else math.inf
+        out.append(NodeFree(n, shares, cpus, mem))
+    return out
+
+
+def _replicas_on(free: NodeFree, per_gpu: float, cpus: float, mem: float, gpus: Sequence[int]) -> int:
+    """How many replicas (``per_gpu`` GPUs, ``cpus``, ``mem`` each) fit now on ``gpus`` of a node."""
+    if per_gpu >= 1:
+        whole = sum(1 for g in gpus if free.shares[g] >= 1 - EPS)
+        fits = whole // int(round(per_gpu))
+    elif per_gpu > 0:
+        fits = sum(int(free.shares[g] / per_gpu + EPS) for g in gpus)
+    else:
+        fits = 10**9
+    if cpus > 0:
+        fits = min(fits, int(free.cpus / cpus + EPS))
+    if mem > 0:
+        fits = min(fits, int(free.memory_gib / mem + EPS))
+    return fits
+
+
+def fits_now(job: JobRequest, view: Sequence[NodeFree], model: str) -> bool:
+    """Steps 1 and 2: the free resources of ``model``'s nodes hold the job's smallest gang now."""
+    r = max(1, job.replicas)
+    need = min_replicas(job)
+    per, cpus, mem = job.gpus / r, job.cpus / r, job.memory_gib / r
+    pool = [f for f in view if f.spec.schedulable and f.spec.model == model and eligible(job, f.spec)]
+    if job.topology == "nvlink":
+        for f in pool:
+            d = max(1, min(f.spec.nvlink_domain, f.spec.gpus))
+            for base in range(0, f.spec.gpus, d):
+                if _replicas_on(f, per, cpus, mem, range(base, min(base + d, f.spec.gpus))) >= need:
+                    return True
+        return False
+    counts = [(f.spec.rack, _replicas_on(f, per, cpus, mem, range(f.spec.gpus))) for f in pool]
+    if job.topology == "node":
+        return any(c >= need for _, c in counts)
+    if job.topology == "rack":
+        by_rack: dict[str, int] = defaultdict(int)
+        for rack, c in counts:
+            by_rack[rack] += c
+        return any(c >= need for c in by_rack.values())
+    return sum(c for _, c in counts) >= need
+
+
+def quota_allows(
+    job: JobRequest,
+    model: str,
+    quotas: Sequence[QuotaSpec] | None,
+    usage: Mapping[tuple[str, str], float],
+    steady: Mapping[tuple[str, str], float],
+) -> bool:
+    """Step 3: the quota rules allow the smallest gang on ``model`` now (always, without quotas)."""
+    if quotas is None or job.gpus <= 0:
+        return True
+    row = quota_row(quotas, job.tenant, model)
+    if row is None:
+        return False
+    gang = job.gpus / max(1, job.replicas) * min_replicas(job)
+    key = (job.tenant, row.model)
+    if usage.get(key, 0.0) + gang > row.limit + EPS:
+        return False
+    return job.preemptible or steady.get(key, 0.0) + gang <= row.guaranteed + EPS
+
+
+def could_start_now(
+    job: JobRequest,
+    view: Sequence[NodeFree],
+    quotas: Sequence[QuotaSpec] | None,
+    usage: Mapping[tuple[str, str], float],
+    steady: Mapping[tuple[str, str], float],
+) -> bool:
+    models = sorted({f.spec.model for f in view if eligible(job, f.spec)})
+    return any(quota_allows(job, m, quotas, usage, steady) and fits_now(job, view, m) for m in models)
+
+
+def _shape(job: JobRequest) -> tuple:
+    """What could_start_now reads of a job: jobs alike in it are judged once per moment."""
+    return (
+        job.tenant,
+        job.preemptible,
+        job.gpus,
+        job.replicas,
+        min_replicas(job),
+        job.accelerators,
+        job.topology,
+        job.node_selector,
+        job.cpus,
+        job.memory_gib,
+    )
+
+
+class AvoidableWait:
+    """Accumulates each job's avoidable wait as the checker walks the events.
+
+    ``advance(t)`` is called before the events at ``t`` are applied: the state then is the one
+    that held since the previous call, so the stretch in between is judged on it."""
+
+    def __init__(self, view: Callable[[], list[NodeFree]], quotas: Sequence[QuotaSpec] | None) -> None:
+        self._view = view
+        self.quotas = quotas
+        self.usage: dict[tuple[str, str], float] = defaultdict(float)
+        self.steady: dict[tuple[str, str], float] = defaultdict(float)  # non-preemptible usage
+        self.pending: dict[str, JobRequest] = {}
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.t = -math.inf
+
+    def advance(self, t: float) -> None:
+        span = t - self.t
+        if span > EPS and self.pending:
+            view = self._view()
+            judged: dict[tuple, bool] = {}
+            for job_id, job in self.pending.items():
+                key = _shape(job)
+                ok = judged.get(key)
+                if ok is None:
+                    ok = judged[key] = could_start_now(job, view, self.quotas, self.usage, self.steady)
+                if ok:
+                    self.seconds[job_id] += span
+        self.t = max(self.t, t)
+
+    def charge(self, job: JobRequest, key: tuple[str, str], gpus: float) -> None:
+        """``gpus`` (negative to give back) on the quota row ``key`` for ``job``."""
+        self.usage[key] += gpus
+        if not job.preemptible:
+            self.steady[key] += gpus
+
+    def summary(self, kinds: Mapping[str, str]) -> dict[str, object]:
+        """Totals in hours: overall, per kind, and the worst job."""
+        per_kind: dict[str, float] = defaultdict(float)
+        for job_id, s in self.seconds.items():
+            per_kind[kinds.get(job_id, "?")] += s
+        worst = max(self.seconds.items(), key=lambda kv: (kv[1], kv[0]), default=("", 0.0))
+        return {
+            "avoidable_wait_total_h": round(sum(self.seconds.values()) / 3600, 3),
+            "avoidable_wait_by_kind_h": {k: round(v / 3600, 3) for k, v in sorted(per_kind.items())},
+            "avoidable_wait_max_h": round(worst[1] / 3600, 3),
+            "avoidable_wait_max_job": worst[0],
+            "jobs_with_avoidable_wait": sum(1 for s in self.seconds.values() if s > 0),
+        }
