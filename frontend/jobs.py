@@ -8,6 +8,7 @@ API's own messages. Forms are POSTs under Django's CSRF check.
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from django.contrib import messages
@@ -173,6 +174,7 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
     context = {
         "viewer": viewer_for(request.user),
         "job": job,
+        "command_line": shlex.join(job.command),
         "placements": placements_payload(job),
         "events": events,
         "replicas": replicas,

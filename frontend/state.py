@@ -51,12 +51,28 @@ def live_jobs(user: Any) -> tuple[list[dict[str, Any]], bool]:
     return jobs[:MAX_JOBS], len(jobs) > MAX_JOBS
 
 
+# How many of the viewer's finished jobs the dashboard keeps in view (a failed job leaves a trace).
+ENDED_KEPT = 20
+
+
+def ended_jobs(user: Any) -> list[dict[str, Any]]:
+    """The viewer's most recently ended jobs, newest first (the page adds those that end later)."""
+    qs = (
+        Job.objects.visible_to(user)
+        .filter(state__in=[str(s) for s in TERMINAL_STATES], finished_at__isnull=False)
+        .select_related("tenant")
+        .order_by("-finished_at", "-id")
+    )
+    return [job_payload(job) for job in qs[:ENDED_KEPT]]
+
+
 def dashboard_state(user: Any, viewer: Viewer) -> dict[str, Any]:
     jobs, truncated = live_jobs(user)
     return {
         "viewer": viewer.as_json(),
         "nodes": nodes_state(viewer),
         "jobs": jobs,
+        "ended": ended_jobs(user),
         "jobs_truncated": truncated,
         "states": {"terminal": sorted(str(s) for s in TERMINAL_STATES), "pending": JobState.PENDING},
     }

@@ -239,6 +239,8 @@ def job_payload(job) -> dict[str, Any]:
         "pending_code": job.pending_code,
         "submitted_at": job.submitted_at.isoformat() if job.submitted_at else None,
         "started_at": job.started_at.isoformat() if job.started_at else None,
+        "finished_at": job.finished_at.isoformat() if job.finished_at else None,
+        "exit_code": job.exit_code,
     }
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tests.frontend.browser import agent, server  # noqa: F401  (fixtures for the browser tests)
 from tests.frontend.helpers import make_node
 
 

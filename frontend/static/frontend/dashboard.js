@@ -26,6 +26,9 @@
   });
 
   let terminal = new Set(["succeeded", "failed", "cancelled"]);
+  const ENDED_KEPT = 20;
+  let queueOrder = {}; // job id -> place in the whole queue, as the scheduler orders it
+  let queueTimer = null;
   let buffered = [];
   let socket = null;
   let retryMs = 500;
@@ -43,15 +46,20 @@
     }
     const jobs = {};
     for (const job of snapshot.jobs) jobs[job.id] = job;
-    return { viewer: snapshot.viewer, nodes: nodes, jobs: jobs, truncated: !!snapshot.jobs_truncated };
+    return {
+      viewer: snapshot.viewer, nodes: nodes, jobs: jobs, truncated: !!snapshot.jobs_truncated,
+      ended: (snapshot.ended || []).slice(), // newest first: a finished or failed job keeps a trace
+    };
   }
 
   /* Apply one delta to a model; returns false if only a fresh snapshot can bring it up to date. */
   function applyDelta(model, msg) {
     if (msg.type === "job.update") {
       const job = msg.job;
-      if (terminal.has(job.state)) delete model.jobs[job.id];
-      else model.jobs[job.id] = job;
+      if (terminal.has(job.state)) {
+        delete model.jobs[job.id];
+        model.ended = [job].concat(model.ended.filter(function (j) { return j.id !== job.id; })).slice(0, ENDED_KEPT);
+      } else model.jobs[job.id] = job;
       return true;
     }
     if (msg.type === "node.update") {
@@ -109,6 +117,7 @@
     for (const msg of pending) applyDelta(model, msg);
     T.model = model;
     T.snapshots += 1;
+    queueKey = ""; // the queue's order is fetched again with the snapshot
     scheduleRender();
   }
 
@@ -181,25 +190,33 @@
     return "job " + id + (job ? " " + job.name : "");
   }
 
-  /* The cell's colour and its hover text, as this viewer may see them. */
+  /* The cell's look (colour and shape) and its words, as this viewer may see them. */
   function describeCell(node, d) {
-    const lines = [node.name + " · GPU " + d.index + " · " + d.model];
+    const words = [node.name, "GPU " + d.index, d.model];
     const classes = ["cell"];
+    const operator = T.model.viewer.operator;
     if (d.state === "unhealthy") classes.push("unhealthy");
     else if (d.state === "free") classes.push("free");
-    else if (!T.model.viewer.operator && d.jobs.length === 0) classes.push("in-use");
+    else if (!operator && d.jobs.length === 0) classes.push("in-use");
     else classes.push(d.state);
-    if (!T.model.viewer.operator && d.jobs.length > 0) classes.push("mine");
-    lines.push(d.state === "unhealthy" ? "unhealthy" : d.state === "free" ? "free" : "");
+    if (!operator && d.jobs.length > 0) classes.push("mine");
+    if (d.state === "unhealthy") words.push("unhealthy");
+    else if (d.state === "free") words.push("free");
     for (const j of d.jobs) {
-      let line = jobLabel(j.job_id) + " · " + pct(j.share);
-      if (j.tenant) line += " · " + j.tenant;
-      lines.push(line);
+      let line = jobLabel(j.job_id) + " " + pct(j.share);
+      if (j.tenant) line += " " + j.tenant;
+      words.push(line);
     }
-    if (d.others > 0) lines.push("in use · " + pct(d.others));
-    return { classes: classes.join(" "), title: lines.filter(Boolean).join("\n") };
+    if (d.others > 0) words.push("in use by another team " + pct(d.others));
+    if (node.state !== "ready") words.push("node " + node.state);
+    return { classes: classes.join(" "), label: words.join(", ") };
   }
 
+  function nodeReady(node) { return node.state === "ready"; }
+
+  /* The heatmap: one keyboard stop (a roving tabindex over the cells; arrows move, Enter opens),
+   * NVLink islands kept whole when a row wraps, and no live region: a person reads it by moving
+   * through it, not by having every update announced. */
   function renderHeatmap() {
     const model = T.model;
     const byRack = {};
@@ -211,21 +228,28 @@
     const racks = Object.keys(byRack).sort();
     if (racks.length === 0) {
       box.replaceChildren(el("p", { class: "muted", text: "No nodes have joined yet." }));
+      document.getElementById("totals").textContent = "";
       return;
     }
-    let total = 0, free = 0;
+    const focused = document.activeElement && document.activeElement.classList.contains("cell") && box.contains(document.activeElement)
+      ? document.activeElement.dataset.node + "/" + document.activeElement.dataset.index : null;
+    let total = 0, free = 0, freeElsewhere = 0;
     const sections = racks.map(function (rack) {
       const rows = byRack[rack].map(function (node) {
         const indexes = Object.keys(node.devices).map(Number).sort(function (a, b) { return a - b; });
         const island = Math.max(1, node.nvlink_domain || 1);
-        const cells = indexes.map(function (i) {
+        const islands = [];
+        for (const i of indexes) {
           const d = node.devices[i];
           total += 1;
-          if (d.state === "free") free += 1;
+          if (d.state === "free") { if (nodeReady(node)) free += 1; else freeElsewhere += 1; }
           const look = describeCell(node, d);
-          const cell = el("span", {
-            class: look.classes + (i > 0 && i % island === 0 ? " island-start" : ""),
-            title: look.title,
+          const cell = el("button", {
+            type: "button",
+            class: look.classes,
+            title: look.label,
+            "aria-label": look.label,
+            tabindex: "-1",
             "data-node": node.name,
             "data-index": String(i),
             "data-state": d.state,
@@ -233,36 +257,110 @@
           if (d.jobs.length) cell.dataset.jobs = d.jobs.map(function (j) { return j.job_id; }).join(" ");
           // A partly used GPU fills from the bottom in proportion to its share.
           if (d.state === "shared" && d.used > 0 && d.used < 1) cell.style.setProperty("--fill", pct(d.used));
-          return cell;
-        });
+          const k = Math.floor(i / island);
+          (islands[k] = islands[k] || el("span", { class: "island" })).appendChild(cell);
+        }
         return el("div", { class: "node-row node-" + node.state }, [
           el("div", { class: "node-name" }, [
             el("span", { text: node.name }),
             el("span", { class: "node-meta", text: node.models.join("/") + (node.state !== "ready" ? " · " + node.state : "") }),
           ]),
-          el("div", { class: "cells" }, cells),
+          el("div", { class: "cells" }, islands.filter(Boolean)),
         ]);
       });
       return el("div", { class: "rack" }, [el("h3", { text: "rack " + rack })].concat(rows));
     });
     box.replaceChildren.apply(box, sections);
-    document.getElementById("totals").textContent = total + " GPUs · " + free + " free";
+    const cells = box.querySelectorAll(".cell");
+    let stop = focused ? box.querySelector(".cell[data-node='" + CSS.escape(focused.split("/")[0]) + "'][data-index='" + focused.split("/")[1] + "']") : null;
+    if (!stop && T.stop) stop = box.querySelector(".cell[data-node='" + CSS.escape(T.stop[0]) + "'][data-index='" + T.stop[1] + "']");
+    stop = stop || cells[0];
+    if (stop) stop.tabIndex = 0;
+    if (focused && stop) stop.focus();
+    document.getElementById("totals").textContent = total + " GPUs · " + free + " free" +
+      (freeElsewhere ? " (" + freeElsewhere + " more on nodes not taking work)" : "");
+  }
+
+  function moveFocus(from, to) {
+    if (!to) return;
+    from.tabIndex = -1;
+    to.tabIndex = 0;
+    T.stop = [to.dataset.node, to.dataset.index];
+    to.focus();
+  }
+
+  function onHeatmapKey(event) {
+    const cell = event.target.closest(".cell");
+    if (!cell) return;
+    const row = cell.closest(".node-row");
+    const inRow = Array.from(row.querySelectorAll(".cell"));
+    const at = inRow.indexOf(cell);
+    const rows = Array.from(document.querySelectorAll("#heatmap .node-row"));
+    const r = rows.indexOf(row);
+    let to = null;
+    if (event.key === "ArrowRight") to = inRow[at + 1];
+    else if (event.key === "ArrowLeft") to = inRow[at - 1];
+    else if (event.key === "Home") to = inRow[0];
+    else if (event.key === "End") to = inRow[inRow.length - 1];
+    else if (event.key === "ArrowDown" || event.key === "ArrowUp") {
+      const next = rows[r + (event.key === "ArrowDown" ? 1 : -1)];
+      if (next) { const cs = next.querySelectorAll(".cell"); to = cs[Math.min(at, cs.length - 1)]; }
+    } else return;
+    event.preventDefault();
+    moveFocus(cell, to);
+  }
+
+  /* A click (or Enter, or a tap) on a GPU: its own job's page at once when it holds one job the
+   * viewer may see; otherwise what is known of it, with a link to each job, beside the map. */
+  function onHeatmapClick(event) {
+    const cell = event.target.closest(".cell");
+    if (!cell) return;
+    const box = document.getElementById("heatmap");
+    const current = box.querySelector(".cell[tabindex='0']");
+    if (current && current !== cell) { current.tabIndex = -1; cell.tabIndex = 0; }
+    T.stop = [cell.dataset.node, cell.dataset.index];
+    const node = T.model.nodes[cell.dataset.node];
+    const d = node && node.devices[Number(cell.dataset.index)];
+    if (!d) return;
+    if (d.jobs.length === 1) { window.location.assign(jobUrl(d.jobs[0].job_id)); return; }
+    showCell(node, d);
+  }
+
+  function jobUrl(id) { return "/jobs/" + encodeURIComponent(id) + "/"; }
+
+  function showCell(node, d) {
+    const panel = document.getElementById("cell-detail");
+    const look = describeCell(node, d);
+    const items = d.jobs.map(function (j) {
+      return el("li", {}, [el("a", { href: jobUrl(j.job_id), text: jobLabel(j.job_id) }), el("span", { text: " · " + pct(j.share) })]);
+    });
+    const parts = [el("h3", { text: node.name + " · GPU " + d.index + " · " + d.model }), el("p", { text: look.label })];
+    if (items.length) parts.push(el("ul", { class: "jobs" }, items));
+    else if (d.others > 0) parts.push(el("p", { class: "muted", text: "Used by another team's job: only its share is shown." }));
+    panel.replaceChildren.apply(panel, parts);
+    panel.hidden = false;
   }
 
   function jobItem(job, showState) {
     const meta = [job.kind, job.gpus + " GPU" + (job.gpus === 1 ? "" : "s")];
     if (model().viewer.operator) meta.push(job.tenant);
     if (job.priority) meta.push("priority " + job.priority);
+    const place = queueOrder[job.id];
     const head = el("div", { class: "job-head" }, [
       el("span", { class: "job-id", text: "#" + job.id }),
-      el("span", { class: "job-name", text: job.name }),
+      el("a", { class: "job-name", href: jobUrl(job.id), text: job.name }),
       showState ? el("span", { class: "chip chip-" + job.state, text: job.state }) : null,
+      !showState && place ? el("span", { class: "chip", text: "place " + place + " of " + queueTotal }) : null,
     ]);
     const where = placementOf(job.id);
     if (where) meta.push("on " + where);
+    if (terminal.has(job.state)) {
+      if (job.exit_code !== null && job.exit_code !== undefined) meta.push("exit " + job.exit_code);
+      if (job.finished_at) meta.push("ended " + new Date(job.finished_at).toLocaleTimeString());
+    }
     const children = [head, el("div", { class: "job-meta muted", text: meta.join(" · ") })];
     if (job.state === "pending" && job.pending_reason) {
-      children.push(el("div", { class: "job-reason", text: job.pending_reason }));
+      children.push(el("div", { class: "job-reason", text: (job.pending_code ? job.pending_code + ": " : "") + job.pending_reason }));
     }
     return el("li", { class: "job", "data-job-id": String(job.id), "data-state": job.state }, children);
   }
@@ -292,28 +390,60 @@
     return out.join(",");
   }
 
+  // ---- the queue's order: the scheduler's own, fetched after the queue changes ------------------
+
+  let queueTotal = 0;
+  let queueKey = "";
+
+  function pendingKey() {
+    return Object.keys(T.model.jobs).filter(function (id) { return T.model.jobs[id].state === "pending"; }).sort().join(",");
+  }
+
+  function refreshQueueOrder() {
+    if (queueTimer !== null) return;
+    queueTimer = window.setTimeout(async function () {
+      queueTimer = null;
+      try {
+        const response = await fetch(root.dataset.queueUrl, { credentials: "same-origin", headers: { Accept: "application/json" } });
+        if (!response.ok) return;
+        const body = await response.json();
+        queueOrder = {};
+        for (const row of body.order) queueOrder[row.id] = row.position;
+        queueTotal = body.total;
+        T.queueFetches = (T.queueFetches || 0) + 1;
+        scheduleRender();
+      } catch (e) { /* the next change asks again */ }
+    }, 800);
+  }
+
   function renderQueue() {
     const jobs = Object.keys(T.model.jobs).map(function (id) { return T.model.jobs[id]; });
-    const order = function (a, b) {
+    const key = pendingKey();
+    if (key !== queueKey) { queueKey = key; if (key) refreshQueueOrder(); }
+    const fallback = function (a, b) {
       return a.queue_level - b.queue_level || b.priority - a.priority || a.id - b.id;
     };
+    // The scheduler's order where known; a job it has not ranked yet (just submitted) goes last.
+    const order = function (a, b) {
+      const pa = queueOrder[a.id], pb = queueOrder[b.id];
+      if (pa && pb) return pa - pb;
+      if (pa || pb) return pa ? -1 : 1;
+      return fallback(a, b);
+    };
     const pending = jobs.filter(function (j) { return j.state === "pending"; }).sort(order);
-    const running = jobs.filter(function (j) { return j.state !== "pending"; }).sort(order);
-    const levels = {};
-    for (const job of pending) (levels[job.queue_level] = levels[job.queue_level] || []).push(job);
+    const running = jobs.filter(function (j) { return j.state !== "pending"; }).sort(fallback);
     const queue = document.getElementById("queue");
-    const blocks = Object.keys(levels).map(Number).sort(function (a, b) { return a - b; }).map(function (level) {
-      const items = levels[level];
-      return el("div", { class: "level" }, [
-        el("h3", { text: "level " + level + " · " + items[0].queue_level_name + " (" + items.length + ")" }),
-        el("ul", { class: "jobs" }, items.map(function (j) { return jobItem(j, false); })),
-      ]);
-    });
-    queue.replaceChildren.apply(queue, blocks.length ? blocks : [el("p", { class: "muted", text: "Nothing is waiting." })]);
+    queue.replaceChildren(pending.length
+      ? el("ol", { class: "jobs" }, pending.map(function (j) { return jobItem(j, false); }))
+      : el("p", { class: "muted", text: "Nothing is waiting." }));
     const run = document.getElementById("running");
     run.replaceChildren(running.length
       ? el("ul", { class: "jobs" }, running.map(function (j) { return jobItem(j, true); }))
       : el("p", { class: "muted", text: "Nothing is running." }));
+    const ended = document.getElementById("ended");
+    ended.replaceChildren(T.model.ended.length
+      ? el("ul", { class: "jobs" }, T.model.ended.map(function (j) { return jobItem(j, true); }))
+      : el("p", { class: "muted", text: "Nothing has ended lately." }));
     document.getElementById("queue-count").textContent = pending.length + " pending" + (T.model.truncated ? " (list cut)" : "");
     document.getElementById("running-count").textContent = String(running.length);
   }
@@ -323,6 +453,10 @@
     renderHeatmap();
     renderQueue();
   }
+
+  const heatmap = document.getElementById("heatmap");
+  heatmap.addEventListener("keydown", onHeatmapKey);
+  heatmap.addEventListener("click", onHeatmapClick);
 
   connect();
 })();

@@ -3,7 +3,8 @@
  * Both listen on the dashboard's websocket (/ws/dashboard/: the viewer's own tenant's
  * job.update messages only) and, when a job they show changes, fetch their server-rendered
  * fragment again and swap it in: the server escapes everything, the page never builds HTML from
- * data. On a reconnect ("ready") they fetch it again, so a drop loses nothing.
+ * data. After each "ready" (the socket has joined: from then on no change is missed) they fetch
+ * it again, since the page or the last fragment may predate the join: a drop loses nothing.
  * A job's page also tails its output through the API's logs endpoint (session auth), from the
  * byte offset it has read so far, until the job has ended and the log is complete.
  */
@@ -79,8 +80,8 @@
     function keepChecks() {
       for (const box of list.querySelectorAll("input[name=job]")) box.checked = checked.has(box.value);
     }
-    let first = true;
-    listen(function () { if (first) first = false; else refresh(); }, function () { refresh(); });
+    // The page was rendered before the socket joined its groups: fetch once more after "ready".
+    listen(refresh, function () { refresh(); });
   }
 
   // ---- one job ----------------------------------------------------------------------------------
@@ -92,8 +93,7 @@
     const refresh = refresher(status, function () { return page.dataset.fragmentUrl; }, 150, function () {
       if (logs) logs.wake();
     });
-    let first = true;
-    listen(function () { if (first) first = false; else refresh(); }, function (job) { if (job.id === jobId) refresh(); });
+    listen(refresh, function (job) { if (job.id === jobId) refresh(); });
     const logs = tailLogs(page);
     P.logs = logs;
   }
