@@ -18,6 +18,7 @@ from django.http import HttpRequest
 from scheduling.models import (
     Allocation,
     Device,
+    EngineMemoryRecord,
     IdempotencyKey,
     Job,
     JobEvent,
@@ -288,3 +289,10 @@ class IdempotencyKeyAdmin(ReadOnlyMixin, admin.ModelAdmin):
 @admin.register(SchedulerState)
 class SchedulerStateAdmin(ReadOnlyMixin, admin.ModelAdmin):
     list_display = ["__str__", "last_pass_at", "last_pass_seconds", "last_pass_decisions"]
+
+
+@admin.register(EngineMemoryRecord)
+class EngineMemoryRecordAdmin(ReadOnlyMixin, admin.ModelAdmin):
+    """What the last pass's engine left for the next (its reservations, held rooms, request mix)."""
+
+    list_display = ["__str__", "updated_at", "not_reached"]

@@ -201,6 +201,13 @@ class Job(models.Model):
         indexes = [
             models.Index(fields=["state", "queue_level"]),
             models.Index(fields=["tenant", "state"]),
+            # The runtime history a pass reads: the latest runs of one tenant and kind that
+            # ended on their own (services/memory.py).
+            models.Index(
+                fields=["tenant", "kind", "-finished_at", "-id"],
+                name="job_runtime_history",
+                condition=models.Q(state__in=["succeeded", "failed"]),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -330,3 +337,22 @@ class SchedulerState(models.Model):
 
     def __str__(self) -> str:
         return f"last pass {self.last_pass_at}"
+
+
+class EngineMemoryRecord(models.Model):
+    """One row: what the last scheduling pass left for the next (``engine/memory.py``).
+
+    The engine is rebuilt every pass, in whichever worker runs it; this row is what makes it
+    decide as one engine that had lived through every pass: its reservations and their nodes,
+    the room held for preemptors, the last pending codes, its request mix. Written by the pass
+    after it decided (``services/memory.py``), read by the next; ``not_reached``: the jobs a pass
+    cut short by its time budget did not reach, decided first by the next pass.
+    """
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    memory = models.JSONField(default=dict)
+    not_reached = models.JSONField(default=list)
+    updated_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"engine memory of {self.updated_at}"

@@ -41,6 +41,7 @@ from scheduling.services.jobs import (
     locked_jobs,
     transition_writes,
 )
+from scheduling.services.memory import store_memory
 from scheduling.services.snapshot import (
     LoadedSnapshot,
     PreparedRead,
@@ -173,7 +174,10 @@ def run_pass(now: datetime | None = None, max_rounds: int = 3) -> PassResult | N
 
 
 def make_policy(loaded: LoadedSnapshot) -> TesseraScheduler:
-    return TesseraScheduler.from_snapshot(loaded.snapshot, engine_config())
+    """The engine for one pass: the snapshot, and what the last pass's engine left (its
+    reservations, held rooms, request mix: ``engine/memory.py``), so that it decides as one
+    engine living through every pass would."""
+    return TesseraScheduler.from_snapshot(loaded.snapshot, engine_config(), loaded.stored.memory)
 
 
 def engine_config() -> EngineConfig:
@@ -192,10 +196,13 @@ def _one_pass(now: datetime | None) -> PassResult:
         # The time budget bounds the deciding (a slow snapshot read must not leave it no time:
         # it would then decide nothing, pass after pass). What a cut-short pass did not reach is
         # decided first by the next one, so a long queue is worked through in turns.
-        deadline = Deadline(clock() + settings.TESSERA["PASS_BUDGET_S"], clock, _not_reached_last())
+        deadline = Deadline(clock() + settings.TESSERA["PASS_BUDGET_S"], clock, loaded.stored.not_reached)
         with collector_paused():  # full GC collections grew faster than the pass (engine/collector.py)
-            decisions: Decisions = make_policy(loaded).decide(loaded.snapshot.now, deadline)
-        _remember_not_reached(decisions.not_reached)
+            engine = make_policy(loaded)
+            decisions: Decisions = engine.decide(loaded.snapshot.now, deadline)
+        # Stored before the decisions are applied: what the engine remembers is what it decided,
+        # and a binding dropped as stale is decided again by the next pass either way.
+        store_memory(engine.memory(), decisions.not_reached, loaded.stored, now)
         result = apply_decisions(loaded, decisions, now)
     else:
         # Nothing waits: there is nothing to bind, preempt for or explain, so the rest of the
@@ -218,20 +225,6 @@ def _one_pass(now: datetime | None) -> PassResult:
     if result.undecided:
         _set_again()  # the rest are decided by the next round (or, after max_rounds, task)
     return result
-
-
-# The jobs the last cut-short pass did not reach (this process's; a pass in another worker
-# process decides in plain queue order, and its own cut-short leaves its own list there).
-_left_by_last_pass: frozenset[str] = frozenset()
-
-
-def _not_reached_last() -> frozenset[str]:
-    return _left_by_last_pass
-
-
-def _remember_not_reached(ids: list[str]) -> None:
-    global _left_by_last_pass
-    _left_by_last_pass = frozenset(ids)
 
 
 # The pass-duration histogram's buckets (seconds), as /metrics exposes them.

@@ -8,21 +8,35 @@ cost more CPU than the engine's whole decision), and with SQL the ORM builds onc
 
 from __future__ import annotations
 
+import json
+import logging
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import connection
 from django.db.models import QuerySet
 from django.db.models.sql.compiler import SQLCompiler
+from django.utils.dateparse import parse_datetime
 
 from scheduling.choices import HOLDING_STATES, JobState, NodeState
-from scheduling.engine.types import JobRequest, NodeSpec, Placement, QuotaSpec, RunningJob, Snapshot
-from scheduling.models import Allocation, Device, Job, Node, Quota
+from scheduling.engine.memory import BadMemory, EngineMemory
+from scheduling.engine.types import (
+    FinishedRun,
+    JobRequest,
+    NodeSpec,
+    Placement,
+    QuotaSpec,
+    RunningJob,
+    Snapshot,
+)
+from scheduling.models import Allocation, Device, EngineMemoryRecord, Job, Node, Quota, Tenant
 from scheduling.services.bulk import statements_together
+
+log = logging.getLogger("tessera.pass")
 
 
 def ts(value: datetime | None) -> float | None:
@@ -100,6 +114,34 @@ def request_of(tenant: str, job: Mapping[str, Any]) -> JobRequest:
 StoredReason = tuple[str | None, str | None, datetime | None]
 
 
+def memory_text(doc: object, not_reached: object) -> str:
+    """The stored memory as one text, to tell whether a pass changed it."""
+    return json.dumps([doc, not_reached], sort_keys=True)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMemory:
+    """What the last pass left (``services/memory.py``): the engine's memory (None: no pass
+    stored one, or not one this engine can read), the jobs it did not reach before its time
+    budget, and the row's text (a pass writes the row only if its own differs)."""
+
+    memory: EngineMemory | None = None
+    not_reached: frozenset[str] = frozenset()
+    text: str | None = None
+
+    @classmethod
+    def of_rows(cls, rows: list[Sequence[Any]]) -> StoredMemory:
+        if not rows:
+            return cls()
+        doc, not_reached = rows[0]
+        try:
+            memory = EngineMemory.from_json(doc)
+        except BadMemory as exc:  # written by another version: plan afresh, and say so
+            log.warning("engine memory not loaded, the pass plans afresh: %s", exc)
+            memory = None
+        return cls(memory, frozenset(str(j) for j in not_reached or ()), memory_text(doc, not_reached))
+
+
 @dataclass
 class LoadedSnapshot:
     snapshot: Snapshot
@@ -109,6 +151,7 @@ class LoadedSnapshot:
     reasons: dict[str, StoredReason] = field(default_factory=dict)
     # Each node's devices (``DEVICE_FIELDS``), by node id: what they were at the node's version.
     devices: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    stored: StoredMemory = field(default_factory=StoredMemory)
 
 
 class PreparedRead:
@@ -283,6 +326,84 @@ _QUOTAS = PreparedRead(
 )
 
 
+_MEMORY = PreparedRead(lambda: EngineMemoryRecord.objects.filter(pk=1).values_list("memory", "not_reached"))
+
+HISTORY_KEEP = 10  # finished runs per tenant and kind: as many as the engine's predictor keeps
+_PREDICTED = (JobState.SUCCEEDED, JobState.FAILED)  # runs that ended on their own
+
+
+class _HistoryRead:
+    """The runtime history: the latest :data:`HISTORY_KEEP` runs that ended on their own
+    (succeeded, failed) of each tenant and kind that a job waiting or holding GPUs without a
+    time limit has (a job with a limit is predicted by it). On PostgreSQL a ``LATERAL`` join
+    reads at most that many rows per tenant and kind, from the ``job_runtime_history`` index;
+    SQLite (the embedded default, a small cluster) numbers the rows with a window instead."""
+
+    COLUMNS = "id, kind, owner_id, name, gpus, started_at, finished_at, state"
+
+    def statement(self) -> Statement:
+        job, tenant = (
+            connection.ops.quote_name(Job._meta.db_table),
+            connection.ops.quote_name(Tenant._meta.db_table),
+        )
+        waiting = [JobState.PENDING.value, *sorted(s.value for s in HOLDING_STATES)]
+        done = [s.value for s in _PREDICTED]
+        keys = (
+            f"SELECT DISTINCT tenant_id, kind FROM {job} WHERE state IN ({', '.join(['%s'] * len(waiting))}) "
+            "AND time_limit_seconds IS NULL"
+        )
+        ended = (
+            f"j.state IN ({', '.join(['%s'] * len(done))}) "
+            "AND j.started_at IS NOT NULL AND j.finished_at IS NOT NULL"
+        )
+        if connection.vendor == "postgresql":
+            sql = (
+                f"SELECT t.name, h.* FROM ({keys}) k JOIN {tenant} t ON t.id = k.tenant_id "
+                f"CROSS JOIN LATERAL (SELECT {self.COLUMNS} FROM {job} j "
+                f"WHERE j.tenant_id = k.tenant_id AND j.kind = k.kind AND {ended} "
+                f"ORDER BY j.finished_at DESC, j.id DESC LIMIT {HISTORY_KEEP}) h"
+            )
+        else:
+            sql = (
+                f"SELECT t.name, {', '.join('r.' + c for c in self.COLUMNS.split(', '))} FROM "
+                f"(SELECT j.*, ROW_NUMBER() OVER (PARTITION BY j.tenant_id, j.kind "
+                f"ORDER BY j.finished_at DESC, j.id DESC) AS n FROM {job} j "
+                f"JOIN ({keys}) k ON j.tenant_id = k.tenant_id AND j.kind = k.kind WHERE {ended}) r "
+                f"JOIN {tenant} t ON t.id = r.tenant_id WHERE r.n <= {HISTORY_KEEP}"
+            )
+        return Statement(sql, [*waiting, *done], None, {})  # type: ignore[arg-type]
+
+
+_HISTORY = _HistoryRead()
+
+
+def finished_run(row: Sequence[Any]) -> FinishedRun:
+    """A row of the runtime history read (its tenant's name, then ``_HistoryRead.COLUMNS``)."""
+    tenant, job_id, kind, owner, name, gpus, started, finished, state = row
+    started, finished = _aware(started), _aware(finished)
+    return FinishedRun(
+        job_id=str(job_id),
+        tenant=tenant,
+        kind=kind,
+        runtime_s=(finished - started).total_seconds(),
+        ended_at=finished.timestamp(),
+        outcome=state,
+        user=str(owner or ""),
+        name=name,
+        gpus=float(gpus),
+    )
+
+
+def _aware(value: datetime | str) -> datetime:
+    """SQLite gives raw SQL's timestamps back as text (UTC); PostgreSQL as aware datetimes."""
+    if isinstance(value, str):
+        parsed = parse_datetime(value)
+        if parsed is None:
+            raise ValueError(f"not a timestamp: {value!r}")
+        value = parsed
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
 def load_snapshot(now: datetime, pending: list[dict[str, Any]] | None = None) -> LoadedSnapshot:
     """The cluster at ``now``; ``pending``: :func:`pending_rows` when the caller has read them.
 
@@ -292,8 +413,8 @@ def load_snapshot(now: datetime, pending: list[dict[str, Any]] | None = None) ->
     """
     if pending is None:
         pending = pending_rows()
-    holding, node_rows, device_rows, held, quotas = read_together(
-        (_HOLDING,), (_NODES,), (_DEVICES,), (_HELD,), (_QUOTAS,)
+    holding, node_rows, device_rows, held, quotas, memory, history = read_together(
+        (_HOLDING,), (_NODES,), (_DEVICES,), (_HELD,), (_QUOTAS,), (_MEMORY,), (_HISTORY,)
     )
     jobs = [dict(zip(JOB_FIELDS, row, strict=True)) for row in holding] + pending
     nodes = [dict(zip(NODE_FIELDS, row, strict=True)) for row in node_rows]
@@ -334,6 +455,7 @@ def load_snapshot(now: datetime, pending: list[dict[str, Any]] | None = None) ->
         running=tuple(running),
         pending=tuple(sorted(waiting, key=lambda j: (j.submitted_at, int(j.id)))),
         quotas=tuple(QuotaSpec(*q) for q in quotas),
+        history=tuple(finished_run(row) for row in history),
     )
     return LoadedSnapshot(
         snapshot=snapshot,
@@ -341,4 +463,5 @@ def load_snapshot(now: datetime, pending: list[dict[str, Any]] | None = None) ->
         node_ids={n["name"]: n["id"] for n in nodes},
         reasons=reasons,
         devices=devices,
+        stored=StoredMemory.of_rows(memory),
     )

@@ -117,6 +117,11 @@ class PerPassScheduler:
         d = engine.decide(now)
         self.stored = json.dumps(engine.memory().to_json())
         self.passes += 1
+        self.apply(d, now)
+        return d
+
+    def apply(self, d: Decisions, now: float) -> None:
+        """What the live pass writes of a pass's decisions, in the jobs kept here."""
         for jid in d.rejections:
             self.pending.pop(jid, None)
         for r in d.resizes:
@@ -128,7 +133,6 @@ class PerPassScheduler:
         for b in d.bindings:
             job = self.pending.pop(b.job_id)
             self.running[job.id] = _Run(job, b.placements, now)
-        return d
 
 
 def config_without_resizes(config: EngineConfig | None = None) -> EngineConfig:

@@ -23,6 +23,7 @@ ALL_MODELS = [
     models.LogChunk,
     models.IdempotencyKey,
     models.SchedulerState,
+    models.EngineMemoryRecord,
 ]
 
 
@@ -47,6 +48,7 @@ def test_every_list_and_detail_page_renders(console, world, alice_job, model):
     from scheduling.models import SchedulerState
 
     SchedulerState.objects.create(last_pass_at=timezone.now())
+    models.EngineMemoryRecord.objects.create(updated_at=timezone.now())
     JoinToken.objects.create(name="t", token_hash="h" * 64)
     post_json(world.client("alice"), "/api/v1/jobs/", valid_body(), HTTP_IDEMPOTENCY_KEY="k")
     meta = model._meta

@@ -1,0 +1,56 @@
+"""The engine's memory, kept in the database between passes (``engine/memory.py``).
+
+Each pass builds a new engine, in whichever worker runs it. What that engine remembers of its own
+past is stored in one row, :class:`~scheduling.models.EngineMemoryRecord`, once the pass has
+decided, and the next pass's snapshot loads it (``snapshot.load_snapshot``, with the runtime
+history, read from the jobs that ended). A pass after a restart, or in another worker, so
+decides exactly what the last pass's engine would have, had it lived on.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import connection
+
+from scheduling.engine.memory import EngineMemory
+from scheduling.models import EngineMemoryRecord
+from scheduling.services.bulk import statements_together
+from scheduling.services.snapshot import StoredMemory, memory_text
+
+
+def store_memory(memory: EngineMemory, not_reached: list[str], before: StoredMemory, now: datetime) -> None:
+    """Store what a pass left, if it differs from what it loaded (a quiet pass leaves the same).
+    Only the pass lock's holder writes the row, so nothing else changed it in between. The
+    commit does not wait for the disk: a worker killed right after loses nothing (the database
+    has it); a database crash may lose the last passes' memory, and the next pass then plans
+    afresh from the jobs and allocations, which are flushed."""
+    doc = memory.to_json()
+    ids = sorted(not_reached)
+    if before.text is not None and memory_text(doc, ids) == before.text:
+        return
+    field = EngineMemoryRecord._meta.get_field
+    values = {"id": 1, "memory": doc, "not_reached": ids, "updated_at": now}
+    params = [field(name).get_db_prep_save(value, connection) for name, value in values.items()]
+    with connection.cursor() as cur:
+        # One statement (and on PostgreSQL one round trip with its no-flush setting: several
+        # statements in one query are one transaction).
+        cur.execute(f"{_NO_FLUSH}; {_upsert_sql()}" if statements_together() else _upsert_sql(), params)
+
+
+_NO_FLUSH = "SET LOCAL synchronous_commit TO OFF"
+
+
+def _upsert_sql() -> str:
+    """Insert the row, or update it where it is (PostgreSQL and SQLite alike)."""
+    qn, field = connection.ops.quote_name, EngineMemoryRecord._meta.get_field
+    names = ("id", "memory", "not_reached", "updated_at")
+    columns = [qn(field(name).column) for name in names]
+    sets = ", ".join(
+        f"{c} = EXCLUDED.{c}" if connection.vendor == "postgresql" else f"{c} = excluded.{c}"
+        for c in columns[1:]
+    )
+    return (
+        f"INSERT INTO {qn(EngineMemoryRecord._meta.db_table)} ({', '.join(columns)}) "
+        f"VALUES ({', '.join(['%s'] * len(columns))}) ON CONFLICT ({columns[0]}) DO UPDATE SET {sets}"
+    )

@@ -1,0 +1,122 @@
+"""The engine's memory and runtime history through the database: the live pass stores what its
+engine leaves and the next pass loads it, and finished jobs feed the runtime predictor."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.utils import timezone
+
+from scheduling.choices import JobState
+from scheduling.engine.config import EngineConfig
+from scheduling.engine.policy import TesseraScheduler
+from scheduling.engine.types import Decisions
+from scheduling.models import EngineMemoryRecord, Job
+from scheduling.services import passes
+from scheduling.services.memory import store_memory
+from scheduling.services.snapshot import _MEMORY, StoredMemory, load_snapshot
+from scheduling.sim.generate import generate
+from scheduling.sim.perpass import PerPassScheduler
+from scheduling.sim.replay import replay
+from scheduling.sim.traces import read_jobs, read_nodes, read_quotas
+
+helpers = importlib.import_module("tests.scheduling.helpers")
+parity = importlib.import_module("tests.engine.test_memory_parity")
+
+
+class ThroughTheTable(PerPassScheduler):
+    """Rebuilt every pass, its memory stored in and loaded from the real table each time."""
+
+    def decide(self, now: float) -> Decisions:
+        stored = StoredMemory.of_rows(_MEMORY.rows())
+        engine = TesseraScheduler.from_snapshot(self.snapshot(now), self.config, stored.memory)
+        d = engine.decide(now)
+        store_memory(engine.memory(), d.not_reached, stored, timezone.now())
+        self.passes += 1
+        self.apply(d, now)
+        return d
+
+
+def test_an_engine_whose_memory_goes_through_the_table_decides_as_the_long_lived_one(db, tmp_path: Path):
+    generate(tmp_path, seed=3, days=0.25, load=1.2, gpus=48)
+    nodes, jobs = read_nodes(tmp_path / "nodes.csv"), read_jobs(tmp_path / "jobs.csv")
+    quotas = read_quotas(tmp_path / "quotas.csv")
+    config = EngineConfig(resizes=False)
+    long_lived = parity.Recorded(TesseraScheduler(tuple(nodes), tuple(quotas), config))
+    rebuilt = parity.Recorded(ThroughTheTable(nodes, quotas, config, shuffle=True))
+    replay(nodes, jobs, long_lived)
+    replay(nodes, jobs, rebuilt)
+    assert len(rebuilt.log) > 50
+    assert EngineMemoryRecord.objects.get().memory["recent"]
+    assert [i for i, (a, b) in enumerate(zip(long_lived.log, rebuilt.log, strict=True)) if a != b] == []
+
+
+@pytest.fixture
+def full_node(world):
+    """One 8-GPU node, all of it held by alice's running job (no time limit), started 10 min ago."""
+    helpers.make_node("a100-01", gpus=8)
+    running = helpers.submit(world.alice, world.vision, name="long", gpus=8)
+    passes.run_pass()
+    Job.objects.filter(pk=running.pk).update(
+        state=JobState.RUNNING, started_at=timezone.now() - timedelta(minutes=10)
+    )
+    return running
+
+
+def finished(world, minutes: float, ended_ago_h: float, state=JobState.SUCCEEDED, kind="training", **kw):
+    end = timezone.now() - timedelta(hours=ended_ago_h)
+    job = helpers.submit(world.alice, world.vision, kind=kind, **kw)
+    Job.objects.filter(pk=job.pk).update(
+        state=state, started_at=end - timedelta(minutes=minutes), finished_at=end
+    )
+    return job
+
+
+def test_a_waiting_job_is_estimated_from_its_tenants_finished_runs(world, full_node):
+    for i in range(12):  # the ten latest: 30 min each; two older ones of 10 h are forgotten
+        finished(world, minutes=30 if i < 10 else 600, ended_ago_h=1 + i)
+    waiting = helpers.submit(world.alice, world.vision, name="next", gpus=8)
+    passes.run_pass()
+    waiting.refresh_from_db()
+    # the running job is expected to run 30 min as its tenant's training runs did, 10 min are
+    # gone: ~20 min, not the 4 h assumed without history
+    assert waiting.pending_code == "reserved"
+    assert "expected to start in ~20 min" in waiting.pending_reason
+
+
+def test_the_history_is_the_latest_runs_that_ended_on_their_own_of_what_waits(world, full_node):
+    kept = [finished(world, minutes=5 + i, ended_ago_h=1 + i) for i in range(10)]
+    finished(world, minutes=99, ended_ago_h=50)  # the 11th latest: past the ten kept
+    finished(world, minutes=1, ended_ago_h=0.5, state=JobState.CANCELLED)  # says nothing of runtime
+    finished(world, minutes=1, ended_ago_h=0.5, kind="batch")  # no batch job waits: not read
+    failed = finished(world, minutes=3, ended_ago_h=0.2, state=JobState.FAILED)
+    history = load_snapshot(timezone.now()).snapshot.history
+    assert sorted(int(r.job_id) for r in history) == sorted([j.pk for j in kept[:9]] + [failed.pk])
+    run = next(r for r in history if r.job_id == str(kept[0].pk))
+    assert (run.tenant, run.kind, run.outcome, run.runtime_s) == ("vision", "training", "succeeded", 300.0)
+    assert run.user == str(world.alice.pk) and run.gpus == 1.0
+
+
+def test_a_pass_stores_what_its_engine_left_and_memory_unchanged_is_not_written_again(world, full_node):
+    helpers.submit(world.alice, world.vision, name="next", gpus=8)
+    passes.run_pass()
+    row = EngineMemoryRecord.objects.get()
+    assert [r[0] for r in row.memory["reservations"]] == [str(Job.objects.get(name="next").pk)]
+    stored = load_snapshot(timezone.now()).stored
+    store_memory(stored.memory, sorted(stored.not_reached), stored, timezone.now() + timedelta(hours=1))
+    assert EngineMemoryRecord.objects.get().updated_at == row.updated_at
+
+
+def test_a_memory_this_engine_cannot_read_is_set_aside_with_a_warning(world, full_node, caplog):
+    EngineMemoryRecord.objects.update_or_create(pk=1, defaults={"memory": {"version": 0}})
+    waiting = helpers.submit(world.alice, world.vision, name="next", gpus=8)
+    with caplog.at_level(logging.WARNING, logger="tessera.pass"):
+        passes.run_pass()
+    waiting.refresh_from_db()
+    assert waiting.pending_code == "reserved"
+    assert "engine memory not loaded" in caplog.text
+    assert EngineMemoryRecord.objects.get().memory["version"] == 1
