@@ -42,6 +42,7 @@ from .types import MILLI, Binding, Decisions, JobRequest, NodeSpec, PendingReaso
 
 BASELINES = ("fcfs-node", "fcfs-device", "random", "best-fit", "fgd", "greedy", "greedy-quota")
 GREEDY = ("greedy", "greedy-quota")
+NO_ROOM = PendingReason("capacity", "capacity: no room for it now")
 
 
 class BaselineScheduler:
@@ -107,6 +108,10 @@ class BaselineScheduler:
         d = Decisions()
         head: str | None = None
         greedy = self.name in GREEDY
+        # Shapes that found no room in this decide: the cluster only fills up while it goes on, so
+        # a job alike in everything placement reads finds none either (the greedy references try
+        # every job; without this a long queue costs a placement attempt per job per call).
+        no_room: dict[tuple, PendingReason] = {}
         for job in sorted(self.pending.values(), key=self._greedy_key if greedy else _arrival):
             if job.held:
                 d.pending[job.id] = PendingReason("held", "held: released by its owner or an operator")
@@ -132,7 +137,16 @@ class BaselineScheduler:
             if refusal is not None:
                 d.pending[job.id] = PendingReason(*refusal)
                 continue
+            shape = self._placement_key(job, geo) if greedy else None
+            if shape is not None and shape in no_room:
+                d.pending[job.id] = no_room[shape]
+                continue
             allocs = self._place(job, geo)
+            if allocs is None and greedy:
+                # A reference, judged by its starts: its pending reasons are not worth a diagnosis
+                # each (three quarters of its time went there).
+                d.pending[job.id] = no_room[shape] = NO_ROOM
+                continue
             if allocs is None:
                 reason = diagnose(_Probe(self.state), job, geo.req, geo.replicas, geo.need, constraints(job))
                 if self.name == "fcfs-node" and reason.code == "gang":
@@ -140,7 +154,7 @@ class BaselineScheduler:
                         "capacity", f"capacity: not enough wholly free nodes for {geo.replicas} replica(s)"
                     )
                 d.pending[job.id] = reason
-                head = None if greedy else job.id
+                head = job.id
                 continue
             charged = []
             for a in allocs:
@@ -155,6 +169,19 @@ class BaselineScheduler:
 
             d.bindings.append(Binding(job.id, placements_of(allocs, self.state)))
         return d
+
+    def _placement_key(self, job: JobRequest, geo: Geometry) -> tuple:
+        """Everything :meth:`_place` reads of a job (the quota's allowed models included)."""
+        models = self._allowed_models(job, geo) if geo.req.count else None
+        return (
+            geo.req,
+            geo.replicas,
+            job.topology,
+            job.accelerators,
+            models,
+            job.node_selector,
+            job.tolerations,
+        )
 
     def _greedy_key(self, job: JobRequest) -> tuple[int, int, float, str]:
         return (self.levels.level_of(job.kind), -job.priority, job.submitted_at, job.id)
