@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
@@ -31,7 +32,7 @@ from scheduling.models import (
     Tenant,
 )
 from scheduling.services import operators
-from scheduling.services.quotas import do_create_quota, do_delete_quota, do_update_quota
+from scheduling.services.quotas import check_quota, do_create_quota, do_delete_quota, do_update_quota
 from scheduling.states import InvalidTransition
 
 
@@ -89,10 +90,33 @@ class MembershipAdmin(admin.ModelAdmin):
     list_select_related = ["user", "tenant"]
 
 
+class QuotaForm(forms.ModelForm):
+    """The API's checks in the console: a model that matches a known one only by case is refused;
+    an unknown model, or guarantees above the cluster's capacity, are saved with a warning."""
+
+    class Meta:
+        model = Quota
+        fields = ["tenant", "model", "guaranteed", "limit", "weight"]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        self.warnings: list[str] = []
+        model = data.get("model", self.instance.model if self.instance.pk else None)
+        guaranteed, limit = data.get("guaranteed"), data.get("limit")
+        if model is None or guaranteed is None or limit is None:
+            return data
+        advice = check_quota(model, guaranteed, limit, self.instance if self.instance.pk else None)
+        for field, problems in advice.errors.items():
+            self.add_error(field if field in self.fields else None, problems)
+        self.warnings = advice.warnings
+        return data
+
+
 @admin.register(Quota)
 class QuotaAdmin(admin.ModelAdmin):
     """Quotas: every save and delete goes through ``services.quotas`` (which asks for a pass)."""
 
+    form = QuotaForm
     list_display = ["tenant", "model", "guaranteed", "limit", "weight"]
     list_filter = ["tenant", "model"]
     search_fields = ["tenant__name", "model"]
@@ -105,6 +129,8 @@ class QuotaAdmin(admin.ModelAdmin):
         return ["tenant", "model"] if obj is not None else []  # as in the API: delete and re-create
 
     def save_model(self, request: HttpRequest, obj: Quota, form: Any, change: bool) -> None:
+        for warning in getattr(form, "warnings", []):
+            messages.warning(request, warning)
         numbers = {"guaranteed": obj.guaranteed, "limit": obj.limit, "weight": obj.weight}
         if change:
             do_update_quota(obj, **numbers)

@@ -74,13 +74,29 @@ class Quota(models.Model):
 
     class Meta:
         ordering = ["tenant__name", "model"]
+        # Each with words a person acts on: forms (the admin's) show them in place of the raw
+        # "Constraint “limit_ge_guaranteed” is violated."
         constraints = [
-            models.UniqueConstraint(fields=["tenant", "model"], name="one_quota_per_tenant_model"),
-            models.CheckConstraint(
-                condition=Q(limit__gte=models.F("guaranteed")), name="limit_ge_guaranteed"
+            models.UniqueConstraint(
+                fields=["tenant", "model"],
+                name="one_quota_per_tenant_model",
+                violation_error_message="This team already has a quota for this model: change that one.",
             ),
-            models.CheckConstraint(condition=Q(guaranteed__gte=0), name="guaranteed_nonnegative"),
-            models.CheckConstraint(condition=Q(weight__gt=0), name="weight_positive"),
+            models.CheckConstraint(
+                condition=Q(limit__gte=models.F("guaranteed")),
+                name="limit_ge_guaranteed",
+                violation_error_message="The limit must be at least the guarantee.",
+            ),
+            models.CheckConstraint(
+                condition=Q(guaranteed__gte=0),
+                name="guaranteed_nonnegative",
+                violation_error_message="The guarantee cannot be negative.",
+            ),
+            models.CheckConstraint(
+                condition=Q(weight__gt=0),
+                name="weight_positive",
+                violation_error_message="The weight must be greater than 0.",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -21,7 +21,13 @@ from scheduling.api.lookups import ID_PARAMETER, parse_pk
 from scheduling.api.pagination import BoundedLimitOffsetPagination
 from scheduling.api.permissions import OperatorWritesOnly
 from scheduling.models import Quota, Tenant
-from scheduling.services.quotas import QuotaExists, do_create_quota, do_delete_quota, do_update_quota
+from scheduling.services.quotas import (
+    QuotaExists,
+    check_quota,
+    do_create_quota,
+    do_delete_quota,
+    do_update_quota,
+)
 
 MAX_GPUS = 1_000_000.0
 MAX_WEIGHT = 1_000_000.0
@@ -38,6 +44,16 @@ class QuotaSerializer(serializers.ModelSerializer):
     class Meta:
         model = Quota
         fields = ["id", "tenant", "model", "guaranteed", "limit", "weight"]
+        read_only_fields = fields
+
+
+class QuotaWrittenSerializer(QuotaSerializer):
+    """A created or changed row, with what an operator should know about it."""
+
+    warnings = serializers.ListField(child=serializers.CharField(), read_only=True)
+
+    class Meta(QuotaSerializer.Meta):
+        fields = [*QuotaSerializer.Meta.fields, "warnings"]
         read_only_fields = fields
 
 
@@ -79,6 +95,10 @@ class QuotaWriteSerializer(serializers.Serializer):
         if limit < guaranteed:
             field = "limit" if "limit" in attrs else "guaranteed"
             raise ValidationError({field: ["limit must be at least guaranteed"]})
+        advice = check_quota(attrs.get("model", current.model if current else ""), guaranteed, limit, current)
+        if advice.errors:
+            raise ValidationError(advice.errors)
+        self.warnings = advice.warnings
         if current is None:
             tenant = Tenant.objects.filter(name=attrs["tenant"]).first()
             if tenant is None:
@@ -88,19 +108,25 @@ class QuotaWriteSerializer(serializers.Serializer):
         return attrs
 
 
+def with_warnings(quota: Quota, body: QuotaWriteSerializer) -> dict[str, Any]:
+    """The stored row, and what an operator should know about it (an unknown model, guarantees
+    above the cluster's capacity): kept, but said."""
+    return {**QuotaSerializer(quota).data, "warnings": getattr(body, "warnings", [])}
+
+
 @extend_schema_view(
     list=extend_schema(summary="Quotas of the tenants visible to the caller"),
     retrieve=extend_schema(summary="One quota", parameters=[ID_PARAMETER]),
     create=extend_schema(
         summary="Create a quota (operators only)",
         request=QuotaWriteSerializer,
-        responses={201: QuotaSerializer},
+        responses={201: QuotaWrittenSerializer},
     ),
     partial_update=extend_schema(
         summary="Change a quota's numbers (operators only)",
         parameters=[ID_PARAMETER],
         request=QuotaWriteSerializer,
-        responses={200: QuotaSerializer},
+        responses={200: QuotaWrittenSerializer},
     ),
     destroy=extend_schema(
         summary="Delete a quota (operators only)", parameters=[ID_PARAMETER], responses={204: None}
@@ -135,14 +161,14 @@ class QuotaViewSet(viewsets.GenericViewSet):
             quota = do_create_quota(**body.validated_data)
         except QuotaExists:
             raise ValidationError({"model": ["the tenant already has a quota for this model"]}) from None
-        return Response(QuotaSerializer(quota).data, status=status.HTTP_201_CREATED)
+        return Response(with_warnings(quota, body), status=status.HTTP_201_CREATED)
 
     def partial_update(self, request: Request, pk: str) -> Response:
         quota = self.get_object()
         body = QuotaWriteSerializer(quota, data=request.data, partial=True)
         body.is_valid(raise_exception=True)
         fields = {k: v for k, v in body.validated_data.items() if k in ("guaranteed", "limit", "weight")}
-        return Response(QuotaSerializer(do_update_quota(quota, **fields)).data)
+        return Response(with_warnings(do_update_quota(quota, **fields), body))
 
     def destroy(self, request: Request, pk: str) -> Response:
         do_delete_quota(self.get_object())

@@ -168,3 +168,63 @@ def do_delete_quota(quota: Quota) -> None:
     with transaction.atomic():
         quota.delete()
         request_pass_on_commit()
+
+
+class QuotaAdvice(NamedTuple):
+    """What :func:`check_quota` found: ``errors`` refuse the row (field → sentences);
+    ``warnings`` are said and the row is kept."""
+
+    errors: dict[str, list[str]]
+    warnings: list[str]
+
+
+def cluster_models() -> dict[str, int]:
+    """Every GPU model a node has, with how many GPUs of it the cluster holds."""
+    from django.db.models import Count
+
+    from scheduling.models import Device
+
+    return dict(Device.objects.values_list("model").annotate(n=Count("id")).order_by())
+
+
+def check_quota(model: str, guaranteed: float, limit: float, current: Quota | None = None) -> QuotaAdvice:
+    """Check a quota row before it is stored, in sentences a person acts on.
+
+    1. ``limit`` below ``guaranteed``: refused (the database's constraint, said in words).
+    2. A model that matches a known one only by case (``h100`` for ``H100``): refused, since the
+       scheduler compares names exactly and the row would silently cover nothing.
+    3. A model no node has: a warning (a node may join later).
+    4. Guarantees on the model, over every tenant, above the GPUs the cluster has of it: a warning
+       with the numbers (the guarantees cannot all be honoured at once).
+    """
+    errors: dict[str, list[str]] = {}
+    warnings: list[str] = []
+    if limit < guaranteed:
+        errors["limit"] = [f"The limit ({limit:g}) must be at least the guarantee ({guaranteed:g})."]
+    models = cluster_models()
+    if model != ANY_MODEL and model not in models:
+        same = sorted(m for m in models if m.lower() == model.lower())
+        if same:
+            errors["model"] = [
+                f"No node has “{model}”; did you mean “{same[0]}”? Model names must match exactly, "
+                "capitals included."
+            ]
+        else:
+            known = ", ".join(sorted(models)) or "none yet"
+            warnings.append(
+                f"No node has a GPU of model “{model}” (the cluster has: {known}): this quota covers "
+                "nothing until such a node joins."
+            )
+    if not errors and (model == ANY_MODEL or model in models):
+        others = Quota.objects.filter(model=model)
+        if current is not None:
+            others = others.exclude(pk=current.pk)
+        total = guaranteed + sum(others.values_list("guaranteed", flat=True))
+        capacity = sum(models.values()) if model == ANY_MODEL else models.get(model, 0)
+        what = "every model (*)" if model == ANY_MODEL else model
+        if total > capacity:
+            warnings.append(
+                f"Guarantees on {what} would add up to {total:g} GPUs over all teams, but the cluster "
+                f"has {capacity:g}: they cannot all be honoured at once."
+            )
+    return QuotaAdvice(errors, warnings)
