@@ -50,5 +50,7 @@ async def websockets(scope, receive, send):
 
 
 application = ProtocolTypeRouter({"http": ASGIStaticFilesHandler(django_asgi_app), "websocket": websockets})
-skip_form_parsing()
-tune_for_server()
+if settings.TESSERA["SKIP_FORM_PARSING"]:
+    skip_form_parsing()
+if settings.TESSERA["GC_TUNING"]:
+    tune_for_server()

@@ -27,6 +27,9 @@ app.conf.beat_schedule = {
 
 @worker_ready.connect
 def _tune_gc(**_: object) -> None:
+    from django.conf import settings
+
     from controlplane.gc_tuning import tune_for_server
 
-    tune_for_server()  # the worker has loaded Django and its tasks: see controlplane/gc_tuning.py
+    if settings.TESSERA["GC_TUNING"]:
+        tune_for_server()  # the worker has loaded Django and its tasks: see controlplane/gc_tuning.py

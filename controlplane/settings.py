@@ -229,4 +229,13 @@ TESSERA = {
     "IDEMPOTENCY_TTL_S": env_int("TESSERA_IDEMPOTENCY_TTL_S", 24 * 3600, minimum=60),
     "RETRY_BACKOFF_S": env_float("TESSERA_RETRY_BACKOFF_S", 10.0, minimum=0.0),
     "WEB_THREADS": WEB_THREADS,
+    # Off switches for the workarounds inside frameworks (docs/internals.md): each is on by
+    # default; turning one off gives the library's own behaviour back, slower but with nothing of
+    # its private API used (TESSERA_WEB_THREADS=0 does the same for the pooled request handler).
+    "SKIP_FORM_PARSING": env_bool("TESSERA_SKIP_FORM_PARSING", True),
+    "GC_TUNING": env_bool("TESSERA_GC_TUNING", True),
+    "GC_PAUSE_IN_PASS": env_bool("TESSERA_GC_PAUSE_IN_PASS", True),
+    "LIVE_PIPELINE": env_bool("TESSERA_LIVE_PIPELINE", True),
+    "PREPARED_READS": env_bool("TESSERA_PREPARED_READS", True),
+    "FIELD_TEMPLATES": env_bool("TESSERA_FIELD_TEMPLATES", True),
 }

@@ -30,6 +30,8 @@ class FieldTemplates:
     """
 
     def get_fields(self) -> dict[str, serializers.Field]:
+        if not settings.TESSERA["FIELD_TEMPLATES"]:  # DRF's way: every field built per instance
+            return super().get_fields()  # type: ignore[misc]
         cls = type(self)
         templates = cls.__dict__.get("_field_templates")
         if templates is None:

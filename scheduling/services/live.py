@@ -28,6 +28,7 @@ from typing import Any
 from asgiref.sync import async_to_sync
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from channels_redis.core import RedisChannelLayer
+from django.conf import settings
 from django.db import transaction
 
 log = logging.getLogger("tessera.live")
@@ -69,7 +70,7 @@ class Outlet:
     async def _send_all(batch: list[Message]) -> None:
         layer = get_channel_layer()
         merged = _merged(batch)
-        if isinstance(layer, RedisChannelLayer):
+        if isinstance(layer, RedisChannelLayer) and settings.TESSERA["LIVE_PIPELINE"]:
             try:
                 await _group_send_all(layer, merged)
             except Exception:  # Redis down: live updates are best-effort, PostgreSQL keeps the truth

@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from bisect import bisect_left
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -197,7 +198,8 @@ def _one_pass(now: datetime | None) -> PassResult:
         # it would then decide nothing, pass after pass). What a cut-short pass did not reach is
         # decided first by the next one, so a long queue is worked through in turns.
         deadline = Deadline(clock() + settings.TESSERA["PASS_BUDGET_S"], clock, loaded.stored.not_reached)
-        with collector_paused():  # full GC collections grew faster than the pass (engine/collector.py)
+        # Full GC collections grew faster than the pass (engine/collector.py).
+        with collector_paused() if settings.TESSERA["GC_PAUSE_IN_PASS"] else nullcontext():
             engine = make_policy(loaded)
             decisions: Decisions = engine.decide(loaded.snapshot.now, deadline)
         # Stored before the decisions are applied: what the engine remembers is what it decided,

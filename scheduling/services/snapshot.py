@@ -174,6 +174,10 @@ class PreparedRead:
         # the fields' converters)
         self._compiled: dict[tuple[str, int], tuple[SQLCompiler, str, tuple, dict]] = {}
 
+    def query(self, *values: Sequence[Any]) -> QuerySet:
+        """The read as the ORM's query (what the prepared SQL is built from)."""
+        return self._build(*values)
+
     def rows(self, *values: Sequence[Any]) -> list[Sequence[Any]]:
         return read_together((self, *values))[0]
 
@@ -238,6 +242,8 @@ def read_together(*reads: tuple[Any, ...]) -> list[list[Sequence[Any]]]:
     and their results are read one after the other. Each is its own statement, as if sent
     alone: a later one sees what an earlier one locked or changed. Elsewhere, one by one.
     """
+    if not settings.TESSERA["PREPARED_READS"]:  # the ORM's own way: SQL built per read, one by one
+        return [list(read.query(*values)) if not values or values[0] else [] for read, *values in reads]
     statements = [read.statement(*values) for read, *values in reads]
     ready = [s for s in statements if s is not None]
     together = len(ready) > 1 and statements_together()

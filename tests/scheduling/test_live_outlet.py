@@ -77,6 +77,26 @@ def test_the_outlet_sends_to_groups_with_a_member_and_skips_the_empty_ones(redis
 
 
 @pytest.mark.redis(REDIS_WHY)
+def test_with_the_pipeline_switched_off_the_outlet_uses_group_send_itself(redis_layer, monkeypatch, settings):
+    """TESSERA_LIVE_PIPELINE=0: no private helper of channels_redis is called (docs/internals.md)."""
+    settings.TESSERA = {**settings.TESSERA, "LIVE_PIPELINE": False}
+    monkeypatch.setattr(live, "get_channel_layer", lambda: redis_layer)
+
+    async def not_used(*args, **kwargs):
+        raise AssertionError("the pipelined send ran")
+
+    monkeypatch.setattr(live, "_group_send_all", not_used)
+    update = {"type": "job.update", "job": {"id": 1, "state": "running"}}
+
+    async def scenario():
+        await redis_layer.group_add("jobs.operators", "dash.9")
+        await live.Outlet._send_all([("jobs.operators", update)])
+        return await redis_layer.receive("dash.9")
+
+    assert async_to_sync(scenario)() == update
+
+
+@pytest.mark.redis(REDIS_WHY)
 def test_a_batch_reaches_each_member_as_one_group_send_after_another_would(redis_layer):
     batch = [
         ("jobs.operators", {"type": "job.update", "job": {"id": i, "state": "running"}}) for i in range(5)

@@ -34,6 +34,29 @@ def test_a_pass_binds_a_pending_job_to_gpus_of_one_node(world, two_nodes):
     assert scheduled.allocations[0]["gpus"] == sorted(a.device.index for a in allocs)
 
 
+@pytest.mark.parametrize("pause", [True, False], ids=["collector-paused", "switched-off"])
+def test_the_collector_is_paused_while_a_pass_decides_unless_switched_off(world, two_nodes, settings, pause):
+    """TESSERA_GC_PAUSE_IN_PASS (docs/internals.md): the engine decides with the collector off."""
+    import gc
+
+    settings.TESSERA = {**settings.TESSERA, "GC_PAUSE_IN_PASS": pause}
+    seen: list[bool] = []
+    make_policy = passes.make_policy
+
+    def watching(loaded):
+        policy = make_policy(loaded)
+        decide = policy.decide
+        policy.decide = lambda *args: (seen.append(gc.isenabled()), decide(*args))[1]
+        return policy
+
+    helpers.submit(world.alice, world.vision, gpus=1)
+    assert gc.isenabled()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(passes, "make_policy", watching)
+        assert passes.run_pass().bound
+    assert seen == [not pause] and gc.isenabled()
+
+
 def test_a_gang_is_bound_whole_or_not_at_all(world, two_nodes):
     job = helpers.submit(world.alice, world.vision, gpus=24, replicas=3, min_available=3)
     passes.run_pass()
