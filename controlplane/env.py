@@ -7,6 +7,8 @@ from urllib.parse import unquote, urlparse, urlsplit
 
 import dj_database_url
 
+from scheduling.engine.config import KNOBS, EngineConfig, KnobError, configure
+
 
 class ImproperlyConfiguredEnv(RuntimeError):
     """A setting's environment variable holds a value that cannot be used."""
@@ -150,3 +152,21 @@ def env_rate(name: str, default: str) -> tuple[int, int] | None:
     if not count.isdigit() or int(count) < 1 or unit not in RATE_PERIODS:
         raise ImproperlyConfiguredEnv(f"{name}={raw!r}: expected N/s, N/m, N/h (N ≥ 1) or off")
     return int(count), RATE_PERIODS[unit]
+
+
+def env_engine_knobs() -> dict[str, str]:
+    """The scheduler's knobs set in the environment, ``TESSERA_ENGINE_<KNOB>`` (e.g.
+    ``TESSERA_ENGINE_ALPHA=0.5``, ``TESSERA_ENGINE_KIND_ACCELERATORS='{"inference": ["T4"]}'``):
+    the defaults the scheduler-settings record's fields override. Checked here, whole, so a bad
+    value stops the process with the variable's name."""
+    raw = {
+        k: os.environ[f"TESSERA_ENGINE_{k.upper()}"]
+        for k in KNOBS
+        if os.environ.get(f"TESSERA_ENGINE_{k.upper()}")
+    }
+    try:
+        configure(EngineConfig(), raw)
+    except KnobError as exc:
+        name = f"TESSERA_ENGINE_{exc.knob.upper()}"
+        raise ImproperlyConfiguredEnv(f"{name}={raw[exc.knob]!r}: {exc.message}") from None
+    return raw

@@ -14,6 +14,7 @@ from controlplane.env import (
     channel_layer_host,
     database_from_url,
     env_bool,
+    env_engine_knobs,
     env_float,
     env_int,
     env_list,
@@ -238,4 +239,7 @@ TESSERA = {
     "LIVE_PIPELINE": env_bool("TESSERA_LIVE_PIPELINE", True),
     "PREPARED_READS": env_bool("TESSERA_PREPARED_READS", True),
     "FIELD_TEMPLATES": env_bool("TESSERA_FIELD_TEMPLATES", True),
+    # The scheduler's knobs from TESSERA_ENGINE_<KNOB> (engine/config.py's KNOBS), as text:
+    # defaults that the operator's scheduler-settings record overrides field by field.
+    "ENGINE_KNOBS": env_engine_knobs(),
 }

@@ -13,9 +13,11 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 
+from scheduling.engine.config import KNOBS
 from scheduling.models import (
     Allocation,
     Device,
@@ -28,10 +30,12 @@ from scheduling.models import (
     Membership,
     Node,
     Quota,
+    SchedulerSettings,
     SchedulerState,
     Tenant,
 )
 from scheduling.services import operators
+from scheduling.services.knobs import check_knobs, do_save_scheduler_settings, knobs_of
 from scheduling.services.quotas import check_quota, do_create_quota, do_delete_quota, do_update_quota
 from scheduling.states import InvalidTransition
 
@@ -192,6 +196,15 @@ class NodeAdmin(ReadOnlyMixin, admin.ModelAdmin):
     inlines = [DeviceInline]
     actions = ["cordon", "uncordon"]
 
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.is_superuser  # its price only: the rest belongs to its agent
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Node | None = None) -> list[str]:
+        return [f.name for f in Node._meta.fields if f.name not in ("price_per_gpu_hour", "credential_hash")]
+
+    def save_model(self, request: HttpRequest, obj: Node, form: Any, change: bool) -> None:
+        operators.do_set_node_price(obj, obj.price_per_gpu_hour)
+
     def get_queryset(self, request: HttpRequest) -> QuerySet[Node]:
         return super().get_queryset(request).annotate(gpus_n=Count("devices"))
 
@@ -322,3 +335,38 @@ class EngineMemoryRecordAdmin(ReadOnlyMixin, admin.ModelAdmin):
     """What the last pass's engine left for the next (its reservations, held rooms, request mix)."""
 
     list_display = ["__str__", "updated_at", "not_reached"]
+
+
+class SchedulerSettingsForm(forms.ModelForm):
+    class Meta:
+        model = SchedulerSettings
+        fields = list(KNOBS)
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean()
+        error = check_knobs(knobs_of(cleaned))  # the whole record, on top of the environment's
+        if error is not None:
+            raise ValidationError({error.knob: error.message})
+        return cleaned
+
+
+@admin.register(SchedulerSettings)
+class SchedulerSettingsAdmin(admin.ModelAdmin):
+    """The scheduler's knobs (blank: the environment's default); operators only, checked whole
+    before saving, effective from the next pass (``services/knobs.py``)."""
+
+    form = SchedulerSettingsForm
+    list_display = ["__str__", "updated_by", "updated_at"]
+    readonly_fields = ["updated_by", "updated_at"]
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.is_superuser and not SchedulerSettings.objects.exists()
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.is_superuser
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def save_model(self, request: HttpRequest, obj: SchedulerSettings, form: Any, change: bool) -> None:
+        do_save_scheduler_settings(obj, request.user)

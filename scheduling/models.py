@@ -372,3 +372,46 @@ class EngineMemoryRecord(models.Model):
 
     def __str__(self) -> str:
         return f"engine memory of {self.updated_at}"
+
+
+class SchedulerSettings(models.Model):
+    """One row: the scheduler's knobs as an operator set them (admin), each overriding its
+    environment default (``TESSERA_ENGINE_<KNOB>``) when set; blank = the default. Checked whole
+    before it is saved (``engine.config.configure``), read by every pass: effective from the
+    next one. ``updated_by`` and ``updated_at``: who changed it last, and when."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    alpha = models.FloatField(null=True, blank=True, help_text="weight of a node's price per GPU-hour")
+    beta = models.FloatField(null=True, blank=True, help_text="weight of consolidation (busy nodes first)")
+    gamma = models.FloatField(
+        null=True, blank=True, help_text="cost per hour of waiting for a preferred model (blank: never wait)"
+    )
+    delta = models.FloatField(null=True, blank=True, help_text="weight of data locality (prefer_labels)")
+    aging_s = models.FloatField(null=True, blank=True, help_text="wait after which a job is promoted")
+    starve_s = models.FloatField(null=True, blank=True, help_text="starvation bound (0: off)")
+    reclaim_after_s = models.FloatField(null=True, blank=True)
+    reclaim_checkpoint_window_s = models.FloatField(null=True, blank=True)
+    room_hold_s = models.FloatField(null=True, blank=True)
+    preempt_min_run_s = models.FloatField(null=True, blank=True)
+    spare_ending_s = models.FloatField(null=True, blank=True)
+    max_reservations = models.PositiveIntegerField(null=True, blank=True)
+    default_runtime_s = models.FloatField(null=True, blank=True)
+    min_split_gpus = models.PositiveIntegerField(null=True, blank=True)
+    kind_accelerators = models.JSONField(
+        null=True, blank=True, help_text='preferred models per kind, e.g. {"inference": ["T4", "A100"]}'
+    )
+    preemptor_levels = models.JSONField(
+        null=True, blank=True, help_text="queue levels whose jobs may preempt lower ones, e.g. [0]"
+    )
+    backfill = models.BooleanField(null=True, blank=True)
+    preemption = models.BooleanField(null=True, blank=True)
+    updated_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    updated_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name_plural = "scheduler settings"
+
+    def __str__(self) -> str:
+        return "scheduler settings"

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,3 +104,135 @@ class EngineConfig:
             if k == kind:
                 return models
         return ()
+
+
+# -- the knobs an operator may set live (environment defaults, then the scheduler-settings record) --
+
+KNOBS: tuple[str, ...] = (
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "aging_s",
+    "starve_s",
+    "reclaim_after_s",
+    "reclaim_checkpoint_window_s",
+    "room_hold_s",
+    "preempt_min_run_s",
+    "spare_ending_s",
+    "max_reservations",
+    "default_runtime_s",
+    "min_split_gpus",
+    "kind_accelerators",
+    "preemptor_levels",
+    "backfill",
+    "preemption",
+)
+# Number knobs and their least value (strict: must be above it).
+_NUMBERS: dict[str, tuple[float, bool]] = {
+    "alpha": (0.0, False),
+    "beta": (0.0, False),
+    "gamma": (0.0, False),
+    "delta": (0.0, False),
+    "aging_s": (0.0, True),
+    "starve_s": (0.0, False),
+    "reclaim_after_s": (0.0, False),
+    "reclaim_checkpoint_window_s": (0.0, False),
+    "room_hold_s": (0.0, False),
+    "preempt_min_run_s": (0.0, False),
+    "spare_ending_s": (0.0, False),
+    "default_runtime_s": (0.0, True),
+}
+_KINDS = ("inference", "training", "finetune", "batch")
+
+
+class KnobError(ValueError):
+    """A knob's value the engine cannot run with; ``knob`` names it."""
+
+    def __init__(self, knob: str, message: str):
+        super().__init__(f"{knob}: {message}")
+        self.knob = knob
+        self.message = message
+
+
+def configure(base: EngineConfig, values: Mapping[str, Any]) -> EngineConfig:
+    """``base`` with ``values`` (knob name -> value, as JSON or an environment variable gives
+    it: numbers, booleans, lists, or their text) applied. Every value is checked first, so the
+    result is the whole new configuration or a :class:`KnobError` naming the first bad knob:
+    nothing is ever half-applied."""
+    changes: dict[str, Any] = {}
+    for knob, raw in values.items():
+        if knob not in KNOBS:
+            raise KnobError(knob, f"not a scheduler knob (one of {', '.join(KNOBS)})")
+        changes[knob] = _parse(knob, raw, base)
+    return replace(base, **changes)
+
+
+def _parse(knob: str, raw: Any, base: EngineConfig) -> Any:
+    if isinstance(raw, str) and knob in ("kind_accelerators", "preemptor_levels"):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            raise KnobError(knob, f"{raw!r} is not JSON") from None
+    if knob in _NUMBERS:
+        value = _number(knob, raw)
+        least, strict = _NUMBERS[knob]
+        if value < least or (strict and value == least):
+            raise KnobError(knob, f"{raw!r} must be {'above' if strict else 'at least'} {least:g}")
+        if math.isinf(value) and knob != "gamma":
+            raise KnobError(knob, f"{raw!r} must be finite")
+        return value
+    if knob in ("max_reservations", "min_split_gpus"):
+        value = _number(knob, raw)
+        if not value.is_integer() or value < (knob == "min_split_gpus"):
+            raise KnobError(
+                knob, f"{raw!r} must be a whole number of at least {int(knob == 'min_split_gpus')}"
+            )
+        n = int(value)
+        if knob == "min_split_gpus" and n & (n - 1):
+            raise KnobError(knob, f"{raw!r} must be a power of two (1, 2, 4, 8, ...)")
+        return n
+    if knob in ("backfill", "preemption"):
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        raise KnobError(knob, f"{raw!r} must be true or false")
+    if knob == "kind_accelerators":
+        if not isinstance(raw, dict):
+            raise KnobError(knob, 'must map job kinds to models, e.g. {"inference": ["T4", "A100"]}')
+        out = []
+        for kind in _KINDS:
+            models = raw.get(kind)
+            if models is None:
+                continue
+            if not isinstance(models, list) or not all(isinstance(m, str) and m for m in models):
+                raise KnobError(knob, f"{kind}: {models!r} must be a list of model names")
+            out.append((kind, tuple(models)))
+        unknown = sorted(set(raw) - set(_KINDS))
+        if unknown:
+            raise KnobError(knob, f"{unknown[0]!r} is not a job kind (one of {', '.join(_KINDS)})")
+        return tuple(out)
+    # preemptor_levels
+    levels = sorted({lv for _, lv in base.levels})
+    if not isinstance(raw, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in raw):
+        raise KnobError(knob, f"{raw!r} must be a list of queue levels, e.g. [0]")
+    bad = [v for v in raw if v not in levels]
+    if bad:
+        raise KnobError(knob, f"{bad[0]} is not a queue level (one of {', '.join(map(str, levels))})")
+    return tuple(sorted(set(raw)))
+
+
+def _number(knob: str, raw: Any) -> float:
+    if isinstance(raw, bool):
+        raise KnobError(knob, f"{raw!r} is not a number")
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise KnobError(knob, f"{raw!r} is not a number") from None
+    if math.isnan(value):
+        raise KnobError(knob, f"{raw!r} is not a number")
+    return value

@@ -3,7 +3,7 @@
 * GPU capacity in milli-GPU per device (1000 = a whole free GPU, 0 = used or unhealthy);
   CPU in milli-CPU and memory in MiB, ``UNTRACKED`` when the node does not report them.
 * Each node keeps buddy free lists per NVLink island (:mod:`.buddy`) for whole-GPU requests.
-* Nodes in the same class (model, size, islands, labels, taints) and the same free state form a
+* Nodes in the same class (model, size, islands, labels, taints, price) and the same free state form a
   *group* with an integer id; placement scores a request once per group, not once per node, and a
   change of one node moves it between two groups. The expected fragmentation ``F(n)`` of each
   node is looked up per state (memoised) and summed incrementally.
@@ -150,6 +150,7 @@ class ClusterState:
                 s.taints,
                 s.schedulable,
                 s.unhealthy_gpus,
+                s.price_per_gpu_hour,  # α scores a node by its class's price
             )
             cls = classes.setdefault(ckey, len(classes))
             self.nodes.append(NodeState(i, s, cls, rank[i]))

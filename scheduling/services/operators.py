@@ -1,4 +1,5 @@
-"""Operators' actions from the admin console: cordon and uncordon nodes, revoke join tokens.
+"""Operators' actions from the admin console: cordon and uncordon nodes, set a node's price, revoke
+join tokens.
 
 A cordoned node keeps its running jobs but takes no new ones (the snapshot marks it unschedulable);
 uncordoning it asks for a scheduling pass, since pending jobs may now fit.
@@ -44,3 +45,12 @@ def do_uncordon_nodes(node_ids: Iterable[int]) -> int:
 def do_revoke_join_tokens(token_ids: Iterable[int]) -> int:
     """Revoked tokens register no more agents (nodes already registered keep their credentials)."""
     return JoinToken.objects.filter(pk__in=list(token_ids), revoked=False).update(revoked=True)
+
+
+def do_set_node_price(node: Node, price_per_gpu_hour: float) -> None:
+    """Set what a GPU-hour on ``node`` costs (α weighs it in placement, from the next pass)."""
+    if not price_per_gpu_hour >= 0:
+        raise ValueError("price_per_gpu_hour must be a number >= 0")
+    with transaction.atomic():
+        Node.objects.filter(pk=node.pk).update(price_per_gpu_hour=price_per_gpu_hour)
+        live.publish_nodes(pk__in=[node.pk])

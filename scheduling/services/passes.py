@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from bisect import bisect_left
+from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -25,7 +26,7 @@ from django.utils import timezone
 
 from scheduling.choices import EventType, JobState
 from scheduling.engine.collector import collector_paused
-from scheduling.engine.config import EngineConfig
+from scheduling.engine.config import EngineConfig, KnobError, configure
 from scheduling.engine.policy import TesseraScheduler
 from scheduling.engine.types import Binding, Deadline, Decisions
 from scheduling.models import Allocation, Device, Job, Node, SchedulerState
@@ -178,14 +179,27 @@ def make_policy(loaded: LoadedSnapshot) -> TesseraScheduler:
     """The engine for one pass: the snapshot, and what the last pass's engine left (its
     reservations, held rooms, request mix: ``engine/memory.py``), so that it decides as one
     engine living through every pass would."""
-    return TesseraScheduler.from_snapshot(loaded.snapshot, engine_config(), loaded.stored.memory)
+    return TesseraScheduler.from_snapshot(loaded.snapshot, engine_config(loaded.knobs), loaded.stored.memory)
 
 
-def engine_config() -> EngineConfig:
+def engine_config(knobs: Mapping[str, Any] | None = None) -> EngineConfig:
+    """The engine's settings: its defaults, the knobs set in the environment
+    (``TESSERA_ENGINE_<KNOB>``, checked at start-up), then ``knobs`` (the operator's
+    scheduler-settings record). A record that does not check out whole (changed in the database
+    behind the admin's back) is not applied at all: the pass runs on the environment's knobs and
+    logs why."""
     # No resizes live: the agent has no way to add or remove a running job's replicas, so an
     # elastic job runs at the size it started with (between its min and max), and the engine
     # must not plan a start on GPUs it would free by shrinking one (docs/scheduler.md).
-    return EngineConfig(max_starts_per_pass=settings.TESSERA["MAX_STARTS_PER_PASS"], resizes=False)
+    base = EngineConfig(max_starts_per_pass=settings.TESSERA["MAX_STARTS_PER_PASS"], resizes=False)
+    base = configure(base, settings.TESSERA["ENGINE_KNOBS"])
+    if not knobs:
+        return base
+    try:
+        return configure(base, knobs)
+    except KnobError as exc:
+        log.error("scheduler settings not applied, the environment's are: %s", exc)
+        return base
 
 
 def _one_pass(now: datetime | None) -> PassResult:

@@ -23,6 +23,7 @@ from django.db.models.sql.compiler import SQLCompiler
 from django.utils.dateparse import parse_datetime
 
 from scheduling.choices import HOLDING_STATES, JobState, NodeState
+from scheduling.engine.config import KNOBS
 from scheduling.engine.memory import BadMemory, EngineMemory
 from scheduling.engine.types import (
     FinishedRun,
@@ -33,7 +34,16 @@ from scheduling.engine.types import (
     RunningJob,
     Snapshot,
 )
-from scheduling.models import Allocation, Device, EngineMemoryRecord, Job, Node, Quota, Tenant
+from scheduling.models import (
+    Allocation,
+    Device,
+    EngineMemoryRecord,
+    Job,
+    Node,
+    Quota,
+    SchedulerSettings,
+    Tenant,
+)
 from scheduling.services.bulk import statements_together
 
 log = logging.getLogger("tessera.pass")
@@ -152,6 +162,8 @@ class LoadedSnapshot:
     # Each node's devices (``DEVICE_FIELDS``), by node id: what they were at the node's version.
     devices: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     stored: StoredMemory = field(default_factory=StoredMemory)
+    # The knobs the operator's scheduler-settings record sets (blank fields left out).
+    knobs: dict[str, Any] = field(default_factory=dict)
 
 
 class PreparedRead:
@@ -332,6 +344,7 @@ _QUOTAS = PreparedRead(
 )
 
 
+_KNOBS = PreparedRead(lambda: SchedulerSettings.objects.filter(pk=1).values_list(*KNOBS))
 _MEMORY = PreparedRead(lambda: EngineMemoryRecord.objects.filter(pk=1).values_list("memory", "not_reached"))
 
 HISTORY_KEEP = 10  # finished runs per tenant and kind: as many as the engine's predictor keeps
@@ -419,8 +432,8 @@ def load_snapshot(now: datetime, pending: list[dict[str, Any]] | None = None) ->
     """
     if pending is None:
         pending = pending_rows()
-    holding, node_rows, device_rows, held, quotas, memory, history = read_together(
-        (_HOLDING,), (_NODES,), (_DEVICES,), (_HELD,), (_QUOTAS,), (_MEMORY,), (_HISTORY,)
+    holding, node_rows, device_rows, held, quotas, memory, history, knobs = read_together(
+        (_HOLDING,), (_NODES,), (_DEVICES,), (_HELD,), (_QUOTAS,), (_MEMORY,), (_HISTORY,), (_KNOBS,)
     )
     jobs = [dict(zip(JOB_FIELDS, row, strict=True)) for row in holding] + pending
     nodes = [dict(zip(NODE_FIELDS, row, strict=True)) for row in node_rows]
@@ -470,4 +483,5 @@ def load_snapshot(now: datetime, pending: list[dict[str, Any]] | None = None) ->
         reasons=reasons,
         devices=devices,
         stored=StoredMemory.of_rows(memory),
+        knobs={k: v for row in knobs for k, v in zip(KNOBS, row, strict=True) if v is not None},
     )

@@ -24,6 +24,7 @@ ALL_MODELS = [
     models.IdempotencyKey,
     models.SchedulerState,
     models.EngineMemoryRecord,
+    models.SchedulerSettings,
 ]
 
 
@@ -49,6 +50,7 @@ def test_every_list_and_detail_page_renders(console, world, alice_job, model):
 
     SchedulerState.objects.create(last_pass_at=timezone.now())
     models.EngineMemoryRecord.objects.create(updated_at=timezone.now())
+    models.SchedulerSettings.objects.create(alpha=0.5)
     JoinToken.objects.create(name="t", token_hash="h" * 64)
     post_json(world.client("alice"), "/api/v1/jobs/", valid_body(), HTTP_IDEMPOTENCY_KEY="k")
     meta = model._meta

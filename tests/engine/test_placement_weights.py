@@ -1,4 +1,5 @@
-"""The placement cost weights: β (consolidation) and γ (expected wait for a preferred model)."""
+"""The placement cost weights: α (price), β (consolidation) and γ (expected wait for a preferred
+model)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,23 @@ def _bound_node(config: EngineConfig, nodes, running, job: JobRequest) -> tuple[
     if d.bindings:
         return d.bindings[0].placements[0].node, None
     return "", d.pending[job.id]
+
+
+# -- α ---------------------------------------------------------------------------------------------
+
+
+def test_alpha_sends_a_job_to_the_cheapest_of_equal_nodes_and_without_it_prices_do_not_count():
+    names = ("n1", "n2", "n3")
+    plain = [node(n) for n in names]
+    first, _ = _bound_node(EngineConfig(), plain, [], _one_gpu("j"))
+    # the node the seeded order picks costs most, the one it would pick last least
+    order = [first] + [n for n in names if n != first]
+    priced = [replace(node(n), price_per_gpu_hour=9.0 - 4 * order.index(n)) for n in names]
+    cheapest = order[-1]
+    assert _bound_node(EngineConfig(), priced, [], _one_gpu("j"))[0] == first
+    assert _bound_node(EngineConfig(alpha=1.0), priced, [], _one_gpu("j"))[0] == cheapest
+    # α weighs price per GPU: a 4-GPU job saves four times as much on the cheaper node
+    assert _bound_node(EngineConfig(alpha=0.3), priced, [], replace(_one_gpu("j"), gpus=4))[0] == cheapest
 
 
 # -- β ---------------------------------------------------------------------------------------------

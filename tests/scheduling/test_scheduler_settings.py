@@ -1,0 +1,145 @@
+"""The scheduler's knobs, live: the operator's scheduler-settings record over the environment's
+defaults, checked whole (a bad value refused with its knob's name), effective from the next pass."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+
+import pytest
+
+from controlplane.env import ImproperlyConfiguredEnv, env_engine_knobs
+from scheduling.engine.config import KnobError
+from scheduling.models import Job, Node, SchedulerSettings
+from scheduling.services import passes
+from scheduling.services.dryrun import dry_run
+from scheduling.services.knobs import do_save_scheduler_settings
+
+helpers = importlib.import_module("tests.scheduling.helpers")
+
+
+def where(world, **fields) -> str:
+    """The node a job of alice's would start on now (the pass's own engine, nothing stored)."""
+    out = dry_run(world.vision, helpers.job_fields(**fields))
+    assert out["would_start"], out
+    return out["allocations"][0]["node"]
+
+
+def configure(world, **knobs) -> None:
+    record = SchedulerSettings.objects.filter(pk=1).first() or SchedulerSettings()
+    for name, value in knobs.items():
+        setattr(record, name, value)
+    do_save_scheduler_settings(record, world.admin)
+
+
+def test_alpha_sends_a_job_to_the_cheaper_node_once_set_and_not_before(world):
+    for name in ("a100-01", "a100-02", "a100-03"):
+        helpers.make_node(name)
+    first = where(world)
+    others = sorted({"a100-01", "a100-02", "a100-03"} - {first})
+    prices = {first: 9.0, others[0]: 3.0, others[1]: 1.0}
+    for name, price in prices.items():
+        Node.objects.filter(name=name).update(price_per_gpu_hour=price)
+    assert where(world) == first  # α is 0 by default: prices do not count
+    configure(world, alpha=1.0)
+    assert where(world) == others[1]
+    job = helpers.submit(world.alice, world.vision)
+    passes.run_pass()
+    assert {a.node.name for a in Job.objects.get(pk=job.pk).allocations.all()} == {others[1]}
+    record = SchedulerSettings.objects.get()
+    assert record.updated_by == world.admin and record.updated_at is not None
+
+
+def test_kind_accelerators_steer_a_kind_to_the_models_named_for_it(world):
+    helpers.make_node("h100-01", model="H100")
+    helpers.make_node("t4-01", model="T4", gpus=4, nvlink=1)
+    configure(world, kind_accelerators={"inference": ["T4"]})
+    assert where(world, kind="inference") == "t4-01"
+    configure(world, kind_accelerators={"inference": ["H100"]})
+    assert where(world, kind="inference") == "h100-01"
+
+
+@pytest.mark.parametrize(
+    ("knob", "value", "words"),
+    [
+        ("alpha", -1.0, "at least 0"),
+        ("aging_s", 0.0, "above 0"),
+        ("min_split_gpus", 3, "power of two"),
+        ("kind_accelerators", {"gpu": ["T4"]}, "not a job kind"),
+        ("preemptor_levels", [7], "not a queue level"),
+    ],
+)
+def test_a_bad_knob_is_refused_with_its_name_and_nothing_is_saved(world, knob, value, words):
+    configure(world, beta=0.5)
+    record = SchedulerSettings.objects.get()
+    record.delta = 3.0  # a good change alongside the bad one: not saved either
+    setattr(record, knob, value)
+    with pytest.raises(KnobError) as refused:
+        do_save_scheduler_settings(record, world.admin)
+    assert refused.value.knob == knob and words in str(refused.value)
+    stored = SchedulerSettings.objects.get()
+    assert (stored.beta, stored.delta, getattr(stored, knob)) == (0.5, None, None)
+
+
+def test_the_admin_form_names_the_bad_knob_and_an_operator_saves_a_good_one(world, client):
+    client.force_login(world.admin)
+    url = "/admin/scheduling/schedulersettings/add/"
+    response = client.post(url, {"alpha": "-2", "kind_accelerators": "null", "preemptor_levels": "null"})
+    assert response.status_code == 200
+    assert "alpha" in response.context["adminform"].form.errors
+    assert not SchedulerSettings.objects.exists()
+    response = client.post(url, {"alpha": "0.25", "kind_accelerators": "null", "preemptor_levels": "null"})
+    assert response.status_code == 302
+    assert SchedulerSettings.objects.get().alpha == 0.25
+
+
+def test_a_tenant_member_cannot_change_the_scheduler_settings(world, client):
+    world.alice.is_staff = True
+    world.alice.save()
+    client.force_login(world.alice)
+    response = client.post("/admin/scheduling/schedulersettings/add/", {"alpha": "1"})
+    assert response.status_code == 403
+    assert not SchedulerSettings.objects.exists()
+
+
+def test_a_record_broken_behind_the_admin_is_not_applied_and_the_pass_says_so(world, caplog):
+    helpers.make_node("a100-01")
+    SchedulerSettings.objects.create(alpha=1.0, min_split_gpus=3)  # not through the admin
+    job = helpers.submit(world.alice, world.vision)
+    with caplog.at_level(logging.ERROR, logger="tessera.pass"):
+        passes.run_pass()
+    assert Job.objects.get(pk=job.pk).state == "scheduled"
+    assert "min_split_gpus" in caplog.text
+
+
+def test_a_bad_environment_default_stops_the_process_naming_the_variable(monkeypatch):
+    monkeypatch.setenv("TESSERA_ENGINE_STARVE_S", "-5")
+    with pytest.raises(ImproperlyConfiguredEnv, match="TESSERA_ENGINE_STARVE_S"):
+        env_engine_knobs()
+    monkeypatch.setenv("TESSERA_ENGINE_STARVE_S", "3600")
+    monkeypatch.setenv("TESSERA_ENGINE_BACKFILL", "off")
+    assert env_engine_knobs() == {"starve_s": "3600", "backfill": "off"}
+
+
+def test_an_environment_default_is_used_until_the_record_overrides_it(world, settings):
+    settings.TESSERA = {**settings.TESSERA, "ENGINE_KNOBS": {"starve_s": "3600", "alpha": "2"}}
+    assert (passes.engine_config().starve_s, passes.engine_config().alpha) == (3600.0, 2.0)
+    assert passes.engine_config({"alpha": 0.5}).alpha == 0.5
+    assert passes.engine_config({"alpha": 0.5}).starve_s == 3600.0
+
+
+def test_an_operator_sets_a_nodes_price_in_the_admin_and_nothing_else_of_it(world, client):
+    node = helpers.make_node("a100-01")
+    client.force_login(world.admin)
+    response = client.post(
+        f"/admin/scheduling/node/{node.pk}/change/",
+        {"price_per_gpu_hour": "2.5", "rack": "elsewhere", **_empty_inline()},
+    )
+    assert response.status_code == 302, response.content[:2000]
+    node.refresh_from_db()
+    assert (node.price_per_gpu_hour, node.rack) == (2.5, "r1")
+
+
+def _empty_inline() -> dict[str, str]:
+    prefix = "devices"
+    return {f"{prefix}-TOTAL_FORMS": "0", f"{prefix}-INITIAL_FORMS": "0"}
