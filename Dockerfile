@@ -12,7 +12,7 @@ WORKDIR /app
 # The installed package and /app are the same code; PYTHONPATH makes every process (daphne,
 # celery, manage.py, the agent) import it from /app alike, so settings.BASE_DIR is /app.
 COPY . .
-RUN pip install . \
+RUN pip install -c requirements/lock.txt . \
     && useradd --create-home --uid 10001 tessera \
     && mkdir -p /app/var \
     && chown tessera:tessera /app/var

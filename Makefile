@@ -4,13 +4,16 @@
 PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
-# Reinstall only when the dependencies change (a stamp older than pyproject.toml). The demo needs
-# only the runtime packages (quicker on a fresh clone); tests need the dev extras too.
+# Installs take the exact versions of requirements/lock.txt (`make lock` regenerates it from
+# pyproject.toml). Reinstall only when the dependencies change (a stamp older than pyproject.toml
+# or the lock). The demo needs only the runtime packages, at the lock's versions (quicker on a
+# fresh clone); tests need the dev and sim extras too: the whole lock.
+LOCK := requirements/lock.txt
 STAMP := $(VENV)/.installed
 RUNTIME_STAMP := $(VENV)/.installed-runtime
 PIP := $(BIN)/python -m pip install --disable-pip-version-check -q
 
-.PHONY: help demo test bench bench-e2e bench-requests eval gpu-check lint venv install deps clean-demo
+.PHONY: help demo test bench bench-e2e bench-requests eval gpu-check lint venv install deps lock clean-demo
 
 help:
 	@echo "make demo   - start the embedded demo cluster (web, scheduler, 12 simulated agents)"
@@ -19,18 +22,28 @@ help:
 	@echo "make bench-e2e - submit-to-running latency through every real part (needs PostgreSQL, Redis)"
 	@echo "make bench-requests - web CPU per request, by kind (one daphne; needs PostgreSQL, Redis)"
 	@echo "make gpu-check - check discovery and real jobs on this machine's NVIDIA GPUs"
-	@echo "make lint   - ruff;  make install - create .venv and install the project"
+	@echo "make lint   - ruff;  make install - create .venv and install the project (requirements/lock.txt)"
+	@echo "make lock   - regenerate requirements/lock.txt after changing pyproject.toml's dependencies"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): pyproject.toml | $(BIN)/python
-	$(PIP) -e '.[dev]'
+$(STAMP): pyproject.toml $(LOCK) | $(BIN)/python
+	$(PIP) -r $(LOCK)
+	$(PIP) --no-deps -e .
 	@touch $@ $(RUNTIME_STAMP)
 
-$(RUNTIME_STAMP): pyproject.toml | $(BIN)/python
-	$(PIP) -e .
+$(RUNTIME_STAMP): pyproject.toml $(LOCK) | $(BIN)/python
+	$(PIP) -c $(LOCK) -e .
 	@touch $@
+
+# Regenerate the lock after a change to pyproject.toml's dependencies: uv resolves for every
+# platform and Python version the project supports, keeping the versions already locked where
+# the bounds still allow them (`make lock UV_ARGS=--upgrade` moves everything to the newest).
+lock: | $(BIN)/python
+	$(PIP) uv
+	$(BIN)/uv pip compile pyproject.toml --extra dev --universal --python-version 3.11 \
+		--custom-compile-command 'make lock' --quiet $(UV_ARGS) -o $(LOCK)
 
 venv install deps: $(STAMP)
 

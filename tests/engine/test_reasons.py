@@ -40,9 +40,10 @@ def check_claim(s: TesseraScheduler, job: JobRequest, code: str, message: str) -
             used, limit, model = float(m[1]), float(m[2]), m[3]
             assert abs(s.quotas.used(job.tenant, model) / MILLI - used) < 0.01
             assert used + geo.charge * geo.need / MILLI > limit - 1e-9
-    elif code in ("capacity", "fragmentation", "topology", "model", "node-selector"):
-        if code != "capacity" or "the cluster has" not in message:
-            assert not _fits_somewhere(s, job) or geo.need > 1, message
+    elif code in ("capacity", "fragmentation", "topology", "model", "node-selector") and (
+        code != "capacity" or "the cluster has" not in message
+    ):
+        assert not _fits_somewhere(s, job) or geo.need > 1, message
     if code == "fragmentation" and "blocks of at most" in message:
         m = re.search(r"([\d.]+) \S+ free, in blocks of at most (\d+) per node", message)
         assert m, message

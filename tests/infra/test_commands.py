@@ -34,7 +34,9 @@ def test_the_readme_opens_with_make_demo_and_make_test():
 def test_make_test_installs_the_project_then_runs_the_whole_suite_with_pytest():
     steps = make_dry_run("test").splitlines()
     assert any("-m venv .venv" in s for s in steps)
-    assert any("pip install" in s and "-e '.[dev]'" in s for s in steps)
+    # the exact versions of the lock (dev and sim extras included), then the project itself
+    assert any("pip install" in s and "-r requirements/lock.txt" in s for s in steps)
+    assert any("pip install" in s and "--no-deps -e ." in s for s in steps)
     assert steps[-1].strip() == ".venv/bin/pytest"
 
 
