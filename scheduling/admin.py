@@ -20,6 +20,7 @@ from django.http import HttpRequest
 from scheduling.engine.config import KNOBS
 from scheduling.models import (
     Allocation,
+    ApiToken,
     Device,
     EngineMemoryRecord,
     IdempotencyKey,
@@ -37,6 +38,7 @@ from scheduling.models import (
 from scheduling.services import operators
 from scheduling.services.knobs import check_knobs, do_save_scheduler_settings, knobs_of
 from scheduling.services.quotas import check_quota, do_create_quota, do_delete_quota, do_update_quota
+from scheduling.services.tokens import do_revoke_api_token
 from scheduling.states import InvalidTransition
 
 
@@ -180,6 +182,27 @@ class JoinTokenAdmin(admin.ModelAdmin):
     def revoke(self, request: HttpRequest, queryset: QuerySet[JoinToken]) -> None:
         n = operators.do_revoke_join_tokens(queryset.values_list("pk", flat=True))
         self.message_user(request, f"{n} token(s) revoked.")
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(ReadOnlyMixin, admin.ModelAdmin):
+    """People's API tokens: listed (never their keys: only prefixes and hashes are kept) and
+    revoked here; their owners make them through the API."""
+
+    list_display = ["name", "user", "prefix", "created_at", "last_used_at"]
+    search_fields = ["name", "user__username", "prefix"]
+    exclude = ["key_hash"]
+    list_select_related = ["user"]
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return bool(request.user.is_staff)
+
+    def delete_model(self, request: HttpRequest, obj: ApiToken) -> None:
+        do_revoke_api_token(obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
+        for token in queryset:
+            do_revoke_api_token(token)
 
 
 class DeviceInline(ReadOnlyInline):

@@ -103,6 +103,43 @@ class Quota(models.Model):
         return f"{self.tenant}:{self.model} {self.guaranteed:g}/{self.limit:g}"
 
 
+class ApiTokenQuerySet(models.QuerySet["ApiToken"]):
+    def visible_to(self, user) -> ApiTokenQuerySet:
+        """A person sees their own tokens; operators see everyone's (to revoke any)."""
+        if not getattr(user, "is_authenticated", False) or getattr(user, "pk", None) is None:
+            return self.none()
+        if user.is_staff:
+            return self.all()
+        return self.filter(user=user)
+
+
+class ApiToken(models.Model):
+    """One of a person's named API tokens (``Authorization: Token <key>``).
+
+    Only the key's first characters (``prefix``, to tell tokens apart and find the row) and its
+    SHA-256 (``key_hash``) are stored: the key itself is shown once, when it is made. A key is
+    random (``tsr_`` and 40 URL-safe characters), so a fast hash is as good as a slow one here.
+    """
+
+    PREFIX_LENGTH = 12
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=64)
+    prefix = models.CharField(max_length=PREFIX_LENGTH, db_index=True)
+    key_hash = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    objects = ApiTokenQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["user_id", "name"]
+        constraints = [models.UniqueConstraint(fields=["user", "name"], name="one_token_name_per_user")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+
 class JoinToken(models.Model):
     """Made by an operator; an agent presents it once to register and get its own credential."""
 

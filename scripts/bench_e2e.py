@@ -128,16 +128,16 @@ def prepare(pg: str, db: str, redis: str, redis_dbs: tuple[int, int], env: dict[
 def seed(gpus: int) -> tuple[str, str]:
     """A tenant with a quota for the whole cluster, a user with a token; a join token."""
     from django.contrib.auth.models import User
-    from rest_framework.authtoken.models import Token
 
     from scheduling.models import Membership, Quota, Tenant
     from scheduling.services.agents import do_create_join_token
+    from scheduling.services.tokens import do_create_api_token
 
     tenant = Tenant.objects.create(name="bench")
     Quota.objects.create(tenant=tenant, model="*", guaranteed=gpus, limit=gpus)
     user = User.objects.create_user("bench", password=None)
     Membership.objects.create(user=user, tenant=tenant)
-    return Token.objects.create(user=user).key, do_create_join_token("bench")[1]
+    return do_create_api_token(user, "bench")[1], do_create_join_token("bench")[1]
 
 
 def job_body(i: int, rng: random.Random) -> dict[str, Any]:

@@ -8,7 +8,10 @@
    4 × 4×T4 in r3 (each registers its own node with the join token, passed in the environment);
    with ``--gpu``, also one agent on this machine's real NVIDIA GPUs (NVML discovery, metrics from
    NVML on the agent's default port 9400), so jobs run on real devices;
-4. print the URLs, each user's password and token, and a curl example;
+4. print the URLs, each user's password and token, and a curl example — on the terminal only: no
+   log holds a secret, and everything the demo writes (the database, logs, the credentials file)
+   is readable by its own user alone (files 0600, folders 0700; ``var/`` itself 0711, so that job
+   users can reach the agents' folders in it without listing it);
 5. on Ctrl-C (or SIGTERM) stop everything it started: each child runs in its own process group,
    which gets SIGTERM, then SIGKILL after a grace period; descendants that left their group (job
    processes) are hunted down by pid and start time, so no process or port is left behind.
@@ -44,6 +47,10 @@ NODES: list[tuple[str, str]] = (
 SERVICE_VARS = ("DATABASE_URL", "REDIS_URL", "PROMETHEUS_URL")
 GPU_NODE = "gpu-local"  # --gpu: the node of this machine's real GPUs
 STOP_GRACE_S = 8.0
+# Files this launcher and its web, migrate and seed steps create are the user's alone; agents keep
+# the usual umask, since their job folders must be reachable by the jobs' own users.
+PRIVATE_UMASK = 0o077
+AGENT_UMASK = 0o022
 
 
 def log(message: str) -> None:
@@ -66,9 +73,11 @@ class Demo:
     stopping: bool = False
 
     # --- starting -------------------------------------------------------------------------
-    def spawn(self, name: str, argv: list[str], env: dict[str, str], log_dir: Path) -> Child:
+    def spawn(
+        self, name: str, argv: list[str], env: dict[str, str], log_dir: Path, umask: int = PRIVATE_UMASK
+    ) -> Child:
         log_path = log_dir / f"{name}.log"
-        with open(log_path, "ab") as out:
+        with private_file(log_path, append=True) as out:
             proc = subprocess.Popen(
                 argv,
                 cwd=ROOT,
@@ -77,6 +86,7 @@ class Demo:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own group: we stop it whole
+                umask=umask,
             )
         child = Child(name, proc, log_path)
         self.children.append(child)
@@ -107,6 +117,27 @@ class Demo:
             if start_time(pid) == started:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+
+
+def private_file(path: Path, append: bool = False):
+    """``path`` opened for writing, readable by this user only (0600, even if it existed)."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+    fd = os.open(path, flags, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "ab" if append else "wb")
+
+
+def private_dir(path: Path, mode: int = 0o700) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(mode)
+    return path
+
+
+def make_private(db: Path) -> None:
+    """The SQLite database and its side files: 0600, whoever made them first."""
+    for side in ("", "-wal", "-shm", "-journal"):
+        with contextlib.suppress(FileNotFoundError):
+            Path(f"{db}{side}").chmod(0o600)
 
 
 def signal_group(pid: int, sig: int) -> None:
@@ -175,10 +206,17 @@ def tail(path: Path, lines: int = 25) -> str:
         return ""
 
 
-def run_step(name: str, argv: list[str], env: dict[str, str], log_dir: Path) -> str:
-    """Run one setup command to completion; its output goes to a log, and on failure to the screen."""
-    result = subprocess.run(argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
-    (log_dir / f"{name}.log").write_text(result.stdout + result.stderr)
+def run_step(name: str, argv: list[str], env: dict[str, str], log_dir: Path, secret: bool = False) -> str:
+    """Run one setup command to completion; its output goes to a log, and on failure to the screen.
+
+    ``secret``: its standard output holds credentials, so the log gets only its standard error.
+    """
+    result = subprocess.run(
+        argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, umask=PRIVATE_UMASK
+    )
+    kept = "(standard output not kept: it holds credentials)\n" if secret else result.stdout
+    with private_file(log_dir / f"{name}.log") as out:
+        out.write((kept + result.stderr).encode())
     if result.returncode != 0:
         sys.exit(f"[demo] {name} failed (exit {result.returncode}):\n{result.stdout}{result.stderr}")
     return result.stdout
@@ -282,7 +320,10 @@ def main(argv: list[str] | None = None) -> int:
         default=str(ROOT / "var" / "agents"),
         help="the agents' state (credentials, job directories), one folder each",
     )
-    parser.add_argument("--credentials-file", help="also write the users' credentials here (JSON)")
+    parser.add_argument(
+        "--credentials-file",
+        help="also write the users' credentials and the join token here (JSON, mode 0600)",
+    )
     parser.add_argument("--ready-timeout", type=float, default=90.0)
     parser.add_argument(
         "--gpu",
@@ -292,9 +333,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     python = sys.executable
-    log_dir = Path(args.log_dir)
-    log_dir.mkdir(parents=True, exist_ok=True)
-    (ROOT / "var").mkdir(exist_ok=True)
+    os.umask(PRIVATE_UMASK)
+    # var/ holds the agents' folders, which job users must reach: traversable, not listable.
+    private_dir(ROOT / "var", 0o711)
+    log_dir = private_dir(Path(args.log_dir))
+    for old in log_dir.glob("*.log"):
+        old.chmod(0o600)  # logs of a run before these rules
     if not port_is_free(args.host, args.port):
         sys.exit(
             f"[demo] port {args.port} on {args.host} is in use: stop what holds it, "
@@ -305,8 +349,11 @@ def main(argv: list[str] | None = None) -> int:
 
     log("migrating the embedded database")
     run_step("migrate", [python, "manage.py", "migrate", "--noinput"], env, log_dir)
+    make_private(Path(args.db) if args.db else ROOT / "var" / "tessera.sqlite3")
     log("seeding tenants, quotas and users")
-    seed = json.loads(run_step("seed_demo", [python, "manage.py", "seed_demo", "--json"], env, log_dir))
+    seed = json.loads(
+        run_step("seed_demo", [python, "manage.py", "seed_demo", "--json"], env, log_dir, secret=True)
+    )
 
     demo = Demo()
     stop_requested: list[int] = []
@@ -384,11 +431,12 @@ def run(
             argv += ["--metrics-addr", args.host]  # not on every interface: this is a demo
         if use_state_dir:
             argv += ["--state-dir", str(state_root / name)]
-        demo.spawn(name, argv, agent_env, log_dir)
+        demo.spawn(name, argv, agent_env, log_dir, umask=AGENT_UMASK)
     if args.credentials_file:
-        path = Path(args.credentials_file)
-        path.touch(mode=0o600)
-        path.write_text(json.dumps({"url": base, "users": seed["users"]}))
+        with private_file(Path(args.credentials_file)) as out:
+            out.write(
+                json.dumps({"url": base, "users": seed["users"], "join_token": seed["join_token"]}).encode()
+            )
     print(
         banner(base, seed, time.monotonic() - started, len(nodes) - args.gpu, log_dir, args.gpu), flush=True
     )

@@ -341,8 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         demo, creds = start_demo(args, workdir)
         base = creds["url"]
         if args.dry_run:
-            seed = json.loads((Path(args.log_dir) / "seed_demo.log").read_text().splitlines()[0])
-            extra = dry_run_agent(base, workdir, seed["join_token"])
+            extra = dry_run_agent(base, workdir, creds["join_token"])
         run_checks(args, base, creds["users"], checks)
     finally:
         for proc in (extra, demo):

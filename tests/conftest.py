@@ -124,9 +124,9 @@ class World:
 @pytest.fixture
 def world(db, settings) -> World:
     from django.contrib.auth.models import User
-    from rest_framework.authtoken.models import Token
 
     from scheduling.models import Membership, Quota, Tenant
+    from scheduling.services.tokens import do_create_api_token
 
     # The users have passwords; real hashing costs ~2 s per test on this machine.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
@@ -142,5 +142,5 @@ def world(db, settings) -> World:
     users["admin"] = User.objects.create_user(
         "admin", password="admin-pass-123", is_staff=True, is_superuser=True
     )
-    tokens = {name: Token.objects.create(user=u).key for name, u in users.items()}
+    tokens = {name: do_create_api_token(u, "test")[1] for name, u in users.items()}
     return World(vision, nlp, users["alice"], users["carol"], users["bob"], users["admin"], tokens)

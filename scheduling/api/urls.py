@@ -18,6 +18,7 @@ from scheduling.api.jobs import JobViewSet
 from scheduling.api.nodes import NodeViewSet
 from scheduling.api.quotas import QuotaViewSet
 from scheduling.api.tenants import TenantViewSet
+from scheduling.api.tokens import TokenViewSet
 
 urlpatterns = [
     path("jobs/", JobViewSet.as_view({"get": "list", "post": "create"}), name="job-list"),
@@ -36,6 +37,8 @@ urlpatterns = [
         name="quota-detail",
     ),
     path("cluster/", ClusterView.as_view(), name="cluster"),
+    path("tokens/", TokenViewSet.as_view({"get": "list", "post": "create"}), name="token-list"),
+    path("tokens/<str:pk>/", TokenViewSet.as_view({"delete": "destroy"}), name="token-detail"),
 ]
 
 # The agent engineer's module; guarded so this map loads in a checkout that does not have it yet.

@@ -1,4 +1,7 @@
-"""People's API tokens: DRF's ``Authorization: Token <key>``, reading the user's tenant with it.
+"""People's API tokens: ``Authorization: Token <key>`` (DRF's scheme), reading the user's tenant with it.
+
+The key is looked up by its prefix and hash (``scheduling.services.tokens``): the database holds
+no key.
 
 Every API request needs the caller's tenant (scoping, submits), so the token, its user and the
 user's membership and tenant come in one query instead of three, and that answer is kept in the
@@ -14,15 +17,15 @@ from __future__ import annotations
 from django.contrib.auth.models import User
 from django.db.models.signals import post_delete, post_save
 from rest_framework import authentication, exceptions
-from rest_framework.authtoken.models import Token
 
 from scheduling.api.process_cache import ProcessCache
-from scheduling.models import Membership, Tenant
+from scheduling.models import ApiToken, Membership, Tenant, hash_secret
+from scheduling.services.tokens import do_touch, token_for_key
 
 CACHE_S = 5.0
-_cache = ProcessCache(CACHE_S)  # token key -> (user, token)
+_cache = ProcessCache(CACHE_S)  # SHA-256 of the key -> (user, token): no key kept in memory either
 
-for _model in (Token, User, Membership, Tenant):
+for _model in (ApiToken, User, Membership, Tenant):
     post_save.connect(
         _cache.forget, sender=_model, dispatch_uid=f"tessera-token-cache-save-{_model.__name__}"
     )
@@ -33,15 +36,15 @@ for _model in (Token, User, Membership, Tenant):
 
 class TokenAuthentication(authentication.TokenAuthentication):
     def authenticate_credentials(self, key: str):
-        hit = _cache.get(key)
+        digest = hash_secret(key)
+        hit = _cache.get(digest)
         if hit is not None:
             return hit
-        model = self.get_model()
-        try:
-            token = model.objects.select_related("user__membership__tenant").get(key=key)
-        except model.DoesNotExist:
-            raise exceptions.AuthenticationFailed("Invalid token.") from None
+        token = token_for_key(key)
+        if token is None:
+            raise exceptions.AuthenticationFailed("Invalid token.")
         if not token.user.is_active:
             raise exceptions.AuthenticationFailed("User inactive or deleted.")
-        _cache.put(key, (token.user, token))
+        do_touch(token)
+        _cache.put(digest, (token.user, token))
         return token.user, token

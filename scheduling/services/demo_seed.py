@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 from django.contrib.auth.models import User
 from django.db import transaction
-from rest_framework.authtoken.models import Token
 
-from scheduling.models import JoinToken, Membership, Quota, Tenant, hash_secret, new_secret
+from scheduling.models import ApiToken, JoinToken, Membership, Quota, Tenant, hash_secret, new_secret
+from scheduling.services.tokens import do_create_api_token
 
 # (tenant, model) → (guaranteed, limit). The demo cluster: 32 H100, 32 A100, 16 T4 (80 GPUs).
 # Guarantees add up to the cluster; limits let each tenant borrow up to the whole of a model.
@@ -26,6 +26,7 @@ DEMO_QUOTAS: dict[str, dict[str, tuple[float, float]]] = {
 # username → tenant (None: an operator, who belongs to no tenant and sees everything).
 DEMO_USERS: dict[str, str | None] = {"admin": None, "alice": "vision", "carol": "vision", "bob": "nlp"}
 DEMO_JOIN_TOKEN_NAME = "demo"
+DEMO_API_TOKEN_NAME = "demo"
 ENV_JOIN_TOKEN_NAME = "from-env"
 
 
@@ -96,10 +97,11 @@ def do_seed_demo_people() -> DemoSeed:
             Membership.objects.filter(user=user).delete()
         else:
             Membership.objects.update_or_create(user=user, defaults={"tenant": tenants[tenant_name]})
-        # A fresh token every run: whatever an earlier run printed stops working.
-        Token.objects.filter(user=user).delete()
-        token = Token.objects.create(user=user)
-        seed.users.append(DemoUser(username, tenant_name, password, token.key))
+        # A fresh "demo" token every run: whatever an earlier run printed stops working (tokens the
+        # user made under other names stay).
+        ApiToken.objects.filter(user=user, name=DEMO_API_TOKEN_NAME).delete()
+        _, key = do_create_api_token(user, DEMO_API_TOKEN_NAME)
+        seed.users.append(DemoUser(username, tenant_name, password, key))
     return seed
 
 

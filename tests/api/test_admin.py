@@ -25,6 +25,7 @@ ALL_MODELS = [
     models.SchedulerState,
     models.EngineMemoryRecord,
     models.SchedulerSettings,
+    models.ApiToken,
 ]
 
 
@@ -139,3 +140,17 @@ def test_cordon_and_uncordon_a_node(console, cluster):
     assert Node.objects.get(pk=node.pk).state == "cordoned"
     console.post(url, {"action": "uncordon", "_selected_action": [node.pk]})
     assert Node.objects.get(pk=node.pk).state == "ready"
+
+
+def test_an_operator_revokes_alices_token_in_the_console_and_it_stops_working(console, world):
+    from scheduling.models import ApiToken
+
+    token = ApiToken.objects.get(user=world.alice)
+    page = console.get(reverse("admin:scheduling_apitoken_change", args=[token.pk]))
+    assert world.tokens["alice"] not in page.content.decode() and token.key_hash not in page.content.decode()
+    response = console.post(
+        reverse("admin:scheduling_apitoken_changelist"),
+        {"action": "delete_selected", "_selected_action": [token.pk], "post": "yes"},
+    )
+    assert response.status_code == 302
+    assert world.client("alice").get("/api/v1/jobs/").status_code == 401

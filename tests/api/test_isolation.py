@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from django.urls import URLPattern, URLResolver, reverse
 
-from scheduling.models import Job, Quota
+from scheduling.models import ApiToken, Job, Quota
 from tests.api.conftest import valid_body
 
 SKIPPED_PREFIXES = ("agent/",)  # the agents' own authentication; tested with agent credentials
@@ -56,6 +56,7 @@ class Objects:
     job: Job
     quota: Quota
     node: str
+    token: ApiToken  # alice's
 
 
 def no_vision_in(response) -> None:
@@ -131,6 +132,27 @@ def unchanged_quota(code: int) -> Callable[[Any], None]:
     return check
 
 
+def only_own_tokens(who: str) -> Callable[[Any], None]:
+    def check(response) -> None:
+        assert response.status_code == 200
+        assert {t["user"] for t in response.json()["results"]} == {who}
+
+    return check
+
+
+def all_tokens(response) -> None:
+    assert response.status_code == 200
+    assert {t["user"] for t in response.json()["results"]} == {"alice", "bob", "carol", "admin"}
+
+
+def alices_token_kept(code: int) -> Callable[[Any], None]:
+    def check(response) -> None:
+        assert response.status_code == code
+        assert ApiToken.objects.filter(user__username="alice").exists()
+
+    return check
+
+
 RULES: dict[tuple[str, str], Rule] = {
     ("job-list", "GET"): Rule(lambda o: reverse("job-list"), bob_job_list, carol_job_list),
     ("job-list", "POST"): Rule(
@@ -180,6 +202,19 @@ RULES: dict[tuple[str, str], Rule] = {
         admin=status(204),
     ),
     ("cluster", "GET"): Rule(lambda o: reverse("cluster"), no_vision_in, status(200)),
+    # Tokens are a person's own, not their tenant's: carol sees and revokes alice's no more than bob.
+    ("token-list", "GET"): Rule(
+        lambda o: reverse("token-list"), only_own_tokens("bob"), only_own_tokens("carol"), admin=all_tokens
+    ),
+    ("token-list", "POST"): Rule(
+        lambda o: reverse("token-list"), status(201), status(201), body=lambda o: {"name": "ci"}
+    ),
+    ("token-detail", "DELETE"): Rule(
+        lambda o: reverse("token-detail", kwargs={"pk": o.token.pk}),
+        alices_token_kept(404),
+        alices_token_kept(404),
+        admin=status(204),
+    ),
 }
 
 ENDPOINTS = sorted(set(api_endpoints()))
@@ -197,7 +232,12 @@ def request(client, method: str, url: str, body: Any):
 
 @pytest.fixture
 def objects(world, alice_job) -> Objects:
-    return Objects(job=alice_job, quota=Quota.objects.get(tenant=world.vision, model="*"), node="n01")
+    return Objects(
+        job=alice_job,
+        quota=Quota.objects.get(tenant=world.vision, model="*"),
+        node="n01",
+        token=ApiToken.objects.get(user=world.alice),
+    )
 
 
 @pytest.mark.parametrize("endpoint", ENDPOINTS, ids=lambda e: f"{e[1]} {e[0]}")
@@ -219,7 +259,7 @@ def test_no_token_is_a_401(world, objects, endpoint):
     response = request(world.client(None), endpoint[1], rule.url(objects), body)
     assert response.status_code == 401
     assert "detail" in response.json()
-    assert Job.objects.count() == 1 and Quota.objects.count() == 2
+    assert Job.objects.count() == 1 and Quota.objects.count() == 2 and ApiToken.objects.count() == 4
 
 
 @pytest.mark.parametrize("endpoint", ENDPOINTS, ids=lambda e: f"{e[1]} {e[0]}")

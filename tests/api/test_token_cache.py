@@ -16,7 +16,7 @@ def test_a_token_used_again_costs_no_query(world):
     assert client.get(JOBS).status_code == 200
     with CaptureQueriesContext(connection) as queries:
         assert client.get(JOBS).status_code == 200
-    assert not any("authtoken_token" in q["sql"] for q in queries.captured_queries)
+    assert not any("scheduling_apitoken" in q["sql"] for q in queries.captured_queries)
 
 
 def test_a_deactivated_user_is_refused_at_once(world):
@@ -28,11 +28,11 @@ def test_a_deactivated_user_is_refused_at_once(world):
 
 
 def test_a_deleted_token_is_refused_at_once(world):
-    from rest_framework.authtoken.models import Token
+    from scheduling.models import ApiToken
 
     client = world.client("alice")
     assert client.get(JOBS).status_code == 200
-    Token.objects.filter(user=world.alice).delete()
+    ApiToken.objects.get(user=world.alice).delete()
     assert client.get(JOBS).status_code == 401
 
 

@@ -42,9 +42,9 @@ def seed_browser_world() -> dict[str, Any]:
     8×H100 nodes, one NVLink island each) and r2 (8×A100 in islands of 4, and 4×T4).
     """
     from django.contrib.auth.models import User
-    from rest_framework.authtoken.models import Token
 
     from scheduling.models import Membership, Quota, Tenant
+    from scheduling.services.tokens import do_create_api_token
 
     out: dict[str, Any] = {}
     tenants = {name: Tenant.objects.create(name=name) for name in ("vision", "nlp")}
@@ -55,7 +55,7 @@ def seed_browser_world() -> dict[str, Any]:
         user = User.objects.create_user(name, password=password, is_staff=tenant is None)
         if tenant is not None:
             Membership.objects.create(user=user, tenant=tenants[tenant])
-        out[name] = {"password": password, "token": Token.objects.create(user=user).key}
+        out[name] = {"password": password, "token": do_create_api_token(user, "test")[1]}
     make_node("h100-a", "r1", 8, "H100", nvlink=8)
     make_node("h100-b", "r1", 8, "H100", nvlink=8)
     make_node("a100-a", "r2", 8, "A100", nvlink=4)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -55,9 +54,15 @@ def database() -> Iterator[str]:
             conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
-def local(argv: list[str], port: int) -> list[str]:
-    """A service's command with the compose network's addresses made local."""
+CREDENTIALS = "/app/var/demo-credentials.json"
+
+
+def local(argv: list[str], port: int, credentials: Path | None = None) -> list[str]:
+    """A service's command with the compose network's addresses (and the container's credentials
+    file) made local."""
     swaps = {"http://web:8000": f"http://127.0.0.1:{port}", "-p 8000": f"-p {port}", "0.0.0.0": "127.0.0.1"}
+    if credentials is not None:
+        swaps[CREDENTIALS] = str(credentials)
     out = []
     for arg in argv:
         for old, new in swaps.items():
@@ -126,7 +131,7 @@ def test_the_compose_services_commands_run_a_job_through_web_worker_and_agent(da
 
     try:
         for name in ("web", "worker", "beat"):
-            argv = local([str(a) for a in services[name]["command"]], port)
+            argv = local([str(a) for a in services[name]["command"]], port, tmp_path / "credentials.json")
             if name == "beat":
                 argv[argv.index("-s") + 1] = str(tmp_path / "celerybeat-schedule")
             start(name, argv, {**services[name]["environment"], **overrides})
@@ -140,9 +145,13 @@ def test_the_compose_services_commands_run_a_job_through_web_worker_and_agent(da
             assert time.monotonic() < deadline, (logs / "web.log").read_text()
             time.sleep(0.3)
         web_log = (logs / "web.log").read_text()
-        alice = re.search(r"user alice .*token (\w+)", web_log)
-        assert alice, web_log
-        assert services["web"]["environment"]["TESSERA_JOIN_TOKEN"] not in web_log
+        credentials = tmp_path / "credentials.json"
+        assert credentials.stat().st_mode & 0o777 == 0o600
+        users = {u["username"]: u for u in json.loads(credentials.read_text())["users"]}
+        alice_token = users["alice"]["token"]
+        for secret in [services["web"]["environment"]["TESSERA_JOIN_TOKEN"], alice_token]:
+            assert secret not in web_log
+        assert all(u["password"] not in web_log for u in users.values())
 
         for name, svc in agent_services(config).items():
             argv = local([str(a) for a in svc["command"]], port)
@@ -156,7 +165,7 @@ def test_the_compose_services_commands_run_a_job_through_web_worker_and_agent(da
         assert get(f"{base}/static/admin/css/base.css")[0] == 200
         status, body = get(
             f"{base}/api/v1/jobs/",
-            alice.group(1),
+            alice_token,
             {"name": "hello", "kind": "batch", "command": ["python", "-c", "print(42)"], "gpus": 2},
         )
         assert status == 201, body
@@ -165,9 +174,9 @@ def test_the_compose_services_commands_run_a_job_through_web_worker_and_agent(da
         while job["state"] != "succeeded" and time.monotonic() < deadline:
             assert job["state"] not in ("failed", "cancelled"), job
             time.sleep(0.5)
-            job = json.loads(get(f"{base}/api/v1/jobs/{job['id']}/", alice.group(1))[1])
+            job = json.loads(get(f"{base}/api/v1/jobs/{job['id']}/", alice_token)[1])
         assert job["state"] == "succeeded", (job, (logs / "worker.log").read_text()[-3000:])
-        logs_body = json.loads(get(f"{base}/api/v1/jobs/{job['id']}/logs/", alice.group(1))[1])
+        logs_body = json.loads(get(f"{base}/api/v1/jobs/{job['id']}/logs/", alice_token)[1])
         assert "42" in logs_body["data"]
         assert "scheduling.tasks.scheduling_pass" in (logs / "worker.log").read_text()
     finally:

@@ -95,6 +95,15 @@ def api(base: str, token: str, path: str, body: dict | None = None) -> dict:
         return json.loads(response.read())
 
 
+def run_job(base: str, token: str, command: list[str]) -> dict:
+    job = api(base, token, "/api/v1/jobs/", {"name": "probe", "kind": "batch", "command": command, "gpus": 1})
+    deadline = time.monotonic() + 30
+    while job["state"] not in ("succeeded", "failed", "cancelled") and time.monotonic() < deadline:
+        time.sleep(0.3)
+        job = api(base, token, f"/api/v1/jobs/{job['id']}/")
+    return job
+
+
 def test_demo_serves_runs_a_job_and_ctrl_c_leaves_no_process_or_port(tmp_path):
     port = free_port()
     creds = tmp_path / "credentials.json"
@@ -149,6 +158,24 @@ def test_demo_serves_runs_a_job_and_ctrl_c_leaves_no_process_or_port(tmp_path):
             job = api(base, token, f"/api/v1/jobs/{job['id']}/")
         assert job["state"] == "succeeded", job
         assert "42" in api(base, token, f"/api/v1/jobs/{job['id']}/logs/")["data"]
+
+        # What the demo wrote is its user's alone, and no log holds a password or a token.
+        written = [tmp_path / "demo.sqlite3", creds, *sorted((tmp_path / "logs").iterdir())]
+        assert {p.name: oct(p.stat().st_mode & 0o777) for p in written} == {p.name: "0o600" for p in written}
+        assert oct((tmp_path / "logs").stat().st_mode & 0o777) == "0o700"
+        logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "logs").iterdir())
+        for u in users.values():
+            assert u["password"] not in logs and u["token"] not in logs
+        # A job (as root, the agents run it as an unprivileged user) reads none of it.
+        probe = (
+            "import sys\nfor p in sys.argv[1:]:\n"
+            "    try: open(p).read(1); print('READ', p)\n    except OSError: pass"
+        )
+        reader = run_job(base, token, ["python", "-c", probe, *map(str, written)])
+        assert reader["state"] == "succeeded", reader
+        read = api(base, token, f"/api/v1/jobs/{reader['id']}/logs/")["data"]
+        if os.geteuid() == 0:
+            assert "READ" not in read, read
 
         # A job still running at Ctrl-C must not outlive the demo either.
         sleeper = api(

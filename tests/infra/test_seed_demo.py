@@ -8,9 +8,9 @@ import json
 import pytest
 from django.contrib.auth import authenticate
 from django.core.management import call_command
-from rest_framework.authentication import TokenAuthentication
 from rest_framework.exceptions import AuthenticationFailed
 
+from scheduling.api.user_auth import TokenAuthentication
 from scheduling.models import JoinToken, Membership, Quota, Tenant, hash_secret
 
 pytestmark = pytest.mark.django_db
@@ -122,3 +122,16 @@ def test_a_new_demo_join_token_revokes_the_previous_one():
     assert first != second
     assert JoinToken.objects.get(token_hash=hash_secret(first)).revoked
     assert not JoinToken.objects.get(token_hash=hash_secret(second)).revoked
+
+
+def test_a_credentials_file_is_the_owners_alone_and_nothing_secret_is_printed(tmp_path):
+    path = tmp_path / "creds.json"
+    path.write_text("old")
+    path.chmod(0o644)  # left readable by an earlier run: made private again
+    out = io.StringIO()
+    call_command("seed_demo", "--credentials-file", str(path), stdout=out)
+    assert path.stat().st_mode & 0o777 == 0o600
+    users = users_of(json.loads(path.read_text()))
+    for u in users.values():
+        assert u["password"] not in out.getvalue() and u["token"] not in out.getvalue()
+    assert authenticate(username="alice", password=users["alice"]["password"]) is not None

@@ -1,13 +1,16 @@
 """``manage.py seed_demo``: the demo cluster's tenants, quotas and users, and a join token.
 
 Safe to run again: it converges on the same cluster, with fresh passwords, API tokens and join
-token each time (printed, since only their hashes are stored).
+token each time (printed, since only their hashes are stored). ``--credentials-file PATH`` writes
+them to a file only its owner can read (0600) instead, for a process whose output is kept in a
+log (docker-compose's ``web``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -25,6 +28,11 @@ class Command(BaseCommand):
             action="store_true",
             help="register $TESSERA_JOIN_TOKEN as the join token instead of minting a new one",
         )
+        parser.add_argument(
+            "--credentials-file",
+            metavar="PATH",
+            help="write the users' passwords and tokens to PATH (mode 0600, JSON) instead of printing them",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["join_token_from_env"]:
@@ -36,6 +44,10 @@ class Command(BaseCommand):
         else:
             seed = do_seed_demo_people()
             seed.join_token = do_mint_join_token()
+        if options["credentials_file"]:
+            write_private(Path(options["credentials_file"]), json.dumps(seed.as_dict()))
+            self.stdout.write(f"demo users' credentials written to {options['credentials_file']} (mode 0600)")
+            return
         if options["json"]:
             self.stdout.write(json.dumps(seed.as_dict()))
             return
@@ -50,3 +62,11 @@ class Command(BaseCommand):
             self.stdout.write("join token: the one in $TESSERA_JOIN_TOKEN")
         else:
             self.stdout.write(f"join token: {seed.join_token}")
+
+
+def write_private(path: Path, text: str) -> None:
+    """``text`` into ``path``, readable by its owner only (0600, even if the file existed)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
