@@ -17,6 +17,7 @@ from pathlib import Path
 
 from scheduling.sim import plots, policies
 from scheduling.sim.events import EventsError, read_events
+from scheduling.sim.generate import Scenario
 from scheduling.sim.replay import ReplayError
 from scheduling.sim.traces import TraceError, read_jobs, read_nodes, read_quotas
 
@@ -91,6 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--days", type=_positive(float), required=True, help="arrival span in days")
     p.add_argument("--load", type=_positive(float), required=True, help="offered load (1.0 = full)")
     p.add_argument("--gpus", type=_positive(int), default=600, help="cluster size (default ~600)")
+    p.add_argument("--skew", metavar="TENANT:MODEL:K", help="TENANT's training asks K× its MODEL guarantee")
+    p.add_argument(
+        "--steady-share", type=float, default=0.0, help="share of training/fine-tunes not preemptible"
+    )
+    p.add_argument("--tightness", type=float, default=1.0, help="Σ guarantees ÷ capacity (default 1)")
+    p.add_argument("--gang-share", type=float, default=0.25, help="share of training that are gangs")
+    p.add_argument("--limit-over", default="1.2,5", metavar="LO,HI", help="time limit ÷ runtime range")
+    p.add_argument("--burst", type=float, default=0.0, help="chance a job arrives with the one before")
 
     p = sub.add_parser("check", help="check an events file against its inputs")
     p.add_argument("nodes", type=Path, metavar="NODES.csv")
@@ -154,12 +163,29 @@ def _generate(args: argparse.Namespace) -> int:
     from scheduling.sim.generate import generate
 
     try:
-        info = generate(args.out, args.seed, args.days, args.load, args.gpus)
+        scenario = _scenario(args)
+        info = generate(args.out, args.seed, args.days, args.load, args.gpus, scenario)
     except ValueError as exc:  # bounds the parser cannot see (e.g. too small a span)
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(info))
     return 0
+
+
+def _scenario(args: argparse.Namespace) -> Scenario:
+    """The generate command's scenario knobs; ValueError names the bad one."""
+    skew = ("", "", 0.0)
+    if args.skew:
+        parts = args.skew.split(":")
+        try:
+            skew = (parts[0], parts[1], float(parts[2]))
+        except (IndexError, ValueError):
+            raise ValueError(f"--skew {args.skew!r}: expected TENANT:MODEL:K, e.g. vision:H100:2") from None
+    try:
+        lo, hi = (float(x) for x in args.limit_over.split(","))
+    except ValueError:
+        raise ValueError(f"--limit-over {args.limit_over!r}: expected LO,HI, e.g. 1.2,5") from None
+    return Scenario(*skew, args.steady_share, args.tightness, args.gang_share, (lo, hi), args.burst)
 
 
 def _check(args: argparse.Namespace) -> int:

@@ -3,7 +3,7 @@
 A reject is legal only when the answer is no: no set of eligible nodes can hold the job's
 smallest allowed gang (``min_available`` replicas, or ``min_gpus`` for an elastic job) with its
 topology, CPUs and memory, or no quota row of its tenant has a limit that large on any model the
-job accepts.
+job accepts (a guarantee that large, for a non-preemptible job: it may never borrow).
 """
 
 from __future__ import annotations
@@ -81,14 +81,18 @@ def quota_row(quotas: Sequence[QuotaSpec], tenant: str, model: str) -> QuotaSpec
 
 
 def quota_could_admit(job: JobRequest, nodes: Sequence[NodeSpec], quotas: Sequence[QuotaSpec]) -> bool:
-    """Some model the job accepts (and the cluster has) has a quota row with a limit that large."""
+    """Some model the job accepts (and the cluster has) has a quota row with a limit that large
+    (a guarantee, for a non-preemptible job: it may never borrow)."""
     smallest = job.gpus
     if job.gpus >= 1 and job.replicas:
         smallest = job.gpus / job.replicas * min_replicas(job)
     models = {n.model for n in nodes if eligible(job, n)}
     for model in models:
         row = quota_row(quotas, job.tenant, model)
-        if row is not None and row.limit + EPS >= smallest:
+        if row is None:
+            continue
+        cap = row.limit if job.preemptible else min(row.limit, row.guaranteed)
+        if cap + EPS >= smallest:
             return True
     return False
 

@@ -42,6 +42,18 @@ up to the hour). Arrivals: a Poisson process whose rate follows the day, peaking
 Load: jobs are drawn until Σ(GPUs × duration) reaches ``load`` × cluster GPUs × arrival span, the
 last one trimmed; then every duration is scaled by the tiny factor that makes the realised load —
 measured on the written file, span = last submit − first submit — equal ``load``.
+
+Scenarios (:class:`Scenario`, ``generate --skew``, ``--steady-share`` …) bend that workload the
+ways held-out workloads differ from it; their defaults leave it as above, file for file. Their own
+draws come from a second generator (seeded from ``seed``), so the base draws stay the same:
+
+- *demand skew*: one tenant's training on one model is made its own (and not preemptible) until it
+  asks ``k`` times its guarantee there (Σ GPUs × duration ÷ span), taken from the other tenants;
+- *non-preemptible share*: that share of the training and fine-tune jobs is not preemptible;
+- *guarantee tightness*: the guarantees of every model sum to that fraction of its GPUs;
+- *gang share*: that share of training jobs are multi-node gangs (default 25%);
+- *limit overestimate*: time limits are drawn ``lo``–``hi`` × the duration (default 1.2–5);
+- *burstiness*: each job arrives with the one before it with that chance (bursts of submits).
 """
 
 from __future__ import annotations
@@ -64,6 +76,40 @@ MODELS = {
     "A100": (8, 4, 96, 1024, 80, 2.0),
     "T4": (4, 1, 48, 256, 16, 0.5),
 }
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Knobs bending the default workload (module docstring); the defaults leave it as it is."""
+
+    skew_tenant: str = ""
+    skew_model: str = ""
+    skew_factor: float = 0.0  # 0: no skew
+    steady_share: float = 0.0
+    tightness: float = 1.0
+    gang_share: float = 0.25
+    limit_over: tuple[float, float] = (1.2, 5.0)
+    burst: float = 0.0
+
+    def check(self) -> None:
+        tenants = [name for name, _, _ in TENANTS]
+        if self.skew_factor and (self.skew_tenant not in tenants or self.skew_model not in MODELS):
+            raise ValueError(
+                f"--skew needs TENANT:MODEL:K with a tenant of {tenants} and a model of {list(MODELS)}"
+            )
+        if self.skew_factor < 0:
+            raise ValueError("--skew: K must be positive")
+        for name in ("steady_share", "gang_share", "burst"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be between 0 and 1")
+        if not 0 < self.tightness <= 1:
+            raise ValueError("--tightness must be in (0, 1]")
+        lo, hi = self.limit_over
+        if not 0 < lo <= hi:
+            raise ValueError("--limit-over must be LO,HI with 0 < LO <= HI")
+
+
+DEFAULT = Scenario()
 
 
 @dataclass
@@ -137,7 +183,7 @@ def _lognormal(rng: random.Random, median: float, sigma: float, cap: float) -> f
     return min(cap, max(30.0, median * math.exp(rng.gauss(0.0, sigma))))
 
 
-def draw_job(rng: random.Random, max_gang: int) -> Job:
+def draw_job(rng: random.Random, max_gang: int, gang_share: float = 0.25) -> Job:
     """One job's shape (everything but tenant, arrival and time limit)."""
     kind = _pick(rng, [("batch", 0.50), ("inference", 0.10), ("finetune", 0.22),
                        ("training", 0.18)])  # fmt: skip
@@ -174,7 +220,7 @@ def draw_job(rng: random.Random, max_gang: int) -> Job:
     job = Job("training", 1.0, 0.0, priority=10, grace=float(rng.choice((60, 120))))
     job.checkpoint = float(rng.choice((1800, 3600)))
     job.model = str(_pick(rng, [("H100|A100", 0.5), ("H100", 0.25), ("A100", 0.25)]))
-    if rng.random() < 0.25 and max_gang >= 8:
+    if rng.random() < gang_share and max_gang >= 8:
         sizes = [s for s in (8, 16, 32, 64) if s <= max_gang]
         weights = {8: 0.2, 16: 0.3, 32: 0.3, 64: 0.2}
         gpus = float(_pick(rng, [(s, weights[s] / sum(weights[x] for x in sizes)) for s in sizes]))  # type: ignore[arg-type]
@@ -195,12 +241,12 @@ def draw_job(rng: random.Random, max_gang: int) -> Job:
     return job
 
 
-def _time_limit(rng: random.Random, job: Job) -> float | None:
+def _time_limit(rng: random.Random, job: Job, over: tuple[float, float] = (1.2, 5.0)) -> float | None:
     if rng.random() < (0.6 if job.kind == "inference" else 0.2):
         return None
     if rng.random() < 0.125:  # 10% of all jobs: too short
         return round(job.duration * rng.uniform(0.5, 0.9))
-    return math.ceil(job.duration * rng.uniform(1.2, 5.0) / 3600) * 3600
+    return math.ceil(job.duration * rng.uniform(*over) / 3600) * 3600
 
 
 def _arrivals(rng: random.Random, count: int, span: float) -> list[float]:
@@ -222,11 +268,15 @@ def realised_load(jobs: list[Job], cluster_gpus: int) -> float:
     return work / (cluster_gpus * span) if span > 0 else float("inf")
 
 
-def generate_workload(seed: int, days: float, load: float, gpus: int = 600) -> tuple[Cluster, list[Job]]:
+def generate_workload(
+    seed: int, days: float, load: float, gpus: int = 600, scenario: Scenario = DEFAULT
+) -> tuple[Cluster, list[Job]]:
     """The cluster and its jobs, in submit order, with the realised load equal to ``load``."""
     if days <= 0 or load <= 0:
         raise ValueError("--days and --load must be positive")
+    scenario.check()
     rng = random.Random(seed)
+    knobs = random.Random(f"scenario-{seed}")
     cluster = make_cluster(gpus)
     span = days * DAY
     target = load * cluster.gpus * span
@@ -234,28 +284,65 @@ def generate_workload(seed: int, days: float, load: float, gpus: int = 600) -> t
     jobs: list[Job] = []
     work = 0.0
     while work < target:
-        job = draw_job(rng, max_gang)
+        job = draw_job(rng, max_gang, scenario.gang_share)
         if job.gpus * job.duration + work > target and job.gpus > 0:
             job.duration = max(60.0, (target - work) / job.gpus)  # trim the last one
         work += job.gpus * job.duration
         jobs.append(job)
     if len(jobs) < 2:
         raise ValueError("the load and span are too small to draw two jobs")
-    for job, t in zip(jobs, _arrivals(rng, len(jobs), span), strict=True):
+    arrivals = _arrivals(rng, len(jobs), span)
+    for i in range(1, len(arrivals)):
+        if scenario.burst and knobs.random() < scenario.burst:
+            arrivals[i] = arrivals[i - 1]
+    for job, t in zip(jobs, arrivals, strict=True):
         job.submit = t
         tenant = _pick(rng, [(name, share) for name, share, _ in TENANTS])
         job.tenant = "prod" if job.kind == "inference" and rng.random() < 0.5 else str(tenant)
     scale = load / realised_load(jobs, cluster.gpus)
     for job in jobs:
         job.duration = min(7 * DAY, max(1.0, round(job.duration * scale, 1)))
-        job.limit = _time_limit(rng, job)
+        job.limit = _time_limit(rng, job, scenario.limit_over)
         per_gpu_cpu = float(rng.choice((4, 8)))
         if 0 < job.gpus < 1:
             job.cpus, job.memory = 2.0, 8.0
         else:
             job.cpus = max(1.0, job.gpus * per_gpu_cpu)
             job.memory = max(8.0, job.gpus * 32.0)
+    if scenario.steady_share:
+        for job in jobs:
+            if job.kind in ("training", "finetune") and knobs.random() < scenario.steady_share:
+                job.preemptible = False
+    if scenario.skew_factor:
+        _skew(knobs, cluster, jobs, scenario, span)
     return cluster, jobs
+
+
+def _skew(rng: random.Random, cluster: Cluster, jobs: list[Job], scenario: Scenario, span: float) -> None:
+    """Give ``skew_tenant`` other tenants' training jobs, moved to ``skew_model`` (those that
+    accepted it first) and not preemptible, until its demand there is ``skew_factor`` × its
+    guarantee."""
+    share = dict((name, s) for name, s, _ in TENANTS)[scenario.skew_tenant]
+    model = scenario.skew_model
+    want = scenario.skew_factor * cluster.gpus_by_model[model] * share * scenario.tightness * span
+    mine = [j for j in jobs if j.tenant == scenario.skew_tenant and j.kind == "training" and j.model == model]
+    for j in mine:
+        j.preemptible = False
+    have = sum(j.gpus * j.duration for j in mine)
+    pool = [
+        j
+        for j in jobs
+        if j.kind == "training" and not (j.tenant == scenario.skew_tenant and j.model == model)
+    ]
+    rng.shuffle(pool)
+    pool.sort(key=lambda j: model not in j.model.split("|"))  # jobs that ran there already first
+    for j in pool:
+        if have >= want:
+            break
+        j.tenant, j.model, j.preemptible = scenario.skew_tenant, model, False
+        if j.selector == "net:ib" and model != "H100":
+            j.selector = ""
+        have += j.gpus * j.duration
 
 
 def _fmt(value: float | None) -> str:
@@ -264,7 +351,9 @@ def _fmt(value: float | None) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:.10g}"
 
 
-def write_workload(out: str | Path, cluster: Cluster, jobs: list[Job]) -> dict[str, float]:
+def write_workload(
+    out: str | Path, cluster: Cluster, jobs: list[Job], scenario: Scenario = DEFAULT
+) -> dict[str, float]:
     """Write the three files into ``out`` and return a few facts about them."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -287,8 +376,8 @@ def write_workload(out: str | Path, cluster: Cluster, jobs: list[Job]) -> dict[s
         w.writerow(QUOTA_COLUMNS)
         for name, share, weight in TENANTS:
             for model, total in cluster.gpus_by_model.items():
-                guaranteed = round(total * share, 2)
-                limit = min(float(total), round(guaranteed * LIMIT_FACTOR, 2))
+                limit = min(float(total), round(round(total * share, 2) * LIMIT_FACTOR, 2))
+                guaranteed = round(total * share * scenario.tightness, 2)
                 w.writerow([name, model, _fmt(guaranteed), _fmt(limit), _fmt(weight)])
     return {
         "jobs": len(jobs),
@@ -297,6 +386,8 @@ def write_workload(out: str | Path, cluster: Cluster, jobs: list[Job]) -> dict[s
     }
 
 
-def generate(out: str | Path, seed: int, days: float, load: float, gpus: int = 600) -> dict:
-    cluster, jobs = generate_workload(seed, days, load, gpus)
-    return write_workload(out, cluster, jobs)
+def generate(
+    out: str | Path, seed: int, days: float, load: float, gpus: int = 600, scenario: Scenario = DEFAULT
+) -> dict:
+    cluster, jobs = generate_workload(seed, days, load, gpus, scenario)
+    return write_workload(out, cluster, jobs, scenario)

@@ -294,6 +294,18 @@ def test_with_quotas_a_reject_beyond_the_limit_is_legal_and_within_it_is_not(tmp
     )
 
 
+def test_a_non_preemptible_job_beyond_its_guarantee_may_be_rejected(tmp_path: Path) -> None:
+    quotas = "t1,H100,2,8,1\n"  # it may never borrow: the guarantee bounds it, not the limit
+    jobs = [job("steady", 4, model="H100", preemptible="false"), job("spot", 4, model="H100")]
+    events = [
+        ev(0, "submit", "steady"),
+        ev(0, "submit", "spot"),
+        ev(0, "reject", "steady"),
+        ev(0, "reject", "spot"),
+    ]
+    only(run(tmp_path, jobs, events, quotas), "reject spot): rejected but the empty cluster and its quota")
+
+
 def test_it_flags_a_tenant_above_its_limit(tmp_path: Path) -> None:
     quotas = "t1,H100,2,3,1\n"
     events = [
