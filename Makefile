@@ -22,7 +22,8 @@ help:
 	@echo "make bench-e2e - submit-to-running latency through every real part (needs PostgreSQL, Redis)"
 	@echo "make bench-requests - web CPU per request, by kind (one daphne; needs PostgreSQL, Redis)"
 	@echo "make gpu-check - check discovery and real jobs on this machine's NVIDIA GPUs"
-	@echo "make lint   - ruff;  make install - create .venv and install the project (requirements/lock.txt)"
+	@echo "make lint   - ruff check, ruff format --check, import contracts"
+	@echo "make install - create .venv and install the project (requirements/lock.txt)"
 	@echo "make lock   - regenerate requirements/lock.txt after changing pyproject.toml's dependencies"
 
 $(BIN)/python:
@@ -71,8 +72,11 @@ gpu-check: $(STAMP)
 	$(BIN)/pytest -m gpu tests/agent/test_inventory.py
 	$(BIN)/python scripts/gpu_check.py
 
+# Lint, format, and the import contracts (pyproject.toml, [tool.importlinter]).
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 # Forget the demo's database (users, jobs, nodes) and its agents' credentials and job folders.
 clean-demo:

@@ -13,25 +13,15 @@ import http.client
 import json
 import queue
 import select
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlencode, urlsplit
 
-if TYPE_CHECKING:
-    from agent.stream import Stream
+# The errors are the stream's too (agent/errors.py); imported from here by the agent's modules.
+from agent.errors import Rejected as Rejected
+from agent.errors import ServerError as ServerError
+from agent.stream import Stream
 
 TIMEOUT_S = 10.0
-
-
-class ServerError(Exception):
-    """The server could not be reached or answered 5xx: try again later."""
-
-
-class Rejected(Exception):
-    """The server refused the request (4xx): retrying the same request will not help."""
-
-    def __init__(self, status: int, body: Any):
-        super().__init__(f"HTTP {status}: {body}")
-        self.status, self.body = status, body
 
 
 def exit_body(
@@ -156,8 +146,6 @@ class AgentClient:
     def open_stream(self, idle_s: float) -> Stream:
         """The websocket for wakes and exit reports (agent/stream.py); :class:`Rejected` from a
         server that refuses it, :class:`ServerError` when it cannot be reached."""
-        from agent.stream import Stream
-
         return Stream.open(self.base, self.node_auth(), self.timeout, idle_s)
 
     def heartbeat(self, running: list[dict[str, int]]) -> dict[str, Any]:

@@ -5,9 +5,9 @@ and the agent's exit reports (answered on the same socket, matched by ``id``). T
 protocol is the ``websockets`` library's threaded client: the handshake, framing and masking,
 fragmented messages, UTF-8 checks, pings answered and the closing handshake. The agent pings too,
 every ``idle_s / 2``: a connection whose pong has not come back ``idle_s / 2`` later counts as dead
-(the server pings on its own as well). Errors are the client's: :class:`~agent.client.Rejected`
+(the server pings on its own as well). Errors are the client's: :class:`~agent.errors.Rejected`
 for a refused handshake (a server without the endpoint, a bad credential),
-:class:`~agent.client.ServerError` for anything else (the server down or gone away), after which
+:class:`~agent.errors.ServerError` for anything else (the server down or gone away), after which
 the agent reconnects or falls back to the long-poll.
 
 The stream connects directly, as the agent's HTTP calls do (``agent/client.py``): proxy
@@ -26,7 +26,7 @@ from urllib.parse import urlsplit, urlunsplit
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 from websockets.sync.client import ClientConnection, connect
 
-from agent.client import Rejected, ServerError
+from agent.errors import Rejected, ServerError
 
 MAX_MESSAGE = 64 * 1024 * 1024  # a wake with thousands of bindings is far below this
 CLOSE_TIMEOUT_S = 2.0  # how long closing waits for the server's half of the closing handshake

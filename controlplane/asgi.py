@@ -29,8 +29,8 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 from frontend.routing import websocket_urlpatterns  # noqa: E402
 
 if settings.TESSERA["PASS_LOOP"]:
-    # The embedded default: the scheduling pass runs in this web process (see triggers.py).
-    from scheduling.services.triggers import start_embedded_loop
+    # The embedded default: the scheduling pass runs in this web process (scheduling/loop.py).
+    from scheduling.loop import start_embedded_loop
 
     start_embedded_loop()
 

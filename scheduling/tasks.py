@@ -11,6 +11,11 @@ import logging
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
+from django.db import connection, connections
+
+from scheduling.services.health import sweep_nodes
+from scheduling.services.passes import run_pass
+from scheduling.services.triggers import PASS_TASK
 
 log = logging.getLogger("tessera.pass")
 
@@ -25,8 +30,6 @@ PASS_TIME_LIMIT_S = PASS_SOFT_TIME_LIMIT_S + 30
 
 def _drop_dead_connections() -> None:
     """A connection the database dropped (a restart) is closed: the next query reconnects."""
-    from django.db import connections
-
     for conn in connections.all(initialized_only=True):
         if conn.connection is not None and not conn.is_usable():
             conn.close()
@@ -34,16 +37,12 @@ def _drop_dead_connections() -> None:
 
 @shared_task(
     bind=True,
-    name="scheduling.tasks.scheduling_pass",
+    name=PASS_TASK,  # the name the trigger queues it by
     ignore_result=True,
     soft_time_limit=PASS_SOFT_TIME_LIMIT_S,
     time_limit=PASS_TIME_LIMIT_S,
 )
 def scheduling_pass(self) -> None:
-    from django.db import connection
-
-    from scheduling.services.passes import run_pass
-
     # The pass clears "queued" when it ends with no request left (services/triggers.py).
     if not self.request.called_directly:  # a test or a shell runs on the caller's connection
         _drop_dead_connections()
@@ -59,8 +58,6 @@ def scheduling_pass(self) -> None:
 
 @shared_task(bind=True, name="scheduling.tasks.node_health_sweep", ignore_result=True)
 def node_health_sweep(self) -> None:
-    from scheduling.services.health import sweep_nodes
-
     if not self.request.called_directly:
         _drop_dead_connections()
     sweep_nodes()

@@ -49,9 +49,9 @@ from scheduling.services.jobs import (
     do_mark_running,
     jobs_from_rows,
     locked_jobs,
-    request_pass_on_commit,
 )
 from scheduling.services.snapshot import DEVICE_FIELDS, PreparedRead, read_together
+from scheduling.services.triggers import request_pass_on_commit
 
 log = logging.getLogger("tessera.agents")
 

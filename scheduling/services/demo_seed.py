@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from django.contrib.auth.models import User
 from django.db import transaction
 
-from scheduling.models import ApiToken, JoinToken, Membership, Quota, Tenant, hash_secret, new_secret
+from scheduling.models import ApiToken, JoinToken, Membership, Quota, Tenant, hash_secret
+from scheduling.services.agents import do_create_join_token
 from scheduling.services.tokens import do_create_api_token
 
 # (tenant, model) → (guaranteed, limit). The demo cluster: 32 H100, 32 A100, 16 T4 (80 GPUs).
@@ -112,12 +113,6 @@ def do_mint_join_token() -> str:
     ``manage.py create_join_token``), so that the demo's token follows the same rules.
     """
     JoinToken.objects.filter(name=DEMO_JOIN_TOKEN_NAME, revoked=False).update(revoked=True)
-    try:
-        from scheduling.services.agents import do_create_join_token
-    except ImportError:  # a checkout without the agent's services: the same row, made here
-        secret = new_secret()
-        JoinToken.objects.create(name=DEMO_JOIN_TOKEN_NAME, token_hash=hash_secret(secret))
-        return secret
     _, secret = do_create_join_token(DEMO_JOIN_TOKEN_NAME)
     return secret
 

@@ -38,10 +38,10 @@ from scheduling.services.jobs import (
     do_transition,
     locked_jobs,
     release_allocations,
-    request_pass_on_commit,
     retries_used,
     retry_backoff,
 )
+from scheduling.services.triggers import request_pass_on_commit
 
 OWN_STOPS = ("cancelled", "preempt", "time-limit")
 

@@ -22,7 +22,10 @@ from scheduling.choices import HOLDING_STATES, QUEUE_LEVELS, TERMINAL_STATES, Ev
 from scheduling.models import Allocation, IdempotencyKey, Job, JobEvent, Tenant
 from scheduling.services import live
 from scheduling.services.bulk import InsertWithChildren, RowsInsert, RowsUpdate, Write, write_together
+from scheduling.services.inventory import device_rows
+from scheduling.services.quotas import admission_params, admission_sql, check_job_admissible
 from scheduling.services.snapshot import PreparedRead
+from scheduling.services.triggers import request_pass, request_pass_on_commit
 from scheduling.states import check_transition
 
 
@@ -170,8 +173,6 @@ def _refuse_inadmissible(
 ) -> tuple[Job, bool] | None:
     """Raise :class:`NotAdmissible` if no quota of ``tenant`` could admit the job, unless the key
     names an earlier submit (then its job, as a retry gets it, even if quotas changed since)."""
-    from scheduling.services.quotas import check_job_admissible
-
     why = check_job_admissible(tenant, cleaned)
     if not why:
         return None
@@ -199,8 +200,6 @@ def _store_new(
     # The event's time is the job's, known once its values are final (``submitted_at`` is set then).
     children = lambda: [key, JobEvent(type=EventType.SUBMITTED, at=job.submitted_at)]  # noqa: E731
     if check_quota:
-        from scheduling.services.quotas import admission_params
-
         if not _INSERT_ADMITTED.run(job, children, admission_params(tenant, cleaned)):
             return None
     else:
@@ -215,14 +214,8 @@ def _store_new(
 _INSERT_SUBMIT = InsertWithChildren(Job, [(IdempotencyKey, "job"), (JobEvent, "job")])
 
 
-def _admission_sql() -> str:
-    from scheduling.services.quotas import admission_sql  # quotas imports this module
-
-    return admission_sql()
-
-
 # The same, stored only if a quota of the tenant could admit the job.
-_INSERT_ADMITTED = InsertWithChildren(Job, [(IdempotencyKey, "job"), (JobEvent, "job")], where=_admission_sql)
+_INSERT_ADMITTED = InsertWithChildren(Job, [(IdempotencyKey, "job"), (JobEvent, "job")], where=admission_sql)
 
 
 def _retried(existing: IdempotencyKey, digest: str) -> tuple[Job, bool]:
@@ -232,8 +225,6 @@ def _retried(existing: IdempotencyKey, digest: str) -> tuple[Job, bool]:
 
 
 def _pass_for_new_job() -> None:
-    from scheduling.services.triggers import request_pass
-
     request_pass(pending=True)  # the job just stored is pending: no need to ask the database
 
 
@@ -342,8 +333,6 @@ def _publish_freed(allocs: list[Allocation]) -> list[dict[str, Any]]:
     # The nodes' versions are not bumped: capacity freed since a pass's snapshot never makes its
     # decisions wrong (the pass checks each device's allocations again under the node's lock),
     # and bumping them made a pass drop every binding onto a node where a job had just ended.
-    from scheduling.services.inventory import device_rows
-
     devices = {}
     for a in allocs:
         if a.device is not None:
@@ -534,9 +523,3 @@ def do_mark_running(job: Job, at: datetime | None = None) -> Job:
 
 def holding_jobs():
     return Job.objects.filter(state__in=list(HOLDING_STATES))
-
-
-def request_pass_on_commit() -> None:
-    from scheduling.services.triggers import request_pass
-
-    transaction.on_commit(request_pass)

@@ -31,6 +31,9 @@ from channels_redis.core import RedisChannelLayer
 from django.conf import settings
 from django.db import transaction
 
+from scheduling.models import Node
+from scheduling.services import wake_bus
+
 log = logging.getLogger("tessera.live")
 
 
@@ -287,8 +290,6 @@ def publish_node(node) -> None:
 
 def publish_nodes(**filters: Any) -> None:
     """Publish every node matching ``filters`` (after a bulk state change)."""
-    from scheduling.models import Node
-
     for node in Node.objects.filter(**filters):
         publish_node(node)
 
@@ -307,8 +308,6 @@ def wake_agents(starts: dict[int, list[dict[str, Any]]]) -> None:
 def _wake_on_commit(wakes: dict[int, dict[str, Any]]) -> None:
     """After commit: each wake to its node's group (the long-polls'), and all of them as one
     pub/sub message for the agents' streams where the layer is Redis (wake_bus.py)."""
-    from scheduling.services import wake_bus
-
     publish_on_commit(
         *((f"agent.{node_id}", {"type": "agent.wake", **wake}) for node_id, wake in sorted(wakes.items()))
     )

@@ -15,7 +15,7 @@ from django.db.models import F
 from scheduling.choices import NodeState
 from scheduling.models import JoinToken, Node
 from scheduling.services import live
-from scheduling.services.jobs import request_pass_on_commit
+from scheduling.services.triggers import request_pass_on_commit
 
 
 def do_cordon_nodes(node_ids: Iterable[int]) -> int:

@@ -30,7 +30,7 @@ from scheduling.engine.config import EngineConfig, KnobError, configure
 from scheduling.engine.policy import TesseraScheduler
 from scheduling.engine.types import Binding, Deadline, Decisions
 from scheduling.models import Allocation, Device, Job, Node, SchedulerState
-from scheduling.services import live
+from scheduling.services import live, triggers
 from scheduling.services.agents import bindings_by_node
 from scheduling.services.bulk import RowsInsert, RowsUpdate, statements_together, write_together
 from scheduling.services.inventory import HOLDERS, Holder, device_rows, holders_of
@@ -52,13 +52,11 @@ from scheduling.services.snapshot import (
     pending_rows,
     read_together,
 )
-from scheduling.services.triggers import AGAIN_FLAG, QUEUED_FLAG, queue_pass
 
 log = logging.getLogger("tessera.pass")
 
 PASS_LOCK_KEY = 0x7E55E7A  # the advisory lock's key, arbitrary but fixed
 _local_lock = threading.Lock()
-_again = threading.Event()
 # The pass's clock: its duration and its time budget's deadline (a test may give a fake one).
 clock = time.perf_counter
 
@@ -98,36 +96,6 @@ def unlock() -> None:
         connection.close()
 
 
-def _set_again() -> None:
-    _again.set()
-    if settings.REDIS_URL:
-        from scheduling.services.redis_flags import set_flag
-
-        set_flag(AGAIN_FLAG)
-
-
-def _take_again() -> bool:
-    flagged = _again.is_set()
-    _again.clear()
-    if settings.REDIS_URL:
-        from scheduling.services.redis_flags import take_flag
-
-        flagged = take_flag(AGAIN_FLAG) or flagged
-    return flagged
-
-
-def _asked_again() -> bool:
-    """Was a pass asked for since this round began? If not, the "queued" flag is cleared in the
-    same step, so the next request queues a task (a request in between finds "again" set)."""
-    if _again.is_set():
-        return True
-    if settings.REDIS_URL:
-        from scheduling.services.redis_flags import clear_unless
-
-        return clear_unless(QUEUED_FLAG, AGAIN_FLAG)
-    return False
-
-
 def run_pass(now: datetime | None = None, max_rounds: int = 3) -> PassResult | None:
     """Run a pass unless one is running (then make sure one runs after this request), and once
     more for every request made meanwhile, up to ``max_rounds`` (then a task is queued for the
@@ -160,18 +128,18 @@ def run_pass(now: datetime | None = None, max_rounds: int = 3) -> PassResult | N
         if not try_lock():
             if round_:
                 return result  # the holder took the lock after this round's check: it checks
-            _set_again()
+            triggers.set_again()
             if not try_lock():
                 return None
         try:
-            _take_again()
+            triggers.take_again()
             result = _one_pass(now)
         finally:
             unlock()
         now = None
-        if not _asked_again():
+        if not triggers.asked_again():
             return result
-    queue_pass()
+    triggers.queue_pass()
     return result
 
 
@@ -239,7 +207,7 @@ def _one_pass(now: datetime | None) -> PassResult:
     )
     record_pass(result, now)
     if result.undecided:
-        _set_again()  # the rest are decided by the next round (or, after max_rounds, task)
+        triggers.set_again()  # the rest are decided by the next round (or, after max_rounds, task)
     return result
 
 

@@ -15,8 +15,8 @@ from django.db import IntegrityError, connection, transaction
 from scheduling.engine.geometry import geometry
 from scheduling.engine.types import MILLI, JobRequest
 from scheduling.models import Quota, Tenant
-from scheduling.services.jobs import request_pass_on_commit
 from scheduling.services.snapshot import PreparedRead
+from scheduling.services.triggers import request_pass_on_commit
 
 ANY_MODEL = "*"
 

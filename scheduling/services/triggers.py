@@ -1,8 +1,21 @@
-"""What wakes the scheduling pass: one code path, two triggers.
+"""What asks for a scheduling pass, and the again/queued flags that make sure one runs.
 
-With Redis configured, a request queues the Celery task ``scheduling.tasks.scheduling_pass`` (beat
-adds a periodic safety pass). In the embedded default, a thread in the web process runs the same
-:func:`scheduling.services.passes.run_pass` when woken, and every ``PASS_INTERVAL_S`` anyway.
+With Redis configured, a request queues the Celery task named :data:`PASS_TASK` (beat adds a
+periodic safety pass); in the embedded default it wakes the web process's pass loop
+(``scheduling/loop.py``), which also runs every ``PASS_INTERVAL_S`` anyway.
+
+The bottom of the services' layers: the task is queued by name, so nothing here imports the
+tasks, the loop or the pass that act on a request (the pass calls :func:`take_again`,
+:func:`asked_again` and :func:`queue_pass`; the loop waits in :func:`wait_for_wake`).
+
+The flag protocol (why no request is lost: ``scheduling.services.passes.run_pass``):
+
+- ``again`` — a pass was asked for since the running one began, so one more runs. Set by every
+  request; taken by the lock holder as it starts a round; checked by it after its unlock. Kept
+  in this process (an event) and, with Redis, for every process (a flag).
+- ``queued`` — a pass task is queued or running, so a request queues no other. Set by a
+  request only if unset (it then queues the task); cleared by the pass, atomically, only while
+  ``again`` is not set.
 """
 
 from __future__ import annotations
@@ -10,15 +23,18 @@ from __future__ import annotations
 import logging
 import threading
 
+from celery import current_app
 from django.conf import settings
-from django.db import DatabaseError
+from django.db import DatabaseError, transaction
 
 from scheduling.choices import JobState
 from scheduling.models import Job
+from scheduling.services import redis_flags
 from scheduling.services.snapshot import PreparedRead
 
 log = logging.getLogger("tessera.triggers")
 
+PASS_TASK = "scheduling.tasks.scheduling_pass"  # the Celery task a request queues, by name
 QUEUED_FLAG = "pass-queued"  # a pass task is queued or running
 AGAIN_FLAG = "pass-again"  # asked for since the running pass began: it runs once more
 # How long a "pass queued" flag lives if the task that should clear it never runs (lost with a
@@ -27,8 +43,8 @@ QUEUED_TTL_S = 5
 _ANY_PENDING = PreparedRead(
     lambda: Job.objects.filter(state=JobState.PENDING).order_by().values_list("id")[:1]
 )
-_wake = threading.Event()
-_loop_started = threading.Event()
+_wake = threading.Event()  # the embedded loop's: a pass is asked for
+_again = threading.Event()  # this process's "again" (the Redis flag is every process's)
 
 
 def request_pass(pending: bool = False) -> None:
@@ -48,10 +64,13 @@ def request_pass(pending: bool = False) -> None:
         return
     if not pending and not _job_pending():
         return
-    from scheduling.services.redis_flags import set_flags
-
-    if set_flags(AGAIN_FLAG, QUEUED_FLAG, once_ttl_s=QUEUED_TTL_S):
+    if redis_flags.set_flags(AGAIN_FLAG, QUEUED_FLAG, once_ttl_s=QUEUED_TTL_S):
         queue_pass()
+
+
+def request_pass_on_commit() -> None:
+    """:func:`request_pass` once the current transaction commits (what it changed is visible)."""
+    transaction.on_commit(request_pass)
 
 
 def _job_pending() -> bool:
@@ -70,37 +89,38 @@ def queue_pass() -> None:
         _wake.set()
         return
     try:
-        from scheduling.tasks import scheduling_pass
-
-        scheduling_pass.delay()
+        current_app.send_task(PASS_TASK)
     except Exception:  # the broker is down: beat's safety pass will catch up
         log.warning("could not queue a scheduling pass", exc_info=True)
 
 
-def start_embedded_loop() -> None:
-    """Start the in-process pass loop once (the embedded default's web process)."""
-    if _loop_started.is_set():
-        return
-    _loop_started.set()
-    thread = threading.Thread(target=_loop, name="tessera-scheduler", daemon=True)
-    thread.start()
+def wait_for_wake(timeout: float) -> None:
+    """The embedded loop's wait: until a pass is asked for, or ``timeout`` seconds."""
+    _wake.wait(timeout=timeout)
+    _wake.clear()
 
 
-def _loop() -> None:
-    from django.db import close_old_connections
+def set_again() -> None:
+    """Mark "again": the pass holding the lock runs once more (a pass that found it taken)."""
+    _again.set()
+    if settings.REDIS_URL:
+        redis_flags.set_flag(AGAIN_FLAG)
 
-    from scheduling.services.health import sweep_nodes
-    from scheduling.services.passes import run_pass
 
-    interval = settings.TESSERA["PASS_INTERVAL_S"]
-    while True:
-        _wake.wait(timeout=interval)
-        _wake.clear()
-        close_old_connections()
-        try:
-            sweep_nodes()
-            run_pass()
-        except Exception:
-            log.exception("scheduling pass failed")
-        finally:
-            close_old_connections()
+def take_again() -> bool:
+    """Take "again" as a round starts (that round covers every request made before it)."""
+    flagged = _again.is_set()
+    _again.clear()
+    if settings.REDIS_URL:
+        flagged = redis_flags.take_flag(AGAIN_FLAG) or flagged
+    return flagged
+
+
+def asked_again() -> bool:
+    """Was a pass asked for since this round began? If not, the "queued" flag is cleared in the
+    same step, so the next request queues a task (a request in between finds "again" set)."""
+    if _again.is_set():
+        return True
+    if settings.REDIS_URL:
+        return redis_flags.clear_unless(QUEUED_FLAG, AGAIN_FLAG)
+    return False

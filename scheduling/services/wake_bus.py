@@ -27,6 +27,7 @@ from typing import Any
 import redis
 import redis.asyncio
 from channels.layers import get_channel_layer
+from channels_redis.core import RedisChannelLayer
 from django.conf import settings
 
 from controlplane.env import redis_db_url
@@ -42,8 +43,6 @@ READY_TIMEOUT_S = 5.0
 
 def enabled() -> bool:
     """Wakes go by pub/sub where the channel layer is Redis (the same in every process)."""
-    from channels_redis.core import RedisChannelLayer
-
     return bool(settings.REDIS_URL) and isinstance(get_channel_layer(), RedisChannelLayer)
 
 

@@ -10,7 +10,7 @@ from django.utils import timezone
 from scheduling.choices import EventType, JobState
 from scheduling.engine.types import Binding, Decisions, Placement
 from scheduling.models import Allocation, Node
-from scheduling.services import passes
+from scheduling.services import passes, triggers
 from scheduling.services.snapshot import load_snapshot
 
 helpers = importlib.import_module("tests.scheduling.helpers")
@@ -111,7 +111,7 @@ def test_a_pass_that_finds_the_lock_taken_asks_for_one_more(two_nodes):
             assert pool.submit(other_worker).result(timeout=30) is None  # it does not wait
     finally:
         passes.unlock()
-    assert passes._take_again() is True
+    assert triggers.take_again() is True
 
 
 def test_every_pending_job_gets_a_reason(world, two_nodes):

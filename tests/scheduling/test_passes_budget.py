@@ -14,7 +14,7 @@ from django.db import connection
 
 from scheduling.choices import JobState
 from scheduling.models import Allocation, Job, SchedulerState
-from scheduling.services import passes
+from scheduling.services import passes, triggers
 
 helpers = importlib.import_module("tests.scheduling.helpers")
 
@@ -50,7 +50,7 @@ def test_a_pass_out_of_time_binds_what_it_decided_and_records_that_it_was_cut_sh
     many_pending, monkeypatch, caplog
 ):
     asked = []
-    monkeypatch.setattr(passes, "queue_pass", lambda: asked.append("task"))
+    monkeypatch.setattr(triggers, "queue_pass", lambda: asked.append("task"))
     with caplog.at_level(logging.INFO, logger="tessera.pass"):
         result = passes.run_pass(max_rounds=1)
     assert len(result.bound) == 5 and result.undecided == 7
@@ -63,7 +63,7 @@ def test_a_pass_out_of_time_binds_what_it_decided_and_records_that_it_was_cut_sh
     assert state.decisions_total["cut_short"] == 1
     assert "cut short by its time budget, 7 left for the next pass" in caplog.text
     assert asked == ["task"]  # the rest is asked for (after max_rounds: as a new task)
-    passes._take_again()  # leave no flag for the next test
+    triggers.take_again()  # leave no flag for the next test
 
 
 def test_the_passes_after_a_cut_one_bind_the_rest(many_pending):
@@ -139,6 +139,6 @@ def test_a_snapshot_read_longer_than_the_budget_still_leaves_the_budget_to_decid
         return load(*args, **kwargs)
 
     monkeypatch.setattr(passes, "load_snapshot", slow_load)
-    monkeypatch.setattr(passes, "queue_pass", lambda: None)
+    monkeypatch.setattr(triggers, "queue_pass", lambda: None)
     result = passes.run_pass(max_rounds=1)
     assert len(result.bound) == 5 and result.undecided == 7

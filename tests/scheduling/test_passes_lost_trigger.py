@@ -30,7 +30,7 @@ pytestmark = [
 
 
 class ProcessFlag(threading.local):
-    """``passes._again`` as each worker process has its own: one per thread here."""
+    """``triggers._again`` as each worker process has its own: one per thread here."""
 
     def __init__(self) -> None:
         self.flag = False
@@ -50,7 +50,7 @@ def broker(redis_url, settings, monkeypatch):
     if not django_settings.CELERY_BROKER_URL:
         pytest.fail("REDIS_URL must be set when the settings load for the Celery broker test")
     monkeypatch.setitem(settings.TESSERA, "EMBEDDED_PASSES", False)
-    monkeypatch.setattr(passes, "_again", ProcessFlag())
+    monkeypatch.setattr(triggers, "_again", ProcessFlag())
     broker = redis.Redis.from_url(django_settings.CELERY_BROKER_URL)
     flags = [redis_flags.key(triggers.QUEUED_FLAG), redis_flags.key(triggers.AGAIN_FLAG)]
     broker.delete("celery")
@@ -116,7 +116,7 @@ def hook(monkeypatch, point: str, happen) -> None:
 
         monkeypatch.setattr(passes, "_one_pass", one_pass)
         return
-    real_check = passes._asked_again
+    real_check = triggers.asked_again
 
     def asked_again():
         if point == "before the final check":
@@ -127,7 +127,7 @@ def hook(monkeypatch, point: str, happen) -> None:
             happen()  # "queued" was just cleared
         return again
 
-    monkeypatch.setattr(passes, "_asked_again", asked_again)
+    monkeypatch.setattr(triggers, "asked_again", asked_again)
 
 
 @pytest.mark.parametrize("point", ["during the pass", "before the final check", "after the final check"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 
 import pytest
 import redis
@@ -10,6 +11,7 @@ from django.conf import settings as django_settings
 
 from controlplane.env import redis_db_url
 from scheduling.services import passes, redis_flags, triggers
+from scheduling.tasks import scheduling_pass
 
 helpers = importlib.import_module("tests.scheduling.helpers")
 
@@ -41,9 +43,14 @@ def test_a_burst_of_requests_queues_a_single_pass(celery_mode, a_pending_job):
     assert celery_mode.llen("celery") == 1
 
 
-def test_a_request_after_the_pass_started_queues_another(celery_mode, a_pending_job):
-    from scheduling.tasks import scheduling_pass
+def test_the_task_a_request_queues_is_the_scheduling_pass(celery_mode, a_pending_job):
+    # Queued by name (the trigger imports no task): the name is the one the worker runs.
+    triggers.request_pass()
+    message = json.loads(celery_mode.lpop("celery"))
+    assert message["headers"]["task"] == scheduling_pass.name
 
+
+def test_a_request_after_the_pass_started_queues_another(celery_mode, a_pending_job):
     triggers.request_pass()
     scheduling_pass.run()  # the worker's side: takes the "queued" flag, then runs the pass
     triggers.request_pass()
@@ -68,8 +75,6 @@ def requesting_in_rounds(monkeypatch, asking_rounds: int) -> list[int]:
 def test_a_request_during_a_pass_runs_it_once_more_at_once_not_as_another_task(
     celery_mode, a_pending_job, monkeypatch
 ):
-    from scheduling.tasks import scheduling_pass
-
     triggers.request_pass()  # queues the task the worker now runs
     celery_mode.delete("celery")
     rounds = requesting_in_rounds(monkeypatch, asking_rounds=1)
@@ -83,8 +88,6 @@ def test_a_request_during_a_pass_runs_it_once_more_at_once_not_as_another_task(
 def test_a_pass_asked_again_in_every_round_hands_the_rest_to_a_new_task(
     celery_mode, a_pending_job, monkeypatch
 ):
-    from scheduling.tasks import scheduling_pass
-
     triggers.request_pass()
     celery_mode.delete("celery")
     rounds = requesting_in_rounds(monkeypatch, asking_rounds=3)
