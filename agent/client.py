@@ -116,9 +116,18 @@ class AgentClient:
         return f"Node {self.credential}"
 
     def register(self, body: dict[str, Any], join_token: str | None) -> dict[str, Any]:
-        """Register with the join token, or (none given) re-register with the stored credential."""
-        auth = f"Join {join_token}" if join_token else self.node_auth()
-        data = self._post("register", body, auth)
+        """Re-register with the stored credential when there is one (a restarted agent: only its own
+        credential re-registers an active node); with the join token when there is none, or when
+        the server no longer knows it (401: the node was removed, or the database is new)."""
+        if self.credential:
+            try:
+                data = self._post("register", body, self.node_auth())
+            except Rejected as exc:
+                if exc.status != 401 or not join_token:
+                    raise
+                data = self._post("register", body, f"Join {join_token}")
+        else:
+            data = self._post("register", body, f"Join {join_token}" if join_token else self.node_auth())
         self.credential = data["credential"]
         return data
 

@@ -228,6 +228,8 @@ TESSERA = {
     "FENCE_MARGIN_S": env_float("TESSERA_FENCE_MARGIN_S", 5.0, minimum=0.0),
     "IDEMPOTENCY_TTL_S": env_int("TESSERA_IDEMPOTENCY_TTL_S", 24 * 3600, minimum=60),
     "RETRY_BACKOFF_S": env_float("TESSERA_RETRY_BACKOFF_S", 10.0, minimum=0.0),
+    # A newly registered node waits, cordoned, for an operator to uncordon it before it gets jobs.
+    "APPROVE_NODES": env_bool("TESSERA_APPROVE_NODES", False),
     "WEB_THREADS": WEB_THREADS,
     # Off switches for the workarounds inside frameworks (docs/internals.md): each is on by
     # default; turning one off gives the library's own behaviour back, slower but with nothing of

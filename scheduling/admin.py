@@ -156,11 +156,20 @@ class QuotaAdmin(admin.ModelAdmin):
 class JoinTokenAdmin(admin.ModelAdmin):
     """Join tokens: made here or by ``manage.py create_join_token``; the secret is shown once."""
 
-    list_display = ["__str__", "created_at", "expires_at", "revoked"]
+    list_display = ["__str__", "names", "registrations", "max_nodes", "created_at", "expires_at", "revoked"]
     list_filter = ["revoked"]
-    search_fields = ["name"]
-    fields = ["name", "expires_at", "revoked", "created_at"]
-    readonly_fields = ["created_at"]
+    search_fields = ["name", "names"]
+    fields = [
+        "name",
+        "max_nodes",
+        "names",
+        "expires_at",
+        "revoked",
+        "registrations",
+        "created_by",
+        "created_at",
+    ]
+    readonly_fields = ["registrations", "created_by", "created_at"]
     actions = ["revoke"]
 
     def save_model(self, request: HttpRequest, obj: JoinToken, form: Any, change: bool) -> None:
@@ -174,7 +183,7 @@ class JoinTokenAdmin(admin.ModelAdmin):
         hours = None
         if obj.expires_at is not None:
             hours = max((obj.expires_at - timezone.now()).total_seconds() / 3600, 1 / 3600)
-        token, raw = do_create_join_token(obj.name, hours)
+        token, raw = do_create_join_token(obj.name, hours, obj.max_nodes, obj.names, request.user)
         obj.pk, obj.token_hash, obj.created_at = token.pk, token.token_hash, token.created_at
         messages.warning(request, f"Join token for agents (shown only now; only its hash is kept): {raw}")
 
@@ -212,12 +221,12 @@ class DeviceInline(ReadOnlyInline):
 
 @admin.register(Node)
 class NodeAdmin(ReadOnlyMixin, admin.ModelAdmin):
-    list_display = ["name", "rack", "kind", "state", "gpu_count", "last_heartbeat", "version"]
+    list_display = ["name", "rack", "kind", "state", "gpu_count", "last_heartbeat", "held_reason", "version"]
     list_filter = ["state", "rack", "kind"]
     search_fields = ["name", "rack"]
     exclude = ["credential_hash"]  # a hash, but still nothing an operator needs to see
     inlines = [DeviceInline]
-    actions = ["cordon", "uncordon"]
+    actions = ["cordon", "uncordon", "join_token_for_names"]
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return request.user.is_superuser  # its price only: the rest belongs to its agent
@@ -240,10 +249,24 @@ class NodeAdmin(ReadOnlyMixin, admin.ModelAdmin):
         n = operators.do_cordon_nodes(queryset.values_list("pk", flat=True))
         self.message_user(request, f"{n} node(s) cordoned.")
 
-    @admin.action(description="Uncordon: schedulable again")
+    @admin.action(description="Uncordon: schedulable again (approves a node held for an operator)")
     def uncordon(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
         n = operators.do_uncordon_nodes(queryset.values_list("pk", flat=True))
         self.message_user(request, f"{n} node(s) uncordoned.")
+
+    @admin.action(description="Make a join token to register these names on new machines (24 h)")
+    def join_token_for_names(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
+        from scheduling.services.agents import do_create_join_token
+
+        names = sorted(queryset.values_list("name", flat=True))
+        _, raw = do_create_join_token(
+            "re-register " + ", ".join(names)[:50], 24, len(names), ",".join(names)[:256], request.user
+        )
+        messages.warning(
+            request,
+            "Join token for " + ", ".join(names) + " (each may register once, once its node has been "
+            f"silent past its lease; shown only now): {raw}",
+        )
 
 
 @admin.register(Device)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from fnmatch import fnmatchcase
 
 from django.conf import settings
 from django.db import models
@@ -141,16 +142,51 @@ class ApiToken(models.Model):
 
 
 class JoinToken(models.Model):
-    """Made by an operator; an agent presents it once to register and get its own credential."""
+    """Made by an operator; an agent presents it once to register and get its own credential.
+
+    Bounded: it expires, registers at most ``max_nodes`` nodes (empty: any number), and only names
+    matching ``names`` (comma-separated shell patterns, ``gpu-*``; empty: any new name). A name
+    whose node already exists is registered again with a join token only when the node has been
+    silent past its lease and fence margin and the token *names* it (a pattern matches it): the
+    operator's consent to hand that name to a new machine.
+    """
 
     name = models.CharField(max_length=64, blank=True)
     token_hash = models.CharField(max_length=64, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked = models.BooleanField(default=False)
+    max_nodes = models.PositiveIntegerField(
+        null=True, blank=True, default=1, help_text="registrations it allows; empty: any number"
+    )
+    registrations = models.PositiveIntegerField(default=0)
+    names = models.CharField(
+        max_length=256,
+        blank=True,
+        help_text="node names it may register: comma-separated patterns (gpu-*, a100-0?); empty: any",
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
 
     def __str__(self) -> str:
         return self.name or f"join token {self.pk}"
+
+    @property
+    def patterns(self) -> list[str]:
+        return [p.strip() for p in self.names.split(",") if p.strip()]
+
+    def covers(self, node_name: str) -> bool:
+        """Whether it may register ``node_name`` as a new node."""
+        return not self.patterns or self.names_node(node_name)
+
+    def names_node(self, node_name: str) -> bool:
+        """Whether it was made for ``node_name`` (a pattern matches it)."""
+        return any(fnmatchcase(node_name, p) for p in self.patterns)
+
+    @property
+    def used_up(self) -> bool:
+        return self.max_nodes is not None and self.registrations >= self.max_nodes
 
 
 class Node(models.Model):
@@ -166,6 +202,9 @@ class Node(models.Model):
     price_per_gpu_hour = models.FloatField(default=0)
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     credential_hash = models.CharField(max_length=64, unique=True, null=True, blank=True)
+    # Why the node is cordoned waiting for an operator (new and unapproved, or its GPUs changed
+    # at a re-registration); uncordoning it approves and clears this.
+    held_reason = models.CharField(max_length=256, blank=True)
     metrics_url = models.CharField(max_length=256, blank=True)
     # Bumped on every allocation change: the pass's version check against stale decisions.
     version = models.PositiveBigIntegerField(default=0)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.db.models import Q
+from django.db.models import F, Q
 from django.db.models.signals import post_delete, post_save
 from django.utils import timezone
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
@@ -119,6 +119,7 @@ def valid_join_token(secret: str) -> JoinToken | None:
     return (
         JoinToken.objects.filter(token_hash=hash_secret(secret), revoked=False)
         .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now))
+        .filter(Q(max_nodes__isnull=True) | Q(registrations__lt=F("max_nodes")))
         .first()
     )
 
@@ -148,7 +149,7 @@ class JoinTokenAuthentication(BaseAuthentication):
             return None
         token = valid_join_token(secret)
         if token is None:
-            raise AuthenticationFailed("Invalid, expired or revoked join token.")
+            raise AuthenticationFailed("Invalid, expired, revoked or used-up join token.")
         return JoinPrincipal(token), token
 
     def authenticate_header(self, request) -> str:

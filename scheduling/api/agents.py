@@ -24,6 +24,7 @@ from rest_framework.views import APIView
 from scheduling.api.agent_auth import (
     IsNode,
     IsNodeOrJoin,
+    JoinPrincipal,
     JoinTokenAuthentication,
     NodeCredentialAuthentication,
     NodePrincipal,
@@ -187,10 +188,15 @@ class RegisterView(APIView):
     def post(self, request: Request) -> Response:
         desc = _valid(RegisterIn, request)
         as_node = request.user.node if isinstance(request.user, NodePrincipal) else None
+        join = request.user.token if isinstance(request.user, JoinPrincipal) else None
         try:
-            node, credential, created = svc.do_register_node(desc, as_node)
+            node, credential, created = svc.do_register_node(desc, as_node, join)
         except svc.NameTaken:
             raise PermissionDenied("A node credential may only re-register its own node.") from None
+        except svc.JoinRefused as exc:
+            raise PermissionDenied(f"Registration refused: {exc}.") from None
+        except svc.NameInUse as exc:
+            raise Conflict(f"Registration refused: {exc}.") from None
         from django.conf import settings
 
         body = {

@@ -73,27 +73,114 @@ class NameTaken(Exception):
     """A node tried to re-register under another node's name (answered 403)."""
 
 
+class JoinRefused(Exception):
+    """The join token may not register this node: used up, expired, revoked, or the name is not
+    among its patterns (answered 403)."""
+
+
+class NameInUse(Exception):
+    """A join token was presented for a name whose node exists and is active, or not yet past its
+    lease and fence margin, or for which the token was not made (answered 409)."""
+
+
 # --- Join tokens -------------------------------------------------------------------------------
 
 
-def do_create_join_token(name: str = "", expires_hours: float | None = None) -> tuple[JoinToken, str]:
-    """A fresh join token: returns the row (holding only the hash) and the secret, shown once."""
+def do_create_join_token(
+    name: str = "",
+    expires_hours: float | None = None,
+    max_nodes: int | None = None,
+    names: str = "",
+    created_by=None,
+) -> tuple[JoinToken, str]:
+    """A fresh join token: returns the row (holding only the hash) and the secret, shown once.
+
+    ``max_nodes``: how many registrations it allows (None: any number); ``names``: the node names
+    it may register, comma-separated patterns (empty: any new name; see :class:`JoinToken`).
+    """
     raw = new_secret()
     expires_at = timezone.now() + timedelta(hours=expires_hours) if expires_hours else None
-    token = JoinToken.objects.create(name=name[:64], token_hash=hash_secret(raw), expires_at=expires_at)
+    token = JoinToken.objects.create(
+        name=name[:64],
+        token_hash=hash_secret(raw),
+        expires_at=expires_at,
+        max_nodes=max_nodes,
+        names=names,
+        created_by=created_by,
+    )
     return token, raw
+
+
+def _still_fenced(node: Node, now: datetime) -> bool:
+    """The node heartbeated within its lease and fence margin: its jobs may still be running."""
+    window = timedelta(seconds=settings.TESSERA["LEASE_S"] + settings.TESSERA["FENCE_MARGIN_S"])
+    return node.last_heartbeat is not None and now - node.last_heartbeat < window
+
+
+def _claim_join_token(token: JoinToken, name: str, node: Node | None, now: datetime) -> None:
+    """Check, under the token's row lock, that it may register ``name`` now, and count the use."""
+    token = JoinToken.objects.select_for_update().get(pk=token.pk)
+    if token.revoked or (token.expires_at is not None and token.expires_at <= now) or token.used_up:
+        raise JoinRefused("the join token is revoked, expired or used up")
+    if not token.covers(name):
+        raise JoinRefused(f"the join token does not cover the name {name!r} (it covers {token.names})")
+    if node is not None and _still_fenced(node, now):
+        raise NameInUse(
+            f"node {name!r} is registered and was active within its lease: only its own credential "
+            "re-registers it"
+        )
+    if node is not None and not token.names_node(name):
+        raise NameInUse(
+            f"node {name!r} is registered: registering a new machine under its name needs a join token "
+            f"made for that name (manage.py create_join_token --names {name}), or its old credential"
+        )
+    JoinToken.objects.filter(pk=token.pk).update(registrations=F("registrations") + 1)
+
+
+def _inventory(devices) -> dict[int, tuple[str, float]]:
+    return {d["index"]: (d["model"], float(d["memory_gib"])) for d in devices}
+
+
+def _gpus_grew(node: Node, desc: dict[str, Any]) -> str:
+    """What the node now advertises beyond what it had: a GPU index it did not have, another model
+    or more memory on one, another NVLink island size ('' if nothing). Fewer GPUs (a failed
+    device) are taken as they come."""
+    old = {d.index: (d.model, float(d.memory_gib)) for d in node.devices.all()}
+    new = _inventory(desc["devices"])
+    changed = [
+        i for i, (model, memory) in new.items() if i not in old or old[i][0] != model or memory > old[i][1]
+    ]
+    if not changed and desc["nvlink_domain"] == node.nvlink_domain:
+        return ""
+    islands = f"NVLink {node.nvlink_domain} → {desc['nvlink_domain']}"
+    return f"its GPUs changed at re-registration ({_summary(old)} → {_summary(new)}, {islands})"
+
+
+def _summary(inventory: dict[int, tuple[str, float]]) -> str:
+    counts: dict[str, int] = {}
+    for model, _ in inventory.values():
+        counts[model] = counts.get(model, 0) + 1
+    return ", ".join(f"{n}×{m}" for m, n in sorted(counts.items())) or "no GPUs"
 
 
 # --- Registration ------------------------------------------------------------------------------
 
 
-def do_register_node(desc: dict[str, Any], as_node: Node | None = None) -> tuple[Node, str, bool]:
+def do_register_node(
+    desc: dict[str, Any], as_node: Node | None = None, join_token: JoinToken | None = None
+) -> tuple[Node, str, bool]:
     """Create or update the node and its devices; issue a new credential (the old one stops working).
 
     ``desc``: validated fields (name, rack, labels, kind, cpus, memory_gib, nvlink_domain,
-    metrics_url, devices [{index, uuid, model, memory_gib}]). ``as_node``: set when the caller
-    authenticated with a node credential rather than a join token; it may only re-register itself.
-    Returns (node, credential, created).
+    metrics_url, devices [{index, uuid, model, memory_gib}]). Exactly one of ``as_node`` (the
+    caller authenticated with a node credential: it may only re-register itself, else
+    :class:`NameTaken`) and ``join_token`` (a new name within the token's bounds, else
+    :class:`JoinRefused`; an existing name only as :func:`_claim_join_token` allows, else
+    :class:`NameInUse`). Returns (node, credential, created).
+
+    A node whose GPUs grew or changed at a re-registration, and (with ``TESSERA_APPROVE_NODES``) a
+    new node, is registered cordoned with a ``held_reason``: it gets no jobs until an operator
+    uncordons it.
 
     A re-registering node has restarted its agent: the processes of its running replicas are gone,
     so those replicas are settled as lost (the job retries per ``max_retries`` or fails); replicas
@@ -110,11 +197,23 @@ def do_register_node(desc: dict[str, Any], as_node: Node | None = None) -> tuple
         node = Node.objects.select_for_update().filter(name=desc["name"]).first()
         if as_node is not None and (node is None or node.pk != as_node.pk):
             raise NameTaken(desc["name"])
+        if as_node is None:
+            if join_token is None:
+                raise JoinRefused("no join token")
+            _claim_join_token(join_token, desc["name"], node, now)
         created = node is None
+        held = ""
         if node is None:
             node = Node(name=desc["name"], state=NodeState.READY)
-        elif node.state == NodeState.NOT_READY:
-            node.state = NodeState.READY
+            if settings.TESSERA["APPROVE_NODES"]:
+                held = "a new node: waiting for an operator's approval"
+        else:
+            held = _gpus_grew(node, desc)
+            if node.state == NodeState.NOT_READY:
+                node.state = NodeState.READY
+        if held:
+            node.state, node.held_reason = NodeState.CORDONED, held[:256]
+            log.warning("node %s registered cordoned: %s", desc["name"], held)
         for field in ("rack", "labels", "kind", "cpus", "memory_gib", "nvlink_domain", "metrics_url"):
             setattr(node, field, desc[field])
         node.last_heartbeat = now

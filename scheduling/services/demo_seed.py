@@ -117,11 +117,13 @@ def do_mint_join_token() -> str:
     return secret
 
 
-def do_register_join_token(secret: str) -> str:
-    """Accept ``secret`` (chosen by the deployer, e.g. docker-compose's) as a join token."""
+def do_register_join_token(secret: str, names: str = "") -> str:
+    """Accept ``secret`` (chosen by the deployer, e.g. docker-compose's) as a join token for any
+    number of nodes named by ``names`` (comma-separated patterns; empty: any new name)."""
     if not secret.strip():
         raise ValueError("an empty join token would let anyone register a node")
     JoinToken.objects.update_or_create(
-        token_hash=hash_secret(secret), defaults={"name": ENV_JOIN_TOKEN_NAME, "revoked": False}
+        token_hash=hash_secret(secret),
+        defaults={"name": ENV_JOIN_TOKEN_NAME, "revoked": False, "max_nodes": None, "names": names},
     )
     return secret

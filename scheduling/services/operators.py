@@ -33,8 +33,9 @@ def do_uncordon_nodes(node_ids: Iterable[int]) -> int:
     """Make cordoned nodes schedulable again. Returns how many changed."""
     node_ids = list(node_ids)
     with transaction.atomic():
+        # Uncordoning approves a node held for an operator (new, or its GPUs changed).
         changed = Node.objects.filter(pk__in=node_ids, state=NodeState.CORDONED).update(
-            state=NodeState.READY, version=F("version") + 1
+            state=NodeState.READY, held_reason="", version=F("version") + 1
         )
         if changed:
             request_pass_on_commit()

@@ -50,6 +50,15 @@ def register(join_token: str, name: str = "gpu-01", **overrides: Any) -> tuple[A
     return client_with(f"Node {answer.data['credential']}"), answer.data
 
 
+def reregister(credential: str, name: str = "gpu-01", **overrides: Any) -> tuple[APIClient, dict]:
+    """Register a node again with its own credential, as its restarted agent does."""
+    answer = client_with(f"Node {credential}").post(
+        AGENT + "register", node_body(name, **overrides), format="json"
+    )
+    assert answer.status_code == 200, answer.content
+    return client_with(f"Node {answer.data['credential']}"), answer.data
+
+
 def heartbeat(node: APIClient, running: list[dict] | None = None) -> dict:
     answer = node.post(AGENT + "heartbeat", {"running": running or []}, format="json")
     assert answer.status_code == 200, answer.content

@@ -122,7 +122,9 @@ def test_a_body_without_a_name_is_refused_naming_it(join_token):
 
 def test_reregistering_issues_a_new_credential_and_the_old_one_stops_working(join_token):
     first, data1 = h.register(join_token, "gpu-01")
-    second, data2 = h.register(join_token, "gpu-01", gpus=4)
+    again = first.post(AGENT + "register", h.node_body("gpu-01", gpus=4), format="json")
+    assert again.status_code == 200
+    second, data2 = h.client_with(f"Node {again.data['credential']}"), again.data
     assert data1["credential"] != data2["credential"]
     assert first.post(AGENT + "heartbeat", {}, format="json").status_code == 401
     assert second.post(AGENT + "heartbeat", {}, format="json").status_code == 200
@@ -388,7 +390,7 @@ def test_a_restarted_agent_settles_its_lost_running_replicas(world, join_token):
     running = h.bind(h.submit(world.alice, world.vision), "gpu-01", [0, 1])
     waiting = h.bind(h.submit(world.alice, world.vision), "gpu-01", [2, 3])
     h.report(node, running.pk, "started", attempt=0, replica=0)
-    h.register(join_token, "gpu-01")
+    assert node.post(AGENT + "register", h.node_body("gpu-01"), format="json").status_code == 200
     running.refresh_from_db()
     waiting.refresh_from_db()
     assert running.state == JobState.FAILED and running.events.order_by("-id").first().reason == "lost"

@@ -104,5 +104,6 @@ def test_an_agent_with_a_refused_join_token_exits_2_saying_so(live_server, db, s
     agent = start_agent(live_server.url, state_dir, env={"TESSERA_JOIN_TOKEN": "not-a-real-token"})
     output = agent.communicate(timeout=60)[0]
     assert agent.returncode == 2
-    assert "refused to register 'cli-node'" in output and "Invalid, expired or revoked join token" in output
+    assert "refused to register 'cli-node'" in output
+    assert "Invalid, expired, revoked or used-up join token" in output
     assert "not-a-real-token" not in output

@@ -144,8 +144,8 @@ def test_a_credential_replaced_while_the_socket_is_open_gets_401_and_the_socket_
     async def replace_then_report(talk: WebsocketCommunicator) -> list[Any]:
         from asgiref.sync import sync_to_async
 
-        # Re-registered with a join token: a new credential (this process forgets the old at once).
-        await sync_to_async(h.register)(join_token, "gpu-01")
+        # Re-registered (its agent restarted): a new credential (this process forgets the old at once).
+        await sync_to_async(h.reregister)(answer["credential"], "gpu-01")
         await talk.send_json_to({"id": 1, "exits": [_exit(1)]})
         reply = await talk.receive_json_from(timeout=5)
         closed = await talk.receive_output(timeout=5)
@@ -162,7 +162,7 @@ def test_no_wake_reaches_a_socket_whose_node_registered_again(join_token):
     async def replace_then_wake(talk: WebsocketCommunicator) -> dict[str, Any]:
         from asgiref.sync import sync_to_async
 
-        await sync_to_async(h.register)(join_token, "gpu-01")  # a new credential for the node
+        await sync_to_async(h.reregister)(answer["credential"], "gpu-01")  # a new credential for the node
         await get_channel_layer().group_send(
             f"agent.{answer['node_id']}", {"type": "agent.wake", "start": [{"job_id": 1}], "heartbeat": False}
         )

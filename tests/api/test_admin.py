@@ -133,6 +133,25 @@ def test_a_join_token_made_in_the_console_is_shown_once_and_stored_hashed(consol
     assert JoinToken.objects.get(pk=token.pk).revoked
 
 
+def test_a_console_join_token_keeps_its_bounds_and_its_maker(console, world):
+    response = console.post(
+        reverse("admin:scheduling_jointoken_add"), {"name": "rack-8", "max_nodes": "3", "names": "a100-*"}
+    )
+    assert response.status_code == 302
+    token = JoinToken.objects.get(name="rack-8")
+    assert (token.max_nodes, token.names, token.created_by) == (3, "a100-*", world.admin)
+
+
+def test_the_node_action_makes_a_join_token_for_those_names_only(console, cluster):
+    url = reverse("admin:scheduling_node_changelist")
+    response = console.post(
+        url, {"action": "join_token_for_names", "_selected_action": [cluster["n01"].pk]}, follow=True
+    )
+    assert any("shown only now" in str(m) for m in response.context["messages"])
+    token = JoinToken.objects.get()
+    assert (token.names, token.max_nodes) == ("n01", 1) and token.expires_at is not None
+
+
 def test_cordon_and_uncordon_a_node(console, cluster):
     url = reverse("admin:scheduling_node_changelist")
     node = cluster["n01"]

@@ -107,6 +107,13 @@ def test_join_token_from_env_registers_the_deployers_token(monkeypatch):
     assert rows.count() == 1 and not rows.get().revoked
 
 
+def test_the_deployers_join_token_registers_any_number_of_the_names_it_is_given(monkeypatch):
+    monkeypatch.setenv("TESSERA_JOIN_TOKEN", "compose-chosen-secret-1234567890")
+    call_command("seed_demo", "--join-token-from-env", "--join-token-names", "agent-*", stdout=io.StringIO())
+    row = JoinToken.objects.get(token_hash=hash_secret("compose-chosen-secret-1234567890"))
+    assert row.max_nodes is None and row.names == "agent-*"
+
+
 def test_join_token_from_env_refuses_an_empty_token(monkeypatch):
     from django.core.management.base import CommandError
 

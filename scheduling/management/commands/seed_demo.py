@@ -29,6 +29,13 @@ class Command(BaseCommand):
             help="register $TESSERA_JOIN_TOKEN as the join token instead of minting a new one",
         )
         parser.add_argument(
+            "--join-token-names",
+            default="",
+            metavar="PATTERNS",
+            help="with --join-token-from-env: the node names it may register (e.g. 'agent-*'; "
+            "a name it matches may also be taken over once its node is silent past its lease)",
+        )
+        parser.add_argument(
             "--credentials-file",
             metavar="PATH",
             help="write the users' passwords and tokens to PATH (mode 0600, JSON) instead of printing them",
@@ -40,7 +47,7 @@ class Command(BaseCommand):
             if not secret.strip():
                 raise CommandError("--join-token-from-env: TESSERA_JOIN_TOKEN is not set")
             seed = do_seed_demo_people()
-            seed.join_token = do_register_join_token(secret)
+            seed.join_token = do_register_join_token(secret, options["join_token_names"])
         else:
             seed = do_seed_demo_people()
             seed.join_token = do_mint_join_token()
