@@ -37,7 +37,7 @@ from .geometry import Geometry, constraints, geometry, static_check
 from .placement import Constraints, class_allows, frag_delta, sigmoid_score
 from .quota import Quotas
 from .reasons import diagnose
-from .state import Alloc, ClusterState, ReplicaReq, fits_state
+from .state import Alloc, ClusterState, ReplicaReq, fits_state, placements_of
 from .types import MILLI, Binding, Decisions, JobRequest, NodeSpec, PendingReason, QuotaSpec
 
 BASELINES = ("fcfs-node", "fcfs-device", "random", "best-fit", "fgd", "greedy", "greedy-quota")
@@ -165,8 +165,6 @@ class BaselineScheduler:
             self.tenant[job.id] = job.tenant
             self.preemptible[job.id] = job.preemptible
             del self.pending[job.id]
-            from .policy import placements_of
-
             d.bindings.append(Binding(job.id, placements_of(allocs, self.state)))
         return d
 

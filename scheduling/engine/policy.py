@@ -14,6 +14,11 @@
    them off, since its agents cannot resize a running job.)
 6. Give every job still pending its reason (:mod:`.reasons`), diagnosed on the final state.
 
+Step 1 is :meth:`TesseraScheduler.decide`'s; steps 2-6 are :class:`.policy_pass.PolicyPass`'s, one
+method each. :class:`TesseraScheduler` keeps the cluster, the queue, what each pass leaves for the
+next, and the questions the pass asks of them (where a job fits, what its quota admits, whom it
+may preempt, where to reserve).
+
 Bindings, resizes and preemption marks are applied to the engine's own state as they are made;
 a preempted job keeps its GPUs until the driver calls :meth:`TesseraScheduler.release`.
 """
@@ -39,10 +44,10 @@ from .fragmentation import FragmentationModel, Shape, shape_of, to_milli
 from .geometry import Geometry, constraints, geometry, static_check
 from .memory import EngineMemory, HeldReservation, HeldRoom
 from .placement import Constraints, Placer
+from .policy_pass import PolicyPass
 from .preemption import Hypo, Victim
 from .quota import Quotas
-from .reasons import diagnose
-from .state import Alloc, ClusterState
+from .state import Alloc, ClusterState, placements_of
 from .topology import place_gang
 from .types import (
     MILLI,
@@ -51,7 +56,6 @@ from .types import (
     Decisions,
     JobRequest,
     NodeSpec,
-    PendingReason,
     Placement,
     QuotaSpec,
     Snapshot,
@@ -69,14 +73,6 @@ class Running:
     terminating: bool = False
     cancelled: bool = False
     charged: list[tuple[str, int]] = field(default_factory=list)  # (model, milli) per replica
-
-
-def placements_of(allocs: list[Alloc], state: ClusterState) -> tuple[Placement, ...]:
-    out = []
-    for a in sorted(allocs, key=lambda a: a.replica):
-        share = 1.0 if a.milli >= MILLI or not a.gpus else a.milli / MILLI
-        out.append(Placement(a.replica, state.nodes[a.node].spec.name, a.gpus, share))
-    return tuple(out)
 
 
 class TesseraScheduler:
@@ -235,7 +231,7 @@ class TesseraScheduler:
             node = self.state.by_name[p.node]
             milli = MILLI if p.share >= 1 else to_milli(p.share)
             self.state.take(job.id, node, p.gpus, milli if p.gpus else 0, geo.req.cpu, geo.req.mem, p.replica)
-            self._charge(run, self.nodes[node].model, geo.charge if p.gpus else 0)
+            self.charge(run, self.nodes[node].model, geo.charge if p.gpus else 0)
 
     def submit(self, job: JobRequest, note: bool = True) -> None:
         self.pending[job.id] = job
@@ -286,7 +282,7 @@ class TesseraScheduler:
             job.submitted_at == self._noted_at and job.id not in self._noted_ids
         )
 
-    def _charge(self, run: Running, model: str, milli: int) -> None:
+    def charge(self, run: Running, model: str, milli: int) -> None:
         run.charged.append((model, milli))
         self.quotas.add(run.job.tenant, model, milli, run.job.preemptible)
 
@@ -298,7 +294,7 @@ class TesseraScheduler:
             self.placer = Placer(self.state, self.config.alpha, self.config.beta, self.config.delta)
             self._recent_changes = 0
 
-    def _models_for(self, job: JobRequest) -> tuple[tuple[str, ...], bool]:
+    def models_for(self, job: JobRequest) -> tuple[tuple[str, ...], bool]:
         """Acceptable models in preference order, and whether the order ranks them."""
         if job.accelerators:
             return job.accelerators, True
@@ -308,11 +304,11 @@ class TesseraScheduler:
             return tuple(m for m in preferred if m in self.models) + rest, True
         return self.models, False
 
-    def _static_check(self, job: JobRequest, geo: Geometry) -> tuple[str, str] | None:
+    def cannot_fit(self, job: JobRequest, geo: Geometry) -> tuple[str, str] | None:
         return static_check(self.state, self.quotas, job, geo, self._static)
 
     # -- placing one job --------------------------------------------------------------------------
-    def _try_place(
+    def try_place(
         self,
         job: JobRequest,
         geo: Geometry,
@@ -358,19 +354,19 @@ class TesseraScheduler:
             return place_gang(
                 self.placer, job.id, geo.req, top, need, job.topology, c, node_ok, first_replica
             ), None
-        models, ranked = self._models_for(job)
+        models, ranked = self.models_for(job)
         allowed: list[tuple[str, int]] = []
         refusal: tuple[str, str] | None = None
         for m in models:
             fit = 0
             for r in range(top, need - 1, -1):
-                if self._admits(job, m, geo.charge * r):
+                if self.admits(job, m, geo.charge * r):
                     fit = r
                     break
             if fit:
                 allowed.append((m, fit))
             elif refusal is None:
-                refusal = self._refusal(job, m, geo.charge * need)
+                refusal = self.refusal(job, m, geo.charge * need)
         if not allowed:
             return None, refusal
         if top == 1 or job.topology in ("node", "nvlink"):
@@ -394,10 +390,10 @@ class TesseraScheduler:
         """The quota reason that stops ``job`` on the current usage (None: quotas admit it)."""
         if geo.req.count == 0:
             return None
-        models, _ranked = self._models_for(job)
+        models, _ranked = self.models_for(job)
         first = None
         for m in models:
-            why = self._refusal(job, m, geo.charge * geo.need)
+            why = self.refusal(job, m, geo.charge * geo.need)
             if why is None:
                 return None
             first = first or why
@@ -409,10 +405,10 @@ class TesseraScheduler:
     # that owner's wait passes reclaim_after_s. An owner's job too big for what is free does not
     # hold the model idle: it gets a reservation and, after reclaim_after_s, reclaims. Nodes
     # reserved for a job are not counted as free (the owner could not start there either).
-    def _admits(self, job: JobRequest, model: str, milli: int) -> bool:
-        return self._refusal(job, model, milli) is None
+    def admits(self, job: JobRequest, model: str, milli: int) -> bool:
+        return self.refusal(job, model, milli) is None
 
-    def _refusal(self, job: JobRequest, model: str, milli: int) -> tuple[str, str] | None:
+    def refusal(self, job: JobRequest, model: str, milli: int) -> tuple[str, str] | None:
         why = self.quotas.check(job.tenant, model, milli, job.preemptible)
         if why is not None or not self.quotas.enabled or not milli:
             return why
@@ -464,7 +460,7 @@ class TesseraScheduler:
             if self.last_codes.get(job.id) in ("quota", "borrow-limit"):
                 continue  # held back by quotas itself: it is not waiting for the capacity
             geo = self.geo(job)
-            models, _ = self._models_for(job)
+            models, _ = self.models_for(job)
             whole = geo.req.milli >= MILLI
             size = geo.req.count * geo.need if whole else geo.req.demand * geo.need
             for m in models:
@@ -482,10 +478,10 @@ class TesseraScheduler:
             owners.sort()
         self.quota_token = tuple(sorted((m, tuple(o)) for m, o in self._owed.items()))
 
-    def _bind(self, job: JobRequest, geo: Geometry, allocs: list[Alloc], now: float, d: Decisions) -> None:
+    def bind(self, job: JobRequest, geo: Geometry, allocs: list[Alloc], now: float, d: Decisions) -> None:
         run = Running(job, geo, now)
         for a in allocs:
-            self._charge(run, self.nodes[a.node].model, geo.charge if a.gpus else 0)
+            self.charge(run, self.nodes[a.node].model, geo.charge if a.gpus else 0)
         self.running[job.id] = run
         self.pending.pop(job.id, None)
         self.room.pop(job.id, None)
@@ -498,14 +494,12 @@ class TesseraScheduler:
         """One pass at ``now``. With a ``deadline``, the pass stops deciding more jobs once it
         has passed, keeps what it decided, and says which jobs it did not reach
         (``Decisions.undecided``): a driver that bounds its passes in time asks for another."""
-        from .passes import run_pass
-
         self._refresh_frag()
         # Failed placements are remembered within a pass only: the next one is at another time
         # (reservations' backfill windows, starvation), and a scheduler rebuilt from memory
         # (the live pass) must decide as one that lived on.
         self._fail_memo.clear()
-        return run_pass(self, now, deadline)
+        return PolicyPass(self, now, deadline).run()
 
     # helpers used by the pass ----------------------------------------------------------------------
     def expected_end(self, run: Running, now: float) -> float:
@@ -526,7 +520,6 @@ class TesseraScheduler:
         """Per-pass indexes: who may be preempted at all (min run time, preemptible), with the
         work each would lose, computed once."""
         self._victim_memo: dict[tuple, dict[int, list[Victim]]] = {}
-        self._preempt_fail: set[tuple] = set()
         self._holders = None
         self._quota_memo: dict[tuple, list[Victim]] = {}
         self._eligible = []
@@ -570,7 +563,7 @@ class TesseraScheduler:
             victim = Victim(jid, gpus * max(0.0, now - since), run.job.priority, allocs, run.job.grace_s)
             models = tuple(sorted({m for m, _ in run.charged}))
             self._eligible.append((queues.rank(run.job, self.config), jid, run, victim, models))
-        self._elastic = [e for e in self._eligible if e[2].job.elastic_max_gpus is not None]
+        self.elastic = [e for e in self._eligible if e[2].job.elastic_max_gpus is not None]
         self.clear_racks = set()
         if self.rack_gang_gpus:
             self.clear_racks = {r for r, g in self._rack_gpus.items() if g >= self.rack_gang_gpus}
@@ -580,6 +573,10 @@ class TesseraScheduler:
                         self.nodes[a.node].rack for a in self.state.allocs.get(run.job.id, ())
                     )
 
+    def forget_victims(self) -> None:
+        """The running jobs changed (shrunk): the victims memoised this pass are stale."""
+        self._victim_memo.clear()
+
     def victims(self, job: JobRequest, geo: Geometry, now: float) -> dict[int, list[Victim]]:
         """Eligible victims per node, cheapest first (see :mod:`.preemption`): jobs strictly
         behind ``job``, plus, when its tenant is under its guarantee, jobs running on borrowed
@@ -588,7 +585,7 @@ class TesseraScheduler:
         under: tuple[str, ...] = ()
         borrowing: tuple[tuple[str, str], ...] = ()
         if self.quotas.enabled and geo.req.count and now - job.submitted_at >= self.config.reclaim_after_s:
-            models, _ = self._models_for(job)
+            models, _ = self.models_for(job)
             under = tuple(
                 m
                 for m in models
@@ -646,7 +643,7 @@ class TesseraScheduler:
         ):
             return None
         mine = queues.rank(job, self.config)
-        models, _ = self._models_for(job)
+        models, _ = self.models_for(job)
         need = geo.charge * geo.need
         for m in models:
             q = self.quotas.row(job.tenant, m)
@@ -659,7 +656,7 @@ class TesseraScheduler:
             ):
                 continue  # its own preemptible jobs' room would not admit it
             excess = self.quotas.used(job.tenant, m) + need - cap
-            row = self.quotas._row_key(job.tenant, m)
+            row = self.quotas.row_key(job.tenant, m)
             for run in self.running.values():  # what is already on its way out counts as room
                 if run.job.tenant == job.tenant and (run.terminating or run.cancelled):
                     excess -= self._row_charge(run, job.tenant, row)
@@ -675,7 +672,7 @@ class TesseraScheduler:
                         for vrank, _j, run, v, vmodels in self._eligible
                         if run.job.tenant == job.tenant
                         and vrank > mine
-                        and any(self.quotas._row_key(job.tenant, vm) == row for vm in vmodels)
+                        and any(self.quotas.row_key(job.tenant, vm) == row for vm in vmodels)
                     ),
                     key=lambda v: (v.lost, v.priority, v.job_id),
                 )
@@ -709,7 +706,7 @@ class TesseraScheduler:
 
     def _row_charge(self, run, tenant: str, row: tuple[str, str]) -> int:
         """What ``run`` is charged on ``tenant``'s quota row ``row`` (milli-GPU): what leaving frees."""
-        return sum(mi for mm, mi in run.charged if self.quotas._row_key(tenant, mm) == row)
+        return sum(mi for mm, mi in run.charged if self.quotas.row_key(tenant, mm) == row)
 
     def _quota_pick(
         self, candidates: list[Victim], tenant: str, row: tuple[str, str], excess: int, budget: int
@@ -783,18 +780,3 @@ class TesseraScheduler:
             self.sticky[job.id] = r.nodes
             r = replace(r, strict_level=strict)
         return r
-
-
-def diagnose_job(
-    s: TesseraScheduler, job: JobRequest, geo: Geometry, summaries: dict | None = None
-) -> PendingReason:
-    c = constraints(job)
-    reason = diagnose(s.placer, job, geo.req, geo.replicas, geo.need, c, summaries)
-    if reason.code == "gang" and job.topology in ("node", "nvlink", "rack") and geo.need > 1:
-        return PendingReason(
-            "topology",
-            f"topology: {geo.need} replicas of "
-            f"{geo.req.demand / MILLI:g} GPUs do not fit in one "
-            f"{job.topology} now",
-        )
-    return reason

@@ -37,14 +37,14 @@ def wait_for_preferred(
     gamma = s.config.gamma
     if math.isinf(gamma) or not allocs or not geo.req.count:
         return None
-    models, ranked = s._models_for(job)
+    models, ranked = s.models_for(job)
     got = s.nodes[allocs[0].node].model
     if not ranked or got not in models or models.index(got) == 0:
         return None
     k = models.index(got)
     holders = s.holders(now)
     for j, m in enumerate(models[:k]):
-        if not s._admits(job, m, geo.charge * geo.need):
+        if not s.admits(job, m, geo.charge * geo.need):
             continue  # its quota refuses the model: waiting for capacity there does not help
         c = Constraints((m,), job.node_selector, job.tolerations, True)
         r = reserve(s.placer, job, geo.req, geo.need, c, holders, set(), now)

@@ -44,15 +44,15 @@ class Quotas:
             return None
         return rows.get(model) or rows.get("*")
 
-    def _row_key(self, tenant: str, model: str) -> tuple[str, str]:
+    def row_key(self, tenant: str, model: str) -> tuple[str, str]:
         rows = self.rows.get(tenant, {})
         return (tenant, model if model in rows else "*")
 
     def used(self, tenant: str, model: str) -> int:
-        return self.usage.get(self._row_key(tenant, model), 0)
+        return self.usage.get(self.row_key(tenant, model), 0)
 
     def add(self, tenant: str, model: str, milli: int, preemptible: bool = True) -> None:
-        key = self._row_key(tenant, model)
+        key = self.row_key(tenant, model)
         self.usage[key] = self.usage.get(key, 0) + milli
         self.total[tenant] = self.total.get(tenant, 0) + milli
         if not preemptible:
@@ -60,7 +60,7 @@ class Quotas:
 
     def fixed_used(self, tenant: str, model: str) -> int:
         """What ``tenant``'s non-preemptible jobs hold on ``model``'s row."""
-        return self.fixed.get(self._row_key(tenant, model), 0)
+        return self.fixed.get(self.row_key(tenant, model), 0)
 
     def check(self, tenant: str, model: str, milli: int, preemptible: bool) -> tuple[str, str] | None:
         """None if ``tenant`` may take ``milli`` more on ``model``, else (code, message)."""

@@ -15,6 +15,7 @@ come from the pass itself.
 
 from __future__ import annotations
 
+from .geometry import Geometry, constraints
 from .placement import Constraints, Placer
 from .quota import fmt_gpus
 from .state import ClusterState, ReplicaReq, fits_state
@@ -176,3 +177,22 @@ def diagnose(
         f"fragmentation: {fmt_gpus(mine_free)} {what} free, in blocks of at most "
         f"{best_node[0]} per node ({best_node[1] or 'none'})",
     )
+
+
+def diagnose_job(
+    placer: Placer,
+    job: JobRequest,
+    geo: Geometry,
+    summaries: dict[str | None, dict[int, ClassSummary]] | None = None,
+) -> PendingReason:
+    """:func:`diagnose` for a job of geometry ``geo``; a gang that fits nowhere together within
+    its topology is told so as a ``topology`` reason."""
+    reason = diagnose(placer, job, geo.req, geo.replicas, geo.need, constraints(job), summaries)
+    if reason.code == "gang" and job.topology in ("node", "nvlink", "rack") and geo.need > 1:
+        return PendingReason(
+            "topology",
+            f"topology: {geo.need} replicas of "
+            f"{geo.req.demand / MILLI:g} GPUs do not fit in one "
+            f"{job.topology} now",
+        )
+    return reason

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from .buddy import IslandBuddy, order_for
 from .fragmentation import UNTRACKED, FragmentationModel, to_milli
-from .types import MILLI, NodeSpec
+from .types import MILLI, NodeSpec, Placement
 
 GroupKey = tuple[int, int, int, tuple[int, ...]]  # class id, cpu free, memory free, free per GPU
 
@@ -372,3 +372,13 @@ class ClusterState:
     def _island(n: NodeState, g: int) -> IslandBuddy:
         d = n.islands[0].size if n.islands else 1
         return n.islands[g // d]
+
+
+def placements_of(allocs: list[Alloc], state: ClusterState) -> tuple[Placement, ...]:
+    """Allocations as the driver's placements (by replica; a whole GPU or a CPU-only replica
+    has share 1.0)."""
+    out = []
+    for a in sorted(allocs, key=lambda a: a.replica):
+        share = 1.0 if a.milli >= MILLI or not a.gpus else a.milli / MILLI
+        out.append(Placement(a.replica, state.nodes[a.node].spec.name, a.gpus, share))
+    return tuple(out)

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from scheduling.engine.config import EngineConfig
 from scheduling.engine.policy import TesseraScheduler
+from scheduling.engine.state import placements_of
 from scheduling.engine.types import Decisions, JobRequest
 from tests.engine.engine_cases import clusters, jobs, node, quota_sets
 from tests.engine.engine_world import World, run
@@ -80,8 +81,6 @@ def test_without_resizes_an_elastic_job_does_not_grow_into_freed_gpus():
 
 
 def _placements(s: TesseraScheduler, job_id: str):
-    from scheduling.engine.policy import placements_of
-
     return placements_of(s.state.allocs.get(job_id, []), s.state)
 
 

@@ -160,7 +160,7 @@ def test_with_a_finite_gamma_the_invariants_hold_and_waits_are_for_a_full_better
                 continue
             assert m, reason.message
             job = world.jobs[jid]
-            models, ranked = sched._models_for(job)
+            models, ranked = sched.models_for(job)
             assert ranked and models.index(m[1]) < models.index(m[3])
             assert reason.estimated_start is not None and reason.estimated_start > now
             geo = geometry(job)

@@ -1,0 +1,688 @@
+"""One pass of Tessera's policy over the pending jobs: steps 2-6 of :mod:`.policy`.
+
+:class:`PolicyPass` keeps what a pass carries from job to job (the decisions so far, the
+reservations made, the quota room claimed, the jobs left to explain) and has one method per step
+of the policy; :meth:`PolicyPass.run` reads as the policy does, and :meth:`PolicyPass.decide`
+as its steps 3-4 for one job. The scheduler (:class:`.policy.TesseraScheduler`) keeps the cluster,
+the queue, and what each pass leaves for the next.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from . import queues
+from .backfill import Reservation, Reservations
+from .geometry import Geometry
+from .placement import Constraints
+from .preemption import Hypo, Victim, choose_victims
+from .preference import wait_for_preferred
+from .reasons import diagnose_job
+from .state import Alloc, placements_of
+from .topology import place_gang
+from .types import MILLI, Deadline, Decisions, JobRequest, PendingReason, Preemption, Resize
+
+if TYPE_CHECKING:
+    from .policy import Running, TesseraScheduler
+
+NodeOk = Callable[[int], bool]
+# For the backfill rule on a starving job's nodes: the kind level at and above which a starving
+# job could preempt the job (None: not preemptible), and whether its runtime is a hard limit.
+Removable = tuple[int | None, bool]
+
+
+def _minutes(seconds: float) -> str:
+    return f"~{max(1, round(seconds / 60))} min"
+
+
+@dataclass(slots=True)
+class Want:
+    """The job being decided, with what its steps share."""
+
+    job: JobRequest
+    geo: Geometry
+    runtime: float | None  # expected (time limit or history): must it end before a reservation?
+    who: Removable
+    node_ok: NodeOk | None  # the nodes this pass's reservations leave it (None: none reserved)
+
+
+class PolicyPass:
+    """Steps 2-6 of the policy (:mod:`.policy`) at ``now``, stopping at ``deadline`` if given."""
+
+    def __init__(self, s: TesseraScheduler, now: float, deadline: Deadline | None = None) -> None:
+        self.s = s
+        self.cfg = s.config
+        self.now = now
+        self.deadline = deadline
+        self.d = Decisions()
+        self.res = Reservations()  # made this pass (and carried from the last)
+        self.starts = 0  # jobs bound (max_starts_per_pass)
+        self.blocked_seen = False  # the first blocked job has had its chance at a reservation
+        self.to_diagnose: list[tuple[JobRequest, Geometry]] = []  # pending, reason not yet given
+        self.quota_blocked: list[tuple[JobRequest, Geometry]] = []  # worded on the final usage
+        self.held_rows: dict[tuple[str, str], str] = {}  # quota rows held for an aged job
+        # quota room claimed this pass (tenant, model, milli, preemptible), undone at the end
+        self.claimed: list[tuple[str, str, int, bool]] = []
+        # an aged job that quotas admit but nodes do not: its quota, held from the next job on
+        self.hold: list[tuple[JobRequest, Geometry]] = []
+        self.reached: set[str] = set()  # the jobs this pass has looked at (for its deadline)
+        self.hypo: Hypo | None = None  # the cluster as preemptions will leave it
+        self.attempts = 0  # victim searches made
+        self.preempt_failed: set[tuple[object, ...]] = set()  # requests no preemption can help
+
+    def run(self) -> Decisions:
+        self.begin()
+        for job in self.in_turn():  # step 2
+            if self.out_of_time():
+                break
+            self.reached.add(job.id)
+            self.hold_aged_quota()
+            self.decide(job)  # steps 3-4
+        if self.cfg.resizes:
+            self.grow()  # step 5
+        self.keep_reservations()
+        self.explain()  # step 6
+        return self.d
+
+    # -- around the queue ------------------------------------------------------------------------
+    def begin(self) -> None:
+        """Per-pass indexes, and the room held from earlier passes: the nodes preemptions are
+        freeing for their job, and last pass's reservations, held from the start of this one
+        (so even a job that comes first, inference say, backfills them only if it ends before
+        their start)."""
+        s, now = self.s, self.now
+        s.begin_pass(now)
+        s.note_owed(now)
+        s.quotas.frozen = {}
+        # Nodes reserved last pass: no preemption is planned on another job's (see plan_victims).
+        s.prev_reserved = {i: r.job_id for r in s.last_reservations for i in r.nodes}
+        for jid, (nodes, until) in list(s.room.items()):
+            if jid in s.pending and now <= until:
+                self.res.add(Reservation(jid, nodes, now))
+            else:
+                del s.room[jid]
+        for r in s.last_reservations:
+            if r.job_id in s.pending and r.job_id not in s.room:
+                self.res.add(r)
+
+    def in_turn(self) -> Iterator[JobRequest]:
+        """Queue order; with a deadline that names the jobs the last pass did not reach, those
+        first (in queue order), then the others (in queue order)."""
+        s, now, cfg = self.s, self.now, self.cfg
+        jobs = list(s.pending.values())
+        first = self.deadline.first if self.deadline is not None else frozenset()
+        if not first:
+            yield from queues.order(jobs, now, cfg, s.quotas)
+            return
+        yield from queues.order([j for j in jobs if j.id in first], now, cfg, s.quotas)
+        yield from queues.order([j for j in jobs if j.id not in first], now, cfg, s.quotas)
+
+    def out_of_time(self) -> bool:
+        """Past the deadline (once at least one job was decided)? What was decided stands; the
+        jobs not reached are told so, and decided first by the next pass (the driver asks)."""
+        if self.deadline is None or not (self.deadline.passed() and self.reached):
+            return False
+        why = PendingReason(
+            "priority",
+            "priority: the scheduling pass ran out of time before reaching it; "
+            "the next pass decides it first",
+        )
+        for jid in self.s.pending:
+            if jid not in self.reached:
+                self.d.pending[jid] = why
+                self.d.not_reached.append(jid)
+        return True
+
+    def hold_aged_quota(self) -> None:
+        """What the aged job before this one needs stays charged to its tenant for the rest of
+        the pass, so its tenant's later jobs cannot take the quota it will start on (they could,
+        and a 64-GPU job near its tenant's limit never started). Undone with the other claims."""
+        if not self.hold:
+            return
+        job, geo = self.hold.pop()
+        s = self.s
+        if job.id not in s.pending:
+            return  # it started after all (shrinking made room)
+        need = geo.charge * geo.need
+        models, _ = s.models_for(job)
+        for m in models:
+            if s.quotas.row(job.tenant, m) is not None and s.admits(job, m, need):
+                s.quotas.add(job.tenant, m, need, job.preemptible)
+                self.claimed.append((job.tenant, m, need, job.preemptible))
+                s.quota_token = (*s.quota_token, job.id)  # placements failed before it may not now
+
+    # -- steps 3-4, one job ----------------------------------------------------------------------
+    def decide(self, job: JobRequest) -> None:
+        """Steps 3-4 for ``job``: each step settles it (a start, a reason, a reservation) or
+        hands it on to the next; the jobs none settles get their reason in step 6."""
+        if self.not_yet(job):
+            return
+        geo = self.s.geo(job)
+        if self.never_now(job, geo):
+            return
+        rows = self.quota_rows(job, geo)
+        if self.quota_held_for_another(job, rows):
+            return
+        want = self.want(job, geo)
+        allocs, refusal = self.place(want)
+        if allocs:
+            self.start(want, allocs)
+            return
+        if refusal is not None:
+            self.refused_by_quota(want, rows)
+            return
+        if self.s.quotas.enabled and geo.req.count and queues.is_aged(job, self.now, self.cfg):
+            self.hold.append((job, geo))
+        if self.held_back_by_reservations(want) and not self.may_preempt_for_priority(job):
+            return
+        if self.make_room(want) or self.reserve(want):
+            return
+        self.to_diagnose.append((job, geo))
+
+    def not_yet(self, job: JobRequest) -> bool:
+        """Held, or in its retry backoff: pending whatever the cluster does."""
+        if job.held:
+            self.d.pending[job.id] = PendingReason("held", "held: released by its owner or an operator")
+            return True
+        if job.not_before > self.now:
+            self.d.pending[job.id] = PendingReason(
+                "backoff", f"backoff: retrying in {_minutes(job.not_before - self.now)}", job.not_before
+            )
+            return True
+        return False
+
+    def never_now(self, job: JobRequest, geo: Geometry) -> bool:
+        """Larger than the cluster (rejected, or pending for capacity live), or this pass has
+        started its limit of jobs."""
+        s, cfg = self.s, self.cfg
+        static = s.cannot_fit(job, geo)
+        if static is not None:
+            if static[0] == "reject" or cfg.reject_over_capacity:
+                self.d.rejections[job.id] = static[1]
+                s.pending.pop(job.id, None)
+            else:
+                self.d.pending[job.id] = PendingReason("capacity", static[1])
+            return True
+        if self.starts >= cfg.max_starts_per_pass:
+            self.d.pending[job.id] = PendingReason(
+                "priority",
+                f"priority: this pass started its limit of {cfg.max_starts_per_pass} jobs; next pass",
+            )
+            return True
+        return False
+
+    def quota_rows(self, job: JobRequest, geo: Geometry) -> list[tuple[str, str]]:
+        """The quota rows (tenant, row model) a GPU job could be charged to."""
+        s = self.s
+        if not s.quotas.enabled or not geo.req.count:
+            return []
+        models, _ = s.models_for(job)
+        return sorted({s.quotas.row_key(job.tenant, m) for m in models})
+
+    def quota_held_for_another(self, job: JobRequest, rows: list[tuple[str, str]]) -> bool:
+        """Every quota row it could use is held for an aged job of its tenant ahead of it."""
+        holder = next((self.held_rows[r] for r in rows if r in self.held_rows), None)
+        if holder is None or not rows or not all(r in self.held_rows for r in rows):
+            return False
+        self.d.pending[job.id] = PendingReason(
+            "quota", f"quota: {job.tenant}'s quota is held for its job {holder}, which has waited longest"
+        )
+        return True
+
+    def want(self, job: JobRequest, geo: Geometry) -> Want:
+        runtime = self.s.history.predict(job)
+        who = self.removable(job)
+        node_ok = self.reservations_allow(job.id, runtime, who) if self.res.items else None
+        return Want(job, geo, runtime, who, node_ok)
+
+    def reservations_allow(self, job_id: str, runtime: float | None, who: Removable) -> NodeOk:
+        res, now = self.res, self.now
+
+        def node_ok(i: int) -> bool:
+            return res.allows(i, now, runtime, job_id, *who)
+
+        return node_ok
+
+    def place(self, want: Want) -> tuple[list[Alloc] | None, tuple[str, str] | None]:
+        """Where it fits now, honouring the reservations (non-preemptible work off the racks
+        kept clear for rack gangs first); else the quota reason that refused it, if one did."""
+        s, job, geo = self.s, want.job, want.geo
+        allocs: list[Alloc] | None = None
+        refusal: tuple[str, str] | None = None
+        if s.clear_racks and not job.preemptible and geo.req.count:
+            allocs, refusal = s.try_place(job, geo, self.off_clear(want.node_ok))
+        if not allocs and refusal is None:
+            token = (len(self.res.items), want.runtime, job.id if job.id in s.room else None, want.who)
+            allocs, refusal = s.try_place(job, geo, want.node_ok, token=token)
+        return allocs, refusal
+
+    def start(self, want: Want, allocs: list[Alloc]) -> None:
+        """Bind it where it fits, unless a model it prefers frees soon enough to wait for (γ)."""
+        wait = wait_for_preferred(self.s, want.job, want.geo, allocs, self.now)
+        if wait is not None:
+            self.d.pending[want.job.id] = wait
+            return
+        self.s.bind(want.job, want.geo, allocs, self.now, self.d)
+        self.starts += 1
+
+    def refused_by_quota(self, want: Want, rows: list[tuple[str, str]]) -> None:
+        """Its quota refuses it: preempt its tenant's own jobs behind it to make quota room (the
+        preemptor levels), else wait; an aged job holds its rows against its tenant's later jobs
+        and keeps a reservation, so it starts once its quota and its nodes have both freed."""
+        s, cfg, job, geo = self.s, self.cfg, want.job, want.geo
+        left = cfg.max_preemptions_per_pass - len(self.d.preemptions)
+        own = s.quota_victims(job, geo, left) if cfg.preemption and left > 0 else None
+        if own is not None:
+            self.make_quota_room(want, own)
+            return
+        self.quota_blocked.append((job, geo))
+        if queues.is_aged(job, self.now, cfg):  # its tenant's later jobs must not overtake it
+            for r in rows:
+                self.held_rows.setdefault(r, job.id)
+            if cfg.backfill and len(self.res.items) < cfg.max_reservations:
+                r = s.reserve_for(job, geo, self.res, self.now)
+                if r is not None:
+                    self.res.add(r)
+
+    def make_quota_room(self, want: Want, own: list[Victim]) -> None:
+        """Preempt ``own`` (its tenant's jobs) for it. The room being freed is this job's: later
+        jobs of its tenant see it as used (a second waiting job makes its own room) and may not
+        grow the row meanwhile."""
+        s, job, geo = self.s, want.job, want.geo
+        m = s.quota_room_model
+        if m is not None:
+            s.quotas.add(job.tenant, m, geo.charge * geo.need, job.preemptible)
+            self.claimed.append((job.tenant, m, geo.charge * geo.need, job.preemptible))
+            s.quota_token = (*s.quota_token, job.id)
+            s.quotas.frozen.setdefault(s.quotas.row_key(job.tenant, m), job.id)
+        for v in own:
+            s.running[v.job_id].terminating = True
+            self.d.preemptions.append(
+                Preemption(v.job_id, f"quota: {job.tenant} needs the room for job {job.id}", job.id)
+            )
+        self.d.pending[job.id] = PendingReason(
+            "reserved",
+            f"reserved: preempting {len(own)} of {job.tenant}'s own jobs to "
+            "make quota room; starts when they exit"
+            if own
+            else f"reserved: waiting for {job.tenant}'s terminating jobs to exit",
+            self.now + max((s.running[v.job_id].job.grace_s for v in own), default=0.0),
+        )
+
+    def held_back_by_reservations(self, want: Want) -> bool:
+        """It would fit but for the reservations: say whose."""
+        if want.node_ok is None:
+            return False
+        s, job = self.s, want.job
+        probe, _ = s.try_place(job, want.geo, None)
+        if not probe:
+            return False
+        for a in probe:
+            s.state.release_replica(job.id, a)
+        owner = next((r for r in self.res.items), None)
+        self.d.pending[job.id] = PendingReason(
+            "reserved",
+            f"reserved: the free room is held for job {owner.job_id}, expected to start "
+            f"in {_minutes(owner.start - self.now)}"
+            if owner
+            else "reserved",
+        )
+        return True
+
+    def may_preempt_for_priority(self, job: JobRequest) -> bool:
+        """A job that may preempt (inference) makes its room off the reserved nodes."""
+        return self.cfg.level_of(job.kind) in self.cfg.preemptor_levels
+
+    def make_room(self, want: Want) -> bool:
+        """Step 4: shrink elastic jobs if that alone makes room, else preempt (within the pass's
+        budget of victim searches and preemptions)."""
+        cfg = self.cfg
+        budget = (
+            self.attempts < cfg.max_preemption_attempts
+            and len(self.d.preemptions) < cfg.max_preemptions_per_pass
+        )
+        if not (want.geo.req.count and cfg.preemption and budget):
+            return False
+        if cfg.resizes and self.shrink_for(want):
+            return True
+        plan = self.plan_preemption(want)
+        if plan is None:
+            return False
+        self.preempt(want, plan)
+        return True
+
+    def reserve(self, want: Want) -> bool:
+        """Reserve nodes for it (backfill keeps them for it), if it is aged or the first job
+        blocked, within the pass's reservations."""
+        cfg, job = self.cfg, want.job
+        aged = queues.is_aged(job, self.now, cfg)
+        if not (
+            cfg.backfill and len(self.res.items) < cfg.max_reservations and (aged or not self.blocked_seen)
+        ):
+            return False
+        self.blocked_seen = True
+        r = self.s.reserve_for(job, want.geo, self.res, self.now)
+        if r is None:
+            return False
+        self.res.add(r)
+        self.d.pending[job.id] = PendingReason(
+            "reserved",
+            f"reserved: {len(r.nodes)} node(s) held for it, expected to start "
+            f"in {_minutes(r.start - self.now)}",
+            r.start,
+        )
+        return True
+
+    # -- step 4: preemption and shrinking --------------------------------------------------------
+    def plan_preemption(self, want: Want) -> list[Victim] | None:
+        """The victims that would make its room (see :meth:`plan_victims`), or None. A request
+        no preemption could help is not searched again this pass."""
+        s, job, geo, now = self.s, want.job, want.geo, self.now
+        if self.hypo is None:
+            self.hypo = s.new_hypo()
+        fail_key = (
+            geo,
+            job.accelerators,
+            job.node_selector,
+            job.tolerations,
+            job.topology,
+            queues.rank(job, self.cfg),
+            queues.is_aged(job, now, self.cfg),
+            job.tenant,
+            len(self.res.items),
+            want.runtime,
+        )
+        if fail_key in self.preempt_failed:
+            return None
+        victims = s.victims(job, geo, now)
+        if not victims and not self.hypo.terminating:
+            return None
+        self.attempts += 1
+        models, _ranked = s.models_for(job)
+        c = Constraints(models, job.node_selector, job.tolerations, True)
+        plan = self.plan_victims(self.hypo, want, c, victims)
+        if plan is None:
+            self.preempt_failed.add(fail_key)
+        return plan
+
+    def plan_victims(
+        self, hypo: Hypo, want: Want, c: Constraints, victims: dict[int, list[Victim]]
+    ) -> list[Victim] | None:
+        """Victims that make room for the job where its topology allows, off the nodes reserved
+        for other jobs — this pass's (``node_ok``) and last pass's, so that even a job ahead of
+        a reserved one in the queue makes its room elsewhere: a preemption never delays a
+        reservation."""
+        s, job, geo, node_ok = self.s, want.job, want.geo, want.node_ok
+        prev = s.prev_reserved
+
+        def allowed(i: int) -> bool:
+            return prev.get(i, job.id) == job.id and (node_ok is None or node_ok(i))
+
+        def gone(jid: str) -> bool:
+            run = s.running.get(jid)
+            return run is None or run.terminating
+
+        ok = allowed if prev or node_ok is not None else None
+        urgent = not job.preemptible  # a service: its start waits on its slowest victim's exit
+        if s.clear_racks and not job.preemptible:  # off the racks kept clear, if room is there
+            plan = choose_victims(
+                s.placer, hypo, geo.req, geo.need, c, victims, gone, job.topology, self.off_clear(ok), urgent
+            )
+            if plan is not None:
+                return plan
+        return choose_victims(s.placer, hypo, geo.req, geo.need, c, victims, gone, job.topology, ok, urgent)
+
+    def preempt(self, want: Want, plan: list[Victim]) -> None:
+        """Mark the victims; the room they free is held for the job (no other job may start
+        there meanwhile); it starts when they have exited."""
+        s, cfg, job, now = self.s, self.cfg, want.job, self.now
+        may_rank = cfg.level_of(job.kind) in cfg.preemptor_levels
+        for v in plan:
+            s.running[v.job_id].terminating = True
+            self.d.preemptions.append(Preemption(v.job_id, self.why(job, v.job_id, may_rank), job.id))
+        waiting = f"preempting {len(plan)} job(s)" if plan else "waiting for terminating jobs"
+        grace = max((s.running[v.job_id].job.grace_s for v in plan), default=0.0)
+        assert self.hypo is not None  # plan_preemption made it
+        if plan and self.hypo.last_nodes:
+            s.room[job.id] = (self.hypo.last_nodes, now + grace + cfg.room_hold_s)
+            self.res.add(Reservation(job.id, self.hypo.last_nodes, now))
+        self.d.pending[job.id] = PendingReason(
+            "reserved",
+            f"reserved: {waiting} to make room; starts when they exit",
+            now + grace if plan else None,
+        )
+
+    def why(self, job: JobRequest, victim: str, may_rank: bool) -> str:
+        """The reason a victim is given: which of the preemption rules chose it."""
+        s = self.s
+        if may_rank and queues.rank(s.running[victim].job, s.config) > queues.rank(job, s.config):
+            return f"priority: for job {job.id}"
+        if s.starving(job, self.now):
+            return (
+                f"seniority: job {job.id} has waited {(self.now - job.submitted_at) / 3600:.0f} h "
+                "(starvation bound)"
+            )
+        return f"reclaim: {job.tenant} needs its guarantee"
+
+    def shrink_for(self, want: Want) -> bool:
+        """Shrink elastic jobs behind the job (or borrowing) if that alone lets it start."""
+        s, job, geo = self.s, want.job, want.geo
+        elastic = [
+            jid
+            for _r, jid, run, _v, _m in s.elastic
+            if not run.terminating and len(s.state.allocs.get(jid, ())) > run.geo.need
+        ]
+        if not elastic:
+            return False
+        eligible = {v.job_id for vs in s.victims(job, geo, self.now).values() for v in vs}
+        shrunk: list[tuple[str, Alloc]] = []
+        for jid in sorted(j for j in elastic if j in eligible):
+            run = s.running[jid]
+            allocs = sorted(s.state.allocs.get(jid, ()), key=lambda a: -a.replica)
+            for a in allocs[: max(0, len(allocs) - run.geo.need)]:
+                s.state.release_replica(jid, a)
+                shrunk.append((jid, a))
+        if not shrunk:
+            return False
+        allocs, _ = s.try_place(job, geo, None)
+        if not allocs:
+            for jid, a in reversed(shrunk):
+                s.state.take(jid, a.node, a.gpus, a.milli, a.cpu, a.mem, a.replica)
+            return False
+        # keep every shrink made (they are cheap to undo by growing later); the victims changed
+        s.forget_victims()
+        for jid in dict.fromkeys(j for j, _ in shrunk):
+            run = s.running[jid]
+            left = s.state.allocs.get(jid, [])
+            removed = len([1 for j, _ in shrunk if j == jid])
+            for _ in range(removed):
+                model, milli = run.charged.pop()
+                s.quotas.add(run.job.tenant, model, -milli, run.job.preemptible)
+            self.d.resizes.append(Resize(jid, placements_of(left, s.state)))
+        s.bind(job, geo, allocs, self.now, self.d)
+        return True
+
+    # -- step 5: growing -------------------------------------------------------------------------
+    def grow(self) -> None:
+        """Elastic jobs and partially started gangs take more replicas if room is left."""
+        s, now, res = self.s, self.now, self.res
+        for jid in sorted(s.running):
+            run = s.running[jid]
+            if run.terminating or run.cancelled:
+                continue
+            have = s.state.allocs.get(jid, [])
+            if len(have) >= run.geo.replicas or not have:
+                continue
+            runtime = s.history.predict(run.job)
+            used = {a.replica for a in have}
+            nxt = max(used) + 1
+
+            topo = run.job.topology
+            if topo == "nvlink":
+                more = self.grow_in_island(
+                    run, have, nxt, res.allows(have[0].node, now, runtime, "", *self.removable(run.job))
+                )
+                if more:
+                    self.d.resizes.append(Resize(jid, placements_of(s.state.allocs[jid], s.state)))
+                continue
+            home_nodes = {a.node for a in have}
+            home_racks = {s.state.nodes[a.node].spec.rack for a in have}
+
+            who = self.removable(run.job)
+
+            def node_ok(
+                i: int,
+                runtime: float | None = runtime,
+                topo: str = topo,
+                home_nodes: set[int] = home_nodes,
+                home_racks: set[str] = home_racks,
+                who: Removable = who,
+            ) -> bool:
+                if topo == "node" and i not in home_nodes:
+                    return False
+                if topo == "rack" and s.state.nodes[i].spec.rack not in home_racks:
+                    return False
+                return res.allows(i, now, runtime, "", *who)
+
+            more_allocs, _ = s.try_place(
+                replace(run.job, topology="any"),
+                run.geo,
+                node_ok,
+                nxt,
+                top=run.geo.replicas - len(have),
+                need=1,
+            )
+            if not more_allocs:
+                continue
+            for a in more_allocs:
+                s.charge(run, s.nodes[a.node].model, run.geo.charge if a.gpus else 0)
+            self.d.resizes.append(Resize(jid, placements_of(s.state.allocs[jid], s.state)))
+
+    def grow_in_island(
+        self, run: Running, have: list[Alloc], first_replica: int, allowed: bool
+    ) -> list[Alloc]:
+        """Grow an ``nvlink`` job with whole free GPUs of the island it runs in (never another
+        island, never another node), as many replicas as fit there, its quota admits and the
+        reservations allow (``allowed``: the node is not held for another job)."""
+        s = self.s
+        req = run.geo.req
+        node = have[0].node
+        if (
+            not allowed
+            or req.count == 0
+            or req.milli < MILLI
+            or any(a.node != node or not a.gpus for a in have)
+        ):
+            return []
+        n = s.state.nodes[node]
+        size = n.islands[0].size
+        base = have[0].gpus[0] // size * size
+        if any(g // size * size != base for a in have for g in a.gpus):
+            return []  # not in one island (adopted from elsewhere): nothing to grow into
+        free = [g for g in range(base, min(base + size, len(n.free))) if n.free[g] >= MILLI]
+        k = min(run.geo.replicas - len(have), len(free) // req.count)
+        if req.cpu:
+            k = min(k, n.cpu // req.cpu)
+        if req.mem:
+            k = min(k, n.mem // req.mem)
+        model = s.nodes[node].model
+        while k > 0 and not s.admits(run.job, model, run.geo.charge * k):
+            k -= 1
+        out = []
+        for r in range(max(0, k)):
+            out.append(
+                s.state.take(
+                    run.job.id,
+                    node,
+                    free[r * req.count : (r + 1) * req.count],
+                    req.milli,
+                    req.cpu,
+                    req.mem,
+                    first_replica + r,
+                )
+            )
+            s.charge(run, model, run.geo.charge)
+        return out
+
+    # -- step 6: reasons -------------------------------------------------------------------------
+    def keep_reservations(self) -> None:
+        """This pass's reservations are the next one's to honour; a job no longer reserved for
+        forgets the nodes it held."""
+        s = self.s
+        s.last_reservations = list(self.res.items)
+        held = {r.job_id for r in self.res.items}
+        for jid in [j for j in s.sticky if j not in held]:
+            del s.sticky[jid]
+
+    def explain(self) -> None:
+        """Every job still pending gets its reason, on the final state: quota reasons on the
+        final usage (before this pass's claims are given back), then a diagnosis."""
+        s, d = self.s, self.d
+        for job, geo in self.quota_blocked:
+            refusal = s.quota_refusal(job, geo)
+            if refusal is not None:
+                d.pending[job.id] = PendingReason(*refusal)
+            else:
+                self.to_diagnose.append((job, geo))
+        for tenant, m, milli, preemptible in self.claimed:
+            s.quotas.add(tenant, m, -milli, preemptible)
+        s.quotas.frozen = {}
+        cache: dict[tuple[object, ...], PendingReason] = {}
+        summaries: dict[object, object] = {}
+        quota_cache: dict[tuple[object, ...], PendingReason | None] = {}
+        for job, geo in self.to_diagnose:
+            qkey = (
+                geo,
+                job.accelerators,
+                job.node_selector,
+                job.tolerations,
+                job.topology,
+                job.tenant,
+                job.preemptible,
+            )
+            if qkey not in quota_cache:
+                quota_cache[qkey] = self.quota_instead(job, geo)
+            instead = quota_cache[qkey]
+            if instead is not None:  # room exists, on a model its quota refuses it
+                d.pending[job.id] = instead
+                continue
+            key = (geo, job.accelerators, job.node_selector, job.tolerations, job.topology)
+            reason = cache.get(key)
+            if reason is None:
+                reason = cache[key] = diagnose_job(s.placer, job, geo, summaries)
+            d.pending[job.id] = reason
+        s.last_codes = {jid: r.code for jid, r in d.pending.items()}
+
+    def quota_instead(self, job: JobRequest, geo: Geometry) -> PendingReason | None:
+        """The quota reason of a job that would fit now on a model its quota refuses (else
+        None): the honest answer there is the quota, not the capacity of the models it may use."""
+        s = self.s
+        if not s.quotas.enabled or not geo.req.count:
+            return None
+        models, _ = s.models_for(job)
+        for m in models:
+            why = s.refusal(job, m, geo.charge * geo.need)
+            if why is None:
+                continue
+            c = Constraints((m,), job.node_selector, job.tolerations, True)
+            got = place_gang(s.placer, job.id, geo.req, geo.need, geo.need, job.topology, c, None, 0)
+            if got:
+                for a in got:
+                    s.state.release_replica(job.id, a)
+                return PendingReason(*why)
+        return None
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def off_clear(self, node_ok: NodeOk | None) -> NodeOk:
+        """``node_ok`` narrowed to the nodes off the racks kept clear for rack gangs."""
+        s = self.s
+
+        def ok(i: int) -> bool:
+            return s.nodes[i].rack not in s.clear_racks and (node_ok is None or node_ok(i))
+
+        return ok
+
+    def removable(self, job: JobRequest) -> Removable:
+        return (self.cfg.level_of(job.kind) if job.preemptible else None), bool(job.time_limit_s)
