@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 import signal
 import subprocess
@@ -10,8 +9,8 @@ import sys
 from pathlib import Path
 
 from scheduling.models import Node
+from tests.agent import fakes
 
-fakes = importlib.import_module("tests.agent.fakes")
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
+
+from tests.agent.helpers import new_join_token
 
 
 @pytest.fixture(autouse=True)
@@ -15,4 +15,4 @@ def fast_password_hashing(settings) -> None:
 
 @pytest.fixture
 def join_token(db) -> str:
-    return importlib.import_module("tests.agent.helpers").new_join_token()
+    return new_join_token()

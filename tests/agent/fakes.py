@@ -12,6 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from agent.client import Rejected
+from agent.inventory import simulated_inventory
+from agent.node import Agent
+from agent.process import job_path, resolve_run_as
+from agent.spec import parse_spec
 
 
 class FakeServer:
@@ -207,3 +211,31 @@ def job_user_state_dir() -> Iterator[Path]:
         yield prepare_state_dir(path)
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@contextmanager
+def agent_running_against(server: FakeServer):
+    """A real agent loop (2 simulated T4s, 30 s periodic poll) against ``server``, once it has
+    sent its first heartbeat; stopped and reaped afterwards."""
+    with job_user_state_dir() as state_dir:
+        run_as = resolve_run_as("nobody")
+        node = Agent(
+            server,
+            simulated_inventory("push", parse_spec("2xT4")),
+            state_dir,
+            run_as,
+            job_path(state_dir, run_as),
+            poll_interval=30,
+        )
+        stop = threading.Event()
+        loop = threading.Thread(target=node.run, args=(stop,), daemon=True)
+        loop.start()
+        try:
+            assert wait_for(lambda: [c for c in server.calls if c[0] == "heartbeat"], 5)
+            yield node
+        finally:
+            stop.set()
+            node.poke()
+            loop.join(5)
+            node.shutdown(0.5)
+        assert not loop.is_alive()

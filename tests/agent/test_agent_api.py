@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import io
 from datetime import timedelta
 
@@ -13,8 +12,8 @@ from django.utils import timezone
 from scheduling.choices import JobState, NodeState
 from scheduling.models import Allocation, Device, Job, JoinToken, LogChunk, Node, hash_secret
 from scheduling.services.jobs import do_cancel_job
+from tests.agent import helpers as h
 
-h = importlib.import_module("tests.agent.helpers")
 AGENT = h.AGENT
 
 

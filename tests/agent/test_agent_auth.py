@@ -7,7 +7,6 @@ job gets 404.
 
 from __future__ import annotations
 
-import importlib
 import re
 
 import pytest
@@ -15,8 +14,8 @@ from django.urls import URLPattern, URLResolver
 
 from scheduling.api import urls as api_urls
 from scheduling.choices import JobState
+from tests.agent import helpers as h
 
-h = importlib.import_module("tests.agent.helpers")
 AGENT = h.AGENT
 METHODS = ("get", "post", "put", "patch", "delete")
 

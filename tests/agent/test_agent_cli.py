@@ -6,7 +6,6 @@ tests/integration runs everything together.
 
 from __future__ import annotations
 
-import importlib
 import os
 import urllib.request
 from pathlib import Path
@@ -15,10 +14,10 @@ import pytest
 
 from scheduling.choices import JobState, NodeState
 from scheduling.models import Job, Node
+from tests.agent import agent_process as processes
+from tests.agent import fakes
+from tests.agent import helpers as h
 
-h = importlib.import_module("tests.agent.helpers")
-fakes = importlib.import_module("tests.agent.fakes")
-processes = importlib.import_module("tests.agent.agent_process")
 start_agent, stop_agent, registered = processes.start_agent, processes.stop_agent, processes.registered
 
 

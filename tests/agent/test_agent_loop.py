@@ -5,7 +5,6 @@ Real processes; the control plane is the recording fake of tests/agent/fakes.py.
 
 from __future__ import annotations
 
-import importlib
 import os
 import threading
 import time
@@ -17,9 +16,8 @@ from agent.inventory import simulated_inventory
 from agent.node import Agent
 from agent.process import job_path, resolve_run_as
 from agent.spec import parse_spec
-
-fakes = importlib.import_module("tests.agent.fakes")
-alive = importlib.import_module("tests.agent.agent_process").alive
+from tests.agent import fakes
+from tests.agent.agent_process import alive
 
 
 @pytest.fixture

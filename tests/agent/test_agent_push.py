@@ -7,8 +7,6 @@ channel layer; the agent side drives the real loop against the recording fake.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import importlib
 import threading
 import time
 
@@ -18,13 +16,8 @@ from channels.layers import get_channel_layer
 from django.test import AsyncClient
 
 from agent.client import ServerError
-from agent.inventory import simulated_inventory
-from agent.node import Agent
-from agent.process import job_path, resolve_run_as
-from agent.spec import parse_spec
-
-h = importlib.import_module("tests.agent.helpers")
-fakes = importlib.import_module("tests.agent.fakes")
+from tests.agent import fakes
+from tests.agent import helpers as h
 
 WAIT = h.AGENT + "wait"
 
@@ -180,38 +173,10 @@ def start_reports(server: fakes.FakeServer) -> list[dict]:
     ]
 
 
-@contextlib.contextmanager
-def agent_running_against(server: fakes.FakeServer):
-    """A real agent loop (2 simulated T4s, 30 s periodic poll) against ``server``, once it has
-    sent its first heartbeat; stopped and reaped afterwards."""
-    with fakes.job_user_state_dir() as state_dir:
-        run_as = resolve_run_as("nobody")
-        node = Agent(
-            server,
-            simulated_inventory("push", parse_spec("2xT4")),
-            state_dir,
-            run_as,
-            job_path(state_dir, run_as),
-            poll_interval=30,
-        )
-        stop = threading.Event()
-        loop = threading.Thread(target=node.run, args=(stop,), daemon=True)
-        loop.start()
-        try:
-            assert fakes.wait_for(lambda: [c for c in server.calls if c[0] == "heartbeat"], 5)
-            yield node
-        finally:
-            stop.set()
-            node.poke()
-            loop.join(5)
-            node.shutdown(0.5)
-        assert not loop.is_alive()
-
-
 @pytest.fixture
 def running_agent():
     server = fakes.FakeServer()
-    with agent_running_against(server) as node:
+    with fakes.agent_running_against(server) as node:
         yield node, server
 
 
@@ -264,7 +229,7 @@ class FailsOneWait(fakes.FakeServer):
 
 def test_a_failed_long_poll_makes_the_agent_fetch_its_orders_at_once():
     server = FailsOneWait()
-    with agent_running_against(server) as node:
+    with fakes.agent_running_against(server) as node:
         server.orders.append(fakes.binding(job_id=11, command=["sleep", "30"], gpus=[0]))
         assert fakes.wait_for(server.failed.is_set, 5)
         # Not 30 s later at the periodic heartbeat: the heartbeat after the failure fetched it.
@@ -289,7 +254,7 @@ class SlowHeartbeats(fakes.FakeServer):
 def test_a_hanging_heartbeat_does_not_hold_up_a_pushed_binding():
     server = SlowHeartbeats()
     try:
-        with agent_running_against(server) as node:
+        with fakes.agent_running_against(server) as node:
             server.wake()  # news without bindings: the agent heartbeats, which hangs
             assert fakes.wait_for(server.hanging.is_set, 5)
             server.wake(start=[fakes.binding(job_id=12, command=["sleep", "30"], gpus=[0])])

@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
-import importlib
 import json
 import socket
 import struct
@@ -26,9 +25,7 @@ import pytest
 
 from agent.client import Rejected, ServerError
 from agent.stream import Stream, stream_uri
-
-fakes = importlib.import_module("tests.agent.fakes")
-push = importlib.import_module("tests.agent.test_agent_push")
+from tests.agent import fakes
 
 CONTINUATION, TEXT, CLOSE, PING, PONG = 0x0, 0x1, 0x8, 0x9, 0xA
 
@@ -280,7 +277,7 @@ def test_a_silent_connection_counts_as_dead_after_idle_s():
 @pytest.fixture
 def streaming_agent() -> Iterator[tuple[object, fakes.StreamingServer]]:
     server = fakes.StreamingServer()
-    with push.agent_running_against(server) as node:
+    with fakes.agent_running_against(server) as node:
         yield node, server
 
 
@@ -307,7 +304,7 @@ def test_a_dropped_stream_is_reopened_and_the_agent_heartbeats_for_what_it_misse
 
 def test_against_a_server_without_the_stream_the_agent_uses_the_long_poll():
     server = fakes.FakeServer()
-    with push.agent_running_against(server):
+    with fakes.agent_running_against(server):
         server.wake(start=[fakes.binding(job_id=23, command=["true"], gpus=[0])])
         server.exit_of(23)
     kinds = [kind for kind, _ in server.calls]

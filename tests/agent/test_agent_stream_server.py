@@ -9,7 +9,6 @@ socket; a credential that stops holding gets 401 and the socket is closed.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import pytest
@@ -18,7 +17,7 @@ from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.utils import timezone
 
-h = importlib.import_module("tests.agent.helpers")
+from tests.agent import helpers as h
 
 pytestmark = pytest.mark.django_db(transaction=True)
 REDIS_WHY = "a pass reaches other processes' agent streams only by Redis pub/sub"

@@ -6,7 +6,6 @@ The cgroup filesystem is the edge: a directory laid out like ``/sys/fs/cgroup`` 
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 from pathlib import Path
@@ -18,8 +17,7 @@ from agent.inventory import simulated_inventory
 from agent.node import Agent
 from agent.process import job_path, resolve_run_as
 from agent.spec import parse_spec
-
-fakes = importlib.import_module("tests.agent.fakes")
+from tests.agent import fakes
 
 
 @pytest.fixture

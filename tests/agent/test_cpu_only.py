@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import importlib
-
 from scheduling.choices import JobState
 from scheduling.models import Job
 from scheduling.services import passes
-
-h = importlib.import_module("tests.agent.helpers")
+from tests.agent import helpers as h
 
 
 def test_a_cpu_only_job_is_started_by_its_agent_and_succeeds(world, join_token):

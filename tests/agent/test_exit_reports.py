@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import threading
 from typing import Any
 
@@ -10,8 +9,7 @@ import pytest
 
 from agent.client import Rejected, ServerError
 from agent.reports import ExitReporter
-
-fakes = importlib.import_module("tests.agent.fakes")
+from tests.agent import fakes
 
 
 def report_together(reporter: ExitReporter, job_ids: list[int]) -> dict[int, Any]:

@@ -8,7 +8,6 @@ loop is waiting for. Real processes; the control plane is the recording fake of 
 
 from __future__ import annotations
 
-import importlib
 import threading
 import time
 
@@ -19,9 +18,8 @@ from agent.inventory import simulated_inventory
 from agent.node import Agent
 from agent.process import job_path, resolve_run_as
 from agent.spec import parse_spec
-
-fakes = importlib.import_module("tests.agent.fakes")
-alive = importlib.import_module("tests.agent.agent_process").alive
+from tests.agent import fakes
+from tests.agent.agent_process import alive
 
 LEASE_S = 0.8
 POLL_S = 30.0  # far longer than the lease: a kill at the next periodic turn would come too late

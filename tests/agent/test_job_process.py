@@ -5,7 +5,6 @@ These run real processes; only the control plane is replaced by a recording fake
 
 from __future__ import annotations
 
-import importlib
 import os
 import time
 from pathlib import Path
@@ -14,9 +13,8 @@ import pytest
 
 from agent import process as process_module
 from agent.process import JobProcess, job_path, resolve_run_as
-
-fakes = importlib.import_module("tests.agent.fakes")
-alive = importlib.import_module("tests.agent.agent_process").alive
+from tests.agent import fakes
+from tests.agent.agent_process import alive
 
 
 @pytest.fixture(params=["setpriv", "fork"])

@@ -8,7 +8,6 @@ may the server hand the job's GPUs to another.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import signal
@@ -22,10 +21,10 @@ from agent import leftovers
 from agent.process import JobProcess, job_path, resolve_run_as
 from scheduling.choices import JobState
 from scheduling.models import Job
+from tests.agent import agent_process as processes
+from tests.agent import fakes
+from tests.agent import helpers as h
 
-h = importlib.import_module("tests.agent.helpers")
-fakes = importlib.import_module("tests.agent.fakes")
-processes = importlib.import_module("tests.agent.agent_process")
 alive = processes.alive
 
 

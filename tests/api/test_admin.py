@@ -8,7 +8,7 @@ from django.urls import reverse
 
 from scheduling import models
 from scheduling.models import Job, JoinToken, Node, Quota, hash_secret
-from tests.api.conftest import post_json, submit, valid_body
+from tests.api.helpers import post_json, submit, valid_body
 
 ALL_MODELS = [
     models.Tenant,

@@ -9,7 +9,6 @@ another event loop).
 from __future__ import annotations
 
 import asyncio
-import importlib
 import time
 
 import pytest
@@ -17,7 +16,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.test import AsyncClient
 
-h = importlib.import_module("tests.agent.helpers")
+from tests.agent import helpers as h
 
 WAIT = h.AGENT + "wait"
 WOKEN = {"wake": True, "start": [{"job_id": 7}], "heartbeat": False}

@@ -5,12 +5,10 @@ The world is ``tests/conftest.py``'s: alice in ``vision``; the node registers wi
 
 from __future__ import annotations
 
-import importlib
-
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-h = importlib.import_module("tests.agent.helpers")
+from tests.agent import helpers as h
 
 
 def _heartbeat_queries(node) -> tuple[int, list[dict]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from scheduling.models import IdempotencyKey, Job
-from tests.api.conftest import post_json, valid_body
+from tests.api.helpers import post_json, valid_body
 
 JOBS = "/api/v1/jobs/"
 

@@ -20,7 +20,7 @@ import pytest
 from django.urls import URLPattern, URLResolver, reverse
 
 from scheduling.models import ApiToken, Job, Quota
-from tests.api.conftest import valid_body
+from tests.api.helpers import valid_body
 
 SKIPPED_PREFIXES = ("agent/",)  # the agents' own authentication; tested with agent credentials
 IGNORED_NAMES = {"api-not-found"}  # the JSON 404 for every other path

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduling.models import Job
-from tests.api.conftest import valid_body
+from tests.api.helpers import valid_body
 
 # Text with anything in it: NUL, control characters, lone surrogates.
 TEXT = st.text(alphabet=st.characters(exclude_categories=()), max_size=20)

@@ -9,7 +9,7 @@ from django.db import transaction
 
 from scheduling.models import Job
 from scheduling.services.jobs import begin_stop, do_record_exit
-from tests.api.conftest import bind, finish, post_json, run, submit, valid_body
+from tests.api.helpers import bind, finish, post_json, run, submit, valid_body
 
 JOBS = "/api/v1/jobs/"
 

@@ -6,7 +6,7 @@ import pytest
 
 from scheduling.choices import JobState
 from scheduling.models import Job, JobEvent
-from tests.api.conftest import add_log, bind, finish, post_json, run, submit, valid_body
+from tests.api.helpers import add_log, bind, finish, post_json, run, submit, valid_body
 
 JOBS = "/api/v1/jobs/"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from scheduling.models import Device, Node
-from tests.api.conftest import bind, make_node, run, submit
+from tests.api.helpers import bind, make_node, run, submit
 
 
 def test_nodes_list_their_devices_and_states(world, alice_job):

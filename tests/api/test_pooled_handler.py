@@ -7,14 +7,13 @@ says (401 with its challenge, the wake answer).
 
 from __future__ import annotations
 
-import importlib
 import json
 
 import pytest
 from asgiref.sync import async_to_sync
 from asgiref.testing import ApplicationCommunicator
 
-h = importlib.import_module("tests.agent.helpers")
+from tests.agent import helpers as h
 
 
 @pytest.fixture

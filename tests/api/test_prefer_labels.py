@@ -4,17 +4,15 @@ written by ``export_trace`` in the simulator's format."""
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 from django.core.management import call_command
 
 from scheduling.models import Allocation, Job
 from scheduling.services import passes
 from scheduling.sim.traces import read_jobs
-from tests.api.conftest import post_json, valid_body
+from tests.api.helpers import post_json, valid_body
+from tests.scheduling import helpers
 
-helpers = importlib.import_module("tests.scheduling.helpers")
 JOBS = "/api/v1/jobs/"
 
 

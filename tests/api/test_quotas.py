@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from scheduling.models import Quota
-from tests.api.conftest import post_json
+from tests.api.helpers import post_json
 
 QUOTAS = "/api/v1/quotas/"
 

@@ -15,7 +15,7 @@ import pytest
 from django.test import Client
 
 from scheduling.models import Job, JobEvent
-from tests.api.test_bad_input import CASES
+from tests.api.bad_bodies import CASES
 from tests.frontend.helpers import make_node
 
 HOSTILE = '<script>alert("x")</script><img src=x onerror=alert(1)>'
@@ -218,7 +218,7 @@ def test_cancel_from_the_job_page_goes_through_the_service_and_says_so(world: An
 
 
 def test_cancelling_a_job_that_ended_meanwhile_says_so(world: Any, cluster: Any) -> None:
-    from tests.api.conftest import bind, finish, run
+    from tests.api.helpers import bind, finish, run
 
     job = Job.objects.get(pk=submit(world, "alice"))
     bind(job, cluster[0], [0])
@@ -252,7 +252,7 @@ def test_the_list_filters_by_owner_state_kind_and_name_and_pages(world: Any) -> 
 
 
 def test_the_list_keeps_failed_and_finished_jobs_with_their_outcome(world: Any, cluster: Any) -> None:
-    from tests.api.conftest import bind, finish, run
+    from tests.api.helpers import bind, finish, run
 
     job = Job.objects.get(pk=submit(world, "alice", name="will-fail"))
     bind(job, cluster[0], [0])

@@ -26,7 +26,7 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
-from tests.infra.test_deploy_files import COMPOSE, ROOT, agent_services, tool
+from tests.infra.helpers import COMPOSE, ROOT, agent_services, tool
 from tests.support import free_port, need_service
 
 pytestmark = [pytest.mark.slow, pytest.mark.services, pytest.mark.timeout(180)]

@@ -7,30 +7,15 @@ these tests skip — unless TESSERA_REQUIRE_SERVICES=1 (CI), where a missing too
 from __future__ import annotations
 
 import functools
-import os
-import shutil
 import subprocess
-from pathlib import Path
 
-import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-COMPOSE = ROOT / "docker-compose.yml"
+from tests.infra.helpers import COMPOSE, ROOT, agent_services, tool
+
 PROMETHEUS = ROOT / "deploy" / "prometheus.yml"
-REQUIRE = os.environ.get("TESSERA_REQUIRE_SERVICES", "") in ("1", "true", "yes")
 STACK = {"postgres", "redis", "web", "worker", "beat", "prometheus"}
 APP_SERVICES = ("web", "worker", "beat")
-
-
-def tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        message = f"{name} is not installed (apt-get install --no-install-recommends {name})"
-        if REQUIRE:
-            pytest.fail(f"{message}; required under TESSERA_REQUIRE_SERVICES=1")
-        pytest.skip(message)
-    return path
 
 
 def run(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -49,10 +34,6 @@ def _resolved_compose() -> str:
 def compose_config() -> dict:
     """The file as docker-compose resolves it (anchors merged, variables filled in)."""
     return yaml.safe_load(_resolved_compose())
-
-
-def agent_services(config: dict) -> dict[str, dict]:
-    return {name: svc for name, svc in config["services"].items() if "agent" in (svc.get("command") or [])}
 
 
 def test_docker_compose_accepts_the_compose_file():

@@ -8,7 +8,6 @@ the connection: the next pass binds the job, once.
 
 from __future__ import annotations
 
-import importlib
 import os
 import signal
 import subprocess
@@ -20,9 +19,8 @@ import pytest
 from scheduling.choices import JobState
 from scheduling.models import Allocation, Job
 from scheduling.services import passes
+from tests.scheduling import helpers
 from tests.support import database_url_of
-
-helpers = importlib.import_module("tests.scheduling.helpers")
 
 pytestmark = [
     pytest.mark.services,

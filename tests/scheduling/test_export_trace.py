@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 
 import pytest
@@ -15,8 +14,7 @@ from scheduling.services.jobs import begin_stop, do_cancel_job, do_mark_running,
 from scheduling.sim.check import check
 from scheduling.sim.events import read_events
 from scheduling.sim.traces import read_jobs, read_nodes, read_quotas
-
-helpers = importlib.import_module("tests.scheduling.helpers")
+from tests.scheduling import helpers
 
 
 def _locked(job):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 from datetime import timedelta
 
 from django.db import transaction
@@ -13,8 +12,7 @@ from scheduling.models import Allocation, Job, Node
 from scheduling.services import passes
 from scheduling.services.health import sweep_nodes
 from scheduling.services.jobs import begin_stop, do_mark_running, do_record_exit
-
-helpers = importlib.import_module("tests.scheduling.helpers")
+from tests.scheduling import helpers
 
 
 def _fenced_after(settings) -> float:

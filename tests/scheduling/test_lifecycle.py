@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 from django.db import transaction
 
@@ -12,8 +10,7 @@ from scheduling.models import Allocation, Job
 from scheduling.services import passes
 from scheduling.services.jobs import begin_stop, do_cancel_job, do_mark_running, do_record_exit
 from scheduling.states import ALLOWED, InvalidTransition, check_transition
-
-helpers = importlib.import_module("tests.scheduling.helpers")
+from tests.scheduling import helpers
 
 
 @pytest.fixture
@@ -103,7 +100,8 @@ def _held(job):
 def test_cancelling_a_bound_job_its_agent_already_started_frees_nothing_until_it_exits(world):
     """The binding was pushed and the process runs, but its ``started`` report is not in yet:
     the GPUs stay with the job until the agent says the process has ended."""
-    agent = importlib.import_module("tests.agent.helpers")
+    from tests.agent import helpers as agent
+
     client, _ = agent.register(agent.new_join_token())
     job = agent.bind(helpers.submit(world.alice, world.vision, gpus=2, grace_seconds=7), "gpu-01", [0, 1])
     job = do_cancel_job(job.pk)
@@ -119,7 +117,8 @@ def test_cancelling_a_bound_job_its_agent_already_started_frees_nothing_until_it
 
 
 def test_cancelling_a_bound_job_its_agent_never_started_ends_at_the_agents_next_heartbeat(world):
-    agent = importlib.import_module("tests.agent.helpers")
+    from tests.agent import helpers as agent
+
     client, _ = agent.register(agent.new_join_token())
     job = agent.bind(helpers.submit(world.alice, world.vision, gpus=2), "gpu-01", [0, 1])
     assert do_cancel_job(job.pk).state == JobState.TERMINATING

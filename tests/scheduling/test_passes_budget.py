@@ -4,7 +4,6 @@ leaves no half-applied chunk and no pass lock behind."""
 
 from __future__ import annotations
 
-import importlib
 import logging
 import threading
 
@@ -15,8 +14,7 @@ from django.db import connection
 from scheduling.choices import JobState
 from scheduling.models import Allocation, Job, SchedulerState
 from scheduling.services import passes, triggers
-
-helpers = importlib.import_module("tests.scheduling.helpers")
+from tests.scheduling import helpers
 
 
 class FakeClock:

@@ -8,7 +8,6 @@ pass while the elastic job ran, and the waiting job's reason never said why.
 
 from __future__ import annotations
 
-import importlib
 from datetime import timedelta
 
 import pytest
@@ -19,8 +18,7 @@ from scheduling.choices import JobState
 from scheduling.models import Allocation, Job
 from scheduling.services import passes
 from scheduling.services.jobs import do_mark_running
-
-helpers = importlib.import_module("tests.scheduling.helpers")
+from tests.scheduling import helpers
 
 
 @pytest.fixture

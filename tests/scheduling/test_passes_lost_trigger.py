@@ -10,7 +10,6 @@ must be left so that the next request queues a task again. No sleeps: the points
 
 from __future__ import annotations
 
-import importlib
 import threading
 
 import pytest
@@ -20,8 +19,7 @@ from django.db import connection
 
 from scheduling.choices import JobState
 from scheduling.services import passes, redis_flags, triggers
-
-helpers = importlib.import_module("tests.scheduling.helpers")
+from tests.scheduling import helpers
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),

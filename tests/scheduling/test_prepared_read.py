@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 
 from scheduling.models import Node
 from scheduling.services.snapshot import PreparedRead
-
-helpers = importlib.import_module("tests.scheduling.helpers")
+from tests.scheduling import helpers
 
 
 def test_a_read_by_ids_gives_the_orms_rows_for_any_number_of_ids_and_repeats(db):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 
 import pytest
@@ -12,8 +11,7 @@ from django.conf import settings as django_settings
 from controlplane.env import redis_db_url
 from scheduling.services import passes, redis_flags, triggers
 from scheduling.tasks import scheduling_pass
-
-helpers = importlib.import_module("tests.scheduling.helpers")
+from tests.scheduling import helpers
 
 pytestmark = pytest.mark.redis("pass triggers go through the Celery broker and flags in Redis")
 

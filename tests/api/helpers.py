@@ -1,0 +1,103 @@
+"""Helpers for the REST API tests: job bodies, JSON posts, nodes, and jobs moved through their
+lives with the real services; only the binding of a job to GPUs is done by hand (``bind``), so that
+these tests do not depend on which placement the scheduling policy of the day would choose.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from scheduling.choices import EventType, JobState
+from scheduling.models import Allocation, Device, Job, LogChunk, Node
+from scheduling.services.jobs import (
+    allocations_payload,
+    do_mark_running,
+    do_record_exit,
+    do_submit_job,
+    do_transition,
+)
+
+
+def valid_body(**overrides: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "name": "resnet",
+        "kind": "training",
+        "command": ["python", "train.py"],
+        "gpus": 2,
+    }
+    body.update(overrides)
+    return {k: v for k, v in body.items() if v is not ...}
+
+
+def post_json(client, url: str, body: Any, **extra: Any):
+    """POST ``body`` as JSON text (``bytes`` are sent as they are)."""
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return client.generic("POST", url, raw, content_type="application/json", **extra)
+
+
+def make_node(name: str, model: str, gpus: int, rack: str = "r1", nvlink: int = 1) -> Node:
+    node = Node.objects.create(
+        name=name, rack=rack, nvlink_domain=nvlink, cpus=64, memory_gib=512, last_heartbeat=timezone.now()
+    )
+    Device.objects.bulk_create(
+        Device(
+            node=node, index=i, uuid=f"GPU-{name}-{i}", model=model, memory_gib=80, nvlink_island=i // nvlink
+        )
+        for i in range(gpus)
+    )
+    return node
+
+
+def submit(user, tenant, **overrides: Any) -> Job:
+    """Submit through the service, with the API's defaults filled in."""
+    from scheduling.api.job_serializers import JobSubmitSerializer
+
+    body = valid_body(**overrides)
+    serializer = JobSubmitSerializer(data=body)
+    serializer.is_valid(raise_exception=True)
+    job, _ = do_submit_job(user, tenant, serializer.model_fields(), body)
+    return job
+
+
+def bind(job: Job, node: Node, gpus: list[int], replica: int = 0, share: float = 1.0) -> Job:
+    """Bind ``job`` to ``gpus`` of ``node`` (what a scheduling pass would do), state ``scheduled``."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update().select_related("tenant").get(pk=job.pk)
+        at = timezone.now()  # as the pass: the event first, then its allocations (created after)
+        allocs = [
+            Allocation.objects.create(
+                job=job,
+                device=Device.objects.select_related("node").get(node=node, index=i),
+                replica=replica,
+                share_milli=round(share * 1000),
+                attempt=job.attempts,
+            )
+            for i in gpus
+        ]
+        do_transition(
+            job, JobState.SCHEDULED, EventType.SCHEDULED, allocations=allocations_payload(allocs), at=at
+        )
+    return job
+
+
+def run(job: Job) -> Job:
+    with transaction.atomic():
+        return do_mark_running(Job.objects.select_for_update().select_related("tenant").get(pk=job.pk))
+
+
+def finish(job: Job, exit_code: int = 0) -> Job:
+    with transaction.atomic():
+        return do_record_exit(
+            Job.objects.select_for_update().select_related("tenant").get(pk=job.pk), exit_code
+        )
+
+
+def add_log(job: Job, data: bytes, replica: int = 0) -> None:
+    """Append output as the agent's log upload stores it (consecutive chunks)."""
+    last = LogChunk.objects.filter(job=job, replica=replica).order_by("-offset").first()
+    offset = last.offset + len(bytes(last.data)) if last else 0
+    LogChunk.objects.create(job=job, replica=replica, offset=offset, data=data)
