@@ -1,7 +1,7 @@
 """Fixtures for the monitoring tests: a real Prometheus server, and tools the tests need.
 
-A missing tool skips its test, or fails it under ``TESSERA_REQUIRE_SERVICES=1`` (CI), as the root
-conftest's ``need_service`` does (which importlib mode does not let us import from here).
+A missing tool skips its test, or fails it under ``TESSERA_REQUIRE_SERVICES=1`` (CI), through
+``tests.support.need_service``.
 """
 
 from __future__ import annotations
