@@ -8,7 +8,7 @@ import pytest
 from django.urls import reverse
 
 from scheduling.models import Quota
-from tests.api.conftest import post_json
+from tests.api.helpers import post_json
 
 QUOTAS = "/api/v1/quotas/"
 

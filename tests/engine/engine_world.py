@@ -127,3 +127,28 @@ def run(
             if rng.random() < 0.3:
                 world.release(sched, jid, now)
     return world
+
+
+class Recorded:
+    """A scheduler whose every decision is written down, in full."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.log: list[tuple] = []
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def decide(self, now: float) -> Decisions:
+        d = self.inner.decide(now)
+        self.log.append(
+            (
+                now,
+                [(b.job_id, b.placements) for b in d.bindings],
+                [(p.job_id, p.reason, p.for_job) for p in d.preemptions],
+                [(r.job_id, r.placements) for r in d.resizes],
+                sorted(d.rejections.items()),
+                sorted((j, r.code, r.message, r.estimated_start) for j, r in d.pending.items()),
+            )
+        )
+        return d

@@ -21,31 +21,7 @@ from scheduling.sim.generate import generate
 from scheduling.sim.perpass import PerPassScheduler
 from scheduling.sim.replay import replay
 from scheduling.sim.traces import read_jobs, read_nodes, read_quotas
-
-
-class Recorded:
-    """A scheduler whose every decision is written down, in full."""
-
-    def __init__(self, inner) -> None:
-        self.inner = inner
-        self.log: list[tuple] = []
-
-    def __getattr__(self, name: str):
-        return getattr(self.inner, name)
-
-    def decide(self, now: float) -> Decisions:
-        d = self.inner.decide(now)
-        self.log.append(
-            (
-                now,
-                [(b.job_id, b.placements) for b in d.bindings],
-                [(p.job_id, p.reason, p.for_job) for p in d.preemptions],
-                [(r.job_id, r.placements) for r in d.resizes],
-                sorted(d.rejections.items()),
-                sorted((j, r.code, r.message, r.estimated_start) for j, r in d.pending.items()),
-            )
-        )
-        return d
+from tests.engine.engine_world import Recorded
 
 
 @pytest.fixture(scope="module")

@@ -175,7 +175,7 @@ def test_with_field_templates_off_a_submit_validates_exactly_as_with_them(settin
 
 def test_with_prepared_reads_off_reads_give_the_same_rows_through_the_orm(db, settings):
     from scheduling.services.snapshot import PreparedRead, read_together
-    from tests.api.conftest import make_node
+    from tests.api.helpers import make_node
 
     for i in range(3):
         make_node(f"n{i}", "H100", 2)

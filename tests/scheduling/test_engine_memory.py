@@ -3,7 +3,6 @@ engine leaves and the next pass loads it, and finished jobs feed the runtime pre
 
 from __future__ import annotations
 
-import importlib
 import logging
 from datetime import timedelta
 from pathlib import Path
@@ -23,9 +22,8 @@ from scheduling.sim.generate import generate
 from scheduling.sim.perpass import PerPassScheduler
 from scheduling.sim.replay import replay
 from scheduling.sim.traces import read_jobs, read_nodes, read_quotas
-
-helpers = importlib.import_module("tests.scheduling.helpers")
-parity = importlib.import_module("tests.engine.test_memory_parity")
+from tests.engine.engine_world import Recorded
+from tests.scheduling import helpers
 
 
 class ThroughTheTable(PerPassScheduler):
@@ -46,8 +44,8 @@ def test_an_engine_whose_memory_goes_through_the_table_decides_as_the_long_lived
     nodes, jobs = read_nodes(tmp_path / "nodes.csv"), read_jobs(tmp_path / "jobs.csv")
     quotas = read_quotas(tmp_path / "quotas.csv")
     config = EngineConfig(resizes=False)
-    long_lived = parity.Recorded(TesseraScheduler(tuple(nodes), tuple(quotas), config))
-    rebuilt = parity.Recorded(ThroughTheTable(nodes, quotas, config, shuffle=True))
+    long_lived = Recorded(TesseraScheduler(tuple(nodes), tuple(quotas), config))
+    rebuilt = Recorded(ThroughTheTable(nodes, quotas, config, shuffle=True))
     replay(nodes, jobs, long_lived)
     replay(nodes, jobs, rebuilt)
     assert len(rebuilt.log) > 50

@@ -3,7 +3,6 @@ defaults, checked whole (a bad value refused with its knob's name), effective fr
 
 from __future__ import annotations
 
-import importlib
 import logging
 
 import pytest
@@ -14,8 +13,7 @@ from scheduling.models import Job, Node, SchedulerSettings
 from scheduling.services import passes
 from scheduling.services.dryrun import dry_run
 from scheduling.services.knobs import do_save_scheduler_settings
-
-helpers = importlib.import_module("tests.scheduling.helpers")
+from tests.scheduling import helpers
 
 
 def where(world, **fields) -> str:
