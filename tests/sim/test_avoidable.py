@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.sim.test_check import alloc, ev, job, run
+from tests.sim.checker_world import alloc, ev, job, run
 
 
 def test_a_job_waiting_while_its_gpus_stand_free_is_counted_from_the_moment_they_are(tmp_path: Path):
