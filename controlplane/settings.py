@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from datetime import timedelta
 from pathlib import Path
 
 from controlplane.env import (
@@ -40,6 +41,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "axes",
     "rest_framework",
     "django_filters",
     "drf_spectacular",
@@ -57,6 +59,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # last, as django-axes asks: turns a lockout into its page
 ]
 
 ROOT_URLCONF = "controlplane.urls"
@@ -137,6 +140,22 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_ALWAYS_EAGER = False
+
+# Sign-in throttling (controlplane/login_throttle.py): a username is locked for
+# TESSERA_LOGIN_LOCKOUT_MINUTES after TESSERA_LOGIN_FAILURE_LIMIT wrong passwords on /login/ or
+# /admin/login/.
+AUTHENTICATION_BACKENDS = [
+    "controlplane.login_throttle.LoginThrottleBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env_int("TESSERA_LOGIN_FAILURE_LIMIT", 15, minimum=1)
+AXES_COOLOFF_TIME = timedelta(minutes=env_float("TESSERA_LOGIN_LOCKOUT_MINUTES", 15.0, minimum=1.0))
+# Either is locked on its own: an account (whatever the address: a slow guess from many machines)
+# and an address (whatever the account: one machine spraying a password over many).
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "controlplane.login_throttle.locked_out"
+AXES_VERBOSE = False
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
