@@ -22,12 +22,12 @@ import threading
 import time
 from pathlib import Path
 
-from agent import cgroups, leftovers, state
+from agent import cgroups, identity, leftovers, sandbox, state
 from agent.client import AgentClient, Rejected, ServerError
 from agent.inventory import Inventory, ModelMap, NoGPUs, nvml_inventory, simulated_inventory
 from agent.metrics import GpuCollector, UtilProfiles, make_registry, nvml_reader, serve
 from agent.node import Agent, CredentialRevoked
-from agent.process import job_path, resolve_run_as, runs_as, spawn_prefix
+from agent.process import job_path, runs_as
 from agent.spec import SpecError, parse_labels, parse_spec
 
 log = logging.getLogger("tessera.agent")
@@ -81,7 +81,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="credential and job directories "
         "(default: $TESSERA_AGENT_STATE_DIR, /var/lib/tessera-agent/NAME as root)",
     )
-    p.add_argument("--run-as", default="nobody", help="unprivileged user for jobs when run as root")
+    p.add_argument(
+        "--job-uids",
+        metavar="FIRST-LAST",
+        default=os.environ.get("TESSERA_JOB_UIDS", identity.DEFAULT_RANGE),
+        help="uids (and gids of the same numbers) given to jobs, one per job attempt; no user or "
+        f"group of this machine may have one (or $TESSERA_JOB_UIDS; default {identity.DEFAULT_RANGE})",
+    )
+    p.add_argument(
+        "--single-tenant",
+        action="store_true",
+        help="run every job as one user (--run-as; the agent's own when not root): UNSAFE for a node "
+        "shared by tenants, as any job can then read, signal and overwrite any other",
+    )
+    p.add_argument("--run-as", default="nobody", help="with --single-tenant as root: the user jobs run as")
+    p.add_argument(
+        "--checkpoint-retention-hours",
+        type=float,
+        default=168.0,
+        help="remove a job's checkpoint directory once unused this long (default: 168, a week)",
+    )
     p.add_argument(
         "--poll-interval",
         type=float,
@@ -240,12 +259,20 @@ def run(args: argparse.Namespace) -> int:
         raise Fatal("--poll-interval must be 0.01..60, --util-speed > 0, --metrics-port 0..65535")
     if not 0 <= args.wait_timeout <= 55:
         raise Fatal("--wait-timeout must be 0..55 seconds")
+    if args.checkpoint_retention_hours < 0:
+        raise Fatal("--checkpoint-retention-hours must be >= 0")
     token = join_token(args)
     inventory = inventory_from(args)
     try:
-        run_as = resolve_run_as(args.run_as)
-    except ValueError as exc:
-        raise Fatal(str(exc)) from None
+        users = identity.users_for(args.single_tenant, args.run_as, args.job_uids)
+    except (ValueError, OSError) as exc:
+        raise Fatal(f"cannot run jobs isolated: {exc}") from None
+    if not users.isolated:
+        log.warning(
+            "--single-tenant: every job runs as %s and can read, signal and overwrite every other; "
+            "do not share this node between tenants",
+            users.probe().name,
+        )
     state_dir = state.prepare_state_dir(args.state_dir or state.default_state_dir(args.name))
     # Before registering: the server then settles this node's old replicas as lost and hands
     # their GPUs on, so whatever a previous run of the agent left must be dead first.
@@ -253,20 +280,28 @@ def run(args: argparse.Namespace) -> int:
         leftovers.kill_leftovers(state_dir)
     except leftovers.LeftoversRemain as exc:
         raise Fatal(str(exc), 4) from None
-    if not runs_as(["/bin/sh", "-c", 'cd "$0"', str(state_dir / "jobs")], run_as):
+    state.clean_jobs(state_dir)
+    retention_s = args.checkpoint_retention_hours * 3600
+    state.sweep_checkpoints(state_dir, retention_s)
+    probe = users.probe()
+    if not runs_as(["/bin/sh", "-c", 'cd "$0"', str(state_dir / "jobs")], probe):
         raise Fatal(
-            f"user {run_as.name} cannot reach {state_dir}/jobs (a parent directory is not "
+            f"user {probe.name} cannot reach {state_dir}/jobs (a parent directory is not "
             "traversable): choose another --state-dir"
         )
+    devices = {d.index: d.device_file for d in inventory.devices if d.device_file}
+    path = job_path(state_dir, probe)
     agent = Agent(
         AgentClient(args.server),
         inventory,
         state_dir,
-        run_as,
-        job_path(state_dir, run_as),
+        users,
+        path,
         poll_interval=args.poll_interval,
         cgroups=cgroups.detect(),
+        sandbox=sandbox.detect(devices, users.isolated, keep=[state_dir, *path.split(":")]),
     )
+    agent.checkpoint_retention_s = retention_s
     agent.wait_timeout = args.wait_timeout
     agent.push = args.wait_timeout > 0
     agent.stream = agent.push and not args.no_stream
@@ -299,8 +334,8 @@ def run(args: argparse.Namespace) -> int:
         "simulated" if inventory.simulated else "NVML",
         answer["node"],
         metrics_url,
-        run_as.name,
-        "through setpriv" if spawn_prefix(run_as) else "by fork (no setpriv with --pdeathsig here)",
+        f"uids {args.job_uids}, one per job" if users.isolated else probe.name,
+        "through setpriv" if sandbox.setpriv() else "by fork (no setpriv with --pdeathsig here)",
     )
 
     stop = threading.Event()

@@ -66,6 +66,7 @@ class DeviceInfo:
     uuid: str
     model: str
     memory_gib: float
+    device_file: str | None = None  # /dev/nvidiaN (N: NVML's minor number); None when simulated
 
 
 @dataclass
@@ -181,6 +182,7 @@ def nvml_inventory(name: str, model_map: ModelMap, nvlink: int | None = None) ->
                     _text(pynvml.nvmlDeviceGetUUID(handle)),
                     model_map.short(_text(pynvml.nvmlDeviceGetName(handle))),
                     round(memory, 1),
+                    f"/dev/nvidia{pynvml.nvmlDeviceGetMinorNumber(handle)}",
                 )
             )
             linked += _has_active_nvlink(pynvml, handle)

@@ -14,8 +14,10 @@ it started at or after the leader (a session id reused by a later session, after
 of ours was gone, then mostly differs by its leader; see :func:`_members`). Signals go through a
 pidfd after a second look at the process, so a pid reused in between is never hit.
 
-What escapes: a process that starts a session of its own (``setsid``), and one forked in the
-instant between the spawn and its record. Stdlib only, as the rest of the agent.
+What escapes the session: a process that starts a session of its own (``setsid``), and one forked
+in the instant between the spawn and its record. A job with a uid of its own (agent/identity.py)
+has its uid recorded too, and every process of that uid is killed as well. Stdlib only, as the
+rest of the agent.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from agent import identity
 
 log = logging.getLogger("tessera.agent")
 
@@ -49,6 +53,7 @@ class Session:
     sid: int
     start: int  # clock ticks after boot, /proc/<pid>/stat field 22
     boot_id: str
+    uid: int | None = None  # the job's own uid (agent/identity.py), when it has one
 
 
 @dataclass(frozen=True)
@@ -109,7 +114,10 @@ def record(state_dir: Path, name: str, session: Session) -> None:
     """Record ``session`` as replica ``name``'s (temp file and rename: never half written)."""
     directory = _sessions_dir(str(state_dir))
     tmp = f"{directory}/.{name}.tmp"
-    body = f'{{"sid": {session.sid}, "start": {session.start}, "boot_id": {json.dumps(session.boot_id)}}}'
+    fields: dict[str, object] = {"sid": session.sid, "start": session.start, "boot_id": session.boot_id}
+    if session.uid is not None:
+        fields["uid"] = session.uid
+    body = json.dumps(fields)
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     except FileNotFoundError:  # the directory was removed meanwhile: make it again
@@ -151,7 +159,10 @@ def recorded(state_dir: Path) -> dict[str, Session]:
     for name in names:
         try:
             body = json.loads((directory / name).read_text())
-            found[name] = Session(int(body["sid"]), int(body["start"]), str(body["boot_id"]))
+            uid = body.get("uid")
+            found[name] = Session(
+                int(body["sid"]), int(body["start"]), str(body["boot_id"]), None if uid is None else int(uid)
+            )
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.warning("ignoring the unreadable session record %s: %s", directory / name, exc)
             forget(state_dir, name)
@@ -322,6 +333,13 @@ def kill_leftovers(state_dir: Path, timeout: float = STARTUP_TIMEOUT_S) -> list[
             + ", ".join(f"{p.pid} ({p.name}, {names.get(p.sid, '?')}, state {p.state})" for p in alive)
             + "; not registering while they may hold GPUs"
         )
+    for uid in sorted({s.uid for s in records.values() if s.uid is not None}):
+        try:
+            by_uid = identity.end_leftover_uid(uid)
+        except identity.UidsLeft as exc:
+            raise LeftoversRemain(f"{exc}; not registering while they may hold GPUs") from None
+        if by_uid:
+            log.warning("killed %d leftover process(es) of uid %d (outside their job's session)", by_uid, uid)
     if killed:
         log.warning(
             "killed %d leftover process(es) of the previous agent run before registering: %s",

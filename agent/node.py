@@ -29,12 +29,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agent import state
 from agent.cgroups import Cgroups
 from agent.client import AgentClient, Rejected, ServerError
+from agent.identity import JobUsers, RunAs
 from agent.inventory import Inventory
 from agent.metrics import GpuUse
-from agent.process import JobProcess, RunAs
+from agent.process import JobProcess
 from agent.reports import ExitReporter
+from agent.sandbox import Sandbox
 
 log = logging.getLogger("tessera.agent")
 
@@ -43,6 +46,7 @@ HEARTBEAT_JITTER = 0.1  # each gap is the poll interval ± 10%: see heartbeat_ga
 STREAM_IDLE_S = 60.0  # the agent pings every 30 s; a pong 30 s late means the stream is dead
 STREAM_RETRY_S = 300.0  # after a refused stream handshake, the long-poll this long
 HELD_RETRY_S = 0.05  # how soon a binding held back for its GPUs is tried again
+SWEEP_EVERY_S = 60.0  # checkpoint directories past their retention: looked for at most this often
 
 
 def binding_key(binding: dict[str, Any]) -> Key:
@@ -69,17 +73,21 @@ class Agent:
         client: AgentClient,
         inventory: Inventory,
         state_dir: Path,
-        run_as: RunAs,
+        run_as: JobUsers | RunAs,
         job_path: str,
         poll_interval: float = 1.0,
         lease_seconds: float = 60.0,
         cgroups: Cgroups | None = None,
+        sandbox: Sandbox | None = None,
     ):
         self.client, self.inventory, self.state_dir = client, inventory, state_dir
         self.reporter = ExitReporter(client)  # the jobs' exit reports, batched
         self.run_as, self.job_path = run_as, job_path
         self.poll_interval = poll_interval
         self.cgroups = cgroups
+        self.sandbox = sandbox
+        self.checkpoint_retention_s: float | None = None  # None: checkpoints are kept (tests)
+        self._swept_at = 0.0
         self.lease_seconds = lease_seconds
         self.jobs: dict[Key, JobProcess] = {}
         self.ever_started: set[Key] = set()
@@ -294,7 +302,13 @@ class Agent:
                 self.ever_started.add(key)
                 self._last_attempt[(key[0], key[2])] = key[1]
                 process = JobProcess(
-                    binding, self.reporter, self.state_dir, self.run_as, self.job_path, self.cgroups
+                    binding,
+                    self.reporter,
+                    self.state_dir,
+                    self.run_as,
+                    self.job_path,
+                    self.cgroups,
+                    self.sandbox,
                 )
                 self.jobs[key] = process
             log.info("starting job %s attempt %s replica %s on GPUs %s", *key, binding.get("gpus"))
@@ -374,9 +388,15 @@ class Agent:
 
     def _reap(self) -> None:
         with self._lock:
-            for key in [k for k, p in self.jobs.items() if p.done.is_set()]:
+            ended = [k for k, p in self.jobs.items() if p.done.is_set()]
+            for key in ended:
                 del self.jobs[key]
                 self._fenced.discard(key)
+            running = {key[0] for key in self.jobs}
+        now = time.monotonic()
+        if ended and self.checkpoint_retention_s is not None and now - self._swept_at > SWEEP_EVERY_S:
+            self._swept_at = now
+            state.sweep_checkpoints(self.state_dir, self.checkpoint_retention_s, keep=running)
 
     def shutdown(self, grace_s: float) -> None:
         """Stop every job (SIGTERM, SIGKILL after at most ``grace_s``) without reporting exits.

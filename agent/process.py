@@ -1,20 +1,24 @@
 """One job replica's process on this node: start it, stream its output, stop it, report its end.
 
 The process runs in a clean environment (not the agent's: the credential and the join token never
-reach it), as an unprivileged user when the agent is root, in its own session (so a stop signals
-its whole process group), in a per-job working directory. A supervisor thread ships its output in
-chunks with byte offsets, enforces its time limit and its kill deadline, and reports its exit.
+reach it), as its job attempt's own uid when the agent is root (agent/identity.py), behind the
+spawn chain of agent/sandbox.py, in its own session (so a stop signals its whole process group),
+with umask 077, in a working directory of its own (0700, a random part in its name) with a private
+``TMPDIR`` in it. A supervisor thread ships its output in chunks with byte offsets, enforces its
+time limit and its kill deadline, and reports its exit once every process of it is gone.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import errno
-import functools
+import hashlib
+import hmac
 import logging
 import os
-import pwd
+import secrets
 import select
 import shutil
 import signal
@@ -22,13 +26,14 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent import leftovers
+from agent import leftovers, sandbox, state
 from agent.cgroups import Cgroups
 from agent.client import AgentClient, Rejected, ServerError
+from agent.identity import JobUsers, RunAs, SharedUser, UidsExhausted, UidsLeft
+from agent.sandbox import SAFE_PATH, Sandbox
 
 log = logging.getLogger("tessera.agent")
 
@@ -41,30 +46,8 @@ QUICK_EXIT_S = 0.05
 # After the job's main process exits, how long the rest of its session gets to die of SIGKILL
 # before the exit is reported anyway (its record stays: the next agent start tries again).
 SESSION_END_S = 10.0
-SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 PR_SET_PDEATHSIG = 1
-
-
-@dataclass(frozen=True)
-class RunAs:
-    """The user jobs run as (None fields: the agent's own user, when it is not root)."""
-
-    name: str
-    uid: int | None = None
-    gid: int | None = None
-
-
-def resolve_run_as(user: str) -> RunAs:
-    """As root: the named unprivileged user (never root). Otherwise: the agent's own user."""
-    if os.geteuid() != 0:
-        return RunAs(pwd.getpwuid(os.geteuid()).pw_name)
-    try:
-        entry = pwd.getpwnam(user)
-    except KeyError:
-        raise ValueError(f"--run-as {user!r}: no such user") from None
-    if entry.pw_uid == 0:
-        raise ValueError(f"--run-as {user!r} is root; jobs must run as an unprivileged user")
-    return RunAs(user, entry.pw_uid, entry.pw_gid)
+JOB_UMASK = 0o077
 
 
 def run_as_kwargs(run_as: RunAs) -> dict[str, Any]:
@@ -137,6 +120,7 @@ def job_environment(
             "TESSERA_REPLICA": str(binding.get("replica", 0)),
             "TESSERA_REPLICAS": str(binding.get("replicas", 1)),
             "TESSERA_CHECKPOINT_DIR": str(checkpoint_dir),
+            "TMPDIR": str(workdir / "tmp"),
         }
     )
     share = float(binding.get("share", 1.0))
@@ -152,28 +136,6 @@ def _die_with_agent() -> None:
     """
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-@functools.cache
-def spawn_prefix(run_as: RunAs) -> tuple[str, ...]:
-    """``setpriv`` (util-linux) argv that drops to the job user and sets the parent-death signal
-    before it executes the job's command; () where no ``setpriv`` here can (then the spawn runs
-    :func:`_die_with_agent` in a forked child instead).
-
-    Why: a ``preexec_fn`` or a user switch makes Python fork the whole agent and run Python in
-    the child; without them it uses ``vfork``, which costs half the CPU per spawn
-    (docs/benchmarks/e2e.md). ``setpriv`` sets the signal after its user switch (which
-    would clear it), as :func:`_die_with_agent` does. Checked once per user, by running it.
-    """
-    setpriv = shutil.which("setpriv", path=f"{SAFE_PATH}:/usr/sbin:/sbin")
-    if setpriv is None:
-        return ()
-    prefix = [setpriv, "--pdeathsig", "SIGKILL"]
-    if run_as.uid is not None:
-        prefix += ["--reuid", str(run_as.uid), "--regid", str(run_as.gid), "--clear-groups"]
-    prefix.append("--")
-    # setpriv itself switches user: the probe runs as the agent (a RunAs without ids)
-    return tuple(prefix) if runs_as([*prefix, "true"], RunAs(run_as.name)) else ()
 
 
 def _check_executable(program: str, path: str, cwd: Path) -> None:
@@ -193,10 +155,26 @@ def _check_executable(program: str, path: str, cwd: Path) -> None:
 
 
 def _owned_dir(path: Path, run_as: RunAs) -> Path:
+    """``path``, 0700 and owned by the job user, and so is everything in it (a checkpoint
+    directory an earlier attempt, another uid, wrote): chowned without following a link."""
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if run_as.uid is not None:
-        os.chown(path, run_as.uid, run_as.gid or 0)
+    os.chmod(path, 0o700)
+    if run_as.uid is None:
+        return path
+    uid, gid = run_as.uid, run_as.gid if run_as.gid is not None else run_as.uid
+    if os.lstat(path).st_uid != uid:
+        for root, dirs, files in os.walk(path):
+            for name in dirs + files:
+                os.chown(os.path.join(root, name), uid, gid, follow_symlinks=False)
+    os.chown(path, uid, gid, follow_symlinks=False)
     return path
+
+
+def checkpoint_dir(state_dir: Path, job_id: int) -> Path:
+    """``STATE/checkpoints/<job>-<key>``: the same for every attempt of the job on this node, not
+    guessable by a job (an HMAC of the job id under the node's key, ``STATE/checkpoint-key``)."""
+    tag = hmac.new(state.checkpoint_key(state_dir), str(job_id).encode(), hashlib.sha256).hexdigest()[:32]
+    return state_dir / "checkpoints" / f"{job_id}-{tag}"
 
 
 class JobProcess:
@@ -207,9 +185,10 @@ class JobProcess:
         binding: dict[str, Any],
         client: AgentClient,
         state_dir: Path,
-        run_as: RunAs,
+        users: JobUsers | RunAs,
         path: str,
         cgroups: Cgroups | None = None,
+        sandbox: Sandbox | None = None,
     ):
         self.binding = binding
         self.cgroups = cgroups
@@ -219,7 +198,10 @@ class JobProcess:
         self.replica = int(binding.get("replica", 0))
         self.gpus = [int(g) for g in binding.get("gpus", [])]
         self.share = float(binding.get("share", 1.0))
-        self.client, self.state_dir, self.run_as, self.path = client, state_dir, run_as, path
+        self.client, self.state_dir, self.path = client, state_dir, path
+        self.users: JobUsers = SharedUser(users) if isinstance(users, RunAs) else users
+        self.sandbox = sandbox if sandbox is not None else Sandbox(namespaces=False)
+        self.run_as: RunAs | None = None  # taken from ``users`` at the start
         self.proc: subprocess.Popen[bytes] | None = None
         self.session: leftovers.Session | None = None  # recorded in STATE/sessions while it runs
         self.pids: leftovers.PidClock | None = None  # which pids its session's processes can have
@@ -240,8 +222,10 @@ class JobProcess:
         self._offset = int(binding.get("log_offset", 0))
         self._drop_logs = False
         self._started_pending = True
-        self.workdir = state_dir / "jobs" / self.name
-        self.checkpoint_dir = state_dir / "checkpoints" / str(self.job_id)
+        self._session_over = False  # its session has no process left (its record may go)
+        # Random: a job cannot guess another's directory (nor could it enter it: 0700, another uid).
+        self.workdir = state_dir / "jobs" / f"{self.name}-{secrets.token_hex(8)}"
+        self.checkpoint_dir = checkpoint_dir(state_dir, self.job_id)
 
     @property
     def key(self) -> tuple[int, int, int]:
@@ -273,30 +257,16 @@ class JobProcess:
         thread that spawns) and its supervisor thread, which reads its output, ships it, enforces
         its limits and reports its exit."""
         try:
-            _owned_dir(self.workdir, self.run_as)
-            _owned_dir(self.checkpoint_dir, self.run_as)
-            env = job_environment(self.binding, self.run_as, self.path, self.workdir, self.checkpoint_dir)
+            self.run_as = run_as = self.users.take(self.job_id, self.attempt)
+            _owned_dir(self.workdir, run_as)
+            _owned_dir(self.workdir / "tmp", run_as)
+            _owned_dir(self.checkpoint_dir, run_as)
+            env = job_environment(self.binding, run_as, self.path, self.workdir, self.checkpoint_dir)
             command = [str(c) for c in self.binding["command"]]
             if not command:
                 raise ValueError("the job's command is empty")
-            prefix = spawn_prefix(self.run_as)
-            if prefix:
-                _check_executable(command[0], env["PATH"], self.workdir)
-                extra: dict[str, Any] = {}
-            else:
-                extra = {"preexec_fn": _die_with_agent, **run_as_kwargs(self.run_as)}
-            self.proc = subprocess.Popen(
-                [*prefix, *command],
-                cwd=self.workdir,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                close_fds=True,
-                **extra,
-            )
-        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+            self.proc = self._spawn(run_as, command, env)
+        except (OSError, ValueError, subprocess.SubprocessError, UidsExhausted) as exc:
             self._note(f"could not start {self.binding.get('command')!r}: {exc}")
             self.exit_code, self.exit_reason = 127, "spawn-failed"
             self._started_pending = False
@@ -310,6 +280,41 @@ class JobProcess:
         self.started_at = time.monotonic()
         threading.Thread(target=self._supervise, name=f"job-{self.job_id}", daemon=True).start()
 
+    def _spawn(self, run_as: RunAs, command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        """Behind the sandbox's chain (its environment through an anonymous file), or, without
+        ``setpriv``, by a fork that switches the user itself."""
+        prefix = self.sandbox.prefix(run_as, self.gpus)
+        if not prefix:
+            return subprocess.Popen(
+                command,
+                cwd=self.workdir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+                umask=JOB_UMASK,
+                preexec_fn=_die_with_agent,
+                **run_as_kwargs(run_as),
+            )
+        _check_executable(command[0], env["PATH"], self.workdir)
+        env_fd = sandbox.env_fd(env)
+        try:
+            return subprocess.Popen(
+                [*prefix, *command],
+                cwd=self.workdir,
+                env=sandbox.CHAIN_ENV,
+                stdin=env_fd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+                umask=JOB_UMASK,
+            )
+        finally:
+            os.close(env_fd)
+
     @property
     def name(self) -> str:
         return f"{self.job_id}-{self.attempt}-{self.replica}"
@@ -320,6 +325,9 @@ class JobProcess:
             return
         self.pids = leftovers.PidClock(self.session.sid)
         try:
+            if self.run_as is not None and self.users.isolated:
+                # The uid too: a restarted agent kills what escaped the session by it.
+                self.session = dataclasses.replace(self.session, uid=self.run_as.uid)
             leftovers.record(self.state_dir, self.name, self.session)
         except OSError as exc:
             log.warning(
@@ -332,7 +340,7 @@ class JobProcess:
     def _end_session(self) -> None:
         """The main process has exited (and is reaped): kill the rest of its session, whatever
         process group it moved to, and wait until it is gone, so the job's GPUs are free when its
-        exit is reported. Forget the record then (kept if something would not die)."""
+        exit is reported. Its record is kept if something would not die."""
         if self.session is None:
             return
         killed, alive = leftovers.end_sessions([self.session], SESSION_END_S, pids=self.pids)
@@ -347,8 +355,24 @@ class JobProcess:
                 ", ".join(f"{p.pid} ({p.name}, state {p.state})" for p in alive),
             )
             return
-        with contextlib.suppress(OSError):
-            leftovers.forget(self.state_dir, self.name)
+        self._session_over = True
+
+    def _end_uid(self) -> None:
+        """Give the uid back: after the attempt's last replica here, every process of it is killed
+        and gone first (a process that left the session, ``setsid``, is found by its uid). The
+        session's record is forgotten once nothing of it can be left."""
+        if self.run_as is None:
+            return
+        try:
+            killed = self.users.give_back(self.job_id, self.attempt)
+        except UidsLeft as exc:
+            log.error("job %s: %s; the uid stays held", self.job_id, exc)
+            return
+        if killed:
+            self._note(f"killed {killed} process(es) the job left running under its uid")
+        if self._session_over:
+            with contextlib.suppress(OSError):
+                leftovers.forget(self.state_dir, self.name)
 
     def _limit(self) -> None:
         """Move the process into its own cgroup with the replica's CPU and memory limits."""
@@ -491,6 +515,8 @@ class JobProcess:
                 self._end_session()  # and of its session: the processes that left the group
             except Exception:  # the exit is reported all the same; the record stays
                 log.exception("job %s: could not end its session", self.job_id)
+        self._end_uid()  # and of its uid, after the attempt's last replica here: setsid escapes
+        if self.proc is not None:
             self._drain(2.0)
             self.exit_code = self.proc.returncode
             self.exit_reason = self._reason()
@@ -504,6 +530,8 @@ class JobProcess:
                     os.close(self._wake_fd)
                     self._wake_fd = None
             shutil.rmtree(self.workdir, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                os.utime(self.checkpoint_dir)  # its retention counts from the last use
             if self.cgroup is not None and self.cgroups is not None:
                 self.cgroups.remove(self.cgroup)
             self.done.set()

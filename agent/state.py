@@ -4,6 +4,13 @@
 restarted agent re-registers without the join token. The directory itself is 0711: job users may
 pass through to their own working directories (``STATE/jobs/...``, owned by them) but list nothing.
 ``STATE/sessions`` (0700) records the running replicas' sessions (:mod:`agent.leftovers`).
+``STATE/checkpoint-key`` (0600) is the key that makes checkpoint directories' names unguessable
+(:func:`agent.process.checkpoint_dir`).
+
+Nothing of a job outlives its use: its working directory goes when it ends; what an agent killed
+mid-job left in ``STATE/jobs`` goes at the next start (:func:`clean_jobs`, after the leftover
+processes are dead); a checkpoint directory goes once unused for the retention
+(:func:`sweep_checkpoints`, at the start and after each job).
 
 The join token is read from, in order: ``--join-token-file PATH``, ``--join-token -`` (stdin),
 ``$TESSERA_JOIN_TOKEN``, or a literal ``--join-token T`` — which ``ps`` would show, so the CLI
@@ -12,10 +19,17 @@ moves it into a pipe and re-executes itself without it (:func:`agent.cli.main`).
 
 from __future__ import annotations
 
+import logging
 import os
+import secrets
+import shutil
+import time
 from pathlib import Path
 
+log = logging.getLogger("tessera.agent")
+
 CREDENTIAL_FILE = "credential"
+CHECKPOINT_KEY = "checkpoint-key"
 
 
 def default_state_dir(name: str) -> Path:
@@ -35,7 +49,68 @@ def prepare_state_dir(path: Path) -> Path:
         (path / sub).chmod(0o711)
     (path / "sessions").mkdir(exist_ok=True)
     (path / "sessions").chmod(0o700)  # the agent's alone: a job must not edit what gets killed
+    checkpoint_key(path)
     return path
+
+
+def checkpoint_key(state_dir: Path) -> bytes:
+    """The node's key for checkpoint directory names (made, 0600, on first use)."""
+    key = state_dir / CHECKPOINT_KEY
+    try:
+        return key.read_bytes()
+    except FileNotFoundError:
+        pass
+    tmp = state_dir / f".{CHECKPOINT_KEY}.{secrets.token_hex(8)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, secrets.token_bytes(32))
+    finally:
+        os.close(fd)
+    try:
+        os.link(tmp, key)  # whole or not at all; a key made meanwhile by another start wins
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink()
+    return key.read_bytes()
+
+
+def clean_jobs(state_dir: Path) -> int:
+    """Remove every working directory (at the start, once no process of a job is left: what an
+    agent that was killed left behind). Returns how many."""
+    jobs = state_dir / "jobs"
+    names = os.listdir(jobs)
+    for name in names:
+        shutil.rmtree(jobs / name, ignore_errors=True)
+    if names:
+        log.info("removed %d working director(ies) left by a previous run", len(names))
+    return len(names)
+
+
+def sweep_checkpoints(state_dir: Path, retention_s: float, keep: set[int] | None = None) -> list[int]:
+    """Remove the checkpoint directories unused for ``retention_s`` (their time is set when an
+    attempt here ends), but not those of the jobs in ``keep`` (running here). The job ids removed."""
+    removed: list[int] = []
+    directory = state_dir / "checkpoints"
+    now = time.time()
+    try:
+        entries = list(os.scandir(directory))
+    except FileNotFoundError:
+        return removed
+    for entry in entries:
+        job = entry.name.partition("-")[0]
+        if not job.isdigit() or int(job) in (keep or set()):
+            continue
+        try:
+            idle = now - entry.stat(follow_symlinks=False).st_mtime
+        except OSError:
+            continue
+        if idle > retention_s:
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(int(job))
+    if removed:
+        log.info("removed the checkpoints of job(s) %s: unused for %gh", sorted(removed), retention_s / 3600)
+    return removed
 
 
 def write_credential(state_dir: Path, credential: str) -> Path:

@@ -238,14 +238,14 @@ def agent_flags(python: str, env: dict[str, str]) -> list[str] | None:
         return None
     if result.returncode != 0:
         return None
-    wanted = ("--name", "--metrics-port", "--metrics-addr", "--state-dir")
+    wanted = ("--name", "--metrics-port", "--metrics-addr", "--state-dir", "--single-tenant")
     return [flag for flag in wanted if flag in result.stdout]
 
 
 def traversable_by_all(path: Path) -> bool:
     """Whether every directory above ``path`` lets other users through (o+x).
 
-    As root, the agent runs jobs as an unprivileged user, who must reach the job directories.
+    As root, the agent runs each job as a uid of its own, which must reach the job directories.
     """
     return all(p.stat().st_mode & 0o001 for p in path.resolve().parents if p.exists())
 
@@ -416,7 +416,7 @@ def run(
     agent_env = {**env, "TESSERA_JOIN_TOKEN": seed["join_token"]}  # never in argv, so never in ps
     flags = flags or []
     state_root = Path(args.state_dir).resolve()
-    # As root, jobs run as an unprivileged user who must reach the job directories; where this
+    # As root, jobs run as uids of their own, which must reach the job directories; where this
     # checkout is private, the agent's own default (/var/lib/tessera-agent/NAME) is used instead.
     use_state_dir = "--state-dir" in flags and (os.geteuid() != 0 or traversable_by_all(state_root))
     for name, spec in nodes:
@@ -431,6 +431,8 @@ def run(
             argv += ["--metrics-addr", args.host]  # not on every interface: this is a demo
         if use_state_dir:
             argv += ["--state-dir", str(state_root / name)]
+        if "--single-tenant" in flags and os.geteuid() != 0:
+            argv += ["--single-tenant"]  # a uid per job needs root: here all run as this user
         demo.spawn(name, argv, agent_env, log_dir, umask=AGENT_UMASK)
     if args.credentials_file:
         with private_file(Path(args.credentials_file)) as out:

@@ -335,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     checks = Checks()
     workdir = Path(tempfile.mkdtemp(prefix="tessera-gpu-check-"))
-    os.chmod(workdir, 0o755)  # the job user (nobody, when run as root) reaches the job folders
+    os.chmod(workdir, 0o755)  # job uids (when run as root) reach the job folders
     demo, extra = None, None
     try:
         demo, creds = start_demo(args, workdir)

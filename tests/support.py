@@ -118,6 +118,10 @@ def web_argv(port: int | None = None, fd: int | None = None) -> list[str]:
     return [PY, "-m", "daphne", *where, "controlplane.asgi:application"]
 
 
+# A uid per job needs a root agent; as another user the tests run every job as that user.
+SINGLE_TENANT = ["--single-tenant"] if os.geteuid() != 0 else []
+
+
 def agent_argv(server: str, name: str, spec: str, state_dir: Path, *extra: str) -> list[str]:
     return [
         PY,
@@ -135,6 +139,7 @@ def agent_argv(server: str, name: str, spec: str, state_dir: Path, *extra: str) 
         "127.0.0.1",
         "--state-dir",
         str(state_dir),
+        *SINGLE_TENANT,
         *extra,
     ]
 

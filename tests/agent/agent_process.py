@@ -39,6 +39,7 @@ def start_agent(server: str, state_dir: Path, *extra: str, env: dict | None = No
         # seconds would outlive the test (push is tested against daphne: tests/integration).
         "--wait-timeout",
         "0",
+        *(["--single-tenant"] if os.geteuid() != 0 else []),  # a uid per job needs root
         *extra,
     ]
     clean = {k: v for k, v in os.environ.items() if k != "TESSERA_JOIN_TOKEN"}

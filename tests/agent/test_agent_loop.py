@@ -12,9 +12,10 @@ import time
 import pytest
 
 from agent.client import ServerError
+from agent.identity import resolve_run_as
 from agent.inventory import simulated_inventory
 from agent.node import Agent
-from agent.process import job_path, resolve_run_as
+from agent.process import job_path
 from agent.spec import parse_spec
 from tests.agent import fakes
 from tests.agent.agent_process import alive

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from agent import cgroups
+from agent.identity import resolve_run_as
 from agent.inventory import simulated_inventory
 from agent.node import Agent
-from agent.process import job_path, resolve_run_as
+from agent.process import job_path
 from agent.spec import parse_spec
 from tests.agent import fakes
 

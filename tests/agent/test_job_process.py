@@ -6,13 +6,15 @@ These run real processes; only the control plane is replaced by a recording fake
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 
 import pytest
 
-from agent import process as process_module
-from agent.process import JobProcess, job_path, resolve_run_as
+from agent import sandbox as sandbox_module
+from agent.identity import resolve_run_as
+from agent.process import JobProcess, job_path
 from tests.agent import fakes
 from tests.agent.agent_process import alive
 
@@ -22,8 +24,8 @@ def spawn(request, monkeypatch) -> str:
     """Each test runs both ways a job is spawned: behind ``setpriv`` (vfork), and without it (the
     agent forks and sets the parent-death signal itself), as on a machine without ``setpriv``."""
     if request.param == "fork":
-        monkeypatch.setattr(process_module, "spawn_prefix", lambda run_as: ())
-    elif not process_module.spawn_prefix(resolve_run_as("nobody")):
+        monkeypatch.setattr(sandbox_module, "setpriv", lambda: None)
+    elif not sandbox_module.setpriv():
         pytest.skip("no setpriv with --pdeathsig on this machine")
     return request.param
 
@@ -64,7 +66,7 @@ def test_the_job_sees_its_gpus_and_ids_but_never_the_agents_secrets(node):
     job_env = json.loads(server.output(11))
     assert job_env["CUDA_VISIBLE_DEVICES"] == "3,5"
     assert (job_env["TESSERA_JOB_ID"], job_env["TESSERA_ATTEMPT"]) == ("11", "2")
-    assert job_env["TESSERA_CHECKPOINT_DIR"].endswith("/checkpoints/11")
+    assert re.search(r"/checkpoints/11-[0-9a-f]{32}$", job_env["TESSERA_CHECKPOINT_DIR"])
     assert job_env["WANDB_MODE"] == "offline"
     text = json.dumps(job_env)
     assert "join-secret-never-in-jobs" not in text and "node-credential-never-in-jobs" not in text
@@ -90,7 +92,7 @@ def test_a_job_of_a_root_agent_runs_as_an_unprivileged_user(node):
     assert server.exit_of(13)["exit_code"] == 0
     uid, gid, cwd, wrote = server.output(13).decode().split()
     assert uid != "0" and int(uid) == node[2].uid and gid != "0"
-    assert cwd.endswith("/jobs/13-0-0") and wrote == "w"
+    assert re.search(r"/jobs/13-0-0-[0-9a-f]{16}$", cwd) and wrote == "w"
 
 
 def test_the_credential_file_is_private_to_the_agent(node):
@@ -143,11 +145,11 @@ def test_a_command_is_found_through_the_jobs_own_path_and_relative_to_its_direct
     (tools / "hello-tessera").write_text("#!/bin/sh\necho from-path\n")
     (tools / "hello-tessera").chmod(0o755)
     start(node, job_id=22, env={"PATH": f"{tools}:{path}"}, command=["hello-tessera"])
-    workdir = state_dir / "jobs" / "23-0-0"
-    workdir.mkdir(parents=True)
-    (workdir / "run.sh").write_text("#!/bin/sh\necho from-workdir\n")
-    (workdir / "run.sh").chmod(0o755)
-    start(node, job_id=23, command=["./run.sh"])
+    process = JobProcess(fakes.binding(23, command=["./run.sh"]), server, state_dir, run_as, path)
+    process.workdir.mkdir(parents=True)  # its (random) name is known once it is made
+    (process.workdir / "run.sh").write_text("#!/bin/sh\necho from-workdir\n")
+    (process.workdir / "run.sh").chmod(0o755)
+    process.start()
     assert server.exit_of(22)["exit_code"] == 0 and server.output(22) == b"from-path\n"
     assert server.exit_of(23)["exit_code"] == 0 and server.output(23) == b"from-workdir\n"
 
@@ -177,11 +179,12 @@ AGENT_THEN_KILLED = """
 import sys, time
 from pathlib import Path
 sys.path.insert(0, {root!r})
-from agent import process
-from agent.process import JobProcess, job_path, resolve_run_as
+from agent import sandbox
+from agent.identity import resolve_run_as
+from agent.process import JobProcess, job_path
 from tests.agent.fakes import FakeServer, binding
 if {fork!r}:
-    process.spawn_prefix = lambda run_as: ()
+    sandbox.setpriv = lambda: None
 state, run_as = Path({state!r}), resolve_run_as("nobody")
 job = JobProcess(binding(30, command=["sleep", "60"]), FakeServer(), state, run_as, job_path(state, run_as))
 job.start()

@@ -18,7 +18,8 @@ import pytest
 from django.core.signals import request_started
 
 from agent import leftovers
-from agent.process import JobProcess, job_path, resolve_run_as
+from agent.identity import resolve_run_as
+from agent.process import JobProcess, job_path
 from scheduling.choices import JobState
 from scheduling.models import Job
 from tests.agent import agent_process as processes

@@ -1,0 +1,332 @@
+"""Who a job runs as: a uid (and a private gid of the same number) of its own, from a range.
+
+Every job attempt on this node gets a uid nobody else has while it runs (systemd's DynamicUser
+does the same for services; Slurm runs jobs as their submitter). Its replicas here share it (they
+share the job's checkpoint directory); its files are 0700 to it; another job, of the same tenant
+or not, cannot read them, read its ``/proc/<pid>/environ`` or signal it. The uid is free again only
+once no process of it is left: when the attempt's last replica here ends, every process of the uid
+is killed (``kill(-1, SIGKILL)`` sent *as* that uid, which the kernel applies to all its
+processes at once, so a fork bomb cannot outrun it) and the agent waits until ``/proc`` shows none.
+
+A uid is held through a lock file, ``/run/tessera-agent/uids/<uid>``, under ``flock``: several
+agents on one machine (the demo runs 12) share the range and never hand one uid to two jobs, and a
+dead agent's locks go with it. A uid is taken only when no process of it runs (read from
+``/proc/<pid>/status``, all four of its uids: a job cannot hide by making itself undumpable), so a
+restarted agent never hands out a uid whose previous job still has a process alive.
+
+:class:`SharedUser` is the other way, for an agent that is not root: every job runs as one user
+(``--single-tenant``), which protects jobs from nothing but each other's mistakes.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import grp
+import logging
+import os
+import pwd
+import random
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+log = logging.getLogger("tessera.agent")
+
+DEFAULT_RANGE = "200000-265535"  # past the 16-bit ids of /etc/passwd; systemd's DynamicUser
+# range is 61184-65519, within them: ours stays clear of both
+DEFAULT_LOCK_DIR = Path("/run/tessera-agent/uids")
+KILL_TIMEOUT_S = 10.0
+ROUND_S = 0.02
+MIN_FREE_UID = 1000  # below: system users, never a job's
+
+
+@dataclass(frozen=True)
+class RunAs:
+    """The user a job runs as (None ids: the agent's own user, when it is not root)."""
+
+    name: str
+    uid: int | None = None
+    gid: int | None = None
+
+
+class UidsExhausted(Exception):
+    """Every uid of the range is held or still has processes."""
+
+
+class UidsLeft(Exception):
+    """Processes of a job's uid outlived their SIGKILL (a process stuck in the kernel)."""
+
+
+@dataclass(frozen=True)
+class UidRange:
+    first: int
+    last: int
+
+    def __contains__(self, uid: object) -> bool:
+        return isinstance(uid, int) and self.first <= uid <= self.last
+
+    def __len__(self) -> int:
+        return self.last - self.first + 1
+
+    def __str__(self) -> str:
+        return f"{self.first}-{self.last}"
+
+
+def parse_range(text: str) -> UidRange:
+    """``FIRST-LAST``; raises ValueError naming what is wrong."""
+    first, sep, last = text.strip().partition("-")
+    try:
+        low, high = int(first), int(last)
+    except ValueError:
+        raise ValueError(f"job uids {text!r}: expected FIRST-LAST, e.g. {DEFAULT_RANGE}") from None
+    if not sep or low > high:
+        raise ValueError(f"job uids {text!r}: expected FIRST-LAST with FIRST <= LAST")
+    if low < MIN_FREE_UID or high >= 2**32 - 1:
+        raise ValueError(f"job uids {text!r}: must lie within {MIN_FREE_UID}-{2**32 - 2}")
+    return UidRange(low, high)
+
+
+def check_range(ids: UidRange) -> None:
+    """Refuse a range that holds a user or a group of this machine: a job would get its files."""
+    users = sorted(f"{u.pw_name} ({u.pw_uid})" for u in pwd.getpwall() if u.pw_uid in ids)
+    groups = sorted(f"{g.gr_name} ({g.gr_gid})" for g in grp.getgrall() if g.gr_gid in ids)
+    if users or groups:
+        taken = ", ".join(users + [f"group {g}" for g in groups])
+        raise ValueError(f"job uids {ids}: the range holds existing ids ({taken}); choose another range")
+
+
+def processes_of(uids: UidRange | set[int]) -> dict[int, list[int]]:
+    """uid → the pids of live processes that have it as any of their four uids (real, effective,
+    saved, filesystem). Zombies hold nothing and are not counted."""
+    found: dict[int, list[int]] = {}
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        ids = _uids_of(int(entry))
+        if ids is None:
+            continue
+        for uid in set(ids):
+            if uid in uids:
+                found.setdefault(uid, []).append(int(entry))
+    return found
+
+
+def _uids_of(pid: int) -> tuple[int, ...] | None:
+    """The four uids of ``pid`` from ``/proc/<pid>/status``; None when gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            text = f.read(4096)
+    except OSError:
+        return None
+    uids: tuple[int, ...] | None = None
+    for line in text.split(b"\n"):
+        if line.startswith(b"State:") and line.split()[1:2] in ([b"Z"], [b"X"]):
+            return None
+        if line.startswith(b"Uid:"):
+            uids = tuple(int(v) for v in line.split()[1:])
+            break
+    return uids
+
+
+def kill_uid(uid: int, timeout: float = KILL_TIMEOUT_S) -> int:
+    """SIGKILL every process of ``uid`` and wait until none is left; how many were seen.
+
+    The kill is sent by a process running as ``uid`` itself (``kill(-1)``: every process it may
+    signal, i.e. of its uid, but itself): the kernel walks its process list once under a lock that
+    fork also takes, so no child forked meanwhile escapes. Repeated until ``/proc`` shows none
+    (a dying process lingers while it releases its memory). Raises :class:`UidsLeft` past
+    ``timeout``."""
+    deadline = time.monotonic() + timeout
+    seen: set[int] = set()
+    while True:
+        pids = processes_of({uid}).get(uid, [])
+        if not pids:
+            return len(seen)
+        seen.update(pids)
+        if time.monotonic() > deadline:
+            raise UidsLeft(f"{len(pids)} process(es) of uid {uid} outlived {timeout:g}s of SIGKILL: {pids}")
+        _kill_all_as(uid)
+        time.sleep(ROUND_S)
+
+
+def _kill_all_as(uid: int) -> None:
+    # A child that becomes ``uid`` and sends kill(-1, SIGKILL): Python's own fork, so nothing
+    # but this module is needed on the node (no setpriv, no kill binary).
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child exits at once
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            os.kill(-1, signal.SIGKILL)
+        except BaseException:
+            os._exit(1)
+        os._exit(0)
+    os.waitpid(pid, 0)
+
+
+class JobUsers(Protocol):
+    """Hands out the user a job attempt runs as, and takes it back after the attempt here."""
+
+    isolated: bool
+
+    def take(self, job_id: int, attempt: int) -> RunAs: ...
+
+    def give_back(self, job_id: int, attempt: int) -> int: ...
+
+    def probe(self) -> RunAs: ...
+
+
+class SharedUser:
+    """Every job as one user (``--single-tenant``, or an agent that is not root): nothing between
+    jobs; a job's escaped processes are found by session only (agent/leftovers.py)."""
+
+    isolated = False
+
+    def __init__(self, run_as: RunAs):
+        self.run_as = run_as
+
+    def take(self, job_id: int, attempt: int) -> RunAs:
+        return self.run_as
+
+    def give_back(self, job_id: int, attempt: int) -> int:
+        return 0
+
+    def probe(self) -> RunAs:
+        return self.run_as
+
+
+class UidPool:
+    """The uids of ``ids``, one per job attempt on this node (its replicas here share it)."""
+
+    isolated = True
+
+    def __init__(self, ids: UidRange, lock_dir: Path = DEFAULT_LOCK_DIR):
+        self.ids = ids
+        self.lock_dir = lock_dir
+        lock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._held: dict[tuple[int, int], tuple[int, int, int]] = {}  # key → (uid, lock fd, users)
+        self._next = random.randrange(len(ids))  # agents sharing the range start apart
+
+    def take(self, job_id: int, attempt: int) -> RunAs:
+        key = (job_id, attempt)
+        with self._lock:
+            held = self._held.get(key)
+            if held is not None:
+                uid, fd, users = held
+                self._held[key] = (uid, fd, users + 1)
+                return _job_user(uid)
+            uid, fd = self._claim()
+            self._held[key] = (uid, fd, 1)
+        return _job_user(uid)
+
+    def give_back(self, job_id: int, attempt: int) -> int:
+        """One replica of the attempt ended; after the last, kill what is left of its uid, wait
+        until it is gone and free the uid. Returns the processes killed; raises :class:`UidsLeft`
+        (the uid then stays held by this agent, never handed out again in its life)."""
+        key = (job_id, attempt)
+        with self._lock:
+            held = self._held.get(key)
+            if held is None:
+                return 0
+            uid, fd, users = held
+            if users > 1:
+                self._held[key] = (uid, fd, users - 1)
+                return 0
+            del self._held[key]
+        killed = kill_uid(uid)
+        os.close(fd)  # the flock goes with it
+        return killed
+
+    def uid_of(self, job_id: int, attempt: int) -> int | None:
+        with self._lock:
+            held = self._held.get((job_id, attempt))
+        return held[0] if held else None
+
+    def probe(self) -> RunAs:
+        """A uid of the range, for checks made as a job user would run (reaching a directory)."""
+        return _job_user(self.ids.first)
+
+    def _claim(self) -> tuple[int, int]:
+        """A uid no one holds and no process has; its lock file's fd, flocked."""
+        busy = processes_of(self.ids)
+        for _ in range(len(self.ids)):
+            uid = self.ids.first + self._next
+            self._next = (self._next + 1) % len(self.ids)
+            if uid in busy:
+                continue
+            fd = os.open(self.lock_dir / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                continue
+            # Another agent may have freed it after our scan, or taken and freed it: look again
+            # now that we hold it (a process of it seen now is a leftover: skip the uid).
+            if processes_of({uid}):
+                os.close(fd)
+                continue
+            return uid, fd
+        raise UidsExhausted(f"every uid of {self.ids} is held by a job or still has processes")
+
+
+def end_leftover_uid(uid: int, lock_dir: Path = DEFAULT_LOCK_DIR, timeout: float = 5.0) -> int | None:
+    """At an agent's start: kill what a job of its previous run left under ``uid`` (a process
+    that left its session), holding the uid's lock meanwhile. None when another agent holds the
+    uid past ``timeout``: it took it after our predecessor died, once no process of it was left,
+    so what runs under it now is that agent's job. Raises :class:`UidsLeft`."""
+    lock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(lock_dir / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    return None
+                time.sleep(0.05)
+        return kill_uid(uid)
+    finally:
+        os.close(fd)
+
+
+def _job_user(uid: int) -> RunAs:
+    return RunAs(f"job-{uid}", uid, uid)
+
+
+def resolve_run_as(user: str) -> RunAs:
+    """As root: the named unprivileged user (never root). Otherwise: the agent's own user."""
+    if os.geteuid() != 0:
+        return RunAs(pwd.getpwuid(os.geteuid()).pw_name)
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        raise ValueError(f"--run-as {user!r}: no such user") from None
+    if entry.pw_uid == 0:
+        raise ValueError(f"--run-as {user!r} is root; jobs must run as an unprivileged user")
+    return RunAs(user, entry.pw_uid, entry.pw_gid)
+
+
+def users_for(
+    single_tenant: bool, run_as: str, uid_range: str, lock_dir: Path = DEFAULT_LOCK_DIR
+) -> JobUsers:
+    """The agent's job users, per its flags; raises ValueError saying why it cannot run."""
+    if single_tenant:
+        return SharedUser(resolve_run_as(run_as))
+    if os.geteuid() != 0:
+        raise ValueError(
+            "jobs of several tenants need a uid each, which only a root agent can give "
+            "(it needs CAP_SETUID, CAP_SETGID, CAP_KILL, CAP_CHOWN, CAP_SYS_ADMIN): run it as root, "
+            "or pass --single-tenant to run every job as this user (unsafe for sharing the node: "
+            "any job can read, signal and overwrite any other)"
+        )
+    ids = parse_range(uid_range)
+    check_range(ids)
+    return UidPool(ids, lock_dir)

@@ -1,0 +1,217 @@
+"""How a job's process is spawned: the user switch, and a private view of the node where possible.
+
+A job's command runs behind a chain of small programs that each ``exec`` the next, so its pid is
+the one the agent spawned (the agent's child: the parent-death signal and the session hold):
+
+1. ``unshare --mount --ipc --propagation private`` (util-linux), where the agent may make
+   namespaces (root, not in a locked-down container): the job gets mounts of its own, and SysV IPC
+   and POSIX message queues of its own (gone with its last process, so a later job of the same
+   uid finds nothing);
+2. ``/bin/sh -c`` mounting, in that namespace only: a private tmpfs on ``/tmp``, ``/var/tmp`` and
+   ``/dev/shm`` (0700, owned by the job's uid), a fresh ``/proc`` with ``hidepid=invisible`` (the
+   job sees only its own processes), and over each GPU device file that is not the job's an
+   unreadable file (``open`` fails with EACCES; the job cannot unmount it: it has no privilege,
+   and a mount namespace it might make of its own keeps the mounts it inherited locked);
+3. ``setpriv --pdeathsig SIGKILL --reuid U --regid G --clear-groups --no-new-privs``: the job's own
+   uid and gid, no supplementary group, no way back up through a setuid program (``sudo``,
+   ``ping``), and SIGKILL when the agent dies (set after the user switch, which clears it);
+4. ``/bin/sh``, already as the job's user, sourcing the job's environment from an anonymous file
+   (until here the chain runs with a clean one: a job's ``LD_PRELOAD`` or ``LD_LIBRARY_PATH``
+   must never reach a program running as root), which ``exec``s
+5. the job's command.
+
+Without namespaces the chain starts at 3 (and the agent says so at its start); without a
+``setpriv`` that takes ``--pdeathsig``, the agent forks and switches the user itself (no
+``--no-new-privs`` then). Spawning this way (no ``preexec_fn``) lets Python use ``vfork``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from agent.identity import RunAs
+
+log = logging.getLogger("tessera.agent")
+
+SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
+SYSTEM_PATH = f"{SAFE_PATH}:/usr/sbin:/sbin"
+PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm")
+CHAIN_ENV = {"PATH": SYSTEM_PATH, "LANG": "C.UTF-8"}  # the chain's whole environment, until setpriv
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+BLOCKER = Path("/run/tessera-agent/no-access")
+HOLD = Path("/run/tessera-agent/hold")  # where kept directories wait while /tmp is replaced
+
+
+def _under(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+@functools.cache
+def setpriv() -> str | None:
+    """util-linux's ``setpriv`` when it takes ``--pdeathsig`` (checked once, by running it)."""
+    path = shutil.which("setpriv", path=SYSTEM_PATH)
+    if path is None:
+        return None
+    return path if _runs([path, "--pdeathsig", "SIGKILL", "--", "true"]) else None
+
+
+def _runs(argv: list[str]) -> bool:
+    try:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
+
+
+class Sandbox:
+    """Builds the spawn chain of a job; ``namespaces``: whether steps 1-2 are taken."""
+
+    def __init__(
+        self, namespaces: bool, devices: Mapping[int, str] | None = None, keep: Sequence[str | Path] = ()
+    ):
+        self.namespaces = namespaces
+        self.devices = dict(devices or {})  # GPU index → its device file (/dev/nvidiaN)
+        self.unshare = shutil.which("unshare", path=SYSTEM_PATH) or "unshare"
+        self.mount = shutil.which("mount", path=SYSTEM_PATH) or "mount"
+        self.mkdir = shutil.which("mkdir", path=SYSTEM_PATH) or "mkdir"
+        self.private = [p for p in PRIVATE_TMP if os.path.isdir(p)]
+        # Host directories jobs need (the state directory, the PATH's Python) that lie under a
+        # private path (a state directory in /tmp): put back on top of the private tmpfs.
+        self.keep = sorted(
+            {
+                os.path.realpath(k)
+                for k in keep
+                if os.path.isdir(k) and any(_under(os.path.realpath(k), p) for p in self.private)
+            }
+        )
+        if namespaces:
+            HOLD.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if self.devices:
+                _make_blocker()
+
+    def prefix(self, run_as: RunAs, gpus: Sequence[int]) -> list[str]:
+        """The argv before the job's command; [] when there is no setpriv (fork and switch).
+
+        The chain runs as root until ``setpriv``: it gets a clean environment (``CHAIN_ENV``),
+        never the job's, whose ``LD_PRELOAD`` or ``LD_LIBRARY_PATH`` would load a tenant's code
+        into it. The job's environment reaches its command through its standard input (see
+        :func:`env_fd`), read by a shell already running as the job's user, which then gives the
+        command ``/dev/null`` as its standard input."""
+        tool = setpriv()
+        if tool is None:
+            return []
+        chain = [tool, "--pdeathsig", "SIGKILL"]
+        if run_as.uid is not None:
+            gid = run_as.gid if run_as.gid is not None else run_as.uid
+            chain += ["--reuid", str(run_as.uid), "--regid", str(gid), "--clear-groups", "--no-new-privs"]
+        chain += ["--", "/bin/sh", "-c", '. /dev/stdin && exec "$@" </dev/null', "tessera-job"]
+        if not self.namespaces:
+            return chain
+        return [
+            self.unshare,
+            "--mount",
+            "--ipc",
+            "--propagation",
+            "private",
+            "--",
+            "/bin/sh",
+            "-c",
+            self._script(run_as, gpus),
+            "tessera-sandbox",
+            *chain,
+        ]
+
+    def _script(self, run_as: RunAs, gpus: Sequence[int]) -> str:
+        owner = f"uid={run_as.uid},gid={run_as.gid}," if run_as.uid is not None else ""
+        mount, mkdir = shlex.quote(self.mount), shlex.quote(self.mkdir)
+        options = f"{owner}mode=0700,nosuid,nodev"
+        hold = [f"{HOLD}/{i}" for i in range(len(self.keep))]
+        steps = [f"{mount} -t tmpfs -o mode=0700 tessera-hold {HOLD}"] if self.keep else []
+        for kept, held in zip(self.keep, hold, strict=True):
+            steps += [f"{mkdir} {held}", f"{mount} --rbind {shlex.quote(kept)} {held}"]
+        steps += [f"{mount} -t tmpfs -o {options} tessera-tmp {shlex.quote(p)}" for p in self.private]
+        for kept, held in zip(self.keep, hold, strict=True):
+            steps += [f"{mkdir} -p {shlex.quote(kept)}", f"{mount} --move {held} {shlex.quote(kept)}"]
+        steps.append(f"{mount} -t proc -o hidepid=invisible,nosuid,nodev,noexec proc /proc")
+        for index, path in sorted(self.devices.items()):
+            if index not in gpus and os.path.exists(path):
+                steps.append(f"{mount} --bind {shlex.quote(str(BLOCKER))} {shlex.quote(path)}")
+        # The job's files: 0700 (umask 077); the directories made here for kept paths: 0755.
+        return "set -e\numask 022\n" + "\n".join(steps) + '\numask 077\nexec "$@"'
+
+
+def env_script(env: Mapping[str, str]) -> bytes:
+    """``env`` as ``export`` lines a POSIX shell sources (every value quoted: any text is safe)."""
+    return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items() if NAME.fullmatch(k)).encode()
+
+
+def env_fd(env: Mapping[str, str]) -> int:
+    """An anonymous file (memfd) holding :func:`env_script` of ``env``, at its start; the caller
+    closes it once the job is spawned."""
+    fd = os.memfd_create("tessera-job-env", os.MFD_CLOEXEC)
+    try:
+        os.write(fd, env_script(env))
+        os.lseek(fd, 0, os.SEEK_SET)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _make_blocker() -> None:
+    """A root-owned file nobody may open: what a job sees in place of another job's GPU."""
+    BLOCKER.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    if not BLOCKER.exists():
+        BLOCKER.touch(mode=0)
+    os.chmod(BLOCKER, 0)
+
+
+def namespaces_unavailable() -> str | None:
+    """None when jobs can get private mounts (tried for real, once); otherwise why not."""
+    if os.geteuid() != 0:
+        return "the agent is not root"
+    unshare = shutil.which("unshare", path=SYSTEM_PATH)
+    if unshare is None:
+        return "no unshare (util-linux) on PATH"
+    probe = [
+        unshare,
+        "--mount",
+        "--ipc",
+        "--propagation",
+        "private",
+        "--",
+        "/bin/sh",
+        "-c",
+        "mount -t tmpfs tessera-probe /tmp && mount -t proc -o hidepid=invisible proc /proc",
+    ]
+    try:
+        done = subprocess.run(probe, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"cannot run unshare: {exc}"
+    if done.returncode != 0:
+        return f"unshare and mount failed: {done.stderr.strip() or done.returncode}"
+    return None
+
+
+def detect(
+    devices: Mapping[int, str] | None = None, enabled: bool = True, keep: Sequence[str | Path] = ()
+) -> Sandbox:
+    """The sandbox this machine allows (said at the start: what jobs get, and what not).
+    ``keep``: host directories jobs need, e.g. the state directory."""
+    reason = namespaces_unavailable() if enabled else "--single-tenant"
+    if reason is None:
+        log.info("jobs get private /tmp, /var/tmp, /dev/shm, /proc and IPC, and only their own GPUs' devices")
+        return Sandbox(True, devices, keep)
+    log.warning(
+        "jobs share /tmp, /dev/shm and IPC, see every process and can open every GPU's device file: %s",
+        reason,
+    )
+    return Sandbox(False, devices)

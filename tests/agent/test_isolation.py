@@ -1,0 +1,393 @@
+"""Jobs on one node cannot reach each other: each attack a hostile tenant's job would try, tried.
+
+Real processes under a root agent's isolation (agent/identity.py, agent/sandbox.py): each job
+attempt runs as a uid of its own, behind private mounts where the machine allows them. bob's job
+attacks alice's (another tenant's, or another of alice's own jobs: the agent gives every job
+attempt its own uid whoever submitted it) and fails; alice's job ends as it would have alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent import identity, leftovers, sandbox, state
+from agent.identity import UidPool, UidRange
+from agent.process import JobProcess, job_path
+from tests.agent import fakes
+from tests.agent.agent_process import alive
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a uid per job needs an agent running as root")
+
+
+@pytest.fixture(params=["namespaces", "uid only"])
+def node(request):
+    """(fake server, state dir, uid pool, sandbox, job PATH): with private mounts, and without
+    them (a machine where the agent may not make namespaces: the uid alone must hold)."""
+    with fakes.job_user_state_dir() as state_dir:
+        pool = identity.UidPool(identity.parse_range(identity.DEFAULT_RANGE))
+        path = job_path(state_dir, pool.probe())
+        keep = [state_dir, *path.split(":")]  # the state directory is in /tmp: kept visible
+        box = sandbox.detect(keep=keep) if request.param == "namespaces" else sandbox.Sandbox(False)
+        if request.param == "namespaces" and not box.namespaces:
+            pytest.skip("this machine does not let the agent make mount namespaces")
+        yield fakes.FakeServer(), state_dir, pool, box, path
+
+
+def start(node, job_id: int, command: list[str], **binding) -> JobProcess:
+    server, state_dir, pool, box, path = node
+    process = JobProcess(
+        fakes.binding(job_id, command=command, **binding), server, state_dir, pool, path, sandbox=box
+    )
+    process.start()
+    return process
+
+
+def first_line(server, job_id: int) -> str:
+    assert fakes.wait_for(lambda: b"\n" in server.output(job_id), 15), server.output(job_id)
+    return server.output(job_id).decode().splitlines()[0]
+
+
+ALICE = r"""
+import os, pathlib, time
+ck, tmp = os.environ["TESSERA_CHECKPOINT_DIR"], os.environ["TMPDIR"]
+pathlib.Path("secret.txt").write_text("alice-secret")
+pathlib.Path(ck, "model.ckpt").write_text("alice-weights")
+pathlib.Path(tmp, "scratch").write_text("alice-scratch")
+print(os.getcwd(), ck, tmp, os.getpid(), flush=True)
+while not os.path.exists("done"):
+    time.sleep(0.05)
+print(pathlib.Path(ck, "model.ckpt").read_text(), sorted(os.listdir(ck)), flush=True)
+"""
+
+BOB = r"""
+import json, os, signal, sys
+workdir, ck, tmp, pid = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+
+def attempt(action):
+    try:
+        action()
+    except OSError as exc:
+        return type(exc).__name__
+    return "succeeded"
+
+def write(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+
+print(json.dumps({
+    "list her working directory": attempt(lambda: os.listdir(workdir)),
+    "read her file": attempt(lambda: open(os.path.join(workdir, "secret.txt")).read()),
+    "read her checkpoint": attempt(lambda: open(os.path.join(ck, "model.ckpt")).read()),
+    "overwrite her checkpoint": attempt(lambda: write(os.path.join(ck, "model.ckpt"), "bob")),
+    "plant a checkpoint": attempt(lambda: write(os.path.join(ck, "planted.ckpt"), "bob")),
+    "read her temporary file": attempt(lambda: open(os.path.join(tmp, "scratch")).read()),
+    "read her environment": attempt(lambda: open(f"/proc/{pid}/environ").read()),
+    "signal her process": attempt(lambda: os.kill(pid, signal.SIGTERM)),
+    "list the node's checkpoints": attempt(lambda: os.listdir(os.path.dirname(ck))),
+    "list the node's jobs": attempt(lambda: os.listdir(os.path.dirname(workdir))),
+}))
+"""
+
+
+def test_bobs_job_cannot_read_alices_files_environment_or_checkpoint_nor_signal_or_poison_her_job(node):
+    server = node[0]
+    alice = start(node, 1, ["python", "-c", ALICE], env={"WANDB_API_KEY": "alice-api-key"})
+    workdir, ck, tmp, pid = first_line(server, 1).split()
+    bob = start(node, 2, ["python", "-c", BOB, workdir, ck, tmp, pid])
+    assert server.exit_of(2)["exit_code"] == 0, server.output(2)
+    results = json.loads(server.output(2))
+    assert {attack: result for attack, result in results.items() if result == "succeeded"} == {}
+    assert results["signal her process"] == "PermissionError"
+    assert alice.run_as.uid != bob.run_as.uid
+    # alice's job ends as it would have alone: not signalled, its checkpoint its own
+    Path(workdir, "done").touch()
+    assert server.exit_of(1)["exit_code"] == 0
+    assert server.output(1).decode().splitlines()[1] == "alice-weights ['model.ckpt']"
+    assert b"alice-api-key" not in server.output(2)
+
+
+def test_each_job_attempt_runs_as_its_own_uid_and_gid_with_no_other_group_and_a_private_umask(node):
+    server, _, pool, box, _ = node
+    script = "import os; print(os.getuid(), os.getgid(), os.getgroups(), oct(os.umask(0)), flush=True)"
+    for job_id in (3, 4):
+        start(node, job_id, ["python", "-c", script])
+    ids = []
+    for job_id in (3, 4):
+        assert server.exit_of(job_id)["exit_code"] == 0
+        uid, gid, groups, umask = server.output(job_id).decode().split(" ", 3)
+        assert int(uid) in pool.ids and gid == uid and umask.strip() == "0o77"
+        assert groups.strip() in ("[]", f"[{gid}]")
+        ids.append(int(uid))
+    assert ids[0] != ids[1]
+
+
+TMP_AND_SHM = r"""
+import os, pathlib, sys
+who = sys.argv[1]
+for d in ("/tmp", "/dev/shm", os.environ["TMPDIR"]):
+    print(d, oct(os.stat(d).st_mode & 0o777), sorted(os.listdir(d)))
+    pathlib.Path(d, who).write_text(who)
+"""
+
+
+def test_a_jobs_temporary_directories_are_its_own_and_go_with_it(node):
+    server, state_dir, _, box, _ = node
+    if not box.namespaces:
+        pytest.skip("a private /tmp and /dev/shm need a mount namespace")
+    host_tmp = set(os.listdir("/tmp"))
+    for job_id, who in ((5, "alice"), (6, "bob")):
+        process = start(node, job_id, ["python", "-c", TMP_AND_SHM, who])
+        assert server.exit_of(job_id)["exit_code"] == 0
+        lines = server.output(job_id).decode().splitlines()
+        # each starts empty, 0700: nothing of the job before it, nothing of the host's but the
+        # agent's state directory, which this test keeps in /tmp
+        kept = str(state_dir.name)
+        assert [line.split(" ", 1)[1] for line in lines] == [f"0o700 [{kept!r}]", "0o700 []", "0o700 []"], (
+            lines
+        )
+        assert fakes.wait_for(lambda process=process: not process.workdir.exists(), 5)
+    assert not {"alice", "bob"} & set(os.listdir("/tmp")) - host_tmp
+    assert not {"alice", "bob"} & set(os.listdir("/dev/shm"))
+
+
+ESCAPE = r"""
+import os, sys, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        try:
+            print(os.getpid(), flush=True)
+        except OSError:  # nobody reads its output any more: it stays all the same
+            pass
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        time.sleep(300)
+    os._exit(0)
+os.wait()
+time.sleep(float(sys.argv[1]))  # the main process's own work
+"""
+
+
+class WatchingServer(fakes.FakeServer):
+    """Notes, when a job's exit is reported, whether the pid its output named still runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.alive_at_exit: dict[int, bool] = {}
+
+    def exited(self, job_id, *args, **kwargs):
+        pid = int(self.output(job_id).split()[0])
+        self.alive_at_exit[job_id] = alive(pid)
+        return super().exited(job_id, *args, **kwargs)
+
+
+def test_a_double_fork_and_setsid_escape_is_killed_before_the_jobs_exit_is_reported(node):
+    _, state_dir, pool, box, path = node
+    server = WatchingServer()
+    process = JobProcess(
+        fakes.binding(7, command=["python", "-c", ESCAPE, "0.2"]), server, state_dir, pool, path, sandbox=box
+    )
+    process.start()
+    assert server.exit_of(7)["exit_code"] == 0
+    grandchild = int(server.output(7).split()[0])
+    assert server.alive_at_exit == {7: False}
+    assert not alive(grandchild)
+    assert not identity.processes_of({process.run_as.uid})
+    assert leftovers.recorded(state_dir) == {}
+
+
+AGENT_THEN_KILLED = """
+import sys, time
+from pathlib import Path
+sys.path.insert(0, {root!r})
+from agent import identity, sandbox
+from agent.process import JobProcess, job_path
+from tests.agent.fakes import FakeServer, binding
+state = Path({state!r})
+pool = identity.UidPool(identity.parse_range(identity.DEFAULT_RANGE))
+path = job_path(state, pool.probe())
+box = sandbox.detect(keep=[state, *path.split(":")])
+command = ["python", "-c", {escape!r}, "60"]
+job = JobProcess(binding(8, command=command), FakeServer(), state, pool, path, sandbox=box)
+job.start()
+print(job.workdir, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_restarted_agent_kills_what_escaped_its_killed_predecessors_job_and_removes_its_directories(node):
+    state_dir = node[1]
+    script = AGENT_THEN_KILLED.format(root=str(ROOT), state=str(state_dir), escape=ESCAPE)
+    agent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        workdir = Path(agent.stdout.readline().strip())
+        records = fakes.wait_for(lambda: leftovers.recorded(state_dir), 10)
+        assert records, "the job's session was not recorded"
+        (session,) = records.values()
+        assert session.uid is not None
+        # the job's main process and its escaped grandchild (the middle one exits at once)
+        both = fakes.wait_for(lambda: len(identity.processes_of({session.uid}).get(session.uid, [])) >= 2, 10)
+        assert both, "the job did not start"
+        os.kill(agent.pid, signal.SIGKILL)
+        agent.wait(10)
+        time.sleep(0.3)  # the job's main process dies with the agent; its setsid grandchild not
+        assert identity.processes_of({session.uid}), "nothing escaped: the test proves nothing"
+        leftovers.kill_leftovers(state_dir, timeout=10)
+        state.clean_jobs(state_dir)
+        assert identity.processes_of({session.uid}) == {}
+        assert leftovers.recorded(state_dir) == {}
+        assert not workdir.exists() and os.listdir(state_dir / "jobs") == []
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+        agent.stdout.close()
+
+
+def test_a_uid_is_never_handed_out_while_a_process_of_it_runs(tmp_path):
+    first = UidPool(identity.parse_range(identity.DEFAULT_RANGE)).take(9, 0)
+    assert first.uid is not None
+    squatter = subprocess.Popen(
+        ["setpriv", "--reuid", str(first.uid), "--regid", str(first.uid), "--clear-groups", "sleep", "30"],
+        start_new_session=True,
+    )
+    try:
+        # a pool of just that uid and the next (its lock freed, as by an agent that died)
+        lonely = UidPool(UidRange(first.uid, first.uid), lock_dir=tmp_path)
+        assert fakes.wait_for(lambda: identity.processes_of({first.uid}), 5)
+        with pytest.raises(identity.UidsExhausted):
+            lonely.take(10, 0)
+        assert identity.kill_uid(first.uid) == 1
+        assert lonely.take(10, 0).uid == first.uid
+    finally:
+        squatter.kill()
+        squatter.wait()
+
+
+def test_replicas_of_one_attempt_share_its_uid_which_is_freed_after_the_last(tmp_path):
+    pool = UidPool(identity.parse_range(identity.DEFAULT_RANGE), lock_dir=tmp_path)
+    a, b = pool.take(11, 0), pool.take(11, 0)
+    retry = pool.take(11, 1)
+    assert a == b and retry.uid != a.uid
+    assert pool.give_back(11, 0) == 0 and pool.uid_of(11, 0) == a.uid
+    pool.give_back(11, 0)
+    assert pool.uid_of(11, 0) is None
+
+
+DEVICES = r"""
+import json, sys
+result = {}
+for path in sys.argv[1:]:
+    try:
+        with open(path, "rb") as f:
+            result[path] = f.read().decode()
+    except OSError as exc:
+        result[path] = type(exc).__name__
+print(json.dumps(result))
+"""
+
+
+def test_a_job_can_open_only_its_own_gpus_device_files(node):
+    server, state_dir, pool, box, path = node
+    if not box.namespaces:
+        pytest.skip("hiding device files needs a mount namespace")
+    devices = {}
+    for index in range(4):  # stand-ins for /dev/nvidia0..3: world-readable, as the real ones
+        devices[index] = str(state_dir / f"nvidia{index}")
+        Path(devices[index]).write_text(f"gpu{index}")
+        os.chmod(devices[index], 0o666)
+    gpus = sandbox.Sandbox(True, devices, box.keep)
+    binding = fakes.binding(12, command=["python", "-c", DEVICES, *devices.values()], gpus=[1, 3])
+    JobProcess(binding, server, state_dir, pool, path, sandbox=gpus).start()
+    assert server.exit_of(12)["exit_code"] == 0
+    opened = json.loads(server.output(12))
+    assert opened == {
+        devices[0]: "PermissionError",
+        devices[1]: "gpu1",
+        devices[2]: "PermissionError",
+        devices[3]: "gpu3",
+    }
+    assert all(Path(p).read_text() == f"gpu{i}" for i, p in devices.items())  # the host's untouched
+
+
+def test_a_range_that_holds_a_user_of_the_machine_is_refused_naming_it():
+    nobody = 65534
+    with pytest.raises(ValueError, match="nobody"):
+        identity.check_range(UidRange(nobody - 10, nobody + 10))
+    with pytest.raises(ValueError, match="FIRST-LAST"):
+        identity.parse_range("lots")
+    with pytest.raises(ValueError, match="within"):
+        identity.parse_range("0-70000")
+
+
+def test_the_agent_refuses_a_bad_uid_range_before_it_registers(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "agent", "--server", "http://127.0.0.1:9", "--simulate", "1xT4"]
+        + ["--state-dir", str(tmp_path), "--job-uids", "65000-65600"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "nobody (65534)" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_jobs_loader_variables_never_reach_the_programs_that_run_as_root_before_it(node):
+    """``LD_PRELOAD`` in a job's ``env`` would load a tenant's library (written by an earlier job of
+    theirs) into the spawn chain's root programs: only the job's own command may see it."""
+    server = node[0]
+    env = {"LD_PRELOAD": "/nonexistent/tessera-evil.so", "LD_LIBRARY_PATH": "/nonexistent"}
+    start(node, 13, ["python", "-c", "import os; print(os.environ['LD_PRELOAD'])"], env=env)
+    assert server.exit_of(13)["exit_code"] == 0
+    output = server.output(13).decode()
+    # the loader complains once per program it was given to: the job's python alone
+    assert output.count("cannot be preloaded") == 1, output
+    assert output.endswith("/nonexistent/tessera-evil.so\n")
+
+
+RESUME = r"""
+import json, os, pathlib
+ck = pathlib.Path(os.environ["TESSERA_CHECKPOINT_DIR"])
+(ck / "steps").mkdir(exist_ok=True)
+previous = sorted(p.name for p in (ck / "steps").iterdir())
+(ck / "steps" / os.environ["TESSERA_ATTEMPT"]).write_text("x")
+print(json.dumps([os.getuid(), previous]))
+"""
+
+
+def test_a_retry_resumes_from_the_checkpoint_its_earlier_attempt_left_under_another_uid(node):
+    server = node[0]
+    for attempt in (0, 1):
+        start(node, 14, ["python", "-c", RESUME], attempt=attempt, log_offset=1000 * attempt)
+        assert fakes.wait_for(lambda n=attempt + 1: len(server.exits) == n, 15)
+        assert server.exits[-1]["exit_code"] == 0, server.output(14)
+    (first_uid, first_saw), (second_uid, second_saw) = map(json.loads, server.output(14).splitlines())
+    assert first_saw == [] and second_saw == ["0"]
+    assert first_uid != second_uid  # each attempt its own uid, the checkpoint handed on
+
+
+def test_checkpoints_go_after_their_retention_but_never_while_their_job_runs_here(node):
+    server, state_dir = node[0], node[1]
+    for job_id in (15, 16, 17):
+        start(node, job_id, ["true"])
+        assert server.exit_of(job_id)["exit_code"] == 0
+    checkpoints = state_dir / "checkpoints"
+    assert len(os.listdir(checkpoints)) == 3  # a job's checkpoints outlive its attempt
+    old = time.time() - 3 * 3600
+    for name in os.listdir(checkpoints):
+        if not name.startswith("17-"):
+            os.utime(checkpoints / name, (old, old))
+    removed = state.sweep_checkpoints(state_dir, retention_s=3600, keep={16})
+    assert removed == [15]
+    assert sorted(n.split("-")[0] for n in os.listdir(checkpoints)) == ["16", "17"]
