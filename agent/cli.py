@@ -22,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-from agent import cgroups, identity, leftovers, sandbox, state
+from agent import cgroups, firewall, identity, leftovers, sandbox, state
 from agent.client import AgentClient, Rejected, ServerError
 from agent.inventory import Inventory, ModelMap, NoGPUs, nvml_inventory, simulated_inventory
 from agent.metrics import GpuCollector, UtilProfiles, make_registry, nvml_reader, serve
@@ -95,6 +95,20 @@ def build_parser() -> argparse.ArgumentParser:
         "shared by tenants, as any job can then read, signal and overwrite any other",
     )
     p.add_argument("--run-as", default="nobody", help="with --single-tenant as root: the user jobs run as")
+    p.add_argument(
+        "--allow-local-port",
+        type=int,
+        action="append",
+        default=[],
+        metavar="PORT",
+        help="a TCP port on this node jobs may connect to (repeatable; by default they reach only "
+        "their own processes and DNS on the node's own addresses)",
+    )
+    p.add_argument(
+        "--require-isolation",
+        action="store_true",
+        help="refuse to start unless jobs get their own uids, private mounts and the loopback rules",
+    )
     p.add_argument(
         "--checkpoint-retention-hours",
         type=float,
@@ -261,6 +275,8 @@ def run(args: argparse.Namespace) -> int:
         raise Fatal("--wait-timeout must be 0..55 seconds")
     if args.checkpoint_retention_hours < 0:
         raise Fatal("--checkpoint-retention-hours must be >= 0")
+    if any(not 0 < port < 65536 for port in args.allow_local_port):
+        raise Fatal("--allow-local-port must be 1..65535")
     token = join_token(args)
     inventory = inventory_from(args)
     try:
@@ -291,6 +307,13 @@ def run(args: argparse.Namespace) -> int:
         )
     devices = {d.index: d.device_file for d in inventory.devices if d.device_file}
     path = job_path(state_dir, probe)
+    box = sandbox.detect(devices, users.isolated, keep=[state_dir, *path.split(":")])
+    walled = isinstance(users, identity.UidPool) and firewall.detect(users.ids, args.allow_local_port)
+    if args.require_isolation and not (users.isolated and box.namespaces and walled):
+        raise Fatal(
+            "--require-isolation: jobs would not be isolated (see the warnings above: a uid per job "
+            "needs root, private mounts need namespaces, the loopback rules need nftables)"
+        )
     agent = Agent(
         AgentClient(args.server),
         inventory,
@@ -299,7 +322,7 @@ def run(args: argparse.Namespace) -> int:
         path,
         poll_interval=args.poll_interval,
         cgroups=cgroups.detect(),
-        sandbox=sandbox.detect(devices, users.isolated, keep=[state_dir, *path.split(":")]),
+        sandbox=box,
     )
     agent.checkpoint_retention_s = retention_s
     agent.wait_timeout = args.wait_timeout

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import identity, leftovers, sandbox, state
+from agent import firewall, identity, leftovers, sandbox, state
 from agent.identity import UidPool, UidRange
 from agent.process import JobProcess, job_path
 from tests.agent import fakes
@@ -391,3 +391,94 @@ def test_checkpoints_go_after_their_retention_but_never_while_their_job_runs_her
     removed = state.sweep_checkpoints(state_dir, retention_s=3600, keep={16})
     assert removed == [15]
     assert sorted(n.split("-")[0] for n in os.listdir(checkpoints)) == ["16", "17"]
+
+
+NETWORK = r"""
+import json, socket, sys, threading
+
+def connect(port):
+    s = socket.socket()
+    s.settimeout(1.0)
+    try:
+        s.connect(("127.0.0.1", port))
+        return "connected: " + s.recv(64).decode()
+    except OSError as exc:
+        return type(exc).__name__
+    finally:
+        s.close()
+
+own = socket.socket()
+own.bind(("127.0.0.1", 0))
+own.listen()
+def serve():
+    conn, _ = own.accept()
+    conn.sendall(b"me")
+    conn.close()
+threading.Thread(target=serve, daemon=True).start()
+node, alices, allowed = map(int, sys.argv[1:])
+print(json.dumps({
+    "the node's service": connect(node),
+    "alice's job's server": connect(alices),
+    "an allowed port": connect(allowed),
+    "its own server": connect(own.getsockname()[1]),
+}))
+"""
+
+ALICE_SERVES = r"""
+import os, socket, time
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen()
+srv.settimeout(0.1)
+print(srv.getsockname()[1], flush=True)
+while not os.path.exists("done"):
+    try:
+        conn, _ = srv.accept()
+        conn.sendall(b"alice")
+        conn.close()
+        print("served someone", flush=True)
+    except TimeoutError:
+        pass
+"""
+
+
+@pytest.fixture
+def root_servers():
+    """Two services of the node, listening as root on its loopback; the second one allowed."""
+    import socketserver
+    import threading
+
+    class Hello(socketserver.BaseRequestHandler):
+        def handle(self):
+            self.request.sendall(b"node")
+
+    servers = [socketserver.ThreadingTCPServer(("127.0.0.1", 0), Hello) for _ in range(2)]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield [server.server_address[1] for server in servers]
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_job_reaches_neither_the_nodes_services_nor_another_jobs_but_its_own_and_allowed_ones(
+    node, root_servers
+):
+    server = node[0]
+    service, allowed = root_servers
+    reason = firewall.install(node[2].ids, [allowed])
+    if reason is not None:
+        pytest.skip(reason)
+    alice = start(node, 18, ["python", "-c", ALICE_SERVES])
+    alices = int(first_line(server, 18))
+    start(node, 19, ["python", "-c", NETWORK, str(service), str(alices), str(allowed)])
+    assert server.exit_of(19)["exit_code"] == 0, server.output(19)
+    assert json.loads(server.output(19)) == {
+        "the node's service": "TimeoutError",
+        "alice's job's server": "TimeoutError",
+        "an allowed port": "connected: node",
+        "its own server": "connected: me",
+    }
+    Path(alice.workdir, "done").touch()
+    assert server.exit_of(18)["exit_code"] == 0
+    assert b"served someone" not in server.output(18)  # the connection never reached her server
