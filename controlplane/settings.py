@@ -236,6 +236,9 @@ TESSERA = {
     # Celery task's soft and hard time limits (scheduling/tasks.py) are set well above this.
     "PASS_BUDGET_S": env_float("TESSERA_PASS_BUDGET_S", 10.0, minimum=0.01),
     "MAX_JOB_GPUS": env_int("TESSERA_MAX_JOB_GPUS", 4096, minimum=1),
+    # CPUs per replica of a CPU-only job that asks for none: counted against the node's CPUs by
+    # the scheduler and enforced by the agent, so one tenant's CPU-only jobs cannot fill a node.
+    "CPU_JOB_CPUS": env_float("TESSERA_CPU_JOB_CPUS", 1.0, minimum=0.001),
     "LOG_CAP_BYTES": env_int("TESSERA_LOG_CAP_BYTES", 4 * 1024 * 1024, minimum=1024),
     "HEARTBEAT_TIMEOUT_S": env_float("TESSERA_HEARTBEAT_TIMEOUT_S", 30.0, minimum=1.0),
     "LEASE_S": env_float("TESSERA_LEASE_S", 60.0, minimum=1.0),

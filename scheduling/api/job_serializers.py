@@ -185,6 +185,9 @@ class JobSubmitSerializer(FieldTemplates, serializers.Serializer):
             data.setdefault(key, [])
         for key in ("env", "node_selector", "prefer_labels"):
             data.setdefault(key, {})
+        if data["gpus"] == 0 and not data.get("cpus"):
+            # A CPU-only job asking for no CPUs would be bounded by nothing on its node.
+            data["cpus"] = settings.TESSERA["CPU_JOB_CPUS"] * data["replicas"]
         data["elastic_min_gpus"] = elastic["min_gpus"] if elastic else None
         data["elastic_max_gpus"] = elastic["max_gpus"] if elastic else None
         return data
