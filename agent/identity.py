@@ -10,9 +10,11 @@ processes at once, so a fork bomb cannot outrun it) and the agent waits until ``
 
 A uid is held through a lock file, ``/run/tessera-agent/uids/<uid>``, under ``flock``: several
 agents on one machine (the demo runs 12) share the range and never hand one uid to two jobs, and a
-dead agent's locks go with it. A uid is taken only when no process of it runs (read from
-``/proc/<pid>/status``, all four of its uids: a job cannot hide by making itself undumpable), so a
-restarted agent never hands out a uid whose previous job still has a process alive.
+dead agent's locks go with it. The file holds its holder's pid while the uid is in use and is
+emptied once every process of the uid is dead; a uid found non-empty (its holder died) has its
+processes killed before it is handed out again (found in ``/proc/<pid>/status``, all four of its
+uids: a job cannot hide by making itself undumpable). So no uid is handed out while a process of
+it runs, an agent restarted mid-job included.
 
 :class:`SharedUser` is the other way, for an agent that is not root: every job runs as one user
 (``--single-tenant``), which protects jobs from nothing but each other's mistakes.
@@ -20,6 +22,7 @@ restarted agent never hands out a uid whose previous job still has a process ali
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import grp
 import logging
@@ -239,8 +242,8 @@ class UidPool:
                 self._held[key] = (uid, fd, users - 1)
                 return 0
             del self._held[key]
-        killed = kill_uid(uid)
-        os.close(fd)  # the flock goes with it
+        killed = kill_uid(uid)  # raises UidsLeft: the fd stays open, the uid held for good
+        _clean(fd)  # the flock goes with it
         return killed
 
     def uid_of(self, job_id: int, attempt: int) -> int | None:
@@ -253,26 +256,40 @@ class UidPool:
         return _job_user(self.ids.first)
 
     def _claim(self) -> tuple[int, int]:
-        """A uid no one holds and no process has; its lock file's fd, flocked."""
-        busy = processes_of(self.ids)
+        """A uid no one holds and no process has; its lock file's fd, flocked and marked in use.
+
+        The lock file says whether its last holder gave the uid back cleanly (empty: every
+        process of it was dead) or died holding it (the holder's pid in it): only then can a
+        process of the uid still run, and it is killed first — it is a job of a dead agent, whose
+        lease has run out or soon will. So the common claim reads no ``/proc``."""
         for _ in range(len(self.ids)):
             uid = self.ids.first + self._next
             self._next = (self._next + 1) % len(self.ids)
-            if uid in busy:
-                continue
             fd = os.open(self.lock_dir / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
                 os.close(fd)
                 continue
-            # Another agent may have freed it after our scan, or taken and freed it: look again
-            # now that we hold it (a process of it seen now is a leftover: skip the uid).
-            if processes_of({uid}):
+            try:
+                if os.read(fd, 64):
+                    kill_uid(uid)  # its holder died: what it left of the uid goes first
+                os.lseek(fd, 0, os.SEEK_SET)
+                os.ftruncate(fd, 0)
+                os.write(fd, f"{os.getpid()}\n".encode())
+            except (OSError, UidsLeft) as exc:
+                log.warning("uid %d left out: %s", uid, exc)
                 os.close(fd)
                 continue
             return uid, fd
         raise UidsExhausted(f"every uid of {self.ids} is held by a job or still has processes")
+
+
+def _clean(fd: int) -> None:
+    """Mark a held uid as given back cleanly (no process of it left), then let it go."""
+    with contextlib.suppress(OSError):
+        os.ftruncate(fd, 0)
+    os.close(fd)
 
 
 def end_leftover_uid(uid: int, lock_dir: Path = DEFAULT_LOCK_DIR, timeout: float = 5.0) -> int | None:
@@ -292,7 +309,9 @@ def end_leftover_uid(uid: int, lock_dir: Path = DEFAULT_LOCK_DIR, timeout: float
                 if time.monotonic() > deadline:
                     return None
                 time.sleep(0.05)
-        return kill_uid(uid)
+        killed = kill_uid(uid)
+        os.ftruncate(fd, 0)  # clean: no process of it left
+        return killed
     finally:
         os.close(fd)
 

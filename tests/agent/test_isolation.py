@@ -254,24 +254,45 @@ def test_a_restarted_agent_kills_what_escaped_its_killed_predecessors_job_and_re
         agent.stdout.close()
 
 
+DIES_HOLDING_A_UID = """
+import subprocess, sys, time
+from pathlib import Path
+sys.path.insert(0, {root!r})
+from agent import identity
+pool = identity.UidPool(identity.parse_range(identity.DEFAULT_RANGE), lock_dir=Path({locks!r}))
+uid = pool.take(9, 0).uid
+subprocess.Popen(["setpriv", "--reuid", str(uid), "--regid", str(uid), "--clear-groups", "sleep", "60"],
+                 start_new_session=True)
+print(uid, flush=True)
+time.sleep(60)
+"""
+
+
 def test_a_uid_is_never_handed_out_while_a_process_of_it_runs(tmp_path):
-    first = UidPool(identity.parse_range(identity.DEFAULT_RANGE)).take(9, 0)
-    assert first.uid is not None
-    squatter = subprocess.Popen(
-        ["setpriv", "--reuid", str(first.uid), "--regid", str(first.uid), "--clear-groups", "sleep", "30"],
-        start_new_session=True,
-    )
+    """An agent dies holding a uid whose job still runs: another agent takes the uid only after
+    killing that process; while the first one lived, the uid was not to be had at all."""
+    script = DIES_HOLDING_A_UID.format(root=str(ROOT), locks=str(tmp_path))
+    agent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    uid = None
     try:
-        # a pool of just that uid and the next (its lock freed, as by an agent that died)
-        lonely = UidPool(UidRange(first.uid, first.uid), lock_dir=tmp_path)
-        assert fakes.wait_for(lambda: identity.processes_of({first.uid}), 5)
+        uid = int(agent.stdout.readline())
+        assert fakes.wait_for(lambda: identity.processes_of({uid}), 5)
+        lonely = UidPool(UidRange(uid, uid), lock_dir=tmp_path)
         with pytest.raises(identity.UidsExhausted):
-            lonely.take(10, 0)
-        assert identity.kill_uid(first.uid) == 1
-        assert lonely.take(10, 0).uid == first.uid
+            lonely.take(10, 0)  # held by a live agent
+        agent.kill()
+        agent.wait(5)
+        assert identity.processes_of({uid}), "its job runs on after it"
+        assert lonely.take(10, 0).uid == uid
+        assert identity.processes_of({uid}) == {}  # killed before the uid was handed out
+        assert lonely.give_back(10, 0) == 0
+        assert (tmp_path / str(uid)).read_text() == ""  # given back clean
     finally:
-        squatter.kill()
-        squatter.wait()
+        if agent.poll() is None:
+            agent.kill()
+        agent.stdout.close()
+        if uid is not None:
+            identity.kill_uid(uid)
 
 
 def test_replicas_of_one_attempt_share_its_uid_which_is_freed_after_the_last(tmp_path):
