@@ -105,6 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
         "their own processes and DNS on the node's own addresses)",
     )
     p.add_argument(
+        "--job-max-tasks",
+        type=int,
+        metavar="N",
+        help="processes and threads a job attempt's uid may have at once, so a fork bomb harms "
+        "only its own job (default: a quarter of kernel.pid_max, 1024..65536)",
+    )
+    p.add_argument(
         "--require-isolation",
         action="store_true",
         help="refuse to start unless jobs get their own uids, private mounts and the loopback rules",
@@ -277,6 +284,8 @@ def run(args: argparse.Namespace) -> int:
         raise Fatal("--checkpoint-retention-hours must be >= 0")
     if any(not 0 < port < 65536 for port in args.allow_local_port):
         raise Fatal("--allow-local-port must be 1..65535")
+    if args.job_max_tasks is not None and args.job_max_tasks < 16:
+        raise Fatal("--job-max-tasks must be at least 16")
     token = join_token(args)
     inventory = inventory_from(args)
     try:
@@ -307,7 +316,8 @@ def run(args: argparse.Namespace) -> int:
         )
     devices = {d.index: d.device_file for d in inventory.devices if d.device_file}
     path = job_path(state_dir, probe)
-    box = sandbox.detect(devices, users.isolated, keep=[state_dir, *path.split(":")])
+    max_tasks = args.job_max_tasks or sandbox.default_max_tasks()
+    box = sandbox.detect(devices, users.isolated, [state_dir, *path.split(":")], max_tasks)
     walled = isinstance(users, identity.UidPool) and firewall.detect(users.ids, args.allow_local_port)
     if args.require_isolation and not (users.isolated and box.namespaces and walled):
         raise Fatal(

@@ -3,6 +3,8 @@
 A job's command runs behind a chain of small programs that each ``exec`` the next, so its pid is
 the one the agent spawned (the agent's child: the parent-death signal and the session hold):
 
+0. ``prlimit --nproc=N`` (util-linux): at most N processes and threads of the job's uid
+   (``--job-max-tasks``);
 1. ``unshare --mount --ipc --propagation private`` (util-linux), where the agent may make
    namespaces (root, not in a locked-down container): the job gets mounts of its own, and SysV IPC
    and POSIX message queues of its own (gone with its last process, so a later job of the same
@@ -75,9 +77,17 @@ class Sandbox:
     """Builds the spawn chain of a job; ``namespaces``: whether steps 1-2 are taken."""
 
     def __init__(
-        self, namespaces: bool, devices: Mapping[int, str] | None = None, keep: Sequence[str | Path] = ()
+        self,
+        namespaces: bool,
+        devices: Mapping[int, str] | None = None,
+        keep: Sequence[str | Path] = (),
+        max_tasks: int | None = None,
     ):
         self.namespaces = namespaces
+        # RLIMIT_NPROC of a job uid's processes (threads count): a fork bomb stops there, and
+        # harms only its own job, as the uid is the job's alone.
+        self.max_tasks = max_tasks
+        self.prlimit = shutil.which("prlimit", path=SYSTEM_PATH)
         self.devices = dict(devices or {})  # GPU index → its device file (/dev/nvidiaN)
         self.unshare = shutil.which("unshare", path=SYSTEM_PATH) or "unshare"
         self.mount = shutil.which("mount", path=SYSTEM_PATH) or "mount"
@@ -113,6 +123,8 @@ class Sandbox:
             gid = run_as.gid if run_as.gid is not None else run_as.uid
             chain += ["--reuid", str(run_as.uid), "--regid", str(gid), "--clear-groups", "--no-new-privs"]
         chain += ["--", "/bin/sh", "-c", '. /dev/stdin && exec "$@" </dev/null', "tessera-job"]
+        if self.max_tasks and self.prlimit and run_as.uid is not None:
+            chain = [self.prlimit, f"--nproc={self.max_tasks}", "--", *chain]
         if not self.namespaces:
             return chain
         return [
@@ -201,17 +213,29 @@ def namespaces_unavailable() -> str | None:
     return None
 
 
+def default_max_tasks() -> int:
+    """A quarter of the machine's pid numbers (between 1,024 and 65,536) per job uid."""
+    try:
+        pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    except (OSError, ValueError):
+        pid_max = 32768
+    return max(1024, min(65536, pid_max // 4))
+
+
 def detect(
-    devices: Mapping[int, str] | None = None, enabled: bool = True, keep: Sequence[str | Path] = ()
+    devices: Mapping[int, str] | None = None,
+    enabled: bool = True,
+    keep: Sequence[str | Path] = (),
+    max_tasks: int | None = None,
 ) -> Sandbox:
     """The sandbox this machine allows (said at the start: what jobs get, and what not).
     ``keep``: host directories jobs need, e.g. the state directory."""
     reason = namespaces_unavailable() if enabled else "--single-tenant"
     if reason is None:
         log.info("jobs get private /tmp, /var/tmp, /dev/shm, /proc and IPC, and only their own GPUs' devices")
-        return Sandbox(True, devices, keep)
+        return Sandbox(True, devices, keep, max_tasks)
     log.warning(
         "jobs share /tmp, /dev/shm and IPC, see every process and can open every GPU's device file: %s",
         reason,
     )
-    return Sandbox(False, devices)
+    return Sandbox(False, devices, max_tasks=max_tasks if enabled else None)
