@@ -1,4 +1,4 @@
-"""CPU and memory limits for job processes, with cgroups v2 where the machine allows it.
+"""CPU and memory limits for job processes, with cgroups (v2, or v1) where the machine allows it.
 
 Each replica with a ``cpus`` or ``memory_gib`` request gets its own cgroup,
 ``<root>/tessera/<job>-<attempt>-<replica>``, with ``cpu.max`` (``cpus`` × the 100 ms period)
@@ -6,10 +6,11 @@ and ``memory.max`` (a process past it is killed by the kernel's OOM killer, and 
 its signal). The process is moved into it right after it is spawned (from the agent: a job user
 cannot write ``cgroup.procs``); a process it forks in that first instant may stay outside.
 
-Where cgroups v2 is not mounted, lacks the ``cpu`` or ``memory`` controller, or is not writable
-(an agent that is not root, a container, a cgroups v1 machine), limits are **not enforced**: the
-agent says so once at startup, and jobs run without them. Fractional GPUs share the GPU's memory
-without any isolation either way (docs/operations.md).
+On a cgroups v1 machine (a hierarchy per controller, writable: a root agent) the same limits go
+to ``cpu/tessera/<name>`` (``cpu.cfs_quota_us``) and ``memory/tessera/<name>``
+(``memory.limit_in_bytes``). Where neither is usable (an agent that is not root, a container),
+limits are **not enforced**: the agent says so once at startup, and jobs run without them.
+Fractional GPUs share the GPU's memory without any isolation either way (docs/operations.md).
 """
 
 from __future__ import annotations
@@ -79,11 +80,63 @@ class Cgroups:
             path.rmdir()
 
 
+class CgroupsV1:
+    """The same on a cgroups v1 machine (a hierarchy per controller): ``cpu/tessera/<name>``
+    with ``cpu.cfs_quota_us`` over ``cpu.cfs_period_us``, ``memory/tessera/<name>`` with
+    ``memory.limit_in_bytes``. A replica's cgroup is named by its ``cpu`` directory's path; the
+    ``memory`` one has the same name."""
+
+    def __init__(self, root: Path = DEFAULT_ROOT):
+        self.root = root
+
+    def _dirs(self, name: str) -> list[Path]:
+        return [self.root / controller / "tessera" / name for controller in NEEDED]
+
+    def prepare(self) -> None:
+        for controller in NEEDED:
+            (self.root / controller / "tessera").mkdir(exist_ok=True)
+
+    def create(self, name: str, cpus: float, memory_gib: float) -> Path | None:
+        if cpus <= 0 and memory_gib <= 0:
+            return None
+        cpu, memory = self._dirs(name)
+        cpu.mkdir(exist_ok=True)
+        memory.mkdir(exist_ok=True)
+        if cpus > 0:
+            (cpu / "cpu.cfs_period_us").write_text(f"{PERIOD_US}\n")
+            (cpu / "cpu.cfs_quota_us").write_text(f"{max(1000, round(cpus * PERIOD_US))}\n")
+        if memory_gib > 0:
+            (memory / "memory.limit_in_bytes").write_text(f"{int(memory_gib * 2**30)}\n")
+        return cpu
+
+    def add(self, path: Path, pid: int) -> None:
+        for directory in self._dirs(path.name):
+            (directory / "cgroup.procs").write_text(f"{pid}\n")
+
+    def remove(self, path: Path) -> None:
+        for directory in self._dirs(path.name):
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+
+
+def v1_unavailable_reason(root: Path = DEFAULT_ROOT) -> str | None:
+    """None when a cgroups v1 layout with writable ``cpu`` and ``memory`` hierarchies is there."""
+    for controller, probe in (("cpu", "cpu.cfs_quota_us"), ("memory", "memory.limit_in_bytes")):
+        if not (root / controller / probe).exists():
+            return f"no cgroups v1 {controller} hierarchy at {root / controller}"
+        if not os.access(root / controller, os.W_OK):
+            return f"{root / controller} is not writable by the agent"
+    return None
+
+
+AnyCgroups = Cgroups | CgroupsV1
+
+
 def _enable(path: Path) -> None:
     (path / "cgroup.subtree_control").write_text(" ".join(f"+{c}" for c in NEEDED) + "\n")
 
 
-def detect(root: Path = DEFAULT_ROOT) -> Cgroups | None:
+def detect(root: Path = DEFAULT_ROOT) -> AnyCgroups | None:
     """Cgroups ready for jobs, or None (logged once: limits are then not enforced)."""
     reason = unavailable_reason(root)
     if reason is None:
@@ -95,5 +148,15 @@ def detect(root: Path = DEFAULT_ROOT) -> Cgroups | None:
         else:
             log.info("CPU and memory limits are enforced with cgroups v2 under %s", cgroups.parent)
             return cgroups
-    log.warning("CPU and memory limits are NOT enforced: %s", reason)
+    v1_reason = v1_unavailable_reason(root)
+    if v1_reason is None:
+        legacy = CgroupsV1(root)
+        try:
+            legacy.prepare()
+        except OSError as exc:
+            v1_reason = f"cannot make {root}/cpu/tessera: {exc}"
+        else:
+            log.info("CPU and memory limits are enforced with cgroups v1 under %s/{cpu,memory}/tessera", root)
+            return legacy
+    log.warning("CPU and memory limits are NOT enforced: %s; %s", reason, v1_reason)
     return None

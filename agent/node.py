@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import state
-from agent.cgroups import Cgroups
+from agent.cgroups import AnyCgroups
 from agent.client import AgentClient, Rejected, ServerError
 from agent.identity import JobUsers, RunAs
 from agent.inventory import Inventory
@@ -77,7 +77,7 @@ class Agent:
         job_path: str,
         poll_interval: float = 1.0,
         lease_seconds: float = 60.0,
-        cgroups: Cgroups | None = None,
+        cgroups: AnyCgroups | None = None,
         sandbox: Sandbox | None = None,
     ):
         self.client, self.inventory, self.state_dir = client, inventory, state_dir

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import leftovers, sandbox, state
-from agent.cgroups import Cgroups
+from agent.cgroups import AnyCgroups
 from agent.client import AgentClient, Rejected, ServerError
 from agent.identity import JobUsers, RunAs, SharedUser, UidsExhausted, UidsLeft
 from agent.sandbox import SAFE_PATH, Sandbox
@@ -187,7 +187,7 @@ class JobProcess:
         state_dir: Path,
         users: JobUsers | RunAs,
         path: str,
-        cgroups: Cgroups | None = None,
+        cgroups: AnyCgroups | None = None,
         sandbox: Sandbox | None = None,
     ):
         self.binding = binding

@@ -1,7 +1,8 @@
-"""CPU and memory limits: detected where cgroups v2 allows them, plainly refused elsewhere.
+"""CPU and memory limits: detected where cgroups (v2, or v1) allow them, plainly refused elsewhere.
 
-The cgroup filesystem is the edge: a directory laid out like ``/sys/fs/cgroup`` stands in for it
-(this machine has no writable cgroups v2), and a real job process is moved "into" its cgroup.
+The cgroup filesystem is the edge: a directory laid out like ``/sys/fs/cgroup`` stands in for
+cgroups v2 (this machine has a writable v1 layout instead), and a real job process is moved
+"into" its cgroup; the last test uses this machine's own cgroups for real.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from agent import cgroups
 from agent.identity import resolve_run_as
 from agent.inventory import simulated_inventory
 from agent.node import Agent
-from agent.process import job_path
+from agent.process import JobProcess, job_path
 from agent.spec import parse_spec
 from tests.agent import fakes
 
@@ -98,3 +99,36 @@ def test_this_machines_answer_matches_its_cgroup_filesystem():
         and writable
         and all(c in Path("/sys/fs/cgroup/cgroup.controllers").read_text().split() for c in ("cpu", "memory"))
     )
+
+
+OWN_CPU_LIMIT = r"""
+for line in open("/proc/self/cgroup"):
+    _, controllers, path = line.strip().split(":", 2)
+    if "cpu" in controllers.split(","):  # v1: its cpu hierarchy
+        print(open(f"/sys/fs/cgroup/{controllers}{path}/cpu.cfs_quota_us").read().strip())
+    elif controllers == "" and path != "/":  # v2
+        print(open(f"/sys/fs/cgroup{path}/cpu.max").read().split()[0])
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="cgroups are the root agent's")
+def test_on_this_machine_a_jobs_cpu_and_memory_limits_hold_for_real():
+    """With the machine's real cgroups (v2, or v1 as here): a job given a quarter of a CPU runs in
+    a cgroup whose quota says so, and one past its memory is killed by the kernel."""
+    cg = cgroups.detect()
+    if cg is None:
+        pytest.skip("no writable cgroups here: limits are not enforced (and the agent says so)")
+    with fakes.job_user_state_dir() as state_dir:
+        run_as = resolve_run_as("nobody")
+        path = job_path(state_dir, run_as)
+        server = fakes.FakeServer()
+        limited = fakes.binding(31, command=["python", "-c", OWN_CPU_LIMIT], cpus=0.25)
+        JobProcess(limited, server, state_dir, run_as, path, cg).start()
+        hog = "x = bytearray(400 * 2**20); print('survived')"
+        greedy = fakes.binding(32, command=["python", "-c", hog], memory_gib=0.1)
+        JobProcess(greedy, server, state_dir, run_as, path, cg).start()
+        assert server.exit_of(31)["exit_code"] == 0
+        assert server.output(31).split() == [b"25000"], server.output(31)  # 25 ms per 100 ms
+        assert server.exit_of(32)["exit_code"] == -9 and b"survived" not in server.output(32)
+    gone = [*Path(cg.root).glob("tessera/3[12]-0-0"), *Path(cg.root).glob("*/tessera/3[12]-0-0")]
+    assert gone == []  # their cgroups went with them
