@@ -535,3 +535,40 @@ def test_a_fork_bomb_stops_at_its_uids_limit_and_harms_only_its_own_job(node):
     assert identity.processes_of({bomb.run_as.uid}) == {}
     start(node, 21, ["python", "-c", "import subprocess; print(subprocess.run(['true']).returncode)"])
     assert server.exit_of(21)["exit_code"] == 0 and server.output(21) == b"0\n"
+
+
+OPENS = r"""
+import json, os, sys
+result = {}
+for path in sys.argv[1:]:
+    try:
+        os.close(os.open(path, os.O_RDWR))
+        result[path] = "opened"
+    except OSError as exc:
+        result[path] = type(exc).__name__
+print(json.dumps(result))
+"""
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_node_a_job_opens_only_its_own_gpus_device_files(node):
+    """The real ``/dev/nvidiaN`` (N: NVML's minor number): a job given GPU 0 opens that one and no
+    other; a CPU-only job opens none. (One GPU is enough for the second half.)"""
+    from agent.inventory import ModelMap, NoGPUs, nvml_inventory
+
+    try:
+        inventory = nvml_inventory("gpu-check", ModelMap())
+    except NoGPUs as exc:
+        pytest.skip(str(exc))
+    server, state_dir, pool, box, path = node
+    if not box.namespaces:
+        pytest.skip("hiding device files needs a mount namespace")
+    devices = {d.index: d.device_file for d in inventory.devices if d.device_file}
+    assert devices, "NVML gave no device file"
+    gpus = sandbox.Sandbox(True, devices, box.keep)
+    for job_id, mine in ((40, [0]), (41, [])):
+        binding = fakes.binding(job_id, command=["python", "-c", OPENS, *devices.values()], gpus=mine)
+        JobProcess(binding, server, state_dir, pool, path, sandbox=gpus).start()
+        assert server.exit_of(job_id)["exit_code"] == 0, server.output(job_id)
+        opened = json.loads(server.output(job_id))
+        assert opened == {p: "opened" if i in mine else "PermissionError" for i, p in devices.items()}
