@@ -572,3 +572,45 @@ def test_on_a_gpu_node_a_job_opens_only_its_own_gpus_device_files(node):
         assert server.exit_of(job_id)["exit_code"] == 0, server.output(job_id)
         opened = json.loads(server.output(job_id))
         assert opened == {p: "opened" if i in mine else "PermissionError" for i, p in devices.items()}
+
+
+RENDEZVOUS = r"""
+import os, pathlib, socket, sys, time
+port_file = pathlib.Path(sys.argv[1])
+if os.environ["TESSERA_REPLICA"] == "0":  # the rendezvous server, as torch.distributed's
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port_file.write_text(str(server.getsockname()[1]))
+    conn, _ = server.accept()
+    print(conn.recv(16).decode())
+else:
+    while not port_file.exists() or not port_file.read_text():
+        time.sleep(0.05)
+    with socket.create_connection(("127.0.0.1", int(port_file.read_text())), timeout=5) as s:
+        s.sendall(b"rank 1 here")
+    print("sent")
+"""
+
+
+def test_the_replicas_of_one_attempt_on_a_node_share_its_uid_and_reach_each_other(node):
+    server, state_dir, pool, box, path = node
+    reason = firewall.install(pool.ids)
+    if reason is not None:
+        pytest.skip(reason)
+    shared = state_dir / "rendezvous"  # stands in for the address a launcher would pass
+    shared.mkdir()
+    replicas = []
+    for replica in (0, 1):
+        binding = fakes.binding(
+            22, command=["python", "-c", RENDEZVOUS, str(shared / "port")], replica=replica
+        )
+        binding["replicas"] = 2
+        replicas.append(JobProcess(binding, server, state_dir, pool, path, sandbox=box))
+    os.chmod(shared, 0o777)  # for the test's hand-over only
+    for process in replicas:
+        process.start()
+    assert fakes.wait_for(lambda: len(server.exits) == 2, 20), server.calls
+    assert [e["exit_code"] for e in server.exits] == [0, 0]
+    assert server.output(22, 0) == b"rank 1 here\n" and server.output(22, 1) == b"sent\n"
+    assert replicas[0].run_as == replicas[1].run_as
