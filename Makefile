@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 RUNTIME_STAMP := $(VENV)/.installed-runtime
 PIP := $(BIN)/python -m pip install --disable-pip-version-check -q
 
-.PHONY: help demo test bench bench-e2e bench-requests eval gpu-check lint venv install deps lock clean-demo
+.PHONY: help demo test bench bench-e2e bench-requests bench-dashboard eval gpu-check lint venv install deps lock clean-demo
 
 help:
 	@echo "make demo   - start the embedded demo cluster (web, scheduler, 12 simulated agents)"
@@ -21,6 +21,7 @@ help:
 	@echo "make bench  - scheduling benchmarks;  make eval - the simulator's evaluation"
 	@echo "make bench-e2e - submit-to-running latency through every real part (needs PostgreSQL, Redis)"
 	@echo "make bench-requests - web CPU per request, by kind (one daphne; needs PostgreSQL, Redis)"
+	@echo "make bench-dashboard - the dashboard at 1,000 nodes in headless Chromium (needs Redis, Chromium)"
 	@echo "make gpu-check - check discovery and real jobs on this machine's NVIDIA GPUs"
 	@echo "make lint   - ruff check, ruff format --check, import contracts"
 	@echo "make install - create .venv and install the project (requirements/lock.txt)"
@@ -60,6 +61,10 @@ bench: $(STAMP)
 # BENCH_ARGS: e.g. "--jobs 500 --agents 8" (see scripts/bench_e2e.py).
 bench-e2e: $(STAMP)
 	$(BIN)/python scripts/bench_e2e.py $(BENCH_ARGS)
+
+# BENCH_ARGS: e.g. "--nodes 1000 --seconds 60" (see scripts/bench_dashboard.py).
+bench-dashboard: $(STAMP)
+	$(BIN)/python scripts/bench_dashboard.py $(BENCH_ARGS)
 
 bench-requests: $(STAMP)
 	$(BIN)/python scripts/bench_requests.py

@@ -9,7 +9,9 @@ another tenant's job never reaches a tenant's socket.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -24,12 +26,49 @@ GPU_GROUP = "gpus"
 CLOSE_UNAUTHENTICATED = 4401
 
 
+class GpuFrames:
+    """When a socket's GPU rows are sent: at once while fewer than ``calm_rows`` rows went out in
+    the last ``window_s`` (a small or quiet cluster: no added latency); past that, rows are kept
+    (a GPU's latest row replacing its earlier ones) and sent together one ``window_s`` after the
+    last frame. At 8,000 GPUs with a tenth changing each second, four frames a second cost the
+    page 7 long tasks a minute, one a second 2 (``scripts/bench_dashboard.py``, docs/portal.md).
+    """
+
+    def __init__(self, window_s: float = 1.0, calm_rows: int = 200) -> None:
+        self.window_s, self.calm_rows = window_s, calm_rows
+        self.sent: list[tuple[float, int]] = []  # (when, rows) of recent frames
+        self.kept: dict[tuple[Any, Any], dict[str, Any]] = {}
+
+    def take(self, devices: list[dict[str, Any]], now: float) -> bool:
+        """True: send ``devices`` now (it was recorded); False: they are kept for a flush."""
+        self.sent = [(at, n) for at, n in self.sent if now - at < self.window_s]
+        if not self.kept and sum(n for _, n in self.sent) + len(devices) <= self.calm_rows:
+            self.sent.append((now, len(devices)))
+            return True
+        for row in devices:
+            self.kept[(row.get("node"), row.get("index"))] = row
+        return False
+
+    def wait(self, now: float) -> float:
+        """Seconds until the kept rows are due."""
+        last = max((at for at, _ in self.sent), default=now - self.window_s)
+        return max(0.0, last + self.window_s - now)
+
+    def flush(self, now: float) -> list[dict[str, Any]]:
+        rows, self.kept = list(self.kept.values()), {}
+        if rows:
+            self.sent.append((now, len(rows)))
+        return rows
+
+
 class DashboardConsumer(AsyncJsonWebsocketConsumer):
     viewer: Viewer | None = None
     joined: list[str]
+    flusher: asyncio.Future[None] | None = None
 
     async def connect(self) -> None:
         self.joined = []
+        self.frames = GpuFrames()
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
             await self.close(code=CLOSE_UNAUTHENTICATED)
@@ -43,6 +82,8 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json({"type": "ready", "viewer": self.viewer.as_json()})
 
     async def disconnect(self, code: int) -> None:
+        if self.flusher is not None:
+            self.flusher.cancel()
         for group in self.joined:
             await self.channel_layer.group_discard(group, self.channel_name)
         self.joined = []
@@ -72,7 +113,22 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json({"type": "node.update", "node": event.get("node") or {}})
 
     async def gpu_update(self, event: dict[str, Any]) -> None:
+        """Sent at once while the cluster is calm; batched when it churns (see :class:`GpuFrames`)."""
         if self.viewer is None:
             return
         devices = [redact_device(row, self.viewer) for row in event.get("devices", [])]
-        await self.send_json({"type": "gpu.update", "devices": devices})
+        if self.frames.take(devices, time.monotonic()):
+            await self.send_json({"type": "gpu.update", "devices": devices})
+        elif self.flusher is None:
+            self.flusher = asyncio.ensure_future(self.flush_later(self.frames.wait(time.monotonic())))
+
+    async def flush_later(self, delay: float) -> None:
+        while True:
+            await asyncio.sleep(delay)
+            devices = self.frames.flush(time.monotonic())
+            if devices:
+                await self.send_json({"type": "gpu.update", "devices": devices})
+            if not self.frames.kept:  # rows kept while that frame was being sent go in the next
+                self.flusher = None
+                return
+            delay = self.frames.wait(time.monotonic())

@@ -13,9 +13,12 @@ from typing import Any
 
 from frontend.redaction import Viewer, redact_device
 from scheduling.choices import TERMINAL_STATES, JobState
-from scheduling.models import Device, Job, Node
-from scheduling.services.inventory import device_rows
+from scheduling.models import Job, Node
+from scheduling.services.inventory import all_device_rows
 from scheduling.services.live import job_payload, node_payload
+
+# The node columns ``live.node_payload`` reads.
+NODE_FIELDS = ("name", "rack", "state", "kind", "nvlink_domain")
 
 # Enough for any real queue view; beyond it the page says the list is cut.
 MAX_JOBS = 2000
@@ -24,10 +27,9 @@ MAX_JOBS = 2000
 def nodes_state(viewer: Viewer) -> list[dict[str, Any]]:
     """Every node (grouped later by rack) with its devices, redacted for ``viewer``. Two queries
     for the devices and their active allocations, whatever the cluster's size."""
-    nodes = list(Node.objects.order_by("rack", "name"))
-    devices = Device.objects.select_related("node").order_by("node__name", "index")
+    nodes = list(Node.objects.order_by("rack", "name").only(*NODE_FIELDS))
     by_node: dict[str, list[dict[str, Any]]] = {node.name: [] for node in nodes}
-    for row in device_rows(devices):
+    for row in all_device_rows():
         by_node.setdefault(row["node"], []).append(redact_device(row, viewer))
     return [
         {

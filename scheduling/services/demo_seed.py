@@ -127,3 +127,52 @@ def do_register_join_token(secret: str, names: str = "") -> str:
         defaults={"name": ENV_JOIN_TOKEN_NAME, "revoked": False, "max_nodes": None, "names": names},
     )
     return secret
+
+
+# A large simulated cluster (``seed_demo --nodes N``): racks of 20 nodes of 8 GPUs, the model and
+# NVLink island size by rack, in turn.
+SIM_RACK_SIZE = 20
+SIM_MODELS = (("H100", 8), ("A100", 4), ("L40S", 2))
+
+
+def do_seed_simulated_nodes(count: int) -> int:
+    """Register ``count`` simulated 8-GPU nodes (``sim-0001`` …) with no agent behind them, for
+    looking at the dashboard and the scheduler at scale; returns how many were new. Idempotent
+    by name. They carry a fresh heartbeat and no credential: no agent can act for them, and the
+    health sweep marks them ``not-ready`` once the heartbeat is older than its timeout."""
+    from django.utils import timezone
+
+    from scheduling.models import Device, Node
+
+    names = [f"sim-{n:04d}" for n in range(1, count + 1)]
+    position = {name: n for n, name in enumerate(names)}
+    existing = set(Node.objects.filter(name__in=names).values_list("name", flat=True))
+    now = timezone.now()
+    with transaction.atomic():
+        nodes = Node.objects.bulk_create(
+            Node(
+                name=name,
+                rack=f"s{(n // SIM_RACK_SIZE) + 1:02d}",
+                nvlink_domain=SIM_MODELS[(n // SIM_RACK_SIZE) % len(SIM_MODELS)][1],
+                cpus=128,
+                memory_gib=1024,
+                last_heartbeat=now,
+                labels={"simulated": "true"},
+            )
+            for n, name in enumerate(names)
+            if name not in existing
+        )
+        by_name = {node.name: node for node in Node.objects.filter(name__in=[n.name for n in nodes])}
+        Device.objects.bulk_create(
+            Device(
+                node=by_name[node.name],
+                index=i,
+                uuid=f"GPU-{node.name}-{i}",
+                model=SIM_MODELS[(position[node.name] // SIM_RACK_SIZE) % len(SIM_MODELS)][0],
+                memory_gib=80,
+                nvlink_island=i // node.nvlink_domain,
+            )
+            for node in nodes
+            for i in range(8)
+        )
+    return len(nodes)

@@ -142,3 +142,31 @@ def test_a_credentials_file_is_the_owners_alone_and_nothing_secret_is_printed(tm
     for u in users.values():
         assert u["password"] not in out.getvalue() and u["token"] not in out.getvalue()
     assert authenticate(username="alice", password=users["alice"]["password"]) is not None
+
+
+def test_seed_demo_nodes_registers_a_large_simulated_cluster_once():
+    from scheduling.models import Device, Node
+
+    out = io.StringIO()
+    call_command("seed_demo", "--nodes", "45", stdout=out)
+    assert "simulated nodes: 45 added" in out.getvalue()
+    call_command("seed_demo", "--nodes", "45", stdout=io.StringIO())  # idempotent
+    assert Node.objects.filter(name__startswith="sim-").count() == 45
+    assert Device.objects.filter(node__name__startswith="sim-").count() == 45 * 8
+    racks = dict(Node.objects.values_list("name", "rack"))
+    assert (racks["sim-0001"], racks["sim-0020"], racks["sim-0021"], racks["sim-0045"]) == (
+        "s01",
+        "s01",
+        "s02",
+        "s03",
+    )
+    first, second = (Device.objects.get(node__name=n, index=5) for n in ("sim-0001", "sim-0021"))
+    assert (first.model, first.nvlink_island, second.model, second.nvlink_island) == ("H100", 0, "A100", 1)
+    assert Node.objects.get(name="sim-0001").credential_hash is None  # no agent can act for it
+
+
+def test_seed_demo_refuses_an_absurd_node_count():
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="--nodes"):
+        call_command("seed_demo", "--nodes", "-3", stdout=io.StringIO())

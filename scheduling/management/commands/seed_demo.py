@@ -15,7 +15,12 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from scheduling.services.demo_seed import do_mint_join_token, do_register_join_token, do_seed_demo_people
+from scheduling.services.demo_seed import (
+    do_mint_join_token,
+    do_register_join_token,
+    do_seed_demo_people,
+    do_seed_simulated_nodes,
+)
 
 
 class Command(BaseCommand):
@@ -23,6 +28,14 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
+        parser.add_argument(
+            "--nodes",
+            type=int,
+            default=0,
+            metavar="N",
+            help="also register N simulated 8-GPU nodes with no agent (sim-0001 …), e.g. 1000 for "
+            "8,000 GPUs on the dashboard",
+        )
         parser.add_argument(
             "--join-token-from-env",
             action="store_true",
@@ -42,6 +55,8 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if not 0 <= options["nodes"] <= 100_000:
+            raise CommandError("--nodes: give a number from 0 to 100000")
         if options["join_token_from_env"]:
             secret = os.environ.get("TESSERA_JOIN_TOKEN", "")
             if not secret.strip():
@@ -51,6 +66,7 @@ class Command(BaseCommand):
         else:
             seed = do_seed_demo_people()
             seed.join_token = do_mint_join_token()
+        added = do_seed_simulated_nodes(options["nodes"]) if options["nodes"] else 0
         if options["credentials_file"]:
             write_private(Path(options["credentials_file"]), json.dumps(seed.as_dict()))
             self.stdout.write(f"demo users' credentials written to {options['credentials_file']} (mode 0600)")
@@ -69,6 +85,8 @@ class Command(BaseCommand):
             self.stdout.write("join token: the one in $TESSERA_JOIN_TOKEN")
         else:
             self.stdout.write(f"join token: {seed.join_token}")
+        if options["nodes"]:
+            self.stdout.write(f"simulated nodes: {added} added ({options['nodes']} asked for, 8 GPUs each)")
 
 
 def write_private(path: Path, text: str) -> None:
