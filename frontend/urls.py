@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from frontend import jobs, views
+from frontend import jobs, tokens, views
 
 urlpatterns = [
     path("login/", views.LoginView.as_view(), name="login"),
@@ -16,5 +16,7 @@ urlpatterns = [
     path("jobs/<int:pk>/cancel/", jobs.job_cancel, name="job-cancel-page"),
     path("jobs/<int:pk>/log.txt", jobs.job_log_download, name="job-log"),
     path("team/", views.team, name="team"),
+    path("tokens/", tokens.tokens, name="tokens"),
+    path("tokens/<int:pk>/revoke/", tokens.token_revoke, name="token-revoke"),
     path("", views.dashboard, name="dashboard"),
 ]

@@ -172,7 +172,7 @@ def test_every_page_passes_axe_and_the_phone_layout_keeps_nvlink_islands_whole(
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             alice = sign_in(browser, server, "alice")
-            pages = ["/", "/jobs/", f"/jobs/{job}/", "/jobs/new/", "/team/"]
+            pages = ["/", "/jobs/", f"/jobs/{job}/", "/jobs/new/", "/team/", "/tokens/"]
             for url in pages:
                 alice.goto(server["url"] + url)
                 alice.wait_for_load_state("networkidle")

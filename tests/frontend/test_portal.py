@@ -45,7 +45,7 @@ def submit(world: Any, who: str, **body: Any) -> int:
 
 
 def test_every_portal_page_sends_an_anonymous_visitor_to_sign_in(db: Any) -> None:
-    for url in ("/jobs/", "/jobs/new/", "/jobs/1/", "/team/", "/jobs/1/log.txt"):
+    for url in ("/jobs/", "/jobs/new/", "/jobs/1/", "/team/", "/jobs/1/log.txt", "/tokens/"):
         response = Client().get(url)
         assert response.status_code == 302 and response["Location"].startswith("/login/"), url
 
@@ -200,6 +200,8 @@ def test_every_form_needs_its_csrf_token(world: Any) -> None:
         ("/jobs/new/", form()),
         (f"/jobs/{job_id}/cancel/", {}),
         ("/jobs/cancel/", {"job": [str(job_id)]}),
+        ("/tokens/", {"name": "ci"}),
+        ("/tokens/1/revoke/", {}),
         ("/logout/", {}),
     ):
         assert client.post(url, data).status_code == 403, url
@@ -299,3 +301,36 @@ def test_admin_and_api_docs_are_linked_the_admin_only_for_operators(world: Any) 
     assert 'href="/api/docs/"' in alice and 'href="/admin/"' not in alice
     admin = signed_in(world.admin).get("/jobs/").content.decode()
     assert 'href="/admin/"' in admin
+
+
+def test_alice_makes_a_token_sees_its_key_once_and_revokes_it(world: Any) -> None:
+    from rest_framework.test import APIClient
+
+    from scheduling.models import ApiToken
+
+    client = signed_in(world.alice)
+    made = client.post("/tokens/", {"name": "laptop"})
+    assert made.status_code == 200
+    key = re.search(r'id="new-key"[^>]*value="([^"]+)"', made.content.decode()).group(1)
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+    assert api.get("/api/v1/jobs/").status_code == 200
+    listed = client.get("/tokens/").content.decode()
+    assert "laptop" in listed and key not in listed  # shown once, never again
+    again = client.post("/tokens/", {"name": "laptop"})
+    assert again.status_code == 400 and "already have a token named" in again.content.decode()
+    token = ApiToken.objects.get(user=world.alice, name="laptop")
+    assert signed_in(world.bob).post(f"/tokens/{token.pk}/revoke/").status_code == 404
+    assert client.post(f"/tokens/{token.pk}/revoke/").status_code == 302
+    assert not ApiToken.objects.filter(pk=token.pk).exists()
+    assert api.get("/api/v1/jobs/").status_code == 401
+
+
+@pytest.mark.parametrize("name", ["", "x" * 65, "tab\there", "\x00"])
+def test_a_bad_token_name_is_refused_with_a_sentence(world: Any, name: str) -> None:
+    from scheduling.models import ApiToken
+
+    before = ApiToken.objects.count()
+    response = signed_in(world.alice).post("/tokens/", {"name": name})
+    assert response.status_code == 400 and 'class="field-error"' in response.content.decode()
+    assert ApiToken.objects.count() == before
