@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 RUNTIME_STAMP := $(VENV)/.installed-runtime
 PIP := $(BIN)/python -m pip install --disable-pip-version-check -q
 
-.PHONY: help demo test bench bench-e2e bench-requests bench-dashboard eval gpu-check lint venv install deps lock clean-demo
+.PHONY: help demo test bench bench-e2e bench-requests bench-dashboard eval parity gpu-check lint venv install deps lock clean-demo
 
 help:
 	@echo "make demo   - start the embedded demo cluster (web, scheduler, 12 simulated agents)"
@@ -23,6 +23,7 @@ help:
 	@echo "make bench-requests - web CPU per request, by kind (one daphne; needs PostgreSQL, Redis)"
 	@echo "make bench-dashboard - the dashboard at 1,000 nodes in headless Chromium (needs Redis, Chromium)"
 	@echo "make gpu-check - check discovery and real jobs on this machine's NVIDIA GPUs"
+	@echo "make parity - a two-day trace through the live services and the simulator: differing decisions"
 	@echo "make lint   - ruff check, ruff format --check, import contracts"
 	@echo "make install - create .venv and install the project (requirements/lock.txt)"
 	@echo "make lock   - regenerate requirements/lock.txt after changing pyproject.toml's dependencies"
@@ -65,6 +66,12 @@ bench-e2e: $(STAMP)
 # BENCH_ARGS: e.g. "--nodes 1000 --seconds 60" (see scripts/bench_dashboard.py).
 bench-dashboard: $(STAMP)
 	$(BIN)/python scripts/bench_dashboard.py $(BENCH_ARGS)
+
+# A trace through the live control plane and through the simulator: prints, last,
+# {"jobs": N, "decisions": D, "differing_decisions": K}. Default: a generated two-day trace;
+# PARITY_ARGS: e.g. "--nodes N.csv --jobs J.csv --quotas Q.csv", or "--days 1 --seed 3".
+parity: $(STAMP)
+	$(BIN)/python manage.py parity $(PARITY_ARGS)
 
 bench-requests: $(STAMP)
 	$(BIN)/python scripts/bench_requests.py

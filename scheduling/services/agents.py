@@ -539,6 +539,21 @@ def do_report_started(
         return job
 
 
+def do_report_checkpoint(node: Node, job_id: int, attempt: int, at: float | None = None) -> Job:
+    """The job saved a checkpoint (``at``: epoch seconds, the agent's clock, kept between its
+    binding and now). The engine counts the work since its last checkpoint as what a preemption
+    would lose, and reclaims a borrower only within ``reclaim_checkpoint_window_s`` of one. Stale
+    if that attempt no longer runs here."""
+    now = timezone.now()
+    with transaction.atomic():
+        job, allocs = _owned_job(node, job_id)
+        held = [a for a in allocs if a.released_at is None and a.attempt == attempt]
+        if attempt != job.attempts or job.state not in HOLDING_STATES or not held:
+            raise Stale(f"job {job_id} attempt {attempt} does not run on {node.name}")
+        Job.objects.filter(pk=job.pk).update(last_checkpoint_at=_clamped(at, job, held, now))
+    return job
+
+
 @dataclass(frozen=True)
 class ExitReport:
     """One replica's process ended (``started_at``: set when no ``started`` report was sent)."""
