@@ -105,6 +105,14 @@ def build_parser() -> argparse.ArgumentParser:
         "their own processes and DNS on the node's own addresses)",
     )
     p.add_argument(
+        "--hide-path",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a directory or file (a service's unix socket) jobs must not see, in addition to "
+        "PostgreSQL's, MySQL's, Redis's, Docker's, containerd's and D-Bus's (repeatable)",
+    )
+    p.add_argument(
         "--job-max-tasks",
         type=int,
         metavar="N",
@@ -317,7 +325,8 @@ def run(args: argparse.Namespace) -> int:
     devices = {d.index: d.device_file for d in inventory.devices if d.device_file}
     path = job_path(state_dir, probe)
     max_tasks = args.job_max_tasks or sandbox.default_max_tasks()
-    box = sandbox.detect(devices, users.isolated, [state_dir, *path.split(":")], max_tasks)
+    hide = [*sandbox.HIDDEN, *args.hide_path]
+    box = sandbox.detect(devices, users.isolated, [state_dir, *path.split(":")], max_tasks, hide)
     walled = isinstance(users, identity.UidPool) and firewall.detect(users.ids, args.allow_local_port)
     if args.require_isolation and not (users.isolated and box.namespaces and walled):
         raise Fatal(

@@ -11,7 +11,8 @@ the one the agent spawned (the agent's child: the parent-death signal and the se
    uid finds nothing);
 2. ``/bin/sh -c`` mounting, in that namespace only: a private tmpfs on ``/tmp``, ``/var/tmp`` and
    ``/dev/shm`` (0700, owned by the job's uid), a fresh ``/proc`` with ``hidepid=invisible`` (the
-   job sees only its own processes), and over each GPU device file that is not the job's an
+   job sees only its own processes), an empty directory over each local service's socket
+   directory (:data:`HIDDEN`), and over each GPU device file that is not the job's an
    unreadable file (``open`` fails with EACCES; the job cannot unmount it: it has no privilege,
    and a mount namespace it might make of its own keeps the mounts it inherited locked);
 3. ``setpriv --pdeathsig SIGKILL --reuid U --regid G --clear-groups --no-new-privs``: the job's own
@@ -49,6 +50,23 @@ PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm")
 CHAIN_ENV = {"PATH": SYSTEM_PATH, "LANG": "C.UTF-8"}  # the chain's whole environment, until setpriv
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 BLOCKER = Path("/run/tessera-agent/no-access")
+# Where local services keep their unix sockets (PostgreSQL's is open to all by default: with
+# "trust" authentication for local connections, as on many small installs, that is the whole
+# database), and the agent's own run directory: an empty directory, or an unreadable file, in the
+# job's view. ``--hide-path`` adds more.
+HIDDEN = (
+    "/run/postgresql",
+    "/var/run/postgresql",
+    "/run/mysqld",
+    "/var/run/mysqld",
+    "/run/redis",
+    "/var/run/redis",
+    "/run/docker.sock",
+    "/var/run/docker.sock",
+    "/run/containerd",
+    "/run/dbus",
+    "/run/tessera-agent",
+)
 HOLD = Path("/run/tessera-agent/hold")  # where kept directories wait while /tmp is replaced
 
 
@@ -82,8 +100,11 @@ class Sandbox:
         devices: Mapping[int, str] | None = None,
         keep: Sequence[str | Path] = (),
         max_tasks: int | None = None,
+        hide: Sequence[str | Path] = HIDDEN,
     ):
         self.namespaces = namespaces
+        # The node's services reached through the file system (unix sockets), out of sight.
+        self.hide = sorted({os.path.realpath(p) for p in hide if os.path.lexists(p)})
         # RLIMIT_NPROC of a job uid's processes (threads count): a fork bomb stops there, and
         # harms only its own job, as the uid is the job's alone.
         self.max_tasks = max_tasks
@@ -104,8 +125,7 @@ class Sandbox:
         )
         if namespaces:
             HOLD.mkdir(mode=0o700, parents=True, exist_ok=True)
-            if self.devices:
-                _make_blocker()
+            _make_blocker()
 
     def prefix(self, run_as: RunAs, gpus: Sequence[int]) -> list[str]:
         """The argv before the job's command; [] when there is no setpriv (fork and switch).
@@ -153,9 +173,13 @@ class Sandbox:
         for kept, held in zip(self.keep, hold, strict=True):
             steps += [f"{mkdir} -p {shlex.quote(kept)}", f"{mount} --move {held} {shlex.quote(kept)}"]
         steps.append(f"{mount} -t proc -o hidepid=invisible,nosuid,nodev,noexec proc /proc")
-        for index, path in sorted(self.devices.items()):
-            if index not in gpus and os.path.exists(path):
-                steps.append(f"{mount} --bind {shlex.quote(str(BLOCKER))} {shlex.quote(path)}")
+        blocker = shlex.quote(str(BLOCKER))
+        # Files first: the blocker lives in a directory hidden next (/run/tessera-agent).
+        blocked = [p for i, p in sorted(self.devices.items()) if i not in gpus and os.path.exists(p)]
+        blocked += [p for p in self.hide if not os.path.isdir(p)]
+        steps += [f"{mount} --bind {blocker} {shlex.quote(p)}" for p in blocked]
+        empty = f"{mount} -t tmpfs -o mode=0755,size=4k,nosuid,nodev tessera-hidden"
+        steps += [f"{empty} {shlex.quote(p)}" for p in self.hide if os.path.isdir(p)]
         # The job's files: 0700 (umask 077); the directories made here for kept paths: 0755.
         return "set -e\numask 022\n" + "\n".join(steps) + '\numask 077\nexec "$@"'
 
@@ -227,13 +251,14 @@ def detect(
     enabled: bool = True,
     keep: Sequence[str | Path] = (),
     max_tasks: int | None = None,
+    hide: Sequence[str | Path] = HIDDEN,
 ) -> Sandbox:
     """The sandbox this machine allows (said at the start: what jobs get, and what not).
     ``keep``: host directories jobs need, e.g. the state directory."""
     reason = namespaces_unavailable() if enabled else "--single-tenant"
     if reason is None:
         log.info("jobs get private /tmp, /var/tmp, /dev/shm, /proc and IPC, and only their own GPUs' devices")
-        return Sandbox(True, devices, keep, max_tasks)
+        return Sandbox(True, devices, keep, max_tasks, hide)
     log.warning(
         "jobs share /tmp, /dev/shm and IPC, see every process and can open every GPU's device file: %s",
         reason,

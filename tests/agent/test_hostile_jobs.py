@@ -4,9 +4,10 @@ alice's job (tenant vision) keeps a secret in its files, its checkpoint and its 
 serves a port. bob's job (tenant nlp) and carol's (vision, alice's teammate: the agent gives every
 job attempt its own uid, whoever submitted it) try what a hostile tenant would: read her files,
 checkpoint and environment, overwrite or plant a checkpoint, signal her process, connect to her
-server, to the agent's metrics port, to the control plane and to the node's databases, and leave a
-``setsid`` grandchild behind. Every attempt is denied, each attacker is recorded succeeded only
-once its grandchild is dead, and alice's job ends as it would have alone.
+server, to the agent's metrics port, to the control plane and to the node's databases (by port,
+and by PostgreSQL's unix socket), and leave a ``setsid`` grandchild behind. Every attempt is
+denied, each attacker is recorded succeeded only once its grandchild is dead, and alice's job ends
+as it would have alone.
 
 The lower-level tests (tests/agent/test_isolation.py) try the same against the job process alone,
 with and without namespaces, and the GPU device files; tests/agent/test_cpu_only.py fills a node
@@ -61,7 +62,7 @@ print(json.dumps({"checkpoint": pathlib.Path(ck, "model.ckpt").read_text(),
 
 ATTACKER = r"""
 import json, os, signal, socket, sys, time
-victim, ports = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+victim, ports, sockets = json.loads(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3])
 
 def attempt(action):
     try:
@@ -91,6 +92,14 @@ results = {
 }
 for name, port in ports.items():
     results[f"connect to {name}"] = attempt(lambda port=port: connect(port))
+
+def connect_unix(path):
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(1.0)
+        s.connect(path)
+
+for path in sockets:
+    results[f"connect to {path}"] = attempt(lambda path=path: connect_unix(path))
 read_end, write_end = os.pipe()
 if os.fork() == 0:  # the escape: a grandchild in a session of its own, left running
     os.setsid()
@@ -143,7 +152,9 @@ def test_jobs_of_other_tenants_and_of_the_same_tenant_cannot_reach_alices_job(li
             "PostgreSQL": 5432,
             "Redis": 6379,
         }
-        command = ["python", "-c", ATTACKER, json.dumps(where), json.dumps(ports)]
+        # PostgreSQL's own socket, open to all (with "trust" for local users here: the database)
+        sockets = [p for p in ("/var/run/postgresql/.s.PGSQL.5432",) if os.path.exists(p)]
+        command = ["python", "-c", ATTACKER, json.dumps(where), json.dumps(ports), json.dumps(sockets)]
         attackers = [
             h.bind(h.submit(user, tenant, command=command, gpus=1), "cli-node", [gpu])
             for user, tenant, gpu in ((world.bob, world.nlp, 1), (world.carol, world.vision, 2))

@@ -614,3 +614,49 @@ def test_the_replicas_of_one_attempt_on_a_node_share_its_uid_and_reach_each_othe
     assert [e["exit_code"] for e in server.exits] == [0, 0]
     assert server.output(22, 0) == b"rank 1 here\n" and server.output(22, 1) == b"sent\n"
     assert replicas[0].run_as == replicas[1].run_as
+
+
+UNIX_CONNECT = r"""
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(2)
+try:
+    s.connect(sys.argv[1])
+    print("connected:", s.recv(16).decode())
+except OSError as exc:
+    print(type(exc).__name__)
+"""
+
+
+def test_a_local_services_unix_socket_is_out_of_a_jobs_sight(node):
+    """PostgreSQL's socket is open to every user by default; with local "trust" authentication it
+    is the whole database. In a job's mount namespace such directories are empty."""
+    import socketserver
+    import threading
+
+    server, state_dir, pool, box, path = node
+    if not box.namespaces:
+        pytest.skip("hiding a directory needs a mount namespace")
+    services = state_dir / "services"
+    services.mkdir(mode=0o755)
+
+    class Hello(socketserver.BaseRequestHandler):
+        def handle(self):
+            self.request.sendall(b"db")
+
+    service = socketserver.ThreadingUnixStreamServer(str(services / ".s.PGSQL.5432"), Hello)
+    os.chmod(services / ".s.PGSQL.5432", 0o777)
+    threading.Thread(target=service.serve_forever, daemon=True).start()
+    try:
+        for job_id, hide in ((23, []), (24, [services])):
+            box_ = sandbox.Sandbox(True, keep=box.keep, hide=hide)
+            binding = fakes.binding(
+                job_id, command=["python", "-c", UNIX_CONNECT, str(services / ".s.PGSQL.5432")]
+            )
+            JobProcess(binding, server, state_dir, pool, path, sandbox=box_).start()
+            assert server.exit_of(job_id)["exit_code"] == 0
+        assert server.output(23) == b"connected: db\n"  # without hiding: the test could fail
+        assert server.output(24) == b"FileNotFoundError\n"
+    finally:
+        service.shutdown()
+        service.server_close()
