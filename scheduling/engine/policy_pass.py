@@ -9,6 +9,7 @@ the queue, and what each pass leaves for the next.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -48,6 +49,27 @@ class Want:
     node_ok: NodeOk | None  # the nodes this pass's reservations leave it (None: none reserved)
 
 
+@dataclass(frozen=True, slots=True)
+class RowHold:
+    """A quota row held for an aged job its quota refuses, against its tenant's later jobs.
+
+    ``steady_only``: the job is non-preemptible and refused at the guarantee, so it waits for its
+    tenant's other non-preemptible work to end; preemptible jobs (which borrow) take nothing it
+    waits for and are not kept off (they were, and a tenant's borrowers waited days while GPUs
+    idled). ``frees_at``: when, by the running jobs' expected ends, enough of the row will have
+    freed for it; a later job expected to end by then delays it nothing and goes ahead (backfill
+    within the quota, as reservations allow on nodes)."""
+
+    job_id: str
+    steady_only: bool
+    frees_at: float
+
+    def keeps_off(self, job: JobRequest, ends: float) -> bool:
+        if self.steady_only and job.preemptible:
+            return False
+        return ends > self.frees_at
+
+
 class PolicyPass:
     """Steps 2-6 of the policy (:mod:`.policy`) at ``now``, stopping at ``deadline`` if given."""
 
@@ -62,7 +84,7 @@ class PolicyPass:
         self.blocked_seen = False  # the first blocked job has had its chance at a reservation
         self.to_diagnose: list[tuple[JobRequest, Geometry]] = []  # pending, reason not yet given
         self.quota_blocked: list[tuple[JobRequest, Geometry]] = []  # worded on the final usage
-        self.held_rows: dict[tuple[str, str], str] = {}  # quota rows held for an aged job
+        self.held_rows: dict[tuple[str, str], RowHold] = {}  # quota rows held for an aged job
         # quota room claimed this pass (tenant, model, milli, preemptible), undone at the end
         self.claimed: list[tuple[str, str, int, bool]] = []
         # an aged job that quotas admit but nodes do not: its quota, held from the next job on
@@ -171,7 +193,7 @@ class PolicyPass:
             self.start(want, allocs)
             return
         if refusal is not None:
-            self.refused_by_quota(want, rows)
+            self.refused_by_quota(want, rows, refusal)
             return
         if self.s.quotas.enabled and geo.req.count and queues.is_aged(job, self.now, self.cfg):
             self.hold.append((job, geo))
@@ -222,12 +244,19 @@ class PolicyPass:
         return sorted({s.quotas.row_key(job.tenant, m) for m in models})
 
     def quota_held_for_another(self, job: JobRequest, rows: list[tuple[str, str]]) -> bool:
-        """Every quota row it could use is held for an aged job of its tenant ahead of it."""
-        holder = next((self.held_rows[r] for r in rows if r in self.held_rows), None)
-        if holder is None or not rows or not all(r in self.held_rows for r in rows):
+        """Every quota row it could use is held against it for an aged job of its tenant ahead
+        of it (:class:`RowHold`)."""
+        holds = [self.held_rows[r] for r in rows if r in self.held_rows]
+        if not rows or len(holds) < len(rows):
+            return False
+        runtime = self.s.history.predict(job)
+        ends = self.now + (runtime if runtime is not None else self.cfg.default_runtime_s)
+        blocking = [h for h in holds if h.keeps_off(job, ends)]
+        if len(blocking) < len(rows):
             return False
         self.d.pending[job.id] = PendingReason(
-            "quota", f"quota: {job.tenant}'s quota is held for its job {holder}, which has waited longest"
+            "quota",
+            f"quota: {job.tenant}'s quota is held for its job {blocking[0].job_id}, which has waited longest",
         )
         return True
 
@@ -267,10 +296,13 @@ class PolicyPass:
         self.s.bind(want.job, want.geo, allocs, self.now, self.d)
         self.starts += 1
 
-    def refused_by_quota(self, want: Want, rows: list[tuple[str, str]]) -> None:
+    def refused_by_quota(self, want: Want, rows: list[tuple[str, str]], refusal: tuple[str, str]) -> None:
         """Its quota refuses it: preempt its tenant's own jobs behind it to make quota room (the
         preemptor levels), else wait; an aged job holds its rows against its tenant's later jobs
-        and keeps a reservation, so it starts once its quota and its nodes have both freed."""
+        that would delay it (:class:`RowHold`) and keeps a reservation starting no earlier than
+        its quota frees, so it starts once both have freed and its nodes are backfilled until
+        then (with the nodes' start alone, they idled while it waited for its quota; none is
+        made while the running jobs' ends alone never free it)."""
         s, cfg, job, geo = self.s, self.cfg, want.job, want.geo
         left = cfg.max_preemptions_per_pass - len(self.d.preemptions)
         own = s.quota_victims(job, geo, left) if cfg.preemption and left > 0 else None
@@ -279,12 +311,42 @@ class PolicyPass:
             return
         self.quota_blocked.append((job, geo))
         if queues.is_aged(job, self.now, cfg):  # its tenant's later jobs must not overtake it
+            steady_only = not job.preemptible and refusal[0] == "borrow-limit"
+            frees = {r: self.quota_frees_at(geo, r, steady_only) for r in rows}
             for r in rows:
-                self.held_rows.setdefault(r, job.id)
-            if cfg.backfill and len(self.res.items) < cfg.max_reservations:
+                self.held_rows.setdefault(r, RowHold(job.id, steady_only, frees[r]))
+            quota_ready = min(frees.values(), default=self.now)
+            if cfg.backfill and len(self.res.items) < cfg.max_reservations and quota_ready < math.inf:
                 r = s.reserve_for(job, geo, self.res, self.now)
                 if r is not None:
-                    self.res.add(r)
+                    self.res.add(replace(r, start=max(r.start, quota_ready)))
+
+    def quota_frees_at(self, geo: Geometry, row: tuple[str, str], steady_only: bool) -> float:
+        """When the tenant's running jobs on ``row`` will have freed room for a job of ``geo``,
+        by their expected ends (inf: never by their ends alone)."""
+        s, now = self.s, self.now
+        q = s.quotas.rows.get(row[0], {}).get(row[1])
+        if q is None:
+            return math.inf
+        need = geo.charge * geo.need
+        if steady_only:
+            over = s.quotas.fixed.get(row, 0) + need - round(q.guaranteed * MILLI)
+        else:
+            over = s.quotas.usage.get(row, 0) + need - round(q.limit * MILLI)
+        if over <= 0:
+            return now
+        ends = []
+        for run in s.running.values():
+            if run.job.tenant != row[0] or (steady_only and run.job.preemptible):
+                continue
+            milli = sum(m for model, m in run.charged if s.quotas.row_key(row[0], model) == row)
+            if milli:
+                ends.append((s.expected_end(run, now), milli))
+        for end, milli in sorted(ends):
+            over -= milli
+            if over <= 0:
+                return end
+        return math.inf
 
     def make_quota_room(self, want: Want, own: list[Victim]) -> None:
         """Preempt ``own`` (its tenant's jobs) for it. The room being freed is this job's: later

@@ -1,0 +1,63 @@
+"""A quota row held for an aged job its quota refuses keeps off only the later jobs that would
+delay it: not its tenant's borrowers when it waits on the guarantee, and not a job expected to end
+before the row frees for it (backfill within the quota)."""
+
+from __future__ import annotations
+
+from scheduling.engine.config import EngineConfig
+from scheduling.engine.policy import TesseraScheduler
+from scheduling.engine.types import JobRequest, QuotaSpec
+from tests.engine.engine_cases import node
+
+QUOTAS = [QuotaSpec("vision", "*", guaranteed=4, limit=8)]
+
+
+def steady(job_id: str, gpus: float, at: float, limit_s: float) -> JobRequest:
+    return JobRequest(
+        job_id, "vision", "training", gpus, preemptible=False, submitted_at=at, time_limit_s=limit_s
+    )
+
+
+def world() -> TesseraScheduler:
+    """vision's steady job s1 holds 2 of its 4 guaranteed GPUs until t=3600; big (4, steady) waits
+    for the guarantee and has aged by t=100. Two nodes: room on nodes is not what big waits for."""
+    nodes = [node("a", gpus=8, nvlink=8), node("b", gpus=8, nvlink=8)]
+    s = TesseraScheduler(nodes, QUOTAS, EngineConfig(aging_s=60))
+    s.submit(steady("s1", 2, 0, 3600))
+    assert [b.job_id for b in s.decide(0.0).bindings] == ["s1"]
+    s.submit(steady("big", 4, 1, 3600))
+    assert s.decide(1.0).pending["big"].code == "borrow-limit"
+    return s
+
+
+def started(s: TesseraScheduler, *jobs: JobRequest) -> dict[str, str]:
+    for j in jobs:
+        s.submit(j)
+    d = s.decide(100.0)
+    return {
+        j.id: "started" if any(b.job_id == j.id for b in d.bindings) else d.pending[j.id].message
+        for j in jobs
+    }
+
+
+def test_a_borrower_is_not_kept_off_by_a_steady_job_waiting_on_the_guarantee():
+    # it runs past big's start, so not on big's reserved nodes: it goes to the others
+    spot = JobRequest("spot", "vision", "batch", 2, preemptible=True, submitted_at=50, time_limit_s=7200)
+    assert started(world(), spot) == {"spot": "started"}
+
+
+def test_a_steady_job_ending_before_the_row_frees_backfills_and_a_longer_one_waits():
+    assert started(world(), steady("short", 1, 50, 600)) == {"short": "started"}
+    got = started(world(), steady("long", 1, 50, 7200))
+    assert got["long"] == "quota: vision's quota is held for its job big, which has waited longest"
+
+
+def test_the_nodes_reserved_for_it_are_backfilled_until_its_quota_frees():
+    quotas = [*QUOTAS, QuotaSpec("nlp", "*", guaranteed=4, limit=8)]
+    s = TesseraScheduler([node("a", gpus=8, nvlink=8)], quotas, EngineConfig(aging_s=60))
+    s.submit(steady("s1", 2, 0, 3600))
+    s.decide(0.0)
+    s.submit(steady("big", 4, 1, 3600))
+    s.decide(1.0)
+    quick = JobRequest("quick", "nlp", "batch", 4, submitted_at=50, time_limit_s=1800)
+    assert started(s, quick) == {"quick": "started"}  # gone by t=3600, when big's quota frees
