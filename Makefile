@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 RUNTIME_STAMP := $(VENV)/.installed-runtime
 PIP := $(BIN)/python -m pip install --disable-pip-version-check -q
 
-.PHONY: help demo test bench bench-e2e bench-requests bench-dashboard eval parity gpu-check lint venv install deps lock clean-demo
+.PHONY: help demo test bench bench-e2e bench-requests bench-dashboard eval eval-matrix parity gpu-check lint venv install deps lock clean-demo
 
 help:
 	@echo "make demo   - start the embedded demo cluster (web, scheduler, 12 simulated agents)"
@@ -78,6 +78,12 @@ bench-requests: $(STAMP)
 
 eval: $(STAMP)
 	bash scripts/eval.sh
+
+# The policy beside fair references on 14 bent workloads x 3 seeds (~30 min on 2 cores; not in CI):
+# OUT/matrix.md, each goal with its verdict. MATRIX_ARGS: e.g. "--only skew-1.0 --seeds 1".
+MATRIX_OUT ?= var/eval-matrix
+eval-matrix: $(STAMP)
+	$(BIN)/python -m scheduling.sim.matrix $(MATRIX_OUT) $(MATRIX_ARGS)
 
 # On a machine with NVIDIA GPUs (and PyTorch): real discovery, jobs, shares, metrics, cancel.
 gpu-check: $(STAMP)

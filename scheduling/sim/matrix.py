@@ -1,0 +1,200 @@
+"""The scenario matrix: the policy beside fair references on workloads bent the ways held-out ones
+differ from ``sim generate``'s, each judged against the goals it must meet.
+
+``python -m scheduling.sim.matrix OUT [--seeds 1-3] [--days 1] [--gpus 600] [--processes 2]
+[--only NAME,NAME]`` generates ``OUT/NAME-SEED/workload`` for every scenario of :data:`SCENARIOS`
+and seed, replays tessera, greedy-quota, greedy and fcfs-device into ``OUT/NAME-SEED/POLICY`` (runs
+already there are kept, so an interrupted matrix resumes), and writes ``OUT/matrix.md``: per
+scenario the mean over the seeds of each policy's figures, then every goal with its verdict, and a
+line per miss naming it. ``make eval-matrix`` runs it.
+
+Goals (the same for every scenario; "fair" is greedy-quota with quotas, greedy without):
+
+- with quotas, at load 1.2: allocation while arriving ≥ min(greedy-quota + 0.03, ceiling − 0.02);
+  at 1.0: average JCT ≤ greedy-quota's;
+- without quotas, at 1.2: allocation ≥ greedy + 0.03; at 1.0: average JCT ≤ 0.5 × fcfs-device's;
+- every scenario: no job's avoidable wait over 12 h (the checker's measure,
+  :mod:`.avoidable`), inference p99 queueing ≤ 60 s, lost work ≤ 2%, the checker clean.
+
+The greedy references run without quotas in every scenario (judged without them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from scheduling.sim.generate import Scenario, generate
+from scheduling.sim.runner import run_replay
+from scheduling.sim.seedmatrix import parse_seeds
+
+POLICIES = ("tessera", "greedy-quota", "greedy", "fcfs-device")
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    load: float
+    scenario: Scenario = Scenario()
+    quotas: bool = True
+
+
+SCENARIOS = (
+    Case("base-1.0", 1.0),
+    Case("base-1.2", 1.2),
+    Case("skew-1.0", 1.0, Scenario("vision", "H100", 2.0)),
+    Case("skew-steady-1.2", 1.2, Scenario("vision", "H100", 2.0, steady_share=0.3, tightness=0.9)),
+    Case("steady-1.0", 1.0, Scenario(steady_share=0.5)),
+    Case("tight-1.2", 1.2, Scenario(tightness=0.7)),
+    Case("gangs-1.0", 1.0, Scenario(gang_share=0.5)),
+    Case("gangs-1.2", 1.2, Scenario(gang_share=0.5)),
+    Case("overestimate-1.0", 1.0, Scenario(limit_over=(3.0, 10.0))),
+    Case("accurate-1.2", 1.2, Scenario(limit_over=(1.0, 1.3))),
+    Case("bursty-1.0", 1.0, Scenario(burst=0.5)),
+    Case("bursty-skew-1.2", 1.2, Scenario("prod", "A100", 2.0, burst=0.3)),
+    Case("no-quotas-1.0", 1.0, quotas=False),
+    Case("no-quotas-1.2", 1.2, quotas=False),
+)
+
+
+def _run(args: tuple[Path, Case, int, str, float, int]) -> str:
+    out, case, seed, policy, days, gpus = args
+    base = out / f"{case.name}-{seed}"
+    work = base / "workload"
+    if not (work / "jobs.csv").exists():
+        generate(work, seed=seed, days=days, load=case.load, gpus=gpus, scenario=case.scenario)
+    run = base / policy
+    if not (run / "summary.json").exists():
+        quotas = work / "quotas.csv" if case.quotas and policy != "greedy" else None
+        run_replay(work / "nodes.csv", work / "jobs.csv", quotas, policy, run, seed=seed, show_progress=False)
+    return f"{case.name} seed {seed} {policy}"
+
+
+def _mean(xs: list[float | None]) -> float | None:
+    got = [x for x in xs if x is not None]
+    return sum(got) / len(got) if got else None
+
+
+def figures(out: Path, case: Case, seeds: list[int], policy: str) -> dict[str, Any]:
+    """The policy's figures on ``case``, averaged over ``seeds`` (worst for the bounds)."""
+    runs = [json.loads((out / f"{case.name}-{s}" / policy / "summary.json").read_text()) for s in seeds]
+    return {
+        "alloc": _mean([r["gpu_allocation_rate_while_arriving"] for r in runs]),
+        "ceiling": _mean([r.get("gpu_allocation_ceiling_while_arriving") for r in runs]),
+        "jct": _mean([r["avg_jct_s"] for r in runs]),
+        "avoidable_max_h": max(r.get("avoidable_wait_max_h", 0.0) for r in runs),
+        "inference_p99_s": max((r["by_kind"].get("inference", {}).get("p99_queue_s") or 0.0) for r in runs),
+        "lost": max(r["lost_work_fraction"] for r in runs),
+        "violations": sum(r["check"]["violations"] for r in runs),
+    }
+
+
+Goal = tuple[str, str, bool]  # (goal, measured, met)
+
+
+def goals(case: Case, f: dict[str, dict[str, Any]]) -> list[Goal]:
+    t = f["tessera"]
+    out: list[Goal] = []
+    if case.quotas:
+        gq = f["greedy-quota"]
+        if case.load >= 1.2:
+            want = min(gq["alloc"] + 0.03, (t["ceiling"] or 1.0) - 0.02)
+            out.append(("alloc ≥ min(greedy-quota + 0.03, ceiling − 0.02)", f"{t['alloc']:.3f} vs {want:.3f}",
+                        t["alloc"] >= want))  # fmt: skip
+        else:
+            out.append(
+                ("avg JCT ≤ greedy-quota's", f"{t['jct']:.0f} vs {gq['jct']:.0f} s", t["jct"] <= gq["jct"])
+            )
+    elif case.load >= 1.2:
+        want = f["greedy"]["alloc"] + 0.03
+        out.append(("alloc ≥ greedy + 0.03", f"{t['alloc']:.3f} vs {want:.3f}", t["alloc"] >= want))
+    else:
+        want = 0.5 * f["fcfs-device"]["jct"]
+        out.append(("avg JCT ≤ 0.5 × fcfs-device's", f"{t['jct']:.0f} vs {want:.0f} s", t["jct"] <= want))
+    out += [
+        ("longest avoidable wait ≤ 12 h", f"{t['avoidable_max_h']:.1f} h", t["avoidable_max_h"] <= 12),
+        ("inference p99 queue ≤ 60 s", f"{t['inference_p99_s']:.0f} s", t["inference_p99_s"] <= 60),
+        ("lost work ≤ 2%", f"{100 * t['lost']:.2f}%", t["lost"] <= 0.02),
+        ("checker clean", f"{t['violations']} violations", t["violations"] == 0),
+    ]
+    return out
+
+
+def _fmt(key: str) -> Callable[[dict[str, Any]], str]:
+    formats: dict[str, Callable[[Any], str]] = {
+        "alloc": lambda v: f"{100 * v:.1f}%",
+        "jct": lambda v: f"{v / 3600:.2f}",
+        "avoidable_max_h": lambda v: f"{v:.1f}",
+        "inference_p99_s": lambda v: f"{v:.0f}",
+        "lost": lambda v: f"{100 * v:.2f}%",
+        "violations": str,
+    }
+    return lambda f: "–" if f[key] is None else formats[key](f[key])
+
+
+COLUMNS = (
+    ("alloc. while arriving", "alloc"),
+    ("avg JCT (h)", "jct"),
+    ("longest avoidable wait (h)", "avoidable_max_h"),
+    ("inference p99 queue (s)", "inference_p99_s"),
+    ("lost work", "lost"),
+    ("violations", "violations"),
+)
+
+
+def report(out: Path, cases: list[Case], seeds: list[int]) -> tuple[str, int]:
+    """The markdown report and the number of goals missed."""
+    lines = [f"# Scenario matrix: seeds {', '.join(map(str, seeds))}\n"]
+    misses: list[str] = []
+    for case in cases:
+        f = {p: figures(out, case, seeds, p) for p in POLICIES}
+        lines += [f"## {case.name}\n", "| policy | " + " | ".join(c for c, _ in COLUMNS) + " |",
+                  "|" + " --- |" * (len(COLUMNS) + 1)]  # fmt: skip
+        for p in POLICIES:
+            lines.append(f"| {p} | " + " | ".join(_fmt(k)(f[p]) for _, k in COLUMNS) + " |")
+        lines += ["", "| goal | measured | met |", "| --- | --- | --- |"]
+        for goal, measured, met in goals(case, f):
+            lines.append(f"| {goal} | {measured} | {'yes' if met else '**no**'} |")
+            if not met:
+                misses.append(f"{case.name}: {goal} ({measured})")
+        lines.append("")
+    lines += ["## Misses\n", *(f"- {m}" for m in misses)] if misses else ["All goals met.\n"]
+    return "\n".join(lines) + "\n", len(misses)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m scheduling.sim.matrix", description=__doc__.split("\n")[0])
+    p.add_argument("out", type=Path)
+    p.add_argument("--seeds", default="1-3", type=parse_seeds)
+    p.add_argument("--days", type=float, default=1.0)
+    p.add_argument("--gpus", type=int, default=600)
+    p.add_argument("--processes", type=int, default=2)
+    p.add_argument("--only", default="", help="comma-separated scenario names (default: all)")
+    args = p.parse_args(argv)
+    names = {c.name for c in SCENARIOS}
+    only = [x for x in args.only.split(",") if x]
+    unknown = sorted(set(only) - names)
+    if unknown:
+        p.error(f"--only: unknown scenario(s) {', '.join(unknown)}; one of {', '.join(sorted(names))}")
+    cases = [c for c in SCENARIOS if not only or c.name in only]
+    jobs = [
+        (args.out, c, s, pol, args.days, args.gpus) for c in cases for s in args.seeds for pol in POLICIES
+    ]
+    args.out.mkdir(parents=True, exist_ok=True)
+    with ProcessPoolExecutor(max(1, args.processes)) as pool:
+        for done, what in enumerate(pool.map(_run, jobs), 1):
+            print(f"matrix: {done}/{len(jobs)} {what}", file=sys.stderr, flush=True)
+    text, missed = report(args.out, cases, args.seeds)
+    (args.out / "matrix.md").write_text(text, encoding="utf-8")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
