@@ -292,7 +292,10 @@ class Job(models.Model):
         ordering = ["-id"]
         indexes = [
             models.Index(fields=["state", "queue_level"]),
-            models.Index(fields=["tenant", "state"]),
+            # A team's jobs newest first, and by state newest first (the portal's and the API's
+            # lists): read in order from the index, not sorted after reading every match.
+            models.Index(fields=["tenant", "state", "id"], name="job_tenant_state_id"),
+            models.Index(fields=["tenant", "id"], name="job_tenant_id"),
             # The runtime history a pass reads: the latest runs of one tenant and kind that
             # ended on their own (services/memory.py).
             models.Index(

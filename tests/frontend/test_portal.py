@@ -334,3 +334,12 @@ def test_a_bad_token_name_is_refused_with_a_sentence(world: Any, name: str) -> N
     response = signed_in(world.alice).post("/tokens/", {"name": name})
     assert response.status_code == 400 and 'class="field-error"' in response.content.decode()
     assert ApiToken.objects.count() == before
+
+
+def test_a_long_list_counts_up_to_its_cap_and_says_more(world: Any, settings: Any, monkeypatch: Any) -> None:
+    monkeypatch.setattr("frontend.jobs.LIST_CAP", 60)
+    for i in range(70):
+        submit(world, "alice", name=f"many-{i}")
+    page = signed_in(world.alice).get("/jobs/?page=2").content.decode()
+    assert "more than 60 jobs" in page
+    assert page.count('data-job-id="') == 11  # the capped count's second page: 61 - 50
