@@ -56,8 +56,11 @@ demo: $(RUNTIME_STAMP)
 test: $(STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
+# The pass benchmark's JSON lines, then the cold and growth passes beside the reference commit
+# (scripts/bench_reference.py: CPU ratios and the speed verdicts).
 bench: $(STAMP)
 	$(BIN)/python -m scheduling.bench
+	$(BIN)/python scripts/bench_reference.py
 
 # BENCH_ARGS: e.g. "--jobs 500 --agents 8" (see scripts/bench_e2e.py).
 bench-e2e: $(STAMP)
