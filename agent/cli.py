@@ -68,6 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--labels", default="", help="k:v;k:v (NVML mode; a SPEC sets its own)")
     p.add_argument("--nvlink", type=int, help="GPUs per NVLink island (NVML mode; default: detected)")
     p.add_argument("--model-map", metavar="FILE", help="JSON {NVML name: short model} extending the table")
+    p.add_argument(
+        "--price-per-gpu-hour",
+        type=float,
+        metavar="P",
+        help="what a GPU-hour here costs (the scheduler's α weighs it); sent at every registration "
+        "(default: not sent, the operator sets it in the admin)",
+    )
     p.add_argument("--metrics-port", type=int, default=9400, help="/metrics port (0 = any free port)")
     p.add_argument("--metrics-addr", default="0.0.0.0", help="address /metrics listens on")
     p.add_argument(
@@ -214,6 +221,15 @@ def join_token(args: argparse.Namespace) -> str | None:
 
 
 def inventory_from(args: argparse.Namespace) -> Inventory:
+    price = args.price_per_gpu_hour
+    if price is not None and not 0 <= price <= 1e6:
+        raise Fatal(f"--price-per-gpu-hour must be a number from 0 to 1000000, not {price!r}")
+    inventory = _inventory_from(args)
+    inventory.price_per_gpu_hour = price
+    return inventory
+
+
+def _inventory_from(args: argparse.Namespace) -> Inventory:
     if args.simulate:
         try:
             spec = parse_spec(args.simulate)

@@ -80,9 +80,12 @@ class Inventory:
     nvlink_domain: int = 1
     devices: list[DeviceInfo] = field(default_factory=list)
     simulated: bool = True
+    price_per_gpu_hour: float | None = None  # None: not sent (the operator sets it)
 
     def register_body(self, metrics_url: str) -> dict[str, Any]:
+        priced = {} if self.price_per_gpu_hour is None else {"price_per_gpu_hour": self.price_per_gpu_hour}
         return {
+            **priced,
             "name": self.name,
             "rack": self.rack,
             "labels": dict(self.labels),

@@ -59,6 +59,8 @@ class RegisterIn(FieldTemplates, serializers.Serializer):
     cpus = serializers.FloatField(min_value=0, max_value=1e6, default=0.0)
     memory_gib = serializers.FloatField(min_value=0, max_value=1e9, default=0.0)
     nvlink_domain = serializers.IntegerField(min_value=1, max_value=1024, default=1)
+    # What a GPU-hour on the node costs (α weighs it); left out: the node keeps the price it has.
+    price_per_gpu_hour = serializers.FloatField(min_value=0, max_value=1e6, required=False)
     metrics_url = serializers.CharField(max_length=256, allow_blank=True, default="")
     devices = serializers.ListField(child=DeviceIn(), max_length=1024, default=list)
 

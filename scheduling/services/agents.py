@@ -216,6 +216,8 @@ def do_register_node(
             log.warning("node %s registered cordoned: %s", desc["name"], held)
         for field in ("rack", "labels", "kind", "cpus", "memory_gib", "nvlink_domain", "metrics_url"):
             setattr(node, field, desc[field])
+        if desc.get("price_per_gpu_hour") is not None:  # else the price an operator set stays
+            node.price_per_gpu_hour = desc["price_per_gpu_hour"]
         node.last_heartbeat = now
         node.credential_hash = hash_secret(credential)
         node.version = (node.version or 0) + 1

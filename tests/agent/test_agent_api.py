@@ -56,6 +56,37 @@ def test_an_agent_registers_with_a_join_token_and_gets_its_own_credential(join_t
     assert islands == [0, 0, 0, 0, 1, 1, 1, 1]
 
 
+def test_an_agent_gives_its_price_per_gpu_hour_and_without_one_the_operators_price_stays(join_token):
+    join = h.client_with(f"Join {join_token}")
+    answer = join.post(
+        AGENT + "register", {**h.node_body("gpu-01"), "price_per_gpu_hour": 2.5}, format="json"
+    )
+    assert answer.status_code == 201, answer.content
+    assert Node.objects.get(name="gpu-01").price_per_gpu_hour == 2.5
+    Node.objects.filter(name="gpu-01").update(price_per_gpu_hour=4.0)  # the operator's, in the admin
+    node = h.client_with(f"Node {answer.data['credential']}")
+    again = node.post(AGENT + "register", h.node_body("gpu-01"), format="json")
+    assert again.status_code == 200
+    assert Node.objects.get(name="gpu-01").price_per_gpu_hour == 4.0
+    node = h.client_with(f"Node {again.data['credential']}")
+    refused = node.post(
+        AGENT + "register", {**h.node_body("gpu-01"), "price_per_gpu_hour": -1}, format="json"
+    )
+    assert refused.status_code == 400 and "price_per_gpu_hour" in refused.data
+
+
+def test_the_agents_price_flag_goes_into_its_registration_and_a_bad_one_stops_it():
+    from agent.cli import Fatal, build_parser, inventory_from
+
+    args = build_parser().parse_args(["--simulate", "2xT4", "--name", "t4-01", "--price-per-gpu-hour", "0.4"])
+    assert inventory_from(args).register_body("")["price_per_gpu_hour"] == 0.4
+    plain = build_parser().parse_args(["--simulate", "2xT4", "--name", "t4-01"])
+    assert "price_per_gpu_hour" not in inventory_from(plain).register_body("")
+    bad = build_parser().parse_args(["--simulate", "2xT4", "--price-per-gpu-hour", "-3"])
+    with pytest.raises(Fatal, match="price-per-gpu-hour"):
+        inventory_from(bad)
+
+
 @pytest.mark.parametrize("auth", [None, "Join wrong-token", "Join", "Token abc", "Node abc", "Join a b"])
 def test_registration_without_a_valid_join_token_is_refused(join_token, auth):
     answer = h.client_with(auth).post(AGENT + "register", h.node_body(), format="json")

@@ -33,7 +33,7 @@ class Command(BaseCommand):
         parser.add_argument("--days", type=float, default=2.0, help="generated trace: arrival span (days)")
         parser.add_argument("--seed", type=int, default=1, help="generated trace: seed")
         parser.add_argument("--load", type=float, default=1.0, help="generated trace: offered load")
-        parser.add_argument("--gpus", type=int, default=600, help="generated trace: cluster size")
+        parser.add_argument("--gpus", type=int, default=160, help="generated trace: cluster size")
         parser.add_argument("--out", default="var/parity", help="where a generated trace is written")
 
     def handle(self, *args, **o) -> None:
