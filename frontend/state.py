@@ -102,6 +102,7 @@ def team_usage(tenants: Any) -> list[dict[str, Any]]:
         .values("tenant_id", "state")
         .annotate(n=Count("id"))
     }
+    day = usage_last_day([t.pk for t in tenants])
     out = []
     for tenant in tenants:
         models = used.get(tenant.pk, {})
@@ -122,12 +123,69 @@ def team_usage(tenants: Any) -> list[dict[str, Any]]:
                     "borrowed": max(0.0, in_use - quota.guaranteed),
                 }
             )
+        history = []
+        for (tenant_id, model), hours in sorted(day.items()):
+            if tenant_id == tenant.pk:
+                peak = max(range(DAY_BUCKETS), key=lambda h: hours[h])
+                history.append(
+                    {
+                        "model": model,
+                        "spark": sparkline(hours),
+                        "average": sum(hours) / DAY_BUCKETS,
+                        "peak": hours[peak],
+                        "peak_hours_ago": DAY_BUCKETS - peak,
+                    }
+                )
         out.append(
             {
                 "name": tenant.name,
                 "rows": rows,
+                "history": history,
                 "pending": counts.get((tenant.pk, "pending"), 0),
                 "running": counts.get((tenant.pk, "running"), 0),
             }
         )
     return out
+
+
+DAY_BUCKETS = 24
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def usage_last_day(tenant_ids: list[int], now: Any = None) -> dict[tuple[int, str], list[float]]:
+    """GPUs in use per tenant and model, averaged over each of the last 24 hours (oldest first),
+    from the allocation rows themselves (kept after release, with their times): no sampling."""
+    from datetime import timedelta
+
+    from django.db.models import Q
+    from django.utils import timezone
+
+    from scheduling.models import Allocation
+
+    now = now or timezone.now()
+    since = now - timedelta(hours=DAY_BUCKETS)
+    rows = (
+        Allocation.objects.filter(job__tenant_id__in=tenant_ids, device__isnull=False, created_at__lt=now)
+        .filter(Q(released_at__isnull=True) | Q(released_at__gt=since))
+        .values_list("job__tenant_id", "device__model", "share_milli", "created_at", "released_at")
+    )
+    out: dict[tuple[int, str], list[float]] = {}
+    for tenant_id, model, share, start, end in rows.iterator(chunk_size=2000):
+        buckets = out.setdefault((tenant_id, model), [0.0] * DAY_BUCKETS)
+        start, end = max(start, since), min(end or now, now)
+        for b in range(int((start - since).total_seconds() // 3600), DAY_BUCKETS):
+            lo = since + timedelta(hours=b)
+            hi = lo + timedelta(hours=1)
+            if lo >= end:
+                break
+            overlap = (min(hi, end) - max(lo, start)).total_seconds()
+            if overlap > 0:
+                buckets[b] += share / 1000 * overlap / 3600
+    return out
+
+
+def sparkline(values: list[float]) -> str:
+    top = max(values, default=0)
+    if top <= 0:
+        return SPARKS[0] * len(values)
+    return "".join(SPARKS[min(len(SPARKS) - 1, int(v / top * (len(SPARKS) - 1) + 0.5))] for v in values)

@@ -343,3 +343,29 @@ def test_a_long_list_counts_up_to_its_cap_and_says_more(world: Any, settings: An
     page = signed_in(world.alice).get("/jobs/?page=2").content.decode()
     assert "more than 60 jobs" in page
     assert page.count('data-job-id="') == 11  # the capped count's second page: 61 - 50
+
+
+def test_the_team_page_shows_the_last_days_use_hour_by_hour(world: Any, cluster: Any) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from frontend.state import usage_last_day
+    from scheduling.models import Allocation
+    from tests.api.helpers import bind, finish, run
+
+    job = Job.objects.get(pk=submit(world, "alice", gpus=2, accelerators=["H100"]))
+    bind(job, cluster[0], [0, 1])
+    run(job)
+    finish(job, 0)
+    now = timezone.now()
+    # It ran from 3.5 hours ago to 1.5 hours ago on 2 H100.
+    Allocation.objects.filter(job=job).update(
+        created_at=now - timedelta(hours=3.5), released_at=now - timedelta(hours=1.5)
+    )
+    hours = usage_last_day([world.vision.pk], now=now)[(world.vision.pk, "H100")]
+    assert [round(h, 2) for h in hours[-4:]] == [1.0, 2.0, 1.0, 0.0]
+    assert round(sum(hours), 2) == 4.0  # 2 GPUs for 2 hours
+    page = signed_in(world.carol).get("/team/").content.decode()
+    assert "The last 24 hours" in page and "H100" in page
+    assert "H100" not in signed_in(world.bob).get("/team/").content.decode()
