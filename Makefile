@@ -31,13 +31,13 @@ help:
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): pyproject.toml $(LOCK) | $(BIN)/python
+$(STAMP): pyproject.toml clients/cli/pyproject.toml $(LOCK) | $(BIN)/python
 	$(PIP) -r $(LOCK)
-	$(PIP) --no-deps -e .
+	$(PIP) --no-deps -e . -e ./clients/cli
 	@touch $@ $(RUNTIME_STAMP)
 
-$(RUNTIME_STAMP): pyproject.toml $(LOCK) | $(BIN)/python
-	$(PIP) -c $(LOCK) -e .
+$(RUNTIME_STAMP): pyproject.toml clients/cli/pyproject.toml $(LOCK) | $(BIN)/python
+	$(PIP) -c $(LOCK) -e . -e ./clients/cli
 	@touch $@
 
 # Regenerate the lock after a change to pyproject.toml's dependencies: uv resolves for every

@@ -58,6 +58,8 @@ class EventType(models.TextChoices):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    HELD = "held"
+    RELEASED = "released"
 
 
 class PendingCode(models.TextChoices):

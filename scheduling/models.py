@@ -280,6 +280,7 @@ class Job(models.Model):
     attempts = models.PositiveIntegerField(default=0)
     exit_code = models.IntegerField(null=True, blank=True)
     not_before = models.DateTimeField(null=True, blank=True)  # retry backoff
+    held = models.BooleanField(default=False)  # kept from starting until released (services.holds)
     stop_reason = models.CharField(max_length=64, blank=True)  # why it is terminating
     stop_deadline = models.DateTimeField(null=True, blank=True)  # end of the grace period
     last_checkpoint_at = models.DateTimeField(null=True, blank=True)

@@ -290,6 +290,7 @@ class JobSerializer(FieldTemplates, serializers.ModelSerializer):
             "queue_level_name",
             "pending_reason",
             "pending_code",
+            "held",
             "estimated_start",
             "allocations",
             "placements",

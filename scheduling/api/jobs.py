@@ -41,6 +41,7 @@ from scheduling.api.permissions import is_operator, tenant_of
 from scheduling.models import Job, Tenant
 from scheduling.services.dryrun import dry_run
 from scheduling.services.history import with_history
+from scheduling.services.holds import do_hold_job, do_release_job
 from scheduling.services.jobs import IdempotencyConflict, NotAdmissible, do_cancel_job, do_submit_job
 
 MAX_IDEMPOTENCY_KEY = 255
@@ -87,7 +88,19 @@ def dry_run_asked(request: Request) -> bool:
 
 @extend_schema_view(
     list=extend_schema(summary="The caller's tenant's jobs"),
-    retrieve=extend_schema(summary="One job", parameters=[ID_PARAMETER]),
+    retrieve=extend_schema(
+        summary="One job",
+        parameters=[
+            ID_PARAMETER,
+            OpenApiParameter(
+                "wait",
+                OpenApiTypes.FLOAT,
+                description="Long-poll: answer once the job's state changes, or after this many "
+                "seconds (0 to 55), with the job as it is then. A job already in a final state "
+                "answers at once.",
+            ),
+        ],
+    ),
 )
 class JobViewSet(viewsets.GenericViewSet):
     throttle_scope = "jobs"  # submissions (create) count against the "submit" rate limit
@@ -180,6 +193,33 @@ class JobViewSet(viewsets.GenericViewSet):
     def cancel(self, request: Request, pk: str) -> Response:
         job = self.get_object()
         do_cancel_job(job.pk)
+        return Response(JobSerializer(self.get_object()).data)
+
+    @extend_schema(
+        summary="Hold a waiting job",
+        parameters=[ID_PARAMETER],
+        description="Keeps a pending job from starting (pending code `held`, event `held`) until "
+        "it is released. Idempotent. 409 for a job that is not pending (cancel a bound or running "
+        "one instead).",
+        request=None,
+        responses={200: JobSerializer},
+    )
+    @action(detail=True, methods=["post"])
+    def hold(self, request: Request, pk: str) -> Response:
+        do_hold_job(self.get_object().pk)
+        return Response(JobSerializer(self.get_object()).data)
+
+    @extend_schema(
+        summary="Release a held job",
+        parameters=[ID_PARAMETER],
+        description="Lets a held job start again (event `released`); the next pass places it or "
+        "gives its pending reason. Idempotent: releasing a job that is not held returns it.",
+        request=None,
+        responses={200: JobSerializer},
+    )
+    @action(detail=True, methods=["post"])
+    def release(self, request: Request, pk: str) -> Response:
+        do_release_job(self.get_object().pk)
         return Response(JobSerializer(self.get_object()).data)
 
     @extend_schema(

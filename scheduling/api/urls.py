@@ -14,6 +14,7 @@ from django.urls import include, path, re_path
 from scheduling.api import schema  # noqa: F401  (registers the agents' auth schemes in the schema)
 from scheduling.api.cluster import ClusterView
 from scheduling.api.errors import not_found
+from scheduling.api.job_wait import job_detail
 from scheduling.api.jobs import JobViewSet
 from scheduling.api.nodes import NodeViewSet
 from scheduling.api.quotas import QuotaViewSet
@@ -22,8 +23,10 @@ from scheduling.api.tokens import TokenViewSet
 
 urlpatterns = [
     path("jobs/", JobViewSet.as_view({"get": "list", "post": "create"}), name="job-list"),
-    path("jobs/<str:pk>/", JobViewSet.as_view({"get": "retrieve"}), name="job-detail"),
+    path("jobs/<str:pk>/", job_detail, name="job-detail"),
     path("jobs/<str:pk>/cancel/", JobViewSet.as_view({"post": "cancel"}), name="job-cancel"),
+    path("jobs/<str:pk>/hold/", JobViewSet.as_view({"post": "hold"}), name="job-hold"),
+    path("jobs/<str:pk>/release/", JobViewSet.as_view({"post": "release"}), name="job-release"),
     path("jobs/<str:pk>/events/", JobViewSet.as_view({"get": "events"}), name="job-events"),
     path("jobs/<str:pk>/logs/", JobViewSet.as_view({"get": "logs"}), name="job-logs"),
     path("nodes/", NodeViewSet.as_view({"get": "list"}), name="node-list"),

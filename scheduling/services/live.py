@@ -32,7 +32,7 @@ from django.conf import settings
 from django.db import transaction
 
 from scheduling.models import Node
-from scheduling.services import wake_bus
+from scheduling.services import job_bus, wake_bus
 
 log = logging.getLogger("tessera.live")
 
@@ -253,8 +253,11 @@ def publish_job(job) -> None:
 
 
 def publish_jobs(jobs) -> None:
-    """Publish ``jobs`` after commit, in one commit hook."""
+    """Publish ``jobs`` after commit, in one commit hook; their API waiters are woken too."""
     publish_on_commit(*(message for job in jobs for message in job_messages(job)))
+    job_bus.publish_on_commit(
+        key for job in jobs for key in (job_bus.job_key(job.pk), job_bus.tenant_key(job.tenant_id))
+    )
 
 
 def job_messages(job) -> list[Message]:

@@ -366,7 +366,8 @@ def _apply_bindings(
             (_LOCK_NODES, node_names),
             (HOLDERS, _device_ids(loaded, bindings)),
         )
-        jobs = {str(j.pk): j for j in jobs_from_rows(job_rows) if j.state == JobState.PENDING}
+        # A job held since the snapshot was read is not bound (holds.py: it waits for a release).
+        jobs = {str(j.pk): j for j in jobs_from_rows(job_rows) if j.state == JobState.PENDING and not j.held}
         nodes = {row[1]: Node.from_db("default", _NODE_COLUMNS, row) for row in node_rows}
         fresh = {name for name, n in nodes.items() if n.version == loaded.node_versions.get(name)}
         devices = _devices(loaded, bindings, nodes, fresh)

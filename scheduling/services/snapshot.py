@@ -75,6 +75,7 @@ REQUEST_FIELDS = (
     "elastic_max_gpus",
     "submitted_at",
     "not_before",
+    "held",
 )
 # What else a pass reads of each job: whether it holds GPUs, and the pending reason it shows.
 JOB_FIELDS = (
@@ -117,6 +118,7 @@ def request_of(tenant: str, job: Mapping[str, Any]) -> JobRequest:
         elastic_max_gpus=job["elastic_max_gpus"],
         submitted_at=job["submitted_at"].timestamp(),
         not_before=ts(job["not_before"]) or 0.0,
+        held=bool(job["held"]),
     )
 
 

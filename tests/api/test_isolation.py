@@ -163,6 +163,9 @@ RULES: dict[tuple[str, str], Rule] = {
     ),
     ("job-detail", "GET"): Rule(job_url("job-detail"), status(404), status(200)),
     ("job-cancel", "POST"): Rule(job_url("job-cancel"), status(404), status(200)),
+    # alice's job runs: carol reaches it, and holding a running job is a conflict
+    ("job-hold", "POST"): Rule(job_url("job-hold"), status(404), status(409)),
+    ("job-release", "POST"): Rule(job_url("job-release"), status(404), status(200)),
     ("job-events", "GET"): Rule(job_url("job-events"), status(404), status(200)),
     ("job-logs", "GET"): Rule(job_url("job-logs"), status(404), status(200)),
     ("node-list", "GET"): Rule(

@@ -1,0 +1,151 @@
+"""The REST API over HTTP: one session, retries with backoff on transient faults, errors as
+:class:`~tessera_cli.errors.CliError` with the exit code they deserve.
+
+Retried: connection errors, timeouts, 502/503/504 and 429 (after its ``Retry-After``). Never
+retried: any other 4xx (the request itself is wrong: repeating it changes nothing) and a POST
+that may have reached the server, unless it carries an ``Idempotency-Key`` (then the server
+answers a repeat with the first job).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import requests
+
+from tessera_cli import __version__, outcome
+from tessera_cli.errors import CliError, describe_api_error
+
+TRANSIENT = frozenset({502, 503, 504})
+RETRIES = 5
+BACKOFF_S = 0.5
+BACKOFF_MAX_S = 8.0
+TIMEOUT_S = 30.0
+
+
+class Client:
+    def __init__(self, url: str, token: str, retries: int = RETRIES, sleep=time.sleep) -> None:
+        self.base = url.rstrip("/") + "/api/v1"
+        self.session = requests.Session()
+        self.session.headers["Authorization"] = f"Token {token}"
+        self.session.headers["User-Agent"] = f"tessera-cli/{__version__}"
+        self.retries = retries
+        self.sleep = sleep
+
+    def url(self, path: str) -> str:
+        return self.base + "/" + path.lstrip("/")
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+        timeout: float = TIMEOUT_S,
+        safe_to_repeat: bool | None = None,
+    ) -> tuple[int, Any]:
+        """``(status, body)`` of a 2xx answer; a :class:`CliError` for anything else."""
+        if safe_to_repeat is None:
+            safe_to_repeat = method in ("GET", "HEAD") or bool(headers and headers.get("Idempotency-Key"))
+        attempt = 0
+        while True:
+            try:
+                response = self.session.request(
+                    method, self.url(path), json=json, params=params, headers=headers, timeout=timeout
+                )
+            except requests.ConnectionError as exc:
+                sent = not _refused_before_sending(exc)
+                if (sent and not safe_to_repeat) or attempt >= self.retries:
+                    raise CliError(f"cannot reach {self.base}: {_short(exc)}", outcome.UNREACHABLE) from None
+            except requests.Timeout:
+                if not safe_to_repeat or attempt >= self.retries:
+                    raise CliError(
+                        f"{self.base} did not answer in {timeout:g} s", outcome.UNREACHABLE
+                    ) from None
+            except requests.RequestException as exc:
+                raise CliError(f"request to {self.base} failed: {_short(exc)}", outcome.UNREACHABLE) from None
+            else:
+                status = response.status_code
+                retry = (status in TRANSIENT and safe_to_repeat) or status == 429
+                if not retry or attempt >= self.retries:
+                    return status, _answer(response)
+                wait = _retry_after(response)
+                if wait is not None:
+                    self.sleep(min(wait, BACKOFF_MAX_S * 4))
+                    attempt += 1
+                    continue
+            self.sleep(min(BACKOFF_S * 2**attempt, BACKOFF_MAX_S))
+            attempt += 1
+
+    def get(self, path: str, **kwargs: Any) -> Any:
+        return self.request("GET", path, **kwargs)[1]
+
+    def post(self, path: str, body: Any = None, **kwargs: Any) -> tuple[int, Any]:
+        return self.request("POST", path, json=body, **kwargs)
+
+    def pages(
+        self, path: str, params: dict[str, Any] | None = None, limit: int | None = None
+    ) -> Iterator[Any]:
+        """Every item of a paginated list (``count``, ``results``, ``next``), up to ``limit``."""
+        params = dict(params or {})
+        params.setdefault("limit", 200 if limit is None else min(limit, 200))
+        params.setdefault("offset", 0)
+        seen = 0
+        while True:
+            body = self.get(path, params=params)
+            if isinstance(body, list):  # an unpaginated list
+                yield from body[:limit] if limit is not None else body
+                return
+            results = body.get("results", []) if isinstance(body, dict) else []
+            for item in results:
+                yield item
+                seen += 1
+                if limit is not None and seen >= limit:
+                    return
+            if not body.get("next") or not results:
+                return
+            params["offset"] = int(params["offset"]) + len(results)
+
+
+def _answer(response: requests.Response) -> Any:
+    try:
+        body = response.json()
+    except ValueError:
+        body = response.text
+    if 200 <= response.status_code < 300:
+        return body
+    status = response.status_code
+    message = describe_api_error(status, body)
+    if status in (401, 403):
+        raise CliError(f"{message} (HTTP {status})", outcome.AUTH, body)
+    if status in (404, 409, 422):
+        raise CliError(f"{message} (HTTP {status})", outcome.REFUSED_STATE, body)
+    if status in (400, 413):
+        raise CliError(message, outcome.BAD_INPUT, body)
+    raise CliError(f"the server answered HTTP {status}: {message}", outcome.UNREACHABLE, body)
+
+
+def _retry_after(response: requests.Response) -> float | None:
+    raw = response.headers.get("Retry-After")
+    try:
+        return max(0.0, float(raw)) if raw is not None else None
+    except ValueError:
+        return None
+
+
+def _refused_before_sending(exc: requests.ConnectionError) -> bool:
+    """Whether the connection failed before the request could have reached the server."""
+    text = str(exc)
+    return any(s in text for s in ("Connection refused", "Name or service not known", "NewConnectionError"))
+
+
+def _short(exc: Exception) -> str:
+    text = str(exc)
+    for marker in ("Connection refused", "Name or service not known", "timed out", "Connection reset"):
+        if marker in text:
+            return marker.lower()
+    return text.splitlines()[0][:200] if text else type(exc).__name__

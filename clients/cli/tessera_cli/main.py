@@ -1,0 +1,525 @@
+"""The ``tessera`` command: submit, wait, follow, inspect and stop jobs on a Tessera cluster.
+
+Every command takes ``-o json|yaml|table``; every failure is one line on stderr and a documented
+exit code (``tessera --help``), never a traceback.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import sys
+import time
+from typing import Any
+
+import click
+
+from tessera_cli import __version__, config, idempotency, jobfile, outcome, output
+from tessera_cli.client import RETRIES, Client
+from tessera_cli.errors import CliError
+from tessera_cli.waiting import WaitTimeout, follow_logs, wait_for_end
+
+_ARGV: list[str] = []  # this run's arguments (``split_words`` needs to see where ``--`` was)
+
+EXIT_CODES_HELP = "\b\nExit codes:\n" + outcome.table_text()
+
+JOB_COLUMNS: list[output.Column] = [
+    ("id", lambda j: j.get("id")),
+    ("name", lambda j: j.get("name")),
+    ("owner", lambda j: j.get("owner")),
+    ("kind", lambda j: j.get("kind")),
+    ("state", lambda j: j.get("state")),
+    ("gpus", lambda j: j.get("gpus")),
+    ("reason", lambda j: j.get("pending_code") or _end_reason(j)),
+    ("submitted", lambda j: (j.get("submitted_at") or "")[:19]),
+]
+
+
+def _end_reason(job: dict[str, Any]) -> str | None:
+    if job.get("state") in ("succeeded", "failed") and job.get("exit_code") is not None:
+        return f"exit {job['exit_code']}"
+    return None
+
+
+def output_option(command):
+    return click.option(
+        "-o",
+        "--output",
+        "fmt",
+        type=click.Choice(output.FORMATS),
+        default="table",
+        show_default=True,
+        help="How to print the answer.",
+    )(command)
+
+
+def job_ids(ids: tuple[str, ...]) -> list[int]:
+    out = []
+    for raw in ids:
+        if not raw.isdigit() or len(raw) > 18:
+            raise CliError(f"{raw!r} is not a job id (a positive integer)", outcome.BAD_INPUT)
+        out.append(int(raw))
+    return out
+
+
+class Context:
+    def __init__(self, url: str | None, argv: list[str], retries: int) -> None:
+        self.url = url
+        self.argv = argv
+        self.retries = retries
+        self._client: Client | None = None
+
+    @property
+    def client(self) -> Client:
+        if self._client is None:
+            settings = config.load(self.url)
+            self._client = Client(settings.url, settings.token, retries=self.retries)
+        return self._client
+
+
+pass_ctx = click.make_pass_decorator(Context)
+
+
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog=EXIT_CODES_HELP,
+)
+@click.option(
+    "--url", envvar="TESSERA_URL", help="The server, e.g. https://tessera.example.org (TESSERA_URL)."
+)
+@click.option(
+    "--retries",
+    envvar="TESSERA_RETRIES",
+    type=click.IntRange(0, 20),
+    default=RETRIES,
+    show_default=True,
+    help="Retries of a request after a transient fault, with backoff (TESSERA_RETRIES).",
+)
+@click.version_option(__version__, prog_name="tessera")
+@click.pass_context
+def cli(ctx: click.Context, url: str | None, retries: int) -> None:
+    """Submit, wait for, follow and stop jobs on a Tessera GPU cluster.
+
+    The server and token come from TESSERA_URL and TESSERA_TOKEN, or from the file
+    `tessera login` writes.
+    """
+    ctx.obj = Context(url, _ARGV, retries)
+
+
+# --- submit ---------------------------------------------------------------------------------
+
+
+def _env_pairs(values: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CliError(f"--env {item!r}: expected KEY=VALUE", outcome.BAD_INPUT)
+        out[key] = value
+    return out
+
+
+def _number(text: str, option: str) -> int | float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise CliError(f"{option} {text!r}: expected a number", outcome.BAD_INPUT) from None
+    return int(value) if value.is_integer() else value
+
+
+def split_words(words: tuple[str, ...], argv: list[str]) -> tuple[str | None, tuple[str, ...]]:
+    """JOB_FILE and the command from the positional words: what follows ``--`` is the command
+    (click hands both over as one list, so the raw arguments tell where ``--`` was)."""
+    after = len(argv) - argv.index("--") - 1 if "--" in argv else 0
+    before, command = words[: len(words) - after], words[len(words) - after :]
+    if len(before) > 1:
+        raise CliError(
+            f"one job file at most (got {' '.join(before)}); put the command after --", outcome.BAD_INPUT
+        )
+    return (before[0] if before else None), tuple(command)
+
+
+def build_body(job_file: str | None, command: tuple[str, ...], options: dict[str, Any]) -> dict[str, Any]:
+    """The job body: the file's, then the options given on the line (they win), then the command."""
+    body: dict[str, Any] = jobfile.read(job_file)[0] if job_file else {}
+    if options["name"] is not None:
+        body["name"] = options["name"]
+    if options["kind"] is not None:
+        body["kind"] = options["kind"]
+    if options["gpus"] is not None:
+        body["gpus"] = _number(options["gpus"], "--gpus")
+    for key in ("replicas", "priority", "time_limit_seconds", "max_retries"):
+        if options[key] is not None:
+            body[key] = options[key]
+    if options["accelerator"]:
+        body["accelerators"] = list(options["accelerator"])
+    if options["env"]:
+        body["env"] = {**(body.get("env") or {}), **_env_pairs(options["env"])}
+    if options["tenant"] is not None:
+        body["tenant"] = options["tenant"]
+    if command:
+        body["command"] = list(command)
+    if not body.get("command"):
+        raise CliError("no command: give a job file with `command`, or `-- CMD ARGS...`", outcome.BAD_INPUT)
+    if "name" not in body:
+        body["name"] = os.path.basename(str(body["command"][0]))[:128] or "job"
+    body.setdefault("kind", "batch")
+    return body
+
+
+@cli.command(epilog=EXIT_CODES_HELP)
+@click.argument("words", nargs=-1, type=click.UNPROCESSED)
+@click.option("--name", help="The job's name (default: the file's, else the command's).")
+@click.option(
+    "--kind", type=click.Choice(["batch", "training", "finetune", "inference"]), help="Default: batch."
+)
+@click.option("--gpus", help="GPUs in all (a fraction below 1 asks for a share of one GPU).")
+@click.option("--replicas", type=int, help="Replicas of a gang (each gets gpus / replicas).")
+@click.option(
+    "--accelerator", "-a", multiple=True, help="An acceptable GPU model (repeat, in preference order)."
+)
+@click.option("--priority", type=int)
+@click.option("--time-limit", "time_limit_seconds", type=int, help="Seconds; the job is stopped there.")
+@click.option("--max-retries", type=int)
+@click.option("--env", "-e", multiple=True, help="KEY=VALUE for the job's environment (repeat).")
+@click.option("--tenant", help="Operators only: the tenant to submit for.")
+@click.option("--wait", "wait", is_flag=True, help="Wait for the job's end and exit with its exit code.")
+@click.option("--wait-timeout", type=float, help="With --wait: give up after this many seconds (exit 204).")
+@click.option("--follow", "-f", is_flag=True, help="Stream the job's output while waiting (implies --wait).")
+@click.option(
+    "--dry-run", is_flag=True, help="Ask the server whether and where it would start; submit nothing."
+)
+@click.option(
+    "--idempotency-key",
+    help="Makes a repeated submit return the first job. Default in CI: derived from the run, "
+    "its attempt and the step (GitHub Actions, GitLab CI, Jenkins) and the job's body.",
+)
+@output_option
+@pass_ctx
+def submit(ctx: Context, words, fmt, wait, wait_timeout, follow, dry_run, idempotency_key, **options):
+    """Submit a job from JOB_FILE (YAML or JSON; - for stdin) and/or options and `-- CMD ARGS...`.
+
+    \b
+      tessera submit job.yaml --wait
+      tessera submit --gpus 2 --name train -- python train.py --epochs 3
+    """
+    job_file, command = split_words(words, ctx.argv)
+    body = build_body(job_file, command, options)
+    wait = wait or follow
+    if wait_timeout is not None and (wait_timeout <= 0 or not wait):
+        raise CliError("--wait-timeout takes a positive number of seconds, with --wait", outcome.BAD_INPUT)
+    client = ctx.client
+    if dry_run:
+        _, answer = client.post("jobs/", body, params={"dry_run": "true"})
+        output.emit(answer, fmt)
+        return
+    key = idempotency_key or idempotency.derive(os.environ, jobfile.body_digest(body))
+    headers = {"Idempotency-Key": key} if key else None
+    try:
+        status, job = client.post("jobs/", body, headers=headers)
+    except CliError as exc:
+        if _refused_by_quota(exc):
+            exc.code = outcome.UNSCHEDULABLE
+            if fmt != "table":
+                output.emit(
+                    {"job": None, "outcome": "refused", "error": exc.body, "cli_exit_code": exc.code}, fmt
+                )
+        raise
+    if not wait:
+        output.emit(job, fmt, JOB_COLUMNS, [job])
+        return
+    if fmt == "table":
+        verb = "submitted" if status == 201 else "already submitted (same idempotency key)"
+        click.echo(f"job {job['id']} {verb}; waiting for its end", err=True)
+    raise SystemExit(_wait_and_report(client, job["id"], wait_timeout, follow, fmt))
+
+
+def _refused_by_quota(exc: CliError) -> bool:
+    """A 400 naming only ``accelerators`` with a quota's words: no quota of the tenant can ever
+    admit the job (any other 400 is bad input)."""
+    body = exc.body
+    if exc.code != outcome.BAD_INPUT or not isinstance(body, dict) or set(body) != {"accelerators"}:
+        return False
+    return any("quota" in str(reason) for reason in body["accelerators"])
+
+
+def _wait_and_report(client: Client, job_id: int, timeout: float | None, follow: bool, fmt: str) -> int:
+    def changed(job: dict[str, Any]) -> None:
+        if fmt == "table":
+            click.echo(f"job {job_id}: {job['state']}", err=True)
+
+    try:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if follow:  # ends at the log's eof, which comes with the job's end
+            follow_logs(client, job_id, deadline=deadline)
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        job = wait_for_end(client, job_id, left, on_change=changed)
+    except WaitTimeout as timed_out:
+        result = {"job": timed_out.job, "outcome": "wait-timeout", "cli_exit_code": outcome.WAIT_TIMEOUT}
+        if fmt != "table":
+            output.emit(result, fmt)
+        else:
+            click.echo(f"job {job_id} is still {timed_out.job['state']} after --wait-timeout", err=True)
+        return outcome.WAIT_TIMEOUT
+    events = client.get(f"jobs/{job_id}/events/")
+    ended = outcome.outcome_of(job, events if isinstance(events, list) else events.get("results", []))
+    if fmt == "table":
+        code = f", exit code {ended.exit_code}" if ended.exit_code is not None else ""
+        click.echo(f"job {job_id} {ended.name}{code}", err=True)
+    else:
+        output.emit({"job": job, **ended.as_dict()}, fmt)
+    return ended.code
+
+
+# --- reading ----------------------------------------------------------------------------------
+
+
+@cli.command("ls")
+@click.option("--state", help="Only jobs in this state.")
+@click.option("--kind", help="Only jobs of this kind.")
+@click.option("--name", help="Only jobs with exactly this name.")
+@click.option("--limit", type=click.IntRange(1, 100_000), default=50, show_default=True)
+@output_option
+@pass_ctx
+def list_jobs(ctx: Context, state, kind, name, limit, fmt):
+    """Your tenant's jobs, newest first."""
+    params = {k: v for k, v in (("state", state), ("kind", kind), ("name", name)) if v is not None}
+    jobs = list(ctx.client.pages("jobs/", params, limit=limit))
+    output.emit(jobs, fmt, JOB_COLUMNS)
+
+
+@cli.command()
+@click.argument("job_id")
+@output_option
+@pass_ctx
+def status(ctx: Context, job_id, fmt):
+    """One job: its state, where it runs, its exit code."""
+    (jid,) = job_ids((job_id,))
+    job = ctx.client.get(f"jobs/{jid}/")
+    output.emit(job, fmt)
+
+
+WHY_FIELDS = (
+    "state",
+    "pending_code",
+    "pending_reason",
+    "estimated_start",
+    "estimated_start_earliest",
+    "estimated_start_latest",
+    "estimate_basis",
+    "queue_position",
+    "jobs_ahead",
+)
+
+
+@cli.command()
+@click.argument("job_id")
+@output_option
+@pass_ctx
+def why(ctx: Context, job_id, fmt):
+    """Why a job waits: its pending code, the sentence, and when it may start."""
+    (jid,) = job_ids((job_id,))
+    job = ctx.client.get(f"jobs/{jid}/")
+    answer = {"id": job["id"], **{k: job[k] for k in WHY_FIELDS if k in job}}
+    if fmt == "table" and job["state"] != "pending":
+        click.echo(f"job {jid} is {job['state']}, not waiting")
+        return
+    output.emit(answer, fmt)
+
+
+@cli.command()
+@click.argument("job_id")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing output as it comes, until the job ends.")
+@click.option("--replica", type=click.IntRange(0), default=0, show_default=True)
+@pass_ctx
+def logs(ctx: Context, job_id, follow, replica):
+    """A job's output (one replica's)."""
+    (jid,) = job_ids((job_id,))
+    if follow:
+        follow_logs(ctx.client, jid, replica)
+        return
+    offset = 0
+    while True:
+        page = ctx.client.get(f"jobs/{jid}/logs/", params={"offset": offset, "replica": replica})
+        sys.stdout.write(page.get("data", ""))
+        if page.get("next_offset", offset) == offset:
+            break
+        offset = page["next_offset"]
+    sys.stdout.flush()
+
+
+EVENT_COLUMNS: list[output.Column] = [
+    ("at", lambda e: (e.get("at") or "")[:23]),
+    ("type", lambda e: e.get("type")),
+    ("reason", lambda e: e.get("reason")),
+    (
+        "allocations",
+        lambda e: (
+            " ".join(f"{a['node']}:{','.join(map(str, a['gpus']))}" for a in e.get("allocations") or [])
+            or None
+        ),
+    ),
+]
+
+
+@cli.command()
+@click.argument("job_id")
+@output_option
+@pass_ctx
+def events(ctx: Context, job_id, fmt):
+    """A job's history, in order."""
+    (jid,) = job_ids((job_id,))
+    answer = ctx.client.get(f"jobs/{jid}/events/")
+    rows = answer if isinstance(answer, list) else answer.get("results", [])
+    output.emit(rows, fmt, EVENT_COLUMNS)
+
+
+# --- changing ----------------------------------------------------------------------------------
+
+
+def _act(ctx: Context, action: str, ids: tuple[str, ...], fmt: str) -> None:
+    """POST ``action`` to each job; every job is tried, the first failure's code is the exit."""
+    results, first_error = [], None
+    for jid in job_ids(ids):
+        try:
+            _, job = ctx.client.post(f"jobs/{jid}/{action}/")
+            results.append(job)
+        except CliError as exc:
+            if exc.code in (outcome.AUTH, outcome.UNREACHABLE):
+                raise
+            click.echo(f"tessera: job {jid}: {exc.message}", err=True)
+            first_error = first_error or exc.code
+    output.emit(results, fmt, JOB_COLUMNS)
+    if first_error:
+        raise SystemExit(first_error)
+
+
+@cli.command()
+@click.argument("ids", nargs=-1, required=True)
+@output_option
+@pass_ctx
+def cancel(ctx: Context, ids, fmt):
+    """Cancel jobs (cancelling a cancelled job is not an error)."""
+    _act(ctx, "cancel", ids, fmt)
+
+
+@cli.command()
+@click.argument("ids", nargs=-1, required=True)
+@output_option
+@pass_ctx
+def hold(ctx: Context, ids, fmt):
+    """Keep waiting jobs from starting until released."""
+    _act(ctx, "hold", ids, fmt)
+
+
+@cli.command()
+@click.argument("ids", nargs=-1, required=True)
+@output_option
+@pass_ctx
+def release(ctx: Context, ids, fmt):
+    """Let held jobs start again."""
+    _act(ctx, "release", ids, fmt)
+
+
+# --- the cluster ----------------------------------------------------------------------------------
+
+QUOTA_COLUMNS: list[output.Column] = [
+    ("tenant", lambda q: q.get("tenant")),
+    ("model", lambda q: q.get("model")),
+    ("guaranteed", lambda q: q.get("guaranteed")),
+    ("limit", lambda q: q.get("limit")),
+    ("weight", lambda q: q.get("weight")),
+]
+
+
+@cli.command()
+@output_option
+@pass_ctx
+def quota(ctx: Context, fmt):
+    """Your tenant's quotas per GPU model (operators: every tenant's)."""
+    rows = list(ctx.client.pages("quotas/"))
+    output.emit(rows, fmt, QUOTA_COLUMNS)
+
+
+def _gpu_summary(node: dict[str, Any]) -> str:
+    devices = node.get("devices") or []
+    free = sum(1 for d in devices if d.get("state") == "free")
+    models = sorted({str(d.get("model")) for d in devices})
+    return f"{free}/{len(devices)} free {'/'.join(models)}" if devices else "-"
+
+
+NODE_COLUMNS: list[output.Column] = [
+    ("name", lambda n: n.get("name")),
+    ("state", lambda n: n.get("state")),
+    ("rack", lambda n: n.get("rack")),
+    ("gpus", _gpu_summary),
+]
+
+
+@cli.command()
+@output_option
+@pass_ctx
+def nodes(ctx: Context, fmt):
+    """The cluster's nodes and their GPUs."""
+    rows = list(ctx.client.pages("nodes/"))
+    output.emit(rows, fmt, NODE_COLUMNS)
+
+
+# --- login -------------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.option("--url", "login_url", help="The server (default: TESSERA_URL, or the saved one).")
+@click.option("--token-stdin", is_flag=True, help="Read the API token from standard input.")
+@pass_ctx
+def login(ctx: Context, login_url, token_stdin):
+    """Check a token against the server and save both in a file only you can read (0600).
+
+    The token is read from standard input or asked for (never taken on the command line,
+    where other users could see it in the process list).
+    """
+    url = login_url or ctx.url or config.read_file().get("url")
+    if not url:
+        url = click.prompt("Server URL")
+    url = config.normal_url(url)
+    token = sys.stdin.readline().strip() if token_stdin else getpass.getpass("API token: ").strip()
+    if not token:
+        raise CliError("no token given", outcome.AUTH)
+    client = Client(url, token, retries=ctx.retries)
+    client.get("jobs/", params={"limit": 1})  # 401 here: the token is refused
+    path = config.write_file(url, token)
+    click.echo(f"logged in to {url}; saved in {path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command; every failure becomes a message and an exit code, never a traceback."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _ARGV[:] = argv
+    try:
+        code = cli.main(args=argv, prog_name="tessera", standalone_mode=False)
+        return code if isinstance(code, int) else 0
+    except CliError as exc:
+        click.echo(f"tessera: {exc.message}", err=True)
+        return exc.code
+    except click.exceptions.Abort:
+        click.echo("tessera: interrupted", err=True)
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return outcome.BAD_INPUT
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 0
+    except KeyboardInterrupt:
+        click.echo("tessera: interrupted", err=True)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:  # noqa: BLE001 - a bug of ours: one line, never a traceback
+        if os.environ.get("TESSERA_DEBUG"):
+            raise
+        click.echo(f"tessera: internal error: {type(exc).__name__}: {exc}", err=True)
+        return outcome.BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""Holding a waiting job back from starting, and releasing it (``tessera hold`` / ``release``).
+
+A held job stays ``pending`` with the pending code ``held`` until it is released; the pass
+passes it over (the engine reads ``held``), and a pass that decided on a snapshot read before
+the hold does not bind it (``passes.py`` reads the job again under its lock). Only a waiting job
+can be held: one that is already bound or running is the cancel's business (409). Both are
+idempotent: holding a held job, or releasing one that is not held, changes nothing and records
+nothing.
+"""
+
+from __future__ import annotations
+
+from django.db import transaction
+
+from scheduling.choices import EventType, JobState, PendingCode
+from scheduling.models import Job
+from scheduling.services import live
+from scheduling.services.jobs import locked_jobs, record_event, request_pass_on_commit
+from scheduling.states import InvalidTransition
+
+HELD_REASON = "held: released by its owner or an operator"
+
+
+def do_hold_job(job_id: int) -> Job:
+    """Keep a pending job from starting. InvalidTransition (409) for a job not waiting."""
+    with transaction.atomic():
+        job = locked_jobs().get(pk=job_id)
+        if job.held:
+            return job
+        if job.state != JobState.PENDING:
+            raise InvalidTransition(job.pk, job.state, "held")
+        job.held = True
+        job.pending_code, job.pending_reason, job.estimated_start = PendingCode.HELD, HELD_REASON, None
+        job.save(update_fields=["held", "pending_code", "pending_reason", "estimated_start"])
+        record_event(job, EventType.HELD)
+        live.publish_job(job)
+        request_pass_on_commit()  # what it would have started on may start another job now
+        return job
+
+
+def do_release_job(job_id: int) -> Job:
+    """Let a held job start again; the next pass (asked for now) places it or says why it waits."""
+    with transaction.atomic():
+        job = locked_jobs().get(pk=job_id)
+        if not job.held:
+            return job
+        job.held = False
+        if job.pending_code == PendingCode.HELD:
+            job.pending_code = job.pending_reason = None
+        job.save(update_fields=["held", "pending_code", "pending_reason"])
+        record_event(job, EventType.RELEASED)
+        live.publish_job(job)
+        request_pass_on_commit()
+        return job

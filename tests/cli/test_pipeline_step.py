@@ -1,0 +1,138 @@
+"""A CI step, as a shell runs it, against a whole live stack: the job's exit code is the step's.
+
+Real processes (``tests/support.py``'s launcher): daphne, a Celery worker that runs the passes,
+and a node agent with simulated GPUs that runs the jobs' commands for real. The step is a bash
+line calling the installed ``tessera`` command with GitLab CI's variables set, as a runner would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scheduling.models import Job
+from tests.support import (
+    Processes,
+    agent_argv,
+    agent_env,
+    database_url_of,
+    free_port,
+    stack_env,
+    wait_until,
+    web_answers,
+    web_argv,
+    worker_argv,
+)
+
+TESSERA = shutil.which("tessera", path=str(Path(sys.executable).parent)) or "tessera"
+DEADLINE_S = 60
+
+pytestmark = [
+    pytest.mark.services,
+    pytest.mark.slow,
+    pytest.mark.timeout(150),
+    pytest.mark.postgresql("web, Celery worker and agent are separate processes sharing one database"),
+    pytest.mark.redis("the Celery broker, and the job changes the waiting command is woken by"),
+]
+
+GITLAB = {"GITLAB_CI": "true", "CI_PROJECT_ID": "7", "CI_PIPELINE_ID": "1234", "CI_JOB_NAME": "train"}
+
+
+@pytest.fixture
+def stack(require_postgres, redis_url, transactional_db, world, settings) -> Iterator[dict[str, Any]]:
+    from scheduling.models import Node
+    from scheduling.services import redis_flags
+    from scheduling.services.agents import do_create_join_token
+    from scheduling.services.triggers import QUEUED_FLAG
+
+    _, join_token = do_create_join_token("cli")
+    port = free_port()
+    work = Path(tempfile.mkdtemp(prefix="tessera-cli-", dir="/tmp"))
+    work.chmod(0o711)  # the job user must reach the agent's job directories below it
+    env = stack_env(database_url_of(settings), redis_url, TESSERA_REDIS_BROKER_DB=str(8 + os.getpid() % 8))
+    procs = Processes(work)
+    try:
+        procs.start("worker", worker_argv("cli"), env)
+        procs.start("web", web_argv(port=port), env)
+        deadline = time.monotonic() + DEADLINE_S
+        wait_until("the Celery worker", lambda: " ready." in procs.output("worker"), procs, deadline)
+        base = f"http://127.0.0.1:{port}"
+        wait_until("the web server", lambda: web_answers(base), procs, deadline)
+        procs.start(
+            "agent",
+            agent_argv(base, "cli-a100", "8xA100,nvlink=4,rack=r1", work / "agent", "--poll-interval", "0.2"),
+            agent_env(env, join_token),
+        )
+        wait_until(
+            "the agent to register",
+            lambda: Node.objects.filter(name="cli-a100", devices__isnull=False).exists(),
+            procs,
+            deadline,
+        )
+        redis_flags.client().delete(redis_flags.key(QUEUED_FLAG))  # (see test_end_to_end.py)
+        yield {"base": base, "procs": procs, "work": work}
+    finally:
+        procs.stop_all()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def step(stack, world, script: str, ci: dict[str, str] | None = None, **popen) -> Any:
+    """Run ``script`` in bash as a CI runner would: the CI's variables, the token in the env."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TESSERA_", "CI_", "GITLAB_", "GITHUB_"))}
+    env.update(
+        TESSERA_URL=stack["base"],
+        TESSERA_TOKEN=world.tokens["alice"],
+        HOME=str(stack["work"]),
+        PATH=f"{Path(TESSERA).parent}:{os.environ['PATH']}",
+        **(ci or {}),
+    )
+    argv = ["bash", "-c", script]
+    if popen.pop("background", False):
+        return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=90)
+
+
+def test_a_ci_step_exits_with_its_jobs_exit_code_and_a_retry_submits_nothing_new(stack, world):
+    failing = "tessera submit --wait -- python -c 'import sys; print(\"loss 0.1\"); sys.exit(3)'"
+    first = step(stack, world, failing, GITLAB)
+    assert first.returncode == 3, f"{first.stderr}\n{stack['procs'].report()}"
+    assert "failed, exit code 3" in first.stderr
+    retried = step(stack, world, failing, {**GITLAB, "CI_JOB_ID": "another"})  # GitLab's retry
+    assert retried.returncode == 3, retried.stderr
+    assert "already submitted" in retried.stderr
+    assert Job.objects.count() == 1
+
+    ok = step(
+        stack, world, "tessera submit --follow -- python -c 'print(\"done\")' && echo step-passed", GITLAB
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout == "done\nstep-passed\n"
+    assert "Traceback" not in stack["procs"].report(100_000)
+
+
+def test_a_step_whose_job_is_cancelled_exits_210_and_one_stopped_at_its_limit_211(stack, world):
+    waiting = step(stack, world, "tessera submit --wait -o json --name long -- sleep 60", background=True)
+    wait_until(
+        "the job to run",
+        lambda: Job.objects.filter(name="long", state="running").first(),
+        stack["procs"],
+        time.monotonic() + DEADLINE_S,
+    )
+    job = Job.objects.get(name="long")
+    assert step(stack, world, f"tessera cancel {job.pk}").returncode == 0
+    out, err = waiting.communicate(timeout=60)
+    assert waiting.returncode == 210, err
+    assert json.loads(out)["outcome"] == "cancelled"
+
+    limited = step(stack, world, "tessera submit --wait --time-limit 1 -- sleep 60")
+    assert limited.returncode == 211, f"{limited.stderr}\n{stack['procs'].report()}"
