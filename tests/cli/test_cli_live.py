@@ -301,6 +301,10 @@ def test_ls_status_why_events_in_every_format(cli):
         assert load(cli("status", str(job.pk), "-o", fmt).stdout)["state"] == "pending"
         assert load(cli("why", str(job.pk), "-o", fmt).stdout)["id"] == job.pk
         assert [e["type"] for e in load(cli("events", str(job.pk), "-o", fmt).stdout)] == ["submitted"]
+    assert json.loads(cli("ls", "--owner", "alice", "-o", "json").stdout)[0]["id"] == job.pk
+    assert json.loads(cli("ls", "--owner", "carol", "-o", "json").stdout) == []
+    bad = cli("ls", "--state", "sleeping")
+    assert bad.returncode == 200 and "state: must be one of" in bad.stderr
     table = cli("ls").stdout.splitlines()
     assert table[0].split()[:5] == ["ID", "NAME", "OWNER", "KIND", "STATE"]
     assert table[1].split()[1] == "listed"
@@ -321,6 +325,8 @@ def test_quota_and_nodes_list_what_the_server_has(cli):
     quotas = json.loads(cli("quota", "-o", "json").stdout)
     assert [(q["tenant"], q["model"]) for q in quotas] == [("vision", "*")]
     assert "cli-n1" in cli("nodes").stdout
+    assert "cli-n1" in cli("nodes", "--model", "H100").stdout
+    assert "cli-n1" not in cli("nodes", "--rack", "r9").stdout
 
 
 def test_login_checks_the_token_and_saves_it_readable_by_its_owner_only(cli, world, live_server, tmp_path):

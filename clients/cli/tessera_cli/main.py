@@ -278,12 +278,14 @@ def _wait_and_report(client: Client, job_id: int, timeout: float | None, follow:
 @click.option("--state", help="Only jobs in this state.")
 @click.option("--kind", help="Only jobs of this kind.")
 @click.option("--name", help="Only jobs with exactly this name.")
+@click.option("--owner", help="Only jobs this user submitted.")
+@click.option("--tenant", help="Operators: only this tenant's jobs.")
 @click.option("--limit", type=click.IntRange(1, 100_000), default=50, show_default=True)
 @output_option
 @pass_ctx
-def list_jobs(ctx: Context, state, kind, name, limit, fmt):
+def list_jobs(ctx: Context, limit, fmt, **filters):
     """Your tenant's jobs, newest first."""
-    params = {k: v for k, v in (("state", state), ("kind", kind), ("name", name)) if v is not None}
+    params = {k: v for k, v in filters.items() if v is not None}
     jobs = list(ctx.client.pages("jobs/", params, limit=limit))
     output.emit(jobs, fmt, JOB_COLUMNS)
 
@@ -457,11 +459,14 @@ NODE_COLUMNS: list[output.Column] = [
 
 
 @cli.command()
+@click.option("--state", help="Only nodes in this state (ready, not-ready, cordoned, draining).")
+@click.option("--rack", help="Only nodes in this rack.")
+@click.option("--model", help="Only nodes with a GPU of this model.")
 @output_option
 @pass_ctx
-def nodes(ctx: Context, fmt):
+def nodes(ctx: Context, fmt, **filters):
     """The cluster's nodes and their GPUs."""
-    rows = list(ctx.client.pages("nodes/"))
+    rows = list(ctx.client.pages("nodes/", {k: v for k, v in filters.items() if v is not None}))
     output.emit(rows, fmt, NODE_COLUMNS)
 
 
