@@ -14,6 +14,7 @@ from django.urls import include, path, re_path
 from scheduling.api import schema  # noqa: F401  (registers the agents' auth schemes in the schema)
 from scheduling.api.cluster import ClusterView
 from scheduling.api.errors import not_found
+from scheduling.api.job_stream import job_stream, jobs_stream
 from scheduling.api.job_wait import job_detail
 from scheduling.api.jobs import JobViewSet
 from scheduling.api.nodes import NodeViewSet
@@ -23,7 +24,9 @@ from scheduling.api.tokens import TokenViewSet
 
 urlpatterns = [
     path("jobs/", JobViewSet.as_view({"get": "list", "post": "create"}), name="job-list"),
+    path("jobs/stream/", jobs_stream, name="job-list-stream"),
     path("jobs/<str:pk>/", job_detail, name="job-detail"),
+    path("jobs/<str:pk>/stream/", job_stream, name="job-stream"),
     path("jobs/<str:pk>/cancel/", JobViewSet.as_view({"post": "cancel"}), name="job-cancel"),
     path("jobs/<str:pk>/hold/", JobViewSet.as_view({"post": "hold"}), name="job-hold"),
     path("jobs/<str:pk>/release/", JobViewSet.as_view({"post": "release"}), name="job-release"),

@@ -721,6 +721,7 @@ def do_append_log(
         if data:
             LogChunk.objects.create(job=job, replica=replica, offset=offset, data=data)
             Job.objects.filter(pk=job.pk).update(log_bytes=F("log_bytes") + len(data))
+            live.publish_log(job.pk)
         if job.log_truncated:
             Job.objects.filter(pk=job.pk).update(log_truncated=True)
         return {"stored": len(data), "next_offset": offset + len(data), "truncated": job.log_truncated}

@@ -1,8 +1,8 @@
 """Which jobs changed, for the API's waiters (``GET /jobs/ID/?wait=S`` and the event streams),
 so that they answer when something happens instead of polling the database.
 
-Every commit that changes jobs publishes their keys (``job:<id>``, ``tenant:<id>``) once, after
-commit (``live.publish_jobs`` calls :func:`publish_on_commit`). A waiter registers its key with
+Every commit that changes jobs publishes their keys (``job:<id>``, ``tenant:<id>``, ``jobs``)
+once, after commit (``live.publish_jobs`` calls :func:`publish_on_commit`). A waiter registers its key with
 its event loop's :class:`Subscription` and is woken by an ``asyncio.Event``; it then reads the
 database, which stays the truth: a lost message costs a waiter its timeout, never a wrong answer.
 
@@ -33,6 +33,9 @@ from scheduling.services import redis_flags
 log = logging.getLogger("tessera.live")
 
 READY_TIMEOUT_S = 5.0
+
+
+ALL_KEY = "jobs"  # any job changed (operators' streams)
 
 
 def job_key(job_id: int) -> str:

@@ -255,9 +255,8 @@ def publish_job(job) -> None:
 def publish_jobs(jobs) -> None:
     """Publish ``jobs`` after commit, in one commit hook; their API waiters are woken too."""
     publish_on_commit(*(message for job in jobs for message in job_messages(job)))
-    job_bus.publish_on_commit(
-        key for job in jobs for key in (job_bus.job_key(job.pk), job_bus.tenant_key(job.tenant_id))
-    )
+    keys = {key for job in jobs for key in (job_bus.job_key(job.pk), job_bus.tenant_key(job.tenant_id))}
+    job_bus.publish_on_commit([*keys, job_bus.ALL_KEY] if keys else [])
 
 
 def job_messages(job) -> list[Message]:
@@ -267,6 +266,11 @@ def job_messages(job) -> list[Message]:
         (f"jobs.tenant.{job.tenant_id}", {"type": "job.update", "job": payload}),
         ("jobs.operators", {"type": "job.update", "job": payload}),
     ]
+
+
+def publish_log(job_id: int) -> None:
+    """A job's output grew: its streams (``GET /jobs/{id}/stream/``) read on, after commit."""
+    job_bus.publish_on_commit([job_bus.job_key(job_id)])
 
 
 def publish_devices(devices: list[dict[str, Any]]) -> None:

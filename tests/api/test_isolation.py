@@ -44,6 +44,8 @@ def api_endpoints() -> Iterator[tuple[str, str]]:
         actions = getattr(callback, "actions", None)
         if actions:
             methods = list(actions)
+        elif not hasattr(callback, "view_class"):  # an async function view (the streams): GET
+            methods = ["get"]
         else:
             view = callback.view_class
             methods = [m for m in view.http_method_names if m not in ("options", "head") and hasattr(view, m)]
@@ -167,6 +169,8 @@ RULES: dict[tuple[str, str], Rule] = {
     ("job-hold", "POST"): Rule(job_url("job-hold"), status(404), status(409)),
     ("job-release", "POST"): Rule(job_url("job-release"), status(404), status(200)),
     ("job-events", "GET"): Rule(job_url("job-events"), status(404), status(200)),
+    ("job-stream", "GET"): Rule(job_url("job-stream"), status(404), status(200)),
+    ("job-list-stream", "GET"): Rule(lambda o: reverse("job-list-stream"), status(200), status(200)),
     ("job-logs", "GET"): Rule(job_url("job-logs"), status(404), status(200)),
     ("node-list", "GET"): Rule(
         lambda o: reverse("node-list"), bob_sees_the_gpus_only_as_in_use, carol_sees_alices_job_on_the_node

@@ -7,12 +7,15 @@ line calling the installed ``tessera`` command with GitLab CI's variables set, a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -137,3 +140,69 @@ def test_a_step_whose_job_is_cancelled_exits_210_and_one_stopped_at_its_limit_21
 
     limited = step(stack, world, "tessera submit --wait --time-limit 1 -- sleep 60")
     assert limited.returncode == 211, f"{limited.stderr}\n{stack['procs'].report()}"
+
+
+class CuttingProxy:
+    """A TCP proxy in front of the web server that cuts every connection ``cut_after`` bytes into
+    the answer to a stream request (as a proxy or a flaky network would drop a long stream)."""
+
+    def __init__(self, upstream_port: int, cut_after: int) -> None:
+        self.upstream_port, self.cut_after = upstream_port, cut_after
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.cuts = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client, _ = self.listener.accept()
+                server = socket.create_connection(("127.0.0.1", self.upstream_port))
+                state = {"streaming": False, "sent": 0}
+                threading.Thread(target=self._up, args=(client, server, state), daemon=True).start()
+                threading.Thread(target=self._down, args=(server, client, state), daemon=True).start()
+
+    def _up(self, client: socket.socket, server: socket.socket, state: dict) -> None:
+        with contextlib.suppress(OSError):
+            while chunk := client.recv(65536):
+                if b"/stream/" in chunk:
+                    state["streaming"], state["sent"] = True, 0
+                server.sendall(chunk)
+        _close(client, server)
+
+    def _down(self, server: socket.socket, client: socket.socket, state: dict) -> None:
+        with contextlib.suppress(OSError):
+            while chunk := server.recv(256):
+                client.sendall(chunk)
+                if state["streaming"]:
+                    state["sent"] += len(chunk)
+                    if state["sent"] >= self.cut_after:
+                        self.cuts += 1
+                        break
+        _close(client, server)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def _close(*sockets: socket.socket) -> None:
+    for sock in sockets:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+        sock.close()
+
+
+def test_follow_survives_a_dropped_stream_with_nothing_lost_or_twice(stack, world):
+    port = int(stack["base"].rsplit(":", 1)[1])
+    proxy = CuttingProxy(port, cut_after=900)
+    try:
+        script = (
+            f"TESSERA_URL=http://127.0.0.1:{proxy.port} tessera submit --follow -- "
+            "python -c 'import time\nfor i in range(6): print(i, flush=True); time.sleep(0.4)'"
+        )
+        result = step(stack, world, script)
+    finally:
+        proxy.close()
+    assert result.returncode == 0, f"{result.stderr}\n{stack['procs'].report()}"
+    assert result.stdout == "0\n1\n2\n3\n4\n5\n"
+    assert proxy.cuts >= 2, proxy.cuts

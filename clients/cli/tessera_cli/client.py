@@ -9,8 +9,10 @@ answers a repeat with the first job).
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import requests
@@ -109,6 +111,67 @@ class Client:
             if not body.get("next") or not results:
                 return
             params["offset"] = int(params["offset"]) + len(results)
+
+
+@dataclass(frozen=True)
+class ServerEvent:
+    """One Server-Sent Events message: its ``event`` name, ``data`` (parsed JSON) and ``id``."""
+
+    event: str
+    data: Any
+    id: str | None
+
+
+class StreamBroken(Exception):
+    """The stream ended or failed before its last message: reconnect from the last id."""
+
+
+def read_events(client: Client, path: str, last_id: str | None, params: dict[str, Any], read_timeout: float):
+    """The messages of the stream at ``path`` from ``last_id`` on; :class:`StreamBroken` when the
+    connection drops, a :class:`CliError` when the server refuses the request."""
+    headers = {"Accept": "text/event-stream"}
+    if last_id is not None:
+        headers["Last-Event-ID"] = last_id
+    try:
+        response = client.session.get(
+            client.url(path), params=params, headers=headers, stream=True, timeout=(10, read_timeout)
+        )
+    except requests.RequestException as exc:
+        raise StreamBroken(_short(exc)) from None
+    with response:
+        if response.status_code != 200:
+            if response.status_code in TRANSIENT or response.status_code == 429:
+                raise StreamBroken(f"HTTP {response.status_code}")
+            _answer(response)  # raises the CliError it deserves
+        response.encoding = "utf-8"  # what Server-Sent Events always are
+        event, data, id_ = "message", [], None
+        try:
+            for line in response.iter_lines(decode_unicode=True):
+                if line == "":
+                    if data:
+                        yield ServerEvent(event, _json("\n".join(data)), id_)
+                    event, data = "message", []
+                elif line.startswith(":"):
+                    yield ServerEvent("keepalive", None, None)
+                else:
+                    name, _, value = line.partition(":")
+                    value = value.removeprefix(" ")
+                    if name == "event":
+                        event = value
+                    elif name == "data":
+                        data.append(value)
+                    elif name == "id":
+                        id_ = value
+        except (requests.RequestException, OSError) as exc:
+            raise StreamBroken(_short(exc)) from None
+    raise StreamBroken("the server closed the stream")
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 def _answer(response: requests.Response) -> Any:

@@ -13,12 +13,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tessera_cli.client import Client
+from tessera_cli import outcome
+from tessera_cli.client import Client, StreamBroken, read_events
+from tessera_cli.errors import CliError
 from tessera_cli.outcome import TERMINAL
 
 LONG_POLL_S = 50  # below the server's bound (55 s) and common proxies' 60 s idle limit
 MIN_ROUND_S = 1.0  # an answer quicker than this with nothing changed: pause before the next
-LOG_IDLE_S = 1.0
+STREAM_IDLE_S = 40.0  # no byte for this long (the server sends one every 15 s): reconnect
 
 
 class WaitTimeout(Exception):
@@ -59,26 +61,46 @@ def follow_logs(
     client: Client,
     job_id: int,
     replica: int = 0,
-    offset: int = 0,
     write: Callable[[str], None] | None = None,
     deadline: float | None = None,
     sleep: Callable[[float], None] = time.sleep,
-) -> int:
-    """Write the job's output from ``offset`` as it comes, until its end (the log's ``eof``).
-    Returns the offset reached; :class:`WaitTimeout` once ``deadline`` (monotonic) passes."""
+) -> None:
+    """Write the job's output as it comes, until the job has ended and all of it was written.
+
+    Read from the job's event stream (``GET /jobs/ID/stream/``, Server-Sent Events). A dropped
+    connection is made again from the last message's id, so nothing is written twice or lost;
+    :class:`WaitTimeout` once ``deadline`` (monotonic) passes."""
     write = write or _stdout
+    last: str | None = None
+    failures = 0
     while True:
+        try:
+            for message in read_events(
+                client, f"jobs/{job_id}/stream/", last, {"replica": replica}, _read_timeout(deadline)
+            ):
+                failures = 0
+                last = message.id or last
+                if message.event == "log":
+                    write(message.data.get("data", ""))
+                elif message.event == "end":
+                    return
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+        except StreamBroken:
+            failures += 1
         if deadline is not None and time.monotonic() >= deadline:
             raise WaitTimeout(client.get(f"jobs/{job_id}/"))
-        page = client.get(f"jobs/{job_id}/logs/", params={"offset": offset, "replica": replica})
-        if page.get("data"):
-            write(page["data"])
-        advanced = page.get("next_offset", offset) != offset
-        offset = page.get("next_offset", offset)
-        if page.get("eof"):
-            return offset
-        if not advanced:
-            sleep(LOG_IDLE_S)
+        if failures > client.retries:
+            raise CliError(f"the stream of job {job_id} kept breaking", outcome.UNREACHABLE)
+        if failures:
+            sleep(min(0.5 * 2 ** (failures - 1), 8.0))
+
+
+def _read_timeout(deadline: float | None) -> float:
+    """Longer than the server's keepalive (15 s), or until the deadline."""
+    if deadline is None:
+        return STREAM_IDLE_S
+    return max(1.0, min(STREAM_IDLE_S, deadline - time.monotonic()))
 
 
 def _stdout(text: str) -> None:
