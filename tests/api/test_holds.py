@@ -12,7 +12,7 @@ from scheduling.models import Job
 from scheduling.services import passes
 from scheduling.services.holds import do_hold_job
 from scheduling.services.snapshot import load_snapshot
-from tests.api.conftest import submit
+from tests.api.helpers import submit
 
 
 def hold(world, who, job, action="hold"):

@@ -18,7 +18,7 @@ from django.test import AsyncClient
 
 from scheduling.models import JobEvent
 from scheduling.services.jobs import do_cancel_job
-from tests.api.conftest import add_log, bind, finish, run, submit
+from tests.api.helpers import add_log, bind, finish, run, submit
 
 
 def auth(world, who: str) -> dict[str, str]:

@@ -16,7 +16,7 @@ from django.test import AsyncClient
 
 from scheduling.models import Job
 from scheduling.services.jobs import do_cancel_job
-from tests.api.conftest import submit
+from tests.api.helpers import submit
 
 
 def url(job: Job) -> str:

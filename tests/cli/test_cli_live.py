@@ -26,7 +26,7 @@ from django.db import transaction
 
 from scheduling.models import Job
 from scheduling.services.jobs import begin_stop, do_cancel_job
-from tests.api.conftest import add_log, bind, finish, make_node, run
+from tests.api.helpers import add_log, bind, finish, make_node, run
 from tests.support import free_port
 
 TESSERA = shutil.which("tessera", path=str(Path(sys.executable).parent)) or "tessera"
