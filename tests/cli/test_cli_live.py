@@ -24,7 +24,7 @@ import pytest
 import yaml
 from django.db import transaction
 
-from scheduling.models import Job
+from scheduling.models import ApiToken, Job
 from scheduling.services.jobs import begin_stop, do_cancel_job
 from tests.api.helpers import add_log, bind, finish, make_node, run
 from tests.support import free_port
@@ -341,9 +341,22 @@ def test_login_checks_the_token_and_saves_it_readable_by_its_owner_only(cli, wor
     assert result.returncode == 0, result.stderr
     saved = tmp_path / "config" / "tessera" / "config.json"
     assert stat.S_IMODE(saved.stat().st_mode) == 0o600
-    assert json.loads(saved.read_text()) == {"url": live_server.url, "token": world.tokens["carol"]}
+    stored = json.loads(saved.read_text())
+    assert stored["url"] == live_server.url and stored["token"] != world.tokens["carol"]
+    made = ApiToken.objects.get(user=world.carol, name__startswith="tessera-cli@")  # its own token
+    assert made.prefix in result.stdout and stored["token"].startswith(made.prefix)
     listed = cli("ls", "-o", "json", who=None, env={"TESSERA_URL": ""})  # the file's url and token
     assert listed.returncode == 0, listed.stderr
+    kept = subprocess.run(
+        [TESSERA, "login", "--url", live_server.url, "--token-stdin", "--keep-token"],
+        input=world.tokens["carol"] + "\n",
+        capture_output=True,
+        text=True,
+        env={"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "config"), "PATH": os.environ["PATH"]},
+        timeout=60,
+    )
+    assert kept.returncode == 0, kept.stderr
+    assert json.loads(saved.read_text())["token"] == world.tokens["carol"]
 
 
 def test_login_with_a_wrong_token_saves_nothing(cli, live_server, tmp_path):

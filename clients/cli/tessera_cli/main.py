@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import socket
 import sys
 import time
 from typing import Any
@@ -476,12 +477,15 @@ def nodes(ctx: Context, fmt, **filters):
 @cli.command()
 @click.option("--url", "login_url", help="The server (default: TESSERA_URL, or the saved one).")
 @click.option("--token-stdin", is_flag=True, help="Read the API token from standard input.")
+@click.option("--keep-token", is_flag=True, help="Save the token given, instead of making one of its own.")
 @pass_ctx
-def login(ctx: Context, login_url, token_stdin):
-    """Check a token against the server and save both in a file only you can read (0600).
+def login(ctx: Context, login_url, token_stdin, keep_token):
+    """Log in with an API token; save the server and a token in a file only you can read (0600).
 
-    The token is read from standard input or asked for (never taken on the command line,
-    where other users could see it in the process list).
+    The token given is checked first. Unless --keep-token, `login` then makes a named token of
+    its own (`tessera-cli@HOST <time>`, revocable on its own in the portal or with the tokens
+    API) and saves that one. The token is read from standard input or asked for, never taken on
+    the command line, where other users could see it in the process list.
     """
     url = login_url or ctx.url or config.read_file().get("url")
     if not url:
@@ -492,8 +496,22 @@ def login(ctx: Context, login_url, token_stdin):
         raise CliError("no token given", outcome.AUTH)
     client = Client(url, token, retries=ctx.retries)
     client.get("jobs/", params={"limit": 1})  # 401 here: the token is refused
-    path = config.write_file(url, token)
-    click.echo(f"logged in to {url}; saved in {path}")
+    made = None if keep_token else _own_token(client)
+    path = config.write_file(url, made["token"] if made else token)
+    what = f"a token of its own, {made['name']!r} (prefix {made['prefix']})" if made else "the token given"
+    click.echo(f"logged in to {url}; saved {what} in {path}")
+
+
+def _own_token(client: Client) -> dict[str, Any] | None:
+    """A new named token of the caller's (None where the server has no tokens API)."""
+    name = f"tessera-cli@{socket.gethostname()}"[:44] + time.strftime(" %Y-%m-%d %H:%M:%S")
+    try:
+        _, made = client.post("tokens/", {"name": name})
+    except CliError as exc:
+        if exc.message.endswith("(HTTP 404)"):
+            return None  # a server with one token per user
+        raise
+    return made
 
 
 def main(argv: list[str] | None = None) -> int:
