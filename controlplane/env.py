@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 from urllib.parse import unquote, urlparse, urlsplit
 
 import dj_database_url
@@ -76,14 +77,33 @@ def env_url(name: str, schemes: tuple[str, ...]) -> str:
     return raw
 
 
-def env_secret(name: str, dev_default: str, debug: bool) -> str:
-    """A secret: required outside debug mode, so production never runs on the dev default."""
+def env_secret(name: str, kept_in: os.PathLike[str] | str) -> str:
+    """A secret: the variable's value, else a random one made once and kept in the file ``kept_in``
+    (mode 0600), so that there is no known default and one machine's processes share it. Several
+    machines serving one site must share it: set the variable there."""
     raw = os.environ.get(name, "")
     if raw:
+        if len(raw) < 32:
+            raise ImproperlyConfiguredEnv(f"{name}: at least 32 characters (e.g. openssl rand -hex 32)")
         return raw
-    if not debug:
-        raise ImproperlyConfiguredEnv(f"{name} must be set when TESSERA_DEBUG is off")
-    return dev_default
+    path = os.fspath(kept_in)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        with open(path) as kept:
+            value = kept.read().strip()
+        if len(value) >= 32:
+            return value
+        raise ImproperlyConfiguredEnv(f"{path} is not a usable key: delete it, or set {name}") from None
+    except OSError as exc:
+        raise ImproperlyConfiguredEnv(
+            f"{name} is not set and {path} cannot be made ({exc}): set {name}"
+        ) from None
+    value = secrets.token_urlsafe(48)
+    with os.fdopen(fd, "w") as kept:
+        kept.write(value)
+    return value
 
 
 def database_from_url(url: str, base_dir: os.PathLike[str] | str) -> dict[str, object]:

@@ -11,6 +11,8 @@ import tempfile
 from datetime import timedelta
 from pathlib import Path
 
+from csp.constants import NONE, SELF
+
 from controlplane.env import (
     channel_layer_host,
     database_from_url,
@@ -28,8 +30,9 @@ from controlplane.env import (
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
 
-DEBUG = env_bool("TESSERA_DEBUG", True)
-SECRET_KEY = env_secret("TESSERA_SECRET_KEY", "insecure-dev-key-change-me-" + "x" * 24, DEBUG)
+# Off unless asked for: a debug page shows settings and tracebacks to whoever triggers one.
+DEBUG = env_bool("TESSERA_DEBUG", False)
+SECRET_KEY = env_secret("TESSERA_SECRET_KEY", VAR_DIR / "secret-key")
 ALLOWED_HOSTS = env_list("TESSERA_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("TESSERA_CSRF_TRUSTED_ORIGINS", [])
 
@@ -45,6 +48,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI and ReDoc from the package, not from a CDN
     "channels",
     "scheduling",
     "monitoring",
@@ -53,6 +57,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -141,6 +146,40 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_ALWAYS_EAGER = False
 
+# --- The web front in production -----------------------------------------------------------------
+# Content-Security-Policy (django-csp) on every page: scripts, styles, images, fonts and
+# connections from this origin only (websockets too), nothing may frame the pages, no plugins.
+# /api/redoc/ relaxes it for itself (scheduling/api/docs.py).
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF],
+        "img-src": [SELF, "data:"],
+        "font-src": [SELF],
+        "connect-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    }
+}
+# TESSERA_TLS=1: the site is served over HTTPS (TLS ending at a proxy in front of daphne, which
+# sets X-Forwarded-Proto): HTTP is redirected to HTTPS, browsers are told to use HTTPS only
+# (HSTS) and cookies are sent over HTTPS only. Unset, plain HTTP works (docker-compose's default).
+# /metrics and the agents' API are not redirected: what calls them is configured with its URL,
+# and a redirect would come after the credential was already sent.
+TLS = env_bool("TESSERA_TLS", False)
+if TLS:
+    SECURE_SSL_REDIRECT = True
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_REDIRECT_EXEMPT = [r"^metrics$", r"^api/v1/agent/"]
+    SECURE_HSTS_SECONDS = env_int("TESSERA_HSTS_SECONDS", 365 * 24 * 3600, minimum=0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("TESSERA_HSTS_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = env_bool("TESSERA_HSTS_PRELOAD", True)
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+
 # Sign-in throttling (controlplane/login_throttle.py): a username is locked for
 # TESSERA_LOGIN_LOCKOUT_MINUTES after TESSERA_LOGIN_FAILURE_LIMIT wrong passwords on /login/ or
 # /admin/login/.
@@ -203,6 +242,12 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Submit and watch GPU jobs; inspect nodes, tenants and quotas.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # The docs' code from the drf-spectacular-sidecar package (controlplane/api_docs.py); no
+    # validator badge (it would fetch an image from swagger.io, telling it the schema's URL).
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
 }
 
 LOGGING = {

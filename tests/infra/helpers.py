@@ -11,6 +11,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
 REQUIRE = os.environ.get("TESSERA_REQUIRE_SERVICES", "") in ("1", "true", "yes")
+# The secrets docker-compose.yml insists on (it has no defaults), as a deployer would set them.
+SECRETS = {
+    "TESSERA_SECRET_KEY": "test-secret-key-" + "k" * 40,
+    "TESSERA_JOIN_TOKEN": "test-join-token-" + "j" * 24,
+    "POSTGRES_PASSWORD": "test-postgres-password",
+}
 
 
 def tool(name: str) -> str:

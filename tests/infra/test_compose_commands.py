@@ -26,7 +26,7 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
-from tests.infra.helpers import COMPOSE, ROOT, agent_services, tool
+from tests.infra.helpers import COMPOSE, ROOT, SECRETS, agent_services, tool
 from tests.support import free_port, need_service
 
 pytestmark = [pytest.mark.slow, pytest.mark.services, pytest.mark.timeout(180)]
@@ -95,6 +95,7 @@ def test_the_compose_services_commands_run_a_job_through_web_worker_and_agent(da
             text=True,
             check=True,
             timeout=60,
+            env={**os.environ, **SECRETS},
         ).stdout
     )
     services = config["services"]

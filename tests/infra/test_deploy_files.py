@@ -7,20 +7,23 @@ these tests skip — unless TESSERA_REQUIRE_SERVICES=1 (CI), where a missing too
 from __future__ import annotations
 
 import functools
+import os
 import subprocess
 
+import pytest
 import yaml
 
-from tests.infra.helpers import COMPOSE, ROOT, agent_services, tool
+from tests.infra.helpers import COMPOSE, ROOT, SECRETS, agent_services, tool
 
 PROMETHEUS = ROOT / "deploy" / "prometheus.yml"
 STACK = {"postgres", "redis", "web", "worker", "beat", "prometheus"}
 APP_SERVICES = ("web", "worker", "beat")
 
 
-def run(*argv: str) -> subprocess.CompletedProcess[str]:
+def run(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **SECRETS} if env is None else env
     return subprocess.run(
-        argv, cwd=ROOT, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
+        argv, cwd=ROOT, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, env=env
     )
 
 
@@ -39,6 +42,26 @@ def compose_config() -> dict:
 def test_docker_compose_accepts_the_compose_file():
     result = run(tool("docker-compose"), "-f", str(COMPOSE), "config", "-q")
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("missing", sorted(SECRETS))
+def test_docker_compose_refuses_to_start_without_each_real_secret(missing):
+    env = {k: v for k, v in {**os.environ, **SECRETS}.items() if k != missing}
+    result = run(tool("docker-compose"), "-f", str(COMPOSE), "config", "-q", env=env)
+    assert result.returncode != 0 and missing in result.stderr
+
+
+def test_published_ports_listen_on_127_0_0_1_unless_told_otherwise():
+    published = [p for svc in compose_config()["services"].values() for p in svc.get("ports", [])]
+    assert published and all(str(p).startswith("127.0.0.1:") for p in published), published
+    wide = run(
+        tool("docker-compose"),
+        "-f",
+        str(COMPOSE),
+        "config",
+        env={**os.environ, **SECRETS, "TESSERA_BIND": "0.0.0.0"},
+    )
+    assert "0.0.0.0:8000:8000" in wide.stdout
 
 
 def test_docker_compose_would_reject_an_unknown_key(tmp_path):
