@@ -295,6 +295,9 @@ TESSERA = {
     "FENCE_MARGIN_S": env_float("TESSERA_FENCE_MARGIN_S", 5.0, minimum=0.0),
     "IDEMPOTENCY_TTL_S": env_int("TESSERA_IDEMPOTENCY_TTL_S", 24 * 3600, minimum=60),
     "RETRY_BACKOFF_S": env_float("TESSERA_RETRY_BACKOFF_S", 10.0, minimum=0.0),
+    # A job whose node is lost is requeued without using a retry this many times; the next node
+    # loss fails it (a job that takes nodes down cannot take down node after node).
+    "MAX_NODE_LOSSES": env_int("TESSERA_MAX_NODE_LOSSES", 3, minimum=0),
     # A newly registered node waits, cordoned, for an operator to uncordon it before it gets jobs.
     "APPROVE_NODES": env_bool("TESSERA_APPROVE_NODES", False),
     "WEB_THREADS": WEB_THREADS,

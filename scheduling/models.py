@@ -278,6 +278,7 @@ class Job(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0)
+    node_losses = models.PositiveIntegerField(default=0)  # attempts ended by a lost node
     exit_code = models.IntegerField(null=True, blank=True)
     not_before = models.DateTimeField(null=True, blank=True)  # retry backoff
     held = models.BooleanField(default=False)  # kept from starting until released (services.holds)

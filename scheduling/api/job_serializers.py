@@ -298,6 +298,8 @@ class JobSerializer(FieldTemplates, serializers.ModelSerializer):
             "started_at",
             "finished_at",
             "attempts",
+            "node_losses",
+            "last_checkpoint_at",
             "exit_code",
             "command",
             "gpus",

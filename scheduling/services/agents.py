@@ -8,7 +8,8 @@ Replicas: a job's replicas may lie on several nodes. A replica that exits is mar
 (``Allocation.exited_at``) and keeps its GPUs; the job settles (``do_record_exit``, which frees
 them all) when its last replica has exited. A
 replica that fails while others still run puts the job in ``terminating`` with the reason
-``exit N`` (or ``lost``), so the others get stop orders and the job ends failed (or retries).
+``exit N`` (or ``lost``), so the others get stop orders and the job ends failed (or retries; a
+``lost`` one is requeued as its node's loss, using no retry).
 
 Attempts: every allocation carries the job's attempt number; reports of another attempt than the
 job's current one are stale (:class:`Stale`) and the agent drops them.
@@ -47,6 +48,7 @@ from scheduling.services.jobs import (
     begin_stop,
     device_index,
     do_mark_running,
+    failed_code,
     jobs_from_rows,
     locked_jobs,
 )
@@ -183,7 +185,8 @@ def do_register_node(
     uncordons it.
 
     A re-registering node has restarted its agent: the processes of its running replicas are gone,
-    so those replicas are settled as lost (the job retries per ``max_retries`` or fails); replicas
+    so those replicas are settled as lost with the node (the job is requeued without using a
+    retry, up to ``TESSERA["MAX_NODE_LOSSES"]``); replicas
     bound but not yet started stay, and the new agent starts them.
     """
     now = timezone.now()
@@ -676,15 +679,13 @@ def _settle_replica(
         settlement.replica_exited(this, now)
         return
     code = None if reason == "lost" else exit_code  # killed by its agent's fencing: not its own code
+    lost = reason == "lost"
     if job.state == JobState.TERMINATING and job.stop_reason.startswith("exit "):
-        try:
-            code = int(job.stop_reason[5:])
-        except ValueError:
-            code = None
+        code = failed_code(job.stop_reason)
     elif job.state == JobState.TERMINATING and job.stop_reason == "lost":
-        code = None
+        code, lost = None, True
     # Stamped now, not at ``now``: a ``terminating`` event just recorded must stay before it.
-    settlement.exit(job, code, timezone.now(), held)
+    settlement.exit(job, code, timezone.now(), held, lost=lost)
 
 
 # --- Logs --------------------------------------------------------------------------------------

@@ -11,12 +11,15 @@ that stamped ``last_heartbeat`` and the worker that sweeps read two wall clocks.
 What a lost node's job becomes, once the lease has expired (docs/operations.md):
 
 - bound but never started (``scheduled``): back to the queue at once (``requeued``, reason
-  ``node-lost``); nothing ran, so no retry is consumed;
-- running (or stopping after a failure): the attempt is lost. Node loss **consumes a retry**, as
-  a failure does: the control plane cannot tell a machine that died from a job that took it down
-  (an out-of-memory kernel panic), and a free requeue would let such a job take down node after
-  node. With a retry left: ``retrying`` (reason ``node-lost``), back to the queue after the
-  exponential backoff; without: ``failed`` (reason ``node-lost``);
+  ``node-lost``); nothing ran, so nothing is counted against it;
+- running (or stopping because its node was lost): the attempt is lost, but not through the
+  job's fault, so it uses no retry: back to the queue at once (``requeued``, ``node-lost``),
+  from its last checkpoint, as Slurm requeues such jobs. A job that takes nodes down (an
+  out-of-memory kernel panic) must not take down node after node: after
+  ``TESSERA["MAX_NODE_LOSSES"]`` (default 3) such requeues the next loss fails it (``failed``,
+  ``node-lost``);
+- stopping after one of its replicas failed (``exit N``): it fails or retries as that failure
+  would have;
 - stopping for a reason of its own (cancelled, preempted, time limit): it ends as that stop
   would have ended it (``do_record_exit``): cancelled, requeued after preemption, failed.
 """
@@ -34,12 +37,12 @@ from scheduling.choices import HOLDING_STATES, EventType, JobState, NodeState
 from scheduling.models import Job, Node
 from scheduling.services import live
 from scheduling.services.jobs import (
-    do_record_exit,
+    Settlement,
+    active_allocations_of,
     do_transition,
+    failed_code,
     locked_jobs,
     release_allocations,
-    retries_used,
-    retry_backoff,
 )
 from scheduling.services.triggers import request_pass_on_commit
 
@@ -80,11 +83,9 @@ def sweep_nodes(now: datetime | None = None) -> list[str]:
 
 def requeue_lost(job: Job, now: datetime) -> None:
     """``job`` (locked) lost its node and the lease expired: free its GPUs and settle it."""
-    release_allocations(job, now)
-    if job.state == JobState.TERMINATING and job.stop_reason.startswith(OWN_STOPS):
-        do_record_exit(job, None, now)
-        return
+    active = list(active_allocations_of(job))
     if job.state == JobState.SCHEDULED:
+        release_allocations(job, now, active)
         do_transition(
             job,
             JobState.PENDING,
@@ -94,20 +95,11 @@ def requeue_lost(job: Job, now: datetime) -> None:
             attempts=job.attempts + 1,
             stop_reason="",
         )
-    elif (used := retries_used(job)) < job.max_retries:
-        do_transition(
-            job,
-            JobState.PENDING,
-            EventType.RETRYING,
-            "node-lost",
-            at=now,
-            attempts=job.attempts + 1,
-            not_before=now + retry_backoff(used),
-            stop_reason="",
-            stop_deadline=None,
-        )
+        request_pass_on_commit()
+        return
+    settlement = Settlement()
+    if job.state == JobState.TERMINATING and job.stop_reason.startswith(OWN_STOPS):
+        settlement.exit(job, None, now, active)
     else:
-        do_transition(
-            job, JobState.FAILED, EventType.FAILED, "node-lost", at=now, finished_at=now, stop_deadline=None
-        )
-    request_pass_on_commit()
+        settlement.exit(job, failed_code(job.stop_reason), now, active, lost=True)
+    settlement.write()

@@ -353,6 +353,7 @@ _SETTLED_FIELDS = (
     "stop_deadline",
     "finished_at",
     "attempts",
+    "node_losses",
     "not_before",
     "stop_reason",
     "started_at",
@@ -412,8 +413,14 @@ class Settlement:
             a.exited_at = at
         self.exited.extend(allocs)
 
-    def exit(self, job: Job, exit_code: int | None, at: datetime, active: list[Allocation]) -> None:
-        """:func:`do_record_exit`, in this settlement (``active``: the job's unreleased allocations)."""
+    def exit(
+        self, job: Job, exit_code: int | None, at: datetime, active: list[Allocation], lost: bool = False
+    ) -> None:
+        """:func:`do_record_exit`, in this settlement (``active``: the job's unreleased allocations).
+
+        ``lost``: the attempt ended because its node was lost (the agent fenced it, restarted, or
+        went silent past its lease), not through any fault of its own: unless it was stopping for
+        a reason of its own, it is requeued without using a retry (:meth:`node_lost`)."""
         if job.state in TERMINAL_STATES or job.state == JobState.PENDING:
             return
         self.freed.extend(active)
@@ -448,6 +455,8 @@ class Settlement:
             )
         elif stop == "time-limit":
             self.move(job, JobState.FAILED, EventType.FAILED, "time-limit", at=at, finished_at=at, **common)
+        elif lost and not stop.startswith("exit "):
+            self.node_lost(job, at, **common)
         elif exit_code == 0:
             self.move(job, JobState.SUCCEEDED, EventType.SUCCEEDED, "", at=at, finished_at=at, **common)
         elif (used := retries_used(job)) < job.max_retries:
@@ -466,6 +475,25 @@ class Settlement:
         else:
             reason = f"exit {exit_code}" if exit_code is not None else "lost"
             self.move(job, JobState.FAILED, EventType.FAILED, reason, at=at, finished_at=at, **common)
+
+    def node_lost(self, job: Job, at: datetime, **fields: Any) -> None:
+        """The attempt was lost with its node: back to the queue at once (``requeued``,
+        ``node-lost``; no retry used, no backoff), up to ``TESSERA["MAX_NODE_LOSSES"]`` times; the
+        next loss fails the job with that reason."""
+        if job.node_losses < settings.TESSERA["MAX_NODE_LOSSES"]:
+            self.move(
+                job,
+                JobState.PENDING,
+                EventType.REQUEUED,
+                "node-lost",
+                at=at,
+                attempts=job.attempts + 1,
+                node_losses=job.node_losses + 1,
+                stop_reason="",
+                **fields,
+            )
+        else:
+            self.move(job, JobState.FAILED, EventType.FAILED, "node-lost", at=at, finished_at=at, **fields)
 
     def write(self) -> None:
         """Write it all (inside the caller's transaction); live updates and a pass after commit."""
@@ -500,6 +528,14 @@ def do_record_exit(job: Job, exit_code: int | None, at: datetime | None = None, 
     )
     settlement.write()
     return job
+
+
+def failed_code(stop_reason: str) -> int | None:
+    """The exit code in a stop reason ``exit N`` (a replica failed; the others were stopped)."""
+    try:
+        return int(stop_reason[5:]) if stop_reason.startswith("exit ") else None
+    except ValueError:
+        return None
 
 
 def retries_used(job: Job) -> int:

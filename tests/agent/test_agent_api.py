@@ -423,7 +423,10 @@ def test_a_restarted_agent_settles_its_lost_running_replicas(world, join_token):
     assert node.post(AGENT + "register", h.node_body("gpu-01"), format="json").status_code == 200
     running.refresh_from_db()
     waiting.refresh_from_db()
-    assert running.state == JobState.FAILED and running.events.order_by("-id").first().reason == "lost"
+    # Its node lost it, not its own fault: back to the queue without a retry (it had none)
+    assert running.state == JobState.PENDING and running.node_losses == 1
+    assert running.events.order_by("-id").first().type == "requeued"
+    assert running.events.order_by("-id").first().reason == "node-lost"
     assert waiting.state == JobState.SCHEDULED  # the new agent will start it
 
 
@@ -465,13 +468,14 @@ def test_a_gang_succeeds_only_when_its_last_replica_exits_zero(world, join_token
     assert not Allocation.objects.filter(job=job, released_at__isnull=True).exists()
 
 
-def test_a_replica_killed_by_its_agents_fencing_counts_as_lost_not_as_its_signal(world, join_token):
+def test_a_replica_killed_by_its_agents_fencing_counts_as_a_node_loss_not_as_its_signal(world, join_token):
     node, _ = h.register(join_token)
     job = h.bind(h.submit(world.alice, world.vision), "gpu-01", [0, 1])
     h.report(node, job.pk, "started", attempt=0, replica=0)
     h.report(node, job.pk, "exited", attempt=0, replica=0, exit_code=-9, reason="lost")
     job.refresh_from_db()
-    assert job.state == JobState.FAILED and job.events.order_by("-id").first().reason == "lost"
+    assert job.state == JobState.PENDING and job.exit_code is None and job.node_losses == 1
+    assert [(e.type, e.reason) for e in job.events.order_by("id")][-1] == ("requeued", "node-lost")
 
 
 def test_an_old_attempts_process_is_stopped_while_the_new_one_keeps_running(world, join_token):

@@ -51,8 +51,9 @@ def test_a_lost_nodes_jobs_keep_their_gpus_until_the_lease_expires(world, settin
     Node.objects.filter(pk=node.pk).update(last_heartbeat=expired)
     sweep_nodes()
     job.refresh_from_db()
-    assert job.state == JobState.PENDING and job.attempts == 1
-    assert job.events.filter(type="retrying", reason="node-lost").exists()  # a retry consumed
+    assert job.state == JobState.PENDING and job.attempts == 1 and job.node_losses == 1
+    assert job.events.filter(type="requeued", reason="node-lost").exists()  # no retry consumed
+    assert not job.events.filter(type="retrying").exists() and job.not_before is None
     assert not Allocation.objects.filter(job=job, released_at__isnull=True).exists()
 
 
@@ -74,19 +75,20 @@ def test_a_lost_nodes_jobs_are_requeued_only_once_the_lease_and_the_fencing_marg
     assert Node.objects.get(pk=node.pk).state == NodeState.NOT_READY
     sweep_nodes(now=beat + timedelta(seconds=65.1))
     job.refresh_from_db()
-    assert job.state == JobState.PENDING and job.events.filter(type="retrying", reason="node-lost").exists()
+    assert job.state == JobState.PENDING and job.events.filter(type="requeued", reason="node-lost").exists()
     assert not Allocation.objects.filter(job=job, released_at__isnull=True).exists()
 
 
-def test_a_lost_nodes_job_without_retries_fails_with_node_lost(world, settings):
+def test_a_lost_nodes_job_without_retries_is_requeued_not_failed(world, settings):
     node = helpers.make_node("a100-01")
-    job = _running_job(world, gpus=1)
+    job = _running_job(world, gpus=1)  # max_retries 0
     expired = timezone.now() - timedelta(seconds=_fenced_after(settings) + 1)
     Node.objects.filter(pk=node.pk).update(last_heartbeat=expired, state=NodeState.NOT_READY)
     sweep_nodes()
     job.refresh_from_db()
-    assert job.state == JobState.FAILED
-    assert job.events.get(type="failed").reason == "node-lost"
+    assert job.state == JobState.PENDING and job.attempts == 1 and job.node_losses == 1
+    assert [e.type for e in job.events.order_by("at", "id")][-1] == "requeued"
+    assert job.events.get(type="requeued").reason == "node-lost"
 
 
 def _lose_node(node, settings):
@@ -99,22 +101,40 @@ def _locked(job):
     return Job.objects.select_for_update().select_related("tenant").get(pk=job.pk)
 
 
-def test_a_lost_nodes_job_waits_out_an_exponential_backoff_before_its_retry(world, settings):
-    settings.TESSERA = {**settings.TESSERA, "RETRY_BACKOFF_S": 10.0}
-    node = helpers.make_node("a100-01")
-    job = _running_job(world, gpus=1, max_retries=3)
-    with transaction.atomic():
-        do_record_exit(_locked(job), 1)  # a first failure: retried after 10 s
-    Job.objects.filter(pk=job.pk).update(not_before=None)
+def _run_again(job):
     passes.run_pass()
     with transaction.atomic():
         do_mark_running(_locked(job))
-    before = timezone.now()
-    _lose_node(node, settings)  # the second failure: 20 s
+
+
+def test_a_job_fails_with_node_lost_once_its_node_losses_pass_the_cap(world, settings):
+    settings.TESSERA = {**settings.TESSERA, "MAX_NODE_LOSSES": 2}
+    node = helpers.make_node("a100-01")
+    job = _running_job(world, gpus=1, max_retries=5)
+    for losses in (1, 2):  # requeued twice, at once, with no retry used
+        _lose_node(node, settings)
+        job.refresh_from_db()
+        assert job.state == JobState.PENDING and job.node_losses == losses and job.not_before is None
+        Node.objects.filter(pk=node.pk).update(last_heartbeat=timezone.now(), state=NodeState.READY)
+        _run_again(job)
+    _lose_node(node, settings)  # the third loss: past the cap of 2
     job.refresh_from_db()
-    assert job.state == JobState.PENDING and job.attempts == 2
-    assert timedelta(seconds=19) < job.not_before - before < timedelta(seconds=21)
-    assert job.events.filter(type="retrying").count() == 2
+    assert job.state == JobState.FAILED and job.node_losses == 2
+    assert job.events.get(type="failed").reason == "node-lost"
+    assert job.events.filter(type="requeued", reason="node-lost").count() == 2
+    assert not job.events.filter(type="retrying").exists()  # its 5 retries were never touched
+
+
+def test_a_job_that_failed_before_its_node_was_lost_uses_a_retry(world, settings):
+    settings.TESSERA = {**settings.TESSERA, "RETRY_BACKOFF_S": 10.0}
+    node = helpers.make_node("a100-01")
+    job = _running_job(world, gpus=1, max_retries=1)
+    with transaction.atomic():
+        begin_stop(_locked(job), "exit 3")  # one replica failed; the rest are being stopped
+    _lose_node(node, settings)
+    job.refresh_from_db()
+    assert job.state == JobState.PENDING and job.node_losses == 0
+    assert job.events.get(type="retrying").reason == "exit 3"
 
 
 def test_a_bound_job_that_never_started_is_requeued_without_consuming_a_retry(world, settings):
@@ -138,9 +158,7 @@ def test_preemptions_do_not_consume_retries(world, settings):
             begin_stop(_locked(job), "preempted: for a test")
         with transaction.atomic():
             do_record_exit(_locked(job), -15)
-        passes.run_pass()
-        with transaction.atomic():
-            do_mark_running(_locked(job))
+        _run_again(job)
     with transaction.atomic():
         do_record_exit(_locked(job), 3)
     job.refresh_from_db()

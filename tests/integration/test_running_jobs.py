@@ -1,0 +1,157 @@
+"""Running jobs that change, end to end with real agents: a lost node, checkpoints, rendezvous.
+
+Real PostgreSQL (the test database), real Redis, and real processes this module starts and always
+stops: daphne, a Celery worker, Celery beat (the node-health sweep and the safety pass) and two
+simulated agents, ``e2e-a`` and ``e2e-b``, each with 2 A100s. The leases are short (3 s, a 1 s
+fencing margin) so that a lost node's jobs are requeued within seconds. Jobs are alice's,
+submitted over HTTP, as a user submits them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from tests.support import (
+    Processes,
+    agent_argv,
+    agent_env,
+    beat_argv,
+    database_url_of,
+    free_port,
+    stack_env,
+    wait_until,
+    web_answers,
+    web_argv,
+    worker_argv,
+)
+
+DEADLINE_S = 75
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+pytestmark = [
+    pytest.mark.services,
+    pytest.mark.slow,
+    pytest.mark.timeout(120),
+    pytest.mark.postgresql("web, Celery worker, beat and agents are separate processes sharing one database"),
+    pytest.mark.redis("the Celery broker and the channel layer between the processes"),
+]
+
+
+class Stack:
+    def __init__(self, base: str, procs: Processes, work: Path, env: dict[str, str], token: str, alice):
+        self.base, self.procs, self.work, self.env, self.token = base, procs, work, env, token
+        self.alice = alice
+        self.deadline = time.monotonic() + DEADLINE_S
+
+    def start_agent(self, name: str, *extra: str) -> None:
+        argv = agent_argv(
+            self.base, name, "2xA100,nvlink=2,rack=r1", self.work / name, "--poll-interval", "0.3", *extra
+        )
+        self.procs.start(name, argv, agent_env(self.env, self.token))
+
+    def kill(self, name: str) -> None:
+        """SIGKILL a process of the stack (and its group), as a machine that dies."""
+        proc = self.procs.children.pop(name)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    def wait(self, what: str, check) -> Any:
+        return wait_until(what, check, self.procs, self.deadline)
+
+    def submit(self, **body: Any) -> int:
+        answer = self.alice.post(self.base + "/api/v1/jobs/", json=body, timeout=10)
+        assert answer.status_code == 201, answer.text
+        return answer.json()["id"]
+
+    def job(self, job_id: int) -> dict[str, Any]:
+        return self.alice.get(f"{self.base}/api/v1/jobs/{job_id}/", timeout=10).json()
+
+    def events(self, job_id: int) -> list[dict[str, Any]]:
+        events = self.alice.get(f"{self.base}/api/v1/jobs/{job_id}/events/", timeout=10).json()
+        return events["results"] if isinstance(events, dict) else events
+
+    def logs(self, job_id: int) -> str:
+        return self.alice.get(f"{self.base}/api/v1/jobs/{job_id}/logs/", timeout=10).json()["data"]
+
+    def finished(self, job_id: int) -> dict[str, Any]:
+        return self.wait(f"job {job_id} to end", lambda: (j := self.job(job_id))["state"] in TERMINAL and j)
+
+    def running_on(self, job_id: int) -> str:
+        def where() -> str | None:
+            job = self.job(job_id)
+            return job["allocations"][0]["node"] if job["state"] == "running" else None
+
+        return self.wait(f"job {job_id} to run", where)
+
+
+@pytest.fixture
+def stack(require_postgres, redis_url, transactional_db, world, settings) -> Iterator[Stack]:
+    from scheduling.services import redis_flags
+    from scheduling.services.agents import do_create_join_token
+    from scheduling.services.triggers import QUEUED_FLAG
+
+    _, join_token = do_create_join_token("e2e", max_nodes=None)
+    port = free_port()
+    work = Path(tempfile.mkdtemp(prefix="tessera-running-", dir="/tmp"))
+    work.chmod(0o711)  # the job user must reach the agents' job directories below it
+    env = stack_env(
+        database_url_of(settings),
+        redis_url,
+        TESSERA_REDIS_BROKER_DB=str(8 + os.getpid() % 8),
+        TESSERA_LEASE_S="3",
+        TESSERA_FENCE_MARGIN_S="1",
+        TESSERA_HEARTBEAT_TIMEOUT_S="2",
+        TESSERA_PASS_INTERVAL_S="2",
+    )
+    procs = Processes(work)
+    alice = requests.Session()
+    alice.headers["Authorization"] = f"Token {world.tokens['alice']}"
+    try:
+        procs.start("worker", worker_argv("running"), env)
+        procs.start("beat", beat_argv(work / "beat-schedule"), env)
+        procs.start("web", web_argv(port=port), env)
+        s = Stack(f"http://127.0.0.1:{port}", procs, work, env, join_token, alice)
+        s.wait("the Celery worker", lambda: " ready." in procs.output("worker"))
+        s.wait("the web server", lambda: web_answers(s.base))
+        # A "pass already queued" flag an earlier run left would swallow this test's triggers.
+        redis_flags.client().delete(redis_flags.key(QUEUED_FLAG))
+        for name in ("e2e-a", "e2e-b"):
+            s.start_agent(name)
+        s.wait("both agents to register", lambda: _registered("e2e-a", "e2e-b"))
+        yield s
+    finally:
+        procs.stop_all()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _registered(*names: str) -> bool:
+    from scheduling.models import Node
+
+    return Node.objects.filter(name__in=names, devices__isnull=False).distinct().count() == len(names)
+
+
+def test_a_job_without_retries_whose_node_dies_is_requeued_and_succeeds_elsewhere(stack):
+    # The first attempt sleeps until its node dies; the next one ends at once.
+    command = ["python", "-c", "import os, time; int(os.environ['TESSERA_ATTEMPT']) or time.sleep(300)"]
+    job_id = stack.submit(name="outlives-its-node", kind="training", command=command, gpus=2, max_retries=0)
+    first = stack.running_on(job_id)
+    stack.kill(first)  # the node dies, its job with it
+
+    job = stack.finished(job_id)
+    assert job["state"] == "succeeded", f"{job}\n{stack.procs.report()}"
+    assert job["attempts"] == 1 and job["node_losses"] == 1
+    (other,) = {"e2e-a", "e2e-b"} - {first}
+    assert job["allocations"] == [] and job["placements"][-1]["allocations"][0]["node"] == other
+    types = [(e["type"], e["reason"]) for e in stack.events(job_id)]
+    assert ("requeued", "node-lost") in types and not any(t == "retrying" for t, _ in types), types
+    assert types[-1] == ("succeeded", None)
