@@ -172,7 +172,7 @@ def bulk_cancel(request: HttpRequest) -> HttpResponse:
             finished.append(job.pk)
             continue
         try:
-            do_cancel_job(job.pk)
+            do_cancel_job(job.pk, by=request.user)
             cancelled.append(job.pk)
         except InvalidTransition:  # it finished meanwhile
             finished.append(job.pk)
@@ -236,7 +236,7 @@ def job_cancel(request: HttpRequest, pk: int) -> HttpResponse:
         )
     else:
         try:
-            job = do_cancel_job(job.pk)
+            job = do_cancel_job(job.pk, by=request.user)
         except InvalidTransition:
             job.refresh_from_db()
             messages.warning(request, f"Job #{job.pk} ended meanwhile ({job.state}): nothing was cancelled.")

@@ -21,6 +21,7 @@ from scheduling.engine.config import KNOBS
 from scheduling.models import (
     Allocation,
     ApiToken,
+    AuditEntry,
     Device,
     EngineMemoryRecord,
     IdempotencyKey,
@@ -139,17 +140,17 @@ class QuotaAdmin(admin.ModelAdmin):
             messages.warning(request, warning)
         numbers = {"guaranteed": obj.guaranteed, "limit": obj.limit, "weight": obj.weight}
         if change:
-            do_update_quota(obj, **numbers)
+            do_update_quota(obj, by=request.user, **numbers)
         else:
-            created = do_create_quota(obj.tenant, obj.model, **numbers)
+            created = do_create_quota(obj.tenant, obj.model, **numbers, by=request.user)
             obj.pk = created.pk
 
     def delete_model(self, request: HttpRequest, obj: Quota) -> None:
-        do_delete_quota(obj)
+        do_delete_quota(obj, by=request.user)
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Quota]) -> None:
         for quota in queryset:
-            do_delete_quota(quota)
+            do_delete_quota(quota, by=request.user)
 
 
 @admin.register(JoinToken)
@@ -189,8 +190,18 @@ class JoinTokenAdmin(admin.ModelAdmin):
 
     @admin.action(description="Revoke the selected join tokens")
     def revoke(self, request: HttpRequest, queryset: QuerySet[JoinToken]) -> None:
-        n = operators.do_revoke_join_tokens(queryset.values_list("pk", flat=True))
+        n = operators.do_revoke_join_tokens(queryset.values_list("pk", flat=True), by=request.user)
         self.message_user(request, f"{n} token(s) revoked.")
+
+
+@admin.register(AuditEntry)
+class AuditEntryAdmin(ReadOnlyMixin, admin.ModelAdmin):
+    """The audit log: who changed what, with the values before and after. Read only."""
+
+    list_display = ["at", "actor", "action", "object_repr", "before", "after"]
+    list_filter = ["action", "object_type"]
+    search_fields = ["actor", "object_repr", "object_id", "note"]
+    date_hierarchy = "at"
 
 
 @admin.register(ApiToken)
@@ -207,11 +218,11 @@ class ApiTokenAdmin(ReadOnlyMixin, admin.ModelAdmin):
         return bool(request.user.is_staff)
 
     def delete_model(self, request: HttpRequest, obj: ApiToken) -> None:
-        do_revoke_api_token(obj)
+        do_revoke_api_token(obj, by=request.user)
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
         for token in queryset:
-            do_revoke_api_token(token)
+            do_revoke_api_token(token, by=request.user)
 
 
 class DeviceInline(ReadOnlyInline):
@@ -235,7 +246,7 @@ class NodeAdmin(ReadOnlyMixin, admin.ModelAdmin):
         return [f.name for f in Node._meta.fields if f.name not in ("price_per_gpu_hour", "credential_hash")]
 
     def save_model(self, request: HttpRequest, obj: Node, form: Any, change: bool) -> None:
-        operators.do_set_node_price(obj, obj.price_per_gpu_hour)
+        operators.do_set_node_price(obj, obj.price_per_gpu_hour, by=request.user)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Node]:
         return super().get_queryset(request).annotate(gpus_n=Count("devices"))
@@ -246,12 +257,12 @@ class NodeAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     @admin.action(description="Cordon: take no new jobs (running ones continue)")
     def cordon(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
-        n = operators.do_cordon_nodes(queryset.values_list("pk", flat=True))
+        n = operators.do_cordon_nodes(queryset.values_list("pk", flat=True), by=request.user)
         self.message_user(request, f"{n} node(s) cordoned.")
 
     @admin.action(description="Uncordon: schedulable again (approves a node held for an operator)")
     def uncordon(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
-        n = operators.do_uncordon_nodes(queryset.values_list("pk", flat=True))
+        n = operators.do_uncordon_nodes(queryset.values_list("pk", flat=True), by=request.user)
         self.message_user(request, f"{n} node(s) uncordoned.")
 
     @admin.action(description="Make a join token to register these names on new machines (24 h)")
@@ -327,7 +338,7 @@ class JobAdmin(ReadOnlyMixin, admin.ModelAdmin):
         done, refused = 0, []
         for job_id in queryset.values_list("pk", flat=True):
             try:
-                do_cancel_job(job_id)
+                do_cancel_job(job_id, by=request.user)
                 done += 1
             except InvalidTransition:
                 refused.append(str(job_id))

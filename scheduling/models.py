@@ -496,3 +496,40 @@ class SchedulerSettings(models.Model):
 
     def __str__(self) -> str:
         return "scheduler settings"
+
+
+class AuditEntryQuerySet(models.QuerySet["AuditEntry"]):
+    def visible_to(self, user) -> AuditEntryQuerySet:
+        """Operators read the audit log; nobody else does."""
+        if getattr(user, "is_authenticated", False) and getattr(user, "is_staff", False):
+            return self.all()
+        return self.none()
+
+
+class AuditEntry(models.Model):
+    """Who changed what, when: one operator or security-relevant action, with the object's values
+    before and after. Written only by ``scheduling.services.audit.record``, never changed."""
+
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    # The person who acted (kept as words in ``actor`` too, should the user be deleted).
+    actor_user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    actor = models.CharField(max_length=160)  # "user admin", "node gpu-01", "join token 3 (rack-2)", "system"
+    action = models.CharField(max_length=64, db_index=True)  # "quota.update", "node.cordon", ...
+    object_type = models.CharField(max_length=32, blank=True)
+    object_id = models.CharField(max_length=64, blank=True)
+    object_repr = models.CharField(max_length=200, blank=True)
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+    note = models.CharField(max_length=256, blank=True)
+
+    objects = AuditEntryQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["object_type", "object_id"])]
+        verbose_name_plural = "audit entries"
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor}: {self.action} {self.object_repr}"

@@ -192,7 +192,7 @@ class JobViewSet(viewsets.GenericViewSet):
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str) -> Response:
         job = self.get_object()
-        do_cancel_job(job.pk)
+        do_cancel_job(job.pk, by=request.user)
         return Response(JobSerializer(self.get_object()).data)
 
     @extend_schema(

@@ -158,7 +158,7 @@ class QuotaViewSet(viewsets.GenericViewSet):
         body = QuotaWriteSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         try:
-            quota = do_create_quota(**body.validated_data)
+            quota = do_create_quota(**body.validated_data, by=request.user)
         except QuotaExists:
             raise ValidationError({"model": ["the tenant already has a quota for this model"]}) from None
         return Response(with_warnings(quota, body), status=status.HTTP_201_CREATED)
@@ -168,8 +168,8 @@ class QuotaViewSet(viewsets.GenericViewSet):
         body = QuotaWriteSerializer(quota, data=request.data, partial=True)
         body.is_valid(raise_exception=True)
         fields = {k: v for k, v in body.validated_data.items() if k in ("guaranteed", "limit", "weight")}
-        return Response(with_warnings(do_update_quota(quota, **fields), body))
+        return Response(with_warnings(do_update_quota(quota, by=request.user, **fields), body))
 
     def destroy(self, request: Request, pk: str) -> Response:
-        do_delete_quota(self.get_object())
+        do_delete_quota(self.get_object(), by=request.user)
         return Response(status=status.HTTP_204_NO_CONTENT)

@@ -92,5 +92,5 @@ class TokenViewSet(viewsets.GenericViewSet):
         token = self.get_queryset().filter(pk=parse_pk(pk, "token")).first()
         if token is None:
             raise NotFound("No such token.")
-        do_revoke_api_token(token)
+        do_revoke_api_token(token, by=request.user)
         return Response(status=status.HTTP_204_NO_CONTENT)

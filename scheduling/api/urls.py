@@ -12,6 +12,7 @@ from importlib.util import find_spec
 from django.urls import include, path, re_path
 
 from scheduling.api import schema  # noqa: F401  (registers the agents' auth schemes in the schema)
+from scheduling.api.audit import AuditViewSet
 from scheduling.api.cluster import ClusterView
 from scheduling.api.errors import not_found
 from scheduling.api.job_stream import job_stream, jobs_stream
@@ -43,6 +44,7 @@ urlpatterns = [
         name="quota-detail",
     ),
     path("cluster/", ClusterView.as_view(), name="cluster"),
+    path("audit/", AuditViewSet.as_view({"get": "list"}), name="audit-list"),
     path("tokens/", TokenViewSet.as_view({"get": "list", "post": "create"}), name="token-list"),
     path("tokens/<str:pk>/", TokenViewSet.as_view({"delete": "destroy"}), name="token-detail"),
 ]

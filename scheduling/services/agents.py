@@ -39,7 +39,7 @@ from scheduling.models import (
     hash_secret,
     new_secret,
 )
-from scheduling.services import live
+from scheduling.services import audit, live
 from scheduling.services.inventory import device_rows
 from scheduling.services.jobs import (
     LOCK_JOBS,
@@ -102,14 +102,17 @@ def do_create_join_token(
     """
     raw = new_secret()
     expires_at = timezone.now() + timedelta(hours=expires_hours) if expires_hours else None
-    token = JoinToken.objects.create(
-        name=name[:64],
-        token_hash=hash_secret(raw),
-        expires_at=expires_at,
-        max_nodes=max_nodes,
-        names=names,
-        created_by=created_by,
-    )
+    with transaction.atomic():
+        token = JoinToken.objects.create(
+            name=name[:64],
+            token_hash=hash_secret(raw),
+            expires_at=expires_at,
+            max_nodes=max_nodes,
+            names=names,
+            created_by=created_by,
+        )
+        after = audit.fields_of(token, ("name", "max_nodes", "names", "expires_at"))
+        audit.record("join_token.create", token, by=created_by, after=after)
     return token, raw
 
 
@@ -139,6 +142,10 @@ def _claim_join_token(token: JoinToken, name: str, node: Node | None, now: datet
     JoinToken.objects.filter(pk=token.pk).update(registrations=F("registrations") + 1)
 
 
+def _inventory_of(node: Node) -> dict[int, tuple[str, float]]:
+    return {d.index: (d.model, float(d.memory_gib)) for d in node.devices.all()}
+
+
 def _inventory(devices) -> dict[int, tuple[str, float]]:
     return {d["index"]: (d["model"], float(d["memory_gib"])) for d in devices}
 
@@ -147,7 +154,7 @@ def _gpus_grew(node: Node, desc: dict[str, Any]) -> str:
     """What the node now advertises beyond what it had: a GPU index it did not have, another model
     or more memory on one, another NVLink island size ('' if nothing). Fewer GPUs (a failed
     device) are taken as they come."""
-    old = {d.index: (d.model, float(d.memory_gib)) for d in node.devices.all()}
+    old = _inventory_of(node)
     new = _inventory(desc["devices"])
     changed = [
         i for i, (model, memory) in new.items() if i not in old or old[i][0] != model or memory > old[i][1]
@@ -195,6 +202,7 @@ def do_register_node(
         # Lock order as everywhere else (jobs, then nodes), so a concurrent exit report, which
         # locks its job and then bumps the node's version, cannot deadlock with this.
         previous = Node.objects.filter(name=desc["name"]).first()
+        before = {"gpus": _summary(_inventory_of(previous)), "state": previous.state} if previous else None
         if previous is not None:
             list(Job.objects.select_for_update().filter(pk__in=_started_job_ids(previous)).order_by("pk"))
         node = Node.objects.select_for_update().filter(name=desc["name"]).first()
@@ -226,6 +234,12 @@ def do_register_node(
         node.version = (node.version or 0) + 1
         node.save()
         _sync_devices(node, desc["devices"])
+        after = {
+            "gpus": _summary(_inventory(desc["devices"])),
+            "state": node.state,
+            "held_reason": node.held_reason,
+        }
+        audit.record("node.register", node, by=as_node or join_token, before=before, after=after)
         if not created:
             _settle_lost_replicas(node, now)
         live.publish_devices(device_rows(node.devices.select_related("node")))

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from scheduling.choices import HOLDING_STATES, QUEUE_LEVELS, TERMINAL_STATES, EventType, JobState
 from scheduling.models import Allocation, IdempotencyKey, Job, JobEvent, Tenant
-from scheduling.services import live
+from scheduling.services import audit, live
 from scheduling.services.bulk import InsertWithChildren, RowsInsert, RowsUpdate, Write, write_together
 from scheduling.services.inventory import device_rows
 from scheduling.services.quotas import admission_params, admission_sql, check_job_admissible
@@ -272,7 +272,7 @@ def locked_jobs():
     return Job.objects.select_for_update(of=("self",)).select_related("tenant")
 
 
-def do_cancel_job(job_id: int) -> Job:
+def do_cancel_job(job_id: int, by: Any = None) -> Job:
     """Cancel: a pending job at once; a bound or running one gets the stop signal (``terminating``,
     its GPUs held until its agent says its process has exited, or never started).
 
@@ -280,9 +280,12 @@ def do_cancel_job(job_id: int) -> Job:
     ``started`` report comes later. Its GPUs are freed when the agent's next heartbeat (the stop
     wakes it) shows no process for it, or when that process has exited — never at once.
     Idempotent for cancelled jobs; a succeeded or failed job raises InvalidTransition (409).
+    ``by``: who cancels; a cancel by anyone but the job's owner goes to the audit log.
     """
     with transaction.atomic():
         job = locked_jobs().get(pk=job_id)
+        if by is not None and getattr(by, "pk", None) != job.owner_id and job.state not in TERMINAL_STATES:
+            audit.record("job.cancel", job, by=by, before={"state": job.state}, note=f"owner {job.owner_id}")
         if job.state == JobState.CANCELLED or (
             job.state == JobState.TERMINATING and job.stop_reason == "cancelled"
         ):

@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from scheduling.engine.config import KNOBS, KnobError, configure
 from scheduling.models import SchedulerSettings
+from scheduling.services import audit
 from scheduling.services.jobs import request_pass_on_commit
 from scheduling.services.passes import engine_config
 
@@ -22,6 +23,10 @@ def knobs_of(record: SchedulerSettings | dict[str, Any]) -> dict[str, Any]:
     """The knobs ``record`` sets (its blank fields left out)."""
     get = record.get if isinstance(record, dict) else lambda k: getattr(record, k)
     return {k: get(k) for k in KNOBS if get(k) is not None}
+
+
+def _json(knobs: dict[str, Any]) -> dict[str, Any]:
+    return {k: v if isinstance(v, bool | int | float | str) else str(v) for k, v in knobs.items()}
 
 
 def check_knobs(knobs: dict[str, Any]) -> KnobError | None:
@@ -40,6 +45,14 @@ def do_save_scheduler_settings(record: SchedulerSettings, user: Any) -> None:
     if error is not None:
         raise error
     record.pk = 1
+    stored = SchedulerSettings.objects.filter(pk=1).first()
+    audit.record(
+        "settings.update",
+        record,
+        by=user,
+        before=_json(knobs_of(stored)) if stored is not None else None,
+        after=_json(knobs_of(record)),
+    )
     record.updated_by = user
     record.updated_at = timezone.now()
     record.save()

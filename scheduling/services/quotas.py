@@ -15,6 +15,7 @@ from django.db import IntegrityError, connection, transaction
 from scheduling.engine.geometry import geometry
 from scheduling.engine.types import MILLI, JobRequest
 from scheduling.models import Quota, Tenant
+from scheduling.services import audit
 from scheduling.services.snapshot import PreparedRead
 from scheduling.services.triggers import request_pass_on_commit
 
@@ -140,12 +141,24 @@ def check_job_admissible(tenant: Tenant, cleaned: dict[str, Any]) -> str | None:
     return None
 
 
-def do_create_quota(tenant: Tenant, model: str, guaranteed: float, limit: float, weight: float) -> Quota:
+AUDITED = ("tenant_id", "model", "guaranteed", "limit", "weight")
+
+
+def _audited(quota: Quota) -> dict[str, Any]:
+    return {**audit.fields_of(quota, AUDITED[2:]), "tenant": quota.tenant.name, "model": quota.model}
+
+
+def do_create_quota(
+    tenant: Tenant, model: str, guaranteed: float, limit: float, weight: float, by: Any = None
+) -> Quota:
+    """A new quota row (:class:`QuotaExists` if the tenant has one for ``model``); ``by``: who, for
+    the audit log."""
     try:
         with transaction.atomic():
             quota = Quota.objects.create(
                 tenant=tenant, model=model, guaranteed=guaranteed, limit=limit, weight=weight
             )
+            audit.record("quota.create", quota, by=by, after=_audited(quota))
             request_pass_on_commit()
     except IntegrityError:
         if Quota.objects.filter(tenant=tenant, model=model).exists():
@@ -154,18 +167,25 @@ def do_create_quota(tenant: Tenant, model: str, guaranteed: float, limit: float,
     return quota
 
 
-def do_update_quota(quota: Quota, **fields: float) -> Quota:
-    """Change ``guaranteed``, ``limit`` or ``weight`` (already validated together)."""
+def do_update_quota(quota: Quota, by: Any = None, **fields: float) -> Quota:
+    """Change ``guaranteed``, ``limit`` or ``weight`` (already validated together); the audit log
+    gets the stored values before (read from the row: an admin form has already set ``quota``'s)
+    and after."""
     with transaction.atomic():
+        stored = Quota.objects.select_for_update().select_related("tenant").get(pk=quota.pk)
+        before = _audited(stored)
         for name, value in fields.items():
             setattr(quota, name, value)
         quota.save(update_fields=list(fields) or None)
+        audit.record("quota.update", quota, by=by, before=before, after=_audited(quota))
         request_pass_on_commit()
     return quota
 
 
-def do_delete_quota(quota: Quota) -> None:
+def do_delete_quota(quota: Quota, by: Any = None) -> None:
     with transaction.atomic():
+        before = _audited(Quota.objects.select_related("tenant").get(pk=quota.pk))
+        audit.record("quota.delete", quota, by=by, before=before)
         quota.delete()
         request_pass_on_commit()
 

@@ -11,11 +11,13 @@ from __future__ import annotations
 import hmac
 import secrets
 from datetime import timedelta
+from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from scheduling.models import ApiToken, hash_secret
+from scheduling.services import audit
 
 KEY_PREFIX = "tsr_"
 MAX_NAME = 64
@@ -31,8 +33,13 @@ def new_key() -> str:
     return KEY_PREFIX + secrets.token_urlsafe(30)
 
 
-def do_create_api_token(user, name: str) -> tuple[ApiToken, str]:
-    """A new token for ``user``: returns the row (holding only prefix and hash) and the key."""
+def _audited(token: ApiToken) -> dict[str, Any]:
+    return {"user": token.user.get_username(), "name": token.name, "prefix": token.prefix}
+
+
+def do_create_api_token(user, name: str, by: Any = None) -> tuple[ApiToken, str]:
+    """A new token for ``user`` (made by ``by``, default the user): returns the row (holding only
+    prefix and hash) and the key."""
     key = new_key()
     try:
         with transaction.atomic():
@@ -42,14 +49,17 @@ def do_create_api_token(user, name: str) -> tuple[ApiToken, str]:
                 prefix=key[: ApiToken.PREFIX_LENGTH],
                 key_hash=hash_secret(key),
             )
+            audit.record("api_token.create", token, by=by or user, after=_audited(token))
     except IntegrityError:
         raise TokenNameTaken(name) from None
     return token, key
 
 
-def do_revoke_api_token(token: ApiToken) -> None:
+def do_revoke_api_token(token: ApiToken, by: Any = None) -> None:
     """The key stops working at once in this process, within seconds in the others."""
-    token.delete()
+    with transaction.atomic():
+        audit.record("api_token.revoke", token, by=by, before=_audited(token))
+        token.delete()
 
 
 def token_for_key(key: str) -> ApiToken | None:

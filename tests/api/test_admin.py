@@ -26,6 +26,7 @@ ALL_MODELS = [
     models.EngineMemoryRecord,
     models.SchedulerSettings,
     models.ApiToken,
+    models.AuditEntry,
 ]
 
 

@@ -209,6 +209,7 @@ RULES: dict[tuple[str, str], Rule] = {
         admin=status(204),
     ),
     ("cluster", "GET"): Rule(lambda o: reverse("cluster"), no_vision_in, status(200)),
+    ("audit-list", "GET"): Rule(lambda o: reverse("audit-list"), status(403), status(403), admin=status(200)),
     # Tokens are a person's own, not their tenant's: carol sees and revokes alice's no more than bob.
     ("token-list", "GET"): Rule(
         lambda o: reverse("token-list"), only_own_tokens("bob"), only_own_tokens("carol"), admin=all_tokens
