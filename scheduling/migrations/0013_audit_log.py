@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('scheduling', '0011_job_held'),
+        ('scheduling', '0012_node_losses'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
