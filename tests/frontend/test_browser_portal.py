@@ -103,6 +103,17 @@ def test_a_researchers_whole_path_in_the_portal(server: dict[str, Any], agent: s
             alice.wait_for_selector("#job-state:text('cancelled')", timeout=10_000)
             wait_state(server, waiting, "cancelled")
 
+            # A dropped connection: the page reconnects and catches up with what it missed.
+            gone = submit(server, "alice", name="alice-cancelled-offline", gpus=64)
+            alice.goto(f"{server['url']}/jobs/{gone}/")
+            alice.wait_for_selector("#live.live-on", timeout=10_000)
+            alice.evaluate("window.__noReload = 'still here'; window.TESSERA_PORTAL.socket.close()")
+            alice.wait_for_selector("#live.live-off", timeout=5_000)
+            headers = {"Authorization": f"Token {server['users']['alice']['token']}"}
+            requests.post(f"{server['url']}/api/v1/jobs/{gone}/cancel/", headers=headers, timeout=10)
+            alice.wait_for_selector("#job-state:text('cancelled')", timeout=20_000)
+            assert alice.evaluate("window.__noReload") == "still here"
+
             # The failed job is still there, with its exit code, in the list and on the dashboard.
             wait_state(server, failed, "failed")
             alice.goto(server["url"] + "/jobs/?state=failed")

@@ -26,7 +26,7 @@
     let retryMs = 500;
     function connect() {
       const scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
-      const socket = new WebSocket(scheme + window.location.host + "/ws/dashboard/");
+      const socket = P.socket = new WebSocket(scheme + window.location.host + "/ws/dashboard/");
       socket.onmessage = function (event) {
         let msg;
         try { msg = JSON.parse(event.data); } catch (e) { return; }
