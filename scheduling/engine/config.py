@@ -76,6 +76,7 @@ class EngineConfig:
     max_preemptions_per_pass: int = 256  # victims marked per pass (the rest wait a pass)
     max_preemption_attempts: int = 128  # victim searches per pass (each scans the cluster)
     default_runtime_s: float = 4 * 3600.0  # runtime assumed for reservations when nothing tells
+    eta_max_jobs: int = 1000  # start estimates for the first N pending jobs in queue order (eta.py)
     frag_window: int = 1000  # typical requests from the last N submitted jobs
     reject_over_capacity: bool = False  # live: larger than the cluster stays pending (nodes join)
     preemption: bool = True

@@ -29,7 +29,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field, replace
 
-from . import queues
+from . import eta, queues
 from .backfill import (
     History,
     Reservation,
@@ -54,6 +54,7 @@ from .types import (
     Binding,
     Deadline,
     Decisions,
+    Estimate,
     JobRequest,
     NodeSpec,
     Placement,
@@ -500,6 +501,11 @@ class TesseraScheduler:
         # (the live pass) must decide as one that lived on.
         self._fail_memo.clear()
         return PolicyPass(self, now, deadline).run()
+
+    def estimate(self, d: Decisions, now: float) -> dict[str, Estimate]:
+        """When the jobs ``d`` (this scheduler's last pass) left pending are expected to start
+        (:mod:`.eta`). It decides nothing: a driver asks for it when it shows the estimates."""
+        return eta.estimate(self, d, now)
 
     # helpers used by the pass ----------------------------------------------------------------------
     def expected_end(self, run: Running, now: float) -> float:

@@ -179,6 +179,19 @@ class PendingReason:
 
 
 @dataclass(frozen=True, slots=True)
+class Estimate:
+    """When a pending job is expected to start (:mod:`.eta`): a start, a band around it, what it
+    rests on, and its place in the queue."""
+
+    start: float
+    earliest: float
+    latest: float
+    basis: str  # words: what the estimate rests on
+    position: int  # 1 = first in the queue
+    ahead: int  # jobs before it in the queue
+
+
+@dataclass(frozen=True, slots=True)
 class Deadline:
     """When a pass stops deciding more jobs: ``at`` on the scale of ``clock``, the driver's own
     clock (the live pass passes a monotonic one; tests a fake one). The engine reads no clock

@@ -74,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, type=Path, help="output directory")
     p.add_argument("--seed", type=int, default=0, help="the policy's seed (default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--eta", action="store_true", help="score the start estimates (slower; summary eta_*)")
 
     p = sub.add_parser("pack", help="the FGD packing benchmark (docs/evaluation.md)")
     p.add_argument("--nodes", required=True, type=Path, help="NODES.csv")
@@ -133,8 +134,9 @@ def _replay(args: argparse.Namespace) -> int:
         print((args.out / "compare.md").read_text(encoding="utf-8"))
         return 0 if all(s["check"]["ok"] for s in summaries.values()) else 1
     s = runner.run_replay(
-        args.nodes, args.jobs, args.quotas, args.policy, args.out, args.seed, show_progress=not args.quiet
-    )
+        args.nodes, args.jobs, args.quotas, args.policy, args.out, args.seed,
+        show_progress=not args.quiet, estimates=args.eta,
+    )  # fmt: skip
     print(runner.replay_table({args.policy: s}))
     print(f"wrote {args.out}/events.jsonl, summary.json and plots")
     return 0

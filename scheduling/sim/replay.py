@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduling.engine.types import Decisions, NodeSpec, Placement, Scheduler
+from scheduling.engine.types import Decisions, Estimate, NodeSpec, Placement, Scheduler
 from scheduling.sim.traces import TraceJob
 
 # Internal event kinds, in the order they are handled at one time (releases first).
@@ -60,6 +60,9 @@ class ReplayResult:
     unfinished: list[str] = field(default_factory=list)  # jobs that never ended
     #: pending reason code -> mean number of jobs pending with it, over sampled decisions
     pending_codes: dict[str, float] = field(default_factory=dict)
+    #: job -> the start estimate the policy gave at the first pass that left it pending
+    #: (None: it gave none); only for a policy that estimates (``estimate(decisions, now)``)
+    first_estimates: dict[str, Estimate | None] = field(default_factory=dict)
 
 
 class _Job:
@@ -118,7 +121,9 @@ class Replay:
         *,
         tick_s: float = 300.0,
         progress: Progress | None = None,
+        estimates: bool = False,
     ) -> None:
+        self.estimates = estimates
         missing = [tj.request.id for tj in jobs if tj.duration_s is None]
         if missing:
             raise ReplayError(
@@ -291,6 +296,7 @@ class Replay:
     def _decide(self, now: float) -> bool:
         began = time.perf_counter()
         decisions: Decisions = self.sched.decide(now)
+        self._first_estimates(decisions, now)
         self.result.decide_s += time.perf_counter() - began
         self.result.decide_calls += 1
         if self.result.decide_calls % PENDING_SAMPLE_EVERY == 1 and decisions.pending:
@@ -298,6 +304,18 @@ class Replay:
             for reason in decisions.pending.values():
                 self._pending_counts[reason.code] += 1
         return self._apply(now, decisions)
+
+    def _first_estimates(self, d: Decisions, now: float) -> None:
+        """The estimate each job gets at the first pass that leaves it pending (what a user
+        sees first), for the policies that give estimates."""
+        estimate = getattr(self.sched, "estimate", None)
+        seen = self.result.first_estimates
+        new = [j for j in d.pending if j not in seen] if self.estimates else []
+        if estimate is None or not new:
+            return
+        got = estimate(d, now)
+        for job_id in new:
+            seen[job_id] = got.get(job_id)
 
     def _set_rate(self, job: _Job, placements: tuple[Placement, ...]) -> None:
         job.placements = placements
@@ -397,6 +415,9 @@ def replay(
     *,
     tick_s: float = 300.0,
     progress: Progress | None = None,
+    estimates: bool = False,
 ) -> ReplayResult:
-    """Run ``jobs`` on ``nodes`` under ``scheduler`` and return the events and accounting."""
-    return Replay(nodes, jobs, scheduler, tick_s=tick_s, progress=progress).run()
+    """Run ``jobs`` on ``nodes`` under ``scheduler`` and return the events and accounting;
+    ``estimates``: keep the start estimate each job first gets (costly: a plan of the queue at
+    nearly every pass)."""
+    return Replay(nodes, jobs, scheduler, tick_s=tick_s, progress=progress, estimates=estimates).run()

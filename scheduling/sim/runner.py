@@ -17,6 +17,8 @@ from typing import Any
 from scheduling.engine.types import KINDS
 from scheduling.sim import policies
 from scheduling.sim.check import check
+from scheduling.sim.eta_score import ETA_KEYS
+from scheduling.sim.eta_score import score as score_estimates
 from scheduling.sim.events import read_events, write_events
 from scheduling.sim.metrics import summarize
 from scheduling.sim.plots import plot_compare, plot_pack_compare, plot_run
@@ -48,6 +50,7 @@ def run_replay(
     factory: policies.SchedulerFactory | None = None,
     show_progress: bool = True,
     tick_s: float = 300.0,
+    estimates: bool = False,
 ) -> dict[str, Any]:
     """Replay one policy; write events.jsonl, summary.json, series.json and the plots."""
     out = Path(out)
@@ -58,7 +61,7 @@ def run_replay(
     scheduler = (factory or policies.make)(policy, nodes, quotas, seed)
     bar = ProgressBar(f"replay {policy}", stream=sys.stderr if show_progress else None)
     try:
-        result = replay(nodes, jobs, scheduler, tick_s=tick_s, progress=bar)
+        result = replay(nodes, jobs, scheduler, tick_s=tick_s, progress=bar, estimates=estimates)
     finally:
         bar.close()
     write_events(out / "events.jsonl", result.events)
@@ -74,6 +77,7 @@ def run_replay(
         **summary,
         "check": {"ok": report.ok, "violations": len(report.violations)},
         **report.avoidable,
+        **(score_estimates(result.events, result.first_estimates) if estimates else dict.fromkeys(ETA_KEYS)),
         "wall_s": result.wall_s,
         "cpu_s": result.cpu_s,
         "policy_s": result.decide_s,
