@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 from django.utils import timezone
 
@@ -12,8 +10,7 @@ from scheduling.models import Job
 from scheduling.services import passes
 from scheduling.services.agents import NotYours, Stale, do_report_checkpoint, do_report_started
 from scheduling.services.snapshot import load_snapshot
-
-helpers = importlib.import_module("tests.scheduling.helpers")
+from tests.scheduling import helpers
 
 
 @pytest.fixture
