@@ -31,6 +31,7 @@ from scheduling.choices import TERMINAL_STATES, JobKind, JobState
 from scheduling.models import Job, LogChunk, Tenant
 from scheduling.services.dryrun import dry_run
 from scheduling.services.history import placements_payload, with_history
+from scheduling.services.holds import do_hold_job, do_release_job
 from scheduling.services.jobs import NotAdmissible, do_cancel_job, do_submit_job
 from scheduling.states import InvalidTransition
 
@@ -250,6 +251,36 @@ def job_cancel(request: HttpRequest, pk: int) -> HttpResponse:
                 "cancelled" if job.state == JobState.CANCELLED else "stopping: it ends once its process exits"
             )
             messages.success(request, f"Job #{job.pk} {ending}{changed}.")
+    return redirect("job", pk=job.pk)
+
+
+@require_POST
+@login_required
+def job_hold(request: HttpRequest, pk: int) -> HttpResponse:
+    """Keep a waiting job from starting (``services.holds``, as ``POST /api/v1/jobs/{id}/hold/``)."""
+    job = visible_job(request, pk)
+    try:
+        job = do_hold_job(job.pk)
+    except InvalidTransition:
+        job.refresh_from_db()
+        messages.warning(request, f"Job #{job.pk} is {job.state} now: only a waiting job can be held.")
+    else:
+        messages.success(request, f"Job #{job.pk} held: it will not start until it is released.")
+    return redirect("job", pk=job.pk)
+
+
+@require_POST
+@login_required
+def job_release(request: HttpRequest, pk: int) -> HttpResponse:
+    job = visible_job(request, pk)
+    was_held = job.held
+    job = do_release_job(job.pk)
+    messages.success(
+        request,
+        f"Job #{job.pk} released: the next scheduling pass places it or says why it waits."
+        if was_held
+        else f"Job #{job.pk} was not held (released meanwhile): nothing changed.",
+    )
     return redirect("job", pk=job.pk)
 
 

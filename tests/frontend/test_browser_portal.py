@@ -183,6 +183,10 @@ def test_every_page_passes_axe_and_the_phone_layout_keeps_nvlink_islands_whole(
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             alice = sign_in(browser, server, "alice")
+            refused: list[str] = []  # what the Content-Security-Policy blocked, if anything
+            alice.on(
+                "console", lambda m: refused.append(m.text) if "Content Security Policy" in m.text else None
+            )
             pages = ["/", "/jobs/", f"/jobs/{job}/", "/jobs/new/", "/team/", "/tokens/"]
             for url in pages:
                 alice.goto(server["url"] + url)
@@ -201,6 +205,7 @@ def test_every_page_passes_axe_and_the_phone_layout_keeps_nvlink_islands_whole(
             alice.wait_for_selector(".field-error")
             found = axe.run(alice).response["violations"]
             assert [v["id"] for v in found if v["impact"] in ("serious", "critical")] == []
+            assert refused == []  # no inline script, style or handler anywhere
 
             phone = browser.new_page(
                 viewport={"width": 375, "height": 740}, is_mobile=True, has_touch=True, bypass_csp=True

@@ -200,6 +200,8 @@ def test_every_form_needs_its_csrf_token(world: Any) -> None:
         ("/jobs/new/", form()),
         (f"/jobs/{job_id}/cancel/", {}),
         ("/jobs/cancel/", {"job": [str(job_id)]}),
+        (f"/jobs/{job_id}/hold/", {}),
+        (f"/jobs/{job_id}/release/", {}),
         ("/tokens/", {"name": "ci"}),
         ("/tokens/1/revoke/", {}),
         ("/logout/", {}),
@@ -369,3 +371,30 @@ def test_the_team_page_shows_the_last_days_use_hour_by_hour(world: Any, cluster:
     page = signed_in(world.carol).get("/team/").content.decode()
     assert "The last 24 hours" in page and "H100" in page
     assert "H100" not in signed_in(world.bob).get("/team/").content.decode()
+
+
+def test_a_teammate_holds_and_releases_a_waiting_job_from_its_page_and_bob_cannot(world: Any) -> None:
+    job_id = submit(world, "alice", name="to-hold")
+    carol = signed_in(world.carol)
+    page = carol.post(f"/jobs/{job_id}/hold/", follow=True).content.decode()
+    job = Job.objects.get(pk=job_id)
+    assert job.held and job.pending_code == "held"
+    assert "held" in page and 'id="release-job"' in page and 'id="hold-job"' not in page
+    assert signed_in(world.bob).post(f"/jobs/{job_id}/release/").status_code == 404
+    assert Job.objects.get(pk=job_id).held
+    page = carol.post(f"/jobs/{job_id}/release/", follow=True).content.decode()
+    assert not Job.objects.get(pk=job_id).held and 'id="hold-job"' in page
+    assert list(JobEvent.objects.filter(job_id=job_id).values_list("type", flat=True))[-2:] == [
+        "held",
+        "released",
+    ]
+
+
+def test_holding_a_job_that_started_meanwhile_says_so(world: Any, cluster: Any) -> None:
+    from tests.api.helpers import bind
+
+    job = Job.objects.get(pk=submit(world, "alice"))
+    bind(job, cluster[0], [0])
+    response = signed_in(world.alice).post(f"/jobs/{job.pk}/hold/", follow=True)
+    assert "only a waiting job can be held" in response.content.decode()
+    assert not Job.objects.get(pk=job.pk).held
