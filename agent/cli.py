@@ -132,6 +132,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="refuse to start unless jobs get their own uids, private mounts and the loopback rules",
     )
     p.add_argument(
+        "--checkpoint-root",
+        default=os.environ.get("TESSERA_CHECKPOINT_ROOT", ""),
+        metavar="DIR",
+        help="a directory every node mounts (NFS, ...) for the jobs' checkpoint directories, so a "
+        "job requeued onto another node resumes from its checkpoint ($TESSERA_CHECKPOINT_ROOT; "
+        "default: node-local, STATE/checkpoints)",
+    )
+    p.add_argument(
+        "--checkpoint-signal",
+        default="SIGUSR1",
+        metavar="SIGNAL",
+        help="sent to a job that writes its checkpoint marker before it is preempted: "
+        "'checkpoint now' (default SIGUSR1)",
+    )
+    p.add_argument(
         "--checkpoint-retention-hours",
         type=float,
         default=168.0,
@@ -297,6 +312,30 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def signal_named(name: str) -> int:
+    """``SIGUSR1``, ``USR1`` or ``10`` → the signal's number (else :class:`Fatal`)."""
+    text = name.strip().upper()
+    try:
+        return int(
+            signal.Signals(int(text))
+            if text.isdigit()
+            else signal.Signals[text if text.startswith("SIG") else f"SIG{text}"]
+        )
+    except (KeyError, ValueError):
+        raise Fatal(f"--checkpoint-signal: {name!r} is not a signal (e.g. SIGUSR1)") from None
+
+
+def checkpoint_root_of(value: str) -> Path | None:
+    """The shared checkpoint root (None: node-local); it must exist: a missing mount would
+    otherwise put checkpoints on the node's own disk under the mount point, unshared."""
+    if not value:
+        return None
+    root = Path(value).resolve()
+    if not root.is_dir():
+        raise Fatal(f"--checkpoint-root {value}: not a directory (is it mounted?)")
+    return root
+
+
 def run(args: argparse.Namespace) -> int:
     if not args.server:
         raise Fatal("--server URL is required (or set $TESSERA_SERVER)")
@@ -306,6 +345,8 @@ def run(args: argparse.Namespace) -> int:
         raise Fatal("--wait-timeout must be 0..55 seconds")
     if args.checkpoint_retention_hours < 0:
         raise Fatal("--checkpoint-retention-hours must be >= 0")
+    checkpoint_signal = signal_named(args.checkpoint_signal)
+    checkpoint_root = checkpoint_root_of(args.checkpoint_root)
     if any(not 0 < port < 65536 for port in args.allow_local_port):
         raise Fatal("--allow-local-port must be 1..65535")
     if args.job_max_tasks is not None and args.job_max_tasks < 16:
@@ -342,7 +383,8 @@ def run(args: argparse.Namespace) -> int:
     path = job_path(state_dir, probe)
     max_tasks = args.job_max_tasks or sandbox.default_max_tasks()
     hide = [*sandbox.HIDDEN, *args.hide_path]
-    box = sandbox.detect(devices, users.isolated, [state_dir, *path.split(":")], max_tasks, hide)
+    kept = [state_dir, *path.split(":"), *([checkpoint_root] if checkpoint_root else [])]
+    box = sandbox.detect(devices, users.isolated, kept, max_tasks, hide)
     walled = isinstance(users, identity.UidPool) and firewall.detect(users.ids, args.allow_local_port)
     if args.require_isolation and not (users.isolated and box.namespaces and walled):
         raise Fatal(
@@ -359,7 +401,8 @@ def run(args: argparse.Namespace) -> int:
         cgroups=cgroups.detect(),
         sandbox=box,
     )
-    agent.checkpoint_retention_s = retention_s
+    agent.checkpoint_retention_s = retention_s if checkpoint_root is None else None
+    agent.checkpoint_root, agent.checkpoint_signal = checkpoint_root, checkpoint_signal
     agent.wait_timeout = args.wait_timeout
     agent.push = args.wait_timeout > 0
     agent.stream = agent.push and not args.no_stream

@@ -178,6 +178,11 @@ class AgentClient:
         }
         return self._post(f"jobs/{job_id}/logs", body, self.node_auth())
 
+    def checkpointed(self, job_id: int, attempt: int, replica: int, at: float, line: str) -> dict[str, Any]:
+        """The job wrote its checkpoint marker (``at``: when the agent saw it, epoch seconds)."""
+        body = {"attempt": attempt, "replica": replica, "at": at, "line": line}
+        return self._post(f"jobs/{job_id}/checkpointed", body, self.node_auth())
+
     def exited(
         self,
         job_id: int,

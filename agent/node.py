@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import random
+import signal
 import threading
 import time
 from pathlib import Path
@@ -87,6 +88,8 @@ class Agent:
         self.cgroups = cgroups
         self.sandbox = sandbox
         self.checkpoint_retention_s: float | None = None  # None: checkpoints are kept (tests)
+        self.checkpoint_root: Path | None = None  # shared by the nodes (None: STATE/checkpoints)
+        self.checkpoint_signal = signal.SIGUSR1  # "checkpoint now", before a preemption
         self._swept_at = 0.0
         self.lease_seconds = lease_seconds
         self.jobs: dict[Key, JobProcess] = {}
@@ -309,6 +312,8 @@ class Agent:
                     self.job_path,
                     self.cgroups,
                     self.sandbox,
+                    self.checkpoint_root,
+                    self.checkpoint_signal,
                 )
                 self.jobs[key] = process
             log.info("starting job %s attempt %s replica %s on GPUs %s", *key, binding.get("gpus"))

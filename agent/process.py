@@ -31,6 +31,7 @@ from typing import Any
 
 from agent import leftovers, sandbox, state
 from agent.cgroups import AnyCgroups
+from agent.checkpoints import MARKER_NAME, Checkpoint, MarkerWatch
 from agent.client import AgentClient, Rejected, ServerError
 from agent.identity import JobUsers, RunAs, SharedUser, UidsExhausted, UidsLeft
 from agent.sandbox import SAFE_PATH, Sandbox
@@ -120,6 +121,7 @@ def job_environment(
             "TESSERA_REPLICA": str(binding.get("replica", 0)),
             "TESSERA_REPLICAS": str(binding.get("replicas", 1)),
             "TESSERA_CHECKPOINT_DIR": str(checkpoint_dir),
+            "TESSERA_CHECKPOINT_MARKER": str(workdir / MARKER_NAME),
             "TMPDIR": str(workdir / "tmp"),
         }
     )
@@ -170,9 +172,15 @@ def _owned_dir(path: Path, run_as: RunAs) -> Path:
     return path
 
 
-def checkpoint_dir(state_dir: Path, job_id: int) -> Path:
+def checkpoint_dir(state_dir: Path, job_id: int, root: Path | None = None) -> Path:
     """``STATE/checkpoints/<job>-<key>``: the same for every attempt of the job on this node, not
-    guessable by a job (an HMAC of the job id under the node's key, ``STATE/checkpoint-key``)."""
+    guessable by a job (an HMAC of the job id under the node's key, ``STATE/checkpoint-key``).
+    With a shared ``root`` (``--checkpoint-root``): ``ROOT/<job>-<key>`` under the root's own key
+    (``ROOT/.checkpoint-key``), the same on every node that mounts it, so a job requeued onto
+    another node finds its checkpoint."""
+    if root is not None:
+        key = state.checkpoint_key(root, name=".checkpoint-key")
+        return root / f"{job_id}-{hmac.new(key, str(job_id).encode(), hashlib.sha256).hexdigest()[:32]}"
     tag = hmac.new(state.checkpoint_key(state_dir), str(job_id).encode(), hashlib.sha256).hexdigest()[:32]
     return state_dir / "checkpoints" / f"{job_id}-{tag}"
 
@@ -189,6 +197,8 @@ class JobProcess:
         path: str,
         cgroups: AnyCgroups | None = None,
         sandbox: Sandbox | None = None,
+        checkpoint_root: Path | None = None,
+        checkpoint_signal: int = signal.SIGUSR1,
     ):
         self.binding = binding
         self.cgroups = cgroups
@@ -225,7 +235,11 @@ class JobProcess:
         self._session_over = False  # its session has no process left (its record may go)
         # Random: a job cannot guess another's directory (nor could it enter it: 0700, another uid).
         self.workdir = state_dir / "jobs" / f"{self.name}-{secrets.token_hex(8)}"
-        self.checkpoint_dir = checkpoint_dir(state_dir, self.job_id)
+        self.checkpoint_dir = checkpoint_dir(state_dir, self.job_id, checkpoint_root)
+        self.checkpoint_signal = checkpoint_signal
+        self.marker: MarkerWatch | None = None  # watched once the process runs
+        self._term_at: float | None = None  # SIGTERM deferred while a checkpoint is awaited
+        self._checkpoints_before_stop = 0
 
     @property
     def key(self) -> tuple[int, int, int]:
@@ -260,7 +274,14 @@ class JobProcess:
             self.run_as = run_as = self.users.take(self.job_id, self.attempt)
             _owned_dir(self.workdir, run_as)
             _owned_dir(self.workdir / "tmp", run_as)
+            resumable = self.checkpoint_dir.is_dir()
             _owned_dir(self.checkpoint_dir, run_as)
+            if self.binding.get("last_checkpoint_at") and not resumable:
+                self._note(
+                    "an earlier attempt checkpointed, but its checkpoint is not on this node "
+                    "(checkpoints are node-local without --checkpoint-root), so this attempt starts "
+                    "from the beginning"
+                )
             env = job_environment(self.binding, run_as, self.path, self.workdir, self.checkpoint_dir)
             command = [str(c) for c in self.binding["command"]]
             if not command:
@@ -273,6 +294,7 @@ class JobProcess:
         else:
             self.started_wall = time.time()
             self._output_open = True
+            self.marker = MarkerWatch(str(self.workdir / MARKER_NAME), self.job_id, run_as.uid)
             # Nothing has waited for it yet: the pid is still the job's (a zombie at worst). Its
             # record is written by its supervisor, off the path of the next binding's start.
             self.session = leftovers.session_of(self.proc.pid)
@@ -403,10 +425,26 @@ class JobProcess:
         if running and grace_s <= 0:
             self._note(f"stopping ({reason}): SIGKILL")
             self._signal(signal.SIGKILL)
+        elif running and first and self._checkpoint_first(reason):
+            wait = grace_s / 2
+            self._note(
+                f"stopping ({reason}): {signal.Signals(self.checkpoint_signal).name} to checkpoint now; "
+                f"SIGTERM once it has (at most {wait:g}s), SIGKILL in {grace_s:g}s"
+            )
+            with self._lock:
+                self._term_at = time.monotonic() + wait
+                self._checkpoints_before_stop = self.marker.count if self.marker else 0
+            self._signal(self.checkpoint_signal)
         elif running and first:
             self._note(f"stopping ({reason}): SIGTERM, SIGKILL in {grace_s:g}s")
             self._signal(signal.SIGTERM)
         self._wake()
+
+    def _checkpoint_first(self, reason: str) -> bool:
+        """Whether a stop for ``reason`` asks the job to checkpoint first: a preemption (a reclaim
+        is one) of a job that has written its marker in this attempt. Only such a job is known to
+        handle the signal: SIGUSR1's default action ends a process that does not."""
+        return reason.startswith("preempt") and self.marker is not None and self.marker.count > 0
 
     def silence(self) -> None:
         """The agent is leaving: report nothing more; the lease decides the job's fate."""
@@ -420,6 +458,12 @@ class JobProcess:
             os.killpg(self.proc.pid, sig)
 
     def _enforce(self, now: float) -> None:
+        if self._term_at is not None:
+            checkpointed = self.marker is not None and self.marker.count > self._checkpoints_before_stop
+            if checkpointed or now >= self._term_at:
+                self._term_at = None
+                self._note("checkpoint written: SIGTERM" if checkpointed else "no checkpoint came: SIGTERM")
+                self._signal(signal.SIGTERM)
         limit = self.binding.get("time_limit_seconds")
         if limit and self.stop_reason is None and now - self.started_at >= float(limit):
             self._note(f"time limit of {limit}s reached")
@@ -501,6 +545,22 @@ class JobProcess:
             self.stop("not bound", 0)
         self._started_pending = False
 
+    def _report_checkpoint(self, force: bool = False) -> None:
+        """Report the marker's newest line, if one is due (at most one a minute; ``force``: now)."""
+        if self.marker is None or self.silent:
+            return
+        now = time.monotonic()
+        due: Checkpoint | None = self.marker.unreported if force else self.marker.due(now)
+        if due is None:
+            return
+        try:
+            self.client.checkpointed(self.job_id, self.attempt, self.replica, due.at, due.line)
+        except ServerError:
+            return  # next tick
+        except Rejected as exc:
+            log.info("job %s: checkpoint report refused (%s)", self.job_id, exc)
+        self.marker.reported(due, now)
+
     def _supervise(self) -> None:
         try:
             self._record_session()
@@ -570,7 +630,10 @@ class JobProcess:
             self._enforce(now)
             if self.pids is not None:
                 self.pids.observe()  # at every tick: a wrap of the pid numbers is seen
+            if self.marker is not None and self.marker.look() and self._term_at is not None:
+                self._report_checkpoint(force=True)  # the checkpoint a stop asked for: at once
             if not self.silent:
+                self._report_checkpoint()
                 self._ship_logs()
             if exited_at is None and self.proc.poll() is not None:
                 exited_at = now
@@ -597,6 +660,9 @@ class JobProcess:
         return "stopped"
 
     def _finish(self) -> None:
+        if self.marker is not None:
+            self.marker.look()  # a line written just before the exit counts too
+            self._report_checkpoint(force=True)
         delay = 0.5
         while not self.silent:
             if not self._ship_logs():

@@ -53,14 +53,15 @@ def prepare_state_dir(path: Path) -> Path:
     return path
 
 
-def checkpoint_key(state_dir: Path) -> bytes:
-    """The node's key for checkpoint directory names (made, 0600, on first use)."""
-    key = state_dir / CHECKPOINT_KEY
+def checkpoint_key(state_dir: Path, name: str = CHECKPOINT_KEY) -> bytes:
+    """The node's key for checkpoint directory names (made, 0600, on first use); ``name``: the
+    file's name in ``state_dir`` (a shared checkpoint root keeps one for all its nodes)."""
+    key = state_dir / name
     try:
         return key.read_bytes()
     except FileNotFoundError:
         pass
-    tmp = state_dir / f".{CHECKPOINT_KEY}.{secrets.token_hex(8)}"
+    tmp = state_dir / f".{name}.{secrets.token_hex(8)}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.write(fd, secrets.token_bytes(32))

@@ -55,6 +55,7 @@ class EventType(models.TextChoices):
     REQUEUED = "requeued"
     RETRYING = "retrying"
     RESIZED = "resized"
+    CHECKPOINTED = "checkpointed"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"

@@ -17,5 +17,10 @@ urlpatterns = [
     re_path(r"^jobs/(?P<job_id>[0-9]{1,18})/started/?$", agents.StartedView.as_view(), name="started"),
     re_path(r"^jobs/(?P<job_id>[0-9]{1,18})/logs/?$", agents.LogsView.as_view(), name="logs"),
     re_path(r"^jobs/(?P<job_id>[0-9]{1,18})/exited/?$", agents.ExitedView.as_view(), name="exited"),
+    re_path(
+        r"^jobs/(?P<job_id>[0-9]{1,18})/checkpointed/?$",
+        agents.CheckpointedView.as_view(),
+        name="checkpointed",
+    ),
     re_path(r"^exits/?$", agents.ExitsView.as_view(), name="exits"),
 ]

@@ -111,6 +111,12 @@ class StartedIn(ReplicaIn):
     started_at = serializers.FloatField(min_value=0, max_value=1e11, required=False, allow_null=True)
 
 
+class CheckpointedIn(ReplicaIn):
+    # When the agent saw the marker's new line (epoch seconds, its clock); clamped by the service.
+    at = serializers.FloatField(min_value=0, max_value=1e11)
+    line = serializers.CharField(max_length=256, allow_blank=True, default="", trim_whitespace=True)
+
+
 class ExitedIn(ReplicaIn):
     exit_code = serializers.IntegerField(min_value=-255, max_value=255, allow_null=True)
     reason = serializers.ChoiceField(choices=EXIT_REASONS, default="")
@@ -242,6 +248,22 @@ class StartedView(AgentView):
             data["attempt"],
             data["replica"],
             data.get("started_at"),
+        )
+        return Response({"state": job.state})
+
+
+class CheckpointedView(AgentView):
+    @extend_schema(request=CheckpointedIn, responses={200: _OK})
+    def post(self, request: Request, job_id: str) -> Response:
+        data = _valid(CheckpointedIn, request)
+        job = _job_call(
+            svc.do_report_checkpoint,
+            self.node(request),
+            int(job_id),
+            data["attempt"],
+            data["at"],
+            data["line"],
+            data["replica"],
         )
         return Response({"state": job.state})
 

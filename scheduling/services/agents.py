@@ -28,11 +28,12 @@ from django.db.models import F, Max
 from django.db.models.functions import Length
 from django.utils import timezone
 
-from scheduling.choices import HOLDING_STATES, JobState, NodeState
+from scheduling.choices import HOLDING_STATES, EventType, JobState, NodeState
 from scheduling.models import (
     Allocation,
     Device,
     Job,
+    JobEvent,
     JoinToken,
     LogChunk,
     Node,
@@ -403,6 +404,8 @@ def _binding(
         "memory_gib": job.memory_gib / max(1, job.replicas),
         # Offsets continue across attempts, so a retry's output follows the first's.
         "log_offset": log_offset,
+        # Whether an earlier attempt checkpointed: an agent without its checkpoint says so.
+        "last_checkpoint_at": job.last_checkpoint_at.timestamp() if job.last_checkpoint_at else None,
     }
 
 
@@ -558,19 +561,54 @@ def do_report_started(
         return job
 
 
-def do_report_checkpoint(node: Node, job_id: int, attempt: int, at: float | None = None) -> Job:
+# A ``checkpointed`` event at most this often per job (each agent also reports at most once a
+# minute per replica; a gang's replicas on several nodes would otherwise each add one).
+CHECKPOINT_EVENT_EVERY_S = 55.0
+
+
+def do_report_checkpoint(
+    node: Node, job_id: int, attempt: int, at: float | None = None, line: str = "", replica: int | None = None
+) -> Job:
     """The job saved a checkpoint (``at``: epoch seconds, the agent's clock, kept between its
-    binding and now). The engine counts the work since its last checkpoint as what a preemption
-    would lose, and reclaims a borrower only within ``reclaim_checkpoint_window_s`` of one. Stale
-    if that attempt no longer runs here."""
+    binding and now; ``line``: what the job wrote to its marker). The engine counts the work since
+    its last checkpoint as what a preemption would lose, and reclaims a borrower only within
+    ``reclaim_checkpoint_window_s`` of one. Records a ``checkpointed`` event (at most one per
+    :data:`CHECKPOINT_EVENT_EVERY_S`, but always the first of an attempt and one made while the
+    job is stopping: the "checkpoint now" before a preemption); an older report than the last one
+    recorded changes nothing. Stale if that attempt (``replica``: that replica) no longer runs here."""
     now = timezone.now()
     with transaction.atomic():
         job, allocs = _owned_job(node, job_id)
-        held = [a for a in allocs if a.released_at is None and a.attempt == attempt]
+        held = [
+            a
+            for a in allocs
+            if a.released_at is None
+            and a.attempt == attempt
+            and a.node_id == node.pk
+            and (replica is None or a.replica == replica)
+        ]
         if attempt != job.attempts or job.state not in HOLDING_STATES or not held:
             raise Stale(f"job {job_id} attempt {attempt} does not run on {node.name}")
-        Job.objects.filter(pk=job.pk).update(last_checkpoint_at=_clamped(at, job, held, now))
+        when = _clamped(at, job, held, now)
+        last = job.last_checkpoint_at
+        if last is not None and when <= last:
+            return job
+        Job.objects.filter(pk=job.pk).update(last_checkpoint_at=when)
+        if (
+            last is None
+            or (when - last).total_seconds() >= CHECKPOINT_EVENT_EVERY_S
+            or job.state == JobState.TERMINATING  # the checkpoint a stop asked for: always shown
+            or _first_of_attempt(job)
+        ):
+            JobEvent.objects.create(job=job, type=EventType.CHECKPOINTED, at=when, reason=line[:256])
+        job.last_checkpoint_at = when
     return job
+
+
+def _first_of_attempt(job: Job) -> bool:
+    """No ``checkpointed`` event since the job's current attempt was bound."""
+    bound = job.events.filter(type=EventType.SCHEDULED).order_by("-at").values_list("at", flat=True).first()
+    return not job.events.filter(type=EventType.CHECKPOINTED, at__gte=bound or job.submitted_at).exists()
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,11 @@ checker (``python -m scheduling.sim check``) judges live runs and simulated ones
 
 Event mapping: ``submitted``→``submit``, ``scheduled``→``start`` (with allocations),
 ``preempted``→``preempt``, ``resized``→``resize``, ``succeeded``→``finish``, ``failed``→``fail``,
-``cancelled``→``cancel``. A retry after a failed attempt, and a requeue after a lost node, release
-the job's GPUs and put it back in the queue: they become ``preempt`` with ``reason`` ``retry: …``
-or ``node-lost`` (the checker does not count those as preemptions of non-preemptible jobs).
+``cancelled``→``cancel``, ``checkpointed``→``checkpoint`` (reason: the job's marker line; the
+checker then counts what a preemption loses from it). A retry after a failed attempt, and a
+requeue after a lost node, release the job's GPUs and put it back in the queue: they become
+``preempt`` with ``reason`` ``retry: …`` or ``node-lost`` (the checker does not count those as
+preemptions of non-preemptible jobs).
 ``started``, ``terminating`` and the ``requeued`` that follows a preemption add nothing.
 """
 
@@ -31,6 +33,7 @@ SIMPLE = {
     "succeeded": "finish",
     "failed": "fail",
     "cancelled": "cancel",
+    "checkpointed": "checkpoint",
 }
 
 

@@ -453,9 +453,10 @@ class Settlement:
                 stop_reason="",
                 **common,
             )
-            self.events.append(
-                JobEvent(job=job, type=EventType.REQUEUED, at=at, reason="from last checkpoint")
+            resume = (
+                "from last checkpoint" if job.last_checkpoint_at else "from the start: no checkpoint reported"
             )
+            self.events.append(JobEvent(job=job, type=EventType.REQUEUED, at=at, reason=resume))
         elif stop == "time-limit":
             self.move(job, JobState.FAILED, EventType.FAILED, "time-limit", at=at, finished_at=at, **common)
         elif lost and not stop.startswith("exit "):

@@ -53,7 +53,7 @@ class CheckReport:
 
 
 class _JobState:
-    __slots__ = ("tj", "state", "allocs", "work", "rate", "since", "attempt_start", "capacity")
+    __slots__ = ("tj", "state", "allocs", "work", "rate", "since", "attempt_start", "capacity", "saved")
 
     def __init__(self, tj: TraceJob) -> None:
         self.tj = tj
@@ -64,6 +64,7 @@ class _JobState:
         self.since = 0.0
         self.attempt_start = 0.0
         self.capacity = 0.0
+        self.saved: float | None = None  # work at its last reported checkpoint (None: none reported)
 
 
 class Checker:
@@ -167,10 +168,20 @@ class Checker:
         js.rate = 0.0  # no work after the stop signal, though the GPUs are held until now
         interval = req.checkpoint_s or 0.0
         saved = math.floor(js.work / interval + EPS) * interval if interval > 0 else 0.0
+        if js.saved is not None:  # a live export's reported checkpoints: the real ones
+            saved = js.saved
         js.work = min(js.work, saved)
         self._release(t, js)
         js.state = "pending"
         self.avoidable.pending[req.id] = req
+
+    def _on_checkpoint(self, where: str, t: float, js: _JobState, ev: dict[str, Any]) -> None:
+        """A live job reported a checkpoint: a preemption from now on loses only later work."""
+        if js.state != "running":
+            self._fail(where, "checkpoint of a job that is not running")
+            return
+        self._advance(js, t)
+        js.saved = js.work
 
     def _on_fail(self, where: str, t: float, js: _JobState, ev: dict[str, Any]) -> None:
         limit = js.tj.request.time_limit_s

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-EVENT_TYPES = ("submit", "start", "finish", "preempt", "resize", "fail", "cancel", "reject")
+EVENT_TYPES = ("submit", "start", "finish", "preempt", "resize", "fail", "cancel", "reject", "checkpoint")
 RELEASES = ("finish", "preempt", "fail", "cancel")
 
 

@@ -84,6 +84,19 @@ class FakeServer:
             self.chunks.setdefault((job_id, replica), []).append((offset, data))
         return {"stored": len(data), "next_offset": offset + len(data), "truncated": False}
 
+    def checkpointed(self, job_id: int, attempt: int, replica: int, at: float, line: str) -> dict[str, Any]:
+        self._record("checkpointed", job_id=job_id, attempt=attempt, replica=replica, at=at, line=line)
+        return {"state": "running"}
+
+    def checkpoints(self, job_id: int) -> list[str]:
+        """The lines reported for ``job_id``, in order."""
+        with self.lock:
+            return [
+                body["line"]
+                for what, body in self.calls
+                if what == "checkpointed" and body["job_id"] == job_id
+            ]
+
     def exited(
         self,
         job_id: int,

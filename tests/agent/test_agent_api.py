@@ -488,3 +488,22 @@ def test_an_old_attempts_process_is_stopped_while_the_new_one_keeps_running(worl
     answer = h.heartbeat(node, both)
     assert [(s["attempt"], s["grace_left_seconds"]) for s in answer["stop"]] == [(0, 0.0)]
     assert answer["start"] == []
+
+
+def test_a_checkpoint_report_over_http_names_its_field_or_answers_404_for_another_nodes_job(
+    world, join_token
+):
+    node, _ = h.register(join_token, "gpu-01")
+    other, _ = h.register(h.new_join_token("other"), "gpu-02")
+    job = h.bind(h.submit(world.alice, world.vision), "gpu-01", [0, 1])
+    h.report(node, job.pk, "started", attempt=0, replica=0)
+    at = timezone.now().timestamp()
+    answer = h.report(node, job.pk, "checkpointed", attempt=0, replica=0, at=at, line="step 7")
+    assert answer.status_code == 200, answer.content
+    assert h.report(other, job.pk, "checkpointed", attempt=0, replica=0, at=at).status_code == 404
+    assert h.report(node, job.pk, "checkpointed", attempt=1, replica=0, at=at).status_code == 409
+    assert h.report(node, job.pk, "checkpointed", attempt=0, replica=3, at=at).status_code == 409
+    bad = h.report(node, job.pk, "checkpointed", attempt=0, replica=0, at="soon")
+    assert bad.status_code == 400 and "at" in bad.json()
+    (event,) = job.events.filter(type="checkpointed")
+    assert event.reason == "step 7"

@@ -54,8 +54,17 @@ class Stack:
         self.deadline = time.monotonic() + DEADLINE_S
 
     def start_agent(self, name: str, *extra: str) -> None:
+        spec = f"2xA100,nvlink=2,rack=r1,labels=host:{name}"
         argv = agent_argv(
-            self.base, name, "2xA100,nvlink=2,rack=r1", self.work / name, "--poll-interval", "0.3", *extra
+            self.base,
+            name,
+            spec,
+            self.work / name,
+            "--poll-interval",
+            "0.3",
+            "--checkpoint-root",
+            str(self.work / "shared"),
+            *extra,
         )
         self.procs.start(name, argv, agent_env(self.env, self.token))
 
@@ -104,6 +113,7 @@ def stack(require_postgres, redis_url, transactional_db, world, settings) -> Ite
     port = free_port()
     work = Path(tempfile.mkdtemp(prefix="tessera-running-", dir="/tmp"))
     work.chmod(0o711)  # the job user must reach the agents' job directories below it
+    (work / "shared").mkdir(mode=0o711)  # the checkpoint root both agents mount (as over NFS)
     env = stack_env(
         database_url_of(settings),
         redis_url,
@@ -112,6 +122,7 @@ def stack(require_postgres, redis_url, transactional_db, world, settings) -> Ite
         TESSERA_FENCE_MARGIN_S="1",
         TESSERA_HEARTBEAT_TIMEOUT_S="2",
         TESSERA_PASS_INTERVAL_S="2",
+        TESSERA_ENGINE_PREEMPT_MIN_RUN_S="0",
     )
     procs = Processes(work)
     alice = requests.Session()
@@ -155,3 +166,73 @@ def test_a_job_without_retries_whose_node_dies_is_requeued_and_succeeds_elsewher
     types = [(e["type"], e["reason"]) for e in stack.events(job_id)]
     assert ("requeued", "node-lost") in types and not any(t == "retrying" for t, _ in types), types
     assert types[-1] == ("succeeded", None)
+
+
+TRAINER = """
+import os, signal, sys, time
+state = os.path.join(os.environ["TESSERA_CHECKPOINT_DIR"], "step")
+marker = os.environ["TESSERA_CHECKPOINT_MARKER"]
+step = int(open(state).read()) if os.path.exists(state) else 0
+print(f"resumed at step {step}", flush=True)
+asked = False
+def save():
+    with open(state + ".tmp", "w") as f:
+        f.write(str(step))
+    os.replace(state + ".tmp", state)  # durable first, then the marker line
+    with open(marker, "a") as f:
+        f.write(f"step {step}\\n")
+def ask(*_):
+    global asked
+    asked = True
+def term(*_):
+    print(f"stopped at step {step}", flush=True)
+    sys.exit(143)
+signal.signal(signal.SIGUSR1, ask)
+signal.signal(signal.SIGTERM, term)
+while step < 60:
+    time.sleep(0.2)
+    step += 1
+    if step % 10 == 0 or asked:
+        save()
+    while asked:  # checkpointed because a stop is coming: wait for it, doing no work to lose
+        time.sleep(0.05)
+print("done", flush=True)
+"""
+
+
+def test_a_preempted_job_resumes_on_another_node_from_its_last_checkpoint_losing_nothing(stack):
+    # Node b is busy for a while; the trainer starts on node a and checkpoints every 10 steps.
+    filler = ["python", "-c", "import time; time.sleep(14)"]
+    filler_id = stack.submit(
+        name="filler",
+        kind="batch",
+        command=filler,
+        gpus=2,
+        preemptible=False,
+        node_selector={"host": "e2e-b"},
+    )
+    stack.wait("the filler to run", lambda: stack.job(filler_id)["state"] == "running")
+    trainer = stack.submit(
+        name="trainer", kind="training", command=["python", "-c", TRAINER], gpus=2, grace_seconds=20
+    )
+    first = stack.running_on(trainer)
+    assert first == "e2e-a"
+    stack.wait("a checkpoint report", lambda: stack.job(trainer)["last_checkpoint_at"])
+    # An inference service wants node a: the trainer is preempted (asked to checkpoint first)
+    server = ["python", "-c", "import time; time.sleep(120)"]
+    stack.submit(name="server", kind="inference", command=server, gpus=2, node_selector={"host": "e2e-a"})
+
+    job = stack.finished(trainer)
+    assert job["state"] == "succeeded", f"{job}\n{stack.procs.report()}"
+    assert [p["allocations"][0]["node"] for p in job["placements"]] == ["e2e-a", "e2e-b"]
+    log = stack.logs(trainer)
+    stopped = int(log.split("stopped at step ")[1].split()[0])
+    resumed = int(log.split("resumed at step ")[2].split()[0])  # the second attempt's
+    events = stack.events(trainer)
+    preempted = next(i for i, e in enumerate(events) if e["type"] == "preempted")
+    steps = [int(e["reason"].split()[1]) for e in events[:preempted] if e["type"] == "checkpointed"]
+    assert steps[-1] == resumed, (steps, log)  # resumed from the last checkpoint it reported
+    assert stopped == resumed, log  # checkpoint now: no work lost
+    assert "checkpoint written: SIGTERM" in log, log
+    types = [(e["type"], e["reason"]) for e in events]
+    assert ("requeued", "from last checkpoint") in types and types[-1] == ("succeeded", None), types

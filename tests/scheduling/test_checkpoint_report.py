@@ -41,3 +41,17 @@ def test_a_checkpoint_from_another_node_or_an_old_attempt_is_refused(running):
         do_report_checkpoint(node, job.pk, job.attempts + 1, None)
     assert Job.objects.get(pk=job.pk).last_checkpoint_at is None
     assert Job.objects.get(pk=job.pk).state == JobState.RUNNING
+
+
+def test_a_checkpoint_is_an_event_at_most_once_a_minute_and_an_older_one_changes_nothing(running):
+    from datetime import timedelta
+
+    node, _, job = running
+    first = timezone.now()
+    do_report_checkpoint(node, job.pk, job.attempts, first.timestamp(), "step 100")
+    do_report_checkpoint(node, job.pk, job.attempts, (first + timedelta(seconds=20)).timestamp(), "step 120")
+    do_report_checkpoint(node, job.pk, job.attempts, (first - timedelta(seconds=5)).timestamp(), "step 90")
+    job.refresh_from_db()
+    # The later one moved the time (clamped to now), the older one did not; one event so far
+    assert first < job.last_checkpoint_at <= timezone.now()
+    assert list(job.events.filter(type="checkpointed").values_list("reason", flat=True)) == ["step 100"]

@@ -184,6 +184,32 @@ def test_a_preempted_job_resumes_from_its_last_checkpoint(tmp_path: Path) -> Non
     assert run(tmp_path, jobs, [*head, ev(170, "finish", "a")]).ok
 
 
+def test_a_live_jobs_reported_checkpoint_is_what_its_preemption_keeps(tmp_path: Path) -> None:
+    # No checkpoint_s: without the report it would restart from zero. It checkpointed at 45 s of
+    # work; preempted at 80 (signal at 50 with a 30 s grace): 45 kept, 55 left from t=100.
+    jobs = [job("a", grace_s=30)]
+    head = [
+        ev(0, "submit", "a"),
+        ev(0, "start", "a", alloc("n1", [0])),
+        ev(45, "checkpoint", "a", reason="step 45"),
+        ev(80, "preempt", "a"),
+        ev(100, "start", "a", alloc("n1", [1])),
+    ]
+    only(
+        run(tmp_path, jobs, [*head, ev(150, "finish", "a")]),
+        "finished before its work was done (95.0 of 100 s",
+    )
+    assert run(tmp_path, jobs, [*head, ev(155, "finish", "a")]).ok
+
+
+def test_it_flags_a_checkpoint_of_a_job_that_is_not_running(tmp_path: Path) -> None:
+    events = [ev(0, "submit", "a"), ev(1, "checkpoint", "a"), ev(2, "start", "a", alloc("n1", [0]))]
+    only(
+        run(tmp_path, [job("a")], [*events, ev(102, "finish", "a")]),
+        "checkpoint of a job that is not running",
+    )
+
+
 def test_it_flags_a_job_that_never_ends(tmp_path: Path) -> None:
     events = [ev(0, "submit", "a"), ev(0, "start", "a", alloc("n1", [0]))]
     only(run(tmp_path, [job("a"), job("b")], events), "never ends")
