@@ -22,6 +22,10 @@ app.conf.beat_schedule = {
         "task": "scheduling.tasks.node_health_sweep",
         "schedule": 10.0,
     },
+    "webhook-deliveries": {  # retries falling due (new deliveries are queued at once)
+        "task": "scheduling.tasks.deliver_webhooks",
+        "schedule": 10.0,
+    },
 }
 
 

@@ -298,6 +298,11 @@ TESSERA = {
     # A job whose node is lost is requeued without using a retry this many times; the next node
     # loss fails it (a job that takes nodes down cannot take down node after node).
     "MAX_NODE_LOSSES": env_int("TESSERA_MAX_NODE_LOSSES", 3, minimum=0),
+    # Webhooks: targets allowed although private, loopback or link-local (hosts or CIDRs), the
+    # first retry's delay (doubling), and how many attempts before a delivery is marked failed.
+    "WEBHOOK_ALLOWLIST": env_list("TESSERA_WEBHOOK_ALLOWLIST", []),
+    "WEBHOOK_BACKOFF_S": env_float("TESSERA_WEBHOOK_BACKOFF_S", 10.0, minimum=0.0),
+    "WEBHOOK_ATTEMPTS": env_int("TESSERA_WEBHOOK_ATTEMPTS", 6, minimum=1),
     # A newly registered node waits, cordoned, for an operator to uncordon it before it gets jobs.
     "APPROVE_NODES": env_bool("TESSERA_APPROVE_NODES", False),
     "WEB_THREADS": WEB_THREADS,

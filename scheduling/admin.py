@@ -35,6 +35,8 @@ from scheduling.models import (
     SchedulerSettings,
     SchedulerState,
     Tenant,
+    Webhook,
+    WebhookDelivery,
 )
 from scheduling.services import operators
 from scheduling.services.knobs import check_knobs, do_save_scheduler_settings, knobs_of
@@ -427,3 +429,42 @@ class SchedulerSettingsAdmin(admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: SchedulerSettings, form: Any, change: bool) -> None:
         do_save_scheduler_settings(obj, request.user)
+
+
+@admin.register(Webhook)
+class WebhookAdmin(admin.ModelAdmin):
+    """Tenants' webhooks: made through the API (its target checks); here read and deleted."""
+
+    list_display = ["tenant", "url", "events", "created_by", "created_at"]
+    list_filter = ["tenant"]
+    readonly_fields = ["tenant", "url", "events", "created_by", "created_at"]
+    exclude = ["secret"]
+    list_select_related = ["tenant", "created_by"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+
+@admin.register(WebhookDelivery)
+class WebhookDeliveryAdmin(admin.ModelAdmin):
+    """Deliveries: written by ``services.webhooks`` only."""
+
+    list_display = [
+        "id",
+        "webhook",
+        "event",
+        "state",
+        "attempts",
+        "last_status",
+        "created_at",
+        "delivered_at",
+    ]
+    list_filter = ["state", "event"]
+    readonly_fields = [f.name for f in WebhookDelivery._meta.fields]
+    list_select_related = ["webhook__tenant"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False

@@ -63,6 +63,12 @@ class EventType(models.TextChoices):
     RELEASED = "released"
 
 
+class DeliveryState(models.TextChoices):
+    PENDING = "pending"
+    DELIVERED = "delivered"
+    FAILED = "failed"
+
+
 class PendingCode(models.TextChoices):
     QUOTA = "quota"
     BORROW_LIMIT = "borrow-limit"

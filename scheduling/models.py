@@ -15,6 +15,7 @@ from django.db.models import Q
 
 from scheduling.choices import (
     QUEUE_LEVEL_NAMES,
+    DeliveryState,
     EventType,
     JobKind,
     JobState,
@@ -533,3 +534,51 @@ class AuditEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor}: {self.action} {self.object_repr}"
+
+
+class WebhookQuerySet(models.QuerySet["Webhook"]):
+    def visible_to(self, user) -> WebhookQuerySet:
+        return self.filter(tenant__in=Tenant.objects.visible_to(user))
+
+
+class Webhook(models.Model):
+    """A URL a tenant registered for its jobs' events (``services.webhooks``)."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="webhooks")
+    url = models.URLField(max_length=2000)
+    # The HMAC key of its deliveries' signatures: shown once, when it is made. Kept as it is,
+    # since each delivery is signed with it.
+    secret = models.CharField(max_length=64)
+    events = models.JSONField(default=list, blank=True)  # event types; empty: every one sent
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = WebhookQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.tenant.name}: {self.url}"
+
+
+class WebhookDelivery(models.Model):
+    """One event sent (or to send) to one webhook: retried with backoff, then ``failed``."""
+
+    webhook = models.ForeignKey(Webhook, on_delete=models.CASCADE, related_name="deliveries")
+    event = models.CharField(max_length=32)
+    payload = models.JSONField()
+    state = models.CharField(max_length=16, choices=DeliveryState.choices, default=DeliveryState.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField()
+    last_status = models.IntegerField(null=True, blank=True)
+    last_error = models.CharField(max_length=256, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["state", "next_attempt_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.event} → webhook {self.webhook_id} ({self.state})"

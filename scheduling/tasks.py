@@ -16,6 +16,7 @@ from django.db import connection, connections
 from scheduling.services.health import sweep_nodes
 from scheduling.services.passes import run_pass
 from scheduling.services.triggers import PASS_TASK
+from scheduling.services.webhooks import DELIVER_TASK, deliver_due
 
 log = logging.getLogger("tessera.pass")
 
@@ -61,3 +62,11 @@ def node_health_sweep(self) -> None:
     if not self.request.called_directly:
         _drop_dead_connections()
     sweep_nodes()
+
+
+@shared_task(bind=True, name=DELIVER_TASK, ignore_result=True)
+def deliver_webhooks(self) -> None:
+    """Send the webhook deliveries due (queued after the commit that made them; beat retries)."""
+    if not self.request.called_directly:
+        _drop_dead_connections()
+    deliver_due()

@@ -22,6 +22,7 @@ from scheduling.api.nodes import NodeViewSet
 from scheduling.api.quotas import QuotaViewSet
 from scheduling.api.tenants import TenantViewSet
 from scheduling.api.tokens import TokenViewSet
+from scheduling.api.webhooks import WebhookViewSet
 
 urlpatterns = [
     path("jobs/", JobViewSet.as_view({"get": "list", "post": "create"}), name="job-list"),
@@ -45,6 +46,22 @@ urlpatterns = [
     ),
     path("cluster/", ClusterView.as_view(), name="cluster"),
     path("audit/", AuditViewSet.as_view({"get": "list"}), name="audit-list"),
+    path("webhooks/", WebhookViewSet.as_view({"get": "list", "post": "create"}), name="webhook-list"),
+    path(
+        "webhooks/<str:pk>/",
+        WebhookViewSet.as_view({"get": "retrieve", "delete": "destroy"}),
+        name="webhook-detail",
+    ),
+    path(
+        "webhooks/<str:pk>/deliveries/",
+        WebhookViewSet.as_view({"get": "deliveries"}),
+        name="webhook-deliveries",
+    ),
+    path(
+        "webhooks/<str:pk>/deliveries/<str:delivery>/redeliver/",
+        WebhookViewSet.as_view({"post": "redeliver"}),
+        name="webhook-redeliver",
+    ),
     path("tokens/", TokenViewSet.as_view({"get": "list", "post": "create"}), name="token-list"),
     path("tokens/<str:pk>/", TokenViewSet.as_view({"delete": "destroy"}), name="token-detail"),
 ]

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from scheduling.choices import HOLDING_STATES, QUEUE_LEVELS, TERMINAL_STATES, EventType, JobState
 from scheduling.models import Allocation, IdempotencyKey, Job, JobEvent, Tenant
-from scheduling.services import audit, live
+from scheduling.services import audit, live, webhooks
 from scheduling.services.bulk import InsertWithChildren, RowsInsert, RowsUpdate, Write, write_together
 from scheduling.services.inventory import device_rows
 from scheduling.services.quotas import admission_params, admission_sql, check_job_admissible
@@ -60,9 +60,11 @@ def active_allocations_of(job: Job):
 
 
 def record_event(job: Job, type_: str, reason: str = "", allocations=None, at: datetime | None = None):
-    return JobEvent.objects.create(
+    event = JobEvent.objects.create(
         job=job, type=type_, at=at or timezone.now(), reason=reason[:256], allocations=allocations
     )
+    webhooks.queue_for_events([event])
+    return event
 
 
 def _moved(job: Job, target: str, fields: dict[str, Any]) -> None:
@@ -107,12 +109,9 @@ def transition_writes(
     for job in jobs:
         _moved(job, target, {})
     live.publish_jobs(jobs)
-    return [
-        _WRITE_STATES.write(jobs),
-        _WRITE_EVENTS.write(
-            [JobEvent(job=job, type=event, at=at, allocations=allocations.get(job.pk)) for job in jobs]
-        ),
-    ]
+    events = [JobEvent(job=job, type=event, at=at, allocations=allocations.get(job.pk)) for job in jobs]
+    webhooks.queue_for_events(events)
+    return [_WRITE_STATES.write(jobs), _WRITE_EVENTS.write(events)]
 
 
 def _body_hash(body: dict[str, Any]) -> str:
@@ -507,6 +506,7 @@ class Settlement:
             _WRITE_EXITED.write(self.exited),
             _WRITE_RELEASED.write(self.freed),
         )
+        webhooks.queue_for_events(self.events)
         if self.freed:
             _publish_freed(self.freed)
         live.publish_jobs(list(self.jobs.values()))

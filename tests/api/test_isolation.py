@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 from django.urls import URLPattern, URLResolver, reverse
+from django.utils import timezone
 
-from scheduling.models import ApiToken, Job, Quota
+from scheduling.models import ApiToken, Job, Quota, Webhook, WebhookDelivery
 from tests.api.helpers import valid_body
 
 SKIPPED_PREFIXES = ("agent/",)  # the agents' own authentication; tested with agent credentials
@@ -59,6 +60,8 @@ class Objects:
     quota: Quota
     node: str
     token: ApiToken  # alice's
+    webhook: Webhook  # vision's
+    delivery: WebhookDelivery  # the webhook's
 
 
 def no_vision_in(response) -> None:
@@ -210,6 +213,27 @@ RULES: dict[tuple[str, str], Rule] = {
     ),
     ("cluster", "GET"): Rule(lambda o: reverse("cluster"), no_vision_in, status(200)),
     ("audit-list", "GET"): Rule(lambda o: reverse("audit-list"), status(403), status(403), admin=status(200)),
+    ("webhook-list", "GET"): Rule(lambda o: reverse("webhook-list"), no_vision_in, shows_vision),
+    ("webhook-list", "POST"): Rule(
+        lambda o: reverse("webhook-list"),
+        status(400),  # naming "tenant": bob may make webhooks for nlp only
+        status(201),
+        body=lambda o: {"url": "https://93.184.215.14/hook", "tenant": "vision"},
+    ),
+    ("webhook-detail", "GET"): Rule(
+        lambda o: reverse("webhook-detail", kwargs={"pk": o.webhook.pk}), status(404), status(200)
+    ),
+    ("webhook-detail", "DELETE"): Rule(
+        lambda o: reverse("webhook-detail", kwargs={"pk": o.webhook.pk}), status(404), status(204)
+    ),
+    ("webhook-deliveries", "GET"): Rule(
+        lambda o: reverse("webhook-deliveries", kwargs={"pk": o.webhook.pk}), status(404), status(200)
+    ),
+    ("webhook-redeliver", "POST"): Rule(
+        lambda o: reverse("webhook-redeliver", kwargs={"pk": o.webhook.pk, "delivery": o.delivery.pk}),
+        status(404),
+        status(200),
+    ),
     # Tokens are a person's own, not their tenant's: carol sees and revokes alice's no more than bob.
     ("token-list", "GET"): Rule(
         lambda o: reverse("token-list"), only_own_tokens("bob"), only_own_tokens("carol"), admin=all_tokens
@@ -245,6 +269,12 @@ def objects(world, alice_job) -> Objects:
         quota=Quota.objects.get(tenant=world.vision, model="*"),
         node="n01",
         token=ApiToken.objects.get(user=world.alice),
+        webhook=(
+            hook := Webhook.objects.create(tenant=world.vision, url="https://93.184.215.14/", secret="s")
+        ),
+        delivery=WebhookDelivery.objects.create(
+            webhook=hook, event="failed", payload={}, state="failed", next_attempt_at=timezone.now()
+        ),
     )
 
 

@@ -62,7 +62,12 @@ def stack(require_postgres, redis_url, transactional_db, world, settings) -> Ite
     port = free_port()
     work = Path(tempfile.mkdtemp(prefix="tessera-cli-", dir="/tmp"))
     work.chmod(0o711)  # the job user must reach the agent's job directories below it
-    env = stack_env(database_url_of(settings), redis_url, TESSERA_REDIS_BROKER_DB=str(8 + os.getpid() % 8))
+    env = stack_env(
+        database_url_of(settings),
+        redis_url,
+        TESSERA_REDIS_BROKER_DB=str(8 + os.getpid() % 8),
+        TESSERA_WEBHOOK_ALLOWLIST="127.0.0.1",  # the test's receiver
+    )
     procs = Processes(work)
     try:
         procs.start("worker", worker_argv("cli"), env)
@@ -206,3 +211,42 @@ def test_follow_survives_a_dropped_stream_with_nothing_lost_or_twice(stack, worl
     assert result.returncode == 0, f"{result.stderr}\n{stack['procs'].report()}"
     assert result.stdout == "0\n1\n2\n3\n4\n5\n"
     assert proxy.cuts >= 2, proxy.cuts
+
+
+def test_a_webhook_receiver_gets_the_signed_end_of_a_pipelines_job(stack, world):
+    import hashlib
+    import hmac
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import requests
+
+    got: list[tuple[dict, bytes]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - the http.server API
+            got.append((dict(self.headers), self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        made = requests.post(
+            stack["base"] + "/api/v1/webhooks/",
+            json={"url": f"http://127.0.0.1:{server.server_address[1]}/ci", "events": ["succeeded"]},
+            headers={"Authorization": f"Token {world.tokens['alice']}"},
+            timeout=10,
+        )
+        assert made.status_code == 201, made.text
+        assert step(stack, world, "tessera submit --wait -- true").returncode == 0
+        wait_until("the delivery", lambda: got, stack["procs"], time.monotonic() + 30)
+    finally:
+        server.shutdown()
+    ((headers, body),) = got
+    t, v1 = (part.split("=", 1)[1] for part in headers["Tessera-Signature"].split(","))
+    secret = made.json()["secret"].encode()
+    assert hmac.compare_digest(v1, hmac.new(secret, t.encode() + b"." + body, hashlib.sha256).hexdigest())
+    assert json.loads(body)["job"]["state"] == "succeeded"

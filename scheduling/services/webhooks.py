@@ -1,0 +1,257 @@
+"""Webhooks: a tenant's URLs told of its jobs' ends (and preemptions, idle warnings), signed.
+
+1. A job event of a type webhooks carry (:data:`EVENTS`) is recorded: in the same transaction,
+   one ``WebhookDelivery`` row per webhook of the job's tenant that wants it
+   (:func:`queue_for_events`, called where events are written). Nothing is sent there: after
+   commit a sender is woken (the Celery task ``deliver_webhooks`` with Redis, the web process's
+   sender thread in the embedded default), so a request or a pass never waits on a tenant's
+   server, and a dead one never slows scheduling.
+2. :func:`deliver_due` claims due rows (``SKIP LOCKED`` and a lease: two senders never send one
+   row at the same time) and POSTs each: a 2xx marks it ``delivered``; anything else is retried
+   after ``WEBHOOK_BACKOFF_S`` doubling, and after ``WEBHOOK_ATTEMPTS`` attempts it is ``failed``
+   (kept, with its last status and error, and redeliverable).
+3. Each request carries ``Tessera-Signature: t=<unix time>,v1=<hex>``, the HMAC-SHA256 with the
+   webhook's secret of ``"<t>.<body>"``: a receiver checks it, refuses a ``t`` older than a few
+   minutes (a replayed request), and uses ``Tessera-Delivery`` (the row's id) to drop repeats.
+4. Targets are checked when a webhook is made and again before each attempt (the name may
+   resolve elsewhere by then): every address the host resolves to must be public — no private,
+   loopback, link-local, multicast or reserved address — unless the host or address is in the
+   operator's ``TESSERA_WEBHOOK_ALLOWLIST``. Redirects are not followed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import json
+import logging
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+import requests
+from celery import current_app
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from scheduling.choices import DeliveryState, EventType
+from scheduling.models import JobEvent, Tenant, Webhook, WebhookDelivery
+
+log = logging.getLogger("tessera.webhooks")
+
+DELIVER_TASK = "scheduling.tasks.deliver_webhooks"
+# The events webhooks carry: a job's end, a preemption, and (once the adjustment pass emits
+# them) idle warnings.
+EVENTS = tuple(
+    e for e in ("succeeded", "failed", "cancelled", "preempted", "idle-warning") if e in EventType.values
+)
+TIMEOUT_S = 5.0
+LEASE_S = 60.0  # a claimed row is not claimed again before this (its sender died meanwhile)
+BATCH = 20
+MAX_BACKOFF_S = 3600.0
+
+_wake = threading.Event()  # the embedded sender's
+
+
+class TargetRefused(ValueError):
+    """A URL webhooks may not be sent to (the reason in words)."""
+
+
+# --- targets ------------------------------------------------------------------------------------
+
+
+def _allowed(host: str, address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    for entry in settings.TESSERA["WEBHOOK_ALLOWLIST"]:
+        if entry.lower() == host.lower():
+            return True
+        try:
+            if address in ipaddress.ip_network(entry, strict=False):
+                return True
+        except ValueError:
+            continue
+    return False
+
+
+def check_target(url: str) -> None:
+    """Raise :class:`TargetRefused` unless ``url`` is http(s) to public addresses (or allowlisted)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise TargetRefused("must be an http:// or https:// URL with a host")
+    if parts.username or parts.password:
+        raise TargetRefused("must not carry credentials (sign with the webhook's secret instead)")
+    host = parts.hostname
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
+    except (OSError, ValueError, UnicodeError):
+        raise TargetRefused(f"{host} does not resolve") from None
+    for info in infos:
+        address = ipaddress.ip_address(info[4][0].split("%")[0])
+        public = address.is_global and not address.is_multicast
+        if not public and not _allowed(host, address):
+            raise TargetRefused(
+                f"{host} resolves to {address}, a private, loopback or link-local address "
+                "(an operator may allow it: TESSERA_WEBHOOK_ALLOWLIST)"
+            )
+
+
+# --- making webhooks and deliveries -----------------------------------------------------------
+
+
+def do_create_webhook(tenant: Tenant, url: str, events: list[str], user) -> tuple[Webhook, str]:
+    """A new webhook and its secret (shown once). TargetRefused for a URL it may not call."""
+    check_target(url)
+    secret = secrets.token_hex(32)
+    webhook = Webhook.objects.create(tenant=tenant, url=url, events=events, secret=secret, created_by=user)
+    return webhook, secret
+
+
+def do_delete_webhook(webhook: Webhook) -> None:
+    webhook.delete()
+
+
+def payload(event: JobEvent) -> dict[str, Any]:
+    job = event.job
+    return {
+        "event": event.type,
+        "at": event.at.isoformat(),
+        "reason": event.reason or None,
+        "job": {
+            "id": job.pk,
+            "name": job.name,
+            "tenant": job.tenant.name,
+            "state": job.state,
+            "exit_code": job.exit_code,
+            "attempts": job.attempts,
+        },
+    }
+
+
+def queue_for_events(events: Iterable[JobEvent]) -> None:
+    """Deliveries for ``events`` (being written in the caller's transaction), sent after commit."""
+    wanted = [e for e in events if e.type in EVENTS]
+    if not wanted:
+        return
+    hooks: dict[int, list[Webhook]] = {}
+    for hook in Webhook.objects.filter(tenant_id__in={e.job.tenant_id for e in wanted}):
+        hooks.setdefault(hook.tenant_id, []).append(hook)
+    now = timezone.now()
+    rows = [
+        WebhookDelivery(webhook=hook, event=e.type, payload=payload(e), next_attempt_at=now)
+        for e in wanted
+        for hook in hooks.get(e.job.tenant_id, ())
+        if not hook.events or e.type in hook.events
+    ]
+    if rows:
+        WebhookDelivery.objects.bulk_create(rows)
+        transaction.on_commit(request_delivery)
+
+
+def do_redeliver(delivery: WebhookDelivery) -> WebhookDelivery:
+    """Send a delivery again (a failed one, or a delivered one its receiver lost), from attempt 0."""
+    WebhookDelivery.objects.filter(pk=delivery.pk).update(
+        state=DeliveryState.PENDING, attempts=0, next_attempt_at=timezone.now(), last_error=""
+    )
+    transaction.on_commit(request_delivery)
+    delivery.refresh_from_db()
+    return delivery
+
+
+def request_delivery() -> None:
+    """Wake a sender: the Celery task with Redis, the embedded sender thread without."""
+    if settings.TESSERA["EMBEDDED_PASSES"]:
+        _wake.set()
+        return
+    try:
+        current_app.send_task(DELIVER_TASK)
+    except Exception:  # the broker is down: beat's periodic run sends them later
+        log.warning("could not queue webhook deliveries", exc_info=True)
+
+
+def wait_for_wake(timeout: float) -> None:
+    _wake.wait(timeout=timeout)
+    _wake.clear()
+
+
+# --- sending -------------------------------------------------------------------------------------
+
+
+def signature(secret: str, timestamp: int, body: bytes) -> str:
+    digest = hmac.new(secret.encode(), str(timestamp).encode() + b"." + body, hashlib.sha256).hexdigest()
+    return f"t={timestamp},v1={digest}"
+
+
+def _claim(now: datetime) -> list[WebhookDelivery]:
+    with transaction.atomic():
+        due = list(
+            WebhookDelivery.objects.select_for_update(skip_locked=True)
+            .filter(state=DeliveryState.PENDING, next_attempt_at__lte=now)
+            .order_by("next_attempt_at", "id")[:BATCH]
+        )
+        if due:
+            WebhookDelivery.objects.filter(pk__in=[d.pk for d in due]).update(
+                next_attempt_at=now + timedelta(seconds=LEASE_S)
+            )
+    return due
+
+
+def _send(delivery: WebhookDelivery) -> tuple[int | None, str]:
+    """POST it once: (HTTP status or None, error words)."""
+    hook = delivery.webhook
+    try:
+        check_target(hook.url)
+    except TargetRefused as refused:
+        return None, f"target refused: {refused}"
+    body = json.dumps({"delivery": delivery.pk, **delivery.payload}, separators=(",", ":")).encode()
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": "tessera-webhooks",
+        "Tessera-Event": delivery.event,
+        "Tessera-Delivery": str(delivery.pk),
+        "Tessera-Signature": signature(hook.secret, int(time.time()), body),
+    }
+    try:
+        response = requests.post(
+            hook.url, data=body, headers=headers, timeout=TIMEOUT_S, allow_redirects=False
+        )
+    except requests.RequestException as exc:
+        return None, type(exc).__name__
+    return response.status_code, "" if 200 <= response.status_code < 300 else f"HTTP {response.status_code}"
+
+
+def _backoff(attempts: int) -> timedelta:
+    return timedelta(seconds=min(settings.TESSERA["WEBHOOK_BACKOFF_S"] * 2 ** (attempts - 1), MAX_BACKOFF_S))
+
+
+def deliver_due(now: datetime | None = None) -> int:
+    """Send every delivery due now; returns how many were attempted. Safe to run in parallel."""
+    attempted = 0
+    while True:
+        now_ = now or timezone.now()
+        batch = _claim(now_)
+        if not batch:
+            return attempted
+        for delivery in WebhookDelivery.objects.filter(pk__in=[d.pk for d in batch]).select_related(
+            "webhook"
+        ):
+            status, error = _send(delivery)
+            attempts = delivery.attempts + 1
+            done = not error
+            fields: dict[str, Any] = {"attempts": attempts, "last_status": status, "last_error": error[:256]}
+            if done:
+                fields.update(state=DeliveryState.DELIVERED, delivered_at=timezone.now())
+            elif attempts >= settings.TESSERA["WEBHOOK_ATTEMPTS"]:
+                fields.update(state=DeliveryState.FAILED)
+            else:
+                fields.update(next_attempt_at=timezone.now() + _backoff(attempts))
+            WebhookDelivery.objects.filter(pk=delivery.pk).update(**fields)
+            attempted += 1
+        if now is not None:
+            return attempted

@@ -1,0 +1,190 @@
+"""Webhooks: a tenant's receiver gets signed deliveries of its jobs' ends; a failing one is retried
+with backoff and then marked failed, and can be redelivered; private targets are refused unless
+an operator allows them.
+
+The receiver is a real HTTP server on 127.0.0.1 (allowed through ``WEBHOOK_ALLOWLIST``, as an
+operator would allow an in-house service); jobs end through the real services, and the sender
+(``deliver_due``, what the Celery task and the embedded thread run) is called by the test.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from scheduling.models import WebhookDelivery
+from scheduling.services.jobs import do_cancel_job
+from scheduling.services.webhooks import TargetRefused, check_target, deliver_due
+from tests.api.helpers import bind, finish, run, submit
+
+
+class Receiver:
+    """An HTTP server that records each POST and answers ``status``."""
+
+    def __init__(self) -> None:
+        self.status = 200
+        self.requests: list[tuple[dict[str, str], bytes]] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the http.server API
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                receiver.requests.append((dict(self.headers), body))
+                self.send_response(receiver.status)
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def receiver(settings):
+    settings.TESSERA = {**settings.TESSERA, "WEBHOOK_ALLOWLIST": ["127.0.0.1"], "WEBHOOK_BACKOFF_S": 0.0}
+    found = Receiver()
+    yield found
+    found.server.shutdown()
+
+
+def register(world, who: str, url: str, **body):
+    return world.client(who).post("/api/v1/webhooks/", {"url": url, **body}, format="json")
+
+
+def verified(secret: str, headers: dict[str, str], body: bytes) -> bool:
+    fields = dict(part.split("=", 1) for part in headers["Tessera-Signature"].split(","))
+    expected = hmac.new(secret.encode(), fields["t"].encode() + b"." + body, hashlib.sha256).hexdigest()
+    return hmac.compare_digest(expected, fields["v1"]) and abs(time.time() - int(fields["t"])) < 300
+
+
+def test_a_receiver_gets_a_signed_delivery_when_a_job_ends(world, cluster, receiver):
+    made = register(world, "alice", receiver.url)
+    assert made.status_code == 201, made.content
+    secret = made.json()["secret"]
+    job = submit(world.alice, world.vision, name="nightly")
+    bind(job, cluster["n01"], [0])
+    run(job)
+    finish(job, 3)
+    assert deliver_due() == 1
+    ((headers, body),) = receiver.requests
+    assert verified(secret, headers, body)
+    assert not verified("another-secret", headers, body)
+    sent = json.loads(body)
+    assert sent["event"] == "failed" and sent["reason"] == "exit 3"
+    assert sent["job"] == {
+        "id": job.pk,
+        "name": "nightly",
+        "tenant": "vision",
+        "state": "failed",
+        "exit_code": 3,
+        "attempts": 0,
+    }
+    assert headers["Tessera-Event"] == "failed" and headers["Tessera-Delivery"] == str(sent["delivery"])
+    delivery = WebhookDelivery.objects.get()
+    assert (delivery.state, delivery.attempts, delivery.last_status) == ("delivered", 1, 200)
+    assert deliver_due() == 0  # sent once
+
+
+def test_only_the_events_asked_for_and_only_the_tenants_jobs_are_sent(world, cluster, receiver):
+    register(world, "alice", receiver.url, events=["succeeded"])
+    do_cancel_job(submit(world.alice, world.vision).pk)  # cancelled: not asked for
+    do_cancel_job(submit(world.bob, world.nlp).pk)  # another tenant's
+    job = submit(world.alice, world.vision)
+    bind(job, cluster["n01"], [0])
+    run(job)
+    finish(job, 0)
+    deliver_due()
+    assert [json.loads(body)["event"] for _, body in receiver.requests] == ["succeeded"]
+
+
+def test_a_failing_receiver_is_retried_then_marked_failed_and_can_be_redelivered(world, receiver, settings):
+    settings.TESSERA = {**settings.TESSERA, "WEBHOOK_ATTEMPTS": 3}
+    hook = register(world, "alice", receiver.url).json()
+    receiver.status = 500
+    do_cancel_job(submit(world.alice, world.vision).pk)
+    deliver_due()  # the backoff is 0 here: every attempt falls due at once
+    delivery = WebhookDelivery.objects.get()
+    assert (delivery.state, delivery.attempts, delivery.last_status) == ("failed", 3, 500)
+    assert len(receiver.requests) == 3
+
+    listed = world.client("carol").get(f"/api/v1/webhooks/{hook['id']}/deliveries/").json()
+    assert [d["state"] for d in listed["results"]] == ["failed"]
+    receiver.status = 204
+    again = world.client("carol").post(f"/api/v1/webhooks/{hook['id']}/deliveries/{delivery.pk}/redeliver/")
+    assert again.status_code == 200 and again.json()["state"] == "pending"
+    deliver_due()
+    delivery.refresh_from_db()
+    assert (delivery.state, delivery.last_status) == ("delivered", 204)
+
+
+def test_the_backoff_between_attempts_doubles(world, receiver, settings):
+    settings.TESSERA = {**settings.TESSERA, "WEBHOOK_BACKOFF_S": 30.0}
+    register(world, "alice", receiver.url)
+    receiver.status = 503
+    do_cancel_job(submit(world.alice, world.vision).pk)
+    assert deliver_due() == 1  # then not due for 30 s
+    delivery = WebhookDelivery.objects.get()
+    waited = (delivery.next_attempt_at - delivery.created_at).total_seconds()
+    assert delivery.state == "pending" and 29 <= waited <= 40
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:9/x",
+        "http://localhost/x",
+        "http://10.1.2.3/x",
+        "http://169.254.169.254/latest/meta-data",
+        "http://[::1]/x",
+        "http://0.0.0.0/x",
+        "ftp://example.org/x",
+        "http://user:pw@example.org/x",
+        "not a url",
+    ],
+)
+def test_private_loopback_and_link_local_targets_are_refused_without_the_allowlist(world, url):
+    answer = register(world, "alice", url)
+    assert answer.status_code == 400 and list(answer.json()) == ["url"], answer.content
+
+
+def test_a_target_that_turned_private_after_registration_is_not_called(world, receiver, settings):
+    register(world, "alice", receiver.url)
+    settings.TESSERA = {**settings.TESSERA, "WEBHOOK_ALLOWLIST": []}  # the operator withdrew it
+    do_cancel_job(submit(world.alice, world.vision).pk)
+    deliver_due()
+    assert receiver.requests == []
+    assert "target refused" in WebhookDelivery.objects.get().last_error
+    with pytest.raises(TargetRefused):
+        check_target(receiver.url)
+
+
+def test_bob_cannot_see_or_delete_alices_webhook_and_the_secret_is_shown_once(world, receiver):
+    hook = register(world, "alice", receiver.url).json()
+    assert len(hook["secret"]) == 64
+    assert world.client("bob").get(f"/api/v1/webhooks/{hook['id']}/").status_code == 404
+    assert world.client("bob").delete(f"/api/v1/webhooks/{hook['id']}/").status_code == 404
+    assert world.client("bob").get("/api/v1/webhooks/").json()["results"] == []
+    seen = world.client("carol").get(f"/api/v1/webhooks/{hook['id']}/").json()
+    assert "secret" not in seen and seen["url"] == receiver.url
+    assert world.client("carol").delete(f"/api/v1/webhooks/{hook['id']}/").status_code == 204
+
+
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"url": 7}, "url"),
+        ({"url": "http://x", "events": ["started"]}, "events"),
+        ({"url": "x", "y": 1}, "y"),
+    ],
+)
+def test_bad_webhook_bodies_are_400s_naming_the_field(world, body, field):
+    answer = world.client("alice").post("/api/v1/webhooks/", body, format="json")
+    assert answer.status_code == 400 and field in answer.json()
