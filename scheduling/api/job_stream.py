@@ -163,11 +163,9 @@ async def _job_messages(job_id: int, replica: int, cursor: JobCursor) -> AsyncIt
 
 
 async def job_stream(request: HttpRequest, pk: str) -> HttpResponse:
-    if request.method != "GET":
-        return JsonResponse({"detail": f'Method "{request.method}" not allowed.'}, status=405)
     first, _ = await sync_to_async(_authorized)(_retrieve, request, pk=pk)
-    if first.status_code != 200:
-        return first
+    if first.status_code != 200 or request.method != "GET":
+        return first  # 401, 404, 429; a method but GET: 405 (after authentication, as DRF does)
     job = first.data
     cursor = JobCursor()
     last = _last_event_id(request)
@@ -260,10 +258,8 @@ async def _tenant_messages(
 
 
 async def jobs_stream(request: HttpRequest) -> HttpResponse:
-    if request.method != "GET":
-        return JsonResponse({"detail": f'Method "{request.method}" not allowed.'}, status=405)
     first, user = await sync_to_async(_authorized)(_list, request)
-    if first.status_code != 200:
+    if first.status_code != 200 or request.method != "GET":
         return first
     cursor = EventCursor()
     last = _last_event_id(request)

@@ -27,6 +27,8 @@ ALL_MODELS = [
     models.SchedulerSettings,
     models.ApiToken,
     models.AuditEntry,
+    models.Webhook,
+    models.WebhookDelivery,
 ]
 
 
@@ -54,6 +56,10 @@ def test_every_list_and_detail_page_renders(console, world, alice_job, model):
     models.EngineMemoryRecord.objects.create(updated_at=timezone.now())
     models.SchedulerSettings.objects.create(alpha=0.5)
     JoinToken.objects.create(name="t", token_hash="h" * 64)
+    hook = models.Webhook.objects.create(tenant=world.vision, url="https://93.184.215.14/", secret="s")
+    models.WebhookDelivery.objects.create(
+        webhook=hook, event="failed", payload={}, next_attempt_at=timezone.now()
+    )
     post_json(world.client("alice"), "/api/v1/jobs/", valid_body(), HTTP_IDEMPOTENCY_KEY="k")
     meta = model._meta
     response = console.get(reverse(f"admin:{meta.app_label}_{meta.model_name}_changelist"))
