@@ -143,8 +143,7 @@ class StrictBooleanField(serializers.BooleanField):
         return data
 
 
-@extend_schema_field({"type": "array", "items": {"type": "string"}})
-class StringListField(serializers.Field):
+class StringListField(serializers.Field):  # its schema: scheduling.api.schema.StringListSchema
     """A JSON list of strings, bounded in items, bytes and item length."""
 
     def __init__(

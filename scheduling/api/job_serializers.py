@@ -45,8 +45,13 @@ def max_job_gpus() -> int:
 @extend_schema_field(
     {
         "type": "object",
-        "properties": {"min_gpus": {"type": "integer"}, "max_gpus": {"type": "integer"}},
+        # At most TESSERA_MAX_JOB_GPUS each (a setting, so not in the schema).
+        "properties": {
+            "min_gpus": {"type": "integer", "minimum": 1},
+            "max_gpus": {"type": "integer", "minimum": 1},
+        },
         "required": ["min_gpus", "max_gpus"],
+        "additionalProperties": False,
     }
 )
 class ElasticField(serializers.Field):

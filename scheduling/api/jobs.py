@@ -134,7 +134,7 @@ class JobViewSet(viewsets.GenericViewSet):
         parameters=[
             OpenApiParameter(
                 "Idempotency-Key",
-                str,
+                {"type": "string", "minLength": 1, "maxLength": MAX_IDEMPOTENCY_KEY, "pattern": "^[ -~]+$"},
                 OpenApiParameter.HEADER,
                 description="Makes retries safe: the same key and body within 24 h returns the first "
                 "job (200); the same key with another body answers 422. Keys are per user.",
@@ -225,6 +225,7 @@ class JobViewSet(viewsets.GenericViewSet):
     @extend_schema(
         summary="A job's history, in order",
         parameters=[ID_PARAMETER],
+        filters=False,
         responses={200: JobEventSerializer(many=True)},
     )
     @action(detail=True, methods=["get"])
@@ -237,8 +238,16 @@ class JobViewSet(viewsets.GenericViewSet):
         summary="A job's output from a byte offset",
         parameters=[
             ID_PARAMETER,
-            OpenApiParameter("offset", OpenApiTypes.INT, description="byte offset to read from (0)"),
-            OpenApiParameter("replica", OpenApiTypes.INT, description="which replica's output (0)"),
+            OpenApiParameter(
+                "offset",
+                {"type": "integer", "minimum": 0, "maximum": MAX_OFFSET},
+                description="byte offset to read from (0)",
+            ),
+            OpenApiParameter(
+                "replica",
+                {"type": "integer", "minimum": 0, "maximum": 2**31 - 1},
+                description="which replica's output (0)",
+            ),
         ],
         responses={200: LogPageSerializer},
     )

@@ -10,7 +10,37 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.extensions import OpenApiAuthenticationExtension, OpenApiSerializerFieldExtension
+
+
+class StringListSchema(OpenApiSerializerFieldExtension):
+    """A :class:`~scheduling.api.fields.StringListField` is an array of strings with its bounds."""
+
+    target_class = "scheduling.api.fields.StringListField"
+
+    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        field = self.target
+        items: dict[str, Any] = {"type": "string"}
+        if field.item_min_length:
+            items["minLength"] = field.item_min_length
+        if field.item_max_length is not None:
+            items["maxLength"] = field.item_max_length
+        schema: dict[str, Any] = {"type": "array", "items": items, "maxItems": field.max_items}
+        if field.min_items:
+            schema["minItems"] = field.min_items
+        return schema
+
+
+class StrictCharSchema(OpenApiSerializerFieldExtension):
+    """A :class:`~scheduling.api.fields.StrictCharField` with ``choices`` declares them as an enum."""
+
+    target_class = "scheduling.api.fields.StrictCharField"
+
+    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        schema = auto_schema._map_serializer_field(self.target, direction, bypass_extensions=True)
+        if self.target.choices is not None:
+            schema["enum"] = list(self.target.choices)
+        return schema
 
 
 class NodeCredentialScheme(OpenApiAuthenticationExtension):
@@ -37,3 +67,73 @@ class JoinTokenScheme(OpenApiAuthenticationExtension):
             "name": "Authorization",
             "description": "An operator-made join token: `Join <token>` (manage.py create_join_token).",
         }
+
+
+ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": (
+        'An error: {"detail": "reason"} where no field is to blame, else {"field": ["reason", ...]} '
+        "naming each field (docs/api.md, Errors)."
+    ),
+    "additionalProperties": True,
+}
+NO_NUL = "^[^\\u0000]*$"
+ERROR_WORDS = {
+    "400": "the request is malformed or a field or parameter is invalid (named in the body)",
+    "401": "no credential, or not a valid one",
+    "403": "not allowed to the caller (operators only, or a user without a tenant)",
+    "404": "no such object, or not the caller's to see",
+    "409": "the object's state does not allow it",
+    "413": "the body is larger than TESSERA_MAX_BODY_BYTES",
+    "415": "the body is not JSON",
+    "422": "an Idempotency-Key reused with another body",
+    "429": "over a rate limit: retry after Retry-After seconds",
+}
+# (method, path) pairs whose extra error answers are not deduced from their shape below.
+EXTRA_ERRORS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("post", "/api/v1/jobs/"): ("403", "422"),
+    ("get", "/api/v1/audit/"): ("403",),
+    ("post", "/api/v1/jobs/{id}/cancel/"): ("409",),
+    ("post", "/api/v1/jobs/{id}/hold/"): ("409",),
+    ("post", "/api/v1/jobs/{id}/release/"): ("409",),
+    ("post", "/api/v1/agent/register/"): ("403", "409"),
+}
+
+
+def declare_errors(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
+    """drf-spectacular post-processing hook: every operation declares the error answers it gives,
+    in the error shape: 401 everywhere; 400 where it takes a body or query parameters; 404 where
+    its path names an object; 413 and 415 where it takes a body; 403 for operators' writes; 429 on
+    the user API (agents are never rate-limited); and what ``EXTRA_ERRORS`` lists."""
+    result.setdefault("components", {}).setdefault("schemas", {})["Error"] = ERROR_SCHEMA
+    for path, operations in result.get("paths", {}).items():
+        for method, operation in operations.items():
+            if method not in ("get", "post", "put", "patch", "delete"):
+                continue
+            codes = {"401"}
+            has_body = "requestBody" in operation
+            if has_body or method in ("post", "put", "patch"):
+                codes |= {"400", "413", "415"}
+            if any(p.get("in") == "query" for p in operation.get("parameters", [])):
+                codes.add("400")
+            if "{" in path:
+                codes.add("404")
+            if not path.startswith("/api/v1/agent/"):
+                codes.add("429")
+                if method != "get" and path.startswith("/api/v1/quotas/"):
+                    codes.add("403")
+            codes.update(EXTRA_ERRORS.get((method, path), ()))
+            for parameter in operation.get("parameters", []):
+                schema = parameter.get("schema", {})
+                if parameter.get("in") == "query" and schema.get("type") == "string" and "enum" not in schema:
+                    schema.setdefault("pattern", NO_NUL)  # text with a NUL is refused (400), never stored
+            responses = operation.setdefault("responses", {})
+            for code in sorted(codes):
+                responses.setdefault(
+                    code,
+                    {
+                        "description": ERROR_WORDS[code],
+                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+                    },
+                )
+    return result

@@ -32,7 +32,12 @@ urlpatterns = [
     path("jobs/<str:pk>/cancel/", JobViewSet.as_view({"post": "cancel"}), name="job-cancel"),
     path("jobs/<str:pk>/hold/", JobViewSet.as_view({"post": "hold"}), name="job-hold"),
     path("jobs/<str:pk>/release/", JobViewSet.as_view({"post": "release"}), name="job-release"),
-    path("jobs/<str:pk>/events/", JobViewSet.as_view({"get": "events"}), name="job-events"),
+    path(
+        "jobs/<str:pk>/events/",
+        # A plain list, in order: neither the job list's pages nor its filters (nor in the schema).
+        JobViewSet.as_view({"get": "events"}, pagination_class=None, filter_backends=[]),
+        name="job-events",
+    ),
     path("jobs/<str:pk>/logs/", JobViewSet.as_view({"get": "logs"}), name="job-logs"),
     path("nodes/", NodeViewSet.as_view({"get": "list"}), name="node-list"),
     path("nodes/<str:name>/", NodeViewSet.as_view({"get": "retrieve"}), name="node-detail"),

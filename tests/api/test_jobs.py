@@ -224,8 +224,27 @@ def test_the_list_is_paginated(world):
     second = client.get(page["next"]).json()
     assert len(second["results"]) == 2
     assert not {j["id"] for j in page["results"]} & {j["id"] for j in second["results"]}
-    assert client.get(JOBS, {"offset": 10**30}).json()["results"] == []
-    assert client.get(JOBS, {"limit": 10**6}).status_code == 200
+    assert client.get(JOBS, {"offset": 10**6}).json()["results"] == []
+    assert client.get(JOBS, {"limit": 10**6}).status_code == 200  # at most max_limit used
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "offset=null",
+        "offset=-1",
+        "offset=1.5",
+        "offset=",
+        "offset=1&offset=2",
+        "limit=false",
+        "limit=2.2e-308",
+    ]
+    + [f"offset={10**30}", "limit=null&limit=null"],
+)
+def test_a_bad_offset_or_limit_is_a_400_naming_it_not_the_default(world, query):
+    response = world.client("alice").get(f"{JOBS}?{query}")
+    assert response.status_code == 400
+    assert set(response.json()) == {query.split("=")[0]}
 
 
 def test_listing_many_jobs_takes_a_fixed_number_of_queries(world, cluster, django_assert_max_num_queries):
