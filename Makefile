@@ -24,7 +24,7 @@ help:
 	@echo "make bench-dashboard - the dashboard at 1,000 nodes in headless Chromium (needs Redis, Chromium)"
 	@echo "make gpu-check - check discovery and real jobs on this machine's NVIDIA GPUs"
 	@echo "make parity - a two-day trace through the live services and the simulator: differing decisions"
-	@echo "make lint   - ruff check, ruff format --check, import contracts"
+	@echo "make lint   - ruff check, ruff format --check, import contracts, mypy"
 	@echo "make install - create .venv and install the project (requirements/lock.txt)"
 	@echo "make lock   - regenerate requirements/lock.txt after changing pyproject.toml's dependencies"
 
@@ -93,11 +93,12 @@ gpu-check: $(STAMP)
 	$(BIN)/pytest -m gpu tests/agent/test_inventory.py
 	$(BIN)/python scripts/gpu_check.py
 
-# Lint, format, and the import contracts (pyproject.toml, [tool.importlinter]).
+# Lint, format, the import contracts and the types (pyproject.toml: [tool.importlinter], [tool.mypy]).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 # Forget the demo's database (users, jobs, nodes) and its agents' credentials and job folders.
 clean-demo:

@@ -21,6 +21,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 from agent import cgroups, firewall, identity, leftovers, sandbox, state
 from agent.client import AgentClient, Rejected, ServerError
@@ -271,7 +273,7 @@ def register(
     token: str | None,
     state_dir: Path,
     timeout: float,
-) -> tuple[dict, float]:
+) -> tuple[dict[Any, Any], float]:
     """Register (retrying while the server cannot be reached); the answer, and when the request
     that succeeded was sent (``time.monotonic()``): the lease counts from there."""
     stored = state.read_credential(state_dir)
@@ -383,7 +385,7 @@ def run(args: argparse.Namespace) -> int:
     path = job_path(state_dir, probe)
     max_tasks = args.job_max_tasks or sandbox.default_max_tasks()
     hide = [*sandbox.HIDDEN, *args.hide_path]
-    kept = [state_dir, *path.split(":"), *([checkpoint_root] if checkpoint_root else [])]
+    kept: list[str | Path] = [state_dir, *path.split(":"), *([checkpoint_root] if checkpoint_root else [])]
     box = sandbox.detect(devices, users.isolated, kept, max_tasks, hide)
     walled = isinstance(users, identity.UidPool) and firewall.detect(users.ids, args.allow_local_port)
     if args.require_isolation and not (users.isolated and box.namespaces and walled):
@@ -441,7 +443,7 @@ def run(args: argparse.Namespace) -> int:
 
     stop = threading.Event()
 
-    def on_signal(signum, _frame) -> None:
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("signal %d: stopping (jobs are stopped; the server requeues them after their lease)", signum)
         stop.set()
         agent.poke()

@@ -100,7 +100,9 @@ class AgentClient:
             raise ServerError(f"{name}: HTTP {response.status}")
         return response.status, content
 
-    def _post(self, path: str, body: dict[str, Any], auth: str) -> Any:
+    def _post(self, path: str, body: dict[str, Any], auth: str) -> dict[str, Any]:
+        """The server's answer, a JSON object (every agent endpoint's); :class:`Rejected` for a
+        4xx, :class:`ServerError` for an answer that is not an object."""
         status, content = self._request("POST", path, body, auth, self.timeout)
         try:
             data = json.loads(content)
@@ -108,6 +110,8 @@ class AgentClient:
             data = content[:500].decode(errors="replace")
         if status >= 400:
             raise Rejected(status, data)
+        if not isinstance(data, dict):
+            raise ServerError(f"{path}: HTTP {status} answered {str(data)[:200]!r}, not a JSON object")
         return data
 
     def node_auth(self) -> str:
@@ -202,4 +206,7 @@ class AgentClient:
         """Several replicas' exit reports in one request (the ``exited`` bodies, each with its
         ``job_id``); one result per report, in order: ``{"status": 200, "state", "recorded"}``, or
         ``{"status": 404|409, "detail"}`` for a report refused on its own."""
-        return self._post("exits", {"exits": reports}, self.node_auth())["results"]
+        results = self._post("exits", {"exits": reports}, self.node_auth()).get("results")
+        if not isinstance(results, list):
+            raise ServerError(f"exits: the answer has no list of results: {results!r}"[:300])
+        return results

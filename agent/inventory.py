@@ -164,7 +164,7 @@ def _text(value: bytes | str) -> str:
 def nvml_inventory(name: str, model_map: ModelMap, nvlink: int | None = None) -> Inventory:
     """The node's real GPUs; raises :class:`NoGPUs` saying why when there are none."""
     try:
-        import pynvml
+        import pynvml  # only on a node with NVIDIA GPUs: a simulated agent never loads NVML
     except ImportError as exc:  # nvidia-ml-py is a dependency; this is a broken install
         raise NoGPUs(f"no NVIDIA GPUs found (NVML: nvidia-ml-py is not installed: {exc})") from None
     try:
@@ -203,7 +203,7 @@ def nvml_inventory(name: str, model_map: ModelMap, nvlink: int | None = None) ->
     )
 
 
-def _has_active_nvlink(pynvml, handle) -> bool:
+def _has_active_nvlink(pynvml: Any, handle: Any) -> bool:  # NVML ships no types
     for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
         try:
             if pynvml.nvmlDeviceGetNvLinkState(handle, link) == pynvml.NVML_FEATURE_ENABLED:

@@ -25,8 +25,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -176,7 +177,7 @@ class GpuCollector(Collector):
 
 def nvml_reader() -> Callable[[int], tuple[float, float, float]]:
     """Read utilisation and memory of a real GPU (NVML already initialised by discovery)."""
-    import pynvml
+    import pynvml  # only on a node with NVIDIA GPUs: a simulated agent never loads NVML
 
     def read(index: int) -> tuple[float, float, float]:
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
@@ -193,9 +194,7 @@ def make_registry(collector: GpuCollector) -> CollectorRegistry:
     return registry
 
 
-def serve(registry: CollectorRegistry, port: int, addr: str):
+def serve(registry: CollectorRegistry, port: int, addr: str) -> WSGIServer:
     """Serve ``/metrics`` on a daemon thread; returns the server (``server_port`` is the real port)."""
-    from prometheus_client import start_http_server
-
     server, _thread = start_http_server(port, addr=addr, registry=registry)
     return server

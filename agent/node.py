@@ -89,7 +89,7 @@ class Agent:
         self.sandbox = sandbox
         self.checkpoint_retention_s: float | None = None  # None: checkpoints are kept (tests)
         self.checkpoint_root: Path | None = None  # shared by the nodes (None: STATE/checkpoints)
-        self.checkpoint_signal = signal.SIGUSR1  # "checkpoint now", before a preemption
+        self.checkpoint_signal: int = signal.SIGUSR1  # "checkpoint now", before a preemption
         self._swept_at = 0.0
         self.lease_seconds = lease_seconds
         self.jobs: dict[Key, JobProcess] = {}

@@ -34,6 +34,7 @@ from agent.cgroups import AnyCgroups
 from agent.checkpoints import MARKER_NAME, Checkpoint, MarkerWatch
 from agent.client import AgentClient, Rejected, ServerError
 from agent.identity import JobUsers, RunAs, SharedUser, UidsExhausted, UidsLeft
+from agent.reports import ExitReporter
 from agent.sandbox import SAFE_PATH, Sandbox
 
 log = logging.getLogger("tessera.agent")
@@ -191,7 +192,7 @@ class JobProcess:
     def __init__(
         self,
         binding: dict[str, Any],
-        client: AgentClient,
+        client: AgentClient | ExitReporter,  # what starts, logs and exits are reported to
         state_dir: Path,
         users: JobUsers | RunAs,
         path: str,

@@ -6,6 +6,9 @@ import os
 
 from celery import Celery
 from celery.signals import worker_ready
+from django.conf import settings
+
+from controlplane.gc_tuning import tune_for_server
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
@@ -31,9 +34,5 @@ app.conf.beat_schedule = {
 
 @worker_ready.connect
 def _tune_gc(**_: object) -> None:
-    from django.conf import settings
-
-    from controlplane.gc_tuning import tune_for_server
-
     if settings.TESSERA["GC_TUNING"]:
         tune_for_server()  # the worker has loaded Django and its tasks: see controlplane/gc_tuning.py

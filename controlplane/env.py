@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from typing import Any
 from urllib.parse import unquote, urlparse, urlsplit
 
 import dj_database_url
@@ -106,7 +107,7 @@ def env_secret(name: str, kept_in: os.PathLike[str] | str) -> str:
     return value
 
 
-def database_from_url(url: str, base_dir: os.PathLike[str] | str) -> dict[str, object]:
+def database_from_url(url: str, base_dir: os.PathLike[str] | str) -> dict[str, Any]:
     """Django DATABASES['default'] from DATABASE_URL ('' = the embedded SQLite file).
 
     A PostgreSQL URL is parsed by dj-database-url: the user and password percent-decoded, query

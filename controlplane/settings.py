@@ -10,6 +10,7 @@ import os
 import tempfile
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from csp.constants import NONE, SELF
 
@@ -267,7 +268,7 @@ LOGGING = {
 }
 
 # --- Tessera's own knobs ------------------------------------------------------------------------
-TESSERA = {
+TESSERA: dict[str, Any] = {
     # The scheduling pass: in-process loop in the embedded default, Celery beat with Redis.
     "EMBEDDED_PASSES": not REDIS_URL or env_bool("TESSERA_EMBEDDED_PASSES", False),
     # Whether this process starts the in-process pass loop (the embedded default's web process).

@@ -9,7 +9,9 @@ API's own messages. Forms are POSTs under Django's CSRF check.
 from __future__ import annotations
 
 import shlex
+from datetime import timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -18,6 +20,7 @@ from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.functional import cached_property
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from rest_framework.exceptions import PermissionDenied, ValidationError
@@ -111,10 +114,6 @@ def filtered_jobs(request: HttpRequest) -> tuple[QuerySet[Job], dict[str, str]]:
         chosen["owner"] = owner
     since = params.get("since", "")
     if since in SINCE_HOURS:
-        from datetime import timedelta
-
-        from django.utils import timezone
-
         qs = qs.filter(submitted_at__gte=timezone.now() - timedelta(hours=SINCE_HOURS[since]))
         chosen["since"] = since
     sort = params.get("sort", "newest")
@@ -157,8 +156,6 @@ class CappedPaginator(Paginator):
 
 
 def query_without_page(chosen: dict[str, str]) -> str:
-    from urllib.parse import urlencode
-
     return urlencode(chosen)
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from scheduling.models import Membership
+
 
 @dataclass(frozen=True)
 class Viewer:
@@ -39,7 +41,6 @@ def viewer_for(user: Any) -> Viewer:
     """The viewer for an authenticated user (reads its membership: call from sync code)."""
     if user.is_staff:
         return Viewer(user.get_username(), True, None, None)
-    from scheduling.models import Membership
 
     membership = Membership.objects.select_related("tenant").filter(user=user).first()
     if membership is None:

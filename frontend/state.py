@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import Count, Sum
+
 from frontend.redaction import Viewer, redact_device
 from scheduling.choices import TERMINAL_STATES, JobState
-from scheduling.models import Job, Node
+from scheduling.models import Allocation, Job, Node
 from scheduling.services.inventory import all_device_rows
 from scheduling.services.live import job_payload, node_payload
 
@@ -83,9 +85,6 @@ def dashboard_state(user: Any, viewer: Viewer) -> dict[str, Any]:
 def team_usage(tenants: Any) -> list[dict[str, Any]]:
     """Per tenant, its quota rows with the GPUs its jobs hold now on each row's models (a row
     for ``*`` counts every model without a row of its own), and its jobs waiting and running."""
-    from django.db.models import Count, Sum
-
-    from scheduling.models import Allocation
 
     tenants = list(tenants)
     held = (

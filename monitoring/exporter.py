@@ -25,10 +25,15 @@ import logging
 import threading
 from collections.abc import Iterator
 
+from django.db.models import Count, Sum
 from prometheus_client import REGISTRY
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
+
+from scheduling.choices import JobKind, JobState, NodeState
+from scheduling.models import Allocation, Device, Job, Node, SchedulerState
+from scheduling.services.passes import PASS_BUCKETS_S
 
 log = logging.getLogger("tessera.metrics")
 
@@ -50,11 +55,6 @@ class ClusterCollector(Collector):
 
 
 def _cluster_families() -> list[GaugeMetricFamily]:
-    from django.db.models import Count, Sum
-
-    from scheduling.choices import JobKind, JobState, NodeState
-    from scheduling.models import Allocation, Device, Job, Node
-
     pending = GaugeMetricFamily("tessera_jobs_pending", "Pending jobs by kind.", labels=["kind"])
     counts = dict(
         Job.objects.filter(state=JobState.PENDING).values_list("kind").annotate(n=Count("id")).order_by()
@@ -99,9 +99,6 @@ def _cluster_families() -> list[GaugeMetricFamily]:
 
 def _pass_families() -> list:
     """The passes as recorded in ``SchedulerState`` by whichever process ran them."""
-    from scheduling.models import SchedulerState
-    from scheduling.services.passes import PASS_BUCKETS_S
-
     state = SchedulerState.objects.filter(id=1).first()
     counts = list(state.pass_buckets or []) if state is not None else []
     counts += [0] * (len(PASS_BUCKETS_S) + 1 - len(counts))

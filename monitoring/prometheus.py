@@ -14,7 +14,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import requests
 from django.conf import settings
+from prometheus_api_client import PrometheusConnect
+from prometheus_api_client.exceptions import PrometheusApiClientException
+from urllib3.util.retry import Retry
 
 GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
 SM_ACTIVE = "DCGM_FI_PROF_SM_ACTIVE"
@@ -57,8 +61,6 @@ def connect(url: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> Any
         raise PrometheusUnavailable(
             "PROMETHEUS_URL is not set: point it at a Prometheus server (e.g. http://127.0.0.1:9090)"
         )
-    from prometheus_api_client import PrometheusConnect
-    from urllib3.util.retry import Retry
 
     retry = Retry(total=1, backoff_factor=0.1, status_forcelist=[502, 503, 504])
     return PrometheusConnect(url=url, disable_ssl=False, retry=retry, timeout=timeout_s)
@@ -66,9 +68,6 @@ def connect(url: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> Any
 
 def query(promql: str, url: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Sample]:
     """Evaluate an instant PromQL query; vector and scalar results come back as samples."""
-    import requests
-    from prometheus_api_client.exceptions import PrometheusApiClientException
-
     prom = connect(url, timeout_s)
     try:
         result = prom.custom_query(promql)

@@ -16,6 +16,7 @@ from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
+from django.utils import timezone
 
 from scheduling.engine.config import KNOBS
 from scheduling.models import (
@@ -39,6 +40,8 @@ from scheduling.models import (
     WebhookDelivery,
 )
 from scheduling.services import operators
+from scheduling.services.agents import do_create_join_token
+from scheduling.services.jobs import do_cancel_job
 from scheduling.services.knobs import check_knobs, do_save_scheduler_settings, knobs_of
 from scheduling.services.quotas import check_quota, do_create_quota, do_delete_quota, do_update_quota
 from scheduling.services.tokens import do_revoke_api_token
@@ -179,9 +182,6 @@ class JoinTokenAdmin(admin.ModelAdmin):
         if change:
             super().save_model(request, obj, form, change)
             return
-        from django.utils import timezone
-
-        from scheduling.services.agents import do_create_join_token
 
         hours = None
         if obj.expires_at is not None:
@@ -269,8 +269,6 @@ class NodeAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     @admin.action(description="Make a join token to register these names on new machines (24 h)")
     def join_token_for_names(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
-        from scheduling.services.agents import do_create_join_token
-
         names = sorted(queryset.values_list("name", flat=True))
         _, raw = do_create_join_token(
             "re-register " + ", ".join(names)[:50], 24, len(names), ",".join(names)[:256], request.user
@@ -335,8 +333,6 @@ class JobAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     @admin.action(description="Cancel the selected jobs")
     def cancel(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        from scheduling.services.jobs import do_cancel_job
-
         done, refused = 0, []
         for job_id in queryset.values_list("pk", flat=True):
             try:

@@ -26,6 +26,7 @@ from scheduling.engine.collector import collector_paused
 from scheduling.engine.config import EngineConfig
 from scheduling.engine.policy import TesseraScheduler
 from scheduling.engine.types import JobRequest, NodeSpec, Placement, QuotaSpec, RunningJob, Snapshot
+from scheduling.sim.traces import read_jobs
 
 FEATURES = [
     "quotas",
@@ -63,7 +64,6 @@ def request_sizes(path: Path | None) -> list[tuple[float, float, float]]:
     """(gpus, cpus, memory_gib) of each pod of the list at ``path``, or the built-in mix."""
     if path is None:
         return FALLBACK
-    from scheduling.sim.traces import read_jobs
 
     return [(t.request.gpus, t.request.cpus, t.request.memory_gib) for t in read_jobs(path)]
 

@@ -14,6 +14,7 @@ import re
 from typing import Any
 from urllib.parse import urlparse
 
+from django.conf import settings
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.exceptions import NotFound, PermissionDenied
@@ -205,7 +206,6 @@ class RegisterView(APIView):
             raise PermissionDenied(f"Registration refused: {exc}.") from None
         except svc.NameInUse as exc:
             raise Conflict(f"Registration refused: {exc}.") from None
-        from django.conf import settings
 
         body = {
             "node": node.name,

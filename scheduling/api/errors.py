@@ -24,6 +24,7 @@ from rest_framework.exceptions import (
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from scheduling.api.fields import json_safe
 from scheduling.states import InvalidTransition
 
 log = logging.getLogger("tessera.api")
@@ -60,7 +61,6 @@ def exception_handler(exc, context):
         response.data = {"detail": str(data)}
     if isinstance(exc, PermissionDenied) and response.status_code == 403:
         response.data.setdefault("detail", "Only operators may do this.")
-    from scheduling.api.fields import json_safe
 
     response.data = json_safe(response.data)
     return response

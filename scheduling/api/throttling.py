@@ -18,8 +18,11 @@ import logging
 import threading
 import time
 
+import redis
 from django.conf import settings
 from rest_framework.throttling import BaseThrottle
+
+from scheduling.services import redis_flags
 
 log = logging.getLogger("tessera.api")
 
@@ -51,10 +54,6 @@ def forget_counts() -> None:
     """Start every budget afresh (tests; an operator after raising a limit needs no restart)."""
     local_counters.clear()
     if settings.REDIS_URL:
-        import redis
-
-        from scheduling.services import redis_flags
-
         try:
             client = redis_flags.client()
             keys = list(client.scan_iter(match=redis_flags.key("rate:*"), count=1000))
@@ -67,9 +66,6 @@ def forget_counts() -> None:
 def _hit(key: str, window: int, period: int) -> int:
     if not settings.REDIS_URL:
         return local_counters.hit(key, window)
-    import redis
-
-    from scheduling.services import redis_flags
 
     name = redis_flags.key(f"rate:{key}:{window}")
     try:

@@ -83,7 +83,7 @@ def with_overrides(base: IdleSettings, overrides: Mapping[str, Any], bounds: Bou
     """``base`` with a tenant's ``overrides`` applied; raises :class:`OverrideRefused` naming the
     first field that is unknown, not a number, or outside ``bounds``. Warnings scale with
     ``act_after_s`` (they stay at the same fractions of it)."""
-    changes: dict[str, float] = {}
+    changes: dict[str, Any] = {}  # float fields of IdleSettings (OVERRIDABLE), by name
     for name, value in overrides.items():
         if name not in OVERRIDABLE:
             raise OverrideRefused(name, f"not overridable (one of {', '.join(OVERRIDABLE)})")

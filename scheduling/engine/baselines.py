@@ -29,7 +29,9 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 from .config import EngineConfig
 from .fragmentation import UNTRACKED, FragmentationModel, Shape, shape_of
@@ -68,7 +70,7 @@ class BaselineScheduler:
         self.held_nodes: dict[int, str] = {}  # fcfs-node: node -> job holding it whole
         self.recent: deque[Shape] = deque(maxlen=1000)
         self._dirty = 0
-        self._static: dict = {}
+        self._static: dict[Any, Any] = {}
         self._shapes: dict[str, tuple[JobRequest, Geometry, tuple[str, str] | None]] = {}
 
     # -- protocol ---------------------------------------------------------------------------------
@@ -111,7 +113,7 @@ class BaselineScheduler:
         # Shapes that found no room in this decide: the cluster only fills up while it goes on, so
         # a job alike in everything placement reads finds none either (the greedy references try
         # every job; without this a long queue costs a placement attempt per job per call).
-        no_room: dict[tuple, PendingReason] = {}
+        no_room: dict[tuple[Any, ...], PendingReason] = {}
         for job in sorted(self.pending.values(), key=self._greedy_key if greedy else _arrival):
             if job.held:
                 d.pending[job.id] = PendingReason("held", "held: released by its owner or an operator")
@@ -142,7 +144,7 @@ class BaselineScheduler:
                 d.pending[job.id] = no_room[shape]
                 continue
             allocs = self._place(job, geo)
-            if allocs is None and greedy:
+            if allocs is None and shape is not None:  # greedy
                 # A reference, judged by its starts: its pending reasons are not worth a diagnosis
                 # each (three quarters of its time went there).
                 d.pending[job.id] = no_room[shape] = NO_ROOM
@@ -168,7 +170,7 @@ class BaselineScheduler:
             d.bindings.append(Binding(job.id, placements_of(allocs, self.state)))
         return d
 
-    def _placement_key(self, job: JobRequest, geo: Geometry) -> tuple:
+    def _placement_key(self, job: JobRequest, geo: Geometry) -> tuple[Any, ...]:
         """Everything :meth:`_place` reads of a job (the quota's allowed models included)."""
         models = self._allowed_models(job, geo) if geo.req.count else None
         return (
@@ -241,7 +243,7 @@ class BaselineScheduler:
                 )
                 for r in range(n_rep)
             ]
-        racks = [None]
+        racks: Sequence[str | None] = [None]
         if job.topology == "rack" and n_rep > 1:
             racks = sorted({n.spec.rack for n in self.state.nodes})
         for rack in racks:
@@ -300,7 +302,7 @@ class BaselineScheduler:
             if 0 < req.milli < MILLI:
                 value = self.rng.choice([v for v in self.state.nodes[node].free if v >= req.milli])
             return node, value
-        best: tuple | None = None
+        best: tuple[Any, ...] | None = None
         for i in feasible:
             n = self.state.nodes[i]
             free = tuple(sorted(n.free))

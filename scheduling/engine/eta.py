@@ -196,12 +196,12 @@ def _plan_once(
         for model in want.models:
             if model not in room:
                 continue
-            row = want.rows.get(model)
+            quota_row = want.rows.get(model)
             lines = [room[model]]
-            if row is not None:
-                lines.append(limit[row])
+            if quota_row is not None:
+                lines.append(limit[quota_row])
                 if not want.job.preemptible:
-                    lines.append(steady[row])
+                    lines.append(steady[quota_row])
             t = _together(lines, max(now, want.earliest), length, want.gpus)
             if t < best:
                 best, best_model = t, model
@@ -209,11 +209,11 @@ def _plan_once(
             continue
         out[want.job.id] = best
         room[best_model].add(best, best + length, want.gpus)
-        row = want.rows.get(best_model)
-        if row is not None:
-            limit[row].add(best, best + length, want.gpus)
+        quota_row = want.rows.get(best_model)
+        if quota_row is not None:
+            limit[quota_row].add(best, best + length, want.gpus)
             if not want.job.preemptible:
-                steady[row].add(best, best + length, want.gpus)
+                steady[quota_row].add(best, best + length, want.gpus)
     return out
 
 
@@ -253,8 +253,10 @@ def estimate(s: TesseraScheduler, d: Decisions, now: float) -> dict[str, Estimat
             continue
         geo = s.geo(job)
         models, _ = s.models_for(job)
-        rows = {m: quotas.row_key(job.tenant, m) if quotas.row(job.tenant, m) else None for m in models}
-        queue.append(Want(job, geo.charge * geo.need / MILLI, tuple(models), rows, job.not_before))
+        by_model_row = {
+            m: quotas.row_key(job.tenant, m) if quotas.row(job.tenant, m) else None for m in models
+        }
+        queue.append(Want(job, geo.charge * geo.need / MILLI, tuple(models), by_model_row, job.not_before))
         if len(queue) >= s.config.eta_max_jobs:
             break
     caps = {(t, m): (q.limit, q.guaranteed) for t, rows in quotas.rows.items() for m, q in rows.items()}

@@ -21,6 +21,7 @@ from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from .types import MILLI, JobRequest
 
@@ -105,11 +106,11 @@ class FragmentationModel:
 
     def __init__(self, typical: tuple[TypicalRequest, ...]):
         self.typical = typical
-        self._cache: dict[tuple, float] = {}
+        self._cache: dict[tuple[Any, ...], float] = {}
         # F(n) depends on the free CPU only through which typical requests it can hold: nodes
         # whose free CPU falls between the same two request sizes share one cache entry.
         self._cpus = sorted({r.cpu for r in typical})
-        self._agg: dict[tuple[str, int], tuple] = {}
+        self._agg: dict[tuple[str, int], tuple[Any, ...]] = {}
 
     @classmethod
     def from_jobs(cls, jobs: Iterable[JobRequest], coverage: float = 0.95) -> FragmentationModel:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, cast
 
 from .buddy import order_for
 from .fragmentation import to_milli
@@ -59,7 +60,7 @@ def constraints(job: JobRequest, models: tuple[str, ...] | None = None) -> Const
 
 
 def static_check(
-    state: ClusterState, quotas: Quotas, job: JobRequest, geo: Geometry, memo: dict
+    state: ClusterState, quotas: Quotas, job: JobRequest, geo: Geometry, memo: dict[Any, Any]
 ) -> tuple[str, str] | None:
     """('reject', why) for a job that can never run here; ('capacity', why) for one larger
     than the cluster; None otherwise. Memoised per shape (what the cluster could ever hold) and
@@ -80,7 +81,7 @@ def static_check(
     key = (shape, geo.replicas, geo.charge, job.tenant, job.preemptible, job.gpus)
     hit = memo.get(key, memo)
     if hit is not memo:
-        return hit  # type: ignore[return-value]
+        return cast(tuple[str, str] | None, hit)
     ckey = ("cap", shape)
     cap = memo.get(ckey)
     if cap is None:

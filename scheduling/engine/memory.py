@@ -129,7 +129,7 @@ class EngineMemory:
             raise BadMemory(f"malformed engine memory: {exc!r}") from None
 
 
-def _shape_json(s: Shape) -> list:
+def _shape_json(s: Shape) -> list[Any]:
     return [s[0], s[1], s[2], list(s[3])]
 
 

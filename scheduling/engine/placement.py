@@ -22,6 +22,7 @@ import math
 from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from .fragmentation import UNTRACKED, FragmentationModel
 from .state import Alloc, ClusterState, Group, ReplicaReq, fits_state
@@ -174,15 +175,15 @@ class Placer:
         self.alpha = alpha
         self.beta = beta
         self.delta = delta
-        self._loc: dict[tuple[int, tuple], float] = {}
+        self._loc: dict[tuple[int, tuple[Any, ...]], float] = {}
         self._cls_ok: dict[tuple[int, Constraints], int | None] = {}
         self._score: dict[ReplicaReq, dict[int, tuple[float, int | None] | None]] = {}
         self._allowed: dict[Constraints, list[tuple[int, int]]] = {}
-        self._heaps: dict[ReplicaReq, dict[int, list]] = {}  # req -> class -> [heap, log read]
+        self._heaps: dict[ReplicaReq, dict[int, list[Any]]] = {}  # req -> class -> [heap, log read]
         # The fragmentation part of a score depends on the node's model, sorted free vector and
         # which typical requests its CPU holds before and after: shared by every group and
         # request alike in those (~3.5x fewer computations than one per group and request).
-        self._frag_score: dict[tuple, tuple[float, int | None]] = {}
+        self._frag_score: dict[tuple[Any, ...], tuple[float, int | None]] = {}
         self._cls_info: dict[int, tuple[int, int, str, float, int]] = {}
 
     def class_pref(self, cls: int, c: Constraints) -> int | None:
@@ -218,7 +219,7 @@ class Placer:
             info = self._cls_info[cls] = (d, spec.gpus, spec.model, spec.price_per_gpu_hour, cap)
         return info
 
-    def _group_score(self, g: Group, req: ReplicaReq, per: dict) -> tuple[float, int | None] | None:
+    def _group_score(self, g: Group, req: ReplicaReq, per: dict[Any, Any]) -> tuple[float, int | None] | None:
         """Score of ``req`` on the nodes of group ``g`` (higher is better) and, for a fraction,
         the free share of the GPU to use; None when it does not fit. Memoised in ``per`` (the
         request's scores by group id)."""
@@ -277,7 +278,7 @@ class Placer:
 
     def candidates(
         self, req: ReplicaReq, c: Constraints, sort: bool = True
-    ) -> list[tuple[tuple, list[int], int | None]]:
+    ) -> list[tuple[tuple[Any, ...], list[int], int | None]]:
         """Every group that can take ``req``: (sort key, its node ranks, GPU value), best first."""
         out = []
         per = self._score.get(req)
@@ -312,8 +313,8 @@ class Placer:
             for _ in range(4):  # usually the best group has an allowed node: no full sort
                 if not cands:
                     return None
-                top = max(range(len(cands)), key=lambda k: cands[k][0])
-                _k, ranks, value = cands.pop(top)
+                first = max(range(len(cands)), key=lambda k: cands[k][0])
+                _k, ranks, value = cands.pop(first)
                 for r in ranks:
                     if node_ok(by_rank[r]):
                         return by_rank[r], value
@@ -323,7 +324,7 @@ class Placer:
                     if node_ok(by_rank[r]):
                         return by_rank[r], value
             return None
-        best_key: tuple | None = None
+        best_key: tuple[Any, ...] | None = None
         best_pick: tuple[int, int | None] | None = None
         may_fit = self.state.class_may_fit
         for cls, pref in self.allowed_classes(c):  # by preference: a better model always wins
@@ -351,7 +352,7 @@ class Placer:
             per = self._score[req] = {}
         by_gid = state.group_by_gid
         by_rank = state.by_rank
-        best_key: tuple | None = None
+        best_key: tuple[Any, ...] | None = None
         best_pick: tuple[int, int | None] | None = None
         for gid, ranks in state.rack_groups.get(rack, {}).items():
             g = by_gid[gid]
@@ -395,6 +396,7 @@ class Placer:
         groups = state.by_class[cls]
         by_gid = state.group_by_gid
         score = self._group_score
+        g: Group | None
         if h is None or h[1] < base or end - h[1] > len(groups) + 16 or len(h[0]) > 4 * len(groups) + 64:
             heap = []
             for g in groups.values():

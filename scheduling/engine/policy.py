@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from . import eta, queues
 from .backfill import (
@@ -62,7 +64,7 @@ from .types import (
     Snapshot,
 )
 
-_NOTE_ANY = (-math.inf, frozenset())  # nothing counted yet in the request mix
+_NOTE_ANY: tuple[float, frozenset[str]] = (-math.inf, frozenset())  # nothing counted yet in the request mix
 
 
 @dataclass(slots=True)
@@ -96,10 +98,10 @@ class TesseraScheduler:
         self.history = History()
         self.recent: deque[Shape] = deque(maxlen=self.config.frag_window)
         self._recent_changes = 0
-        self._static: dict[tuple, tuple[str, str] | None] = {}
+        self._static: dict[tuple[Any, ...], tuple[str, str] | None] = {}
         self.models = tuple(sorted({n.model for n in self.nodes if n.gpus and n.model}))
-        self.last_reservations: list = []
-        self._fail_memo: dict[tuple, int] = {}
+        self.last_reservations: list[Reservation] = []
+        self._fail_memo: dict[tuple[Any, ...], int] = {}
         self._owed: dict[str, list[str]] = {}
         self._now = 0.0
         self.last_codes: dict[str, str] = {}  # job -> its pending code in the last pass
@@ -111,13 +113,13 @@ class TesseraScheduler:
         # The latest submission time counted in the request mix, and the jobs submitted then
         # that were counted: a job is counted once, when a pass first sees it (memory.py).
         self._noted_at, self._noted_ids = _NOTE_ANY[0], set(_NOTE_ANY[1])
-        self._holders: dict[int, list] | None = None
+        self._holders: dict[int, list[tuple[float, Alloc]]] | None = None
         self.quota_room_model: str | None = None  # the model quota_victims made room on
         # What quota admission depends on besides usage (which moves with the state version):
         # the models owed to waiting tenants and the room claimed this pass. Part of the
         # failure memo's key, so a job refused a model last pass is searched again once the
         # model is no longer owed.
-        self.quota_token: tuple = ()
+        self.quota_token: tuple[Any, ...] = ()
         # Racks kept clear for rack gangs: those that could hold the largest rack gang submitted
         # (its GPUs, of one model) and hold no non-preemptible work, so that seniority
         # preemption can always empty them. Non-preemptible work goes there only when it fits
@@ -313,11 +315,11 @@ class TesseraScheduler:
         self,
         job: JobRequest,
         geo: Geometry,
-        node_ok,
+        node_ok: Callable[[int], bool] | None,
         first_replica: int = 0,
         top: int | None = None,
         need: int | None = None,
-        token: tuple | None = None,
+        token: tuple[Any, ...] | None = None,
     ) -> tuple[list[Alloc] | None, tuple[str, str] | None]:
         """(allocations, None) on success; (None, quota reason or None) otherwise.
 
@@ -346,7 +348,13 @@ class TesseraScheduler:
         return got, refusal
 
     def _try_place_inner(
-        self, job: JobRequest, geo: Geometry, node_ok, first_replica: int, top: int | None, need: int | None
+        self,
+        job: JobRequest,
+        geo: Geometry,
+        node_ok: Callable[[int], bool] | None,
+        first_replica: int,
+        top: int | None,
+        need: int | None,
     ) -> tuple[list[Alloc] | None, tuple[str, str] | None]:
         top = geo.replicas if top is None else top
         need = geo.need if need is None else need
@@ -525,9 +533,9 @@ class TesseraScheduler:
     def begin_pass(self, now: float) -> None:
         """Per-pass indexes: who may be preempted at all (min run time, preemptible), with the
         work each would lose, computed once."""
-        self._victim_memo: dict[tuple, dict[int, list[Victim]]] = {}
+        self._victim_memo: dict[tuple[Any, ...], dict[int, list[Victim]]] = {}
         self._holders = None
-        self._quota_memo: dict[tuple, list[Victim]] = {}
+        self._quota_memo: dict[tuple[Any, ...], list[Victim]] = {}
         self._eligible = []
         self._reclaimable: set[str] = set()  # borrowers whose reclaim would lose little now
         self._protected: set[str] = set()  # started after starving: never reclaimed
@@ -701,7 +709,9 @@ class TesseraScheduler:
         self.quota_room_model = None
         return None
 
-    def _senior_victim(self, jid: str, run: Running, vrank: tuple, mine: tuple, senior: tuple) -> bool:
+    def _senior_victim(
+        self, jid: str, run: Running, vrank: tuple[Any, ...], mine: tuple[Any, ...], senior: tuple[Any, ...]
+    ) -> bool:
         """May a starving job of rank ``mine``, submitted at ``senior``, preempt ``run``?"""
         return (
             vrank[0] >= mine[0]
@@ -710,7 +720,7 @@ class TesseraScheduler:
             and ((run.job.submitted_at, run.job.id) > senior or jid in self._served)
         )
 
-    def _row_charge(self, run, tenant: str, row: tuple[str, str]) -> int:
+    def _row_charge(self, run: Running, tenant: str, row: tuple[str, str]) -> int:
         """What ``run`` is charged on ``tenant``'s quota row ``row`` (milli-GPU): what leaving frees."""
         return sum(mi for mm, mi in run.charged if self.quotas.row_key(tenant, mm) == row)
 
@@ -741,7 +751,7 @@ class TesseraScheduler:
         ]
         return Hypo(self.placer, term)
 
-    def holders(self, now: float) -> dict[int, list]:
+    def holders(self, now: float) -> dict[int, list[tuple[float, Alloc]]]:
         """Per node, the allocations on it with their holders' expected ends (built once per pass)."""
         if self._holders is None:
             self._holders = {}
@@ -751,7 +761,9 @@ class TesseraScheduler:
                     self._holders.setdefault(a.node, []).append((end, a))
         return self._holders
 
-    def reserve_for(self, job: JobRequest, geo: Geometry, res: Reservations, now: float):
+    def reserve_for(
+        self, job: JobRequest, geo: Geometry, res: Reservations, now: float
+    ) -> Reservation | None:
         """A reservation for ``job``: the nodes it held last pass if they can still take it
         (so a reservation is sticky and its start only moves when running jobs overrun), else
         the earliest-ready nodes now. Holders' expected ends are indexed once per pass."""
@@ -778,8 +790,9 @@ class TesseraScheduler:
         if prev is not None and not (set(prev) & taken):
             req, _n = gang_shape(geo.req, geo.need, job.topology)
             times = [node_ready_time(self.placer, i, req, holders.get(i, []), now) for i in prev]
-            if all(t is not None for t in times):
-                return Reservation(job.id, prev, max(times), strict)  # type: ignore[type-var]
+            ready = [t for t in times if t is not None]
+            if len(ready) == len(times):
+                return Reservation(job.id, prev, max(ready), strict)
         c = constraints(job)
         r = reserve(self.placer, job, geo.req, geo.need, c, holders, taken, now)
         if r is not None:

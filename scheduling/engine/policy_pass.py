@@ -20,7 +20,7 @@ from .geometry import Geometry
 from .placement import Constraints
 from .preemption import Hypo, Victim, choose_victims
 from .preference import wait_for_preferred
-from .reasons import diagnose_job
+from .reasons import ClassSummary, diagnose_job
 from .state import Alloc, placements_of
 from .topology import place_gang
 from .types import MILLI, Deadline, Decisions, JobRequest, PendingReason, Preemption, Resize
@@ -317,9 +317,9 @@ class PolicyPass:
                 self.held_rows.setdefault(r, RowHold(job.id, steady_only, frees[r]))
             quota_ready = min(frees.values(), default=self.now)
             if cfg.backfill and len(self.res.items) < cfg.max_reservations and quota_ready < math.inf:
-                r = s.reserve_for(job, geo, self.res, self.now)
-                if r is not None:
-                    self.res.add(replace(r, start=max(r.start, quota_ready)))
+                kept = s.reserve_for(job, geo, self.res, self.now)
+                if kept is not None:
+                    self.res.add(replace(kept, start=max(kept.start, quota_ready)))
 
     def quota_frees_at(self, geo: Geometry, row: tuple[str, str], steady_only: bool) -> float:
         """When the tenant's running jobs on ``row`` will have freed room for a job of ``geo``,
@@ -542,8 +542,8 @@ class PolicyPass:
         shrunk: list[tuple[str, Alloc]] = []
         for jid in sorted(j for j in elastic if j in eligible):
             run = s.running[jid]
-            allocs = sorted(s.state.allocs.get(jid, ()), key=lambda a: -a.replica)
-            for a in allocs[: max(0, len(allocs) - run.geo.need)]:
+            held = sorted(s.state.allocs.get(jid, ()), key=lambda a: -a.replica)
+            for a in held[: max(0, len(held) - run.geo.need)]:
                 s.state.release_replica(jid, a)
                 shrunk.append((jid, a))
         if not shrunk:
@@ -692,7 +692,7 @@ class PolicyPass:
             s.quotas.add(tenant, m, -milli, preemptible)
         s.quotas.frozen = {}
         cache: dict[tuple[object, ...], PendingReason] = {}
-        summaries: dict[object, object] = {}
+        summaries: dict[str | None, dict[int, ClassSummary]] = {}
         quota_cache: dict[tuple[object, ...], PendingReason | None] = {}
         for job, geo in self.to_diagnose:
             qkey = (

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from .backfill import gang_group, gang_shape
 from .placement import Constraints, Placer
@@ -55,7 +56,7 @@ class Hypo:
     def nodes_of_interest(self) -> set[int]:
         return set(self.freed) | set(self.claims)
 
-    def get(self, i: int) -> list:
+    def get(self, i: int) -> list[Any]:
         n = self.placer.state.nodes[i]
         st = [list(n.free), n.cpu, n.mem]
         for a in self.freed.get(i, ()):
@@ -73,21 +74,21 @@ class Hypo:
         self.last_nodes = tuple(sorted({i for i, _ in claims}))
 
     @staticmethod
-    def _add(st: list, a: Alloc) -> None:
+    def _add(st: list[Any], a: Alloc) -> None:
         for g in a.gpus:
             st[0][g] = min(MILLI, st[0][g] + a.milli)
         st[1] += a.cpu
         st[2] += a.mem
 
 
-def _fits(placer: Placer, i: int, st: list, req: ReplicaReq) -> bool:
+def _fits(placer: Placer, i: int, st: list[Any], req: ReplicaReq) -> bool:
     n = placer.state.nodes[i]
     spec = n.spec
     d = max(1, min(spec.nvlink_domain, spec.gpus)) if spec.gpus else 1
     return fits_state((n.cls, st[1], st[2], tuple(st[0])), req, d, spec.gpus)
 
 
-def _take(placer: Placer, i: int, st: list, req: ReplicaReq) -> None:
+def _take(placer: Placer, i: int, st: list[Any], req: ReplicaReq) -> None:
     if req.milli < MILLI:
         if req.count:
             g = max(range(len(st[0])), key=lambda k: (st[0][k] >= req.milli, -st[0][k], -k))
@@ -147,7 +148,7 @@ def choose_victims(
             for i in nodes
             if i in victims_by_node
         }
-    best: tuple[tuple[float, int], list[Victim], list[tuple[int, ReplicaReq]]] | None = None
+    best: tuple[tuple[float, float, int], list[Victim], list[tuple[int, ReplicaReq]]] | None = None
     for _key, nodes in sorted(groups.items()):
         if req.count * replicas > sum(state.nodes[i].spec.gpus for i in nodes):
             continue
@@ -179,14 +180,14 @@ def _search(
     node's victims come cheapest first (by grace period first when ``by_grace``)."""
     state = placer.state
     chosen: dict[str, Victim] = {}
-    work: dict[int, list] = {}  # nodes this search changed
+    work: dict[int, list[Any]] = {}  # nodes this search changed
     claims: list[tuple[int, ReplicaReq]] = []
 
-    def base(i: int) -> list:
+    def base(i: int) -> list[Any]:
         st = work.get(i)
         return st if st is not None else hypo.get(i)
 
-    def view(i: int) -> list:
+    def view(i: int) -> list[Any]:
         st = work.get(i)
         if st is None:
             st = work[i] = hypo.get(i)

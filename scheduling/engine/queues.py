@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from .config import EngineConfig
 from .quota import Quotas
@@ -45,13 +46,13 @@ def order(
     heap holds one entry per tenant, keyed by (its share, its oldest job's arrival and id), and
     the tenant just yielded from is re-keyed with its share read again once the caller has
     handled the job (a start has charged it by then)."""
-    groups: dict[tuple, dict[str, list[JobRequest]]] = {}
+    groups: dict[tuple[Any, ...], dict[str, list[JobRequest]]] = {}
     for j in jobs:
         lv = level(j, now, config)
         if lv == 0 and config.level_of(j.kind) != 0 and starving(j, now, config):
             # promoted and past the starvation bound: after the level's own jobs, before the
             # other promoted ones, oldest first (the order seniority preemption follows)
-            prefix: tuple = (0, 1)
+            prefix: tuple[Any, ...] = (0, 1)
             tenant = ""  # one queue: oldest first, whatever the tenant's share
         else:
             borrow = quotas.would_borrow(j.tenant, j.gpus)

@@ -15,6 +15,8 @@ come from the pass itself.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from .geometry import Geometry, constraints
 from .placement import Constraints, Placer
 from .quota import fmt_gpus
@@ -75,8 +77,16 @@ def summarize(state: ClusterState, rack: str | None = None) -> dict[int, ClassSu
     return out
 
 
+class ClassPrefs(Protocol):
+    """What :func:`diagnose` reads of a placer (:class:`.placement.Placer`; the baselines' probe)."""
+
+    state: ClusterState
+
+    def class_pref(self, cls: int, c: Constraints) -> int | None: ...
+
+
 def diagnose(
-    placer: Placer,
+    placer: ClassPrefs,
     job: JobRequest,
     req: ReplicaReq,
     replicas: int,

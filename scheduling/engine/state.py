@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 import random
 from dataclasses import dataclass
+from typing import Any
 
 from .buddy import IslandBuddy, order_for
 from .fragmentation import UNTRACKED, FragmentationModel, to_milli
@@ -137,7 +138,7 @@ class ClusterState:
         rank = [0] * len(specs)
         for r, i in enumerate(order):
             rank[i] = r
-        classes: dict[tuple, int] = {}
+        classes: dict[tuple[Any, ...], int] = {}
         self.nodes: list[NodeState] = []
         for i, s in enumerate(specs):
             labels = tuple(kv for kv in s.labels if kv[0] != "rack")
@@ -233,6 +234,7 @@ class ClusterState:
 
     def _leave(self, n: NodeState) -> None:
         group = n.group
+        assert group is not None  # every node is in a group, from its _join on
         key = group.key
         ranks = group.ranks
         del ranks[bisect.bisect_left(ranks, n.rank)]

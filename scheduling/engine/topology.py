@@ -124,7 +124,7 @@ def _greedy(
     allocs: list[Alloc] = []
     last: int | None = None
     for r in range(replicas):
-        pick = None
+        pick: tuple[int, int | None] | None = None
         if last is not None and req.count > 0:
             n = state.nodes[last]
             spec = n.spec

@@ -30,8 +30,21 @@ def _array_type(field: Field) -> str:
     return field.db_type(connection).split("(")[0] + "[]"
 
 
-def _columns(model: type[Model], names: Sequence[str]) -> list[Field]:
-    return [model._meta.get_field(name) for name in names]
+def field_of(model: type[Model], name: str) -> Field[Any, Any]:
+    """``model``'s field ``name``, one of its table's columns (not a reverse relation)."""
+    field = model._meta.get_field(name)
+    assert isinstance(field, Field), f"{model.__name__}.{name} is not a column"
+    return field
+
+
+def column_of(field: Field[Any, Any] | None) -> str:
+    """The column of a concrete field (a model's primary key, or one :func:`field_of` gave)."""
+    assert field is not None and field.column is not None, f"{field!r} has no column"
+    return field.column
+
+
+def _columns(model: type[Model], names: Sequence[str]) -> list[Field[Any, Any]]:
+    return [field_of(model, name) for name in names]
 
 
 @dataclass(frozen=True)
@@ -83,7 +96,7 @@ class RowsUpdate:
         if one not in self._sql:
             qn = connection.ops.quote_name
             table = qn(self.model._meta.db_table)
-            cols = [qn(f.column) for f in fields]
+            cols = [qn(column_of(f)) for f in fields]
             if one:
                 sets = ", ".join(f"{c} = %s" for c in cols[1:])
                 self._sql[one] = f"UPDATE {table} SET {sets} WHERE {cols[0]} = %s"
@@ -122,7 +135,7 @@ class RowsInsert:
         fields = _columns(self.model, self.names)
         if one not in self._sql:
             qn = connection.ops.quote_name
-            cols = ", ".join(qn(f.column) for f in fields)
+            cols = ", ".join(qn(column_of(f)) for f in fields)
             if one:
                 rows = f"VALUES ({', '.join(['%s'] * len(fields))})"
             else:
@@ -175,10 +188,11 @@ class InsertWithChildren:
     def _statement(self, present: tuple[bool, ...]) -> str:
         if present not in self._sql:
             qn = connection.ops.quote_name
-            pk = qn(self.model._meta.pk.column)
+            pk = qn(column_of(self.model._meta.pk))
 
-            def into(model: type[Model], fields: list[Field]) -> str:
-                return f"INSERT INTO {qn(model._meta.db_table)} ({', '.join(qn(f.column) for f in fields)})"
+            def into(model: type[Model], fields: list[Field[Any, Any]]) -> str:
+                columns = ", ".join(qn(column_of(f)) for f in fields)
+                return f"INSERT INTO {qn(model._meta.db_table)} ({columns})"
 
             fields = self._fields(self.model)
             values = ", ".join(["%s"] * len(fields))
@@ -186,7 +200,7 @@ class InsertWithChildren:
             parts = [f"p AS ({into(self.model, fields)} {row} RETURNING {pk})"]
             for n, ((child, fk), here) in enumerate(zip(self.children, present, strict=True)):
                 if here:
-                    cols = [child._meta.get_field(fk), *self._fields(child, skip=fk)]
+                    cols = [field_of(child, fk), *self._fields(child, skip=fk)]
                     values = ", ".join(["%s"] * (len(cols) - 1))
                     parts.append(f"c{n} AS ({into(child, cols)} SELECT p.{pk}, {values} FROM p)")
             self._sql[present] = f"WITH {', '.join(parts)} SELECT {pk} FROM p"

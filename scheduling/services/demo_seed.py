@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 
 from django.contrib.auth.models import User
 from django.db import transaction
+from django.utils import timezone
 
-from scheduling.models import ApiToken, JoinToken, Membership, Quota, Tenant, hash_secret
+from scheduling.models import ApiToken, Device, JoinToken, Membership, Node, Quota, Tenant, hash_secret
 from scheduling.services.agents import do_create_join_token
 from scheduling.services.tokens import do_create_api_token
 
@@ -140,10 +141,6 @@ def do_seed_simulated_nodes(count: int) -> int:
     looking at the dashboard and the scheduler at scale; returns how many were new. Idempotent
     by name. They carry a fresh heartbeat and no credential: no agent can act for them, and the
     health sweep marks them ``not-ready`` once the heartbeat is older than its timeout."""
-    from django.utils import timezone
-
-    from scheduling.models import Device, Node
-
     names = [f"sim-{n:04d}" for n in range(1, count + 1)]
     position = {name: n for n, name in enumerate(names)}
     existing = set(Node.objects.filter(name__in=names).values_list("name", flat=True))

@@ -9,13 +9,14 @@ decides exactly what the last pass's engine would have, had it lived on.
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime
 
 from django.db import connection
 
 from scheduling.engine.memory import EngineMemory
 from scheduling.models import EngineMemoryRecord
-from scheduling.services.bulk import statements_together
+from scheduling.services.bulk import column_of, field_of, statements_together
 from scheduling.services.snapshot import StoredMemory, memory_text
 
 
@@ -29,7 +30,7 @@ def store_memory(memory: EngineMemory, not_reached: list[str], before: StoredMem
     ids = sorted(not_reached)
     if before.text is not None and memory_text(doc, ids) == before.text:
         return
-    field = EngineMemoryRecord._meta.get_field
+    field = functools.partial(field_of, EngineMemoryRecord)
     values = {"id": 1, "memory": doc, "not_reached": ids, "updated_at": now}
     params = [field(name).get_db_prep_save(value, connection) for name, value in values.items()]
     with connection.cursor() as cur:
@@ -43,9 +44,9 @@ _NO_FLUSH = "SET LOCAL synchronous_commit TO OFF"
 
 def _upsert_sql() -> str:
     """Insert the row, or update it where it is (PostgreSQL and SQLite alike)."""
-    qn, field = connection.ops.quote_name, EngineMemoryRecord._meta.get_field
+    qn, field = connection.ops.quote_name, functools.partial(field_of, EngineMemoryRecord)
     names = ("id", "memory", "not_reached", "updated_at")
-    columns = [qn(field(name).column) for name in names]
+    columns = [qn(column_of(field(name))) for name in names]
     sets = ", ".join(
         f"{c} = EXCLUDED.{c}" if connection.vendor == "postgresql" else f"{c} = excluded.{c}"
         for c in columns[1:]

@@ -10,6 +10,7 @@ double-booked.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -32,7 +33,14 @@ from scheduling.engine.types import Binding, Deadline, Decisions
 from scheduling.models import Allocation, Device, Job, Node, SchedulerState
 from scheduling.services import live, triggers
 from scheduling.services.agents import bindings_by_node
-from scheduling.services.bulk import RowsInsert, RowsUpdate, statements_together, write_together
+from scheduling.services.bulk import (
+    RowsInsert,
+    RowsUpdate,
+    column_of,
+    field_of,
+    statements_together,
+    write_together,
+)
 from scheduling.services.inventory import HOLDERS, Holder, device_rows, holders_of
 from scheduling.services.jobs import (
     JOB_COLUMNS,
@@ -244,7 +252,7 @@ def _add_if_unchanged(state: SchedulerState, result: PassResult, now: datetime) 
         return False
     seen = {"id": state.pk, "passes": state.passes, "last_pass_at": state.last_pass_at}
     fields = _add_pass(state, result, now)
-    field = SchedulerState._meta.get_field
+    field = functools.partial(field_of, SchedulerState)
     params = [field(name).get_db_prep_save(value, connection) for name, value in fields.items()]
     params += [field(name).get_db_prep_value(value, connection) for name, value in seen.items()]
     sql = _update_if_sql(tuple(fields), tuple(seen))
@@ -268,9 +276,9 @@ def _update_if_sql(fields: tuple[str, ...], seen: tuple[str, ...]) -> str:
     key = (connection.vendor, fields, seen)
     sql = _UPDATE_IF.get(key)
     if sql is None:
-        qn, field = connection.ops.quote_name, SchedulerState._meta.get_field
-        sets = ", ".join(f"{qn(field(name).column)} = %s" for name in fields)
-        where = " AND ".join(f"{qn(field(name).column)} = %s" for name in seen)
+        qn, field = connection.ops.quote_name, functools.partial(field_of, SchedulerState)
+        sets = ", ".join(f"{qn(column_of(field(name)))} = %s" for name in fields)
+        where = " AND ".join(f"{qn(column_of(field(name)))} = %s" for name in seen)
         sql = _UPDATE_IF[key] = f"UPDATE {qn(SchedulerState._meta.db_table)} SET {sets} WHERE {where}"
     return sql
 
@@ -423,7 +431,7 @@ def _device_ids(loaded: LoadedSnapshot, bindings: list[Binding]) -> list[int]:
     """The ids of the devices ``bindings`` place, as the snapshot read them (those of a node that
     changed since may be others: its bindings are dropped, whoever holds them)."""
     wanted = {(p.node, i) for b in bindings for p in b.placements for i in p.gpus}
-    ids = []
+    ids: list[int] = []
     for name in {name for name, _ in wanted}:
         node_id = loaded.node_ids.get(name)
         ids.extend(d["id"] for d in loaded.devices.get(node_id, []) if (name, d["index"]) in wanted)

@@ -11,10 +11,11 @@ from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from django.db import IntegrityError, connection, transaction
+from django.db.models import Count
 
 from scheduling.engine.geometry import geometry
 from scheduling.engine.types import MILLI, JobRequest
-from scheduling.models import Quota, Tenant
+from scheduling.models import Device, Quota, Tenant
 from scheduling.services import audit
 from scheduling.services.snapshot import PreparedRead
 from scheduling.services.triggers import request_pass_on_commit
@@ -200,9 +201,6 @@ class QuotaAdvice(NamedTuple):
 
 def cluster_models() -> dict[str, int]:
     """Every GPU model a node has, with how many GPUs of it the cluster holds."""
-    from django.db.models import Count
-
-    from scheduling.models import Device
 
     return dict(Device.objects.values_list("model").annotate(n=Count("id")).order_by())
 

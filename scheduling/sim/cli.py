@@ -15,25 +15,16 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from scheduling.sim import plots, policies
+from scheduling.sim import plots, policies, runner
+from scheduling.sim.check import check
 from scheduling.sim.events import EventsError, read_events
-from scheduling.sim.generate import Scenario
+from scheduling.sim.generate import Scenario, generate
 from scheduling.sim.replay import ReplayError
 from scheduling.sim.traces import TraceError, read_jobs, read_nodes, read_quotas
 
 SHOWN = 50  # violations printed in full; the rest are counted by kind
 
 COMPARE_HELP = "run these policies side by side into OUT/<policy>/, plus OUT/compare.md and .png"
-POLICY_NAMES = (
-    "tessera",
-    "fcfs-node",
-    "fcfs-device",
-    "random",
-    "best-fit",
-    "fgd",
-    "greedy",
-    "greedy-quota",
-)
 
 
 def _positive(kind: type) -> object:
@@ -117,13 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _known_policies(requested: Sequence[str]) -> None:
-    known = policies.names() or POLICY_NAMES
-    policies.check_names(requested, known)
+    policies.check_names(requested, policies.names())
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from scheduling.sim import runner
-
     names = args.compare or [args.policy]
     _known_policies(names)
     plots.require()
@@ -143,8 +131,6 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _pack(args: argparse.Namespace) -> int:
-    from scheduling.sim import runner
-
     names = args.compare or [args.policy]
     _known_policies(names)
     plots.require()
@@ -162,8 +148,6 @@ def _pack(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from scheduling.sim.generate import generate
-
     try:
         scenario = _scenario(args)
         info = generate(args.out, args.seed, args.days, args.load, args.gpus, scenario)
@@ -191,8 +175,6 @@ def _scenario(args: argparse.Namespace) -> Scenario:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from scheduling.sim.check import check
-
     nodes = read_nodes(args.nodes)
     jobs = read_jobs(args.jobs)
     quotas = read_quotas(args.quotas) if args.quotas else None

@@ -22,6 +22,7 @@ import bisect
 import heapq
 import json
 import math
+import multiprocessing
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from scheduling.engine.fragmentation import (
 )
 from scheduling.engine.placement import tessera_pack_choice
 from scheduling.engine.types import MILLI, NodeSpec
+from scheduling.sim.plots import pyplot
 from scheduling.sim.traces import read_jobs, read_nodes
 
 PACK_POLICIES = ("random", "best-fit", "fgd", "fcfs-device", "fcfs-node", "tessera")
@@ -464,8 +466,6 @@ def run_pack(
     if progress:
         progress(0, len(tasks))
     if processes > 1 and len(tasks) > 1:
-        import multiprocessing
-
         ctx = multiprocessing.get_context("spawn")
         with ctx.Pool(min(processes, len(tasks))) as pool:
             for r in pool.imap(_seed_job, tasks):
@@ -496,8 +496,6 @@ def run_pack(
 
 
 def _plot(path: Path, policy: str, results: list[dict]) -> None:
-    from scheduling.sim.plots import pyplot
-
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for r in results:

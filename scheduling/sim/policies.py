@@ -8,30 +8,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from scheduling.engine.registry import POLICIES, make_scheduler
 from scheduling.engine.types import NodeSpec, QuotaSpec, Scheduler
 
 SchedulerFactory = Callable[[str, Sequence[NodeSpec], Sequence[QuotaSpec], int], Scheduler]
 
 
 class PolicyError(ValueError):
-    """An unknown policy name, or no policy registry to ask."""
+    """An unknown policy name."""
 
 
 def names() -> tuple[str, ...]:
-    """The registered policy names (empty when the engine's registry is missing)."""
-    try:
-        from scheduling.engine.registry import POLICIES
-    except ImportError:
-        return ()
+    """The registered policy names."""
     return tuple(POLICIES)
 
 
 def make(name: str, nodes: Sequence[NodeSpec], quotas: Sequence[QuotaSpec] = (), seed: int = 0) -> Scheduler:
     """A fresh scheduler of policy ``name`` for ``nodes``."""
-    try:
-        from scheduling.engine.registry import POLICIES, make_scheduler
-    except ImportError as exc:
-        raise PolicyError(f"no policy registry (scheduling.engine.registry): {exc}") from None
     if name not in POLICIES:
         raise PolicyError(f"unknown policy {name!r}; one of {', '.join(POLICIES)}")
     return make_scheduler(name, list(nodes), quotas=tuple(quotas), seed=seed)

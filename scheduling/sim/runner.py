@@ -21,6 +21,7 @@ from scheduling.sim.eta_score import ETA_KEYS
 from scheduling.sim.eta_score import score as score_estimates
 from scheduling.sim.events import read_events, write_events
 from scheduling.sim.metrics import summarize
+from scheduling.sim.pack import run_pack
 from scheduling.sim.plots import plot_compare, plot_pack_compare, plot_run
 from scheduling.sim.progress import ProgressBar
 from scheduling.sim.replay import replay
@@ -194,8 +195,6 @@ def run_pack_policy(
     processes: int = 2,
     show_progress: bool = True,
 ) -> dict[str, Any]:
-    from scheduling.sim.pack import run_pack
-
     read_nodes(nodes_csv)  # fail early, with the file's line, on a bad input
     read_jobs(jobs_csv)
     bar = ProgressBar(f"pack {policy}", stream=sys.stderr if show_progress else None)
