@@ -9,7 +9,9 @@ Simulated GPUs replay real utilisation: the per-minute profiles of inference pod
 (stable across restarts and agents), starting at the profile's first busy sample; it advances one
 sample per minute of job time times ``util_speed``. SM activity and framebuffer use are derived
 from utilisation (SM active ≈ 0.85 × util; memory ≈ 35% of the GPU plus a share that follows util),
-and everything is 0 on an idle GPU. Real GPUs are read through NVML (SM activity is a profiling
+and everything is 0 on an idle GPU. A job whose env sets ``TESSERA_UTIL_PROFILE`` to a
+synthetic profile (``agent/profiles.py``: busy, bursty, stalling, idle, idle-after-N,
+half-idle-after-N) replays that instead. Real GPUs are read through NVML (SM activity is a profiling
 metric NVML does not expose; it is approximated from utilisation there too).
 """
 
@@ -31,6 +33,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from agent import profiles as synthetic
 from agent.inventory import Inventory
 
 log = logging.getLogger("tessera.agent")
@@ -38,6 +41,7 @@ log = logging.getLogger("tessera.agent")
 LABELS = ["gpu", "UUID", "Hostname", "modelName", "job"]
 TRACE_ENV = "TESSERA_GPU_UTIL_TRACE"
 COLUMNS = ("pod", "t_s", "gpu_util_pct")
+PROFILE_ENV = "TESSERA_UTIL_PROFILE"
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,15 @@ class GpuUse:
     job_id: int
     elapsed_s: float
     share: float = 1.0
+    profile: str = ""  # a synthetic profile (agent/profiles.py); "" = the serving-pod trace
+    rank: int = 0  # this GPU's place among the job's GPUs (replica × its GPUs + index)
+
+
+def util_profile(binding: dict) -> str:
+    """The synthetic profile a job's env asks its simulated GPUs to replay ("" = none or unknown)."""
+    env = binding.get("env") or {}
+    name = env.get(PROFILE_ENV, "") if isinstance(env, dict) else ""
+    return name if isinstance(name, str) and synthetic.is_profile(name) else ""
 
 
 def trace_path() -> Path | None:
@@ -166,13 +179,20 @@ class GpuCollector(Collector):
             except Exception:  # a GPU that fell off the bus must not break the whole scrape
                 log.warning("NVML read of GPU %d failed", index, exc_info=True)
                 return 0.0, 0.0, 0.0
-        if not on_it or self.load_profiles is None:
+        if not on_it:
             return 0.0, 0.0, 0.0
-        profiles = self.profiles()
-        total = sum(profiles.util(u.job_id, u.elapsed_s, self.util_speed) * u.share for u in on_it)
+        if self.load_profiles is None and not all(u.profile for u in on_it):
+            return 0.0, 0.0, 0.0
+        total = sum(self._util(u) * u.share for u in on_it)
         total = min(100.0, total)
         sm_active, fb_used = derived(total, memory_gib)
         return total, sm_active, fb_used
+
+    def _util(self, use: GpuUse) -> float:
+        if use.profile:
+            minute = use.elapsed_s * self.util_speed / 60.0
+            return synthetic.util(use.profile, use.job_id, minute, use.rank)
+        return self.profiles().util(use.job_id, use.elapsed_s, self.util_speed)
 
 
 def nvml_reader() -> Callable[[int], tuple[float, float, float]]:

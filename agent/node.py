@@ -35,7 +35,7 @@ from agent.cgroups import AnyCgroups
 from agent.client import AgentClient, Rejected, ServerError
 from agent.identity import JobUsers, RunAs
 from agent.inventory import Inventory
-from agent.metrics import GpuUse
+from agent.metrics import GpuUse, util_profile
 from agent.process import JobProcess
 from agent.reports import ExitReporter
 from agent.sandbox import Sandbox
@@ -128,8 +128,11 @@ class Agent:
         with self._lock:
             live = [p for p in self.jobs.values() if p.holds_gpus]
         for p in live:
-            for gpu in p.gpus:
-                uses.setdefault(gpu, []).append(GpuUse(p.job_id, now - p.started_at, p.share))
+            profile = util_profile(p.binding)
+            for index, gpu in enumerate(p.gpus):
+                rank = p.replica * len(p.gpus) + index
+                use = GpuUse(p.job_id, now - p.started_at, p.share, profile, rank)
+                uses.setdefault(gpu, []).append(use)
         return uses
 
     # --- the loop -----------------------------------------------------------------------------

@@ -30,9 +30,12 @@ from frontend.routing import websocket_urlpatterns  # noqa: E402
 
 if settings.TESSERA["PASS_LOOP"]:
     # The embedded default: the scheduling pass runs in this web process (scheduling/loop.py).
+    # So does the adjustment pass (monitoring/loop.py).
+    from monitoring.loop import start_adjust_loop
     from scheduling.loop import start_embedded_loop
 
     start_embedded_loop()
+    start_adjust_loop()
 
 from controlplane.daphne_requests import skip_form_parsing  # noqa: E402
 from controlplane.gc_tuning import tune_for_server  # noqa: E402

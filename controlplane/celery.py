@@ -1,4 +1,5 @@
-"""The Celery app: the scheduling pass and the periodic safety pass, when Redis is configured."""
+"""The Celery app: the scheduling pass, the periodic safety pass and the adjustment pass, when
+Redis is configured."""
 
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ app.conf.beat_schedule = {
     "scheduling-safety-pass": {
         "task": "scheduling.tasks.scheduling_pass",
         "schedule": float(os.environ.get("TESSERA_PASS_INTERVAL_S", "5") or 5),
+    },
+    "adjustment-pass": {
+        "task": "monitoring.tasks.adjustment_pass",
+        "schedule": float(os.environ.get("TESSERA_ADJUST_INTERVAL_S", "30") or 30),
     },
     "node-health-sweep": {
         "task": "scheduling.tasks.node_health_sweep",

@@ -321,6 +321,15 @@ TESSERA: dict[str, Any] = {
     "LIVE_PIPELINE": env_bool("TESSERA_LIVE_PIPELINE", True),
     "PREPARED_READS": env_bool("TESSERA_PREPARED_READS", True),
     "FIELD_TEMPLATES": env_bool("TESSERA_FIELD_TEMPLATES", True),
+    # The dynamic-adjustment pass (services/adjust.py, the idle policy in engine/adjust.py):
+    # every ADJUST_INTERVAL_S (Celery beat, or a thread of the embedded web process). The idle
+    # policy's operator defaults; the demo shortens the windows to minutes.
+    "ADJUST_INTERVAL_S": env_float("TESSERA_ADJUST_INTERVAL_S", 30.0, minimum=0.5),
+    "IDLE_THRESHOLD": env_float("TESSERA_IDLE_THRESHOLD", 0.05, minimum=0.0),
+    "IDLE_EXEMPT_S": env_float("TESSERA_IDLE_EXEMPT_S", 600.0, minimum=0.0),
+    "IDLE_WARN_S": [float(w) for w in env_list("TESSERA_IDLE_WARN_S", ["900", "2700"])],
+    "IDLE_ACT_S": env_float("TESSERA_IDLE_ACT_S", 3600.0, minimum=1.0),
+    "IDLE_STEP_S": env_float("TESSERA_IDLE_STEP_S", 60.0, minimum=1.0),
     # The scheduler's knobs from TESSERA_ENGINE_<KNOB> (engine/config.py's KNOBS), as text:
     # defaults that the operator's scheduler-settings record overrides field by field.
     "ENGINE_KNOBS": env_engine_knobs(),

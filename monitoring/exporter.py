@@ -17,6 +17,10 @@ each one in ``SchedulerState``, and the histogram and counters are read from the
 | ``tessera_gpus_allocated`` | ``model`` | allocated GPU capacity (a fraction counts as its share) |
 | ``tessera_gpus_unhealthy`` | ``model`` | GPUs reported unhealthy |
 | ``tessera_nodes`` | ``state`` | nodes by state |
+| ``tessera_adjustment_actions_total`` | ``action`` | the adjustment pass's warnings, shrinks, requeues |
+| ``tessera_adjustment_metrics_available`` | | 0 while the adjustment pass cannot read utilisation |
+| ``tessera_gpus_idle_allocated`` | | allocated GPUs idle past the first warning's window |
+| ``tessera_adjustment_last_pass_timestamp_seconds`` | | when the last adjustment pass ran |
 """
 
 from __future__ import annotations
@@ -94,7 +98,38 @@ def _cluster_families() -> list[GaugeMetricFamily]:
     by_node_state = dict(Node.objects.values_list("state").annotate(n=Count("id")).order_by())
     for state in NodeState.values:
         nodes.add_metric([state], by_node_state.get(state, 0))
-    return [pending, jobs, total, allocated, unhealthy, nodes, *_pass_families()]
+    return [pending, jobs, total, allocated, unhealthy, nodes, *_pass_families(), *_adjust_families()]
+
+
+def _adjust_families() -> list:
+    """The adjustment pass as recorded in ``AdjustmentState`` (``services/adjust.py``)."""
+    from scheduling.engine.adjust import ACTIONS
+    from scheduling.models import AdjustmentState
+
+    state = AdjustmentState.objects.filter(id=1).first()
+    actions = CounterMetricFamily(
+        "tessera_adjustment_actions",
+        "Actions of the adjustment pass: idle warnings, shrinks (recorded, not applied live), requeues.",
+        labels=["action"],
+    )
+    totals = (state.actions_total or {}) if state is not None else {}
+    for action in ACTIONS:
+        actions.add_metric([action], totals.get(action, 0))
+    available = GaugeMetricFamily(
+        "tessera_adjustment_metrics_available",
+        "1 when the last adjustment pass could read GPU utilisation; 0 when it acted on nothing.",
+    )
+    available.add_metric([], 1 if state is None or state.metrics_ok else 0)
+    idle = GaugeMetricFamily(
+        "tessera_gpus_idle_allocated",
+        "Allocated GPUs idle (under the idle threshold) since at least the first warning's window.",
+    )
+    idle.add_metric([], state.idle_gpus if state is not None else 0)
+    last = GaugeMetricFamily(
+        "tessera_adjustment_last_pass_timestamp_seconds", "When the last adjustment pass ran (epoch)."
+    )
+    last.add_metric([], state.last_pass_at.timestamp() if state is not None and state.last_pass_at else 0)
+    return [actions, available, idle, last]
 
 
 def _pass_families() -> list:

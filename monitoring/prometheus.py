@@ -1,6 +1,6 @@
 """A thin reader of Prometheus (``settings.PROMETHEUS_URL``) through prometheus-api-client.
 
-Used by the adjustment pass (later issues) to see how busy a job's GPUs really are. The agents
+Used by the adjustment pass (``monitoring/adjust.py``) to see how busy a job's GPUs really are. The agents
 export DCGM-style series (``DCGM_FI_DEV_GPU_UTIL{gpu, UUID, Hostname, job}``); since Prometheus
 itself owns the label ``job`` (the scrape job's name), a scrape without ``honor_labels`` renames
 the agent's to ``exported_job`` — :func:`gpu_utilisation` matches either.
@@ -80,6 +80,35 @@ def query(promql: str, url: str | None = None, timeout_s: float = DEFAULT_TIMEOU
     return _samples(result)
 
 
+@dataclass(frozen=True)
+class Series:
+    """One series of a range (or subquery) result: its labels and its ``(t, value)`` points."""
+
+    labels: dict[str, str] = field(hash=False)
+    points: tuple[tuple[float, float], ...]
+
+
+def query_series(promql: str, url: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Series]:
+    """Evaluate an instant query whose result is a range vector (``m[5m]``, a subquery)."""
+    import requests
+    from prometheus_api_client.exceptions import PrometheusApiClientException
+
+    prom = connect(url, timeout_s)
+    try:
+        result = prom.custom_query(promql)
+    except requests.exceptions.RequestException as exc:
+        raise PrometheusUnavailable(f"Prometheus at {prom.url} cannot be reached: {exc}") from exc
+    except PrometheusApiClientException as exc:
+        raise PrometheusUnavailable(f"Prometheus at {prom.url} refused {promql!r}: {exc}") from exc
+    finally:
+        prom.close()
+    return [
+        Series(dict(item.get("metric", {})), tuple((float(t), float(v)) for t, v in item["values"]))
+        for item in result or []
+        if "values" in item
+    ]
+
+
 def _samples(result: Any) -> list[Sample]:
     if isinstance(result, list) and len(result) == 2 and not isinstance(result[0], dict):
         return [Sample({}, float(result[1]), float(result[0]))]  # a scalar
@@ -107,7 +136,7 @@ def gpu_series(
     ]
     samples = query(" or ".join(parts), url)
     # A series matched by the scrape job's own name (label "job") is not a Tessera job's GPU.
-    return [s for s in samples if _job_of(s) == str(job_id)]
+    return [s for s in samples if job_of(s) == str(job_id)]
 
 
 def gpu_utilisation(
@@ -127,7 +156,7 @@ def sm_active(
     return gpu_series(SM_ACTIVE, job_id, node, url)
 
 
-def _job_of(sample: Sample) -> str | None:
+def job_of(sample: Sample | Series) -> str | None:
     if "exported_job" in sample.labels:
         return sample.labels["exported_job"]
     return sample.labels.get("job")

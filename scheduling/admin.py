@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from scheduling.engine.config import KNOBS
 from scheduling.models import (
+    AdjustmentState,
     Allocation,
     ApiToken,
     AuditEntry,
@@ -383,6 +384,13 @@ class IdempotencyKeyAdmin(ReadOnlyMixin, admin.ModelAdmin):
 @admin.register(SchedulerState)
 class SchedulerStateAdmin(ReadOnlyMixin, admin.ModelAdmin):
     list_display = ["__str__", "last_pass_at", "last_pass_seconds", "last_pass_decisions"]
+
+
+@admin.register(AdjustmentState)
+class AdjustmentStateAdmin(ReadOnlyMixin, admin.ModelAdmin):
+    """The adjustment pass's last run: whether it could read utilisation, and why not."""
+
+    list_display = ["__str__", "metrics_ok", "problem", "idle_gpus", "actions_total"]
 
 
 @admin.register(EngineMemoryRecord)

@@ -61,6 +61,17 @@ class EventType(models.TextChoices):
     CANCELLED = "cancelled"
     HELD = "held"
     RELEASED = "released"
+    IDLE_WARNING = "idle-warning"  # the adjustment pass found the job's GPUs idle
+    IDLE_RECLAIM = "idle-reclaim"  # ... long enough to shrink or requeue it
+
+
+class IdleMode(models.TextChoices):
+    """How the adjustment pass treats a job's idle GPUs (the API's ``interactive`` and
+    ``idle_reclaim``, stored in one column)."""
+
+    NEVER = "never"  # judged; requeued when idle only if preemptible
+    ALLOW = "allow"  # judged; requeued when idle even if not preemptible
+    INTERACTIVE = "interactive"  # never judged
 
 
 class DeliveryState(models.TextChoices):

@@ -17,6 +17,7 @@ from scheduling.choices import (
     QUEUE_LEVEL_NAMES,
     DeliveryState,
     EventType,
+    IdleMode,
     JobKind,
     JobState,
     NodeState,
@@ -269,6 +270,10 @@ class Job(models.Model):
     max_retries = models.PositiveIntegerField(default=0)
     elastic_min_gpus = models.PositiveIntegerField(null=True, blank=True)
     elastic_max_gpus = models.PositiveIntegerField(null=True, blank=True)
+    # The idle policy (engine/adjust.py): an interactive job is never judged idle; a
+    # non-preemptible job is reclaimed when idle only if its owner allows it ("allow"). One
+    # column for the API's two fields: a submit's INSERT stays within psycopg's cached size.
+    idle_mode = models.CharField(max_length=12, choices=IdleMode.choices, default=IdleMode.NEVER)
 
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING)
     queue_level = models.PositiveSmallIntegerField(default=2)
@@ -310,6 +315,14 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.pk} {self.name} ({self.state})"
+
+    @property
+    def interactive(self) -> bool:
+        return self.idle_mode == IdleMode.INTERACTIVE
+
+    @property
+    def idle_reclaim(self) -> str:
+        return "allow" if self.idle_mode == IdleMode.ALLOW else "never"
 
     @property
     def queue_level_name(self) -> str:
@@ -375,6 +388,9 @@ class JobEvent(models.Model):
     at = models.DateTimeField()
     reason = models.CharField(max_length=256, blank=True)
     allocations = models.JSONField(null=True, blank=True)
+    # What caused it, where a pass decided it from measurements (an idle warning's GPUs, their
+    # idle times, windows and utilisation): ``engine.adjust.Adjustment.inputs``.
+    details = models.JSONField(null=True, blank=True)
 
     class Meta:
         ordering = ["job_id", "at", "id"]
@@ -435,6 +451,22 @@ class SchedulerState(models.Model):
 
     def __str__(self) -> str:
         return f"last pass {self.last_pass_at}"
+
+
+class AdjustmentState(models.Model):
+    """One row: the adjustment pass's last run (``services/adjust.py``), for ``/metrics``."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    last_pass_at = models.DateTimeField(null=True, blank=True)
+    passes = models.PositiveBigIntegerField(default=0)
+    # False while the last pass could not read utilisation (Prometheus down): it acted on nothing.
+    metrics_ok = models.BooleanField(default=True)
+    problem = models.CharField(max_length=512, blank=True)
+    idle_gpus = models.PositiveIntegerField(default=0)  # allocated GPUs idle past the first warning
+    actions_total = models.JSONField(default=dict, blank=True)  # {"warn": n, "shrink": n, "requeue": n}
+
+    def __str__(self) -> str:
+        return f"last adjustment pass {self.last_pass_at}"
 
 
 class EngineMemoryRecord(models.Model):

@@ -25,7 +25,7 @@ from scheduling.api.fields import (
     is_json_int,
     json_safe,
 )
-from scheduling.choices import JobKind, Topology
+from scheduling.choices import IdleMode, JobKind, Topology
 from scheduling.models import Job, JobEvent
 from scheduling.services.history import placements_payload
 from scheduling.services.jobs import allocations_payload
@@ -123,6 +123,15 @@ class JobSubmitSerializer(FieldTemplates, serializers.Serializer):
     )
     max_retries = StrictIntegerField(required=False, min_value=0, max_value=100)
     elastic = ElasticField(required=False, allow_null=True)
+    interactive = StrictBooleanField(
+        required=False, help_text="A person is at it (a notebook, a debug session): never judged idle."
+    )
+    idle_reclaim = StrictCharField(
+        required=False,
+        choices=(IdleMode.NEVER, IdleMode.ALLOW),
+        help_text="`allow`: the adjustment pass may requeue this non-preemptible job once its GPUs "
+        "have been idle for the policy's window (default `never`: it is only warned).",
+    )
 
     def to_internal_value(self, data: Any) -> dict[str, Any]:
         if not isinstance(data, dict):
@@ -177,6 +186,8 @@ class JobSubmitSerializer(FieldTemplates, serializers.Serializer):
         if min_available > replicas:
             raise serializers.ValidationError({"min_available": ["must be at most replicas"]})
         attrs["gpus"], attrs["replicas"], attrs["min_available"] = gpus, replicas, min_available
+        if attrs.get("interactive") and attrs.get("idle_reclaim") == IdleMode.ALLOW:
+            raise serializers.ValidationError({"idle_reclaim": ["an interactive job is never judged idle"]})
         return attrs
 
     def model_fields(self) -> dict[str, Any]:
@@ -195,6 +206,8 @@ class JobSubmitSerializer(FieldTemplates, serializers.Serializer):
             data["cpus"] = settings.TESSERA["CPU_JOB_CPUS"] * data["replicas"]
         data["elastic_min_gpus"] = elastic["min_gpus"] if elastic else None
         data["elastic_max_gpus"] = elastic["max_gpus"] if elastic else None
+        interactive, reclaim = data.pop("interactive", False), data.pop("idle_reclaim", IdleMode.NEVER)
+        data["idle_mode"] = IdleMode.INTERACTIVE if interactive else reclaim
         return data
 
 
@@ -324,6 +337,8 @@ class JobSerializer(FieldTemplates, serializers.ModelSerializer):
             "prefer_labels",
             "max_retries",
             "elastic",
+            "interactive",
+            "idle_reclaim",
             "log_truncated",
         ]
         read_only_fields = fields
@@ -340,7 +355,7 @@ class JobEventSerializer(FieldTemplates, serializers.ModelSerializer):
 
     class Meta:
         model = JobEvent
-        fields = ["type", "at", "reason", "allocations"]
+        fields = ["type", "at", "reason", "allocations", "details"]
         read_only_fields = fields
 
     def get_reason(self, event: JobEvent) -> str | None:

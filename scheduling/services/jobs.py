@@ -59,9 +59,21 @@ def active_allocations_of(job: Job):
     return job.allocations.filter(released_at__isnull=True).select_related("node", "device")
 
 
-def record_event(job: Job, type_: str, reason: str = "", allocations=None, at: datetime | None = None):
+def record_event(
+    job: Job,
+    type_: str,
+    reason: str = "",
+    allocations=None,
+    at: datetime | None = None,
+    details: dict[str, Any] | None = None,
+):
     event = JobEvent.objects.create(
-        job=job, type=type_, at=at or timezone.now(), reason=reason[:256], allocations=allocations
+        job=job,
+        type=type_,
+        at=at or timezone.now(),
+        reason=reason[:256],
+        allocations=allocations,
+        details=details,
     )
     webhooks.queue_for_events([event])
     return event
@@ -210,11 +222,19 @@ def _store_new(
 
 # A submit's rows (the job, its idempotency key, its "submitted" event) in one statement, its SQL
 # built once (services/bulk.py).
-_INSERT_SUBMIT = InsertWithChildren(Job, [(IdempotencyKey, "job"), (JobEvent, "job")])
+# (A "submitted" event has no allocations nor details: they stay NULL, unsent.)
+_INSERT_SUBMIT = InsertWithChildren(
+    Job, [(IdempotencyKey, "job"), (JobEvent, "job")], null_columns=("allocations", "details")
+)
 
 
 # The same, stored only if a quota of the tenant could admit the job.
-_INSERT_ADMITTED = InsertWithChildren(Job, [(IdempotencyKey, "job"), (JobEvent, "job")], where=admission_sql)
+_INSERT_ADMITTED = InsertWithChildren(
+    Job,
+    [(IdempotencyKey, "job"), (JobEvent, "job")],
+    where=admission_sql,
+    null_columns=("allocations", "details"),
+)
 
 
 def _retried(existing: IdempotencyKey, digest: str) -> tuple[Job, bool]:

@@ -24,6 +24,7 @@ ALL_MODELS = [
     models.IdempotencyKey,
     models.SchedulerState,
     models.EngineMemoryRecord,
+    models.AdjustmentState,
     models.SchedulerSettings,
     models.ApiToken,
     models.AuditEntry,
@@ -55,6 +56,7 @@ def test_every_list_and_detail_page_renders(console, world, alice_job, model):
     SchedulerState.objects.create(last_pass_at=timezone.now())
     models.EngineMemoryRecord.objects.create(updated_at=timezone.now())
     models.SchedulerSettings.objects.create(alpha=0.5)
+    models.AdjustmentState.objects.create(last_pass_at=timezone.now(), metrics_ok=False, problem="down")
     JoinToken.objects.create(name="t", token_hash="h" * 64)
     hook = models.Webhook.objects.create(tenant=world.vision, url="https://93.184.215.14/", secret="s")
     models.WebhookDelivery.objects.create(

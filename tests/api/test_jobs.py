@@ -320,7 +320,7 @@ def test_events_record_the_jobs_history_in_order(world, alice_job):
     assert events[1]["allocations"] == [{"node": "n01", "gpus": [0, 1], "share": 1.0, "replica": 0}]
     assert events[3]["reason"] == "exit 3"
     assert events[0]["reason"] is None and events[0]["allocations"] is None
-    assert all(set(e) == {"type", "at", "reason", "allocations"} for e in events)
+    assert all(set(e) == {"type", "at", "reason", "allocations", "details"} for e in events)
 
 
 def test_logs_are_read_from_an_offset_and_end_with_eof(world, alice_job):

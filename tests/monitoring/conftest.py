@@ -39,7 +39,8 @@ def scrape_config(targets: dict[str, str]) -> str:
 
 @pytest.fixture
 def prometheus(tmp_path: Path) -> Iterator[Callable[[dict[str, str]], str]]:
-    """Start a real Prometheus scraping the given targets; returns its URL. Stopped afterwards."""
+    """Start a real Prometheus scraping the given targets; returns its URL. Stopped afterwards,
+    or by the test calling ``prometheus.stop()``."""
     binary = PROMETHEUS if Path(PROMETHEUS).exists() else shutil.which("prometheus")
     if binary is None:
         need_service("Prometheus (apt-get install prometheus)")
@@ -73,14 +74,18 @@ def prometheus(tmp_path: Path) -> Iterator[Callable[[dict[str, str]], str]]:
             assert time.monotonic() < deadline, "Prometheus was not ready within 20 s"
             time.sleep(0.1)
 
+    def stop() -> None:
+        for proc in started:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    start.stop = stop  # type: ignore[attr-defined]  # a test may stop it mid-way (an outage)
     yield start
-    for proc in started:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    stop()
 
 
 @pytest.fixture(autouse=True)

@@ -116,7 +116,7 @@ def test_a_scrape_takes_the_same_few_queries_however_big_the_cluster(
 ) -> None:
     for i in range(20):
         make_node(f"extra-{i}", "r3", 8, "A100")
-    with django_assert_max_num_queries(6):
+    with django_assert_max_num_queries(7):
         got = scrape()
     assert got[("tessera_gpus_total", (("model", "A100"),))] == 160
 

@@ -1,0 +1,228 @@
+"""The dynamic-adjustment pass: running jobs' GPU utilisation in, the idle policy's actions out.
+
+``run_adjust_pass(read)`` loads every running job holding GPUs, asks ``read`` (the driver's
+utilisation source: Prometheus, ``monitoring/adjust.py``) for each GPU's per-step maxima over the
+policy's window, calls the pure policy (``scheduling.engine.adjust``, the code the simulator
+runs) and applies what it decides through the job services:
+
+- ``warn``: an ``idle-warning`` event on the job, its inputs (GPUs, idle times, windows,
+  utilisation) in the event's ``details``;
+- ``requeue``: an ``idle-reclaim`` event with its inputs, then the stop signal
+  (``begin_stop``, reason ``preempted: idle``): the job keeps its GPUs through its grace
+  period, is requeued from its last checkpoint when it exits, and the scheduling pass places
+  what was freed;
+- ``shrink``: live resizes do not exist yet (docs/scheduler.md, *Elastic jobs*), so the shrink
+  it would make is recorded as an ``idle-warning`` (``details.applied`` false) and counts as
+  acted on: the job is judged again only after another full window.
+
+When utilisation cannot be read (Prometheus down, no source configured) the pass acts on
+nothing, logs why, and records it in ``AdjustmentState`` (``/metrics``:
+``tessera_adjustment_metrics_available`` 0).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from scheduling.choices import EventType, JobState
+from scheduling.engine.adjust import (
+    REQUEUE,
+    SHRINK,
+    WARN,
+    Adjustment,
+    GpuSeries,
+    IdleSettings,
+    JobFacts,
+    decide,
+    idle_span,
+)
+from scheduling.models import AdjustmentState, Allocation, Job, JobEvent
+from scheduling.services.jobs import begin_stop, locked_jobs, record_event
+
+log = logging.getLogger("tessera.adjust")
+
+IDLE_STOP_REASON = "preempted: idle"
+
+
+class UtilisationUnavailable(RuntimeError):
+    """The utilisation source cannot answer (its message says why)."""
+
+
+@dataclass(frozen=True)
+class HeldGpus:
+    """A running job's GPUs, as the metrics name them."""
+
+    job_id: int
+    gpus: tuple[tuple[str, int], ...]  # (node name, device index)
+
+
+# (jobs, window_s, step_s) -> job id -> its GPUs' series (GpuSeries.gpu = "node/index")
+Reader = Callable[[Sequence[HeldGpus], float, float], dict[int, list[GpuSeries]]]
+
+
+@dataclass
+class AdjustResult:
+    metrics_ok: bool = True
+    problem: str = ""
+    jobs: int = 0
+    idle_gpus: int = 0
+    actions: list[Adjustment] = field(default_factory=list)
+
+
+def idle_settings() -> IdleSettings:
+    """The operator's defaults (``TESSERA_IDLE_*``)."""
+    t = settings.TESSERA
+    out = IdleSettings(
+        threshold=t["IDLE_THRESHOLD"],
+        exempt_s=t["IDLE_EXEMPT_S"],
+        warn_after_s=tuple(t["IDLE_WARN_S"]),
+        act_after_s=t["IDLE_ACT_S"],
+        step_s=t["IDLE_STEP_S"],
+    )
+    out.check()
+    return out
+
+
+def run_adjust_pass(read: Reader | None, now: datetime | None = None) -> AdjustResult:
+    """One adjustment pass (safe to run twice: every action re-checks its job under lock)."""
+    now = now or timezone.now()
+    policy = idle_settings()
+    jobs, held = _running_jobs(now)
+    result = AdjustResult(jobs=len(jobs))
+    if read is None:
+        return _unavailable(result, "no utilisation source: set PROMETHEUS_URL", now)
+    try:
+        series = read(held, policy.act_after_s + policy.step_s, policy.step_s) if held else {}
+    except UtilisationUnavailable as exc:
+        return _unavailable(result, str(exc), now)
+    by_id = {str(job_id): s for job_id, s in series.items()}
+    ts = now.timestamp()
+    result.idle_gpus = sum(
+        1
+        for gpus in by_id.values()
+        for s in gpus
+        if policy.warn_after_s and idle_span(s, policy, ts).idle_s >= policy.warn_after_s[0]
+    )
+    result.actions = decide([facts for facts, _ in jobs], by_id, policy, ts)
+    attempts = {facts.id: attempt for facts, attempt in jobs}
+    decided, result.actions = result.actions, []
+    for adjustment in decided:
+        if _apply(adjustment, attempts[adjustment.job_id], policy, now):
+            result.actions.append(adjustment)
+    _record(result, now)
+    return result
+
+
+def _running_jobs(now: datetime) -> tuple[list[tuple[JobFacts, int]], list[HeldGpus]]:
+    rows = list(
+        Allocation.objects.filter(
+            released_at__isnull=True, device__isnull=False, job__state=JobState.RUNNING
+        ).values_list("job_id", "node__name", "device__index")
+    )
+    gpus: dict[int, list[tuple[str, int]]] = {}
+    for job_id, node, index in rows:
+        gpus.setdefault(job_id, []).append((node, index))
+    running = Job.objects.filter(pk__in=gpus, state=JobState.RUNNING, started_at__isnull=False)
+    jobs = list(running.select_related("tenant"))
+    marks = _past_marks(jobs)
+    out = []
+    for job in jobs:
+        warned, acted = marks.get(job.pk, ((), None))
+        per_replica = max(1, round(job.gpus / job.replicas)) if job.replicas else 1
+        facts = JobFacts(
+            id=str(job.pk),
+            tenant=job.tenant.name,
+            gpus=len(gpus[job.pk]),
+            started_at=job.started_at.timestamp(),
+            preemptible=job.preemptible,
+            interactive=job.interactive,
+            idle_reclaim=job.idle_reclaim,
+            elastic_min_gpus=job.elastic_min_gpus,
+            per_replica_gpus=per_replica,
+            warned_at=warned,
+            acted_at=acted,
+        )
+        out.append((facts, job.attempts))
+    held = [HeldGpus(job.pk, tuple(sorted(gpus[job.pk]))) for job in jobs]
+    return out, held
+
+
+def _past_marks(jobs: list[Job]) -> dict[int, tuple[tuple[float, ...], float | None]]:
+    """Each job's idle warnings in its current attempt, and its last shrink (applied or not)."""
+    if not jobs:
+        return {}
+    starts = {job.pk: job.started_at for job in jobs}
+    events = JobEvent.objects.filter(
+        job_id__in=starts,
+        type__in=[EventType.IDLE_WARNING, EventType.IDLE_RECLAIM],
+        at__gte=min(starts.values()),
+    ).values_list("job_id", "type", "at", "details")
+    warned: dict[int, list[float]] = {}
+    acted: dict[int, float] = {}
+    for job_id, type_, at, details in events:
+        if at < starts[job_id]:
+            continue
+        action = (details or {}).get("action")
+        if action == SHRINK:
+            acted[job_id] = max(acted.get(job_id, 0.0), at.timestamp())
+        elif type_ == EventType.IDLE_WARNING:
+            warned.setdefault(job_id, []).append(at.timestamp())
+    return {pk: (tuple(sorted(warned.get(pk, ()))), acted.get(pk)) for pk in starts}
+
+
+def _apply(adjustment: Adjustment, attempt: int, policy: IdleSettings, now: datetime) -> bool:
+    """Apply one adjustment to its job, if it still runs the attempt that was judged."""
+    inputs = adjustment.inputs(policy)
+    with transaction.atomic():
+        same = {"pk": int(adjustment.job_id), "state": JobState.RUNNING, "attempts": attempt}
+        job = locked_jobs().filter(**same).first()
+        if job is None:
+            return False  # it ended, or moved on, since it was read
+        if adjustment.action == WARN:
+            record_event(job, EventType.IDLE_WARNING, adjustment.reason, at=now, details=inputs)
+        elif adjustment.action == SHRINK:
+            inputs["applied"] = False
+            why = f"{adjustment.reason} (not applied: live resizes are not available)"
+            record_event(job, EventType.IDLE_WARNING, why, at=now, details=inputs)
+        elif adjustment.action == REQUEUE:
+            inputs["applied"] = True
+            record_event(job, EventType.IDLE_RECLAIM, adjustment.reason, at=now, details=inputs)
+            begin_stop(job, IDLE_STOP_REASON, now)
+    log.info("job %s: %s (%s)", adjustment.job_id, adjustment.action, adjustment.reason)
+    return True
+
+
+def _state() -> AdjustmentState:
+    state, _ = AdjustmentState.objects.select_for_update().get_or_create(id=1)
+    return state
+
+
+def _unavailable(result: AdjustResult, problem: str, now: datetime) -> AdjustResult:
+    # Said once per outage (each pass of it is in AdjustmentState and on /metrics).
+    said = AdjustmentState.objects.filter(id=1, metrics_ok=False, problem=problem[:512]).exists()
+    (log.debug if said else log.warning)("adjustment pass acts on nothing: %s", problem)
+    result.metrics_ok, result.problem = False, problem
+    _record(result, now)
+    return result
+
+
+def _record(result: AdjustResult, now: datetime) -> None:
+    with transaction.atomic():
+        state = _state()
+        state.last_pass_at = now
+        state.passes += 1
+        state.metrics_ok = result.metrics_ok
+        state.problem = result.problem[:512]
+        state.idle_gpus = result.idle_gpus
+        totals = dict(state.actions_total or {})
+        for adjustment in result.actions:
+            totals[adjustment.action] = totals.get(adjustment.action, 0) + 1
+        state.actions_total = totals
+        state.save()

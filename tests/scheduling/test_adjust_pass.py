@@ -1,0 +1,164 @@
+"""The adjustment pass (services/adjust.py) against the real database: idle jobs warned, an idle
+preemptible job sent back to the queue through the stop signal, a service only warned, and a
+pass that cannot read utilisation acting on nothing and saying so.
+
+The utilisation source is the pass's reader argument; here it serves points the test writes, as
+Prometheus would (tests/monitoring/test_adjust_prometheus.py runs the real one).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from scheduling.choices import EventType, JobState
+from scheduling.engine.adjust import GpuSeries
+from scheduling.models import AdjustmentState, Job
+from scheduling.services import passes
+from scheduling.services.adjust import IDLE_STOP_REASON, UtilisationUnavailable, run_adjust_pass
+from scheduling.services.agents import do_report_started
+from tests.scheduling import helpers
+
+STEP = 60.0
+
+
+@pytest.fixture
+def node(world):
+    return helpers.make_node("a100-01")
+
+
+def start(world, node, minutes_ago: float, **fields) -> Job:
+    job = helpers.submit(world.alice, world.vision, **fields)
+    passes.run_pass()
+    job.refresh_from_db()
+    do_report_started(node, job.pk, job.attempts, 0, timezone.now().timestamp())
+    # The agent's report cannot date a start before its binding: the test moves it back.
+    Job.objects.filter(pk=job.pk).update(started_at=timezone.now() - timedelta(minutes=minutes_ago))
+    job.refresh_from_db()
+    assert job.state == JobState.RUNNING
+    return job
+
+
+def reader(idle_minutes: dict[int, float], busy: float = 0.9):
+    """Every GPU of each job: busy until ``idle_minutes`` ago, then at 1%, one point a minute."""
+
+    def read(held, window_s, step_s):
+        now = timezone.now().timestamp()
+        out = {}
+        for h in held:
+            idle = idle_minutes.get(h.job_id, 0) * 60
+            pts = tuple(
+                (now - k * STEP, 0.01 if k * STEP < idle else busy)
+                for k in reversed(range(int(window_s // STEP)))
+            )
+            out[h.job_id] = [GpuSeries(f"{n}/{i}", pts) for n, i in h.gpus]
+        return out
+
+    return read
+
+
+def events(job: Job, type_: str) -> list:
+    return list(job.events.filter(type=type_).order_by("at"))
+
+
+def test_an_idle_preemptible_job_is_warned_then_requeued_with_its_evidence(world, node):
+    job = start(world, node, minutes_ago=120, gpus=2, kind="training")
+    run_adjust_pass(reader({job.pk: 20}))
+    run_adjust_pass(reader({job.pk: 20}))  # the same idle spell: no second first warning
+    (warning,) = events(job, EventType.IDLE_WARNING)
+    assert warning.details["action"] == "warn" and len(warning.details["gpus"]) == 2
+    assert warning.details["gpus"][0]["idle_s"] >= 20 * 60 - 1
+    run_adjust_pass(reader({job.pk: 50}))
+    assert len(events(job, EventType.IDLE_WARNING)) == 2
+    result = run_adjust_pass(reader({job.pk: 61}))
+    assert [a.action for a in result.actions] == ["requeue"]
+    (reclaim,) = events(job, EventType.IDLE_RECLAIM)
+    assert reclaim.details["applied"] is True and reclaim.details["threshold"] == 0.05
+    job.refresh_from_db()
+    assert job.state == JobState.TERMINATING and job.stop_reason == IDLE_STOP_REASON
+    body = world.client("alice").get(f"/api/v1/jobs/{job.pk}/events/").json()
+    rows = body["results"] if isinstance(body, dict) else body
+    assert any(e["type"] == "idle-reclaim" and e["details"]["gpus"] for e in rows)
+
+
+def test_a_service_is_only_warned_unless_its_owner_allowed_reclaim(world, node):
+    service = start(world, node, minutes_ago=120, gpus=1, kind="inference", preemptible=False)
+    allowed = start(
+        world, node, minutes_ago=120, gpus=1, kind="inference", preemptible=False, idle_mode="allow"
+    )
+    for minutes in (20, 50, 90, 120):
+        run_adjust_pass(reader({service.pk: minutes, allowed.pk: minutes}))
+    service.refresh_from_db()
+    allowed.refresh_from_db()
+    assert service.state == JobState.RUNNING and len(events(service, EventType.IDLE_WARNING)) == 2
+    assert events(service, EventType.IDLE_RECLAIM) == []
+    assert allowed.state == JobState.TERMINATING
+
+
+def test_interactive_jobs_busy_jobs_and_young_jobs_are_left_alone(world, node):
+    notebook = start(world, node, minutes_ago=120, gpus=1, kind="training", idle_mode="interactive")
+    busy = start(world, node, minutes_ago=120, gpus=1, kind="training")
+    young = start(world, node, minutes_ago=5, gpus=1, kind="training")
+    result = run_adjust_pass(reader({notebook.pk: 120, busy.pk: 0, young.pk: 120}))
+    assert result.actions == [] and result.jobs == 3
+
+
+def test_an_idle_elastic_job_is_told_the_shrink_it_would_get(world, node):
+    job = start(world, node, minutes_ago=120, gpus=4, kind="training", elastic_min_gpus=2, elastic_max_gpus=4)
+    result = run_adjust_pass(reader({job.pk: 70}))
+    assert [a.action for a in result.actions] == ["shrink"]
+    (warning,) = events(job, EventType.IDLE_WARNING)
+    assert warning.details["to_gpus"] == 2 and warning.details["applied"] is False
+    assert "not applied" in warning.reason
+    assert run_adjust_pass(reader({job.pk: 71})).actions == []  # judged again after a window
+    job.refresh_from_db()
+    assert job.state == JobState.RUNNING
+
+
+def test_a_pass_that_cannot_read_utilisation_acts_on_nothing_and_says_so(world, node, caplog):
+    job = start(world, node, minutes_ago=120, gpus=1, kind="training")
+
+    def down(held, window_s, step_s):
+        raise UtilisationUnavailable("Prometheus at http://127.0.0.1:9 cannot be reached")
+
+    result = run_adjust_pass(down)
+    assert not result.metrics_ok and result.actions == []
+    assert "cannot be reached" in caplog.text
+    assert job.events.filter(type__in=[EventType.IDLE_WARNING, EventType.IDLE_RECLAIM]).count() == 0
+    state = AdjustmentState.objects.get(id=1)
+    assert state.metrics_ok is False and "cannot be reached" in state.problem
+    metrics = Client().get("/metrics").content.decode()
+    assert "tessera_adjustment_metrics_available 0.0" in metrics
+    run_adjust_pass(reader({job.pk: 20}))
+    metrics = Client().get("/metrics").content.decode()
+    assert "tessera_adjustment_metrics_available 1.0" in metrics
+    assert 'tessera_adjustment_actions_total{action="warn"} 1.0' in metrics
+    assert "tessera_gpus_idle_allocated 1.0" in metrics
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("idle_reclaim", "sometimes"), ("idle_reclaim", True), ("interactive", "yes")],
+)
+def test_a_bad_idle_field_is_a_400_naming_it(world, field, value):
+    body = {"name": "x", "kind": "training", "command": ["true"], field: value}
+    response = world.client("alice").post("/api/v1/jobs/", body, format="json")
+    assert response.status_code == 400 and field in response.json()
+
+
+def test_the_idle_fields_are_stored_and_shown_and_contradicting_ones_refused(world):
+    def post(**fields):
+        body = {"name": "x", "kind": "inference", "command": ["true"], **fields}
+        return world.client("alice").post("/api/v1/jobs/", body, format="json")
+
+    allowed = post(idle_reclaim="allow").json()
+    assert (allowed["idle_reclaim"], allowed["interactive"]) == ("allow", False)
+    notebook = post(interactive=True).json()
+    assert (notebook["idle_reclaim"], notebook["interactive"]) == ("never", True)
+    plain = post().json()
+    assert (plain["idle_reclaim"], plain["interactive"]) == ("never", False)
+    both = post(interactive=True, idle_reclaim="allow")
+    assert both.status_code == 400 and "idle_reclaim" in both.json()
