@@ -370,3 +370,29 @@ def test_login_with_a_wrong_token_saves_nothing(cli, live_server, tmp_path):
     )
     assert result.returncode == 201
     assert not (tmp_path / "config" / "tessera" / "config.json").exists()
+
+
+def test_hold_and_release_through_the_command(cli):
+    cli("submit", "--", "python", "x.py")
+    job = newest_job()
+    held = cli("hold", str(job.pk), "-o", "json")
+    assert held.returncode == 0, held.stderr
+    assert json.loads(held.stdout)[0]["held"] is True
+    assert "held" in cli("why", str(job.pk)).stdout
+    released = cli("release", str(job.pk), "-o", "json", who="carol")
+    assert released.returncode == 0 and json.loads(released.stdout)[0]["held"] is False
+    bind(job, cli.node, [0])
+    refused = cli("hold", str(job.pk))
+    assert refused.returncode == 203 and "scheduled" in refused.stderr
+    no_traceback(refused.stderr)
+
+
+def test_logs_in_json_give_the_output_and_where_it_ended(cli):
+    cli("submit", "--", "python", "x.py")
+    job = newest_job()
+    bind(job, cli.node, [0])
+    run(job)
+    add_log(job, b"hello\n")
+    answer = json.loads(cli("logs", str(job.pk), "-o", "json").stdout)
+    assert answer == {"data": "hello\n", "next_offset": 6, "eof": False, "truncated": False}
+    assert cli("logs", str(job.pk)).stdout == "hello\n"

@@ -334,21 +334,33 @@ def why(ctx: Context, job_id, fmt):
 @click.argument("job_id")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing output as it comes, until the job ends.")
 @click.option("--replica", type=click.IntRange(0), default=0, show_default=True)
+@output_option
 @pass_ctx
-def logs(ctx: Context, job_id, follow, replica):
-    """A job's output (one replica's)."""
+def logs(ctx: Context, job_id, follow, replica, fmt):
+    """A job's output (one replica's): as it is (table), or with where it ended (json, yaml)."""
     (jid,) = job_ids((job_id,))
     if follow:
         follow_logs(ctx.client, jid, replica)
         return
-    offset = 0
+    offset, pieces, page = 0, [], {}
     while True:
         page = ctx.client.get(f"jobs/{jid}/logs/", params={"offset": offset, "replica": replica})
-        sys.stdout.write(page.get("data", ""))
+        pieces.append(page.get("data", ""))
+        if fmt == "table":
+            sys.stdout.write(pieces.pop())
         if page.get("next_offset", offset) == offset:
             break
         offset = page["next_offset"]
-    sys.stdout.flush()
+    if fmt == "table":
+        sys.stdout.flush()
+        return
+    answer = {
+        "data": "".join(pieces),
+        "next_offset": offset,
+        "eof": page.get("eof"),
+        "truncated": page.get("truncated"),
+    }
+    output.emit(answer, fmt)
 
 
 EVENT_COLUMNS: list[output.Column] = [
