@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -55,7 +56,7 @@ class GpuUse:
     rank: int = 0  # this GPU's place among the job's GPUs (replica × its GPUs + index)
 
 
-def util_profile(binding: dict) -> str:
+def util_profile(binding: dict[str, Any]) -> str:
     """The synthetic profile a job's env asks its simulated GPUs to replay ("" = none or unknown)."""
     env = binding.get("env") or {}
     name = env.get(PROFILE_ENV, "") if isinstance(env, dict) else ""
