@@ -121,6 +121,21 @@ def test_promtool_accepts_the_prometheus_config():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_promtool_accepts_the_alert_rules_and_they_fire_when_their_tests_say():
+    rules = PROMETHEUS.parent / "alerts.yml"
+    checked = run(tool("promtool"), "check", "rules", str(rules))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    tested = run(tool("promtool"), "test", "rules", str(PROMETHEUS.parent / "alerts_test.yml"))
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+
+
+def test_compose_mounts_the_alert_rules_the_prometheus_config_loads():
+    assert yaml.safe_load(PROMETHEUS.read_text())["rule_files"] == ["alerts.yml"]
+    volumes = compose_config()["services"]["prometheus"]["volumes"]
+    mounted = [v if isinstance(v, str) else f"{v['source']}:{v['target']}" for v in volumes]
+    assert any(m.endswith("/etc/prometheus/alerts.yml") or ":/etc/prometheus/alerts.yml" in m for m in mounted)
+
+
 def test_promtool_would_reject_a_broken_config(tmp_path):
     broken = tmp_path / "prometheus.yml"
     broken.write_text(PROMETHEUS.read_text().replace("scrape_interval: 5s", "scrape_interval: soon"))
