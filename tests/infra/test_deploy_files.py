@@ -133,7 +133,9 @@ def test_compose_mounts_the_alert_rules_the_prometheus_config_loads():
     assert yaml.safe_load(PROMETHEUS.read_text())["rule_files"] == ["alerts.yml"]
     volumes = compose_config()["services"]["prometheus"]["volumes"]
     mounted = [v if isinstance(v, str) else f"{v['source']}:{v['target']}" for v in volumes]
-    assert any(m.endswith("/etc/prometheus/alerts.yml") or ":/etc/prometheus/alerts.yml" in m for m in mounted)
+    assert any(
+        m.endswith("/etc/prometheus/alerts.yml") or ":/etc/prometheus/alerts.yml" in m for m in mounted
+    )
 
 
 def test_promtool_would_reject_a_broken_config(tmp_path):
