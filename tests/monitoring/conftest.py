@@ -46,9 +46,10 @@ def prometheus(tmp_path: Path) -> Iterator[Callable[[dict[str, str]], str]]:
         need_service("Prometheus (apt-get install prometheus)")
     started: list[subprocess.Popen[bytes]] = []
 
-    def start(targets: dict[str, str]) -> str:
+    def start(targets: dict[str, str], more_jobs: str = "") -> str:
+        """``more_jobs``: scrape jobs of its own, YAML appended under ``scrape_configs``."""
         config = tmp_path / "prometheus.yml"
-        config.write_text(scrape_config(targets))
+        config.write_text(scrape_config(targets) + more_jobs)
         port = free_port()
         log = open(tmp_path / "prometheus.log", "wb")  # noqa: SIM115 - the process holds it
         proc = subprocess.Popen(
