@@ -104,6 +104,11 @@ class TesseraScheduler:
         self._fail_memo: dict[tuple[Any, ...], int] = {}
         self._owed: dict[str, list[str]] = {}
         self._now = 0.0
+        # refusal's answers, kept while quota usage (its version), the owed models and the time
+        # stand: a job asks the same of each model and replica count, and so does every job
+        # after it that starts nowhere (docs/benchmarks/scheduling-pass.md).
+        self._refusals: dict[tuple[str, str, int, bool, bool], tuple[str, str] | None] = {}
+        self._refusals_at: tuple[Quotas | None, int] = (None, 0)
         self.last_codes: dict[str, str] = {}  # job -> its pending code in the last pass
         self._geo_cache: dict[str, tuple[JobRequest, Geometry]] = {}
         self.sticky: dict[str, tuple[int, ...]] = {}  # job -> nodes reserved for it last pass
@@ -369,7 +374,7 @@ class TesseraScheduler:
         for m in models:
             fit = 0
             for r in range(top, need - 1, -1):
-                if self.admits(job, m, geo.charge * r):
+                if self.refusal(job, m, geo.charge * r) is None:
                     fit = r
                     break
             if fit:
@@ -418,6 +423,23 @@ class TesseraScheduler:
         return self.refusal(job, model, milli) is None
 
     def refusal(self, job: JobRequest, model: str, milli: int) -> tuple[str, str] | None:
+        quotas = self.quotas
+        if not milli or not quotas.enabled:
+            return None
+        if quotas.frozen:  # rows being freed for a job this pass: rare, asked afresh
+            return self._refusal(job, model, milli)
+        at = self._refusals_at
+        if at[0] is not quotas or at[1] != quotas.version:
+            self._refusals.clear()
+            self._refusals_at = (quotas, quotas.version)
+        key = (job.tenant, model, milli, job.preemptible, queues.starving(job, self._now, self.config))
+        try:
+            return self._refusals[key]
+        except KeyError:
+            why = self._refusals[key] = self._refusal(job, model, milli)
+            return why
+
+    def _refusal(self, job: JobRequest, model: str, milli: int) -> tuple[str, str] | None:
         why = self.quotas.check(job.tenant, model, milli, job.preemptible)
         if why is not None or not self.quotas.enabled or not milli:
             return why
@@ -451,6 +473,7 @@ class TesseraScheduler:
         count, so two tenants' holds can never wait on each other)."""
         self._now = now
         self._owed = {}
+        self._refusals.clear()
         self.quota_token = ()
         if not self.quotas.enabled:
             return

@@ -85,6 +85,8 @@ class PolicyPass:
         self.to_diagnose: list[tuple[JobRequest, Geometry]] = []  # pending, reason not yet given
         self.quota_blocked: list[tuple[JobRequest, Geometry]] = []  # worded on the final usage
         self.held_rows: dict[tuple[str, str], RowHold] = {}  # quota rows held for an aged job
+        # a job's quota rows by (tenant, models): asked per job, the same for most (read only)
+        self.rows_of: dict[tuple[str, tuple[str, ...]], list[tuple[str, str]]] = {}
         # quota room claimed this pass (tenant, model, milli, preemptible), undone at the end
         self.claimed: list[tuple[str, str, int, bool]] = []
         # an aged job that quotas admit but nodes do not: its quota, held from the next job on
@@ -241,7 +243,11 @@ class PolicyPass:
         if not s.quotas.enabled or not geo.req.count:
             return []
         models, _ = s.models_for(job)
-        return sorted({s.quotas.row_key(job.tenant, m) for m in models})
+        key = (job.tenant, models)
+        rows = self.rows_of.get(key)
+        if rows is None:
+            rows = self.rows_of[key] = sorted({s.quotas.row_key(job.tenant, m) for m in models})
+        return rows
 
     def quota_held_for_another(self, job: JobRequest, rows: list[tuple[str, str]]) -> bool:
         """Every quota row it could use is held against it for an aged job of its tenant ahead
@@ -739,12 +745,10 @@ class PolicyPass:
     # -- helpers ---------------------------------------------------------------------------------
     def off_clear(self, node_ok: NodeOk | None) -> NodeOk:
         """``node_ok`` narrowed to the nodes off the racks kept clear for rack gangs."""
-        s = self.s
-
-        def ok(i: int) -> bool:
-            return s.nodes[i].rack not in s.clear_racks and (node_ok is None or node_ok(i))
-
-        return ok
+        nodes, clear = self.s.nodes, self.s.clear_racks  # asked per node searched: kept local
+        if node_ok is None:
+            return lambda i: nodes[i].rack not in clear
+        return lambda i: nodes[i].rack not in clear and node_ok(i)
 
     def removable(self, job: JobRequest) -> Removable:
         return (self.cfg.level_of(job.kind) if job.preemptible else None), bool(job.time_limit_s)

@@ -37,6 +37,7 @@ class Quotas:
         # non-preemptible job (row -> that job): the tenant's later jobs may not grow them, since
         # each would only be the next job preempted to make that room.
         self.frozen: dict[tuple[str, str], str] = {}
+        self.version = 0  # moves with every change of usage (answers may be kept until it does)
 
     def row(self, tenant: str, model: str) -> QuotaSpec | None:
         rows = self.rows.get(tenant)
@@ -53,6 +54,7 @@ class Quotas:
 
     def add(self, tenant: str, model: str, milli: int, preemptible: bool = True) -> None:
         key = self.row_key(tenant, model)
+        self.version += 1
         self.usage[key] = self.usage.get(key, 0) + milli
         self.total[tenant] = self.total.get(tenant, 0) + milli
         if not preemptible:
