@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from types import FrameType
 from typing import Any
+from urllib.parse import urlsplit
 
 from agent import cgroups, firewall, identity, leftovers, sandbox, state
 from agent.client import AgentClient, Rejected, ServerError
@@ -83,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--advertise-host",
         help="host in the metrics URL given to the server "
         "(default: --metrics-addr, or the hostname when that is 0.0.0.0)",
+    )
+    p.add_argument(
+        "--address",
+        help="the host name or IP address other nodes reach this one at: a distributed job's "
+        "MASTER_ADDR when its first replica runs here (default: --advertise-host, else this "
+        "machine's address on its route to the server)",
     )
     p.add_argument(
         "--state-dir",
@@ -273,6 +280,7 @@ def register(
     token: str | None,
     state_dir: Path,
     timeout: float,
+    address: str = "",
 ) -> tuple[dict[Any, Any], float]:
     """Register (retrying while the server cannot be reached); the answer, and when the request
     that succeeded was sent (``time.monotonic()``): the lease counts from there."""
@@ -285,7 +293,7 @@ def register(
     while True:
         sent_at = time.monotonic()
         try:
-            answer = client.register(inventory.register_body(metrics_url), token)
+            answer = client.register(inventory.register_body(metrics_url, address), token)
             break
         except Rejected as exc:
             raise Fatal(f"the server refused to register {inventory.name!r}: {exc}") from None
@@ -312,6 +320,20 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C before the loop started: nothing runs yet
         print("tessera-agent: interrupted", file=sys.stderr)
         return 130
+
+
+def route_address(server: str) -> str:
+    """This machine's address on its route to the server: where the nodes of one network reach
+    each other ('' if there is no route yet; the server then gives jobs the node's name)."""
+    url = urlsplit(server)
+    try:
+        with socket.socket(
+            socket.AF_INET6 if ":" in (url.hostname or "") else socket.AF_INET, socket.SOCK_DGRAM
+        ) as s:
+            s.connect((url.hostname or "localhost", url.port or 80))  # UDP: nothing is sent
+            return str(s.getsockname()[0])
+    except OSError:
+        return ""
 
 
 def signal_named(name: str) -> int:
@@ -426,8 +448,9 @@ def run(args: argparse.Namespace) -> int:
     )
     metrics_url = f"http://{host}:{server.server_port}/metrics"
 
+    address = args.address or args.advertise_host or route_address(args.server)
     answer, agent.last_ok = register(
-        agent.client, inventory, metrics_url, token, state_dir, args.register_timeout
+        agent.client, inventory, metrics_url, token, state_dir, args.register_timeout, address
     )
     agent.lease_seconds = float(answer.get("lease_seconds", agent.lease_seconds))
     log.info(

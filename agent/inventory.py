@@ -82,7 +82,7 @@ class Inventory:
     simulated: bool = True
     price_per_gpu_hour: float | None = None  # None: not sent (the operator sets it)
 
-    def register_body(self, metrics_url: str) -> dict[str, Any]:
+    def register_body(self, metrics_url: str, address: str = "") -> dict[str, Any]:
         priced = {} if self.price_per_gpu_hour is None else {"price_per_gpu_hour": self.price_per_gpu_hour}
         return {
             **priced,
@@ -94,6 +94,7 @@ class Inventory:
             "memory_gib": self.memory_gib,
             "nvlink_domain": self.nvlink_domain,
             "metrics_url": metrics_url,
+            "address": address,
             "devices": [
                 {"index": d.index, "uuid": d.uuid, "model": d.model, "memory_gib": d.memory_gib}
                 for d in self.devices

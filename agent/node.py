@@ -47,6 +47,9 @@ HEARTBEAT_JITTER = 0.1  # each gap is the poll interval ± 10%: see heartbeat_ga
 STREAM_IDLE_S = 60.0  # the agent pings every 30 s; a pong 30 s late means the stream is dead
 STREAM_RETRY_S = 300.0  # after a refused stream handshake, the long-poll this long
 HELD_RETRY_S = 0.05  # how soon a binding held back for its GPUs is tried again
+# Rendezvous ports this agent gives jobs that lie on this node alone without a whole GPU (the
+# server gives the others theirs: scheduling/services/rendezvous.py, from 29500 up).
+LOCAL_PORTS = range(29400, 29500)
 SWEEP_EVERY_S = 60.0  # checkpoint directories past their retention: looked for at most this often
 
 
@@ -307,6 +310,7 @@ class Agent:
                 self._held.pop(key, None)
                 self.ever_started.add(key)
                 self._last_attempt[(key[0], key[2])] = key[1]
+                binding = self._with_port(binding)
                 process = JobProcess(
                     binding,
                     self.reporter,
@@ -321,6 +325,28 @@ class Agent:
                 self.jobs[key] = process
             log.info("starting job %s attempt %s replica %s on GPUs %s", *key, binding.get("gpus"))
             process.start()
+
+    def _with_port(self, binding: dict[str, Any]) -> dict[str, Any]:
+        """The binding with a ``MASTER_PORT`` where the server left the choice here (a job on this
+        node alone, without a whole GPU): the port another replica of its attempt has, else one of
+        :data:`LOCAL_PORTS` no job running here has (call with the lock held)."""
+        meet = binding.get("rendezvous")
+        if not meet or meet.get("master_port"):
+            return binding
+        job, attempt = int(binding["job_id"]), int(binding["attempt"])
+        taken: set[int] = set()
+        for p in self.jobs.values():
+            port = (p.binding.get("rendezvous") or {}).get("master_port")
+            if not port or p.done.is_set():
+                continue  # none, or its job has ended here
+            if (p.job_id, p.attempt) == (job, attempt):
+                return {**binding, "rendezvous": {**meet, "master_port": port}}
+            taken.add(int(port))
+        free = next((port for port in LOCAL_PORTS if port not in taken), None)
+        if free is None:
+            log.warning("job %s: no free rendezvous port in %s-%s", job, LOCAL_PORTS[0], LOCAL_PORTS[-1])
+            return binding
+        return {**binding, "rendezvous": {**meet, "master_port": free}}
 
     def _gpus_in_use(self, binding: dict[str, Any]) -> list[int]:
         """The binding's GPUs that processes still running here leave too little of (shares

@@ -129,6 +129,17 @@ def job_environment(
     share = float(binding.get("share", 1.0))
     if share < 1.0:
         env["TESSERA_GPU_SHARE"] = f"{share:g}"
+    meet = binding.get("rendezvous") or {}
+    if meet.get("master_port"):  # (the agent gives a port to a job on one node that had none)
+        env.update(
+            {
+                "MASTER_ADDR": str(meet["master_addr"]),
+                "MASTER_PORT": str(meet["master_port"]),
+                "WORLD_SIZE": str(meet["world_size"]),
+                "RANK": str(meet["rank"]),
+                "LOCAL_RANK": str(meet["local_rank"]),
+            }
+        )
     return env
 
 

@@ -208,6 +208,8 @@ class Node(models.Model):
     # at a re-registration); uncordoning it approves and clears this.
     held_reason = models.CharField(max_length=256, blank=True)
     metrics_url = models.CharField(max_length=256, blank=True)
+    # Where other nodes reach it (a job's MASTER_ADDR when its master replica runs here).
+    address = models.CharField(max_length=253, blank=True)
     # Bumped on every allocation change: the pass's version check against stale decisions.
     version = models.PositiveBigIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)

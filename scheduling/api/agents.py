@@ -63,6 +63,8 @@ class RegisterIn(FieldTemplates, serializers.Serializer):
     # What a GPU-hour on the node costs (α weighs it); left out: the node keeps the price it has.
     price_per_gpu_hour = serializers.FloatField(min_value=0, max_value=1e6, required=False)
     metrics_url = serializers.CharField(max_length=256, allow_blank=True, default="")
+    # A host name or an IP address other nodes reach this one at (jobs' MASTER_ADDR).
+    address = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9.:-]{0,252}$", allow_blank=True, default="")
     devices = serializers.ListField(child=DeviceIn(), max_length=1024, default=list)
 
     def validate_name(self, value: str) -> str:

@@ -53,6 +53,7 @@ from scheduling.services.jobs import (
     jobs_from_rows,
     locked_jobs,
 )
+from scheduling.services.rendezvous import Placed, rendezvous
 from scheduling.services.snapshot import DEVICE_FIELDS, PreparedRead, read_together
 from scheduling.services.triggers import request_pass_on_commit
 
@@ -226,7 +227,16 @@ def do_register_node(
         if held:
             node.state, node.held_reason = NodeState.CORDONED, held[:256]
             log.warning("node %s registered cordoned: %s", desc["name"], held)
-        for field in ("rack", "labels", "kind", "cpus", "memory_gib", "nvlink_domain", "metrics_url"):
+        for field in (
+            "rack",
+            "labels",
+            "kind",
+            "cpus",
+            "memory_gib",
+            "nvlink_domain",
+            "metrics_url",
+            "address",
+        ):
             setattr(node, field, desc[field])
         if desc.get("price_per_gpu_hour") is not None:  # else the price an operator set stays
             node.price_per_gpu_hour = desc["price_per_gpu_hour"]
@@ -335,8 +345,11 @@ def do_heartbeat(node: Node, running: list[Reported]) -> dict[str, Any]:
             # Not (or no longer) bound here: a stale attempt, a cancelled or a lost job. Stop now.
             stop.append(_stop_order(seen.job_id, seen.attempt, seen.replica, "not bound", now, now))
     ends = _log_ends([job.pk for job, _, _, _ in to_start])  # one query for every binding
+    meets = _meetings([job.pk for job, _, _, _ in to_start])
     start = [
-        _binding(job, attempt, replica, allocs, ends.get((job.pk, replica), 0))
+        _binding(
+            job, attempt, replica, allocs, ends.get((job.pk, replica), 0), meets[job.pk].get(replica, {})
+        )
         for job, attempt, replica, allocs in to_start
     ]
     return {
@@ -345,6 +358,36 @@ def do_heartbeat(node: Node, running: list[Reported]) -> dict[str, Any]:
         "start": start,
         "stop": stop,
     }
+
+
+def _spanning(allocs: list[Allocation]) -> set[int]:
+    """The nodes of the jobs among ``allocs`` whose replicas lie on more than one node."""
+    nodes: dict[int, set[int]] = {}
+    for a in allocs:
+        nodes.setdefault(a.job_id, set()).add(a.node_id)
+    return {n for ids in nodes.values() if len(ids) > 1 for n in ids}
+
+
+def _gpu(alloc: Allocation) -> int | None:
+    return alloc.device.index if alloc.device is not None else None
+
+
+def _meetings(job_ids: list[int]) -> dict[int, dict[int, dict[str, Any]]]:
+    """Each job's rendezvous, per replica, from all of its held allocations (on every node), in
+    one query (none if empty)."""
+    if not job_ids:
+        return {}
+    rows = (
+        Allocation.objects.filter(job_id__in=job_ids, released_at__isnull=True)
+        .order_by("job_id", "replica", "device__index")
+        .values_list(
+            "job_id", "replica", "node_id", "node__address", "node__name", "device__index", "share_milli"
+        )
+    )
+    placed: dict[int, list[Placed]] = {job_id: [] for job_id in job_ids}
+    for job_id, replica, node_id, address, name, gpu, share in rows:
+        placed[job_id].append(Placed(replica, node_id, address or name, gpu, share))
+    return {job_id: rendezvous(job_id, rows) for job_id, rows in placed.items()}
 
 
 def _held_replicas(node: Node) -> dict[tuple[int, int], list[Allocation]]:
@@ -383,9 +426,10 @@ def _check_started_and_time_limit(job: Job, attempt: int, is_running: bool, now:
 
 
 def _binding(
-    job: Job, attempt: int, replica: int, allocs: list[Allocation], log_offset: int
+    job: Job, attempt: int, replica: int, allocs: list[Allocation], log_offset: int, meet: dict[str, Any]
 ) -> dict[str, Any]:
-    """What the agent needs to start one replica (docs/agent.md, "binding")."""
+    """What the agent needs to start one replica (docs/agent.md, "binding"); ``meet``: its
+    rendezvous (:mod:`scheduling.services.rendezvous`)."""
     return {
         "job_id": job.pk,
         "attempt": attempt,
@@ -406,23 +450,35 @@ def _binding(
         "log_offset": log_offset,
         # Whether an earlier attempt checkpointed: an agent without its checkpoint says so.
         "last_checkpoint_at": job.last_checkpoint_at.timestamp() if job.last_checkpoint_at else None,
+        "rendezvous": meet,
     }
 
 
 def bindings_by_node(jobs: list[Job], allocs: list[Allocation]) -> dict[int, list[dict[str, Any]]]:
     """The bindings a pass just made (``allocs``: their rows, node and device set), per node id:
-    what the wake carries to each agent. Two queries at most, whatever their number."""
+    what the wake carries to each agent. Three queries at most, whatever their number (the third
+    only for jobs across nodes: their master nodes' addresses)."""
     by_job = {j.pk: j for j in jobs}
     grouped: dict[tuple[int, int, int], list[Allocation]] = {}
     for a in sorted(allocs, key=lambda a: (a.job_id, a.replica, device_index(a))):
         grouped.setdefault((a.node_id, a.job_id, a.replica), []).append(a)
+    # Only a job across nodes needs its master node's address: read then, in one query.
+    spans = _spanning(allocs)
+    addresses = dict(Node.objects.filter(pk__in=spans).values_list("pk", "address")) if spans else {}
+    placed: dict[int, list[Placed]] = {}
+    for a in allocs:
+        where = addresses.get(a.node_id) or a.node.name
+        placed.setdefault(a.job_id, []).append(Placed(a.replica, a.node_id, where, _gpu(a), a.share_milli))
+    meets = {job_id: rendezvous(job_id, rows) for job_id, rows in placed.items()}
     # A first attempt has no output yet; a retry's continues where the last one stopped.
     ends = _log_ends([j.pk for j in jobs if j.attempts > 0])
     out: dict[int, list[dict[str, Any]]] = {}
     for (node_id, job_id, replica), rows in grouped.items():
         job = by_job[job_id]
         out.setdefault(node_id, []).append(
-            _binding(job, rows[0].attempt, replica, rows, ends.get((job_id, replica), 0))
+            _binding(
+                job, rows[0].attempt, replica, rows, ends.get((job_id, replica), 0), meets[job_id][replica]
+            )
         )
     return out
 

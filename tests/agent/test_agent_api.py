@@ -507,3 +507,31 @@ def test_a_checkpoint_report_over_http_names_its_field_or_answers_404_for_anothe
     assert bad.status_code == 400 and "at" in bad.json()
     (event,) = job.events.filter(type="checkpointed")
     assert event.reason == "step 7"
+
+
+def test_a_gangs_replicas_are_told_where_to_meet_at_the_address_its_first_nodes_agent_registered(
+    world, join_token
+):
+    first, _ = h.register(join_token, "gpu-01", address="10.1.0.1")
+    second, _ = h.register(h.new_join_token("second"), "gpu-02", address="10.1.0.2")
+    job = h.submit(world.alice, world.vision, gpus=4, replicas=2, min_available=2)
+    h.bind(job, "gpu-01", [2, 3], replica=0)
+    for i in (0, 1):
+        Allocation.objects.create(job=job, device=Device.objects.get(node__name="gpu-02", index=i), replica=1)
+    (theirs,) = h.heartbeat(second)["start"]
+    (mine,) = h.heartbeat(first)["start"]
+    assert mine["rendezvous"] == {
+        "master_addr": "10.1.0.1",
+        "master_port": 29502,  # 29500 + the master replica's first GPU: no other job has it there
+        "world_size": 2,
+        "rank": 0,
+        "local_rank": 0,
+    }
+    assert theirs["rendezvous"] == {**mine["rendezvous"], "rank": 1}
+
+
+def test_a_node_address_that_is_not_a_host_name_or_ip_is_refused_naming_the_field(join_token):
+    answer = h.client_with(f"Join {join_token}").post(
+        AGENT + "register", h.node_body("gpu-01", address="evil host; rm -rf /"), format="json"
+    )
+    assert answer.status_code == 400 and "address" in answer.json()

@@ -51,9 +51,11 @@ class Stack:
     def __init__(self, base: str, procs: Processes, work: Path, env: dict[str, str], token: str, alice):
         self.base, self.procs, self.work, self.env, self.token = base, procs, work, env, token
         self.alice = alice
+        self.agent_args: tuple[str, ...] = ()
         self.deadline = time.monotonic() + DEADLINE_S
 
     def start_agent(self, name: str, *extra: str) -> None:
+        extra = (*self.agent_args, *extra)
         spec = f"2xA100,nvlink=2,rack=r1,labels=host:{name}"
         argv = agent_argv(
             self.base,
@@ -89,8 +91,9 @@ class Stack:
         events = self.alice.get(f"{self.base}/api/v1/jobs/{job_id}/events/", timeout=10).json()
         return events["results"] if isinstance(events, dict) else events
 
-    def logs(self, job_id: int) -> str:
-        return self.alice.get(f"{self.base}/api/v1/jobs/{job_id}/logs/", timeout=10).json()["data"]
+    def logs(self, job_id: int, replica: int = 0) -> str:
+        url = f"{self.base}/api/v1/jobs/{job_id}/logs/?replica={replica}"
+        return self.alice.get(url, timeout=10).json()["data"]
 
     def finished(self, job_id: int) -> dict[str, Any]:
         return self.wait(f"job {job_id} to end", lambda: (j := self.job(job_id))["state"] in TERMINAL and j)
@@ -104,7 +107,7 @@ class Stack:
 
 
 @pytest.fixture
-def stack(require_postgres, redis_url, transactional_db, world, settings) -> Iterator[Stack]:
+def stack(request, require_postgres, redis_url, transactional_db, world, settings) -> Iterator[Stack]:
     from scheduling.services import redis_flags
     from scheduling.services.agents import do_create_join_token
     from scheduling.services.triggers import QUEUED_FLAG
@@ -134,6 +137,8 @@ def stack(require_postgres, redis_url, transactional_db, world, settings) -> Ite
         s = Stack(f"http://127.0.0.1:{port}", procs, work, env, join_token, alice)
         s.wait("the Celery worker", lambda: " ready." in procs.output("worker"))
         s.wait("the web server", lambda: web_answers(s.base))
+        marker = request.node.get_closest_marker("agent_args")
+        s.agent_args = tuple(marker.args) if marker else ()
         # A "pass already queued" flag an earlier run left would swallow this test's triggers.
         redis_flags.client().delete(redis_flags.key(QUEUED_FLAG))
         for name in ("e2e-a", "e2e-b"):
@@ -236,3 +241,38 @@ def test_a_preempted_job_resumes_on_another_node_from_its_last_checkpoint_losing
     assert "checkpoint written: SIGTERM" in log, log
     types = [(e["type"], e["reason"]) for e in events]
     assert ("requeued", "from last checkpoint") in types and types[-1] == ("succeeded", None), types
+
+
+MEET = """
+import os, socket, time
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+where = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+print(f"rank {rank} of {world}, local rank {os.environ['LOCAL_RANK']}, master {where}", flush=True)
+if rank == 0:
+    with socket.create_server(("", where[1])) as server:
+        conn, _ = server.accept()
+        print("got:", conn.recv(100).decode(), flush=True)
+else:
+    for _ in range(100):
+        try:
+            with socket.create_connection(where, timeout=2) as conn:
+                conn.sendall(f"hello from rank {rank}".encode())
+                break
+        except OSError:
+            time.sleep(0.1)
+"""
+
+
+# Jobs of one attempt on two agents of one machine have two uids, which the loopback rules of
+# isolated agents keep apart (docs/agent.md): these agents run every job as one user.
+@pytest.mark.agent_args("--single-tenant")
+def test_a_two_node_gangs_replicas_exchange_a_message_through_the_rendezvous_address(stack):
+    job_id = stack.submit(name="meet", kind="training", command=["python", "-c", MEET], gpus=4, replicas=2)
+    job = stack.finished(job_id)
+    assert job["state"] == "succeeded", f"{job}\n{stack.procs.report()}"
+    assert {a["node"] for a in job["placements"][0]["allocations"]} == {"e2e-a", "e2e-b"}
+    master = next(a for a in job["placements"][0]["allocations"] if a["replica"] == 0)
+    first, second = stack.logs(job_id, 0), stack.logs(job_id, 1)
+    assert "rank 0 of 2, local rank 0" in first and "rank 1 of 2, local rank 0" in second
+    assert f"master ('127.0.0.1', {29500 + master['gpus'][0]})" in first  # the agents' route to the server
+    assert "got: hello from rank 1" in first
