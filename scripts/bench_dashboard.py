@@ -135,7 +135,9 @@ def drive(url: str, admin: dict, devices: list, layer, args) -> dict:
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            # The page's Content-Security-Policy forbids eval, which the long-task counter injected
+            # below and Playwright's string predicates need; the benchmark measures speed, not CSP.
+            page = browser.new_page(viewport={"width": 1600, "height": 1000}, bypass_csp=True)
             page.goto(url + "/login/")
             page.fill("#id_username", admin["username"])
             page.fill("#id_password", admin["password"])
