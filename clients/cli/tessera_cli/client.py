@@ -144,7 +144,8 @@ def read_events(client: Client, path: str, last_id: str | None, params: dict[str
                 raise StreamBroken(f"HTTP {response.status_code}")
             _answer(response)  # raises the CliError it deserves
         response.encoding = "utf-8"  # what Server-Sent Events always are
-        event, data, id_ = "message", [], None
+        event, id_ = "message", None
+        data: list[str] = []
         try:
             for line in response.iter_lines(decode_unicode=True):
                 if line == "":

@@ -112,7 +112,7 @@ def _memory_gib(value: Any, where: str) -> float:
     if match is None:
         raise CliError(f"{where}: a quantity such as 64Gi or 500M", outcome.BAD_INPUT)
     amount, unit = float(match.group(1)), match.group(2)
-    factor = _BINARY.get(unit, _DECIMAL.get(unit))
+    factor = _BINARY[unit] if unit in _BINARY else _DECIMAL[unit]
     return round(amount * factor, 6)
 
 
