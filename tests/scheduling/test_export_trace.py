@@ -74,6 +74,36 @@ def test_an_exported_live_history_passes_the_simulators_checker(world, tmp_path)
     assert kinds.count("start") == 5 and kinds.count("finish") == 3 and kinds.count("cancel") == 1
 
 
+def test_a_checkpoint_and_a_node_loss_are_exported_and_pass_the_checker(world, tmp_path, settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from scheduling.models import Node
+    from scheduling.services.agents import do_report_checkpoint
+    from scheduling.services.health import sweep_nodes
+
+    node = helpers.make_node("a100-01")
+    job = helpers.submit(world.alice, world.vision, gpus=2)  # max_retries 0
+    _start(job)
+    do_report_checkpoint(node, job.pk, 0, timezone.now().timestamp(), "step 10")
+    lost = timezone.now() - timedelta(
+        seconds=settings.TESSERA["LEASE_S"] + settings.TESSERA["FENCE_MARGIN_S"] + 1
+    )
+    Node.objects.filter(pk=node.pk).update(last_heartbeat=lost)
+    sweep_nodes()  # requeued, node-lost, no retry used
+    Node.objects.filter(pk=node.pk).update(last_heartbeat=timezone.now(), state="ready")
+    _start(job)
+    _exit(job, 0)
+    call_command("export_trace", str(tmp_path))
+    assert _check_dir(tmp_path).violations == []
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [(e["event"], e.get("reason")) for e in events if e["event"] in ("checkpoint", "preempt")] == [
+        ("checkpoint", "step 10"),
+        ("preempt", "node-lost"),
+    ]
+
+
 def test_nodes_are_written_with_the_formats_kinds_only(world, tmp_path):
     import csv
 
