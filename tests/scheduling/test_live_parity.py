@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 from django.db import connection
@@ -39,8 +40,9 @@ def test_a_pass_worker_killed_and_restarted_mid_trace_decides_as_if_it_had_not_b
 ):
     generate(tmp_path, seed=2, days=0.3, load=1.5, gpus=64)
     nodes, jobs = read_nodes(tmp_path / "nodes.csv"), read_jobs(tmp_path / "jobs.csv")
-    name = connection.settings_dict["NAME"]
-    worker = PassWorker(f"postgres://postgres@{connection.settings_dict['HOST']}:5432/{name}")
+    db = connection.settings_dict  # the test database, as the worker must reach it
+    who = quote(db["USER"]) + (f":{quote(db['PASSWORD'])}" if db.get("PASSWORD") else "")
+    worker = PassWorker(f"postgres://{who}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}")
     kills = frozenset(range(10, 100_000, 25))  # SIGKILL after the 10th pass, the 35th, ...
     result = run_parity(nodes, jobs, read_quotas(tmp_path / "quotas.csv"), worker=worker, kill_after=kills)
     print(json.dumps(result.line()), worker.started)
