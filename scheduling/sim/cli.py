@@ -12,8 +12,9 @@ import json
 import re
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from scheduling.sim import plots, policies, runner
 from scheduling.sim.check import check
@@ -27,8 +28,8 @@ SHOWN = 50  # violations printed in full; the rest are counted by kind
 COMPARE_HELP = "run these policies side by side into OUT/<policy>/, plus OUT/compare.md and .png"
 
 
-def _positive(kind: type) -> object:
-    def parse(text: str) -> object:
+def _positive(kind: type) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
         try:
             value = kind(text)
         except ValueError:

@@ -75,14 +75,16 @@ def targets(results: Path) -> str:
                             _mark(v is not None and v >= pub),
                         )
                     )
-            for policy, pub in PUBLISHED.items():
+            for policy, published in PUBLISHED.items():
                 if policy in s:
                     got = (s[policy]["gpu_allocation_rate_at_100"], s[policy]["gpu_allocation_rate_at_130"])
-                    ok = all(g is not None and abs(g - p) <= 0.003 for g, p in zip(got, pub, strict=True))
+                    ok = all(
+                        g is not None and abs(g - p) <= 0.003 for g, p in zip(got, published, strict=True)
+                    )
                     rows.append(
                         (
                             f"{policy} reproduces published within 0.3 pt",
-                            f"{_pct(got[0])} / {_pct(got[1])} vs {_pct(pub[0])} / {_pct(pub[1])}",
+                            f"{_pct(got[0])} / {_pct(got[1])} vs {_pct(published[0])} / {_pct(published[1])}",
                             _mark(ok),
                         )
                     )

@@ -358,27 +358,27 @@ def write_workload(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "nodes.csv", "w", newline="", encoding="utf-8") as fh:
-        w = csv.DictWriter(fh, fieldnames=[*NODE_COLUMNS, "labels"])
-        w.writeheader()
-        w.writerows(cluster.nodes)
+        nodes_w = csv.DictWriter(fh, fieldnames=[*NODE_COLUMNS, "labels"])
+        nodes_w.writeheader()
+        nodes_w.writerows(cluster.nodes)
     with open(out / "jobs.csv", "w", newline="", encoding="utf-8") as fh:
-        w = csv.writer(fh)
-        w.writerow([*JOB_COLUMNS, *JOB_OPTIONAL])
+        rows_w = csv.writer(fh)
+        rows_w.writerow([*JOB_COLUMNS, *JOB_OPTIONAL])
         for i, j in enumerate(jobs):
-            w.writerow([
+            rows_w.writerow([
                 f"j{i + 1}", j.tenant, j.kind, _fmt(j.submit), _fmt(j.duration), _fmt(j.gpus),
                 j.replicas, j.model, j.priority, str(j.preemptible).lower(), _fmt(j.limit),
                 _fmt(j.cpus), _fmt(j.memory), j.topology, _fmt(j.min_gpus), _fmt(j.max_gpus),
                 _fmt(j.checkpoint), _fmt(j.grace), "", j.selector,
             ])  # fmt: skip
     with open(out / "quotas.csv", "w", newline="", encoding="utf-8") as fh:
-        w = csv.writer(fh)
-        w.writerow(QUOTA_COLUMNS)
+        rows_w = csv.writer(fh)
+        rows_w.writerow(QUOTA_COLUMNS)
         for name, share, weight in TENANTS:
             for model, total in cluster.gpus_by_model.items():
                 limit = min(float(total), round(round(total * share, 2) * LIMIT_FACTOR, 2))
                 guaranteed = round(total * share * scenario.tightness, 2)
-                w.writerow([name, model, _fmt(guaranteed), _fmt(limit), _fmt(weight)])
+                rows_w.writerow([name, model, _fmt(guaranteed), _fmt(limit), _fmt(weight)])
     return {
         "jobs": len(jobs),
         "gpus": cluster.gpus,

@@ -112,7 +112,7 @@ def summarize(
     area = area_arriving = 0.0
     last_t = t0
     job_alloc: dict[str, tuple[float, float, list[dict[str, Any]]]] = {}  # capacity, since, allocs
-    tenant_gs: Counter[str] = Counter()
+    tenant_gs: dict[str, float] = {}
     submitted_at: dict[str, float] = {}
     first_start: dict[str, float] = {}
     ended: dict[str, str] = {}
@@ -156,7 +156,7 @@ def summarize(
         cap, since, allocs = job_alloc.pop(job_id, (0.0, t, []))
         allocated -= cap
         req = by_id[job_id].request
-        tenant_gs[req.tenant] += cap * (t - since)
+        tenant_gs[req.tenant] = tenant_gs.get(req.tenant, 0.0) + cap * (t - since)
         state.apply(allocs, to_milli(req.cpus / max(1, req.replicas)), -1)
 
     def take(job_id: str, t: float, allocs: list[dict[str, Any]]) -> None:
@@ -217,9 +217,9 @@ def summarize(
     all_queue = [x for k in KINDS for x in queue[k]]
     allocated_gs = sum(tenant_gs.values())
     span = max(1e-9, t_end - t0)
-    guaranteed: Counter[str] = Counter()
+    guaranteed: dict[str, float] = {}
     for q in quotas:
-        guaranteed[q.tenant] += q.guaranteed
+        guaranteed[q.tenant] = guaranteed.get(q.tenant, 0.0) + q.guaranteed
     tenants = {}
     for tenant in sorted(set(tenant_gs) | set(guaranteed)):
         g = guaranteed.get(tenant, 0.0)

@@ -45,7 +45,6 @@ from scheduling.sim.traces import read_jobs, read_nodes
 PACK_POLICIES = ("random", "best-fit", "fgd", "fcfs-device", "fcfs-node", "tessera")
 TUNE_UP = 1.3
 RANDOM_TRIES = 16  # random: draws from all nodes before counting the feasible ones
-MISS = object()
 
 GroupKey = tuple[int, str, int, int, tuple[int, ...]]  # node type, model, cpu, memory, GPUs
 
@@ -178,7 +177,8 @@ def _after(gpus: tuple[int, ...], pod: Pod, value: int | None) -> tuple[int, ...
         return gpus
     out = list(gpus)
     if pod.milli < MILLI:
-        out[out.index(value)] = value - pod.milli  # type: ignore[arg-type]
+        assert value is not None  # a fraction goes on a GPU whose free share was chosen
+        out[out.index(value)] = value - pod.milli
     else:
         for _ in range(pod.count):
             out[out.index(MILLI)] = 0
@@ -259,11 +259,14 @@ class BestGroups:
         self.scorer = scorer
         self.heaps: dict[tuple, list] = {}  # shape -> [heap, log position read]
 
-    def _scored(self, per: dict, group: Group, pod: Pod) -> tuple[float, int | None] | None:
-        sc = per.get(group.gid, MISS)
-        if sc is MISS:
+    def _scored(
+        self, per: dict[int, tuple[float, int | None] | None], group: Group, pod: Pod
+    ) -> tuple[float, int | None] | None:
+        try:
+            return per[group.gid]
+        except KeyError:
             sc = per[group.gid] = self.scorer.score(group.key, pod)
-        return sc  # type: ignore[return-value]
+            return sc
 
     def best(self, pod: Pod) -> tuple[int, int | None] | None:
         """``(rank, GPU value)`` of the best node for ``pod``, or None if none fits."""
@@ -272,6 +275,7 @@ class BestGroups:
         log = cl.log
         h = self.heaps.get(pod.key)
         groups = cl.groups
+        g: Group | None
         if h is None or len(log) - h[1] > 2 * len(groups) or len(h[0]) > 4 * len(groups) + 64:
             heap = []
             for g in groups.values():
