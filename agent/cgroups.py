@@ -1,10 +1,14 @@
 """CPU and memory limits for job processes, with cgroups (v2, or v1) where the machine allows it.
 
 Each replica with a ``cpus`` or ``memory_gib`` request gets its own cgroup,
-``<root>/tessera/<job>-<attempt>-<replica>``, with ``cpu.max`` (``cpus`` × the 100 ms period)
-and ``memory.max`` (a process past it is killed by the kernel's OOM killer, and the job fails with
-its signal). The process is moved into it right after it is spawned (from the agent: a job user
-cannot write ``cgroup.procs``); a process it forks in that first instant may stay outside.
+``<root>/tessera/<job>-<attempt>-<replica>-<random>`` (the random part: several agents on one
+machine never share one), with ``cpu.max`` (``cpus`` × the 100 ms period) and ``memory.max`` (a
+process past it is killed by the kernel's OOM killer, and the job fails with its signal). The
+cgroup is made before the process is spawned, and the first step of its spawn chain, still root,
+writes its own pid into ``cgroup.procs`` before anything of the job runs (agent/sandbox.py): the
+job's first instruction, and every process it forks, already run under its limits. (Only an agent
+without a usable ``setpriv``, which forks and switches the user itself, moves the process from
+outside right after the spawn: a process it forks in that first instant may stay outside.)
 
 On a cgroups v1 machine (a hierarchy per controller, writable: a root agent) the same limits go
 to ``cpu/tessera/<name>`` (``cpu.cfs_quota_us``) and ``memory/tessera/<name>``
@@ -70,8 +74,13 @@ class Cgroups:
         return path
 
     @staticmethod
-    def add(path: Path, pid: int) -> None:
-        (path / "cgroup.procs").write_text(f"{pid}\n")
+    def procs(path: Path) -> list[Path]:
+        """The files a process joins the replica's cgroup by writing its pid into."""
+        return [path / "cgroup.procs"]
+
+    def add(self, path: Path, pid: int) -> None:
+        for procs in self.procs(path):
+            procs.write_text(f"{pid}\n")
 
     @staticmethod
     def remove(path: Path) -> None:
@@ -109,9 +118,12 @@ class CgroupsV1:
             (memory / "memory.limit_in_bytes").write_text(f"{int(memory_gib * 2**30)}\n")
         return cpu
 
+    def procs(self, path: Path) -> list[Path]:
+        return [directory / "cgroup.procs" for directory in self._dirs(path.name)]
+
     def add(self, path: Path, pid: int) -> None:
-        for directory in self._dirs(path.name):
-            (directory / "cgroup.procs").write_text(f"{pid}\n")
+        for procs in self.procs(path):
+            procs.write_text(f"{pid}\n")
 
     def remove(self, path: Path) -> None:
         for directory in self._dirs(path.name):

@@ -298,6 +298,7 @@ class JobProcess:
             command = [str(c) for c in self.binding["command"]]
             if not command:
                 raise ValueError("the job's command is empty")
+            self._make_cgroup()
             self.proc = self._spawn(run_as, command, env)
         except (OSError, ValueError, subprocess.SubprocessError, UidsExhausted) as exc:
             self._note(f"could not start {self.binding.get('command')!r}: {exc}")
@@ -310,16 +311,18 @@ class JobProcess:
             # Nothing has waited for it yet: the pid is still the job's (a zombie at worst). Its
             # record is written by its supervisor, off the path of the next binding's start.
             self.session = leftovers.session_of(self.proc.pid)
-            self._limit()
         self.started_at = time.monotonic()
         threading.Thread(target=self._supervise, name=f"job-{self.job_id}", daemon=True).start()
 
     def _spawn(self, run_as: RunAs, command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         """Behind the sandbox's chain (its environment through an anonymous file), or, without
         ``setpriv``, by a fork that switches the user itself."""
-        prefix = self.sandbox.prefix(run_as, self.gpus)
+        procs = (
+            self.cgroups.procs(self.cgroup) if self.cgroups is not None and self.cgroup is not None else []
+        )
+        prefix = self.sandbox.prefix(run_as, self.gpus, procs)
         if not prefix:
-            return subprocess.Popen(
+            proc = subprocess.Popen(
                 command,
                 cwd=self.workdir,
                 env=env,
@@ -332,6 +335,8 @@ class JobProcess:
                 preexec_fn=_die_with_agent,
                 **run_as_kwargs(run_as),
             )
+            self._move_into_cgroup(proc.pid)
+            return proc
         _check_executable(command[0], env["PATH"], self.workdir)
         env_fd = sandbox.env_fd(env)
         try:
@@ -408,16 +413,26 @@ class JobProcess:
             with contextlib.suppress(OSError):
                 leftovers.forget(self.state_dir, self.name)
 
-    def _limit(self) -> None:
-        """Move the process into its own cgroup with the replica's CPU and memory limits."""
+    def _make_cgroup(self) -> None:
+        """The replica's own cgroup with its CPU and memory limits, before its spawn: the spawn
+        chain's first step joins it (agent/sandbox.py). Named after its working directory, whose
+        random part keeps two agents of one machine out of each other's cgroups."""
         cpus = float(self.binding.get("cpus") or 0)
         memory = float(self.binding.get("memory_gib") or 0)
-        if self.cgroups is None or self.proc is None or (cpus <= 0 and memory <= 0):
+        if self.cgroups is None or (cpus <= 0 and memory <= 0):
             return
         try:
-            self.cgroup = self.cgroups.create(self.name, cpus, memory)
-            if self.cgroup is not None:
-                self.cgroups.add(self.cgroup, self.proc.pid)
+            self.cgroup = self.cgroups.create(self.workdir.name, cpus, memory)
+        except OSError as exc:
+            self._note(f"CPU and memory limits not applied: {exc}")
+
+    def _move_into_cgroup(self, pid: int) -> None:
+        """Without the spawn chain (no setpriv): move the process from outside, after its spawn
+        (what it forks in that first instant stays outside)."""
+        if self.cgroups is None or self.cgroup is None:
+            return
+        try:
+            self.cgroups.add(self.cgroup, pid)
         except OSError as exc:
             self._note(f"CPU and memory limits not applied: {exc}")
 

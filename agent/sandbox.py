@@ -3,6 +3,9 @@
 A job's command runs behind a chain of small programs that each ``exec`` the next, so its pid is
 the one the agent spawned (the agent's child: the parent-death signal and the session hold):
 
+- ``/bin/sh -c`` writing its own pid into the replica's cgroup (agent/cgroups.py), when it has
+  one, so that nothing of the job runs outside its CPU and memory limits (a failed write ends the
+  spawn, exit 125, saying so: the job never runs unlimited by accident);
 0. ``prlimit --nproc=N`` (util-linux): at most N processes and threads of the job's uid
    (``--job-max-tasks``);
 1. ``unshare --mount --ipc --propagation private`` (util-linux), where the agent may make
@@ -127,8 +130,9 @@ class Sandbox:
             HOLD.mkdir(mode=0o700, parents=True, exist_ok=True)
             _make_blocker()
 
-    def prefix(self, run_as: RunAs, gpus: Sequence[int]) -> list[str]:
+    def prefix(self, run_as: RunAs, gpus: Sequence[int], cgroup_procs: Sequence[Path] = ()) -> list[str]:
         """The argv before the job's command; [] when there is no setpriv (fork and switch).
+        ``cgroup_procs``: the files the chain's first step joins the replica's cgroup by.
 
         The chain runs as root until ``setpriv``: it gets a clean environment (``CHAIN_ENV``),
         never the job's, whose ``LD_PRELOAD`` or ``LD_LIBRARY_PATH`` would load a tenant's code
@@ -145,8 +149,13 @@ class Sandbox:
         chain += ["--", "/bin/sh", "-c", '. /dev/stdin && exec "$@" </dev/null', "tessera-job"]
         if self.max_tasks and self.prlimit and run_as.uid is not None:
             chain = [self.prlimit, f"--nproc={self.max_tasks}", "--", *chain]
-        if not self.namespaces:
-            return chain
+        if self.namespaces:
+            chain = self._namespaced(run_as, gpus, chain)
+        if cgroup_procs:
+            chain = ["/bin/sh", "-c", _join_script(cgroup_procs), "tessera-cgroup", *chain]
+        return chain
+
+    def _namespaced(self, run_as: RunAs, gpus: Sequence[int], chain: list[str]) -> list[str]:
         return [
             self.unshare,
             "--mount",
@@ -182,6 +191,13 @@ class Sandbox:
         steps += [f"{empty} {shlex.quote(p)}" for p in self.hide if os.path.isdir(p)]
         # The job's files: 0700 (umask 077); the directories made here for kept paths: 0755.
         return "set -e\numask 022\n" + "\n".join(steps) + '\numask 077\nexec "$@"'
+
+
+def _join_script(cgroup_procs: Sequence[Path]) -> str:
+    """Join the cgroup (``$$``: the spawned pid, as every step ``exec``s the next), then go on."""
+    writes = " && ".join(f"echo $$ >{shlex.quote(str(p))}" for p in cgroup_procs)
+    failed = 'echo "tessera-agent: cannot join the job\'s cgroup" >&2; exit 125'
+    return f'{{ {writes}; }} 2>/dev/null || {{ {failed}; }}\nexec "$@"'
 
 
 def env_script(env: Mapping[str, str]) -> bytes:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import cgroups
+from agent import cgroups, sandbox
 from agent.identity import resolve_run_as
 from agent.inventory import simulated_inventory
 from agent.node import Agent
@@ -57,7 +57,9 @@ def test_a_replicas_cgroup_carries_its_cpu_and_memory_limits(fake_root):
     assert cg.create("7-0-2", cpus=0, memory_gib=0) is None  # nothing asked: no cgroup
 
 
-def test_a_job_with_limits_is_moved_into_its_cgroup_which_goes_away_after_it(fake_root):
+def test_a_job_with_limits_joins_its_cgroup_before_it_runs_which_goes_away_after_it(fake_root):
+    """The spawn chain's first step writes its own pid, which becomes the job's, into its cgroup:
+    the job is inside before its first instruction (the agent moves nothing afterwards)."""
     cg = cgroups.detect(fake_root)
     with fakes.job_user_state_dir() as state_dir:
         run_as = resolve_run_as("nobody")
@@ -71,23 +73,45 @@ def test_a_job_with_limits_is_moved_into_its_cgroup_which_goes_away_after_it(fak
             poll_interval=0.05,
             cgroups=cg,
         )
-        moved: list[int] = []
-        real_add = cg.add
+        joined: list[tuple[str, int]] = []
+        real_remove = cg.remove
 
-        def add(path: Path, pid: int) -> None:
-            real_add(path, pid)
-            moved.append(int((path / "cgroup.procs").read_text()))
-            (path / "cgroup.procs").unlink()  # a real cgroup empties itself: let rmdir work
-            for f in path.iterdir():
+        def remove(path: Path) -> None:
+            joined.append((path.name, int((path / "cgroup.procs").read_text())))
+            for f in path.iterdir():  # a real cgroup empties itself: let rmdir work
                 f.unlink()
+            real_remove(path)
 
-        cg.add = add
+        cg.remove = remove
+        cg.add = lambda path, pid: pytest.fail("moved from outside, after the spawn")
         node.apply({"start": [fakes.binding(job_id=9, command=["sleep", "0.2"], cpus=2, memory_gib=1)]})
         pid = node.running_reports()[0]["pid"]
         assert server.exit_of(9)["exit_code"] == 0
-        assert moved == [pid]
-        assert fakes.wait_for(lambda: not (fake_root / "tessera" / "9-0-0").exists(), 5)
+        assert fakes.wait_for(lambda: joined, 5)
+        [(name, member)] = joined
+        assert member == pid and name.startswith("9-0-0-")
+        assert not (fake_root / "tessera" / name).exists()
         node.shutdown(0.5)
+
+
+@pytest.mark.skipif(sandbox.setpriv() is None, reason="without setpriv the agent moves the job from outside")
+def test_a_job_whose_cgroup_cannot_be_joined_never_runs_and_its_log_says_why(fake_root):
+    cg = cgroups.detect(fake_root)
+    real_create = cg.create
+
+    def unjoinable(name: str, cpus: float, memory_gib: float) -> Path | None:
+        path = real_create(name, cpus, memory_gib)
+        (path / "cgroup.procs").mkdir()  # writing a pid into it fails
+        return path
+
+    cg.create = unjoinable
+    with fakes.job_user_state_dir() as state_dir:
+        run_as = resolve_run_as("nobody")
+        server = fakes.FakeServer()
+        job = fakes.binding(5, command=["sh", "-c", "echo ran"], cpus=1)
+        JobProcess(job, server, state_dir, run_as, job_path(state_dir, run_as), cg).start()
+        assert server.exit_of(5)["exit_code"] == 125
+        assert b"cannot join the job's cgroup" in server.output(5) and b"ran" not in server.output(5)
 
 
 def test_this_machines_answer_matches_its_cgroup_filesystem():
@@ -99,6 +123,13 @@ def test_this_machines_answer_matches_its_cgroup_filesystem():
         and writable
         and all(c in Path("/sys/fs/cgroup/cgroup.controllers").read_text().split() for c in ("cpu", "memory"))
     )
+
+
+def cpu_cgroup(proc_self_cgroup: str) -> str:
+    """The cgroup of the cpu controller in ``/proc/self/cgroup``: its v1 hierarchy's, else v2's."""
+    entries = [line.split(":", 2) for line in proc_self_cgroup.splitlines() if line.count(":") >= 2]
+    v1 = [path for _, controllers, path in entries if "cpu" in controllers.split(",")]
+    return v1[0] if v1 else next(path for _, controllers, path in entries if controllers == "")
 
 
 OWN_CPU_LIMIT = r"""
@@ -130,5 +161,30 @@ def test_on_this_machine_a_jobs_cpu_and_memory_limits_hold_for_real():
         assert server.exit_of(31)["exit_code"] == 0
         assert server.output(31).split() == [b"25000"], server.output(31)  # 25 ms per 100 ms
         assert server.exit_of(32)["exit_code"] == -9 and b"survived" not in server.output(32)
-    gone = [*Path(cg.root).glob("tessera/3[12]-0-0"), *Path(cg.root).glob("*/tessera/3[12]-0-0")]
+    gone = [*Path(cg.root).glob("tessera/3[12]-0-0-*"), *Path(cg.root).glob("*/tessera/3[12]-0-0-*")]
     assert gone == []  # their cgroups went with them
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="cgroups are the root agent's")
+def test_on_this_machine_a_job_is_in_its_cgroup_from_its_first_instruction_and_so_are_its_children():
+    """``cat`` starts in a millisecond, before an agent moving it from outside could (as it once
+    did: a loaded machine lost that race most times); a child forked at once is inside too."""
+    cg = cgroups.detect()
+    if cg is None:
+        pytest.skip("no writable cgroups here: limits are not enforced (and the agent says so)")
+    with fakes.job_user_state_dir() as state_dir:
+        run_as = resolve_run_as("nobody")
+        path = job_path(state_dir, run_as)
+        server = fakes.FakeServer()
+        jobs = {}
+        for job_id in range(41, 49):
+            command = (
+                ["cat", "/proc/self/cgroup"] if job_id % 2 else ["sh", "-c", "cat /proc/self/cgroup & wait"]
+            )
+            jobs[job_id] = JobProcess(
+                fakes.binding(job_id, command=command, cpus=0.5), server, state_dir, run_as, path, cg
+            )
+            jobs[job_id].start()
+        for job_id, job in jobs.items():
+            assert server.exit_of(job_id)["exit_code"] == 0, server.output(job_id)
+            assert cpu_cgroup(server.output(job_id).decode()) == f"/tessera/{job.workdir.name}"
