@@ -409,7 +409,10 @@ def run(args: argparse.Namespace) -> int:
     hide = [*sandbox.HIDDEN, *args.hide_path]
     kept: list[str | Path] = [state_dir, *path.split(":"), *([checkpoint_root] if checkpoint_root else [])]
     box = sandbox.detect(devices, users.isolated, kept, max_tasks, hide)
-    walled = isinstance(users, identity.UidPool) and firewall.detect(users.ids, args.allow_local_port)
+    walls = firewall.detect(users.ids, args.allow_local_port) if isinstance(users, identity.UidPool) else None
+    if isinstance(users, identity.UidPool):
+        users.watcher = walls
+    walled = walls is not None
     if args.require_isolation and not (users.isolated and box.namespaces and walled):
         raise Fatal(
             "--require-isolation: jobs would not be isolated (see the warnings above: a uid per job "
@@ -485,6 +488,8 @@ def run(args: argparse.Namespace) -> int:
         code = 3
     finally:
         agent.shutdown(args.shutdown_grace)
+        if walls is not None:
+            walls.close()
         server.shutdown()
         server.server_close()
     return code

@@ -17,18 +17,30 @@ job's ``connect`` times out) and the listener's application never sees it. Other
 which has no answer to wait for) to a local address are rejected outright, DNS apart.
 
 Traffic that leaves the node (the internet, the replicas of a job on other nodes) is not touched,
-and neither are connections from the node to a job. The rules live in their own table,
-``inet tessera_jobs_<first>_<last>``, replaced whole (atomically) by each agent that starts with
-that range: agents sharing a machine share it; it stays when the agent stops (it concerns only
-the job uids); ``nft delete table inet tessera_jobs_<first>_<last>`` removes it.
+and neither are connections from the node to a job.
+
+Several agents share a machine and a uid range (the demo runs 12; test runs run side by side), each
+with its own ``--allow-local-port``. The rules of the range live in one table,
+``inet tessera_jobs_<first>_<last>``, whose common part (the same for every agent) each agent
+rewrites atomically at its start and none ever deletes; each agent's allowed ports are a chain of
+its own in it, ``agent_<pid>_<start>_<n>``, and a map sends each job uid to the chain of the agent
+holding it: set when the agent claims the uid (agent/identity.py, under the uid's lock, before the
+job is spawned), removed when it gives it back. So one agent never changes what another's jobs may
+reach; a uid no agent holds gets the common part alone (its own processes and DNS). An agent removes
+its chain when it stops; the chain of a dead agent is removed by the next agent that starts, once
+no uid points to it any more. ``nft delete table inet tessera_jobs_<first>_<last>`` removes all.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 import logging
+import os
 import shutil
 import subprocess
 from collections.abc import Iterable
+from pathlib import Path
 
 from agent.identity import UidRange
 from agent.sandbox import SYSTEM_PATH
@@ -39,68 +51,148 @@ PENDING_MARK = 0x7E550001  # a job's connection to a local address, not yet answ
 SEEN_MARK = 0x7E550002  # answered by a socket of the job's own uid
 
 
+class Unavailable(Exception):
+    """The rules cannot be installed; the message says why."""
+
+
+_counter = itertools.count()
+
+
 def table_name(ids: UidRange) -> str:
     return f"tessera_jobs_{ids.first}_{ids.last}"
 
 
-def ruleset(ids: UidRange, allowed_ports: Iterable[int] = ()) -> str:
-    """The nft script that (re)places the table."""
-    name = table_name(ids)
-    ports = sorted(set(allowed_ports))
-    allowed = f"\n    tcp dport {{ {', '.join(map(str, ports))} }} accept" if ports else ""
-    return f"""add table inet {name}
-delete table inet {name}
-table inet {name} {{
-  set pending {{
-    typeof ct id . meta skuid
-    flags timeout
-    timeout 5m
-    size 262144
-  }}
-  chain output {{
-    type filter hook output priority filter; policy accept;
-    oifname "lo" meta skuid {ids.first}-{ids.last} ct state new jump from_job
-    oifname "lo" ct direction reply ct mark {PENDING_MARK:#x} jump answer_to_job
-  }}
-  chain from_job {{
-    meta l4proto {{ tcp, udp }} th dport 53 accept{allowed}
-    meta l4proto tcp ct mark set {PENDING_MARK:#x} add @pending {{ ct id . meta skuid }} accept
-    reject
-  }}
-  chain answer_to_job {{
-    ct id . meta skuid @pending ct mark set {SEEN_MARK:#x} accept
-    drop
-  }}
-}}
+def _start_time(pid: int) -> str | None:
+    """The start time of ``pid`` (clock ticks since boot): with the pid, names one process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def common_rules(ids: UidRange) -> str:
+    """The nft script of the range's common part: the same for every agent, so rewriting it is
+    harmless; the per-agent chains and the map's elements are left as they are."""
+    t = f"inet {table_name(ids)}"
+    mark_pending = "add @pending { ct id . meta skuid }"
+    return f"""add table {t}
+add set {t} pending {{ typeof ct id . meta skuid; flags dynamic,timeout; timeout 5m; size 262144; }}
+add map {t} agents {{ typeof meta skuid : verdict; }}
+add chain {t} output {{ type filter hook output priority filter; policy accept; }}
+add chain {t} from_job
+add chain {t} answer_to_job
+flush chain {t} output
+flush chain {t} from_job
+flush chain {t} answer_to_job
+add rule {t} output oifname "lo" meta skuid {ids.first}-{ids.last} ct state new jump from_job
+add rule {t} output oifname "lo" ct direction reply ct mark {PENDING_MARK:#x} jump answer_to_job
+add rule {t} from_job meta l4proto {{ tcp, udp }} th dport 53 accept
+add rule {t} from_job meta skuid vmap @agents
+add rule {t} from_job meta l4proto tcp ct mark set {PENDING_MARK:#x} {mark_pending} accept
+add rule {t} from_job reject
+add rule {t} answer_to_job ct id . meta skuid @pending ct mark set {SEEN_MARK:#x} accept
+add rule {t} answer_to_job drop
 """
 
 
-def install(ids: UidRange, allowed_ports: Iterable[int] = ()) -> str | None:
-    """Load the rules; None when they are in place, otherwise why not (logged by the caller)."""
+class LoopbackRules:
+    """One agent's part of the range's table: its chain of allowed ports, and its uids in the map."""
+
+    def __init__(self, ids: UidRange, allowed_ports: Iterable[int], nft: str):
+        self.ids, self.nft = ids, nft
+        self.ports = sorted(set(allowed_ports))
+        self.table = f"inet {table_name(ids)}"
+        self.chain = f"agent_{os.getpid()}_{_start_time(os.getpid())}_{next(_counter)}"
+
+    def _run(self, script: str) -> str | None:
+        """Run an nft script (one transaction); None when it was applied, otherwise nft's error."""
+        try:
+            done = subprocess.run(
+                [self.nft, "-f", "-"], input=script, capture_output=True, text=True, timeout=30
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            return f"cannot run nft: {exc}"
+        return None if done.returncode == 0 else (done.stderr.strip() or f"nft exited {done.returncode}")
+
+    def install(self) -> None:
+        own = f"add chain {self.table} {self.chain}\n"
+        if self.ports:
+            ports = ", ".join(map(str, self.ports))
+            own += f"add rule {self.table} {self.chain} tcp dport {{ {ports} }} accept\n"
+        error = self._run(common_rules(self.ids) + own)
+        if error is not None:
+            raise Unavailable(f"nft refused the rules: {error}")
+        self._sweep()
+
+    def _sweep(self) -> None:
+        """Remove the chains of dead agents that no uid points to any more (a uid pointing to
+        one is pointed elsewhere by the next agent that claims it)."""
+        try:
+            listed = subprocess.run(
+                [self.nft, "-j", "list", "chains", "inet"], capture_output=True, text=True, timeout=30
+            )
+            entries = json.loads(listed.stdout)["nftables"]
+        except (OSError, subprocess.SubprocessError, ValueError, KeyError, TypeError):
+            return
+        table = table_name(self.ids)
+        for entry in entries:
+            chain = entry.get("chain", {}) if isinstance(entry, dict) else {}
+            parts = str(chain.get("name", "")).split("_")
+            if (
+                chain.get("table") != table
+                or len(parts) != 4
+                or parts[0] != "agent"
+                or not parts[1].isdigit()
+            ):
+                continue
+            if _start_time(int(parts[1])) != parts[2]:  # its agent is dead
+                self._run(f"delete chain {self.table} {chain['name']}\n")  # refused while a uid points to it
+
+    def claimed(self, uid: int) -> None:
+        """Point ``uid`` at this agent's chain (before its job is spawned)."""
+        element = f"{{ {uid} : jump {self.chain} }}"
+        if self._run(f"add element {self.table} agents {element}\n") is None:
+            return
+        error = self._run(
+            f"delete element {self.table} agents {{ {uid} }}\nadd element {self.table} agents {element}\n"
+        )
+        if error is not None:
+            log.warning(
+                "uid %d: its jobs get only the common loopback rules, not --allow-local-port: %s", uid, error
+            )
+
+    def released(self, uid: int) -> None:
+        """``uid`` is given back (no process of it left): it points nowhere any more."""
+        self._run(f"delete element {self.table} agents {{ {uid} }}\n")
+
+    def close(self) -> None:
+        """At the agent's end: its chain goes (refused, and swept later, while a uid points to it)."""
+        self._run(f"delete chain {self.table} {self.chain}\n")
+
+
+def install(ids: UidRange, allowed_ports: Iterable[int] = ()) -> LoopbackRules:
+    """Load the common rules and this agent's chain; raises :class:`Unavailable` saying why not."""
     nft = shutil.which("nft", path=SYSTEM_PATH)
     if nft is None:
-        return "no nft (the nftables package) on this machine"
-    try:
-        done = subprocess.run(
-            [nft, "-f", "-"], input=ruleset(ids, allowed_ports), capture_output=True, text=True, timeout=30
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"cannot run nft: {exc}"
-    if done.returncode != 0:
-        return f"nft refused the rules: {done.stderr.strip() or done.returncode}"
-    return None
+        raise Unavailable("no nft (the nftables package) on this machine")
+    rules = LoopbackRules(ids, allowed_ports, nft)
+    rules.install()
+    return rules
 
 
-def detect(ids: UidRange, allowed_ports: Iterable[int] = ()) -> bool:
-    """Install the rules, saying at the start what jobs can reach; whether they are in place."""
+def detect(ids: UidRange, allowed_ports: Iterable[int] = ()) -> LoopbackRules | None:
+    """Install the rules, saying at the start what jobs can reach; None when they are not in place."""
     ports = sorted(set(allowed_ports))
-    reason = install(ids, ports)
-    if reason is None:
-        log.info(
-            "jobs reach the node's loopback only for their own processes, DNS%s (nftables table %s)",
-            f" and ports {', '.join(map(str, ports))}" if ports else "",
-            table_name(ids),
-        )
-        return True
-    log.warning("jobs CAN reach every service listening on this node (the agent's ports too): %s", reason)
-    return False
+    try:
+        rules = install(ids, ports)
+    except Unavailable as exc:
+        log.warning("jobs CAN reach every service listening on this node (the agent's ports too): %s", exc)
+        return None
+    log.info(
+        "jobs reach the node's loopback only for their own processes, DNS%s (nftables table %s, chain %s)",
+        f" and ports {', '.join(map(str, ports))}" if ports else "",
+        table_name(ids),
+        rules.chain,
+    )
+    return rules

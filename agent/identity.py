@@ -203,6 +203,15 @@ class SharedUser:
         return self.run_as
 
 
+class UidWatcher(Protocol):
+    """Told of each uid an agent claims (before its job is spawned) and gives back (once no process
+    of it is left, while its lock is still held): the loopback rules (agent/firewall.py)."""
+
+    def claimed(self, uid: int) -> None: ...
+
+    def released(self, uid: int) -> None: ...
+
+
 class UidPool:
     """The uids of ``ids``, one per job attempt on this node (its replicas here share it)."""
 
@@ -211,6 +220,7 @@ class UidPool:
     def __init__(self, ids: UidRange, lock_dir: Path = DEFAULT_LOCK_DIR):
         self.ids = ids
         self.lock_dir = lock_dir
+        self.watcher: UidWatcher | None = None
         lock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._held: dict[tuple[int, int], tuple[int, int, int]] = {}  # key → (uid, lock fd, users)
@@ -226,6 +236,8 @@ class UidPool:
                 return _job_user(uid)
             uid, fd = self._claim()
             self._held[key] = (uid, fd, 1)
+            if self.watcher is not None:
+                self.watcher.claimed(uid)
         return _job_user(uid)
 
     def give_back(self, job_id: int, attempt: int) -> int:
@@ -243,6 +255,8 @@ class UidPool:
                 return 0
             del self._held[key]
         killed = kill_uid(uid)  # raises UidsLeft: the fd stays open, the uid held for good
+        if self.watcher is not None:
+            self.watcher.released(uid)
         _clean(fd)  # the flock goes with it
         return killed
 

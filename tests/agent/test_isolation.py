@@ -8,6 +8,7 @@ attempt its own uid whoever submitted it) and fails; alice's job ends as it woul
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -482,14 +483,33 @@ def root_servers():
         server.server_close()
 
 
+@contextlib.contextmanager
+def loopback_rules(pool: UidPool, allowed: list[int]):
+    """An agent's loopback rules (its chain in the range's table), told of its pool's uids."""
+    try:
+        rules = firewall.install(pool.ids, allowed)
+    except firewall.Unavailable as exc:
+        pytest.skip(str(exc))
+    pool.watcher = rules
+    try:
+        yield rules
+    finally:
+        pool.watcher = None
+        rules.close()
+
+
 def test_a_job_reaches_neither_the_nodes_services_nor_another_jobs_but_its_own_and_allowed_ones(
     node, root_servers
 ):
-    server = node[0]
     service, allowed = root_servers
-    reason = firewall.install(node[2].ids, [allowed])
-    if reason is not None:
-        pytest.skip(reason)
+    # Another agent of the machine starts after this one, allowing only the service (and the
+    # common rules are rewritten): what this agent's jobs may reach does not change.
+    with loopback_rules(node[2], [allowed]), loopback_rules(identity.UidPool(node[2].ids), [service]):
+        check_what_a_job_reaches(node, service, allowed)
+
+
+def check_what_a_job_reaches(node, service: int, allowed: int) -> None:
+    server = node[0]
     alice = start(node, 18, ["python", "-c", ALICE_SERVES])
     alices = int(first_line(server, 18))
     start(node, 19, ["python", "-c", NETWORK, str(service), str(alices), str(allowed)])
@@ -595,9 +615,12 @@ else:
 
 def test_the_replicas_of_one_attempt_on_a_node_share_its_uid_and_reach_each_other(node):
     server, state_dir, pool, box, path = node
-    reason = firewall.install(pool.ids)
-    if reason is not None:
-        pytest.skip(reason)
+    with loopback_rules(pool, []):
+        replicas_meet(node)
+
+
+def replicas_meet(node) -> None:
+    server, state_dir, pool, box, path = node
     shared = state_dir / "rendezvous"  # stands in for the address a launcher would pass
     shared.mkdir()
     replicas = []
