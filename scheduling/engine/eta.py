@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -231,9 +231,15 @@ def _together(lines: list[Timeline], t: float, length: float, need: float) -> fl
     return math.inf
 
 
-def estimate(s: TesseraScheduler, d: Decisions, now: float) -> dict[str, Estimate]:
+def estimate(
+    s: TesseraScheduler, d: Decisions, now: float, wanted: Collection[str] | None = None
+) -> dict[str, Estimate]:
     """Estimates for the jobs ``d`` left pending (GPU jobs, not held), in the pass's order, the
-    first ``config.eta_max_jobs`` of them, over the cluster ``s`` keeps."""
+    first ``config.eta_max_jobs`` of them, over the cluster ``s`` keeps.
+
+    ``wanted``: only these jobs' estimates are needed. A job's estimate depends only on the jobs
+    ahead of it, so the queue is planned up to the last of them and no further (a replay that
+    asks only about the jobs new since the last pass plans a short head of the queue)."""
     quotas = s.quotas
     holdings = []
     for run in s.running.values():
@@ -259,6 +265,11 @@ def estimate(s: TesseraScheduler, d: Decisions, now: float) -> dict[str, Estimat
         queue.append(Want(job, geo.charge * geo.need / MILLI, tuple(models), by_model_row, job.not_before))
         if len(queue) >= s.config.eta_max_jobs:
             break
+    if wanted is not None:
+        last = max((i for i, w in enumerate(queue) if w.job.id in wanted), default=-1)
+        del queue[last + 1 :]
+        if not queue:
+            return {}
     caps = {(t, m): (q.limit, q.guaranteed) for t, rows in quotas.rows.items() for m, q in rows.items()}
     history = {key: [r for _, _, r in runs] for key, runs in s.history.runs.items()}
     runtimes = Runtimes(history, s.config.default_runtime_s)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -533,10 +533,13 @@ class TesseraScheduler:
         self._fail_memo.clear()
         return PolicyPass(self, now, deadline).run()
 
-    def estimate(self, d: Decisions, now: float) -> dict[str, Estimate]:
+    def estimate(
+        self, d: Decisions, now: float, wanted: Collection[str] | None = None
+    ) -> dict[str, Estimate]:
         """When the jobs ``d`` (this scheduler's last pass) left pending are expected to start
-        (:mod:`.eta`). It decides nothing: a driver asks for it when it shows the estimates."""
-        return eta.estimate(self, d, now)
+        (:mod:`.eta`); ``wanted``: only these jobs' estimates are needed (the rest may be
+        missing). It decides nothing: a driver asks for it when it shows the estimates."""
+        return eta.estimate(self, d, now, wanted)
 
     # helpers used by the pass ----------------------------------------------------------------------
     def expected_end(self, run: Running, now: float) -> float:

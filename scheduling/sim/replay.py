@@ -313,7 +313,7 @@ class Replay:
         new = [j for j in d.pending if j not in seen] if self.estimates else []
         if estimate is None or not new:
             return
-        got = estimate(d, now)
+        got = estimate(d, now, set(new))
         for job_id in new:
             seen[job_id] = got.get(job_id)
 

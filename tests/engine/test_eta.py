@@ -76,3 +76,16 @@ def test_history_replaces_time_limits_once_there_are_enough_runs():
     got = s.estimate(d, 10.0)["next"]
     assert got.start == 120 and got.earliest == 100 and got.latest == 140
     assert "3 finished runs of vision's training jobs" in got.basis
+
+
+def test_asking_about_some_jobs_gives_them_the_estimates_the_whole_queue_would():
+    s = world()
+    for i in range(4):
+        limit = 400 + 100 * i
+        s.submit(JobRequest(f"j{i}", "vision", "training", 8, submitted_at=10 + i, time_limit_s=limit))
+    d = s.decide(100.0)
+    whole = s.estimate(d, 100.0)
+    some = s.estimate(d, 100.0, wanted={"j1"})
+    assert some["j1"] == whole["j1"]
+    assert "j3" not in some  # behind the last job asked about: not planned
+    assert s.estimate(d, 100.0, wanted=set()) == {}
