@@ -9,11 +9,14 @@ likely to be, what the estimate rests on, and its place in the queue. The plan:
    limits are mostly far too long), else from the default runtime. A time limit caps all three.
 2. Room over time. Each accelerator model's GPUs, each tenant's quota row (up to its limit) and its
    non-preemptible part (up to its guarantee) are timelines of use: the running jobs hold theirs
-   until their start plus their predicted runtime (now plus as long again as they have run, once
-   past it).
+   until their start plus their predicted runtime; once past it, the typical and high runtimes
+   are those of the runs that lasted longer (else the rest of the time limit, else as long again
+   as it has run), the low one "any moment".
 3. The queue in the pass's order: each job takes, on the first model it accepts where it comes
    soonest, the earliest time from which its GPUs and its quota are free for its whole predicted
-   runtime, and holds them for that long — so a job ahead of it delays it, as in the pass.
+   runtime, and holds them for that long — so a job ahead of it delays it, as in the pass. The
+   pass has just left every one of them waiting, so none starts before GPUs of its model are next
+   freed (or its retry backoff ends), even where the whole-model count says there is room now.
 
 The typical runtimes give the estimate; the low and high ones its band. Whole GPUs of a model are
 counted together (not node by node), so a gang's topology and fragmentation can make the real
@@ -82,6 +85,13 @@ class Timeline:
         for k in range(i, j):
             self.us[k] += amount
 
+    def next_freed(self, t: float) -> float:
+        """The first time after ``t`` at which some of the capacity is freed (inf: never)."""
+        for i in range(bisect.bisect_right(self.ts, t), len(self.ts)):
+            if self.us[i] < self.us[i - 1]:
+                return self.ts[i]
+        return math.inf
+
     def earliest(self, t: float, length: float, need: float) -> float:
         """The earliest time from ``t`` on at which ``need`` is free for ``length`` (inf: never)."""
         if need > self.cap + 1e-9:
@@ -125,6 +135,27 @@ class Runtimes:
         if job.time_limit_s:
             value = min(value, job.time_limit_s)
         return max(MIN_RUNTIME_S, value)
+
+    def after(self, job: JobRequest, which: str, ran: float) -> float:
+        """Typical or high runtime of a job that has run ``ran`` seconds so far, once past its
+        unconditional one: the quantile of the runs longer than that, else of the rest of its
+        time limit, else as long again as it has run (twice for the high one); the time limit
+        caps it. The low one stays :meth:`of` (it may end any moment)."""
+        q, share = SPREAD[which]
+        value = self.of(job, which)
+        if value > ran or which == "low":  # the low one: it may end any moment once past it
+            return value
+        runs = self.history.get((job.tenant, job.kind), [])
+        longer = [r for r in runs if r > ran] if len(runs) >= MIN_HISTORY else []
+        if longer:
+            value = longer[min(len(longer) - 1, int(q * len(longer)))]
+        elif job.time_limit_s and job.time_limit_s > ran:
+            value = ran + share * (job.time_limit_s - ran)
+        else:
+            value = ran + ran * (2 * share)
+        if job.time_limit_s:
+            value = min(value, job.time_limit_s)
+        return value
 
     def basis(self, job: JobRequest) -> str:
         runs = self.history.get((job.tenant, job.kind), [])
@@ -178,9 +209,7 @@ def _plan_once(
     limit = {row: Timeline(c[0], now) for row, c in quota_caps.items()}
     steady = {row: Timeline(c[1], now) for row, c in quota_caps.items()}
     for h in holdings:
-        end = h.started_at + runtimes.of(h.job, which)
-        if end <= now:
-            end = now + (now - h.started_at) if not h.job.time_limit_s else now + MIN_RUNTIME_S
+        end = max(now + MIN_RUNTIME_S, h.started_at + runtimes.after(h.job, which, now - h.started_at))
         for model, gpus in h.gpus:
             if model in room:
                 room[model].add(now, end, gpus)
@@ -202,7 +231,9 @@ def _plan_once(
                 lines.append(limit[quota_row])
                 if not want.job.preemptible:
                     lines.append(steady[quota_row])
-            t = _together(lines, max(now, want.earliest), length, want.gpus)
+            # the pass has just left it waiting: not before GPUs of the model are next freed
+            t0 = want.earliest if want.earliest > now else room[model].next_freed(now)
+            t = _together(lines, t0, length, want.gpus) if not math.isinf(t0) else t0
             if t < best:
                 best, best_model = t, model
         if math.isinf(best):

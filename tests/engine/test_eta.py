@@ -89,3 +89,22 @@ def test_asking_about_some_jobs_gives_them_the_estimates_the_whole_queue_would()
     assert some["j1"] == whole["j1"]
     assert "j3" not in some  # behind the last job asked about: not planned
     assert s.estimate(d, 100.0, wanted=set()) == {}
+
+
+def test_the_next_freeing_of_a_timeline_is_the_first_time_its_use_drops():
+    line = Timeline(8, now=0)
+    line.add(0, 100, 6)
+    line.add(50, 300, 2)
+    assert line.next_freed(0) == 100
+    assert line.next_freed(100) == 300
+    assert line.next_freed(300) == math.inf
+
+
+def test_a_running_job_past_its_typical_runtime_is_expected_to_end_within_the_rest_of_its_limit():
+    s = world()  # "running" started at 0 with a 1,000 s limit: typically 500 s
+    s.submit(JobRequest("next", "vision", "training", 8, submitted_at=10, time_limit_s=400))
+    d = s.decide(600.0)
+    est = s.estimate(d, 600.0)["next"]
+    assert 600 < est.start < 1000  # not "any second now", not past the limit
+    assert est.start == 800  # halfway through the rest of the limit
+    assert est.latest == 1000
