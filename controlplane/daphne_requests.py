@@ -17,7 +17,7 @@ from typing import Any
 
 def skip_form_parsing() -> None:
     """Where daphne serves this process: its requests no longer parse forms (see the module)."""
-    protocol = sys.modules.get("daphne.http_protocol")
+    protocol: Any = sys.modules.get("daphne.http_protocol")  # daphne ships no types
     if protocol is None or getattr(protocol.WebRequest, "tessera_no_form_parsing", False):
         return
 

@@ -97,9 +97,10 @@ class PooledASGIHandler(_Resolved, ASGIHandler):
         signals.request_started.send(sender=self.__class__, scope=scope)  # (closes old connections)
         request, response = self.create_request(scope, body_file)
         if request is not None:
-            request.tessera_match = match
+            request.tessera_match = match  # type: ignore[attr-defined]  # read by the URL routing
             response = self._sync.get_response(request)
-            response._handler_class = self.__class__
+            response._handler_class = self.__class__  # type: ignore[attr-defined]  # as Django's handler
+        assert response is not None  # create_request answers a request or an error response
         if not response.streaming:
             response.close()  # request_finished: this thread's database connection goes back
         return response

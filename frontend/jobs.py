@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shlex
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlencode
 
 from django.contrib import messages
@@ -89,7 +89,7 @@ def filtered_jobs(request: HttpRequest) -> tuple[QuerySet[Job], dict[str, str]]:
         )
     scope = params.get("scope", "team")
     if scope == "mine":
-        qs = qs.filter(owner=request.user)
+        qs = qs.filter(owner=request.user.pk)  # a signed-in user (login_required)
         chosen["scope"] = "mine"
     else:
         chosen["scope"] = "team"
@@ -152,7 +152,8 @@ def job_list(request: HttpRequest) -> HttpResponse:
 class CappedPaginator(Paginator):
     @cached_property
     def count(self) -> int:
-        return self.object_list.order_by()[: LIST_CAP + 1].count()
+        jobs = cast("QuerySet[Job]", self.object_list)  # this paginator is only given job querysets
+        return jobs.order_by()[: LIST_CAP + 1].count()
 
 
 def query_without_page(chosen: dict[str, str]) -> str:
@@ -283,7 +284,7 @@ def job_release(request: HttpRequest, pk: int) -> HttpResponse:
 
 @require_GET
 @login_required
-def job_log_download(request: HttpRequest, pk: int) -> HttpResponse:
+def job_log_download(request: HttpRequest, pk: int) -> StreamingHttpResponse:
     """The whole stored output of one replica, as a text file."""
     job = visible_job(request, pk)
     replica = request.GET.get("replica", "0")

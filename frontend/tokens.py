@@ -40,14 +40,14 @@ def tokens(request: HttpRequest) -> HttpResponse:
         if problem:
             context["error"], context["typed"] = problem, name
             status = 400
-    context["tokens"] = ApiToken.objects.filter(user=request.user).order_by("id")
+    context["tokens"] = ApiToken.objects.filter(user=request.user.pk).order_by("id")
     return render(request, "frontend/tokens.html", context, status=status)
 
 
 @require_POST
 @login_required
 def token_revoke(request: HttpRequest, pk: int) -> HttpResponse:
-    token = ApiToken.objects.filter(user=request.user, pk=pk).first()
+    token = ApiToken.objects.filter(user=request.user.pk, pk=pk).first()
     if token is None:
         raise Http404("No such token.")
     do_revoke_api_token(token)

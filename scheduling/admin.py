@@ -9,7 +9,7 @@ for staff only, and its job and tenant lists go through the same ``visible_to`` 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.contrib import admin, messages
@@ -87,11 +87,11 @@ class TenantAdmin(admin.ModelAdmin):
 
     @admin.display(description="members", ordering="members_n")
     def member_count(self, tenant: Tenant) -> int:
-        return tenant.members_n
+        return tenant.members_n  # type: ignore[attr-defined]  # annotated by get_queryset
 
     @admin.display(description="jobs", ordering="jobs_n")
     def job_count(self, tenant: Tenant) -> int:
-        return tenant.jobs_n
+        return tenant.jobs_n  # type: ignore[attr-defined]  # annotated by get_queryset
 
 
 @admin.register(Membership)
@@ -112,7 +112,7 @@ class QuotaForm(forms.ModelForm):
         fields = ["tenant", "model", "guaranteed", "limit", "weight"]
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        data = cast(dict[str, Any], super().clean())  # a ModelForm's clean: its cleaned_data
         self.warnings: list[str] = []
         model = data.get("model", self.instance.model if self.instance.pk else None)
         guaranteed, limit = data.get("guaranteed"), data.get("limit")
@@ -256,7 +256,7 @@ class NodeAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     @admin.display(description="GPUs", ordering="gpus_n")
     def gpu_count(self, node: Node) -> int:
-        return node.gpus_n
+        return node.gpus_n  # type: ignore[attr-defined]  # annotated by get_queryset
 
     @admin.action(description="Cordon: take no new jobs (running ones continue)")
     def cordon(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
@@ -289,10 +289,13 @@ class DeviceAdmin(ReadOnlyMixin, admin.ModelAdmin):
     list_select_related = ["node"]
 
 
+ALLOCATION_FIELDS = ("device", "replica", "share_milli", "attempt", "created_at", "released_at")
+JOB_EVENT_FIELDS = ("type", "at", "reason", "allocations")
+
+
 class AllocationInline(ReadOnlyInline):
     model = Allocation
-    fields = ["device", "replica", "share_milli", "attempt", "created_at", "released_at"]
-    readonly_fields = fields
+    fields = readonly_fields = ALLOCATION_FIELDS
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Allocation]:
         return super().get_queryset(request).select_related("node", "device")
@@ -300,8 +303,7 @@ class AllocationInline(ReadOnlyInline):
 
 class JobEventInline(ReadOnlyInline):
     model = JobEvent
-    fields = ["type", "at", "reason", "allocations"]
-    readonly_fields = fields
+    fields = readonly_fields = JOB_EVENT_FIELDS
 
 
 @admin.register(Job)
@@ -406,7 +408,7 @@ class SchedulerSettingsForm(forms.ModelForm):
         fields = list(KNOBS)
 
     def clean(self) -> dict[str, Any]:
-        cleaned = super().clean()
+        cleaned = cast(dict[str, Any], super().clean())  # a ModelForm's clean: its cleaned_data
         error = check_knobs(knobs_of(cleaned))  # the whole record, on top of the environment's
         if error is not None:
             raise ValidationError({error.knob: error.message})

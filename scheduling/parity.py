@@ -261,7 +261,9 @@ class LiveSide:
     def checkpoint(self, job_id: str, t: float) -> None:
         self.clock.t = t
         job = Job.objects.get(pk=self.pk[job_id])
-        node = Allocation.objects.filter(job=job, released_at__isnull=True).first().node
+        held = Allocation.objects.filter(job=job, released_at__isnull=True).first()
+        assert held is not None, f"job {job_id} checkpoints while holding no GPU"
+        node = held.node
         do_report_checkpoint(node, job.pk, job.attempts, EPOCH + t)
 
     def decide(self, now: float) -> Decisions:
@@ -290,15 +292,15 @@ class LiveSide:
             d.bindings.append(Binding(ids[pk], _placements(allocs)))
             for a in {a.replica: a for a in allocs}.values():  # the agents start each replica now
                 do_report_started(a.node, job.pk, job.attempts, a.replica, EPOCH + now)
-        for pk, code, why in Job.objects.filter(state=JobState.PENDING).values_list(
+        for job_pk, code, why in Job.objects.filter(state=JobState.PENDING).values_list(
             "pk", "pending_code", "pending_reason"
         ):
             if code == "capacity" and why and not why.startswith("capacity:"):
                 # the engine rejected it (no node can ever hold it): the live pass keeps it
                 # pending, saying why; the replay ends it, as the simulator does
-                d.rejections[ids[str(pk)]] = why
+                d.rejections[ids[str(job_pk)]] = why
             else:
-                d.pending[ids[str(pk)]] = PendingReason(code or "", "")
+                d.pending[ids[str(job_pk)]] = PendingReason(code or "", "")
         self.recorder.note(now, d)
         return d
 
@@ -346,7 +348,7 @@ class SimulatedSide(TesseraScheduler):
 
     recorder: _Recorder
 
-    def decide(self, now: float, deadline=None) -> Decisions:  # type: ignore[override]
+    def decide(self, now: float, deadline=None) -> Decisions:
         d = super().decide(now, deadline)
         self.recorder.note(now, d)
         return d

@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlparse
 
 from django.conf import settings
@@ -138,7 +138,8 @@ class ExitsIn(FieldTemplates, serializers.Serializer):
 
 class LogsIn(ReplicaIn):
     offset = serializers.IntegerField(min_value=0, max_value=svc.MAX_DB_INT)
-    data = serializers.CharField(allow_blank=True, trim_whitespace=False, help_text="base64 bytes")
+    # DRF's metaclass takes declared fields out of the class: Serializer.data stays the property.
+    data = serializers.CharField(allow_blank=True, trim_whitespace=False, help_text="base64 bytes")  # type: ignore[assignment]
 
     def validate_data(self, value: str) -> bytes:
         try:
@@ -160,7 +161,7 @@ class AgentView(APIView):
     permission_classes = [IsNode]
 
     def node(self, request: Request):
-        principal: NodePrincipal = request.user
+        principal = cast(NodePrincipal, request.user)  # NodeCredentialAuthentication's user
         return principal.node
 
 

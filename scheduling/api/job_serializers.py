@@ -7,6 +7,7 @@ plus its state, queue level, pending reason and active allocations.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from django.conf import settings
@@ -26,7 +27,7 @@ from scheduling.api.fields import (
     json_safe,
 )
 from scheduling.choices import IdleMode, JobKind, Topology
-from scheduling.models import Job, JobEvent
+from scheduling.models import Allocation, Job, JobEvent
 from scheduling.services.history import placements_payload
 from scheduling.services.jobs import allocations_payload
 
@@ -234,7 +235,9 @@ class AllocationsField(serializers.Field):
 
     def to_representation(self, job: Job) -> list[dict[str, Any]]:
         every = getattr(job, "all_allocations", None)  # prefetched by services.history.with_history
-        allocs = None if every is None else [a for a in every if a.released_at is None]
+        allocs: Iterable[Allocation] | None = (
+            None if every is None else [a for a in every if a.released_at is None]
+        )
         if allocs is None:  # not prefetched (one job): read them now
             allocs = job.allocations.filter(released_at__isnull=True).select_related("node", "device")
         return allocations_payload(allocs)
@@ -344,7 +347,7 @@ class JobSerializer(FieldTemplates, serializers.ModelSerializer):
         read_only_fields = fields
 
     @extend_schema_field(ElasticField(allow_null=True))
-    def get_elastic(self, job: Job) -> dict[str, int] | None:
+    def get_elastic(self, job: Job) -> dict[str, int | None] | None:
         if job.elastic_min_gpus is None:
             return None
         return {"min_gpus": job.elastic_min_gpus, "max_gpus": job.elastic_max_gpus}
@@ -367,7 +370,8 @@ class LogPageSerializer(serializers.Serializer):
 
     offset = serializers.IntegerField()
     next_offset = serializers.IntegerField()
-    data = serializers.CharField()
+    # DRF's metaclass takes declared fields out of the class: Serializer.data stays the property.
+    data = serializers.CharField()  # type: ignore[assignment]
     eof = serializers.BooleanField()
     truncated = serializers.BooleanField()
 

@@ -33,7 +33,8 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.db import connection
-from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponseBase, JsonResponse, StreamingHttpResponse
+from rest_framework.response import Response
 
 from scheduling.api.job_serializers import JobEventSerializer
 from scheduling.api.jobs import JobViewSet
@@ -59,7 +60,7 @@ def _give_back_connection() -> None:
         connection.close()
 
 
-def _authorized(view, request: HttpRequest, **kwargs: Any) -> tuple[HttpResponse, Any]:
+def _authorized(view, request: HttpRequest, **kwargs: Any) -> tuple[Response, Any]:
     """The plain read's answer (its 401/404/429 are the stream's) and the caller."""
     request.META["HTTP_ACCEPT"] = "application/json"  # that read's answer, not the stream's type
     try:
@@ -162,7 +163,7 @@ async def _job_messages(job_id: int, replica: int, cursor: JobCursor) -> AsyncIt
                 yield b": keepalive\n\n"
 
 
-async def job_stream(request: HttpRequest, pk: str) -> HttpResponse:
+async def job_stream(request: HttpRequest, pk: str) -> HttpResponseBase:
     first, _ = await sync_to_async(_authorized)(_retrieve, request, pk=pk)
     if first.status_code != 200 or request.method != "GET":
         return first  # 401, 404, 429; a method but GET: 405 (after authentication, as DRF does)
@@ -257,7 +258,7 @@ async def _tenant_messages(
                 yield b": keepalive\n\n"
 
 
-async def jobs_stream(request: HttpRequest) -> HttpResponse:
+async def jobs_stream(request: HttpRequest) -> HttpResponseBase:
     first, user = await sync_to_async(_authorized)(_list, request)
     if first.status_code != 200 or request.method != "GET":
         return first

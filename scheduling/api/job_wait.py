@@ -22,6 +22,7 @@ import time
 from asgiref.sync import sync_to_async
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from rest_framework.response import Response
 
 from scheduling.api.jobs import JobViewSet
 from scheduling.choices import TERMINAL_STATES
@@ -41,7 +42,7 @@ def _give_back_connection() -> None:
         connection.close()
 
 
-def _read(request: HttpRequest, pk: str) -> HttpResponse:
+def _read(request: HttpRequest, pk: str) -> Response:
     try:
         response = _retrieve(request, pk=pk)
         response.render()

@@ -14,7 +14,7 @@ At submit the job is checked against its tenant's quotas (``services.quotas``, c
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django.db.models import QuerySet
 from drf_spectacular.types import OpenApiTypes
@@ -165,14 +165,20 @@ class JobViewSet(viewsets.GenericViewSet):
                 raise ValidationError({"accelerators": [str(why)]}) from None
         try:
             job, created = do_submit_job(
-                request.user, tenant, cleaned, body, idempotency_key=key, check_quota=True
+                request.user,
+                tenant,
+                cleaned,
+                cast(dict[str, Any], body),
+                idempotency_key=key,
+                check_quota=True,
             )
         except NotAdmissible as why:
             raise ValidationError({"accelerators": [str(why)]}) from None
         except IdempotencyConflict:
             raise Unprocessable("This Idempotency-Key was already used with another body.") from None
         if created:
-            job.all_allocations, job.ending_events = [], []  # just stored: nothing to read back
+            # just stored: nothing to read back (what with_history's prefetch would have set)
+            job.all_allocations, job.ending_events = [], []  # type: ignore[attr-defined]
         else:
             job = self.get_queryset().get(pk=job.pk)  # the first submit's job, as it is now
         return Response(

@@ -145,6 +145,7 @@ class NodeViewSet(viewsets.GenericViewSet):
 
     def list(self, request: Request) -> Response:
         page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
+        assert page is not None  # NodePagination has a default limit: it always pages
         return self.get_paginated_response(node_payloads(page, request.user))
 
     def retrieve(self, request: Request, name: str) -> Response:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from importlib.util import find_spec
 
-from django.urls import include, path, re_path
+from django.urls import URLPattern, URLResolver, include, path, re_path
 
 from scheduling.api import schema  # noqa: F401  (registers the agents' auth schemes in the schema)
 from scheduling.api.audit import AuditViewSet
@@ -24,7 +24,7 @@ from scheduling.api.tenants import TenantViewSet
 from scheduling.api.tokens import TokenViewSet
 from scheduling.api.webhooks import WebhookViewSet
 
-urlpatterns = [
+urlpatterns: list[URLPattern | URLResolver] = [
     path("jobs/", JobViewSet.as_view({"get": "list", "post": "create"}), name="job-list"),
     path("jobs/stream/", jobs_stream, name="job-list-stream"),
     path("jobs/<str:pk>/", job_detail, name="job-detail"),

@@ -26,6 +26,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import cast
 
 from django.conf import settings
 from django.db import transaction
@@ -140,7 +141,7 @@ def _running_jobs(now: datetime) -> tuple[list[tuple[JobFacts, int]], list[HeldG
             id=str(job.pk),
             tenant=job.tenant.name,
             gpus=len(gpus[job.pk]),
-            started_at=job.started_at.timestamp(),
+            started_at=cast(datetime, job.started_at).timestamp(),  # read: started_at__isnull=False
             preemptible=job.preemptible,
             interactive=job.interactive,
             idle_reclaim=job.idle_reclaim,
@@ -158,7 +159,7 @@ def _past_marks(jobs: list[Job]) -> dict[int, tuple[tuple[float, ...], float | N
     """Each job's idle warnings in its current attempt, and its last shrink (applied or not)."""
     if not jobs:
         return {}
-    starts = {job.pk: job.started_at for job in jobs}
+    starts = {job.pk: cast(datetime, job.started_at) for job in jobs}  # running: started_at is set
     events = JobEvent.objects.filter(
         job_id__in=starts,
         type__in=[EventType.IDLE_WARNING, EventType.IDLE_RECLAIM],

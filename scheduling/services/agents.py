@@ -340,8 +340,8 @@ def do_heartbeat(node: Node, running: list[Reported]) -> dict[str, Any]:
                 if locked.state == JobState.TERMINATING and locked.attempts == attempt:
                     _settle_alone(locked, node.pk, replica, "", now)
     for (job_id, attempt, replica), seen in sorted(reported.items()):
-        allocs = held.get((job_id, replica))
-        if allocs is None or allocs[0].attempt != attempt:
+        bound = held.get((job_id, replica))
+        if bound is None or bound[0].attempt != attempt:
             # Not (or no longer) bound here: a stale attempt, a cancelled or a lost job. Stop now.
             stop.append(_stop_order(seen.job_id, seen.attempt, seen.replica, "not bound", now, now))
     ends = _log_ends([job.pk for job, _, _, _ in to_start])  # one query for every binding

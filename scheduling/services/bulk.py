@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from django.db import connection
 from django.db.models import Field, Model
@@ -27,7 +27,8 @@ from django.db.models import Field, Model
 
 def _array_type(field: Field) -> str:
     # No length or precision (varchar, not varchar(16)): arrays cast to a bare type truncate nothing.
-    return field.db_type(connection).split("(")[0] + "[]"
+    column = cast(str, field.db_type(connection))  # a concrete column's field: it has a type
+    return column.split("(")[0] + "[]"
 
 
 def field_of(model: type[Model], name: str) -> Field[Any, Any]:

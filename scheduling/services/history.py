@@ -89,4 +89,4 @@ def _ending_event(events: Iterable[JobEvent], ended) -> JobEvent | None:
     """The event that freed the GPUs at ``ended``: written with the same time, or the first after."""
     later = [e for e in events if e.at >= ended]
     same = [e for e in later if e.at == ended]
-    return (same or later or [None])[0]
+    return (same or later)[0] if later else None

@@ -131,4 +131,7 @@ _ALL_HOLDERS = PreparedRead(
 def all_device_rows() -> list[dict[str, Any]]:
     """Every device's row, ordered by node name and index."""
     held = holders_of(_ALL_HOLDERS.rows())
-    return [row_of(*values, held.get(device_id, [])) for device_id, *values in _ALL_DEVICES.rows()]
+    # Each row: the device's id, then row_of's fields before its holders (mypy cannot match a
+    # star-unpacked row against row_of's parameters).
+    rows = _ALL_DEVICES.rows()
+    return [row_of(*values, held.get(device_id, [])) for device_id, *values in rows]  # type: ignore[call-arg]

@@ -434,6 +434,8 @@ def _device_ids(loaded: LoadedSnapshot, bindings: list[Binding]) -> list[int]:
     ids: list[int] = []
     for name in {name for name, _ in wanted}:
         node_id = loaded.node_ids.get(name)
+        if node_id is None:
+            continue
         ids.extend(d["id"] for d in loaded.devices.get(node_id, []) if (name, d["index"]) in wanted)
     return sorted(ids)
 
@@ -457,10 +459,10 @@ def _devices(
 
 def _rows_after(allocs: list[Allocation], held: dict[int, list[Holder]]) -> list[dict]:
     """The device rows of the devices ``allocs`` took: ``held`` (read before) plus them."""
-    taken = {a.device_id: a.device for a in allocs if a.device is not None}
+    taken = {a.device.pk: a.device for a in allocs if a.device is not None}
     for a in allocs:
         if a.device is not None:
-            held.setdefault(a.device_id, []).append(
+            held.setdefault(a.device.pk, []).append(
                 (a.job_id, a.job.tenant_id, a.job.tenant.name, a.share_milli, a.replica)
             )
     for device_id in taken:
@@ -525,9 +527,9 @@ def _store_pending_reasons(decisions: Decisions, loaded: LoadedSnapshot) -> None
     # every pass, so their commit need not wait for the disk.
     with transaction.atomic():
         _commit_without_flush()
-        for (code, reason, estimated), ids in groups.items():
+        for (code, message, estimated), ids in groups.items():
             Job.objects.filter(pk__in=ids, state=JobState.PENDING).update(
-                pending_code=code, pending_reason=reason, estimated_start=estimated
+                pending_code=code, pending_reason=message, estimated_start=estimated
             )
         changed = [pk for ids in groups.values() for pk in ids]
         jobs = [job for job in jobs_from_rows(_JOBS.rows(sorted(changed))) if job.state == JobState.PENDING]

@@ -93,7 +93,7 @@ def check_target(url: str) -> None:
     except (OSError, ValueError, UnicodeError):
         raise TargetRefused(f"{host} does not resolve") from None
     for info in infos:
-        address = ipaddress.ip_address(info[4][0].split("%")[0])
+        address = ipaddress.ip_address(str(info[4][0]).split("%")[0])  # a TCP address: host first
         public = address.is_global and not address.is_multicast
         if not public and not _allowed(host, address):
             raise TargetRefused(

@@ -57,7 +57,8 @@ class Command(BaseCommand):
             db.setdefault("TEST", {})["NAME"] = f"test_{db['NAME']}_parity"
         logging.getLogger("tessera").setLevel(logging.WARNING)
         began = time.perf_counter()
-        old = setup_databases(verbosity=0, interactive=False, aliases={"default"})
+        # django-stubs says a Mapping; Django iterates the aliases (its runner passes a set).
+        old = setup_databases(verbosity=0, interactive=False, aliases={"default"})  # type: ignore[arg-type]
         try:
             result = run_parity(nodes, jobs, quotas)
         finally:
