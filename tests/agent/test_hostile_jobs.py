@@ -181,6 +181,7 @@ def test_jobs_of_other_tenants_and_of_the_same_tenant_cannot_reach_alices_job(li
             "files": ["model.ckpt"],
             "served": 0,
         }
-        assert not Path(where["workdir"]).exists()  # gone with the job
+        # gone with the job: the agent removes it just after its exit report, so wait for that
+        assert fakes.wait_for(lambda: not Path(where["workdir"]).exists(), 10), where["workdir"]
     finally:
         processes.stop_agent(agent)
