@@ -167,6 +167,8 @@ class Submitter:
     def __init__(self, base: str, token: str, threads: int, reconnect_every: int = 0):
         self.reconnect_every = reconnect_every
         parts = urlsplit(base)
+        if parts.hostname is None:
+            raise SystemExit(f"{base}: no host in the URL")
         self.host, self.port = parts.hostname, parts.port
         self.headers = {"Authorization": f"Token {token}", "Content-Type": "application/json"}
         self.local = threading.local()
@@ -222,8 +224,8 @@ class Submitter:
 def job_times(ids: list[int]) -> dict[int, dict[str, Any]]:
     from scheduling.models import Job, JobEvent
 
-    rows = {
-        j["id"]: j
+    rows: dict[int, dict[str, Any]] = {
+        j["id"]: dict(j)
         for j in Job.objects.filter(pk__in=ids).values(
             "id", "state", "submitted_at", "started_at", "finished_at"
         )
@@ -367,7 +369,8 @@ def main() -> int:  # noqa: PLR0915 - one linear script, read top to bottom
 
         times = job_times(ids)
         excluded = waited_for_capacity(all_results, times, total_gpus)
-        lat_paced, lat_burst = [], []
+        lat_paced: list[float] = []
+        lat_burst: list[float] = []
         stages: dict[str, list[float]] = {"send_to_stored": [], "stored_to_bound": [], "bound_to_started": []}
         not_started = 0
         for i, r in all_results.items():

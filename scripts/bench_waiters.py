@@ -31,6 +31,7 @@ import requests
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 _spec = importlib.util.spec_from_file_location("bench_e2e", ROOT / "scripts" / "bench_e2e.py")
+assert _spec is not None and _spec.loader is not None  # the file is in this checkout
 e2e = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(e2e)  # its database, seed and environment helpers
 

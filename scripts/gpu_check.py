@@ -32,6 +32,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 METRICS_URL = "http://127.0.0.1:9400/metrics"  # the --gpu agent's default metrics port
@@ -68,7 +69,7 @@ class Api:
     def __init__(self, base: str, token: str) -> None:
         self.base, self.token = base, token
 
-    def call(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict | list]:
+    def call(self, method: str, path: str, body: dict | None = None) -> tuple[int, Any]:
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(
             self.base + path,
@@ -202,7 +203,7 @@ def run_checks(args: argparse.Namespace, base: str, users: list[dict], checks: C
         rows = nodes["results"] if isinstance(nodes, dict) else nodes
         node = next((n for n in rows if n["name"] == "gpu-local" and n["state"] == "ready"), None)
         time.sleep(0.5)
-    if not checks.check("the GPU node registered and is ready", node is not None):
+    if not checks.check("the GPU node registered and is ready", node is not None) or node is None:
         return
     models = sorted({d["model"] for d in node["devices"]})
     nvsmi = (
