@@ -26,13 +26,11 @@ import redis.asyncio
 from django.conf import settings
 from django.db import transaction
 
-from controlplane.env import redis_db_url
 from scheduling.per_loop import PerLoop
 from scheduling.services import redis_flags
+from scheduling.services.pubsub import READY_TIMEOUT_S, listen_forever
 
 log = logging.getLogger("tessera.live")
-
-READY_TIMEOUT_S = 5.0
 
 
 ALL_KEY = "jobs"  # any job changed (operators' streams)
@@ -132,38 +130,9 @@ class Subscription:
                 event.set()
 
     async def _listen(self) -> None:
-        delay, subscribed_before = 0.5, False
-        while True:
-            client = redis.asyncio.Redis.from_url(redis_db_url(settings.REDIS_URL, 2))
-            try:
-                pubsub = client.pubsub()
-                await pubsub.subscribe(channel())
-                await _confirmed(pubsub)
-                self.ready.set()
-                if subscribed_before:  # changes published meanwhile are lost: look again
-                    self._wake_all()
-                subscribed_before, delay = True, 0.5
-                async for message in pubsub.listen():
-                    if message.get("type") == "message":
-                        self.dispatch(_keys(message["data"]))
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - Redis went away: subscribe again
-                log.warning("job change subscription lost (%s); subscribing again", exc)
-            finally:
-                self.ready.clear()
-                await client.aclose()
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
-
-
-async def _confirmed(pubsub) -> None:
-    while True:
-        message = await pubsub.get_message(timeout=READY_TIMEOUT_S)
-        if message is None:
-            raise TimeoutError("no confirmation of the subscription")
-        if message.get("type") == "subscribe":
-            return
+        await listen_forever(
+            channel(), self.ready, lambda data: self.dispatch(_keys(data)), self._wake_all, "job change"
+        )
 
 
 def _keys(data) -> list[str]:

@@ -30,15 +30,14 @@ from channels.layers import get_channel_layer
 from channels_redis.core import RedisChannelLayer
 from django.conf import settings
 
-from controlplane.env import redis_db_url
 from scheduling.per_loop import PerLoop
 from scheduling.services import redis_flags
+from scheduling.services.pubsub import READY_TIMEOUT_S, listen_forever
 
 log = logging.getLogger("tessera.agents")
 
 Wake = dict[str, Any]  # {"start": [binding, ...], "heartbeat": bool}
 POKE: Wake = {"start": [], "heartbeat": True}  # heartbeat now: wakes may have been missed
-READY_TIMEOUT_S = 5.0
 
 
 def enabled() -> bool:
@@ -92,43 +91,19 @@ class Subscription:
             self.task = None
 
     async def _listen(self) -> None:
-        delay, subscribed_before = 0.5, False
-        while True:
-            client = redis.asyncio.Redis.from_url(redis_db_url(settings.REDIS_URL, 2))
-            try:
-                pubsub = client.pubsub()
-                await pubsub.subscribe(channel())
-                await _confirmed(pubsub)  # Redis has it: what is published from now on comes here
-                self.ready.set()
-                if subscribed_before:  # what was published meanwhile is lost: heartbeat now
-                    self._dispatch({n: POKE for n in self.sockets})
-                subscribed_before, delay = True, 0.5
-                async for message in pubsub.listen():
-                    if message.get("type") == "message":
-                        self._dispatch(_wakes(message["data"]))
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - Redis went away: subscribe again
-                log.warning("agent wake subscription lost (%s); subscribing again", exc)
-            finally:
-                self.ready.clear()
-                await client.aclose()
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+        # on a new subscription (what was published meanwhile is lost) every socket heartbeats now
+        await listen_forever(
+            channel(),
+            self.ready,
+            lambda data: self._dispatch(_wakes(data)),
+            lambda: self._dispatch({n: POKE for n in self.sockets}),
+            "agent wake",
+        )
 
     def _dispatch(self, wakes: dict[int, Wake]) -> None:
         for node_id, wake in wakes.items():
             for deliver in list(self.sockets.get(node_id, ())):
                 deliver(wake)
-
-
-async def _confirmed(pubsub: Any) -> None:
-    while True:
-        message = await pubsub.get_message(timeout=READY_TIMEOUT_S)
-        if message is None:
-            raise TimeoutError("no confirmation of the subscription")
-        if message.get("type") == "subscribe":
-            return
 
 
 def _wakes(data: Any) -> dict[int, Wake]:
