@@ -80,7 +80,8 @@ def test_a_session_record_is_written_whole_private_and_forgotten(state_dir):
 def test_a_starting_agent_kills_every_process_of_a_recorded_session_and_forgets_it(state_dir, spawned):
     job = spawned("sleep 300 & sleep 300 & echo started; wait")
     job.stdout.readline()
-    other = spawned("sleep 300 & wait")  # a session nobody recorded
+    other = spawned("sleep 300 & echo started; wait")  # a session nobody recorded
+    other.stdout.readline()  # its sleep has started (the count below raced it under load)
     leftovers.record(state_dir, "1-0-0", leftovers.session_of(job.pid))
     ours = members_of(job.pid)
     assert len(ours) == 3 and len(members_of(other.pid)) == 2
