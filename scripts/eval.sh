@@ -5,6 +5,8 @@
 #           best-fit, random, fcfs-device: ~2 minutes for all four lists on 2 cores);
 #   replay: generated two-day workloads on ~600 GPUs at load 1.0 and 1.2, every policy, with quotas;
 #   seeds:  the replay targets on workload seeds 1..5 (tessera and fcfs-device);
+#   adjust: tessera with `replay --adjust off` and `on` on workload seeds 1 and 2 at both loads (the
+#           adjustment pass's table, printed and written to docs/evaluation.md);
 #   then the tables, the plots and the targets are written into docs/evaluation.md (between its
 #   <!-- eval:... --> markers) and docs/eval/*.png.
 #
@@ -12,7 +14,8 @@
 # build/eval), EVAL_SEEDS (10), EVAL_PROCESSES (CPUs), EVAL_PACK_POLICIES, EVAL_REPLAY_POLICIES, EVAL_LISTS (openb list names), EVAL_SKIP_PACK=1,
 # EVAL_SKIP_REPLAY=1, EVAL_WORKLOAD_SEED (1), EVAL_LOADS ("1.0 1.2"), EVAL_RESUME=1 (keep the runs
 # already in EVAL_OUT and do only the missing ones), EVAL_MATRIX_SEEDS ("1-5": tessera and
-# fcfs-device on each of these workload seeds), EVAL_SKIP_SEEDS=1.
+# fcfs-device on each of these workload seeds), EVAL_SKIP_SEEDS=1, EVAL_ADJUST_SEEDS ("1,2"),
+# EVAL_SKIP_ADJUST=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -72,6 +75,14 @@ if [ "${EVAL_SKIP_SEEDS:-0}" != 1 ]; then
   [ "${EVAL_RESUME:-0}" = 1 ] || rm -rf "$OUT/seeds"
   "$PY" -m scheduling.sim.seedmatrix "$OUT/seeds" --seeds "${EVAL_MATRIX_SEEDS:-1-5}" \
     --loads "$(echo $LOADS | tr ' ' ,)" --policies tessera,fcfs-device --processes "$PROCS" || status=1
+fi
+
+if [ "${EVAL_SKIP_ADJUST:-0}" != 1 ]; then
+  # The adjustment pass: busy utilisation, JCT and lost work with --adjust on against off.
+  echo "== adjust on/off: seeds ${EVAL_ADJUST_SEEDS:-1,2} at loads $LOADS" >&2
+  [ "${EVAL_RESUME:-0}" = 1 ] || rm -rf "$OUT/adjust"
+  "$PY" -m scheduling.sim.adjusteval "$OUT/adjust" --seeds "${EVAL_ADJUST_SEEDS:-1,2}" \
+    --loads "$(echo $LOADS | tr ' ' ,)" --processes "$PROCS" || status=1
 fi
 
 "$PY" -m scheduling.sim.evaldoc docs/evaluation.md "$OUT" docs/eval

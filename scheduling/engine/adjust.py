@@ -11,8 +11,10 @@ points all under the threshold with no gap: a point missing (a hole wider than `
 or no recent point at all) ends the span, so a window with missing samples is never idle.
 A job is idle when all its GPUs are (its idle time is the least of theirs), partly idle when some
 are (the most of theirs). Warnings come at ``warn_after_s`` (15 and 45 min), each once per idle
-spell; at ``act_after_s`` (60 min) an elastic job shrinks to its busy GPUs or its minimum, a
-preemptible idle job is requeued (after a checkpoint where the driver can ask for one), and a
+spell (a spell idle through the whole window read began before it: its warnings are all those of
+the attempt, or since its last shrink, so a job idle for hours is not warned again); at
+``act_after_s`` (60 min) an elastic job shrinks to its busy GPUs or its minimum, a preemptible idle
+job is requeued (after a checkpoint where the driver can ask for one), and a
 non-preemptible job is only warned unless its owner allowed reclaiming it. Jobs in their first
 ``exempt_s`` and interactive jobs are never touched.
 """
@@ -198,6 +200,9 @@ def decide_job(
     covered = len(series) >= job.gpus  # a GPU with no series at all is not idle
     whole = min(idle.values()) if covered else 0.0
     part = max(idle.values())
+    # Idle through every point read: the spell began before the window, maybe long before.
+    open_ended = any(e.points and e.idle_s >= e.window_s - 1e-6 and idle[e.gpu] >= part for e in evidence)
+    spell_start = since if open_ended else now - part
     elastic = job.elastic_min_gpus is not None
     if elastic and part >= settings.act_after_s:
         shrink = _shrink(job, idle, settings, whole, evidence)
@@ -211,7 +216,7 @@ def decide_job(
             whole,
             evidence=evidence,
         )
-    return _warning(job, part, whole, settings, now, evidence)
+    return _warning(job, part, whole, settings, spell_start, evidence)
 
 
 def _shrink(
@@ -248,13 +253,13 @@ def _warning(
     spell: float,
     whole: float,
     settings: IdleSettings,
-    now: float,
+    spell_start: float,
     evidence: tuple[GpuEvidence, ...],
 ) -> Adjustment | None:
     due = sum(1 for w in settings.warn_after_s if spell >= w)
     if due == 0:
         return None
-    given = sum(1 for t in job.warned_at if t >= now - spell)  # warnings of this idle spell
+    given = sum(1 for t in job.warned_at if t >= spell_start)  # warnings of this idle spell
     if given >= due:
         return None
     what = f"all {job.gpus} GPUs" if whole >= spell else "some of its GPUs"

@@ -275,6 +275,27 @@ class TesseraScheduler:
         if run is not None:
             run.last_checkpoint = at
 
+    def shrink(self, job_id: str, gpus: int) -> tuple[Placement, ...] | None:
+        """The adjustment pass took a running elastic job down to ``gpus`` (its busy GPUs or its
+        minimum, scheduling/engine/adjust.py): drop its highest replicas beyond that, and never
+        grow it past ``gpus`` again in this attempt. Returns its placements now (None: not a
+        running elastic job, or nothing to drop)."""
+        run = self.running.get(job_id)
+        if run is None or run.terminating or run.job.elastic_max_gpus is None:
+            return None
+        held = sorted(self.state.allocs.get(job_id, ()), key=lambda a: a.replica)
+        per = run.job.per_replica_gpus
+        keep = max(run.geo.need, int(gpus // per) if per > 0 else len(held))
+        if keep >= len(held):
+            return None
+        for a in held[keep:]:
+            self.state.release_replica(job_id, a)
+            model, milli = run.charged.pop()
+            self.quotas.add(run.job.tenant, model, -milli, run.job.preemptible)
+        run.job = replace(run.job, elastic_max_gpus=int(round(keep * per)))
+        run.geo = self.geo(run.job)
+        return placements_of(self.state.allocs.get(job_id, []), self.state)
+
     # -- bookkeeping ------------------------------------------------------------------------------
     def _note(self, job: JobRequest) -> None:
         self.recent.append(shape_of(job))

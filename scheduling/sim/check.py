@@ -14,6 +14,10 @@ files, walks the events in order, and reports every violation of the invariants 
   stop signal (``grace_s`` before the ``preempt``), and a preempted job keeps only the work of
   its last checkpoint (every ``checkpoint_s`` of work);
 - a ``time-limit`` failure before the limit; a job that never ends;
+- with ``adjust`` (a ``replay --adjust on`` run): work accrues at up to real time on any GPUs
+  (``min(1, k / demand)`` is at most 1), an ``idle-reclaim`` preemption keeps the work done at its
+  stop signal when the job checkpoints (checkpoint-now), a non-preemptible job may be reclaimed
+  only with ``idle_reclaim`` ``allow``; an ``idle-warning`` of a job that is not running;
 - a reject of a job the empty cluster (and, with QUOTAS.csv, its quota) could hold;
 - with QUOTAS.csv: a tenant above its limit on a model, or using a model it has no row for
   (fractions count as their share).
@@ -53,7 +57,9 @@ class CheckReport:
 
 
 class _JobState:
-    __slots__ = ("tj", "state", "allocs", "work", "rate", "since", "attempt_start", "capacity", "saved")
+    __slots__ = (
+        "tj", "state", "allocs", "work", "rate", "since", "attempt_start", "capacity", "saved", "saved_now",
+    )  # fmt: skip
 
     def __init__(self, tj: TraceJob) -> None:
         self.tj = tj
@@ -65,6 +71,7 @@ class _JobState:
         self.attempt_start = 0.0
         self.capacity = 0.0
         self.saved: float | None = None  # work at its last reported checkpoint (None: none reported)
+        self.saved_now = 0.0  # work saved by the last checkpoint-now (an idle reclaim's)
 
 
 class Checker:
@@ -75,7 +82,9 @@ class Checker:
         nodes: Sequence[NodeSpec],
         jobs: Sequence[TraceJob],
         quotas: Sequence[QuotaSpec] | None = None,
+        adjust: bool = False,
     ) -> None:
+        self.adjust = adjust
         self.nodes = {n.name: n for n in nodes}
         self.node_list = list(nodes)
         self.jobs = {tj.request.id: _JobState(tj) for tj in jobs}
@@ -107,7 +116,7 @@ class Checker:
         if js is None:
             self._fail(where, f"event for unknown job {job_id!r} (not in JOBS.csv)")
             return
-        handler = getattr(self, f"_on_{kind}")
+        handler = getattr(self, f"_on_{kind.replace('-', '_')}")
         handler(where, t, js, ev)
 
     def _on_submit(self, where: str, t: float, js: _JobState, ev: dict[str, Any]) -> None:
@@ -161,13 +170,18 @@ class Checker:
             return
         # A live export's retry after a failed attempt, or requeue after a lost node, also
         # releases and requeues (scheduling/services/export.py): not a preemption.
-        requeue = str(ev.get("reason", "")).startswith(("retry", "node-lost"))
-        if not req.preemptible and not requeue:
+        reason = str(ev.get("reason", ""))
+        requeue = reason.startswith(("retry", "node-lost"))
+        reclaim = self.adjust and reason.startswith("idle-reclaim")
+        if not req.preemptible and not requeue and not (reclaim and js.tj.idle_reclaim == "allow"):
             self._fail(where, "a non-preemptible job was preempted")
         self._advance(js, max(js.since, t - req.grace_s))
         js.rate = 0.0  # no work after the stop signal, though the GPUs are held until now
         interval = req.checkpoint_s or 0.0
         saved = math.floor(js.work / interval + EPS) * interval if interval > 0 else 0.0
+        if interval > 0 and reclaim:
+            js.saved_now = js.work  # checkpoint-now at the stop signal
+        saved = max(saved, min(js.saved_now, js.work))
         if js.saved is not None:  # a live export's reported checkpoints: the real ones
             saved = js.saved
         js.work = min(js.work, saved)
@@ -182,6 +196,10 @@ class Checker:
             return
         self._advance(js, t)
         js.saved = js.work
+
+    def _on_idle_warning(self, where: str, t: float, js: _JobState, ev: dict[str, Any]) -> None:
+        if js.state != "running":
+            self._fail(where, "idle warning of a job that is not running")
 
     def _on_fail(self, where: str, t: float, js: _JobState, ev: dict[str, Any]) -> None:
         limit = js.tj.request.time_limit_s
@@ -282,7 +300,10 @@ class Checker:
                     f"tenant {key[0]} above its limit on {key[1]}: {self.usage[key]:g} > {row.limit:g} GPUs",
                 )
         js.capacity = capacity
-        js.rate = 1.0 if req.gpus <= 0 else min(1.0, capacity / req.gpus)
+        if self.adjust:  # min(1, k / demand): at most real time, on any GPUs
+            js.rate = 1.0 if req.gpus <= 0 or capacity > 0 else 0.0
+        else:
+            js.rate = 1.0 if req.gpus <= 0 else min(1.0, capacity / req.gpus)
 
     def _release(self, t: float, js: _JobState) -> None:
         req = js.tj.request
@@ -381,10 +402,12 @@ def check(
     events: Iterable[tuple[int, dict[str, Any]]],
     quotas: Sequence[QuotaSpec] | None = None,
     unfinished_ok: bool = False,
+    adjust: bool = False,
 ) -> CheckReport:
     """Check numbered events (as :func:`scheduling.sim.events.read_events` yields them);
-    ``unfinished_ok``: see :meth:`Checker.finish`."""
-    checker = Checker(nodes, jobs, quotas)
+    ``unfinished_ok``: see :meth:`Checker.finish`; ``adjust``: the events of a ``replay --adjust
+    on`` run (the module's docstring)."""
+    checker = Checker(nodes, jobs, quotas, adjust)
     for lineno, ev in events:
         checker.feed(lineno, ev)
     return checker.finish(unfinished_ok)

@@ -67,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="the policy's seed (default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--eta", action="store_true", help="score the start estimates (slower; summary eta_*)")
+    p.add_argument(
+        "--adjust", choices=("on", "off"), default="off",
+        help="run the adjustment pass on the jobs' utilisation (default off; docs/formats.md)",
+    )  # fmt: skip
 
     p = sub.add_parser("pack", help="the FGD packing benchmark (docs/evaluation.md)")
     p.add_argument("--nodes", required=True, type=Path, help="NODES.csv")
@@ -100,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("events", type=Path, metavar="EVENTS.jsonl")
     p.add_argument("quotas", type=Path, nargs="?", metavar="QUOTAS.csv")
     p.add_argument(
+        "--adjust", choices=("on", "off"), default="off",
+        help="the events come from replay --adjust on (progress at up to real time, idle reclaims)",
+    )  # fmt: skip
+    p.add_argument(
         "--unfinished-ok",
         action="store_true",
         help="the events are a live cluster's history so far (manage.py export_trace while jobs "
@@ -118,13 +126,20 @@ def _replay(args: argparse.Namespace) -> int:
     plots.require()
     if args.compare:
         summaries = runner.compare_replay(
-            args.nodes, args.jobs, args.quotas, names, args.out, args.seed, show_progress=not args.quiet
+            args.nodes,
+            args.jobs,
+            args.quotas,
+            names,
+            args.out,
+            args.seed,
+            show_progress=not args.quiet,
+            adjust=args.adjust == "on",
         )
         print((args.out / "compare.md").read_text(encoding="utf-8"))
         return 0 if all(s["check"]["ok"] for s in summaries.values()) else 1
     s = runner.run_replay(
         args.nodes, args.jobs, args.quotas, args.policy, args.out, args.seed,
-        show_progress=not args.quiet, estimates=args.eta,
+        show_progress=not args.quiet, estimates=args.eta, adjust=args.adjust == "on",
     )  # fmt: skip
     print(runner.replay_table({args.policy: s}))
     print(f"wrote {args.out}/events.jsonl, summary.json and plots")
@@ -179,7 +194,10 @@ def _check(args: argparse.Namespace) -> int:
     nodes = read_nodes(args.nodes)
     jobs = read_jobs(args.jobs)
     quotas = read_quotas(args.quotas) if args.quotas else None
-    report = check(nodes, jobs, read_events(args.events), quotas, unfinished_ok=args.unfinished_ok)
+    report = check(
+        nodes, jobs, read_events(args.events), quotas, unfinished_ok=args.unfinished_ok,
+        adjust=args.adjust == "on",
+    )  # fmt: skip
     for line in report.violations[:SHOWN]:
         print(line)
     if len(report.violations) > SHOWN:

@@ -12,7 +12,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-EVENT_TYPES = ("submit", "start", "finish", "preempt", "resize", "fail", "cancel", "reject", "checkpoint")
+EVENT_TYPES = (
+    "submit", "start", "finish", "preempt", "resize", "fail", "cancel", "reject", "checkpoint",
+    "idle-warning",
+)  # fmt: skip
 RELEASES = ("finish", "preempt", "fail", "cancel")
 
 

@@ -19,6 +19,12 @@ Rules (docs/formats.md describes the files):
 4. ``time_limit_s`` is a hard per-attempt limit: a job still running at its limit fails
    (``fail``, reason ``time-limit``).
 5. Rejections become ``reject`` events. At one time, releases come before binds in the output.
+6. Every job runs a utilisation profile (:mod:`.utilisation`); the replay counts the busy
+   GPU-seconds done while jobs arrive. With ``adjust`` (``--adjust on``) a job progresses at
+   ``min(1, k / demand)`` on ``k`` GPUs instead of ``k/g``, and every ``interval_s`` the
+   adjustment pass (:mod:`.adjusting`) may warn a job (``idle-warning`` event), shrink an elastic
+   one (``resize`` with a ``reason``) or checkpoint-now then requeue one (``preempt``, reason
+   ``idle-reclaim: …``); what it frees goes to the queue in the same pass.
 """
 
 from __future__ import annotations
@@ -27,15 +33,18 @@ import heapq
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from scheduling.engine.adjust import REQUEUE, SHRINK, WARN, Adjustment
 from scheduling.engine.types import Decisions, Estimate, NodeSpec, Placement, Scheduler
+from scheduling.sim.adjusting import Adjuster, AdjustOptions
 from scheduling.sim.traces import TraceJob
+from scheduling.sim.utilisation import Demand, can_idle_safely, profile_of, wholly_idle
 
 # Internal event kinds, in the order they are handled at one time (releases first).
-_FINISH, _LIMIT, _GRACE, _CKPT, _ARRIVE, _TICK = range(6)
+_FINISH, _LIMIT, _GRACE, _CKPT, _ARRIVE, _TICK, _ADJUST = range(7)
 _EPS = 1e-9
 PENDING_SAMPLE_EVERY = 10  # tally pending reasons on every 10th decision (cheap, representative)
 
@@ -63,6 +72,15 @@ class ReplayResult:
     #: job -> the start estimate the policy gave at the first pass that left it pending
     #: (None: it gave none); only for a policy that estimates (``estimate(decisions, now)``)
     first_estimates: dict[str, Estimate | None] = field(default_factory=dict)
+    #: GPU-seconds its jobs kept busy (utilisation × GPUs) from the first submit to the last
+    busy_gpu_seconds_while_arriving: float = 0.0
+    window_s: float = 0.0  # first submit to last submit
+    #: --adjust on: GPU-seconds the pass took back (GPUs released × the time the job would
+    #: still have held them), and its actions by kind
+    reclaimed_gpu_seconds: float = 0.0
+    adjustments: dict[str, int] = field(default_factory=dict)
+    #: jobs shrunk or requeued for idleness though not preemptible and without the opt-in
+    touched_non_preemptible: list[str] = field(default_factory=list)
 
 
 class _Job:
@@ -70,10 +88,11 @@ class _Job:
 
     __slots__ = (
         "tj", "id", "gpus", "state", "work", "ckpt_work", "rate", "since", "epoch",
-        "attempt", "attempt_start", "placements", "allocated", "stop_reason",
+        "attempt", "attempt_start", "placements", "allocated", "stop_reason", "demand", "meter",
+        "reclaims", "requeued",
     )  # fmt: skip
 
-    def __init__(self, tj: TraceJob) -> None:
+    def __init__(self, tj: TraceJob, meter: _Meter | None = None) -> None:
         self.tj = tj
         self.id = tj.request.id
         self.gpus = tj.request.gpus
@@ -88,11 +107,34 @@ class _Job:
         self.placements: tuple[Placement, ...] = ()
         self.allocated = 0.0
         self.stop_reason = ""
+        self.demand = Demand(profile_of(tj), tj.request.id, tj.request.gpus)
+        self.meter = meter
+        self.reclaims: list[tuple[float, float]] = []  # (when, GPUs) the adjustment pass took
+        self.requeued: tuple[float, float] | None = None  # (when, GPUs) of an idle requeue
 
     def advance(self, now: float) -> None:
         if self.rate:
+            w0 = self.work
             self.work += self.rate * (now - self.since)
+            if self.meter is not None:
+                self.meter.add(self, w0, now)
         self.since = now
+
+
+class _Meter:
+    """Busy GPU-seconds done within [t0, t1] (the first and last submit)."""
+
+    __slots__ = ("t0", "t1", "busy")
+
+    def __init__(self, t0: float, t1: float) -> None:
+        self.t0, self.t1, self.busy = t0, t1, 0.0
+
+    def add(self, job: _Job, w0: float, now: float) -> None:
+        lo, hi = max(job.since, self.t0), min(now, self.t1)
+        if hi <= lo:
+            return
+        rate = job.rate
+        self.busy += job.demand.busy(w0 + (lo - job.since) * rate, w0 + (hi - job.since) * rate)
 
 
 def allocations(placements: Sequence[Placement]) -> list[dict[str, Any]]:
@@ -122,6 +164,7 @@ class Replay:
         tick_s: float = 300.0,
         progress: Progress | None = None,
         estimates: bool = False,
+        adjust: AdjustOptions | None = None,
     ) -> None:
         self.estimates = estimates
         missing = [tj.request.id for tj in jobs if tj.duration_s is None]
@@ -134,7 +177,15 @@ class Replay:
         if dups:
             raise ReplayError(f"job id {dups[0]!r} appears more than once")
         self.nodes = nodes
-        self.jobs = {tj.request.id: _Job(tj) for tj in jobs}
+        t0 = min((tj.submit_s for tj in jobs), default=0.0)
+        t1 = max((tj.submit_s for tj in jobs), default=0.0)
+        self.meter = _Meter(t0, t1)
+        self.jobs = {tj.request.id: _Job(tj, self.meter) for tj in jobs}
+        self.adjuster = Adjuster(adjust) if adjust is not None else None
+        if self.adjuster is not None:
+            _check_idle_profiles(self.jobs.values(), self.adjuster)
+        self.running: dict[str, _Job] = {}  # running or terminating, in start order
+        self._adjust_at: float | None = None  # the next adjustment pass
         self.sched = scheduler
         self.tick_s = tick_s
         self.progress = progress
@@ -146,7 +197,7 @@ class Replay:
         self.arrivals_left = len(jobs)
         self.ended = 0
         self.tick_no = 0
-        self.result = ReplayResult(self.events)
+        self.result = ReplayResult(self.events, window_s=t1 - t0)
         self._pending_counts: Counter[str] = Counter()
         self._pending_samples = 0
 
@@ -179,6 +230,8 @@ class Replay:
                         need_decision = ticked = True
                 elif kind == _CKPT:
                     self._checkpoint(now, job_id, tag)
+                elif kind == _ADJUST:
+                    need_decision |= self._adjust(now)
                 else:
                     need_decision |= self._handle(now, kind, job_id, tag)
             if need_decision:
@@ -189,7 +242,7 @@ class Replay:
                     and self.active == 0
                     and self.arrivals_left == 0
                     and self.pending
-                    and not any(k != _TICK for _, k, *_ in heap)
+                    and not any(k not in (_TICK, _ADJUST) for _, k, *_ in heap)
                 ):
                     break  # a quiet tick changed nothing and nothing else will: the rest is stuck
             if need_decision and self.pending and self.tick_s > 0:
@@ -198,6 +251,7 @@ class Replay:
             if self.progress is not None:
                 self.progress(self.ended, total)
         self.result.unfinished = [j.id for j in self.jobs.values() if j.state != "done"]
+        self.result.busy_gpu_seconds_while_arriving = self.meter.busy
         samples = max(1, self._pending_samples)
         self.result.pending_codes = {
             code: n / samples for code, n in sorted(self._pending_counts.items(), key=lambda kv: -kv[1])
@@ -253,6 +307,12 @@ class Replay:
     def _stop(self, now: float, job: _Job) -> None:
         """The job's processes exit: it stops working and its GPUs go back to the policy."""
         job.advance(now)
+        self.running.pop(job.id, None)
+        if job.reclaims:
+            self.result.reclaimed_gpu_seconds += sum(g * (now - t) for t, g in job.reclaims)
+            job.reclaims.clear()
+        if self.adjuster is not None:
+            self.adjuster.stopped(job.id)
         job.rate = 0.0
         job.epoch += 1
         job.attempt += 1
@@ -270,8 +330,9 @@ class Replay:
             return
         interval = job.tj.request.checkpoint_s or 0.0
         job.advance(now)
-        # Snap to the checkpoint's exact amount of work so that float error never accumulates.
-        job.ckpt_work = math.floor(job.work / interval + 1e-6) * interval
+        # Snap to the checkpoint's exact amount of work so that float error never accumulates
+        # (never back before a checkpoint-now of the adjustment pass).
+        job.ckpt_work = max(job.ckpt_work, math.floor(job.work / interval + 1e-6) * interval)
         job.work = max(job.work, job.ckpt_work)
         self.sched.checkpoint(job_id, now)
         self._schedule_work(now, job)
@@ -320,8 +381,18 @@ class Replay:
     def _set_rate(self, job: _Job, placements: tuple[Placement, ...]) -> None:
         job.placements = placements
         job.allocated = _capacity(placements)
-        job.rate = 1.0 if job.gpus <= 0 else min(1.0, job.allocated / job.gpus)
+        job.rate = self._rate(job)
         job.epoch += 1
+
+    def _rate(self, job: _Job) -> float:
+        """k/g on k of g GPUs; with --adjust on, min(1, k / demand): GPUs it keeps idle cost
+        nothing when taken away."""
+        if job.gpus <= 0 or job.allocated >= job.gpus:
+            return 1.0
+        if self.adjuster is None:
+            return min(1.0, job.allocated / job.gpus)
+        demand = job.demand.total(int(job.work // 60))
+        return 1.0 if demand <= job.allocated else job.allocated / demand
 
     def _apply(self, now: float, d: Decisions) -> bool:
         changed = False
@@ -387,7 +458,14 @@ class Replay:
             job.since = now
             job.attempt += 1
             job.attempt_start = now
+            self.running[job.id] = job
+            if job.requeued is not None:  # reclaimed from its release to its restart
+                self.result.reclaimed_gpu_seconds += job.requeued[1] * max(0.0, now - job.requeued[0])
+                job.requeued = None
             self._set_rate(job, b.placements)
+            if self.adjuster is not None:
+                self.adjuster.placed(job.id, b.placements, new_attempt=True)
+                self._arm_adjust(now)
             self._emit(now, "start", job.id, allocations=allocations(b.placements))
             self._schedule_work(now, job)
             limit = job.tj.request.time_limit_s
@@ -398,14 +476,109 @@ class Replay:
             self._resize(now, job, placements)
         return changed
 
-    def _resize(self, now: float, job: _Job, placements: tuple[Placement, ...]) -> None:
+    # -- the adjustment pass (--adjust on) -------------------------------------------------------
+
+    def _arm_adjust(self, now: float) -> None:
+        """Schedule the next pass, on the interval's grid, unless one is due."""
+        if self.adjuster is None or self._adjust_at is not None:
+            return
+        interval = self.adjuster.options.interval_s
+        self._adjust_at = (math.floor(now / interval + 1e-9) + 1) * interval
+        self._push(self._adjust_at, _ADJUST, "", 0)
+
+    def _adjust(self, now: float) -> bool:
+        """One adjustment pass: sample the GPUs (every step), re-rate the jobs short of GPUs,
+        ask the policy, act. Returns whether GPUs were freed (the scheduler decides then)."""
+        adj = self.adjuster
+        assert adj is not None
+        self._adjust_at = None
+        step = adj.settings.step_s
+        sample = abs(now / step - round(now / step)) < 1e-9
+        changed = False
+        for job in list(self.running.values()):
+            if job.state != "running":
+                continue
+            if sample:
+                adj.sample(job.id, job.demand, job.work + job.rate * (now - job.since), now)
+            if job.allocated < job.gpus:  # its demand moves with its work: so does its rate
+                job.advance(now)
+                rate = self._rate(job)
+                if rate != job.rate:
+                    job.rate = rate
+                    job.epoch += 1
+                    self._schedule_work(now, job)
+            action = adj.decide(job.tj, job.attempt_start, now)
+            if action is not None:
+                changed |= self._act(now, job, action)
+        if self.running:
+            self._arm_adjust(now)
+        return changed
+
+    def _act(self, now: float, job: _Job, a: Adjustment) -> bool:
+        adj = self.adjuster
+        assert adj is not None
+        counts = self.result.adjustments
+        if a.action == WARN:
+            counts[WARN] = counts.get(WARN, 0) + 1
+            adj.warned(job.id, now)
+            self._emit(now, "idle-warning", job.id, level=a.level, idle_s=round(a.idle_s, 1), reason=a.reason)
+            return False
+        req = job.tj.request
+        if a.action == SHRINK:
+            shrink = getattr(self.sched, "shrink", None)  # a policy that cannot shrink: warned only
+            placements = shrink(job.id, a.to_gpus or 0) if shrink is not None else None
+            if placements is None:
+                return False
+            before = job.allocated
+            self._resize(now, job, placements, reason=f"idle-reclaim: {a.reason}")
+            job.reclaims.append((now, before - job.allocated))
+            adj.shrunk(job.id, now)
+        elif a.action == REQUEUE:
+            job.advance(now)
+            if req.checkpoint_s:  # checkpoint-now: the requeue loses nothing
+                job.ckpt_work = job.work
+                self.sched.checkpoint(job.id, now)
+            job.requeued = (now + req.grace_s, job.allocated)  # its GPUs are back after the grace
+            job.rate = 0.0
+            job.epoch += 1
+            job.attempt += 1
+            job.state = "terminating"
+            job.stop_reason = f"idle-reclaim: {a.reason}"
+            self._push(now + req.grace_s, _GRACE, job.id, job.attempt)
+        else:
+            return False
+        counts[a.action] = counts.get(a.action, 0) + 1
+        if not req.preemptible and job.tj.idle_reclaim != "allow":
+            self.result.touched_non_preemptible.append(job.id)
+        return True
+
+    def _resize(self, now: float, job: _Job, placements: tuple[Placement, ...], **extra: Any) -> None:
         job.advance(now)
         if job.state == "terminating":  # in its grace period: new GPUs, still no work
             job.placements, job.allocated = placements, _capacity(placements)
         else:
             self._set_rate(job, placements)
-        self._emit(now, "resize", job.id, allocations=allocations(placements))
+        if self.adjuster is not None:
+            self.adjuster.placed(job.id, placements, new_attempt=False)
+        self._emit(now, "resize", job.id, allocations=allocations(placements), **extra)
         self._schedule_work(now, job)
+
+
+def _check_idle_profiles(jobs: Iterable[_Job], adjuster: Adjuster) -> None:
+    """With --adjust on, a job that idles all its GPUs for good, cannot checkpoint and may be
+    requeued would restart from nothing into the same idle spell, again and again."""
+    s = adjuster.settings
+    for job in jobs:
+        name, tj = job.demand.name, job.tj
+        if not wholly_idle(name) or can_idle_safely(tj):
+            continue
+        after = float(name.rsplit("-", 1)[1]) * 60 if name != "idle" else 0.0
+        if (tj.duration_s or 0.0) > after + s.exempt_s + s.act_after_s:
+            raise ReplayError(
+                f"job {job.id}: util_profile {name!r} idles all its GPUs for good and the job does "
+                "not checkpoint: with --adjust on each requeue would restart it from nothing into "
+                "the same idle spell; give it checkpoint_s, or make it not preemptible"
+            )
 
 
 def replay(
@@ -416,8 +589,11 @@ def replay(
     tick_s: float = 300.0,
     progress: Progress | None = None,
     estimates: bool = False,
+    adjust: AdjustOptions | None = None,
 ) -> ReplayResult:
     """Run ``jobs`` on ``nodes`` under ``scheduler`` and return the events and accounting;
     ``estimates``: keep the start estimate each job first gets (costly: a plan of the queue at
-    nearly every pass)."""
-    return Replay(nodes, jobs, scheduler, tick_s=tick_s, progress=progress, estimates=estimates).run()
+    nearly every pass); ``adjust``: run the adjustment pass (``--adjust on``)."""
+    return Replay(
+        nodes, jobs, scheduler, tick_s=tick_s, progress=progress, estimates=estimates, adjust=adjust
+    ).run()

@@ -14,8 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from scheduling.engine.types import KINDS
+from scheduling.engine.adjust import ACTIONS
+from scheduling.engine.types import KINDS, NodeSpec
 from scheduling.sim import policies
+from scheduling.sim.adjusting import AdjustOptions
 from scheduling.sim.check import check
 from scheduling.sim.eta_score import ETA_KEYS
 from scheduling.sim.eta_score import score as score_estimates
@@ -24,8 +26,9 @@ from scheduling.sim.metrics import summarize
 from scheduling.sim.pack import run_pack
 from scheduling.sim.plots import plot_compare, plot_pack_compare, plot_run
 from scheduling.sim.progress import ProgressBar
-from scheduling.sim.replay import replay
-from scheduling.sim.traces import read_jobs, read_nodes, read_quotas
+from scheduling.sim.replay import ReplayResult, replay
+from scheduling.sim.traces import TraceJob, read_jobs, read_nodes, read_quotas
+from scheduling.sim.utilisation import Demand, busy_ceiling, profile_of
 
 PACK_SEED0 = 42
 
@@ -52,8 +55,10 @@ def run_replay(
     show_progress: bool = True,
     tick_s: float = 300.0,
     estimates: bool = False,
+    adjust: bool = False,
 ) -> dict[str, Any]:
-    """Replay one policy; write events.jsonl, summary.json, series.json and the plots."""
+    """Replay one policy; write events.jsonl, summary.json, series.json and the plots.
+    ``adjust``: run the adjustment pass (``--adjust on``, :mod:`.adjusting`)."""
     out = Path(out)
     nodes = read_nodes(nodes_csv)
     jobs = read_jobs(jobs_csv)
@@ -62,13 +67,18 @@ def run_replay(
     scheduler = (factory or policies.make)(policy, nodes, quotas, seed)
     bar = ProgressBar(f"replay {policy}", stream=sys.stderr if show_progress else None)
     try:
-        result = replay(nodes, jobs, scheduler, tick_s=tick_s, progress=bar, estimates=estimates)
+        result = replay(
+            nodes, jobs, scheduler, tick_s=tick_s, progress=bar, estimates=estimates,
+            adjust=AdjustOptions() if adjust else None,
+        )  # fmt: skip
     finally:
         bar.close()
     write_events(out / "events.jsonl", result.events)
     began = time.perf_counter()
     summary, series = summarize(nodes, jobs, result.events, quotas)
-    report = check(nodes, jobs, read_events(out / "events.jsonl"), quotas if quotas_csv else None)
+    report = check(
+        nodes, jobs, read_events(out / "events.jsonl"), quotas if quotas_csv else None, adjust=adjust
+    )
     summary = {
         "policy": policy,
         "seed": seed,
@@ -76,6 +86,7 @@ def run_replay(
         "jobs_file": str(jobs_csv),
         "quotas": str(quotas_csv) if quotas_csv else None,
         **summary,
+        **utilisation_summary(nodes, jobs, result, summary, adjust),
         "check": {"ok": report.ok, "violations": len(report.violations)},
         **report.avoidable,
         **(score_estimates(result.events, result.first_estimates) if estimates else dict.fromkeys(ETA_KEYS)),
@@ -93,6 +104,30 @@ def run_replay(
         (out / "check.txt").write_text("\n".join(report.violations) + "\n", encoding="utf-8")
     plot_run(out, series, policy)
     return summary
+
+
+def utilisation_summary(
+    nodes: Sequence[NodeSpec],
+    jobs: Sequence[TraceJob],
+    result: ReplayResult,
+    summary: dict[str, Any],
+    adjust: bool,
+) -> dict[str, Any]:
+    """The utilisation keys of summary.json (docs/formats.md, "Utilisation and ``--adjust``")."""
+    capacity = float(sum(n.gpus for n in nodes)) or 1.0
+    window = result.window_s
+    demands = {tj.request.id: Demand(profile_of(tj), tj.request.id, tj.request.gpus) for tj in jobs}
+    return {
+        "adjust": "on" if adjust else "off",
+        "busy_utilisation": result.busy_gpu_seconds_while_arriving / (capacity * window)
+        if window > 0
+        else None,
+        "busy_utilisation_ceiling": busy_ceiling(jobs, demands, capacity),
+        "reclaimed_gpu_hours": result.reclaimed_gpu_seconds / 3600,
+        "lost_gpu_hours": summary["lost_gpu_seconds"] / 3600,
+        "adjustments": {a: result.adjustments.get(a, 0) for a in ACTIONS},
+        "touched_non_preemptible": len(set(result.touched_non_preemptible)),
+    }
 
 
 def _fmt(value: Any, scale: float = 1.0, digits: int = 1, pct: bool = False) -> str:
@@ -162,12 +197,13 @@ def compare_replay(
     *,
     factory: policies.SchedulerFactory | None = None,
     show_progress: bool = True,
+    adjust: bool = False,
 ) -> dict[str, dict[str, Any]]:
     out = Path(out)
     for name in names:
         run_replay(
             nodes_csv, jobs_csv, quotas_csv, name, out / name, seed,
-            factory=factory, show_progress=show_progress,
+            factory=factory, show_progress=show_progress, adjust=adjust,
         )  # fmt: skip
     return write_replay_compare(out, names, f"replay {_label(jobs_csv)}")
 

@@ -10,6 +10,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent import profiles
+from scheduling.engine.adjust import IDLE_RECLAIM
 from scheduling.engine.types import KINDS, TOPOLOGIES, JobRequest, NodeSpec, QuotaSpec
 
 NODE_COLUMNS = [
@@ -50,6 +52,9 @@ JOB_OPTIONAL = [
 # Optional too, and not written by ``generate``: labels a node should carry (the job's data), in
 # node_selector's ``k:v;k:v`` form; preferred by the placer (EngineConfig.delta), never required.
 JOB_PREFER = "prefer_labels"
+# Optional, read by ``replay --adjust on`` (docs/formats.md, "Utilisation"): the job's utilisation
+# profile (default: drawn from its id and kind), its owner's ``idle_reclaim`` and ``interactive``.
+JOB_ADJUST = ("util_profile", "idle_reclaim", "interactive")
 QUOTA_COLUMNS = ["tenant", "model", "guaranteed", "limit", "weight"]
 
 
@@ -64,6 +69,9 @@ class TraceJob:
     request: JobRequest
     submit_s: float
     duration_s: float | None  # work to do on the GPUs asked for; None in some pack files
+    util_profile: str = ""  # "" = drawn (scheduling/sim/utilisation.py)
+    idle_reclaim: str = "never"
+    interactive: bool = False
 
 
 def parse_labels(text: str) -> tuple[tuple[str, str], ...]:
@@ -226,7 +234,22 @@ def read_jobs(path: str | Path) -> list[TraceJob]:
             elastic_max_gpus=int(max_gpus) if max_gpus is not None else None,
             submitted_at=f.number("submit_s", 0.0),
         )
-        jobs.append(TraceJob(request, request.submitted_at, f.optional("duration_s")))
+        profile = f.text("util_profile")
+        if profile and not profiles.is_profile(profile):
+            raise f.fail("util_profile", f"unknown profile (one of {', '.join(profiles.NAMES)})")
+        reclaim = f.text("idle_reclaim", "never")
+        if reclaim not in IDLE_RECLAIM:
+            raise f.fail("idle_reclaim", f"must be one of {', '.join(IDLE_RECLAIM)}")
+        jobs.append(
+            TraceJob(
+                request,
+                request.submitted_at,
+                f.optional("duration_s"),
+                profile,
+                reclaim,
+                f.boolean("interactive", False),
+            )
+        )
     return jobs
 
 

@@ -73,6 +73,16 @@ def test_a_warning_from_an_earlier_idle_spell_does_not_count():
     assert adjustment is not None and adjustment.level == 1
 
 
+def test_a_job_idle_longer_than_the_window_read_is_not_warned_again():
+    now = 200 * MIN
+    window = idle_for(61, 1, now, busy_before=0)  # all that is read: idle throughout
+    service = job(gpus=1, preemptible=False, warned_at=(now - 185 * MIN, now - 155 * MIN))
+    assert decide_job(service, window, POLICY, now) is None
+    fresh = job(gpus=1, preemptible=False)
+    again = decide_job(fresh, window, POLICY, now)
+    assert again is not None and again.action == WARN and again.level == 1
+
+
 def test_a_preemptible_job_idle_for_an_hour_is_requeued_with_its_evidence():
     now = 100 * MIN
     a = decide_job(job(), idle_for(60, 2, now), POLICY, now)

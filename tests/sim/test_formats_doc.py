@@ -13,7 +13,14 @@ from scheduling.services.export import export_trace
 from scheduling.sim.events import EVENT_TYPES
 from scheduling.sim.generate import generate
 from scheduling.sim.runner import run_replay
-from scheduling.sim.traces import JOB_COLUMNS, JOB_OPTIONAL, JOB_PREFER, NODE_COLUMNS, QUOTA_COLUMNS
+from scheduling.sim.traces import (
+    JOB_ADJUST,
+    JOB_COLUMNS,
+    JOB_OPTIONAL,
+    JOB_PREFER,
+    NODE_COLUMNS,
+    QUOTA_COLUMNS,
+)
 
 FORMATS_DOC = Path(__file__).resolve().parents[2] / "docs" / "formats.md"
 
@@ -49,13 +56,17 @@ def test_the_documented_job_columns_are_the_readers_required_ones_and_its_option
     assert [c for c, required in columns.items() if required == "no"] == [*JOB_OPTIONAL, JOB_PREFER]
 
 
+def test_the_documented_adjustment_columns_are_the_ones_replay_reads():
+    assert tuple(table("Utilisation and `--adjust`")) == JOB_ADJUST
+
+
 def test_the_documented_quota_columns_are_the_readers_ones():
     assert list(table("quotas.csv")) == QUOTA_COLUMNS
 
 
 def test_the_documented_event_types_are_the_ones_the_events_reader_accepts():
     documented = set(table("events.jsonl"))
-    keys = {"t", "event", "job", "allocations", "reason", "lost_gpu_seconds"}
+    keys = {"t", "event", "job", "allocations", "reason", "lost_gpu_seconds", "level", "idle_s"}
     assert documented - keys == set(EVENT_TYPES)
 
 
