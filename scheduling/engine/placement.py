@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .fragmentation import UNTRACKED, FragmentationModel
-from .state import Alloc, ClusterState, Group, ReplicaReq, fits_state
+from .state import Alloc, ClusterState, Group, NodeState, ReplicaReq, fits_state
 from .types import MILLI, NodeSpec
 
 
@@ -159,6 +159,31 @@ def class_allows(spec: NodeSpec, c: Constraints) -> int | None:
     return c.models.index(spec.model) if c.models else 0
 
 
+class OffRacks:
+    """A node filter: the nodes off ``racks`` (a set the caller may shrink between searches) that
+    ``inner`` (if any) allows. Callable like any filter; :meth:`Placer.best` also searches it
+    rack by rack, so that a group of nodes mostly on those racks is not walked node by node."""
+
+    __slots__ = ("nodes", "racks", "inner", "_open", "_seen")
+
+    def __init__(self, nodes: list[NodeState], racks: set[str], inner: Callable[[int], bool] | None):
+        self.nodes = nodes
+        self.racks = racks
+        self.inner = inner
+        self._open: list[str] = []
+        self._seen = -1  # len(racks) when _open was listed
+
+    def __call__(self, i: int) -> bool:
+        return self.nodes[i].spec.rack not in self.racks and (self.inner is None or self.inner(i))
+
+    def open_racks(self, state: ClusterState) -> list[str]:
+        """The racks of ``state`` not in ``racks``."""
+        if self._seen != len(self.racks):
+            self._open = [r for r in state.rack_groups if r not in self.racks]
+            self._seen = len(self.racks)
+        return self._open
+
+
 class Placer:
     """Chooses nodes for replicas on a :class:`~.state.ClusterState`.
 
@@ -278,8 +303,9 @@ class Placer:
 
     def candidates(
         self, req: ReplicaReq, c: Constraints, sort: bool = True
-    ) -> list[tuple[tuple[Any, ...], list[int], int | None]]:
-        """Every group that can take ``req``: (sort key, its node ranks, GPU value), best first."""
+    ) -> list[tuple[tuple[Any, ...], list[int], int | None, int]]:
+        """Every group that can take ``req``: (sort key, its node ranks, GPU value, group id),
+        best first."""
         out = []
         per = self._score.get(req)
         if per is None:
@@ -295,7 +321,7 @@ class Placer:
                     sc = self._group_score(g, req, per)
                 if sc is None:
                     continue
-                out.append(((-pref, sc[0] + bonus, -g.ranks[0]), g.ranks, sc[1]))  # type: ignore[index]
+                out.append(((-pref, sc[0] + bonus, -g.ranks[0]), g.ranks, sc[1], g.gid))  # type: ignore[index]
         if sort:
             out.sort(key=lambda t: t[0], reverse=True)
         return out
@@ -310,19 +336,20 @@ class Placer:
             if quick is None or node_ok(quick[0]):
                 return quick
             cands = self.candidates(req, c, sort=False)
+            first_ok = self._first_ok
             for _ in range(4):  # usually the best group has an allowed node: no full sort
                 if not cands:
                     return None
                 first = max(range(len(cands)), key=lambda k: cands[k][0])
-                _k, ranks, value = cands.pop(first)
-                for r in ranks:
-                    if node_ok(by_rank[r]):
-                        return by_rank[r], value
+                _k, ranks, value, gid = cands.pop(first)
+                r = first_ok(gid, ranks, node_ok)
+                if r is not None:
+                    return by_rank[r], value
             cands.sort(key=lambda t: t[0], reverse=True)
-            for _k, ranks, value in cands:
-                for r in ranks:
-                    if node_ok(by_rank[r]):
-                        return by_rank[r], value
+            for _k, ranks, value, gid in cands:
+                r = first_ok(gid, ranks, node_ok)
+                if r is not None:
+                    return by_rank[r], value
             return None
         best_key: tuple[Any, ...] | None = None
         best_pick: tuple[int, int | None] | None = None
@@ -340,6 +367,33 @@ class Placer:
             if best_key is None or k > best_key:
                 best_key, best_pick = k, (by_rank[rank], value)
         return best_pick
+
+    def _first_ok(self, gid: int, ranks: list[int], node_ok: Callable[[int], bool]) -> int | None:
+        """The lowest of ``ranks`` (group ``gid``'s nodes) whose node ``node_ok`` allows. Off the
+        racks kept clear (:class:`OffRacks`), a large group is searched by its nodes on each open
+        rack (``ClusterState.rack_groups``) instead of node by node: the same node, found in
+        steps bounded by the open racks, not by the group's nodes on the clear ones."""
+        by_rank = self.state.by_rank
+        if isinstance(node_ok, OffRacks):
+            open_racks = node_ok.open_racks(self.state)
+            if len(open_racks) < len(ranks):
+                rack_groups, inner = self.state.rack_groups, node_ok.inner
+                found: int | None = None
+                for rack in open_racks:
+                    here = rack_groups[rack].get(gid)
+                    if here is None:
+                        continue
+                    for r in here:
+                        if found is not None and r >= found:
+                            break
+                        if inner is None or inner(by_rank[r]):
+                            found = r
+                            break
+                return found
+        for r in ranks:
+            if node_ok(by_rank[r]):
+                return r
+        return None
 
     def best_among(
         self, req: ReplicaReq, c: Constraints, rack: str, node_ok: Callable[[int], bool] | None = None

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from . import queues
 from .backfill import Reservation, Reservations
 from .geometry import Geometry
-from .placement import Constraints
+from .placement import Constraints, OffRacks
 from .preemption import Hypo, Victim, choose_victims
 from .preference import wait_for_preferred
 from .reasons import ClassSummary, diagnose_job
@@ -745,10 +745,7 @@ class PolicyPass:
     # -- helpers ---------------------------------------------------------------------------------
     def off_clear(self, node_ok: NodeOk | None) -> NodeOk:
         """``node_ok`` narrowed to the nodes off the racks kept clear for rack gangs."""
-        nodes, clear = self.s.nodes, self.s.clear_racks  # asked per node searched: kept local
-        if node_ok is None:
-            return lambda i: nodes[i].rack not in clear
-        return lambda i: nodes[i].rack not in clear and node_ok(i)
+        return OffRacks(self.s.state.nodes, self.s.clear_racks, node_ok)
 
     def removable(self, job: JobRequest) -> Removable:
         return (self.cfg.level_of(job.kind) if job.preemptible else None), bool(job.time_limit_s)
