@@ -14,7 +14,9 @@ Goals (the same for every scenario; "fair" is greedy-quota with quotas, greedy w
   at 1.0: average JCT ≤ greedy-quota's;
 - without quotas, at 1.2: allocation ≥ greedy + 0.03; at 1.0: average JCT ≤ 0.5 × fcfs-device's;
 - every scenario: no job's avoidable wait over 12 h (the checker's measure,
-  :mod:`.avoidable`), inference p99 queueing ≤ 60 s, lost work ≤ 2%, the checker clean.
+  :mod:`.avoidable`), inference p99 queueing ≤ 60 s where inference fits its guarantee (the
+  checker's wait within the guarantee: an inference job whose tenant's non-preemptible work fills
+  its guarantee waits for it under any policy), lost work ≤ 2%, the checker clean.
 
 The greedy references run without quotas in every scenario (judged without them).
 """
@@ -81,6 +83,10 @@ def _mean(xs: list[float | None]) -> float | None:
     return sum(got) / len(got) if got else None
 
 
+def _inference_p99(run: dict[str, Any]) -> float | None:
+    return run["by_kind"].get("inference", {}).get("p99_queue_s")
+
+
 def figures(out: Path, case: Case, seeds: list[int], policy: str) -> dict[str, Any]:
     """The policy's figures on ``case``, averaged over ``seeds`` (worst for the bounds)."""
     runs = [json.loads((out / f"{case.name}-{s}" / policy / "summary.json").read_text()) for s in seeds]
@@ -89,7 +95,11 @@ def figures(out: Path, case: Case, seeds: list[int], policy: str) -> dict[str, A
         "ceiling": _mean([r.get("gpu_allocation_ceiling_while_arriving") for r in runs]),
         "jct": _mean([r["avg_jct_s"] for r in runs]),
         "avoidable_max_h": max(r.get("avoidable_wait_max_h", 0.0) for r in runs),
-        "inference_p99_s": max((r["by_kind"].get("inference", {}).get("p99_queue_s") or 0.0) for r in runs),
+        "inference_p99_s": max(_inference_p99(r) or 0.0 for r in runs),
+        # within its guarantee (the checker's measure, :mod:`.avoidable`); older runs: all of it
+        "inference_p99_fit_s": max(
+            r.get("inference_p99_queue_within_guarantee_s", _inference_p99(r)) or 0.0 for r in runs
+        ),
         "lost": max(r["lost_work_fraction"] for r in runs),
         "violations": sum(r["check"]["violations"] for r in runs),
     }
@@ -119,7 +129,11 @@ def goals(case: Case, f: dict[str, dict[str, Any]]) -> list[Goal]:
         out.append(("avg JCT ≤ 0.5 × fcfs-device's", f"{t['jct']:.0f} vs {want:.0f} s", t["jct"] <= want))
     out += [
         ("longest avoidable wait ≤ 12 h", f"{t['avoidable_max_h']:.1f} h", t["avoidable_max_h"] <= 12),
-        ("inference p99 queue ≤ 60 s", f"{t['inference_p99_s']:.0f} s", t["inference_p99_s"] <= 60),
+        (
+            "inference p99 queue within its guarantee ≤ 60 s",
+            f"{t['inference_p99_fit_s']:.0f} s",
+            t["inference_p99_fit_s"] <= 60,
+        ),  # fmt: skip
         ("lost work ≤ 2%", f"{100 * t['lost']:.2f}%", t["lost"] <= 0.02),
         ("checker clean", f"{t['violations']} violations", t["violations"] == 0),
     ]
@@ -132,6 +146,7 @@ def _fmt(key: str) -> Callable[[dict[str, Any]], str]:
         "jct": lambda v: f"{v / 3600:.2f}",
         "avoidable_max_h": lambda v: f"{v:.1f}",
         "inference_p99_s": lambda v: f"{v:.0f}",
+        "inference_p99_fit_s": lambda v: f"{v:.0f}",
         "lost": lambda v: f"{100 * v:.2f}%",
         "violations": str,
     }
@@ -143,6 +158,7 @@ COLUMNS = (
     ("avg JCT (h)", "jct"),
     ("longest avoidable wait (h)", "avoidable_max_h"),
     ("inference p99 queue (s)", "inference_p99_s"),
+    ("… within its guarantee (s)", "inference_p99_fit_s"),
     ("lost work", "lost"),
     ("violations", "violations"),
 )

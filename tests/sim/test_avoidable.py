@@ -76,3 +76,31 @@ def test_quota_rules_decide_whether_a_wait_was_avoidable(tmp_path: Path):
     assert report.ok, report.violations
     # s2 could not borrow past the guarantee while s1 ran; p (preemptible) could, up to the limit.
     assert report.avoidable_s == {"p": 150}
+
+
+def test_inference_waits_count_only_while_its_guarantee_had_room(tmp_path: Path):
+    quotas = "t1,H100,4,8,1\n"
+    jobs = [
+        job("s", 4, model="H100", preemptible="false"),  # the tenant's guarantee, all of it
+        job("b", 4, model="H100", preemptible="true", tenant="t2"),
+        job("i1", 1, model="H100", preemptible="false", kind="inference"),
+        job("i2", 1, model="H100", preemptible="false", kind="inference", submit_s=300),
+    ]
+    events = [
+        ev(0, "submit", "s"),
+        ev(0, "submit", "b"),
+        ev(0, "start", "s", alloc("n1", [0, 1, 2, 3])),
+        ev(0, "start", "b", alloc("n1", [4, 5, 6, 7])),
+        ev(0, "submit", "i1"),  # the guarantee is full: i1 waits for s by the quota rules
+        ev(200, "finish", "s"),
+        ev(200, "start", "i1", alloc("n1", [0])),
+        ev(300, "submit", "i2"),  # room in the guarantee: i2 waits 500 s it need not have
+        ev(800, "start", "i2", alloc("n1", [1])),
+        ev(900, "finish", "i1"),
+        ev(900, "finish", "i2"),
+        ev(900, "finish", "b"),
+    ]
+    report = run(tmp_path, jobs, events, f"{quotas}t2,H100,0,8,1\n")
+    assert report.ok, report.violations
+    # p99 over the two: interpolated between 0 (i1) and 500 (i2)
+    assert report.avoidable["inference_p99_queue_within_guarantee_s"] == 0.99 * 500

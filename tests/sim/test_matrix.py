@@ -27,13 +27,18 @@ def test_a_small_matrix_writes_each_policys_figures_and_judges_every_goal(tmp_pa
 
 
 def test_each_goal_is_judged_against_the_fair_reference_of_its_case():
-    fig = {"alloc": 0.80, "ceiling": 0.95, "jct": 100.0, "avoidable_max_h": 13.0, "inference_p99_s": 0.0,
-           "lost": 0.0, "violations": 0}  # fmt: skip
+    fig = {"alloc": 0.80, "ceiling": 0.95, "jct": 100.0, "avoidable_max_h": 13.0, "inference_p99_s": 900.0,
+           "inference_p99_fit_s": 0.0, "lost": 0.0, "violations": 0}  # fmt: skip
     f = {p: dict(fig) for p in matrix.POLICIES}
     f["greedy-quota"]["alloc"] = 0.78
     got = {g: met for g, _, met in goals(Case("x", 1.2), f)}
     assert got["alloc ≥ min(greedy-quota + 0.03, ceiling − 0.02)"] is False  # 0.80 < 0.81
     assert got["longest avoidable wait ≤ 12 h"] is False
+    # inference that waited only while its tenant's own non-preemptible work filled the guarantee
+    assert got["inference p99 queue within its guarantee ≤ 60 s"] is True
+    f["tessera"]["inference_p99_fit_s"] = 61.0
+    got = {g: met for g, _, met in goals(Case("x", 1.2), f)}
+    assert got["inference p99 queue within its guarantee ≤ 60 s"] is False
     f["fcfs-device"]["jct"] = 250.0
     got = {g: met for g, _, met in goals(Case("y", 1.0, quotas=False), f)}
     assert got["avg JCT ≤ 0.5 × fcfs-device's"] is True
