@@ -282,6 +282,13 @@ class Job(models.Model):
     pending_reason = models.TextField(null=True, blank=True)
     pending_code = models.CharField(max_length=16, choices=PendingCode.choices, null=True, blank=True)
     estimated_start = models.DateTimeField(null=True, blank=True)
+    # The pass's start estimate (engine/eta.py): a band around estimated_start, what it rests on
+    # (words), and the job's place in the queue. Null for a job not estimated.
+    estimated_start_earliest = models.DateTimeField(null=True, blank=True)
+    estimated_start_latest = models.DateTimeField(null=True, blank=True)
+    estimate_basis = models.TextField(blank=True, default="")
+    queue_position = models.PositiveIntegerField(null=True, blank=True)
+    jobs_ahead = models.PositiveIntegerField(null=True, blank=True)
     submitted_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -311,6 +318,12 @@ class Job(models.Model):
             models.Index(
                 fields=["tenant", "kind", "-finished_at", "-id"],
                 name="job_runtime_history",
+                condition=models.Q(state__in=["succeeded", "failed"]),
+            ),
+            # ... and of one owner's jobs of one name (start estimates trust a user's reruns).
+            models.Index(
+                fields=["owner", "name", "-finished_at", "-id"],
+                name="job_named_history",
                 condition=models.Q(state__in=["succeeded", "failed"]),
             ),
         ]

@@ -1,69 +1,76 @@
 """When will each pending job start? A forward plan of the queue, with a band.
 
-After a pass, every pending job gets an :class:`Estimate`: a start, the earliest and latest it is
-likely to be, what the estimate rests on, and its place in the queue. The plan:
+After a pass, every pending GPU job (up to ``config.eta_max_jobs``, in the pass's order) gets an
+:class:`~.types.Estimate`: a start, the earliest and latest it is likely to be, what the estimate
+rests on, and its place in the queue. The plan:
 
-1. Runtimes. A job's runtime is predicted three ways — low, typical, high — from the runs of its
-   tenant and kind that ended on their own (a quarter, half and nine tenths of the way through
-   them, once there are three), else from its time limit (a tenth, half and all of it: users'
-   limits are mostly far too long), else from the default runtime. A time limit caps all three.
-2. Room over time. Each accelerator model's GPUs, each tenant's quota row (up to its limit) and its
-   non-preemptible part (up to its guarantee) are timelines of use: the running jobs hold theirs
-   until their start plus their predicted runtime; once past it, the typical and high runtimes
-   are those of the runs that lasted longer (else the rest of the time limit, else as long again
-   as it has run), the low one "any moment".
-3. The queue in the pass's order: each job takes, on the first model it accepts where it comes
-   soonest, the earliest time from which its GPUs and its quota are free for its whole predicted
-   runtime, and holds them for that long — so a job ahead of it delays it, as in the pass. The
-   pass has just left every one of them waiting, so none starts before GPUs of its model are next
-   freed (or its retry backoff ends), even where the whole-model count says there is room now.
+1. Runtimes: low, typical and high, from history (:mod:`.runtimes`: the user's runs of the same
+   name, then the tenant's runs of the kind; time limits bound them), for the running jobs (how
+   long they still hold their GPUs) and the waiting ones.
+2. Room over time, node by node: each node's GPUs, each tenant's quota row (up to its limit) and
+   its non-preemptible part (up to its guarantee) are timelines of use. A running job holds its
+   GPUs on its nodes until its predicted end.
+3. The queue in the pass's order, once, with three sets of timelines (low, typical, high
+   runtimes) side by side. Each job takes the earliest time from which enough of the nodes it may
+   use each hold a replica (all on one node for a ``node``/``nvlink`` gang, in one rack for a
+   ``rack`` gang) and its quota row has room, for its whole runtime, and holds them that long —
+   so a job ahead of it delays it, as in the pass. A job the pass reserved nodes for plans on
+   those nodes only: its start is when they free. The pass has just left every job waiting, so
+   none starts before some GPUs of its model next free (or its retry backoff ends).
 
-The typical runtimes give the estimate; the low and high ones its band. Whole GPUs of a model are
-counted together (not node by node), so a gang's topology and fragmentation can make the real
-start later than the plan; the band is widened by nothing to hide it.
+The typical runtimes give the estimate; the low and high ones its band. What the plan does not
+see (jobs submitted later that go ahead, preemptions, GPU-level fragmentation inside a node) is
+what falls outside the band.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .backfill import gang_shape
+from .runtimes import MIN_RUNTIME_S, WHICH, Predictor, RecentRuns
 from .types import MILLI, Decisions, Estimate, JobRequest, NodeSpec
 
 if TYPE_CHECKING:
     from .policy import TesseraScheduler
 
-SPREAD = {"low": (0.25, 0.1), "typical": (0.5, 0.5), "high": (0.9, 1.0)}  # history quantile, share of limit
-MIN_HISTORY = 3
-MIN_RUNTIME_S = 60.0
+Row = tuple[str, str]
 
 
 @dataclass(frozen=True, slots=True)
 class Holding:
-    """What a running job holds: GPUs per model, and its charge per quota row."""
+    """What a running job holds: GPUs per node, and its charge per quota row."""
 
     job: JobRequest
     started_at: float
-    gpus: tuple[tuple[str, float], ...]  # (model, GPUs)
-    rows: tuple[tuple[tuple[str, str], float], ...]  # (quota row, GPUs)
+    nodes: tuple[tuple[int, float], ...]  # (node index, GPUs)
+    rows: tuple[tuple[Row, float], ...]  # (quota row, GPUs)
 
 
 @dataclass(frozen=True, slots=True)
 class Want:
-    """What a pending job needs: GPUs on one of ``models``, charged to ``rows[model]``."""
+    """What a pending job needs: ``replicas`` × ``per`` GPUs, each replica on one node of one of
+    ``models`` (``rack``: all in one rack), charged ``charge`` GPUs to ``rows[model]``."""
 
     job: JobRequest
-    gpus: float
+    per: float
+    replicas: int
+    rack: bool
+    charge: float
     models: tuple[str, ...]
-    rows: dict[str, tuple[str, str] | None]
+    rows: dict[str, Row | None]
     earliest: float  # not before (a retry's backoff)
+    reserved: tuple[int, ...] = ()  # the nodes the pass reserved for it
 
 
 class Timeline:
     """Use of one capacity over time: piecewise constant, starting at ``now``."""
+
+    __slots__ = ("cap", "ts", "us")
 
     def __init__(self, cap: float, now: float) -> None:
         self.cap = cap
@@ -81,185 +88,222 @@ class Timeline:
     def add(self, t0: float, t1: float, amount: float) -> None:
         if t1 <= t0 or amount == 0:
             return
-        i, j = self._cut(t0), self._cut(t1)
+        i = self._cut(t0)
+        j = self._cut(t1) if not math.isinf(t1) else len(self.ts)
         for k in range(i, j):
             self.us[k] += amount
-
-    def next_freed(self, t: float) -> float:
-        """The first time after ``t`` at which some of the capacity is freed (inf: never)."""
-        for i in range(bisect.bisect_right(self.ts, t), len(self.ts)):
-            if self.us[i] < self.us[i - 1]:
-                return self.ts[i]
-        return math.inf
 
     def earliest(self, t: float, length: float, need: float) -> float:
         """The earliest time from ``t`` on at which ``need`` is free for ``length`` (inf: never)."""
         if need > self.cap + 1e-9:
             return math.inf
         room = self.cap - need + 1e-9
-        i = max(0, bisect.bisect_right(self.ts, t) - 1)
+        us, ts = self.us, self.ts
+        n = len(us)
+        i = max(0, bisect.bisect_right(ts, t) - 1)
         start = t
-        while i < len(self.us):
+        while True:
             j = i
-            while j < len(self.us) and self.ts[j] < start + length:
-                if self.us[j] > room:
+            while j < n and (j == i or ts[j] < start + length):
+                if us[j] > room:
                     break
                 j += 1
             else:
                 return start
-            if j >= len(self.us) or self.ts[j] >= start + length:
-                return start
             i = j + 1  # segment j is too full: start after it
-            if i >= len(self.us):
+            if i >= n:
                 return math.inf
-            start = self.ts[i]
-        return math.inf
+            start = ts[i]
 
 
-class Runtimes:
-    """Low, typical and high runtime of a job (step 1)."""
+class Plan:
+    """The plan's timelines for one of the low, typical and high runtimes."""
 
-    def __init__(self, history: dict[tuple[str, str], list[float]], default_s: float) -> None:
-        self.history = {k: sorted(v) for k, v in history.items()}
-        self.default_s = default_s
+    def __init__(self, caps: Sequence[float], quota_caps: dict[Row, tuple[float, float]], now: float):
+        self.nodes = [Timeline(c, now) for c in caps]
+        self.limit = {row: Timeline(c[0], now) for row, c in quota_caps.items()}
+        self.steady = {row: Timeline(c[1], now) for row, c in quota_caps.items()}
 
-    def of(self, job: JobRequest, which: str) -> float:
-        q, share = SPREAD[which]
-        runs = self.history.get((job.tenant, job.kind), [])
-        if len(runs) >= MIN_HISTORY:
-            value = runs[min(len(runs) - 1, int(q * len(runs)))]
-        elif job.time_limit_s:
-            value = job.time_limit_s * share
-        else:
-            value = self.default_s * (2 * share if which != "typical" else 1.0)
-        if job.time_limit_s:
-            value = min(value, job.time_limit_s)
-        return max(MIN_RUNTIME_S, value)
+    def hold(
+        self,
+        nodes: Sequence[tuple[int, float]],
+        rows: Sequence[tuple[Row, float]],
+        preemptible: bool,
+        t0: float,
+        t1: float,
+    ) -> None:
+        for i, gpus in nodes:
+            self.nodes[i].add(t0, t1, gpus)
+        for row, gpus in rows:
+            if row in self.limit:
+                self.limit[row].add(t0, t1, gpus)
+                if not preemptible:
+                    self.steady[row].add(t0, t1, gpus)
 
-    def after(self, job: JobRequest, which: str, ran: float) -> float:
-        """Typical or high runtime of a job that has run ``ran`` seconds so far, once past its
-        unconditional one: the quantile of the runs longer than that, else of the rest of its
-        time limit, else as long again as it has run (twice for the high one); the time limit
-        caps it. The low one stays :meth:`of` (it may end any moment)."""
-        q, share = SPREAD[which]
-        value = self.of(job, which)
-        if value > ran or which == "low":  # the low one: it may end any moment once past it
-            return value
-        runs = self.history.get((job.tenant, job.kind), [])
-        longer = [r for r in runs if r > ran] if len(runs) >= MIN_HISTORY else []
-        if longer:
-            value = longer[min(len(longer) - 1, int(q * len(longer)))]
-        elif job.time_limit_s and job.time_limit_s > ran:
-            value = ran + share * (job.time_limit_s - ran)
-        else:
-            value = ran + ran * (2 * share)
-        if job.time_limit_s:
-            value = min(value, job.time_limit_s)
-        return value
+    def quota_lines(self, want: Want, model: str) -> list[Timeline]:
+        row = want.rows.get(model)
+        if row is None or row not in self.limit:
+            return []
+        return [self.limit[row], self.steady[row]] if not want.job.preemptible else [self.limit[row]]
 
-    def basis(self, job: JobRequest) -> str:
-        runs = self.history.get((job.tenant, job.kind), [])
-        if len(runs) >= MIN_HISTORY:
-            return f"{len(runs)} finished runs of {job.tenant}'s {job.kind} jobs"
-        if job.time_limit_s:
-            return "time limits (no history yet)"
-        return f"the default runtime of {self.default_s / 3600:g} h (no history or time limit)"
+    def place(
+        self, want: Want, candidates: dict[str, list[list[int]]], t0: dict[str, float], length: float
+    ) -> tuple[float, str, list[int]]:
+        """The earliest start of ``want`` on its candidate node groups, and where."""
+        best: tuple[float, str, list[int]] = (math.inf, "", [])
+        for model in want.models:
+            groups = candidates.get(model)
+            start = t0.get(model, math.inf)
+            if not groups or math.isinf(start):
+                continue
+            quota = self.quota_lines(want, model)
+            for _ in range(50):
+                if start >= best[0]:
+                    break
+                at, nodes = self._nodes_free(groups, want, start, length)
+                for line in quota:
+                    at = line.earliest(at, length, want.charge) if not math.isinf(at) else at
+                if math.isinf(at):
+                    break
+                if at == start:
+                    if at < best[0]:
+                        best = (at, model, nodes)
+                    break
+                start = at
+        return best
+
+    def _nodes_free(
+        self, groups: list[list[int]], want: Want, t: float, length: float
+    ) -> tuple[float, list[int]]:
+        best: tuple[float, list[int]] = (math.inf, [])
+        for group in groups:
+            if len(group) < want.replicas:
+                continue
+            ready = sorted((self.nodes[i].earliest(t, length, want.per), i) for i in group)
+            at = ready[want.replicas - 1][0]
+            if at < best[0]:
+                best = (at, [i for _, i in ready[: want.replicas]])
+        return best
 
 
 def plan(
     nodes: Sequence[NodeSpec],
-    holdings: Iterable[Holding],
+    holdings: Sequence[Holding],
     queue: Sequence[Want],
-    quota_caps: dict[tuple[str, str], tuple[float, float]],  # row -> (limit, guaranteed) in GPUs
-    runtimes: Runtimes,
+    quota_caps: dict[Row, tuple[float, float]],  # row -> (limit, guaranteed) in GPUs
+    predictor: Predictor,
     now: float,
 ) -> dict[str, Estimate]:
-    """Step 2 and 3 for each of low, typical and high runtimes; the estimates by job id."""
-    holdings = list(holdings)
-    starts = {which: _plan_once(nodes, holdings, queue, quota_caps, runtimes, now, which) for which in SPREAD}
+    """Steps 2 and 3, one sweep of the queue with three sets of timelines; estimates by job id."""
+    caps = [float(n.gpus - len(n.unhealthy_gpus)) if n.schedulable else 0.0 for n in nodes]
+    by_model: dict[str, list[int]] = {}
+    for i, n in enumerate(nodes):
+        if caps[i] > 0:
+            by_model.setdefault(n.model, []).append(i)
+    plans = {which: Plan(caps, quota_caps, now) for which in WHICH}
+    freed: dict[str, dict[str, float]] = {which: {} for which in WHICH}  # model -> next end
+    ends: dict[str, list[tuple[float, Holding]]] = {}
+    for h in holdings:
+        for which in WHICH:
+            end = max(now + MIN_RUNTIME_S, predictor.remaining_end(h.job, h.started_at, now, which))
+            plans[which].hold(h.nodes, h.rows, h.job.preemptible, now, end)
+            for i, _ in h.nodes:
+                model = nodes[i].model
+                freed[which][model] = min(freed[which].get(model, math.inf), end)
+            if which == "typical":
+                ends.setdefault("", []).append((end, h))
     out: dict[str, Estimate] = {}
     for position, want in enumerate(queue, 1):
-        start = starts["typical"].get(want.job.id, math.inf)
+        candidates = _candidates(nodes, by_model, want)
+        length = {which: predictor.predict(want.job).of(which) for which in WHICH}
+        starts: dict[str, float] = {}
+        where: list[int] = []
+        for which in WHICH:
+            t0 = {
+                m: want.earliest if want.earliest > now else freed[which].get(m, math.inf)
+                for m in want.models
+            }
+            p = plans[which]
+            start, model, chosen = p.place(want, candidates, t0, length[which])
+            starts[which] = start
+            if math.isinf(start):
+                continue
+            if which == "typical":
+                where = chosen
+            p.hold(
+                [(i, want.per) for i in chosen],
+                _rows(want, model),
+                want.job.preemptible,
+                start,
+                start + length[which],
+            )
+        start = starts["typical"]
         if math.isinf(start):
             continue
-        lo = min(start, starts["low"].get(want.job.id, start))
-        hi = max(start, starts["high"].get(want.job.id, start))
-        basis = (
-            f"{position - 1} job(s) ahead of it in the queue; runtimes from {runtimes.basis(want.job)} "
-            "and of the running jobs' history and time limits"
-        )
+        lo, hi = min(start, starts["low"]), max(start, starts["high"])
+        basis = _basis(want, predictor, position - 1, start, where, ends.get("", []), nodes)
         out[want.job.id] = Estimate(start, lo, hi, basis, position, position - 1)
     return out
 
 
-def _plan_once(
-    nodes: Sequence[NodeSpec],
-    holdings: list[Holding],
-    queue: Sequence[Want],
-    quota_caps: dict[tuple[str, str], tuple[float, float]],
-    runtimes: Runtimes,
-    now: float,
-    which: str,
-) -> dict[str, float]:
-    caps: dict[str, float] = {}
-    for n in nodes:
-        if n.schedulable and n.gpus:
-            caps[n.model] = caps.get(n.model, 0.0) + n.gpus - len(n.unhealthy_gpus)
-    room = {m: Timeline(c, now) for m, c in caps.items()}
-    limit = {row: Timeline(c[0], now) for row, c in quota_caps.items()}
-    steady = {row: Timeline(c[1], now) for row, c in quota_caps.items()}
-    for h in holdings:
-        end = max(now + MIN_RUNTIME_S, h.started_at + runtimes.after(h.job, which, now - h.started_at))
-        for model, gpus in h.gpus:
-            if model in room:
-                room[model].add(now, end, gpus)
-        for row, gpus in h.rows:
-            if row in limit:
-                limit[row].add(now, end, gpus)
-                if not h.job.preemptible:
-                    steady[row].add(now, end, gpus)
-    out: dict[str, float] = {}
-    for want in queue:
-        length = runtimes.of(want.job, which)
-        best, best_model = math.inf, ""
-        for model in want.models:
-            if model not in room:
-                continue
-            quota_row = want.rows.get(model)
-            lines = [room[model]]
-            if quota_row is not None:
-                lines.append(limit[quota_row])
-                if not want.job.preemptible:
-                    lines.append(steady[quota_row])
-            # the pass has just left it waiting: not before GPUs of the model are next freed
-            t0 = want.earliest if want.earliest > now else room[model].next_freed(now)
-            t = _together(lines, t0, length, want.gpus) if not math.isinf(t0) else t0
-            if t < best:
-                best, best_model = t, model
-        if math.isinf(best):
+def _rows(want: Want, model: str) -> list[tuple[Row, float]]:
+    row = want.rows.get(model)
+    return [(row, want.charge)] if row is not None else []
+
+
+def _candidates(
+    nodes: Sequence[NodeSpec], by_model: dict[str, list[int]], want: Want
+) -> dict[str, list[list[int]]]:
+    """Per model, the groups of nodes one job's replicas may share (a rack gang: one rack)."""
+    job = want.job
+    out: dict[str, list[list[int]]] = {}
+    pool = want.reserved
+    for model in want.models:
+        ids = [i for i in pool if nodes[i].model == model] if pool else by_model.get(model, [])
+        if job.node_selector or any(nodes[i].taints for i in ids):
+            ids = [i for i in ids if _allowed(nodes[i], job)]
+        if not ids:
             continue
-        out[want.job.id] = best
-        room[best_model].add(best, best + length, want.gpus)
-        quota_row = want.rows.get(best_model)
-        if quota_row is not None:
-            limit[quota_row].add(best, best + length, want.gpus)
-            if not want.job.preemptible:
-                steady[quota_row].add(best, best + length, want.gpus)
+        if want.rack and not pool:
+            racks: dict[str, list[int]] = {}
+            for i in ids:
+                racks.setdefault(nodes[i].rack, []).append(i)
+            out[model] = list(racks.values())
+        else:
+            out[model] = [ids]
     return out
 
 
-def _together(lines: list[Timeline], t: float, length: float, need: float) -> float:
-    """The earliest time from ``t`` on at which every timeline has ``need`` free for ``length``."""
-    for _ in range(1000):
-        moved = t
-        for line in lines:
-            moved = line.earliest(moved, length, need)
-            if math.isinf(moved):
-                return math.inf
-        if moved == t:
-            return t
-        t = moved
-    return math.inf
+def _allowed(node: NodeSpec, job: JobRequest) -> bool:
+    labels = dict(node.labels)
+    return all(labels.get(k) == v for k, v in job.node_selector) and all(
+        t in job.tolerations for t in node.taints
+    )
+
+
+def _basis(
+    want: Want,
+    predictor: Predictor,
+    ahead: int,
+    start: float,
+    where: list[int],
+    ends: list[tuple[float, Holding]],
+    nodes: Sequence[NodeSpec],
+) -> str:
+    """Words: what the estimate rests on."""
+    runtime = predictor.predict(want.job).basis
+    if want.reserved:
+        on = set(want.reserved)
+        last = [(end, h) for end, h in ends if end <= start + 1 and any(i in on for i, _ in h.nodes)]
+        if last:
+            end, h = max(last, key=lambda e: e[0])
+            why = predictor.predict(h.job).basis
+            return (
+                f"nodes reserved for it free when job {h.job.id} ends (its runtime from {why}); "
+                f"its own from {runtime}"
+            )
+        return f"nodes reserved for it; its runtime from {runtime}"
+    return f"{ahead} job(s) ahead of it and the running jobs' predicted ends; its runtime from {runtime}"
 
 
 def estimate(
@@ -272,8 +316,12 @@ def estimate(
     ahead of it, so the queue is planned up to the last of them and no further (a replay that
     asks only about the jobs new since the last pass plans a short head of the queue)."""
     quotas = s.quotas
+    state_nodes = s.state.nodes
     holdings = []
-    for run in s.running.values():
+    for job_id, run in s.running.items():
+        per_node: dict[int, float] = {}
+        for a in s.state.allocs.get(job_id, ()):
+            per_node[a.node] = per_node.get(a.node, 0.0) + len(a.gpus) * a.milli / MILLI
         by_model: dict[str, float] = {}
         for model, milli in run.charged:
             by_model[model] = by_model.get(model, 0.0) + milli / MILLI
@@ -282,7 +330,8 @@ def estimate(
             for m, g in by_model.items()
             if quotas.row(run.job.tenant, m)
         )
-        holdings.append(Holding(run.job, run.started_at, tuple(by_model.items()), rows))
+        holdings.append(Holding(run.job, run.started_at, tuple(per_node.items()), rows))
+    reserved = {r.job_id: tuple(r.nodes) for r in s.last_reservations}
     queue = []
     for job_id, reason in d.pending.items():
         job = s.pending.get(job_id)
@@ -290,10 +339,16 @@ def estimate(
             continue
         geo = s.geo(job)
         models, _ = s.models_for(job)
-        by_model_row = {
-            m: quotas.row_key(job.tenant, m) if quotas.row(job.tenant, m) else None for m in models
-        }
-        queue.append(Want(job, geo.charge * geo.need / MILLI, tuple(models), by_model_row, job.not_before))
+        req, replicas = gang_shape(geo.req, geo.need, job.topology)
+        per = req.count if req.milli >= MILLI else req.milli / MILLI
+        charged = {m: quotas.row_key(job.tenant, m) if quotas.row(job.tenant, m) else None for m in models}
+        queue.append(
+            Want(
+                job, float(per), replicas, job.topology == "rack" and replicas > 1,
+                geo.charge * geo.need / MILLI, tuple(models), charged, job.not_before,
+                reserved.get(job_id, ()),
+            )
+        )  # fmt: skip
         if len(queue) >= s.config.eta_max_jobs:
             break
     if wanted is not None:
@@ -302,6 +357,9 @@ def estimate(
         if not queue:
             return {}
     caps = {(t, m): (q.limit, q.guaranteed) for t, rows in quotas.rows.items() for m, q in rows.items()}
-    history = {key: [r for _, _, r in runs] for key, runs in s.history.runs.items()}
-    runtimes = Runtimes(history, s.config.default_runtime_s)
-    return plan(s.nodes, holdings, queue, caps if quotas.enabled else {}, runtimes, now)
+    predictor = Predictor(s.recent_runs, s.config.default_runtime_s)
+    specs = [n.spec for n in state_nodes]
+    return plan(specs, holdings, queue, caps if quotas.enabled else {}, predictor, now)
+
+
+__all__ = ["Holding", "Plan", "RecentRuns", "Timeline", "Want", "estimate", "plan"]

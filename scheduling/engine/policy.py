@@ -49,6 +49,7 @@ from .placement import Constraints, Placer
 from .policy_pass import PolicyPass
 from .preemption import Hypo, Victim
 from .quota import Quotas
+from .runtimes import RecentRuns
 from .state import Alloc, ClusterState, placements_of
 from .topology import place_gang
 from .types import (
@@ -96,6 +97,7 @@ class TesseraScheduler:
         self.pending: dict[str, JobRequest] = {}
         self.running: dict[str, Running] = {}
         self.history = History()
+        self.recent_runs = RecentRuns()  # the start estimates' runtime history (:mod:`.runtimes`)
         self.recent: deque[Shape] = deque(maxlen=self.config.frag_window)
         self._recent_changes = 0
         self._static: dict[tuple[Any, ...], tuple[str, str] | None] = {}
@@ -150,6 +152,7 @@ class TesseraScheduler:
         s = cls(snapshot.nodes, snapshot.quotas, config)
         if snapshot.history:
             s.history = History.of(snapshot.history)
+            s.recent_runs = RecentRuns.of(snapshot.history)
         if memory is None:
             for job in snapshot.pending:
                 s.submit(job)
@@ -264,6 +267,7 @@ class TesseraScheduler:
             self.quotas.add(run.job.tenant, model, -milli, run.job.preemptible)
         if not run.terminating and not run.cancelled:
             self.history.record(run.job, now - run.started_at, now)
+            self.recent_runs.record(run.job, now - run.started_at, now)
 
     def requeue(self, job: JobRequest) -> None:
         if job.id in self.running:

@@ -90,6 +90,10 @@ class JobRequest:
     submitted_at: float = 0.0
     not_before: float = 0.0  # retry backoff: not startable before this time
     held: bool = False
+    # Who submitted it and under what name: a user's reruns of one name are the runtime
+    # history that start estimates trust first (:mod:`.runtimes`); decisions never read them.
+    user: str = ""
+    name: str = ""
 
     @property
     def per_replica_gpus(self) -> float:

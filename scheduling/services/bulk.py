@@ -86,10 +86,13 @@ def write_together(*writes: Write | None) -> None:
 
 class RowsUpdate:
     """``UPDATE`` of the columns ``names`` of many rows of ``model``, each set to its object's own
-    values, matched by primary key."""
+    values, matched by primary key; ``where``: (a column's name, a value), only the rows where the
+    column holds the value."""
 
-    def __init__(self, model: type[Model], names: Sequence[str]) -> None:
-        self.model, self.names = model, tuple(names)
+    def __init__(
+        self, model: type[Model], names: Sequence[str], where: tuple[str, Any] | None = None
+    ) -> None:
+        self.model, self.names, self.where = model, tuple(names), where
         self._sql: dict[bool, str] = {}  # one row?, many rows?
 
     def _statement(self, one: bool) -> tuple[str, list[Field]]:
@@ -98,15 +101,16 @@ class RowsUpdate:
             qn = connection.ops.quote_name
             table = qn(self.model._meta.db_table)
             cols = [qn(column_of(f)) for f in fields]
+            also = f" AND {table}.{qn(self.where[0])} = %s" if self.where else ""
             if one:
                 sets = ", ".join(f"{c} = %s" for c in cols[1:])
-                self._sql[one] = f"UPDATE {table} SET {sets} WHERE {cols[0]} = %s"
+                self._sql[one] = f"UPDATE {table} SET {sets} WHERE {table}.{cols[0]} = %s{also}"
             else:
                 sets = ", ".join(f"{c} = v.{c}" for c in cols[1:])
                 arrays = ", ".join(f"%s::{_array_type(f)}" for f in fields)
                 self._sql[one] = (
                     f"UPDATE {table} SET {sets} FROM UNNEST({arrays}) AS v({', '.join(cols)}) "
-                    f"WHERE {table}.{cols[0]} = v.{cols[0]}"
+                    f"WHERE {table}.{cols[0]} = v.{cols[0]}{also}"
                 )
         return self._sql[one], fields
 
@@ -115,10 +119,17 @@ class RowsUpdate:
         if not objs:
             return None
         if connection.vendor != "postgresql":
-            return Write("", [], lambda: self.model._default_manager.bulk_update(objs, self.names))
+            rows = (
+                self.model._default_manager.filter(**dict([self.where]))
+                if self.where
+                else self.model._default_manager
+            )
+            return Write("", [], lambda: rows.bulk_update(objs, self.names))
         sql, fields = self._statement(len(objs) == 1)
         values = [[f.get_db_prep_save(getattr(o, f.attname), connection) for f in fields] for o in objs]
-        return Write(sql, [*values[0][1:], values[0][0]] if len(objs) == 1 else _by_column(values))
+        also = [self.where[1]] if self.where else []
+        params = [*values[0][1:], values[0][0]] if len(objs) == 1 else _by_column(values)
+        return Write(sql, [*params, *also])
 
     def run(self, objs: Sequence[Model]) -> None:
         write_together(self.write(objs))

@@ -23,7 +23,14 @@ from typing import Any
 from django.db import connection, transaction
 
 from scheduling.models import Job, JobEvent, Node, Quota
-from scheduling.sim.traces import JOB_COLUMNS, JOB_OPTIONAL, JOB_PREFER, NODE_COLUMNS, QUOTA_COLUMNS
+from scheduling.sim.traces import (
+    JOB_COLUMNS,
+    JOB_OPTIONAL,
+    JOB_PREFER,
+    JOB_RECURRING,
+    NODE_COLUMNS,
+    QUOTA_COLUMNS,
+)
 
 SIMPLE = {
     "submitted": "submit",
@@ -80,7 +87,7 @@ def _last_attempt_seconds(job: Job, events: list[JobEvent]) -> float | None:
 
 
 def job_rows(origin, events_by_job: dict[int, list[JobEvent]]) -> Iterator[dict[str, Any]]:
-    for job in Job.objects.select_related("tenant").order_by("id"):
+    for job in Job.objects.select_related("tenant", "owner").order_by("id"):
         yield {
             "job": str(job.pk),
             "tenant": job.tenant.name,
@@ -103,6 +110,8 @@ def job_rows(origin, events_by_job: dict[int, list[JobEvent]]) -> Iterator[dict[
             "min_available": job.min_available,
             "node_selector": ";".join(f"{k}:{v}" for k, v in sorted((job.node_selector or {}).items())),
             JOB_PREFER: ";".join(f"{k}:{v}" for k, v in sorted((job.prefer_labels or {}).items())),
+            "user": job.owner.username if job.owner is not None else "",
+            "name": job.name,
         }
 
 
@@ -178,7 +187,7 @@ def _write_trace(out: Path) -> dict[str, int]:
         nodes = list(node_rows())
         writer.writerows(nodes)
     with open(out / "jobs.csv", "w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, [*JOB_COLUMNS, *JOB_OPTIONAL, JOB_PREFER])
+        writer = csv.DictWriter(fh, [*JOB_COLUMNS, *JOB_OPTIONAL, JOB_PREFER, *JOB_RECURRING])
         writer.writeheader()
         jobs = list(job_rows(origin, by_job)) if origin else []
         writer.writerows(jobs)

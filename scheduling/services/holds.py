@@ -15,7 +15,8 @@ from django.db import transaction
 from scheduling.choices import EventType, JobState, PendingCode
 from scheduling.models import Job
 from scheduling.services import live
-from scheduling.services.jobs import locked_jobs, record_event, request_pass_on_commit
+from scheduling.services.jobs import clear_estimate, locked_jobs, record_event, request_pass_on_commit
+from scheduling.services.snapshot import ESTIMATE_FIELDS
 from scheduling.states import InvalidTransition
 
 HELD_REASON = "held: released by its owner or an operator"
@@ -31,7 +32,10 @@ def do_hold_job(job_id: int) -> Job:
             raise InvalidTransition(job.pk, job.state, "held")
         job.held = True
         job.pending_code, job.pending_reason, job.estimated_start = PendingCode.HELD, HELD_REASON, None
-        job.save(update_fields=["held", "pending_code", "pending_reason", "estimated_start"])
+        clear_estimate(job)
+        job.save(
+            update_fields=["held", "pending_code", "pending_reason", "estimated_start", *ESTIMATE_FIELDS]
+        )
         record_event(job, EventType.HELD)
         live.publish_job(job)
         request_pass_on_commit()  # what it would have started on may start another job now

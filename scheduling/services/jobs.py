@@ -24,7 +24,7 @@ from scheduling.services import audit, live, webhooks
 from scheduling.services.bulk import InsertWithChildren, RowsInsert, RowsUpdate, Write, write_together
 from scheduling.services.inventory import device_rows
 from scheduling.services.quotas import admission_params, admission_sql, check_job_admissible
-from scheduling.services.snapshot import PreparedRead
+from scheduling.services.snapshot import ESTIMATE_FIELDS, NO_ESTIMATE, PreparedRead
 from scheduling.services.triggers import request_pass, request_pass_on_commit
 from scheduling.states import check_transition
 
@@ -88,6 +88,13 @@ def _moved(job: Job, target: str, fields: dict[str, Any]) -> None:
         setattr(job, name, value)
     if target != JobState.PENDING:
         job.pending_reason = job.pending_code = job.estimated_start = None
+        clear_estimate(job)
+
+
+def clear_estimate(job: Job) -> None:
+    """``job`` no longer has a start estimate's band, basis or place in the queue (in memory)."""
+    for name, value in zip(ESTIMATE_FIELDS, NO_ESTIMATE, strict=True):
+        setattr(job, name, value)
 
 
 def do_transition(
@@ -102,7 +109,16 @@ def do_transition(
     """Move ``job`` (locked by the caller) to ``target``, recording ``event``."""
     _moved(job, target, fields)
     # Only the columns a transition writes (the job is locked): a full save compiled every column.
-    job.save(update_fields=["state", "pending_reason", "pending_code", "estimated_start", *fields])
+    job.save(
+        update_fields=[
+            "state",
+            "pending_reason",
+            "pending_code",
+            "estimated_start",
+            *ESTIMATE_FIELDS,
+            *fields,
+        ]
+    )
     record_event(job, event, reason, allocations, at)
     live.publish_job(job)
     return job
@@ -371,6 +387,7 @@ _SETTLED_FIELDS = (
     "pending_reason",
     "pending_code",
     "estimated_start",
+    *ESTIMATE_FIELDS,
     "exit_code",
     "stop_deadline",
     "finished_at",
@@ -383,7 +400,9 @@ _SETTLED_FIELDS = (
 _WRITE_JOBS = RowsUpdate(Job, _SETTLED_FIELDS)
 _WRITE_EVENTS = RowsInsert(JobEvent, ("job", "type", "at", "reason", "allocations"))
 _WRITE_RELEASED = RowsUpdate(Allocation, ("released_at",))
-_WRITE_STATES = RowsUpdate(Job, ("state", "pending_reason", "pending_code", "estimated_start"))
+_WRITE_STATES = RowsUpdate(
+    Job, ("state", "pending_reason", "pending_code", "estimated_start", *ESTIMATE_FIELDS)
+)
 _WRITE_EXITED = RowsUpdate(Allocation, ("exited_at",))
 
 

@@ -29,7 +29,7 @@ from scheduling.choices import EventType, JobState
 from scheduling.engine.collector import collector_paused
 from scheduling.engine.config import EngineConfig, KnobError, configure
 from scheduling.engine.policy import TesseraScheduler
-from scheduling.engine.types import Binding, Deadline, Decisions
+from scheduling.engine.types import Binding, Deadline, Decisions, Estimate
 from scheduling.models import Allocation, Device, Job, Node, SchedulerState
 from scheduling.services import live, triggers
 from scheduling.services.agents import bindings_by_node
@@ -53,8 +53,11 @@ from scheduling.services.jobs import (
 )
 from scheduling.services.memory import store_memory
 from scheduling.services.snapshot import (
+    ESTIMATE_FIELDS,
+    NO_ESTIMATE,
     LoadedSnapshot,
     PreparedRead,
+    StoredEstimate,
     StoredReason,
     load_snapshot,
     pending_rows,
@@ -192,10 +195,13 @@ def _one_pass(now: datetime | None) -> PassResult:
         with collector_paused() if settings.TESSERA["GC_PAUSE_IN_PASS"] else nullcontext():
             engine = make_policy(loaded)
             decisions: Decisions = engine.decide(loaded.snapshot.now, deadline)
+            # When each job left waiting is expected to start (engine/eta.py): the first
+            # ``eta_max_jobs`` of the queue, stored with the reasons.
+            estimates = engine.estimate(decisions, loaded.snapshot.now)
         # Stored before the decisions are applied: what the engine remembers is what it decided,
         # and a binding dropped as stale is decided again by the next pass either way.
         store_memory(engine.memory(), decisions.not_reached, loaded.stored, now)
-        result = apply_decisions(loaded, decisions, now)
+        result = apply_decisions(loaded, decisions, now, estimates)
     else:
         # Nothing waits: there is nothing to bind, preempt for or explain, so the rest of the
         # cluster need not be read (a pass after a job's exit, with an empty queue, ends here).
@@ -334,8 +340,14 @@ _WRITE_VERSIONS = RowsUpdate(Node, ("version",))
 APPLY_CHUNK = 64  # bindings per transaction: few commits, yet node locks held only briefly
 
 
-def apply_decisions(loaded: LoadedSnapshot, decisions: Decisions, now: datetime) -> PassResult:
-    """Apply bindings (in chunks, each one transaction), then preemptions, then pending reasons.
+def apply_decisions(
+    loaded: LoadedSnapshot,
+    decisions: Decisions,
+    now: datetime,
+    estimates: Mapping[str, Estimate] | None = None,
+) -> PassResult:
+    """Apply bindings (in chunks, each one transaction), then preemptions, then pending reasons
+    and the start ``estimates``.
 
     There are no resizes to apply: the live engine makes none (``engine_config``)."""
     result = PassResult(pending=len(decisions.pending), undecided=decisions.undecided)
@@ -348,7 +360,7 @@ def apply_decisions(loaded: LoadedSnapshot, decisions: Decisions, now: datetime)
             if job is not None and job.preemptible:
                 begin_stop(job, f"preempted: {preemption.reason}"[:64], now)
                 result.preempted.append(preemption.job_id)
-    _store_pending_reasons(decisions, loaded)
+    _store_pending_reasons(decisions, loaded, estimates or {})
     return result
 
 
@@ -502,38 +514,76 @@ def _placements(
     return wanted
 
 
-def _store_pending_reasons(decisions: Decisions, loaded: LoadedSnapshot) -> None:
-    """Write the reasons that changed since the snapshot (most stay the same pass after pass)."""
+def _store_pending_reasons(
+    decisions: Decisions, loaded: LoadedSnapshot, estimates: Mapping[str, Estimate]
+) -> None:
+    """Write the reasons and estimates that changed since the snapshot (most stay the same pass
+    after pass). A job with an estimate gets its start, band, basis and place in the queue; one
+    without, the reason's own estimated start (a backoff's end) and none of the rest."""
     groups: dict[StoredReason, list[int]] = {}
+    rows: list[Job] = []
     for job_id, reason in decisions.pending.items():
         stored = loaded.reasons.get(job_id)  # None: not pending when the snapshot was read
-        estimated = (
-            datetime.fromtimestamp(reason.estimated_start, tz=UTC)
-            if reason.estimated_start is not None
-            else None
-        )
-        if stored is not None and reason_changed(stored, (reason.code, reason.message, estimated)):
-            groups.setdefault((reason.code, reason.message, estimated), []).append(int(job_id))
+        if stored is None:
+            continue
+        est = estimates.get(job_id)
+        had = loaded.estimates.get(job_id, NO_ESTIMATE)
+        if est is not None:
+            new = (reason.code, reason.message, _at(est.start))
+            band = (_at(est.earliest), _at(est.latest), est.basis, est.position, est.ahead)
+            if reason_changed(stored, new) or estimate_changed(had, band):
+                fields = dict(zip(("pending_code", "pending_reason", "estimated_start"), new, strict=True))
+                rows.append(Job(pk=int(job_id), **fields, **dict(zip(ESTIMATE_FIELDS, band, strict=True))))
+            continue
+        new = (reason.code, reason.message, _at(reason.estimated_start))
+        if reason_changed(stored, new) or had != NO_ESTIMATE:
+            groups.setdefault(new, []).append(int(job_id))
     for job_id, why in decisions.rejections.items():
         # The live cluster keeps such jobs pending (nodes may join later): say why.
         stored = loaded.reasons.get(job_id)
         if stored is not None and stored[1] != why:
             groups.setdefault(("capacity", why, None), []).append(int(job_id))
-    if not groups:
+    if not groups and not rows:
         return
     # One UPDATE per distinct reason (a queue waiting for capacity shares one or a few), not
-    # bulk_update's CASE per row, far slower (docs/benchmarks/scheduling-pass.md). Reasons are
-    # recomputed by
-    # every pass, so their commit need not wait for the disk.
+    # bulk_update's CASE per row, far slower (docs/benchmarks/scheduling-pass.md); the estimates,
+    # each a job's own, in one statement. Reasons are recomputed by every pass, so their commit
+    # need not wait for the disk.
     with transaction.atomic():
         _commit_without_flush()
         for (code, message, estimated), ids in groups.items():
             Job.objects.filter(pk__in=ids, state=JobState.PENDING).update(
-                pending_code=code, pending_reason=message, estimated_start=estimated
+                pending_code=code, pending_reason=message, estimated_start=estimated, **CLEARED
             )
-        changed = [pk for ids in groups.values() for pk in ids]
+        _WRITE_ESTIMATES.run(rows)
+        changed = [pk for ids in groups.values() for pk in ids] + [job.pk for job in rows]
         jobs = [job for job in jobs_from_rows(_JOBS.rows(sorted(changed))) if job.state == JobState.PENDING]
         live.publish_jobs(jobs)
+
+
+def _at(t: float | None) -> datetime | None:
+    return datetime.fromtimestamp(t, tz=UTC) if t is not None else None
+
+
+CLEARED = dict(zip(ESTIMATE_FIELDS, NO_ESTIMATE, strict=True))
+_WRITE_ESTIMATES = RowsUpdate(
+    Job,
+    ("pending_code", "pending_reason", "estimated_start", *ESTIMATE_FIELDS),
+    where=("state", JobState.PENDING),
+)
+
+
+def estimate_changed(stored: StoredEstimate, new: StoredEstimate) -> bool:
+    """A band edge moved by :data:`ESTIMATE_SLACK` or more, or the basis or place changed."""
+    if stored[2:] != new[2:]:
+        return True
+    for before, after in zip(stored[:2], new[:2], strict=True):
+        if before is None or after is None:
+            if before is not after:
+                return True
+        elif abs(after - before) >= ESTIMATE_SLACK:
+            return True
+    return False
 
 
 # An estimated start that moved less than this is not rewritten: every pass recomputes it from

@@ -25,6 +25,7 @@ from django.utils.dateparse import parse_datetime
 from scheduling.choices import HOLDING_STATES, JobState, NodeState
 from scheduling.engine.config import KNOBS
 from scheduling.engine.memory import BadMemory, EngineMemory
+from scheduling.engine.runtimes import KEEP
 from scheduling.engine.types import (
     FinishedRun,
     JobRequest,
@@ -76,6 +77,16 @@ REQUEST_FIELDS = (
     "submitted_at",
     "not_before",
     "held",
+    "owner_id",
+    "name",
+)
+# A pending job's start estimate beyond ``estimated_start`` (engine/eta.py), as stored.
+ESTIMATE_FIELDS = (
+    "estimated_start_earliest",
+    "estimated_start_latest",
+    "estimate_basis",
+    "queue_position",
+    "jobs_ahead",
 )
 # What else a pass reads of each job: whether it holds GPUs, and the pending reason it shows.
 JOB_FIELDS = (
@@ -87,6 +98,7 @@ JOB_FIELDS = (
     "pending_code",
     "pending_reason",
     "estimated_start",
+    *ESTIMATE_FIELDS,
 )
 
 
@@ -119,11 +131,16 @@ def request_of(tenant: str, job: Mapping[str, Any]) -> JobRequest:
         submitted_at=job["submitted_at"].timestamp(),
         not_before=ts(job["not_before"]) or 0.0,
         held=bool(job["held"]),
+        user=str(job["owner_id"] or ""),
+        name=job["name"],
     )
 
 
 # A pending job's reason as stored: (code, words, estimated start).
 StoredReason = tuple[str | None, str | None, datetime | None]
+# ... and its estimate's band, basis and place in the queue (``ESTIMATE_FIELDS``).
+StoredEstimate = tuple[datetime | None, datetime | None, str, int | None, int | None]
+NO_ESTIMATE: StoredEstimate = (None, None, "", None, None)
 
 
 def memory_text(doc: object, not_reached: object) -> str:
@@ -161,6 +178,7 @@ class LoadedSnapshot:
     node_ids: dict[str, int]
     # The pending jobs' reasons as the snapshot read them (a pass writes only those that change).
     reasons: dict[str, StoredReason] = field(default_factory=dict)
+    estimates: dict[str, StoredEstimate] = field(default_factory=dict)
     # Each node's devices (``DEVICE_FIELDS``), by node id: what they were at the node's version.
     devices: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     stored: StoredMemory = field(default_factory=StoredMemory)
@@ -349,18 +367,20 @@ _QUOTAS = PreparedRead(
 _KNOBS = PreparedRead(lambda: SchedulerSettings.objects.filter(pk=1).values_list(*KNOBS))
 _MEMORY = PreparedRead(lambda: EngineMemoryRecord.objects.filter(pk=1).values_list("memory", "not_reached"))
 
-HISTORY_KEEP = 10  # finished runs per tenant and kind: as many as the engine's predictor keeps
+HISTORY_KEEP = KEEP  # finished runs per (tenant, kind) and per (user, name): as the predictors keep
 _PREDICTED = (JobState.SUCCEEDED, JobState.FAILED)  # runs that ended on their own
 
 
 class _HistoryRead:
     """The runtime history: the latest :data:`HISTORY_KEEP` runs that ended on their own
-    (succeeded, failed) of each tenant and kind that a job waiting or holding GPUs without a
-    time limit has (a job with a limit is predicted by it). On PostgreSQL a ``LATERAL`` join
-    reads at most that many rows per tenant and kind, from the ``job_runtime_history`` index;
-    SQLite (the embedded default, a small cluster) numbers the rows with a window instead."""
+    (succeeded, failed) of each tenant and kind, and of each owner and name, that a job waiting
+    or holding GPUs has (backfill's predictor keeps the latest few per tenant and kind; start
+    estimates' predictor, ``engine/runtimes.py``, both). On PostgreSQL a ``LATERAL`` join reads
+    at most that many rows per key, from the ``job_runtime_history`` and ``job_named_history``
+    indexes; SQLite (the embedded default, a small cluster) numbers the rows with a window."""
 
     COLUMNS = "id, kind, owner_id, name, gpus, started_at, finished_at, state"
+    KEYS = (("tenant_id", "kind"), ("owner_id", "name"))
 
     def statement(self) -> Statement:
         job, tenant = (
@@ -369,30 +389,32 @@ class _HistoryRead:
         )
         waiting = [JobState.PENDING.value, *sorted(s.value for s in HOLDING_STATES)]
         done = [s.value for s in _PREDICTED]
-        keys = (
-            f"SELECT DISTINCT tenant_id, kind FROM {job} WHERE state IN ({', '.join(['%s'] * len(waiting))}) "
-            "AND time_limit_seconds IS NULL"
-        )
+        marks = ", ".join(["%s"] * len(waiting))
         ended = (
             f"j.state IN ({', '.join(['%s'] * len(done))}) "
             "AND j.started_at IS NOT NULL AND j.finished_at IS NOT NULL"
         )
-        if connection.vendor == "postgresql":
-            sql = (
-                f"SELECT t.name, h.* FROM ({keys}) k JOIN {tenant} t ON t.id = k.tenant_id "
-                f"CROSS JOIN LATERAL (SELECT {self.COLUMNS} FROM {job} j "
-                f"WHERE j.tenant_id = k.tenant_id AND j.kind = k.kind AND {ended} "
-                f"ORDER BY j.finished_at DESC, j.id DESC LIMIT {HISTORY_KEEP}) h"
-            )
-        else:
-            sql = (
-                f"SELECT t.name, {', '.join('r.' + c for c in self.COLUMNS.split(', '))} FROM "
-                f"(SELECT j.*, ROW_NUMBER() OVER (PARTITION BY j.tenant_id, j.kind "
-                f"ORDER BY j.finished_at DESC, j.id DESC) AS n FROM {job} j "
-                f"JOIN ({keys}) k ON j.tenant_id = k.tenant_id AND j.kind = k.kind WHERE {ended}) r "
-                f"JOIN {tenant} t ON t.id = r.tenant_id WHERE r.n <= {HISTORY_KEEP}"
-            )
-        return Statement(sql, [*waiting, *done], None, {})  # type: ignore[arg-type]
+        columns = ", ".join("r." + c for c in self.COLUMNS.split(", "))
+        parts = []
+        for a, b in self.KEYS:
+            keys = f"SELECT DISTINCT {a}, {b} FROM {job} WHERE state IN ({marks}) AND {a} IS NOT NULL"
+            if connection.vendor == "postgresql":
+                parts.append(
+                    f"SELECT t.name, {columns} FROM ({keys}) k CROSS JOIN LATERAL "
+                    f"(SELECT {self.COLUMNS}, tenant_id FROM {job} j WHERE j.{a} = k.{a} AND j.{b} = k.{b} "
+                    f"AND {ended} ORDER BY j.finished_at DESC, j.id DESC LIMIT {HISTORY_KEEP}) r "
+                    f"JOIN {tenant} t ON t.id = r.tenant_id"
+                )
+            else:
+                parts.append(
+                    f"SELECT t.name, {columns} FROM "
+                    f"(SELECT j.*, ROW_NUMBER() OVER (PARTITION BY j.{a}, j.{b} "
+                    f"ORDER BY j.finished_at DESC, j.id DESC) AS n FROM {job} j "
+                    f"JOIN ({keys}) k ON j.{a} = k.{a} AND j.{b} = k.{b} WHERE {ended}) r "
+                    f"JOIN {tenant} t ON t.id = r.tenant_id WHERE r.n <= {HISTORY_KEEP}"
+                )
+        params = [*waiting, *done] * len(parts)
+        return Statement(" UNION ".join(parts), params, None, {})  # type: ignore[arg-type]
 
 
 _HISTORY = _HistoryRead()
@@ -445,12 +467,13 @@ def load_snapshot(now: datetime, pending: list[dict[str, Any]] | None = None) ->
     by_job: dict[int, list[tuple[int, str, int, int | None]]] = defaultdict(list)
     for job_id, replica, node_name, share, index in held:
         by_job[job_id].append((replica, node_name, share, index))
-    running, waiting, reasons = [], [], {}
+    running, waiting, reasons, estimates = [], [], {}, {}
     for job in jobs:
         request = request_of(job["tenant__name"], job)
         if job["state"] == JobState.PENDING:
             waiting.append(request)
             reasons[request.id] = (job["pending_code"], job["pending_reason"], job["estimated_start"])
+            estimates[request.id] = tuple(job[f] for f in ESTIMATE_FIELDS)
             continue
         grouped: dict[tuple[int, str, int], list[int]] = defaultdict(list)
         for replica, node_name, share, index in by_job.get(job["id"], []):
@@ -483,6 +506,7 @@ def load_snapshot(now: datetime, pending: list[dict[str, Any]] | None = None) ->
         node_versions={n["name"]: n["version"] for n in nodes},
         node_ids={n["name"]: n["id"] for n in nodes},
         reasons=reasons,
+        estimates=estimates,
         devices=devices,
         stored=StoredMemory.of_rows(memory),
         knobs={k: v for row in knobs for k, v in zip(KNOBS, row, strict=True) if v is not None},

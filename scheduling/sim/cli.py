@@ -97,6 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gang-share", type=float, default=0.25, help="share of training that are gangs")
     p.add_argument("--limit-over", default="1.2,5", metavar="LO,HI", help="time limit ÷ runtime range")
     p.add_argument("--burst", type=float, default=0.0, help="chance a job arrives with the one before")
+    p.add_argument(
+        "--recurring",
+        type=float,
+        default=0.0,
+        help="share of jobs rerunning a user's earlier job (user, name)",
+    )
 
     p = sub.add_parser("check", help="check an events file against its inputs")
     p.add_argument("nodes", type=Path, metavar="NODES.csv")
@@ -187,7 +193,9 @@ def _scenario(args: argparse.Namespace) -> Scenario:
         lo, hi = (float(x) for x in args.limit_over.split(","))
     except ValueError:
         raise ValueError(f"--limit-over {args.limit_over!r}: expected LO,HI, e.g. 1.2,5") from None
-    return Scenario(*skew, args.steady_share, args.tightness, args.gang_share, (lo, hi), args.burst)
+    return Scenario(
+        *skew, args.steady_share, args.tightness, args.gang_share, (lo, hi), args.burst, args.recurring
+    )
 
 
 def _check(args: argparse.Namespace) -> int:

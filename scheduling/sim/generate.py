@@ -53,7 +53,11 @@ draws come from a second generator (seeded from ``seed``), so the base draws sta
 - *guarantee tightness*: the guarantees of every model sum to that fraction of its GPUs;
 - *gang share*: that share of training jobs are multi-node gangs (default 25%);
 - *limit overestimate*: time limits are drawn ``lo``–``hi`` × the duration (default 1.2–5);
-- *burstiness*: each job arrives with the one before it with that chance (bursts of submits).
+- *burstiness*: each job arrives with the one before it with that chance (bursts of submits);
+- *recurring jobs*: every job gets a user (one of :data:`USERS` of its tenant) and a name, and
+  that share of the jobs rerun an earlier job of their tenant: the same user, name and shape, a
+  duration within about a fifth of the first run's (lognormal, σ 0.2) and its time limit. Only
+  then does ``jobs.csv`` get the ``user`` and ``name`` columns.
 """
 
 from __future__ import annotations
@@ -64,7 +68,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scheduling.sim.traces import JOB_COLUMNS, JOB_OPTIONAL, NODE_COLUMNS, QUOTA_COLUMNS
+from scheduling.sim.traces import JOB_COLUMNS, JOB_OPTIONAL, JOB_RECURRING, NODE_COLUMNS, QUOTA_COLUMNS
 
 DAY = 86_400.0
 TENANTS = (("prod", 0.30, 2.0), ("vision", 0.25, 1.0), ("nlp", 0.20, 1.0),
@@ -90,6 +94,7 @@ class Scenario:
     gang_share: float = 0.25
     limit_over: tuple[float, float] = (1.2, 5.0)
     burst: float = 0.0
+    recurring: float = 0.0
 
     def check(self) -> None:
         tenants = [name for name, _, _ in TENANTS]
@@ -99,7 +104,7 @@ class Scenario:
             )
         if self.skew_factor < 0:
             raise ValueError("--skew: K must be positive")
-        for name in ("steady_share", "gang_share", "burst"):
+        for name in ("steady_share", "gang_share", "burst", "recurring"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be between 0 and 1")
         if not 0 < self.tightness <= 1:
@@ -133,6 +138,9 @@ class Job:
     cpus: float = 0.0
     memory: float = 0.0
     extra: dict[str, str] = field(default_factory=dict)
+    user: str = ""
+    name: str = ""
+    rerun_of: int = -1  # index of the job it reruns (recurring jobs), -1: none
 
 
 @dataclass(frozen=True)
@@ -299,10 +307,14 @@ def generate_workload(
         job.submit = t
         tenant = _pick(rng, [(name, share) for name, share, _ in TENANTS])
         job.tenant = "prod" if job.kind == "inference" and rng.random() < 0.5 else str(tenant)
+    if scenario.recurring:
+        _recur(knobs, jobs, scenario.recurring)
     scale = load / realised_load(jobs, cluster.gpus)
     for job in jobs:
         job.duration = min(7 * DAY, max(1.0, round(job.duration * scale, 1)))
         job.limit = _time_limit(rng, job, scenario.limit_over)
+        if job.rerun_of >= 0:
+            job.limit = jobs[job.rerun_of].limit  # a rerun keeps its first run's time limit
         per_gpu_cpu = float(rng.choice((4, 8)))
         if 0 < job.gpus < 1:
             job.cpus, job.memory = 2.0, 8.0
@@ -345,6 +357,30 @@ def _skew(rng: random.Random, cluster: Cluster, jobs: list[Job], scenario: Scena
         have += j.gpus * j.duration
 
 
+USERS = 6  # users per tenant (recurring jobs)
+RERUN_SIGMA = 0.2
+_SHAPE = ("kind", "gpus", "replicas", "model", "priority", "preemptible", "topology", "min_gpus",
+          "max_gpus", "checkpoint", "grace", "selector")  # fmt: skip
+
+
+def _recur(rng: random.Random, jobs: list[Job], share: float) -> None:
+    """Users and names; ``share`` of the jobs rerun an earlier first run of their tenant."""
+    firsts: dict[str, list[int]] = {}
+    for i, job in enumerate(jobs):
+        earlier = firsts.get(job.tenant, [])
+        if earlier and rng.random() < share:
+            index = rng.choice(earlier)
+            first = jobs[index]
+            for attr in _SHAPE:
+                setattr(job, attr, getattr(first, attr))
+            job.user, job.name, job.rerun_of = first.user, first.name, index
+            job.duration = min(7 * DAY, max(30.0, first.duration * math.exp(rng.gauss(0.0, RERUN_SIGMA))))
+            continue
+        job.user = f"{job.tenant}-{rng.randrange(USERS) + 1}"
+        job.name = f"{job.kind}-{i + 1}"
+        firsts.setdefault(job.tenant, []).append(i)
+
+
 def _fmt(value: float | None) -> str:
     if value is None:
         return ""
@@ -363,13 +399,15 @@ def write_workload(
         nodes_w.writerows(cluster.nodes)
     with open(out / "jobs.csv", "w", newline="", encoding="utf-8") as fh:
         rows_w = csv.writer(fh)
-        rows_w.writerow([*JOB_COLUMNS, *JOB_OPTIONAL])
+        recurring = [*JOB_RECURRING] if scenario.recurring else []
+        rows_w.writerow([*JOB_COLUMNS, *JOB_OPTIONAL, *recurring])
         for i, j in enumerate(jobs):
+            named = [j.user, j.name] if recurring else []
             rows_w.writerow([
                 f"j{i + 1}", j.tenant, j.kind, _fmt(j.submit), _fmt(j.duration), _fmt(j.gpus),
                 j.replicas, j.model, j.priority, str(j.preemptible).lower(), _fmt(j.limit),
                 _fmt(j.cpus), _fmt(j.memory), j.topology, _fmt(j.min_gpus), _fmt(j.max_gpus),
-                _fmt(j.checkpoint), _fmt(j.grace), "", j.selector,
+                _fmt(j.checkpoint), _fmt(j.grace), "", j.selector, *named,
             ])  # fmt: skip
     with open(out / "quotas.csv", "w", newline="", encoding="utf-8") as fh:
         rows_w = csv.writer(fh)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from scheduling.engine.config import EngineConfig
 from scheduling.engine.memory import EngineMemory
 from scheduling.engine.policy import TesseraScheduler
+from scheduling.engine.runtimes import KEEP
 from scheduling.engine.types import (
     Decisions,
     FinishedRun,
@@ -30,7 +31,7 @@ from scheduling.engine.types import (
     Snapshot,
 )
 
-HISTORY_KEEP = 10  # finished runs kept per (tenant, kind), as the live pass reads them
+HISTORY_KEEP = KEEP  # finished runs kept per (tenant, kind) and (user, name), as the live pass reads them
 
 
 @dataclass(slots=True)
@@ -62,7 +63,7 @@ class PerPassScheduler:
         self.shuffle = shuffle
         self.pending: dict[str, JobRequest] = {}
         self.running: dict[str, _Run] = {}
-        self.history: dict[tuple[str, str], list[FinishedRun]] = {}
+        self.history: dict[tuple[str, str, str], list[FinishedRun]] = {}
         self.stored: str | None = None  # the engine's memory, as the live pass stores it
         self.passes = 0
 
@@ -81,14 +82,20 @@ class PerPassScheduler:
             return
         outcome = "cancelled" if run.cancelled else "preempted" if run.terminating else "succeeded"
         job = run.job
-        runs = self.history.setdefault((job.tenant, job.kind), [])
-        runs.append(FinishedRun(job.id, job.tenant, job.kind, now - run.started_at, now, outcome))
-        if outcome == "succeeded":
-            # what the live pass reads: the latest few that ended on their own, per tenant and kind
-            ended = [r for r in runs if r.outcome == "succeeded"]
-            runs[:] = sorted(ended, key=lambda r: (r.ended_at, r.job_id))[-HISTORY_KEEP:]
-        else:
-            runs.pop()  # the predictor never learns from a preempted or cancelled run
+        if outcome != "succeeded":
+            return  # the predictors never learn from a preempted or cancelled run
+        done = FinishedRun(
+            job.id, job.tenant, job.kind, now - run.started_at, now, outcome, job.user, job.name, job.gpus
+        )
+        # what the live pass reads: the latest few that ended on their own, per tenant and kind
+        # and per user and name
+        keys = [("kind", job.tenant, job.kind)] + (
+            [("named", job.user, job.name)] if job.user and job.name else []
+        )
+        for key in keys:
+            runs = self.history.setdefault(key, [])
+            runs.append(done)
+            runs[:] = sorted(runs, key=lambda r: (r.ended_at, r.job_id))[-HISTORY_KEEP:]
 
     def requeue(self, job: JobRequest) -> None:
         self.running.pop(job.id, None)
@@ -108,7 +115,7 @@ class PerPassScheduler:
         if self.shuffle:
             pending.sort(key=lambda j: j.id, reverse=True)
             running.sort(key=lambda r: r.job.id, reverse=True)
-        history = tuple(r for runs in self.history.values() for r in runs)
+        history = tuple({r.job_id: r for runs in self.history.values() for r in runs}.values())
         return Snapshot(now, self.nodes, tuple(running), tuple(pending), self.quotas, history)
 
     def decide(self, now: float) -> Decisions:

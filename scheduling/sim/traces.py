@@ -55,6 +55,9 @@ JOB_PREFER = "prefer_labels"
 # Optional, read by ``replay --adjust on`` (docs/formats.md, "Utilisation"): the job's utilisation
 # profile (default: drawn from its id and kind), its owner's ``idle_reclaim`` and ``interactive``.
 JOB_ADJUST = ("util_profile", "idle_reclaim", "interactive")
+# Optional: who submitted the job and its name. A user's reruns of one name are the runtime
+# history start estimates trust first; written by ``generate --recurring`` and ``export_trace``.
+JOB_RECURRING = ["user", "name"]
 QUOTA_COLUMNS = ["tenant", "model", "guaranteed", "limit", "weight"]
 
 
@@ -233,6 +236,8 @@ def read_jobs(path: str | Path) -> list[TraceJob]:
             elastic_min_gpus=int(min_gpus) if min_gpus is not None else None,
             elastic_max_gpus=int(max_gpus) if max_gpus is not None else None,
             submitted_at=f.number("submit_s", 0.0),
+            user=f.text("user"),
+            name=f.text("name"),
         )
         profile = f.text("util_profile")
         if profile and not profiles.is_profile(profile):

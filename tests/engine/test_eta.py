@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from scheduling.engine.config import EngineConfig
 from scheduling.engine.eta import Timeline
 from scheduling.engine.policy import TesseraScheduler
+from scheduling.engine.runtimes import Predictor, RecentRuns
 from scheduling.engine.types import JobRequest, QuotaSpec
 from tests.engine.engine_cases import node
 
@@ -62,20 +63,21 @@ def test_a_job_behind_a_full_node_starts_when_the_running_job_ends_and_the_next_
     assert est["next"].start == 500 and est["then"].start == 700
     assert est["next"].earliest <= est["next"].start <= est["next"].latest == 1000
     assert (est["next"].position, est["then"].ahead) == (1, 1)
-    assert "time limits" in est["next"].basis
+    assert "its time limit of 7 min (no history yet)" in est["next"].basis
 
 
 def test_history_replaces_time_limits_once_there_are_enough_runs():
     s = TesseraScheduler([node("a", gpus=8, nvlink=8)])
     for i, runtime in enumerate((100.0, 120.0, 140.0)):
-        s.history.add("vision", "training", f"old{i}", runtime, ended_at=float(i))
+        s.recent_runs.add("vision", "training", "", "", f"old{i}", runtime, ended_at=float(i))
     s.submit(JobRequest("running", "vision", "training", 8, submitted_at=0))
     s.decide(0.0)
     s.submit(JobRequest("next", "vision", "training", 8, submitted_at=1))
     d = s.decide(10.0)
     got = s.estimate(d, 10.0)["next"]
-    assert got.start == 120 and got.earliest == 100 and got.latest == 140
-    assert "3 finished runs of vision's training jobs" in got.basis
+    # the median run; the band at least half as long again either way (three runs say little)
+    assert got.start == 120 and got.earliest == 80 and got.latest == 180
+    assert "3 recent training runs of vision" in got.basis
 
 
 def test_asking_about_some_jobs_gives_them_the_estimates_the_whole_queue_would():
@@ -91,15 +93,6 @@ def test_asking_about_some_jobs_gives_them_the_estimates_the_whole_queue_would()
     assert s.estimate(d, 100.0, wanted=set()) == {}
 
 
-def test_the_next_freeing_of_a_timeline_is_the_first_time_its_use_drops():
-    line = Timeline(8, now=0)
-    line.add(0, 100, 6)
-    line.add(50, 300, 2)
-    assert line.next_freed(0) == 100
-    assert line.next_freed(100) == 300
-    assert line.next_freed(300) == math.inf
-
-
 def test_a_running_job_past_its_typical_runtime_is_expected_to_end_within_the_rest_of_its_limit():
     s = world()  # "running" started at 0 with a 1,000 s limit: typically 500 s
     s.submit(JobRequest("next", "vision", "training", 8, submitted_at=10, time_limit_s=400))
@@ -108,3 +101,96 @@ def test_a_running_job_past_its_typical_runtime_is_expected_to_end_within_the_re
     assert 600 < est.start < 1000  # not "any second now", not past the limit
     assert est.start == 800  # halfway through the rest of the limit
     assert est.latest == 1000
+
+
+def test_an_eight_gpu_job_waits_for_a_whole_node_not_for_eight_gpus_of_the_model():
+    s = TesseraScheduler([node("a", labels=(("pool", "a"),)), node("b", labels=(("pool", "b"),))])
+    for name, pool, limit in (("half-a", "a", 1000), ("half-b", "b", 2000)):
+        s.submit(
+            JobRequest(
+                name,
+                "vision",
+                "training",
+                4,
+                submitted_at=0,
+                time_limit_s=limit,
+                node_selector=(("pool", pool),),
+            )
+        )
+    s.decide(0.0)
+    assert {a.node for j in ("half-a", "half-b") for a in s.state.allocs[j]} == {0, 1}
+    s.submit(JobRequest("whole", "vision", "training", 8, submitted_at=1, time_limit_s=100))
+    d = s.decide(10.0)
+    # 8 GPUs of the model are free now, 4 on each node: the job starts when one node empties
+    assert s.estimate(d, 10.0)["whole"].start == 500
+
+
+def test_a_reserved_job_is_planned_on_its_reserved_nodes_and_says_whose_end_it_waits_for():
+    s = TesseraScheduler([node("a"), node("b")])
+    s.submit(JobRequest("long", "vision", "training", 8, submitted_at=0, time_limit_s=4000))
+    s.submit(JobRequest("short", "vision", "training", 8, submitted_at=0, time_limit_s=1000))
+    s.decide(0.0)
+    s.submit(JobRequest("gang", "vision", "training", 16, replicas=2, submitted_at=1, time_limit_s=100))
+    d = s.decide(10.0)
+    assert [r.job_id for r in s.last_reservations] == ["gang"]
+    got = s.estimate(d, 10.0)["gang"]
+    assert got.start == 2000  # both nodes: "long" ends typically half way through its limit
+    assert "nodes reserved for it free when job long ends" in got.basis
+
+
+def test_a_users_reruns_of_one_name_come_before_the_tenants_history_of_the_kind():
+    s = TesseraScheduler([node("a")])
+    for i in range(5):
+        s.recent_runs.add("vision", "training", "bob", "other", f"k{i}", 5000.0, ended_at=float(i))
+    for i, runtime in enumerate((300.0, 320.0)):
+        s.recent_runs.add("vision", "training", "alice", "resnet", f"r{i}", runtime, ended_at=10.0 + i)
+    s.submit(JobRequest("running", "vision", "training", 8, submitted_at=0, user="alice", name="resnet"))
+    s.decide(20.0)
+    s.submit(JobRequest("next", "vision", "training", 8, submitted_at=21, user="carol", name="x"))
+    d = s.decide(30.0)
+    got = s.estimate(d, 30.0)["next"]
+    assert got.start == 20 + 320  # the running rerun's median of its two earlier runs
+    assert "7 recent training runs of vision" in got.basis  # carol's job: no runs of its own
+
+
+@given(
+    runtimes=st.lists(st.floats(60, 50_000), min_size=0, max_size=12),
+    limit=st.one_of(st.none(), st.floats(60, 100_000)),
+    named=st.booleans(),
+)
+def test_a_predictions_low_typical_and_high_are_ordered_and_never_past_the_time_limit(runtimes, limit, named):
+    recent = RecentRuns()
+    for i, r in enumerate(runtimes):
+        recent.add("t", "batch", "u" if named else "", "n" if named else "", f"j{i}", r, float(i))
+    job = JobRequest("x", "t", "batch", 1, time_limit_s=limit, user="u", name="n")
+    p = Predictor(recent, 3600.0).predict(job)
+    assert p.low <= p.typical <= p.high
+    if limit:
+        assert p.high <= max(limit, 60.0)
+    assert Predictor(recent, 3600.0).predict(job) == p  # the same runs, the same prediction
+
+
+@given(
+    sizes=st.lists(st.sampled_from([1, 2, 4, 8]), min_size=1, max_size=8),
+    limits=st.lists(st.one_of(st.none(), st.integers(100, 20_000)), min_size=8, max_size=8),
+    waiting=st.lists(st.sampled_from([1, 2, 4, 8, 16]), min_size=1, max_size=6),
+)
+def test_every_estimate_lies_inside_its_band_and_the_plan_is_deterministic(sizes, limits, waiting):
+    def build() -> tuple[TesseraScheduler, dict]:
+        s = TesseraScheduler([node("a"), node("b", rack="r1")], [QuotaSpec("vision", "*", 8, 16)])
+        for i, g in enumerate(sizes):
+            s.submit(JobRequest(f"r{i}", "vision", "training", g, submitted_at=0, time_limit_s=limits[i]))
+        s.decide(0.0)
+        for i, g in enumerate(waiting):
+            replicas = 2 if g == 16 else 1
+            s.submit(JobRequest(f"w{i}", "vision", "batch", g, replicas=replicas, submitted_at=1 + i))
+        d = s.decide(50.0)
+        return s, s.estimate(d, 50.0)
+
+    _, first = build()
+    _, again = build()
+    assert first == again
+    for est in first.values():
+        assert est.earliest <= est.start <= est.latest
+        assert est.start >= 50.0
+        assert est.ahead == est.position - 1 and est.basis

@@ -120,6 +120,34 @@ def test_every_pending_job_gets_a_reason(world, two_nodes):
     assert pending[0].pending_code and pending[0].pending_reason
 
 
+def test_a_waiting_job_gets_a_start_estimate_with_its_band_basis_and_place_and_loses_it_once_held(
+    world, two_nodes
+):
+    from scheduling.services.holds import do_hold_job
+
+    jobs = [helpers.submit(world.alice, world.vision, gpus=8, time_limit_seconds=3600) for _ in range(5)]
+    passes.run_pass()
+    waiting = sorted(
+        (j for j in type(jobs[0]).objects.filter(pk__in=[j.pk for j in jobs]) if j.state == JobState.PENDING),
+        key=lambda j: j.queue_position or 0,
+    )
+    assert [(j.queue_position, j.jobs_ahead) for j in waiting] == [(1, 0), (2, 1), (3, 2)]
+    for job in waiting:
+        assert job.estimated_start_earliest <= job.estimated_start <= job.estimated_start_latest
+        assert job.estimated_start > timezone.now()
+        assert "its time limit of 1 h (no history yet)" in job.estimate_basis
+    # two start when the two running jobs end (typically half their limit); the third after one of them
+    assert waiting[0].estimated_start == waiting[1].estimated_start < waiting[2].estimated_start
+    do_hold_job(waiting[1].pk)
+    passes.run_pass()
+    waiting[1].refresh_from_db()
+    assert (waiting[1].queue_position, waiting[1].estimate_basis, waiting[1].estimated_start_latest) == (
+        None,
+        "",
+        None,
+    )
+
+
 def test_a_cpu_only_job_is_bound_to_a_node_without_gpus(world, two_nodes):
     job = helpers.submit(world.alice, world.vision, gpus=0, cpus=4)
     passes.run_pass()

@@ -11,13 +11,14 @@ import pytest
 
 from scheduling.services.export import export_trace
 from scheduling.sim.events import EVENT_TYPES
-from scheduling.sim.generate import generate
+from scheduling.sim.generate import Scenario, generate
 from scheduling.sim.runner import run_replay
 from scheduling.sim.traces import (
     JOB_ADJUST,
     JOB_COLUMNS,
     JOB_OPTIONAL,
     JOB_PREFER,
+    JOB_RECURRING,
     NODE_COLUMNS,
     QUOTA_COLUMNS,
 )
@@ -53,7 +54,11 @@ def test_the_documented_node_columns_are_the_readers_required_ones_and_its_optio
 def test_the_documented_job_columns_are_the_readers_required_ones_and_its_optional_ones():
     columns = table("jobs.csv")
     assert [c for c, required in columns.items() if required == "yes"] == JOB_COLUMNS
-    assert [c for c, required in columns.items() if required == "no"] == [*JOB_OPTIONAL, JOB_PREFER]
+    assert [c for c, required in columns.items() if required == "no"] == [
+        *JOB_OPTIONAL,
+        JOB_PREFER,
+        *JOB_RECURRING,
+    ]
 
 
 def test_the_documented_adjustment_columns_are_the_ones_replay_reads():
@@ -75,6 +80,8 @@ def test_what_generate_writes_has_the_documented_columns(tmp_path: Path):
     assert header(tmp_path / "nodes.csv") == [*NODE_COLUMNS, "labels"]
     assert header(tmp_path / "jobs.csv") == [*JOB_COLUMNS, *JOB_OPTIONAL]
     assert header(tmp_path / "quotas.csv") == QUOTA_COLUMNS
+    generate(tmp_path / "recurring", 1, 0.1, 0.5, 32, Scenario(recurring=0.5))
+    assert header(tmp_path / "recurring" / "jobs.csv") == [*JOB_COLUMNS, *JOB_OPTIONAL, *JOB_RECURRING]
 
 
 @pytest.mark.django_db
