@@ -286,6 +286,9 @@ TESSERA: dict[str, Any] = {
     # above what a pass takes, even a large one (docs/benchmarks/scheduling-pass.md). The
     # Celery task's soft and hard time limits (scheduling/tasks.py) are set well above this.
     "PASS_BUDGET_S": env_float("TESSERA_PASS_BUDGET_S", 10.0, minimum=0.01),
+    # Start estimates (engine/eta.py: about 2 s of CPU for 1,000 pending jobs on 1,000 nodes) are
+    # planned by a pass at most this often in a process; the passes between keep them as stored.
+    "ETA_EVERY_S": env_float("TESSERA_ETA_EVERY_S", 15.0, minimum=0.0),
     "MAX_JOB_GPUS": env_int("TESSERA_MAX_JOB_GPUS", 4096, minimum=1),
     # CPUs per replica of a CPU-only job that asks for none: counted against the node's CPUs by
     # the scheduler and enforced by the agent, so one tenant's CPU-only jobs cannot fill a node.

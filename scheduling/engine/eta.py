@@ -70,12 +70,29 @@ class Want:
 class Timeline:
     """Use of one capacity over time: piecewise constant, starting at ``now``."""
 
-    __slots__ = ("cap", "ts", "us")
+    __slots__ = ("cap", "memo", "ts", "us")
 
     def __init__(self, cap: float, now: float) -> None:
         self.cap = cap
         self.ts = [now]
         self.us = [0.0]
+        # (need, length) -> (from, answer) of the last query since the last change: the answer
+        # holds for any later query from a time between the two (nothing fits before it)
+        self.memo: dict[tuple[float, float], tuple[float, float]] = {}
+
+    def held_until(self, ends: list[tuple[float, float]]) -> None:
+        """Held from ``now``: ``(end, amount)`` each; on an empty timeline, in one go."""
+        assert len(self.ts) == 1 and self.us[0] == 0.0
+        ends = sorted(e for e in ends if e[1])
+        used = sum(a for _, a in ends)
+        self.us[0] = used
+        for end, amount in ends:
+            used -= amount
+            if end <= self.ts[-1]:
+                self.us[-1] = used
+            else:
+                self.ts.append(end)
+                self.us.append(used)
 
     def _cut(self, t: float) -> int:
         i = bisect.bisect_right(self.ts, t) - 1
@@ -88,6 +105,7 @@ class Timeline:
     def add(self, t0: float, t1: float, amount: float) -> None:
         if t1 <= t0 or amount == 0:
             return
+        self.memo.clear()
         i = self._cut(t0)
         j = self._cut(t1) if not math.isinf(t1) else len(self.ts)
         for k in range(i, j):
@@ -97,6 +115,14 @@ class Timeline:
         """The earliest time from ``t`` on at which ``need`` is free for ``length`` (inf: never)."""
         if need > self.cap + 1e-9:
             return math.inf
+        hit = self.memo.get((need, length))
+        if hit is not None and hit[0] <= t <= hit[1]:
+            return hit[1]
+        got = self._earliest(t, length, need)
+        self.memo[(need, length)] = (t, got)
+        return got
+
+    def _earliest(self, t: float, length: float, need: float) -> float:
         room = self.cap - need + 1e-9
         us, ts = self.us, self.ts
         n = len(us)
@@ -123,6 +149,26 @@ class Plan:
         self.nodes = [Timeline(c, now) for c in caps]
         self.limit = {row: Timeline(c[0], now) for row, c in quota_caps.items()}
         self.steady = {row: Timeline(c[1], now) for row, c in quota_caps.items()}
+
+    def held(self, holdings: Sequence[tuple[Holding, float]]) -> None:
+        """The running jobs hold their GPUs and quota from now until their ends."""
+        on_node: dict[int, list[tuple[float, float]]] = {}
+        on_limit: dict[Row, list[tuple[float, float]]] = {}
+        on_steady: dict[Row, list[tuple[float, float]]] = {}
+        for h, end in holdings:
+            for i, gpus in h.nodes:
+                on_node.setdefault(i, []).append((end, gpus))
+            for row, gpus in h.rows:
+                if row in self.limit:
+                    on_limit.setdefault(row, []).append((end, gpus))
+                    if not h.job.preemptible:
+                        on_steady.setdefault(row, []).append((end, gpus))
+        for i, held in on_node.items():
+            self.nodes[i].held_until(held)
+        for row, held in on_limit.items():
+            self.limit[row].held_until(held)
+        for row, held in on_steady.items():
+            self.steady[row].held_until(held)
 
     def hold(
         self,
@@ -175,14 +221,30 @@ class Plan:
     def _nodes_free(
         self, groups: list[list[int]], want: Want, t: float, length: float
     ) -> tuple[float, list[int]]:
+        """The earliest time from ``t`` on at which ``want.replicas`` nodes of one group each
+        hold a replica for ``length``, and those nodes (the first found where several tie)."""
         best: tuple[float, list[int]] = (math.inf, [])
+        need, per, timelines = want.replicas, want.per, self.nodes
         for group in groups:
-            if len(group) < want.replicas:
+            if len(group) < need:
                 continue
-            ready = sorted((self.nodes[i].earliest(t, length, want.per), i) for i in group)
-            at = ready[want.replicas - 1][0]
+            ready: list[tuple[float, int]] = []
+            now_ready: list[int] = []
+            for i in group:
+                at = timelines[i].earliest(t, length, per)
+                if at <= t:
+                    now_ready.append(i)
+                    if len(now_ready) == need:  # nothing can be earlier than t
+                        return t, now_ready
+                elif at < best[0]:
+                    ready.append((at, i))
+            ready.extend((t, i) for i in now_ready)
+            if len(ready) < need:
+                continue
+            ready.sort()
+            at = ready[need - 1][0]
             if at < best[0]:
-                best = (at, [i for _, i in ready[: want.replicas]])
+                best = (at, [i for _, i in ready[:need]])
         return best
 
 
@@ -202,19 +264,26 @@ def plan(
             by_model.setdefault(n.model, []).append(i)
     plans = {which: Plan(caps, quota_caps, now) for which in WHICH}
     freed: dict[str, dict[str, float]] = {which: {} for which in WHICH}  # model -> next end
-    ends: dict[str, list[tuple[float, Holding]]] = {}
-    for h in holdings:
-        for which in WHICH:
+    ends: dict[str, list[tuple[Holding, float]]] = {}
+    for which in WHICH:
+        held = []
+        for h in holdings:
             end = max(now + MIN_RUNTIME_S, predictor.remaining_end(h.job, h.started_at, now, which))
-            plans[which].hold(h.nodes, h.rows, h.job.preemptible, now, end)
+            held.append((h, end))
             for i, _ in h.nodes:
                 model = nodes[i].model
                 freed[which][model] = min(freed[which].get(model, math.inf), end)
-            if which == "typical":
-                ends.setdefault("", []).append((end, h))
+        plans[which].held(held)
+        if which == "typical":
+            ends[""] = held
     out: dict[str, Estimate] = {}
+    shapes: dict[tuple[object, ...], dict[str, list[list[int]]]] = {}
     for position, want in enumerate(queue, 1):
-        candidates = _candidates(nodes, by_model, want)
+        job = want.job
+        shape = (want.models, job.node_selector, job.tolerations, want.rack, want.reserved)
+        candidates = shapes.get(shape)
+        if candidates is None:
+            candidates = shapes[shape] = _candidates(nodes, by_model, want)
         length = {which: predictor.predict(want.job).of(which) for which in WHICH}
         starts: dict[str, float] = {}
         where: list[int] = []
@@ -287,16 +356,18 @@ def _basis(
     ahead: int,
     start: float,
     where: list[int],
-    ends: list[tuple[float, Holding]],
+    ends: list[tuple[Holding, float]],
     nodes: Sequence[NodeSpec],
 ) -> str:
     """Words: what the estimate rests on."""
     runtime = predictor.predict(want.job).basis
     if want.reserved:
         on = set(want.reserved)
-        last = [(end, h) for end, h in ends if end <= start + 1 and any(i in on for i, _ in h.nodes)]
+        last = [
+            (end, h.job.id, h) for h, end in ends if end <= start + 1 and any(i in on for i, _ in h.nodes)
+        ]
         if last:
-            end, h = max(last, key=lambda e: e[0])
+            _, _, h = max(last, key=lambda e: e[:2])
             why = predictor.predict(h.job).basis
             return (
                 f"nodes reserved for it free when job {h.job.id} ends (its runtime from {why}); "

@@ -195,9 +195,7 @@ def _one_pass(now: datetime | None) -> PassResult:
         with collector_paused() if settings.TESSERA["GC_PAUSE_IN_PASS"] else nullcontext():
             engine = make_policy(loaded)
             decisions: Decisions = engine.decide(loaded.snapshot.now, deadline)
-            # When each job left waiting is expected to start (engine/eta.py): the first
-            # ``eta_max_jobs`` of the queue, stored with the reasons.
-            estimates = engine.estimate(decisions, loaded.snapshot.now)
+            estimates = _estimates(engine, decisions, loaded.snapshot.now)
         # Stored before the decisions are applied: what the engine remembers is what it decided,
         # and a binding dropped as stale is decided again by the next pass either way.
         store_memory(engine.memory(), decisions.not_reached, loaded.stored, now)
@@ -340,6 +338,19 @@ _WRITE_VERSIONS = RowsUpdate(Node, ("version",))
 APPLY_CHUNK = 64  # bindings per transaction: few commits, yet node locks held only briefly
 
 
+_estimated_at: list[float] = []  # when this process's passes last planned the estimates
+
+
+def _estimates(engine: TesseraScheduler, decisions: Decisions, now: float) -> Mapping[str, Estimate] | None:
+    """When each job left waiting is expected to start (engine/eta.py: the first
+    ``eta_max_jobs`` of the queue), at most every ``ETA_EVERY_S`` (None: not this pass)."""
+    began = clock()
+    if _estimated_at and began - _estimated_at[0] < settings.TESSERA["ETA_EVERY_S"]:
+        return None
+    _estimated_at[:] = [began]
+    return engine.estimate(decisions, now)
+
+
 def apply_decisions(
     loaded: LoadedSnapshot,
     decisions: Decisions,
@@ -360,7 +371,7 @@ def apply_decisions(
             if job is not None and job.preemptible:
                 begin_stop(job, f"preempted: {preemption.reason}"[:64], now)
                 result.preempted.append(preemption.job_id)
-    _store_pending_reasons(decisions, loaded, estimates or {})
+    _store_pending_reasons(decisions, loaded, estimates)
     return result
 
 
@@ -515,19 +526,25 @@ def _placements(
 
 
 def _store_pending_reasons(
-    decisions: Decisions, loaded: LoadedSnapshot, estimates: Mapping[str, Estimate]
+    decisions: Decisions, loaded: LoadedSnapshot, estimates: Mapping[str, Estimate] | None
 ) -> None:
     """Write the reasons and estimates that changed since the snapshot (most stay the same pass
     after pass). A job with an estimate gets its start, band, basis and place in the queue; one
-    without, the reason's own estimated start (a backoff's end) and none of the rest."""
-    groups: dict[StoredReason, list[int]] = {}
+    without, the reason's own estimated start (a backoff's end) and none of the rest. Without
+    ``estimates`` (not planned this pass) the stored ones stay."""
+    groups: dict[tuple[StoredReason, bool], list[int]] = {}  # (reason, clear the estimate?) -> jobs
     rows: list[Job] = []
     for job_id, reason in decisions.pending.items():
         stored = loaded.reasons.get(job_id)  # None: not pending when the snapshot was read
         if stored is None:
             continue
-        est = estimates.get(job_id)
         had = loaded.estimates.get(job_id, NO_ESTIMATE)
+        if estimates is None and had != NO_ESTIMATE:
+            new = (reason.code, reason.message, stored[2])  # keep the stored estimate
+            if reason_changed(stored, new):
+                groups.setdefault((new, False), []).append(int(job_id))
+            continue
+        est = estimates.get(job_id) if estimates is not None else None
         if est is not None:
             new = (reason.code, reason.message, _at(est.start))
             band = (_at(est.earliest), _at(est.latest), est.basis, est.position, est.ahead)
@@ -537,12 +554,12 @@ def _store_pending_reasons(
             continue
         new = (reason.code, reason.message, _at(reason.estimated_start))
         if reason_changed(stored, new) or had != NO_ESTIMATE:
-            groups.setdefault(new, []).append(int(job_id))
+            groups.setdefault((new, True), []).append(int(job_id))
     for job_id, why in decisions.rejections.items():
         # The live cluster keeps such jobs pending (nodes may join later): say why.
         stored = loaded.reasons.get(job_id)
         if stored is not None and stored[1] != why:
-            groups.setdefault(("capacity", why, None), []).append(int(job_id))
+            groups.setdefault((("capacity", why, None), True), []).append(int(job_id))
     if not groups and not rows:
         return
     # One UPDATE per distinct reason (a queue waiting for capacity shares one or a few), not
@@ -551,9 +568,12 @@ def _store_pending_reasons(
     # need not wait for the disk.
     with transaction.atomic():
         _commit_without_flush()
-        for (code, message, estimated), ids in groups.items():
+        for ((code, message, estimated), clear), ids in groups.items():
             Job.objects.filter(pk__in=ids, state=JobState.PENDING).update(
-                pending_code=code, pending_reason=message, estimated_start=estimated, **CLEARED
+                pending_code=code,
+                pending_reason=message,
+                estimated_start=estimated,
+                **(CLEARED if clear else {}),
             )
         _WRITE_ESTIMATES.run(rows)
         changed = [pk for ids in groups.values() for pk in ids] + [job.pk for job in rows]

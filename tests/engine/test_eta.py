@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduling.engine.config import EngineConfig
@@ -26,6 +26,7 @@ def test_a_timeline_finds_the_first_stretch_long_enough_with_room():
     assert line.earliest(0, 10, 9) == math.inf
 
 
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     spans=st.lists(st.tuples(st.integers(0, 50), st.integers(1, 30), st.integers(1, 8)), max_size=8),
     need=st.integers(1, 8),
@@ -153,6 +154,7 @@ def test_a_users_reruns_of_one_name_come_before_the_tenants_history_of_the_kind(
     assert "7 recent training runs of vision" in got.basis  # carol's job: no runs of its own
 
 
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     runtimes=st.lists(st.floats(60, 50_000), min_size=0, max_size=12),
     limit=st.one_of(st.none(), st.floats(60, 100_000)),
@@ -170,6 +172,7 @@ def test_a_predictions_low_typical_and_high_are_ordered_and_never_past_the_time_
     assert Predictor(recent, 3600.0).predict(job) == p  # the same runs, the same prediction
 
 
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     sizes=st.lists(st.sampled_from([1, 2, 4, 8]), min_size=1, max_size=8),
     limits=st.lists(st.one_of(st.none(), st.integers(100, 20_000)), min_size=8, max_size=8),

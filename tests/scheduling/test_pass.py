@@ -121,9 +121,11 @@ def test_every_pending_job_gets_a_reason(world, two_nodes):
 
 
 def test_a_waiting_job_gets_a_start_estimate_with_its_band_basis_and_place_and_loses_it_once_held(
-    world, two_nodes
+    world, two_nodes, settings
 ):
     from scheduling.services.holds import do_hold_job
+
+    settings.TESSERA = {**settings.TESSERA, "ETA_EVERY_S": 0.0}  # every pass plans them
 
     jobs = [helpers.submit(world.alice, world.vision, gpus=8, time_limit_seconds=3600) for _ in range(5)]
     passes.run_pass()
@@ -138,6 +140,10 @@ def test_a_waiting_job_gets_a_start_estimate_with_its_band_basis_and_place_and_l
         assert "its time limit of 1 h (no history yet)" in job.estimate_basis
     # two start when the two running jobs end (typically half their limit); the third after one of them
     assert waiting[0].estimated_start == waiting[1].estimated_start < waiting[2].estimated_start
+    settings.TESSERA = {**settings.TESSERA, "ETA_EVERY_S": 3600.0}  # a pass between plans: kept
+    passes.run_pass()
+    first = type(jobs[0]).objects.get(pk=waiting[0].pk)
+    assert (first.estimated_start, first.queue_position) == (waiting[0].estimated_start, 1)
     do_hold_job(waiting[1].pk)
     passes.run_pass()
     waiting[1].refresh_from_db()
