@@ -396,3 +396,25 @@ def test_logs_in_json_give_the_output_and_where_it_ended(cli):
     answer = json.loads(cli("logs", str(job.pk), "-o", "json").stdout)
     assert answer == {"data": "hello\n", "next_offset": 6, "eof": False, "truncated": False}
     assert cli("logs", str(job.pk)).stdout == "hello\n"
+
+
+def test_why_and_status_show_the_start_estimate_its_band_basis_and_place_in_the_queue(cli):
+    from datetime import UTC, datetime
+
+    cli("submit", "--", "python", "x.py")
+    job = newest_job()
+    at = [datetime(2026, 1, 1, h, tzinfo=UTC) for h in (9, 10, 12)]
+    basis = "3 job(s) ahead of it and the running jobs' predicted ends; its runtime from 5 earlier runs"
+    Job.objects.filter(pk=job.pk).update(  # as a pass stores them (scheduling/services/passes.py)
+        pending_code="capacity", pending_reason="capacity: no room for it now", estimated_start=at[1],
+        estimated_start_earliest=at[0], estimated_start_latest=at[2], estimate_basis=basis,
+        queue_position=4, jobs_ahead=3,
+    )  # fmt: skip
+    why = json.loads(cli("why", str(job.pk), "-o", "json").stdout)
+    assert why["estimated_start"].startswith("2026-01-01T10:00")
+    assert why["estimated_start_earliest"].startswith("2026-01-01T09:00")
+    assert why["estimated_start_latest"].startswith("2026-01-01T12:00")
+    assert (why["estimate_basis"], why["queue_position"], why["jobs_ahead"]) == (basis, 4, 3)
+    table = cli("why", str(job.pk)).stdout
+    assert "5 earlier runs" in table and "queue_position" in table
+    assert json.loads(cli("status", str(job.pk), "-o", "json").stdout)["jobs_ahead"] == 3

@@ -67,6 +67,28 @@ def test_alice_submits_from_the_form_and_lands_on_her_jobs_page(world: Any, clus
     assert "alice" in page  # the owner
 
 
+def test_a_waiting_jobs_page_and_the_list_show_its_estimate_band_basis_and_place(
+    world: Any, cluster: Any
+) -> None:
+    from datetime import UTC, datetime
+
+    client = signed_in(world.alice)
+    client.post("/jobs/new/", form())
+    job = Job.objects.get()
+    at = [datetime(2026, 1, 1, h, tzinfo=UTC) for h in (9, 10, 12)]
+    Job.objects.filter(pk=job.pk).update(  # as a pass stores them (scheduling/services/passes.py)
+        estimated_start=at[1], estimated_start_earliest=at[0], estimated_start_latest=at[2],
+        estimate_basis="2 job(s) ahead of it; its runtime from 4 earlier runs of 'resnet' by the same user",
+        queue_position=3, jobs_ahead=2,
+    )  # fmt: skip
+    page = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert "likely between" in page and "2026-01-01 09:00" in page and "2026-01-01 12:00" in page
+    assert "Place in the queue: 3 (2 jobs ahead of it)" in page
+    assert "4 earlier runs of &#x27;resnet&#x27; by the same user" in page
+    listed = client.get("/jobs/").content.decode()
+    assert "#3 in the queue" in listed
+
+
 def test_the_forms_messages_are_the_apis_and_what_was_typed_stays(world: Any, cluster: Any) -> None:
     typed = form(name="", gpus="3", replicas="2", priority="high", time_limit_seconds="-5")
     response = signed_in(world.alice).post("/jobs/new/", typed)
