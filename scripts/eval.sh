@@ -3,7 +3,8 @@
 #
 #   pack:   every openb pod list, 10 seeds (42..51), every policy side by side (tessera, fgd,
 #           best-fit, random, fcfs-device: ~2 minutes for all four lists on 2 cores);
-#   replay: generated two-day workloads on ~600 GPUs at load 1.0 and 1.2, every policy, with quotas;
+#   replay: generated two-day workloads on ~600 GPUs at load 1.0 and 1.2, every policy, with quotas
+#           (tessera's start estimates scored too: --eta);
 #   seeds:  the replay targets on workload seeds 1..5 (tessera and fcfs-device);
 #   adjust: tessera with `replay --adjust off` and `on` on workload seeds 1 and 2 at both loads (the
 #           adjustment pass's table, printed and written to docs/evaluation.md);
@@ -60,7 +61,7 @@ if [ "${EVAL_SKIP_REPLAY:-0}" != 1 ]; then
       if [ "${EVAL_RESUME:-0}" = 1 ] && [ -f "$run/summary.json" ]; then continue; fi
       "$PY" -m scheduling.sim replay --nodes "$OUT/workload-$load/nodes.csv" \
         --jobs "$OUT/workload-$load/jobs.csv" --quotas "$OUT/workload-$load/quotas.csv" \
-        --policy "$policy" --out "$run" || status=1
+        --policy "$policy" --out "$run" $([ "$policy" = tessera ] && echo --eta) || status=1
     done
     "$PY" -c "import sys; from scheduling.sim.runner import write_replay_compare as w; \
 w(sys.argv[1], sys.argv[2].split(','), sys.argv[3])" "$OUT/replay-$load" "$REPLAY_POLICIES" \

@@ -45,3 +45,41 @@ def score(
         "eta_median_band_s": median([est[j].latest - est[j].earliest for j in have]),  # type: ignore[union-attr]
         "median_wait_s": median([started[j] - submitted[j] for j in waited]),
     }
+
+
+Goal = tuple[str, str, bool]  # (goal, measured, met)
+
+
+def eta_goals(s: Mapping[str, Any]) -> list[Goal]:
+    """The estimate goals (docs/evaluation.md) on one replay's summary; none if not scored."""
+    if s.get("eta_coverage") is None or not s.get("median_wait_s"):
+        return []
+    wait = s["median_wait_s"]
+    band, error = s["eta_median_band_s"] / wait, s["eta_median_error_s"] / wait
+    return [
+        (
+            "jobs waiting > 60 s with an estimate ≥ 90%",
+            f"{100 * s['eta_coverage']:.0f}%",
+            s["eta_coverage"] >= 0.9,
+        ),
+        (
+            "started inside their band ≥ 80%",
+            f"{100 * s['eta_within_band']:.0f}%",
+            s["eta_within_band"] >= 0.8,
+        ),
+        ("median band ≤ median wait", f"{band:.2f} × {wait:.0f} s", band <= 1.0),
+        ("median |estimate − start| ≤ 25% of median wait", f"{error:.2f} × {wait:.0f} s", error <= 0.25),
+    ]
+
+
+def eta_table(summaries: Mapping[str, Mapping[str, Any]]) -> str:
+    """The goals of the policies whose estimates were scored, as a markdown table ('' if none)."""
+    lines = []
+    for policy, s in summaries.items():
+        for goal, measured, met in eta_goals(s):
+            lines.append(f"| {policy} | {goal} | {measured} | {'yes' if met else '**no**'} |")
+    if not lines:
+        return ""
+    head = ["Start estimates (`replay --eta`, the estimate at the first pass after submit):\n",
+            "| policy | goal | measured | met |", "| --- | --- | --- | --- |"]  # fmt: skip
+    return "\n".join([*head, *lines]) + "\n"

@@ -19,7 +19,7 @@ from scheduling.engine.types import KINDS, NodeSpec
 from scheduling.sim import policies
 from scheduling.sim.adjusting import AdjustOptions
 from scheduling.sim.check import check
-from scheduling.sim.eta_score import ETA_KEYS
+from scheduling.sim.eta_score import ETA_KEYS, eta_table
 from scheduling.sim.eta_score import score as score_estimates
 from scheduling.sim.events import read_events, write_events
 from scheduling.sim.metrics import summarize
@@ -217,6 +217,9 @@ def write_replay_compare(out: str | Path, names: Sequence[str], title: str) -> d
         summaries[name] = json.loads((out / name / "summary.json").read_text(encoding="utf-8"))
         runs[name] = json.loads((out / name / "series.json").read_text(encoding="utf-8"))
     text = f"## {title}\n\n{replay_table(summaries)}\n{wait_by_kind_table(summaries)}"
+    estimates = eta_table(summaries)
+    if estimates:
+        text += f"\n{estimates}"
     (out / "compare.md").write_text(text, encoding="utf-8")
     plot_compare(out / "compare.png", runs, title)
     return summaries

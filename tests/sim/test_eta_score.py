@@ -35,3 +35,15 @@ def test_a_replay_scores_estimates_only_when_asked(tmp_path: Path):
     assert plain["eta_coverage"] is None
     assert scored["eta_coverage"] is not None and 0 < scored["eta_coverage"] <= 1
     assert plain["avg_jct_s"] == scored["avg_jct_s"]  # estimating decides nothing
+
+
+def test_each_estimate_goal_is_judged_against_the_median_wait():
+    from scheduling.sim.eta_score import eta_goals, eta_table
+
+    summary = {"eta_coverage": 0.95, "eta_within_band": 0.7, "eta_median_band_s": 900.0,
+               "eta_median_error_s": 300.0, "median_wait_s": 1000.0}  # fmt: skip
+    got = {goal: met for goal, _, met in eta_goals(summary)}
+    assert list(got.values()) == [True, False, True, False]  # 95% covered, 70% in band, 0.9×, 0.3×
+    assert eta_goals({"eta_coverage": None}) == []
+    table = eta_table({"tessera": summary, "greedy": {"eta_coverage": None}})
+    assert "| tessera | started inside their band ≥ 80% | 70% | **no** |" in table and "greedy" not in table

@@ -21,6 +21,7 @@ def test_a_small_matrix_writes_each_policys_figures_and_judges_every_goal(tmp_pa
         assert f"| {policy} |" in text
     assert "| alloc ≥ min(greedy-quota + 0.03, ceiling − 0.02) |" in text
     assert "| avg JCT ≤ 0.5 × fcfs-device's |" in text
+    assert "| started inside their band ≥ 80% (seed 1) |" in text  # tessera's estimates, scored
     misses = text.count("| **no** |")
     assert ("All goals met." in text) == (misses == 0)
     assert text.count("\n- ") == misses  # one line per miss, naming it
