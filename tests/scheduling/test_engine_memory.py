@@ -17,7 +17,7 @@ from scheduling.engine.types import Decisions
 from scheduling.models import EngineMemoryRecord, Job
 from scheduling.services import passes
 from scheduling.services.memory import store_memory
-from scheduling.services.snapshot import _MEMORY, StoredMemory, load_snapshot
+from scheduling.services.snapshot import _MEMORY, HISTORY_KEEP, StoredMemory, load_snapshot
 from scheduling.sim.generate import generate
 from scheduling.sim.perpass import PerPassScheduler
 from scheduling.sim.replay import replay
@@ -87,16 +87,19 @@ def test_a_waiting_job_is_estimated_from_its_tenants_finished_runs(world, full_n
 
 
 def test_the_history_is_the_latest_runs_that_ended_on_their_own_of_what_waits(world, full_node):
-    kept = [finished(world, minutes=5 + i, ended_ago_h=1 + i) for i in range(10)]
-    finished(world, minutes=99, ended_ago_h=50)  # the 11th latest: past the ten kept
+    # what holds GPUs: alice's training job "long"; the keys read: (vision, training), (alice, "long")
+    kept = [finished(world, minutes=5 + i, ended_ago_h=1 + i) for i in range(HISTORY_KEEP - 1)]
+    finished(world, minutes=99, ended_ago_h=50)  # past the latest of vision's training runs
     finished(world, minutes=1, ended_ago_h=0.5, state=JobState.CANCELLED)  # says nothing of runtime
     finished(world, minutes=1, ended_ago_h=0.5, kind="batch")  # no batch job waits: not read
+    rerun = finished(world, minutes=40, ended_ago_h=70, kind="batch", name="long")  # alice's "long"
     failed = finished(world, minutes=3, ended_ago_h=0.2, state=JobState.FAILED)
     history = load_snapshot(timezone.now()).snapshot.history
-    assert sorted(int(r.job_id) for r in history) == sorted([j.pk for j in kept[:9]] + [failed.pk])
+    assert sorted(int(r.job_id) for r in history) == sorted([j.pk for j in kept] + [failed.pk, rerun.pk])
     run = next(r for r in history if r.job_id == str(kept[0].pk))
     assert (run.tenant, run.kind, run.outcome, run.runtime_s) == ("vision", "training", "succeeded", 300.0)
     assert run.user == str(world.alice.pk) and run.gpus == 1.0
+    assert next(r for r in history if r.job_id == str(rerun.pk)).name == "long"
 
 
 def test_a_pass_stores_what_its_engine_left_and_memory_unchanged_is_not_written_again(world, full_node):
