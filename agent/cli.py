@@ -442,6 +442,7 @@ def run(args: argparse.Namespace) -> int:
     collector = GpuCollector(
         inventory, agent.gpu_uses, profiles, args.util_speed, None if inventory.simulated else nvml_reader()
     )
+    agent.utilisation = collector.report
     try:
         server = serve(make_registry(collector), args.metrics_port, args.metrics_addr)
     except OSError as exc:

@@ -161,8 +161,13 @@ class AgentClient:
         server that refuses it, :class:`ServerError` when it cannot be reached."""
         return Stream.open(self.base, self.node_auth(), self.timeout, idle_s)
 
-    def heartbeat(self, running: list[dict[str, int]]) -> dict[str, Any]:
-        return self._post("heartbeat", {"running": running}, self.node_auth())
+    def heartbeat(
+        self, running: list[dict[str, int]], utilisation: list[dict[str, Any]] | None = None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"running": running}
+        if utilisation:
+            body["utilisation"] = utilisation
+        return self._post("heartbeat", body, self.node_auth())
 
     def started(
         self, job_id: int, attempt: int, replica: int, pid: int, started_at: float | None = None

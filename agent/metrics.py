@@ -56,6 +56,19 @@ class GpuUse:
     rank: int = 0  # this GPU's place among the job's GPUs (replica × its GPUs + index)
 
 
+@dataclass(frozen=True)
+class Reading:
+    """One GPU's values at one moment."""
+
+    index: int
+    uuid: str
+    model: str
+    job_ids: tuple[int, ...]
+    util_pct: float
+    sm_active: float
+    fb_used_mib: float
+
+
 def util_profile(binding: dict[str, Any]) -> str:
     """The synthetic profile a job's env asks its simulated GPUs to replay ("" = none or unknown)."""
     env = binding.get("env") or {}
@@ -153,18 +166,35 @@ class GpuCollector(Collector):
             "DCGM_FI_PROF_SM_ACTIVE", "Ratio of cycles an SM has at least 1 warp assigned.", labels=LABELS
         )
         fb = GaugeMetricFamily("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", labels=LABELS)
-        uses = self.uses()
-        for device in self.inventory.devices:
-            on_it = uses.get(device.index, [])
-            job = ",".join(str(u.job_id) for u in sorted(on_it, key=lambda u: u.job_id))
-            labels = [str(device.index), device.uuid, self.inventory.name, device.model, job]
-            values = self._values(device.index, device.memory_gib, on_it)
-            util.add_metric(labels, values[0])
-            sm.add_metric(labels, values[1])
-            fb.add_metric(labels, values[2])
+        for r in self.readings():
+            job = ",".join(str(j) for j in r.job_ids)
+            labels = [str(r.index), r.uuid, self.inventory.name, r.model, job]
+            util.add_metric(labels, r.util_pct)
+            sm.add_metric(labels, r.sm_active)
+            fb.add_metric(labels, r.fb_used_mib)
         yield util
         yield sm
         yield fb
+
+    def readings(self) -> list[Reading]:
+        """Every GPU's values now: what a scrape exports and a heartbeat reports."""
+        uses = self.uses()
+        out = []
+        for device in self.inventory.devices:
+            on_it = uses.get(device.index, [])
+            jobs = tuple(sorted({u.job_id for u in on_it}))
+            values = self._values(device.index, device.memory_gib, on_it)
+            out.append(Reading(device.index, device.uuid, device.model, jobs, *values))
+        return out
+
+    def report(self) -> list[dict[str, Any]]:
+        """The heartbeat's ``utilisation``: each GPU a job holds, with its jobs and how busy it is
+        now (docs/agent.md): the server's own view of utilisation where no Prometheus scrapes."""
+        return [
+            {"gpu": r.index, "job_ids": list(r.job_ids), "util": r.util_pct, "sm_active": r.sm_active}
+            for r in self.readings()
+            if r.job_ids
+        ]
 
     def profiles(self) -> UtilProfiles:
         with self._load_lock:

@@ -27,6 +27,7 @@ import random
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,11 @@ class Agent:
         self.checkpoint_retention_s: float | None = None  # None: checkpoints are kept (tests)
         self.checkpoint_root: Path | None = None  # shared by the nodes (None: STATE/checkpoints)
         self.checkpoint_signal: int = signal.SIGUSR1  # "checkpoint now", before a preemption
+        # Per-GPU utilisation for the heartbeat (GpuCollector.report); None: report none. Sent
+        # only while the server's last answer asked for it (``report_utilisation``: it reads the
+        # agents' reports, not Prometheus).
+        self.utilisation: Callable[[], list[dict[str, Any]]] | None = None
+        self.report_utilisation = False
         self._swept_at = 0.0
         self.lease_seconds = lease_seconds
         self.jobs: dict[Key, JobProcess] = {}
@@ -124,6 +130,17 @@ class Agent:
                 for p in self.jobs.values()
                 if p.reported_running
             ]
+
+    def utilisation_report(self) -> list[dict[str, Any]]:
+        """The heartbeat's ``utilisation`` (:meth:`GpuCollector.report`); [] before metrics exist
+        or when reading them fails (a heartbeat is never held up by its metrics)."""
+        if self.utilisation is None or not self.report_utilisation:
+            return []
+        try:
+            return self.utilisation()
+        except Exception:  # noqa: BLE001 - NVML or a profile failing must not stop the lease
+            log.warning("utilisation report failed", exc_info=True)
+            return []
 
     def gpu_uses(self) -> dict[int, list[GpuUse]]:
         now = time.monotonic()
@@ -185,7 +202,7 @@ class Agent:
     def _heartbeat(self, sent_at: float, failures: int) -> int:
         """One heartbeat; its orders go to the main loop. Returns the failures in a row so far."""
         try:
-            orders = self.client.heartbeat(self.running_reports())
+            orders = self.client.heartbeat(self.running_reports(), self.utilisation_report())
         except Rejected as exc:
             if exc.status in (401, 403):
                 raise CredentialRevoked(str(exc)) from None
@@ -198,6 +215,7 @@ class Agent:
             return failures
         self.last_ok = sent_at  # the lease counts from the send: the server's is later
         self.lease_seconds = float(orders.get("lease_seconds", self.lease_seconds))
+        self.report_utilisation = bool(orders.get("report_utilisation", False))
         with self._lock:
             self._orders.append((sent_at, orders))
         self._poke.set()

@@ -333,6 +333,15 @@ TESSERA: dict[str, Any] = {
     "IDLE_WARN_S": [float(w) for w in env_list("TESSERA_IDLE_WARN_S", ["900", "2700"])],
     "IDLE_ACT_S": env_float("TESSERA_IDLE_ACT_S", 3600.0, minimum=1.0),
     "IDLE_STEP_S": env_float("TESSERA_IDLE_STEP_S", 60.0, minimum=1.0),
+    # What tenants may set for themselves (low,high each): scheduling/services/idle_policy.py.
+    "IDLE_BOUNDS": {
+        name: [float(v) for v in env_list(f"TESSERA_IDLE_BOUNDS_{name.upper()}", default)]
+        for name, default in (
+            ("threshold", ["0.01", "0.2"]),
+            ("exempt_s", ["300", "7200"]),
+            ("act_after_s", ["1800", "14400"]),
+        )
+    },
     # The scheduler's knobs from TESSERA_ENGINE_<KNOB> (engine/config.py's KNOBS), as text:
     # defaults that the operator's scheduler-settings record overrides field by field.
     "ENGINE_KNOBS": env_engine_knobs(),

@@ -17,6 +17,7 @@ from django.conf import settings
 
 from monitoring import prometheus
 from scheduling.engine.adjust import GpuSeries
+from scheduling.services import utilisation
 from scheduling.services.adjust import (
     AdjustResult,
     HeldGpus,
@@ -70,7 +71,35 @@ def prometheus_reader(url: str | None = None) -> Reader:
     return read
 
 
+def reports_reader() -> Reader:
+    """A reader of the per-step maxima the agents' own heartbeats reported
+    (``scheduling/services/utilisation.py``): the source where no Prometheus is configured."""
+
+    def read(held: Sequence[HeldGpus], window_s: float, step_s: float) -> dict[int, list[GpuSeries]]:
+        wanted = [
+            (h.job_id, utilisation.gpu_name(node, index), h.started_at)
+            for h in held
+            for node, index in h.gpus
+        ]
+        try:
+            found = utilisation.read_series(wanted, window_s, step_s)
+        except utilisation.UtilisationUnreadable as exc:
+            raise UtilisationUnavailable(str(exc)) from exc
+        out: dict[int, list[GpuSeries]] = {}
+        for (job_id, gpu), points in sorted(found.items()):
+            out.setdefault(job_id, []).append(GpuSeries(gpu, tuple(points)))
+        return out
+
+    return read
+
+
+def utilisation_reader() -> Reader:
+    """Prometheus when ``PROMETHEUS_URL`` is set, else the agents' reports: one interface, two
+    sources."""
+    return prometheus_reader() if getattr(settings, "PROMETHEUS_URL", "") else reports_reader()
+
+
 def adjust_once() -> AdjustResult:
-    """One adjustment pass, reading Prometheus when ``PROMETHEUS_URL`` is set."""
-    read = prometheus_reader() if getattr(settings, "PROMETHEUS_URL", "") else None
-    return run_adjust_pass(read)
+    """One adjustment pass, reading Prometheus when ``PROMETHEUS_URL`` is set, else the agents'
+    own reports."""
+    return run_adjust_pass(utilisation_reader())

@@ -18,6 +18,7 @@ from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
+from scheduling.engine.adjust import OverrideRefused
 from scheduling.engine.config import KNOBS
 from scheduling.models import (
     AdjustmentState,
@@ -42,6 +43,7 @@ from scheduling.models import (
 )
 from scheduling.services import operators
 from scheduling.services.agents import do_create_join_token
+from scheduling.services.idle_policy import check_idle_overrides, do_set_idle_overrides
 from scheduling.services.jobs import do_cancel_job
 from scheduling.services.knobs import check_knobs, do_save_scheduler_settings, knobs_of
 from scheduling.services.quotas import check_quota, do_create_quota, do_delete_quota, do_update_quota
@@ -74,11 +76,35 @@ class MembershipInline(admin.TabularInline):
     autocomplete_fields = ["user"]
 
 
+class TenantForm(forms.ModelForm):
+    """The idle-policy overrides checked as the API checks them (the operator's bounds)."""
+
+    class Meta:
+        model = Tenant
+        fields = ["name", "idle_policy"]
+
+    def clean_idle_policy(self) -> dict[str, float]:
+        try:
+            return check_idle_overrides(self.cleaned_data.get("idle_policy") or {})
+        except OverrideRefused as exc:
+            raise ValidationError(str(exc)) from None
+
+
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
+    """Tenants; a change of the idle-policy overrides goes through ``services.idle_policy``."""
+
+    form = TenantForm
     list_display = ["name", "member_count", "job_count", "created_at"]
     search_fields = ["name"]
     inlines = [MembershipInline]
+
+    def save_model(self, request: HttpRequest, obj: Tenant, form: Any, change: bool) -> None:
+        overrides = obj.idle_policy
+        obj.idle_policy = Tenant.objects.get(pk=obj.pk).idle_policy if change else {}
+        super().save_model(request, obj, form, change)
+        if overrides != obj.idle_policy:
+            obj.idle_policy = do_set_idle_overrides(obj, overrides, request.user).idle_policy
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Tenant]:
         return Tenant.objects.visible_to(request.user).annotate(

@@ -46,6 +46,9 @@ class TenantQuerySet(models.QuerySet["Tenant"]):
 class Tenant(models.Model):
     name = models.SlugField(max_length=64, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # The tenant's overrides of the idle policy (``threshold``, ``exempt_s``, ``act_after_s``),
+    # each inside the operator's bounds; written by scheduling/services/idle_policy.py only.
+    idle_policy = models.JSONField(default=dict, blank=True)
 
     objects = TenantQuerySet.as_manager()
 

@@ -33,6 +33,7 @@ from scheduling.api.agent_auth import (
 from scheduling.api.errors import Conflict
 from scheduling.api.fields import FieldTemplates
 from scheduling.services import agents as svc
+from scheduling.services.utilisation import GpuReport
 
 MAX_INT = 2**31 - 1
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -99,8 +100,18 @@ class RunningIn(FieldTemplates, serializers.Serializer):
     pid = serializers.IntegerField(min_value=0, max_value=MAX_INT, default=0)
 
 
+class UtilisationIn(FieldTemplates, serializers.Serializer):
+    gpu = serializers.IntegerField(min_value=0, max_value=4095)
+    job_ids = serializers.ListField(
+        child=serializers.IntegerField(min_value=1, max_value=MAX_INT), max_length=64, default=list
+    )
+    util = serializers.FloatField(min_value=0, max_value=100)
+    sm_active = serializers.FloatField(min_value=0, max_value=1, required=False, allow_null=True)
+
+
 class HeartbeatIn(FieldTemplates, serializers.Serializer):
     running = serializers.ListField(child=RunningIn(), max_length=4096, default=list)
+    utilisation = serializers.ListField(child=UtilisationIn(), max_length=4096, default=list)
 
 
 class ReplicaIn(FieldTemplates, serializers.Serializer):
@@ -228,6 +239,7 @@ class HeartbeatView(AgentView):
                 {
                     "node": serializers.CharField(),
                     "lease_seconds": serializers.FloatField(),
+                    "report_utilisation": serializers.BooleanField(),
                     "start": serializers.ListField(child=serializers.DictField()),
                     "stop": serializers.ListField(child=serializers.DictField()),
                 },
@@ -237,7 +249,11 @@ class HeartbeatView(AgentView):
     def post(self, request: Request) -> Response:
         data = _valid(HeartbeatIn, request)
         running = [svc.Reported(**r) for r in data["running"]]
-        return Response(svc.do_heartbeat(self.node(request), running))
+        utilisation = [
+            GpuReport(u["gpu"], tuple(u["job_ids"]), u["util"], u.get("sm_active"))
+            for u in data["utilisation"]
+        ]
+        return Response(svc.do_heartbeat(self.node(request), running, utilisation))
 
 
 class StartedView(AgentView):

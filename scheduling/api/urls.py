@@ -20,7 +20,7 @@ from scheduling.api.job_wait import job_detail
 from scheduling.api.jobs import JobViewSet
 from scheduling.api.nodes import NodeViewSet
 from scheduling.api.quotas import QuotaViewSet
-from scheduling.api.tenants import TenantViewSet
+from scheduling.api.tenants import TenantIdlePolicyView, TenantViewSet
 from scheduling.api.tokens import TokenViewSet
 from scheduling.api.webhooks import WebhookViewSet
 
@@ -43,6 +43,7 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("nodes/<str:name>/", NodeViewSet.as_view({"get": "retrieve"}), name="node-detail"),
     path("tenants/", TenantViewSet.as_view({"get": "list"}), name="tenant-list"),
     path("tenants/<str:pk>/", TenantViewSet.as_view({"get": "retrieve"}), name="tenant-detail"),
+    path("tenants/<str:pk>/idle-policy/", TenantIdlePolicyView.as_view(), name="tenant-idle-policy"),
     path("quotas/", QuotaViewSet.as_view({"get": "list", "post": "create"}), name="quota-list"),
     path(
         "quotas/<str:pk>/",

@@ -1,7 +1,8 @@
 """The dynamic-adjustment pass: running jobs' GPU utilisation in, the idle policy's actions out.
 
 ``run_adjust_pass(read)`` loads every running job holding GPUs, asks ``read`` (the driver's
-utilisation source: Prometheus, ``monitoring/adjust.py``) for each GPU's per-step maxima over the
+utilisation source: Prometheus, or the agents' own reports where none is configured,
+``monitoring/adjust.py``) for each GPU's per-step maxima over the
 policy's window, calls the pure policy (``scheduling.engine.adjust``, the code the simulator
 runs) and applies what it decides through the job services:
 
@@ -15,7 +16,7 @@ runs) and applies what it decides through the job services:
   it would make is recorded as an ``idle-warning`` (``details.applied`` false) and counts as
   acted on: the job is judged again only after another full window.
 
-When utilisation cannot be read (Prometheus down, no source configured) the pass acts on
+When utilisation cannot be read (Prometheus or the reports' Redis down) the pass acts on
 nothing, logs why, and records it in ``AdjustmentState`` (``/metrics``:
 ``tessera_adjustment_metrics_available`` 0).
 """
@@ -23,12 +24,12 @@ nothing, logs why, and records it in ``AdjustmentState`` (``/metrics``:
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import cast
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -45,6 +46,7 @@ from scheduling.engine.adjust import (
     idle_span,
 )
 from scheduling.models import AdjustmentState, Allocation, Job, JobEvent
+from scheduling.services import idle_policy
 from scheduling.services.jobs import begin_stop, locked_jobs, record_event
 
 log = logging.getLogger("tessera.adjust")
@@ -62,6 +64,7 @@ class HeldGpus:
 
     job_id: int
     gpus: tuple[tuple[str, int], ...]  # (node name, device index)
+    started_at: float = 0.0  # the attempt's start (epoch seconds): older points are not its own
 
 
 # (jobs, window_s, step_s) -> job id -> its GPUs' series (GpuSeries.gpu = "node/index")
@@ -77,51 +80,38 @@ class AdjustResult:
     actions: list[Adjustment] = field(default_factory=list)
 
 
-def idle_settings() -> IdleSettings:
-    """The operator's defaults (``TESSERA_IDLE_*``)."""
-    t = settings.TESSERA
-    out = IdleSettings(
-        threshold=t["IDLE_THRESHOLD"],
-        exempt_s=t["IDLE_EXEMPT_S"],
-        warn_after_s=tuple(t["IDLE_WARN_S"]),
-        act_after_s=t["IDLE_ACT_S"],
-        step_s=t["IDLE_STEP_S"],
-    )
-    out.check()
-    return out
-
-
-def run_adjust_pass(read: Reader | None, now: datetime | None = None) -> AdjustResult:
+def run_adjust_pass(read: Reader, now: datetime | None = None) -> AdjustResult:
     """One adjustment pass (safe to run twice: every action re-checks its job under lock)."""
     now = now or timezone.now()
-    policy = idle_settings()
-    jobs, held = _running_jobs(now)
+    jobs, held, policies = _running_jobs(now)
+    step = idle_policy.defaults().step_s
     result = AdjustResult(jobs=len(jobs))
-    if read is None:
-        return _unavailable(result, "no utilisation source: set PROMETHEUS_URL", now)
+    window = max((p.act_after_s for p in policies.values()), default=0.0) + step
     try:
-        series = read(held, policy.act_after_s + policy.step_s, policy.step_s) if held else {}
+        series = read(held, window, step) if held else {}
     except UtilisationUnavailable as exc:
         return _unavailable(result, str(exc), now)
     by_id = {str(job_id): s for job_id, s in series.items()}
     ts = now.timestamp()
-    result.idle_gpus = sum(
-        1
-        for gpus in by_id.values()
-        for s in gpus
-        if policy.warn_after_s and idle_span(s, policy, ts).idle_s >= policy.warn_after_s[0]
-    )
-    result.actions = decide([facts for facts, _ in jobs], by_id, policy, ts)
+    tenant_of = {facts.id: facts.tenant for facts, _ in jobs}
+    for job_id, gpus in by_id.items():
+        policy = policies[tenant_of[job_id]]
+        warn = policy.warn_after_s[0] if policy.warn_after_s else math.inf
+        result.idle_gpus += sum(1 for s in gpus if idle_span(s, policy, ts).idle_s >= warn)
+    decided = decide([facts for facts, _ in jobs], by_id, policies, ts)
     attempts = {facts.id: attempt for facts, attempt in jobs}
-    decided, result.actions = result.actions, []
     for adjustment in decided:
+        policy = policies[tenant_of[adjustment.job_id]]
         if _apply(adjustment, attempts[adjustment.job_id], policy, now):
             result.actions.append(adjustment)
     _record(result, now)
     return result
 
 
-def _running_jobs(now: datetime) -> tuple[list[tuple[JobFacts, int]], list[HeldGpus]]:
+def _running_jobs(
+    now: datetime,
+) -> tuple[list[tuple[JobFacts, int]], list[HeldGpus], dict[str, IdleSettings]]:
+    """The running jobs' facts (and attempts), their GPUs, and their tenants' idle settings."""
     rows = list(
         Allocation.objects.filter(
             released_at__isnull=True, device__isnull=False, job__state=JobState.RUNNING
@@ -151,8 +141,11 @@ def _running_jobs(now: datetime) -> tuple[list[tuple[JobFacts, int]], list[HeldG
             acted_at=acted,
         )
         out.append((facts, job.attempts))
-    held = [HeldGpus(job.pk, tuple(sorted(gpus[job.pk]))) for job in jobs]
-    return out, held
+    held = [
+        HeldGpus(job.pk, tuple(sorted(gpus[job.pk])), cast(datetime, job.started_at).timestamp())
+        for job in jobs
+    ]
+    return out, held, idle_policy.for_tenants({job.tenant_id: job.tenant for job in jobs}.values())
 
 
 def _past_marks(jobs: list[Job]) -> dict[int, tuple[tuple[float, ...], float | None]]:

@@ -56,6 +56,7 @@ from scheduling.services.jobs import (
 from scheduling.services.rendezvous import Placed, rendezvous
 from scheduling.services.snapshot import DEVICE_FIELDS, PreparedRead, read_together
 from scheduling.services.triggers import request_pass_on_commit
+from scheduling.services.utilisation import GpuReport, do_record_utilisation, reports_wanted
 
 log = logging.getLogger("tessera.agents")
 
@@ -312,8 +313,14 @@ class Reported:
     pid: int
 
 
-def do_heartbeat(node: Node, running: list[Reported]) -> dict[str, Any]:
-    """Renew the node's lease; answer with the bindings to start and the processes to stop."""
+def do_heartbeat(
+    node: Node, running: list[Reported], utilisation: list[GpuReport] | None = None
+) -> dict[str, Any]:
+    """Renew the node's lease; answer with the bindings to start and the processes to stop.
+
+    ``utilisation``: how busy the node's held GPUs are (kept for the adjustment pass where it
+    reads the agents' reports: ``scheduling/services/utilisation.py``); the answer's
+    ``report_utilisation`` says whether to send it."""
     now = timezone.now()
     with transaction.atomic():
         Node.objects.filter(pk=node.pk).update(last_heartbeat=now)
@@ -322,6 +329,13 @@ def do_heartbeat(node: Node, running: list[Reported]) -> dict[str, Any]:
             live.publish_nodes(pk=node.pk)
     reported = {(r.job_id, r.attempt, r.replica): r for r in running}
     held = _held_replicas(node)
+    if utilisation:
+        holders: dict[int, set[int]] = {}
+        for allocs in held.values():
+            for a in allocs:
+                if (index := _gpu(a)) is not None:
+                    holders.setdefault(index, set()).add(a.job_id)
+        do_record_utilisation(node, utilisation, holders)
     to_start: list[tuple[Job, int, int, list[Allocation]]] = []
     stop: list[dict[str, Any]] = []
     for (job_id, replica), allocs in sorted(held.items()):
@@ -355,6 +369,7 @@ def do_heartbeat(node: Node, running: list[Reported]) -> dict[str, Any]:
     return {
         "node": node.name,
         "lease_seconds": settings.TESSERA["LEASE_S"],
+        "report_utilisation": reports_wanted(),
         "start": start,
         "stop": stop,
     }

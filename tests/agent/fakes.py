@@ -29,6 +29,7 @@ class FakeServer:
         self.exits: list[dict[str, Any]] = []
         self.orders: list[dict[str, Any]] = []
         self.refuse_started = False
+        self.report_utilisation = False  # what the heartbeat answers ask of the agent
         self.woken = threading.Event()
         self.pushed: list[dict[str, Any]] | None = None
 
@@ -60,13 +61,21 @@ class FakeServer:
         self._record("open_stream")
         raise Rejected(404, "no stream here")
 
-    def heartbeat(self, running: list[dict[str, int]]) -> dict[str, Any]:
-        self._record("heartbeat", running=running)
+    def heartbeat(
+        self, running: list[dict[str, int]], utilisation: list[dict[str, Any]] | None = None
+    ) -> dict[str, Any]:
+        self._record("heartbeat", running=running, utilisation=utilisation)
         with self.lock:
             orders, self.orders = self.orders, []
         start = [o for o in orders if "command" in o]
         stop = [o for o in orders if "command" not in o]
-        return {"node": "fake", "lease_seconds": 60, "start": start, "stop": stop}
+        return {
+            "node": "fake",
+            "lease_seconds": 60,
+            "report_utilisation": self.report_utilisation,
+            "start": start,
+            "stop": stop,
+        }
 
     def started(
         self, job_id: int, attempt: int, replica: int, pid: int, started_at: float | None = None

@@ -14,6 +14,7 @@ import pytest
 from agent.client import ServerError
 from agent.identity import resolve_run_as
 from agent.inventory import simulated_inventory
+from agent.metrics import PROFILE_ENV, GpuCollector
 from agent.node import Agent
 from agent.process import job_path
 from agent.spec import parse_spec
@@ -95,12 +96,41 @@ def test_the_heartbeat_reports_running_processes_and_applies_the_answer(agent):
         loop.join(5)
 
 
+def test_the_heartbeat_carries_utilisation_only_while_the_server_asks_for_it(agent):
+    node, server = agent
+    collector = GpuCollector(node.inventory, node.gpu_uses)
+    node.utilisation = collector.report
+    server.orders.append(
+        fakes.binding(job_id=7, command=["sleep", "30"], env={PROFILE_ENV: "busy"}, gpus=[1])
+    )
+    stop = threading.Event()
+    loop = threading.Thread(target=node.run, args=(stop,), daemon=True)
+    loop.start()
+
+    def reported() -> list[dict]:
+        return [
+            c[1]["utilisation"] for c in list(server.calls) if c[0] == "heartbeat" and c[1]["utilisation"]
+        ]
+
+    try:
+        assert fakes.wait_for(lambda: node.running_reports(), 10)
+        time.sleep(0.3)  # several heartbeats, none asked to report
+        assert reported() == []
+        server.report_utilisation = True
+        assert fakes.wait_for(reported, 10)
+        (gpu,) = reported()[-1]  # only the GPU the job holds
+        assert gpu["gpu"] == 1 and gpu["job_ids"] == [7] and gpu["util"] >= 80 and 0 < gpu["sm_active"] <= 1
+    finally:
+        stop.set()
+        loop.join(5)
+
+
 def test_jobs_are_killed_when_the_lease_cannot_be_renewed(agent):
     node, server = agent
     node.apply({"start": [fakes.binding(job_id=6, command=["sleep", "30"], grace_seconds=30)]})
     pid = fakes.wait_for(lambda: node.jobs[(6, 0, 0)].pid, 5)
 
-    def unreachable(running):
+    def unreachable(running, utilisation=None):
         raise ServerError("connection refused")
 
     server.heartbeat = unreachable
@@ -193,7 +223,7 @@ def test_a_binding_on_gpus_a_stale_process_still_uses_starts_only_once_it_has_ex
     old = fakes.wait_for(lambda: node.jobs[(20, 0, 0)].pid, 5)
     record = server.heartbeat
 
-    def heartbeat(running):  # as the server answers: 21 is to start here, 20 is not bound
+    def heartbeat(running, utilisation=None):  # as the server answers: 21 is to start here, 20 is not bound
         record(running)
         stale = [
             {"job_id": 20, "attempt": 0, "replica": 0, "reason": "not bound", "grace_left_seconds": 0}

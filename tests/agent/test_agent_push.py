@@ -244,11 +244,11 @@ class SlowHeartbeats(fakes.FakeServer):
         self.hanging = threading.Event()
         self.release = threading.Event()
 
-    def heartbeat(self, running: list[dict[str, int]]) -> dict:
+    def heartbeat(self, running: list[dict[str, int]], utilisation: list[dict] | None = None) -> dict:
         if [c for c in self.calls if c[0] == "heartbeat"]:
             self.hanging.set()
             self.release.wait(10)
-        return super().heartbeat(running)
+        return super().heartbeat(running, utilisation)
 
 
 def test_a_hanging_heartbeat_does_not_hold_up_a_pushed_binding():

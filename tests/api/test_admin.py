@@ -182,3 +182,17 @@ def test_an_operator_revokes_alices_token_in_the_console_and_it_stops_working(co
     )
     assert response.status_code == 302
     assert world.client("alice").get("/api/v1/jobs/").status_code == 401
+
+
+def test_a_tenants_idle_overrides_saved_in_the_console_are_checked_and_audited(console, world):
+    from scheduling.models import AuditEntry, Tenant
+
+    url = reverse("admin:scheduling_tenant_change", args=[world.nlp.pk])
+    inline = {"members-TOTAL_FORMS": 0, "members-INITIAL_FORMS": 0, "members-MAX_NUM_FORMS": 1000}
+    response = console.post(url, {"name": "nlp", "idle_policy": '{"threshold": 0.9}', **inline})
+    assert response.status_code == 200 and b"threshold: must be between" in response.content
+    response = console.post(url, {"name": "nlp", "idle_policy": '{"threshold": 0.1}', **inline})
+    assert response.status_code == 302, response.content[:2000]
+    assert Tenant.objects.get(pk=world.nlp.pk).idle_policy == {"threshold": 0.1}
+    (entry,) = AuditEntry.objects.filter(action="tenant.idle_policy")
+    assert entry.actor == "user admin" and entry.after == {"threshold": 0.1}

@@ -187,6 +187,16 @@ RULES: dict[tuple[str, str], Rule] = {
     ("tenant-detail", "GET"): Rule(
         lambda o: reverse("tenant-detail", kwargs={"pk": o.quota.tenant_id}), status(404), status(200)
     ),
+    ("tenant-idle-policy", "GET"): Rule(
+        lambda o: reverse("tenant-idle-policy", kwargs={"pk": o.quota.tenant_id}), status(404), status(200)
+    ),
+    ("tenant-idle-policy", "PUT"): Rule(
+        lambda o: reverse("tenant-idle-policy", kwargs={"pk": o.quota.tenant_id}),
+        status(403),
+        status(403),
+        body=lambda o: {"threshold": 0.1},
+        admin=status(200),
+    ),
     ("quota-list", "GET"): Rule(lambda o: reverse("quota-list"), no_vision_in, shows_vision),
     ("quota-list", "POST"): Rule(
         lambda o: reverse("quota-list"),

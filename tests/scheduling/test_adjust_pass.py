@@ -30,8 +30,10 @@ def node(world):
     return helpers.make_node("a100-01")
 
 
-def start(world, node, minutes_ago: float, **fields) -> Job:
-    job = helpers.submit(world.alice, world.vision, **fields)
+def start(world, node, minutes_ago: float, tenant: str = "vision", **fields) -> Job:
+    job = helpers.submit(
+        *((world.alice, world.vision) if tenant == "vision" else (world.bob, world.nlp)), **fields
+    )
     passes.run_pass()
     job.refresh_from_db()
     do_report_started(node, job.pk, job.attempts, 0, timezone.now().timestamp())
@@ -116,6 +118,16 @@ def test_an_idle_elastic_job_is_told_the_shrink_it_would_get(world, node):
     assert run_adjust_pass(reader({job.pk: 71})).actions == []  # judged again after a window
     job.refresh_from_db()
     assert job.state == JobState.RUNNING
+
+
+def test_a_tenants_override_brings_its_jobs_reclaim_forward(world, node):
+    from scheduling.services.idle_policy import do_set_idle_overrides
+
+    theirs = start(world, node, minutes_ago=120, gpus=1, kind="training")
+    others = start(world, node, minutes_ago=120, gpus=1, kind="training", tenant="nlp")
+    do_set_idle_overrides(world.vision, {"act_after_s": 1800}, world.admin)
+    result = run_adjust_pass(reader({theirs.pk: 31, others.pk: 31}))
+    assert {a.job_id: a.action for a in result.actions} == {str(theirs.pk): "requeue", str(others.pk): "warn"}
 
 
 def test_a_pass_that_cannot_read_utilisation_acts_on_nothing_and_says_so(world, node, caplog):
