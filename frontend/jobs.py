@@ -27,6 +27,8 @@ from rest_framework.exceptions import PermissionDenied, ValidationError
 
 from frontend.forms import PRESETS, JobForm, body_as_json, initial_from_job
 from frontend.redaction import viewer_for
+from frontend.sparklines import sparklines
+from monitoring.adjust import job_utilisation
 from scheduling.api.fields import text_problem
 from scheduling.api.job_serializers import JobSubmitSerializer
 from scheduling.api.jobs import submit_tenant
@@ -204,6 +206,7 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
     job = with_history(Job.objects.filter(pk=job.pk).select_related("tenant", "owner")).get()
     events = list(job.events.order_by("at", "id"))
     replicas = range(job.replicas)
+    found = job_utilisation(job)
     context = {
         "viewer": viewer_for(request.user),
         "job": job,
@@ -212,6 +215,8 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "events": events,
         "replicas": replicas,
         "can_cancel": job.state in CANCELLABLE and job.stop_reason != "cancelled",
+        "utilisation": found,
+        "sparklines": sparklines(found) if found.gpus else [],
         "finished": job.state in TERMINAL_STATES,
     }
     template = (

@@ -11,18 +11,23 @@ reports for a job on a GPU the job does not hold is ignored, with a log line.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from django.conf import settings
 
 from monitoring import prometheus
-from scheduling.engine.adjust import GpuSeries
-from scheduling.services import utilisation
+from scheduling.engine.adjust import GpuSeries, IdleSettings, idle_span
+from scheduling.models import Job
+from scheduling.services import idle_policy, utilisation
 from scheduling.services.adjust import (
     AdjustResult,
     HeldGpus,
     Reader,
     UtilisationUnavailable,
+    held_gpus,
     run_adjust_pass,
 )
 
@@ -103,3 +108,55 @@ def adjust_once() -> AdjustResult:
     """One adjustment pass, reading Prometheus when ``PROMETHEUS_URL`` is set, else the agents'
     own reports."""
     return run_adjust_pass(utilisation_reader())
+
+
+@dataclass(frozen=True)
+class JobUtilisation:
+    """A running job's per-GPU utilisation over the idle policy's window, for people to read."""
+
+    source: str  # "prometheus" or "agents"
+    step_s: float
+    window_s: float
+    gpus: list[GpuSeries]
+    policy: IdleSettings
+    problem: str = ""  # why there is nothing to show (the source cannot be read)
+
+    def as_json(self, now: float | None = None) -> dict[str, Any]:
+        """The API's body: each GPU's points ``[t, value]`` (0..1), its idle time by its tenant's
+        policy, and its highest and latest value."""
+        now = time.time() if now is None else now
+        gpus = []
+        for series in self.gpus:
+            evidence = idle_span(series, self.policy, now)
+            gpus.append(
+                {
+                    "gpu": series.gpu,
+                    "points": [[t, round(v, 4)] for t, v in series.points],
+                    "latest": round(series.points[-1][1], 4) if series.points else None,
+                    "max_util": round(evidence.max_util, 4),
+                    "idle_s": round(evidence.idle_s, 1),
+                }
+            )
+        return {
+            "source": self.source,
+            "step_s": self.step_s,
+            "window_s": self.window_s,
+            "threshold": self.policy.threshold,
+            "problem": self.problem,
+            "gpus": gpus,
+        }
+
+
+def job_utilisation(job: Job) -> JobUtilisation:
+    """``job``'s GPUs' per-step utilisation maxima while it runs (none once it ended)."""
+    policy = idle_policy.effective(job.tenant)
+    window = policy.act_after_s + policy.step_s
+    source = "prometheus" if getattr(settings, "PROMETHEUS_URL", "") else "agents"
+    held = held_gpus(job)
+    if held is None:
+        return JobUtilisation(source, policy.step_s, window, [], policy)
+    try:
+        found = utilisation_reader()([held], window, policy.step_s)
+    except UtilisationUnavailable as exc:
+        return JobUtilisation(source, policy.step_s, window, [], policy, str(exc))
+    return JobUtilisation(source, policy.step_s, window, found.get(job.pk, []), policy)

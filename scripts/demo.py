@@ -43,6 +43,48 @@ NODES: list[tuple[str, str]] = (
     + [(f"a100-{i:02d}", "8xA100,nvlink=4,rack=r2") for i in range(1, 5)]
     + [(f"t4-{i:02d}", "4xT4,nvlink=1,rack=r3") for i in range(1, 5)]
 )
+# The idle policy with short windows, so that a warning and a reclaim show within 10 minutes
+# (docs/metrics.md, "The adjustment pass"): points of 15 s, judged after the first minute, warned
+# at 2 and 4 minutes idle, acted on at 6. The environment's own values win.
+DEMO_IDLE_POLICY = {
+    "TESSERA_ADJUST_INTERVAL_S": "10",
+    "TESSERA_IDLE_STEP_S": "15",
+    "TESSERA_IDLE_EXEMPT_S": "60",
+    "TESSERA_IDLE_WARN_S": "120,240",
+    "TESSERA_IDLE_ACT_S": "360",
+}
+# Writes a checkpoint; on the agent's "checkpoint now" signal (SIGUSR1) writes another and exits.
+CHECKPOINTING = (
+    "trap 'echo checkpoint-now >> \"$TESSERA_CHECKPOINT_MARKER\"; exit 0' USR1; "
+    'echo step-1 > "$TESSERA_CHECKPOINT_MARKER"; while :; do sleep 1; done'
+)
+# alice's jobs that show the idle policy (their simulated GPUs replay idle profiles: agent/profiles.py).
+IDLE_JOBS: list[dict] = [
+    {
+        "name": "idle-batch",
+        "kind": "batch",
+        "gpus": 1,
+        "checkpoint_seconds": 60,
+        "env": {"TESSERA_UTIL_PROFILE": "idle"},
+        "command": ["sh", "-c", CHECKPOINTING],
+    },
+    {
+        "name": "idle-elastic",
+        "kind": "training",
+        "gpus": 2,
+        "replicas": 2,
+        "elastic": {"min_gpus": 1, "max_gpus": 2},
+        "env": {"TESSERA_UTIL_PROFILE": "half-idle-after-0"},
+        "command": ["sleep", "86400"],
+    },
+    {
+        "name": "idle-service",
+        "kind": "inference",
+        "gpus": 1,
+        "env": {"TESSERA_UTIL_PROFILE": "idle"},
+        "command": ["sleep", "86400"],
+    },
+]
 # The demo is the embedded default: these would switch parts to real services it does not start.
 SERVICE_VARS = ("DATABASE_URL", "REDIS_URL", "PROMETHEUS_URL")
 GPU_NODE = "gpu-local"  # --gpu: the node of this machine's real GPUs
@@ -307,6 +349,35 @@ def banner(base: str, seed: dict, ready_s: float, agents: int, log_dir: Path, gp
     )
 
 
+IDLE_BANNER = """The idle policy at work (short windows here: warned at 2 and 4 minutes idle, acted on at 6).
+alice's jobs idle-batch, idle-elastic and idle-service replay idle GPU profiles; within 10 minutes:
+  idle-batch    two idle-warning events, then idle-reclaim: asked to checkpoint now, requeued
+                from that checkpoint (and so again each time it runs idle)
+  idle-elastic  one GPU of two idle: warned twice, then the shrink to its busy GPU recorded
+  idle-service  not preemptible: warned twice, never touched
+See them on alice's job pages ({base}/jobs/), the dashboard's idle GPUs, or
+  curl -s -H "Authorization: Token $TOKEN" {base}/api/v1/jobs/$ID/events/
+"""
+
+
+def submit_idle_jobs(base: str, seed: dict) -> None:
+    """Submit alice's idle-policy jobs (they wait in the queue until the agents register)."""
+    alice = next((u for u in seed["users"] if u["username"] == "alice"), None)
+    if alice is None:
+        return
+    for body in IDLE_JOBS:
+        request = urllib.request.Request(
+            f"{base}/api/v1/jobs/",
+            data=json.dumps(body).encode(),
+            headers={"Authorization": f"Token {alice['token']}", "Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=10):
+                pass
+        except (urllib.error.URLError, OSError) as exc:
+            log(f"could not submit the demo job {body['name']}: {exc}")
+
+
 def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -329,6 +400,11 @@ def main(argv: list[str] | None = None) -> int:
         "--gpu",
         action="store_true",
         help="also start an agent on this machine's real NVIDIA GPUs (node 'gpu-local')",
+    )
+    parser.add_argument(
+        "--no-idle-jobs",
+        action="store_true",
+        help="do not submit alice's jobs that show the idle policy (idle-batch, idle-elastic, idle-service)",
     )
     args = parser.parse_args(argv)
 
@@ -386,7 +462,7 @@ def run(
     server = [str(daphne)] if daphne.exists() else [python, "-m", "daphne"]
     # The embedded default runs the scheduling pass inside the web process; say so explicitly,
     # since the settings turn that loop off by default under pytest (which may launch this demo).
-    web_env = {**env, "PORT": str(args.port), "TESSERA_PASS_LOOP": "1"}
+    web_env = {**DEMO_IDLE_POLICY, **env, "PORT": str(args.port), "TESSERA_PASS_LOOP": "1"}
     log(f"starting the web process on {base}")
     web = demo.spawn(
         "web",
@@ -434,6 +510,8 @@ def run(
         if "--single-tenant" in flags and os.geteuid() != 0:
             argv += ["--single-tenant"]  # a uid per job needs root: here all run as this user
         demo.spawn(name, argv, agent_env, log_dir, umask=AGENT_UMASK)
+    if not args.no_idle_jobs:
+        submit_idle_jobs(base, seed)
     if args.credentials_file:
         with private_file(Path(args.credentials_file)) as out:
             out.write(
@@ -442,6 +520,8 @@ def run(
     print(
         banner(base, seed, time.monotonic() - started, len(nodes) - args.gpu, log_dir, args.gpu), flush=True
     )
+    if not args.no_idle_jobs:
+        print(IDLE_BANNER.format(base=base), flush=True)
 
     while not stop_requested:
         if web.proc.poll() is not None:

@@ -25,6 +25,7 @@ from rest_framework.exceptions import NotFound, ParseError, PermissionDenied, Va
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from monitoring.adjust import job_utilisation
 from scheduling.api.errors import Unprocessable
 from scheduling.api.filters import JobFilter
 from scheduling.api.job_serializers import (
@@ -239,6 +240,17 @@ class JobViewSet(viewsets.GenericViewSet):
         job = self.get_object()
         events = job.events.order_by("at", "id")
         return Response(JobEventSerializer(events, many=True).data)
+
+    @extend_schema(
+        summary="A running job's per-GPU utilisation over the idle policy's window",
+        parameters=[ID_PARAMETER],
+        filters=False,
+        responses={200: OpenApiTypes.OBJECT},
+    )
+    @action(detail=True, methods=["get"])
+    def utilisation(self, request: Request, pk: str) -> Response:
+        job = self.get_object()
+        return Response({"job": job.pk, **job_utilisation(job).as_json()})
 
     @extend_schema(
         summary="A job's output from a byte offset",

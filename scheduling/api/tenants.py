@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import QuerySet
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, viewsets
 from rest_framework.exceptions import NotFound, ValidationError
@@ -70,6 +71,7 @@ class TenantIdlePolicyView(APIView):
     (PUT, replacing every override) by operators only."""
 
     permission_classes = [OperatorWritesOnly]
+    serializer_class = IdlePolicySerializer
 
     def _tenant(self, request: Request, pk: str) -> Tenant:
         tenant = Tenant.objects.visible_to(request.user).filter(pk=parse_pk(pk, "tenant")).first()
@@ -77,11 +79,18 @@ class TenantIdlePolicyView(APIView):
             raise NotFound("No such tenant.")
         return tenant
 
-    @extend_schema(summary="A tenant's idle policy", parameters=[ID_PARAMETER])
+    @extend_schema(
+        summary="A tenant's idle policy", parameters=[ID_PARAMETER], responses={200: OpenApiTypes.OBJECT}
+    )
     def get(self, request: Request, pk: str) -> Response:
         return Response(_idle_policy_body(self._tenant(request, pk)))
 
-    @extend_schema(summary="Set a tenant's idle-policy overrides", request=IdlePolicySerializer)
+    @extend_schema(
+        summary="Set a tenant's idle-policy overrides",
+        parameters=[ID_PARAMETER],
+        request=IdlePolicySerializer,
+        responses={200: OpenApiTypes.OBJECT},
+    )
     def put(self, request: Request, pk: str) -> Response:
         tenant = self._tenant(request, pk)
         if not isinstance(request.data, dict):

@@ -39,6 +39,7 @@ urlpatterns: list[URLPattern | URLResolver] = [
         name="job-events",
     ),
     path("jobs/<str:pk>/logs/", JobViewSet.as_view({"get": "logs"}), name="job-logs"),
+    path("jobs/<str:pk>/utilisation/", JobViewSet.as_view({"get": "utilisation"}), name="job-utilisation"),
     path("nodes/", NodeViewSet.as_view({"get": "list"}), name="node-list"),
     path("nodes/<str:name>/", NodeViewSet.as_view({"get": "retrieve"}), name="node-detail"),
     path("tenants/", TenantViewSet.as_view({"get": "list"}), name="tenant-list"),

@@ -148,6 +148,20 @@ def _running_jobs(
     return out, held, idle_policy.for_tenants({job.tenant_id: job.tenant for job in jobs}.values())
 
 
+def held_gpus(job: Job) -> HeldGpus | None:
+    """The GPUs ``job`` holds while it runs (None when it does not run, or holds none)."""
+    if job.state != JobState.RUNNING or job.started_at is None:
+        return None
+    gpus = tuple(
+        sorted(
+            Allocation.objects.filter(job=job, released_at__isnull=True, device__isnull=False).values_list(
+                "node__name", "device__index"
+            )
+        )
+    )
+    return HeldGpus(job.pk, gpus, job.started_at.timestamp()) if gpus else None
+
+
 def _past_marks(jobs: list[Job]) -> dict[int, tuple[tuple[float, ...], float | None]]:
     """Each job's idle warnings in its current attempt, and its last shrink (applied or not)."""
     if not jobs:

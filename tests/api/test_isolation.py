@@ -172,6 +172,7 @@ RULES: dict[tuple[str, str], Rule] = {
     ("job-hold", "POST"): Rule(job_url("job-hold"), status(404), status(409)),
     ("job-release", "POST"): Rule(job_url("job-release"), status(404), status(200)),
     ("job-events", "GET"): Rule(job_url("job-events"), status(404), status(200)),
+    ("job-utilisation", "GET"): Rule(job_url("job-utilisation"), status(404), status(200)),
     ("job-stream", "GET"): Rule(job_url("job-stream"), status(404), status(200)),
     ("job-list-stream", "GET"): Rule(lambda o: reverse("job-list-stream"), status(200), status(200)),
     ("job-logs", "GET"): Rule(job_url("job-logs"), status(404), status(200)),
