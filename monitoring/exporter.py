@@ -21,6 +21,9 @@ each one in ``SchedulerState``, and the histogram and counters are read from the
 | ``tessera_adjustment_metrics_available`` | | 0 while the adjustment pass cannot read utilisation |
 | ``tessera_gpus_idle_allocated`` | | allocated GPUs idle past the first warning's window |
 | ``tessera_adjustment_last_pass_timestamp_seconds`` | | when the last adjustment pass ran |
+
+Queue levels, wait and start latency percentiles, fragmentation, per-tenant usage against
+guarantees, lost GPU-seconds, failures by cause and heartbeat ages: ``monitoring/job_metrics.py``.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
+from monitoring.job_metrics import job_families
 from scheduling.choices import JobKind, JobState, NodeState
 from scheduling.models import Allocation, Device, Job, Node, SchedulerState
 from scheduling.services.passes import PASS_BUCKETS_S
@@ -98,7 +102,17 @@ def _cluster_families() -> list[GaugeMetricFamily]:
     by_node_state = dict(Node.objects.values_list("state").annotate(n=Count("id")).order_by())
     for state in NodeState.values:
         nodes.add_metric([state], by_node_state.get(state, 0))
-    return [pending, jobs, total, allocated, unhealthy, nodes, *_pass_families(), *_adjust_families()]
+    return [
+        pending,
+        jobs,
+        total,
+        allocated,
+        unhealthy,
+        nodes,
+        *_pass_families(),
+        *_adjust_families(),
+        *job_families(),
+    ]
 
 
 def _adjust_families() -> list:

@@ -116,10 +116,59 @@ def test_a_scrape_takes_the_same_few_queries_however_big_the_cluster(
 ) -> None:
     for i in range(20):
         make_node(f"extra-{i}", "r3", 8, "A100")
-    with django_assert_max_num_queries(7):
+    with django_assert_max_num_queries(17):
         got = scrape()
     assert got[("tessera_gpus_total", (("model", "A100"),))] == 160
 
 
 def test_metrics_refuse_writes(db: Any) -> None:
     assert Client().post("/metrics").status_code == 405
+
+
+def test_queue_latency_fragmentation_tenants_lost_work_failures_and_heartbeats(busy_cluster: Any) -> None:
+    """The job families are read from rows every deployment writes (not from the process that ran
+    the pass): a run, a preemption after a checkpoint, a failure and a silent node show in them."""
+    from datetime import timedelta
+
+    from django.db import transaction
+    from django.utils import timezone
+
+    from scheduling.models import Allocation, Job, JobEvent, Node
+    from scheduling.services.jobs import begin_stop, do_mark_running, do_record_exit
+
+    now = timezone.now()
+    Node.objects.filter(name="n02").update(last_heartbeat=now - timedelta(seconds=42))
+    alice_job = Job.objects.get(state="scheduled", gpus=2)
+    bob_job = Job.objects.get(state="scheduled", gpus=0.5)
+    Job.objects.filter(id=alice_job.id).update(submitted_at=now - timedelta(seconds=30))
+    with transaction.atomic():
+        do_mark_running(Job.objects.select_for_update().get(id=alice_job.id), at=now)
+    got = scrape()
+    assert got[("tessera_queue_length", (("level", "training"),))] == 1
+    assert got[("tessera_queue_length", (("level", "finetune-batch"),))] == 1
+    assert got[("tessera_queue_length", (("level", "inference"),))] == 0
+    assert sum(v for (name, _), v in got.items() if name == "tessera_jobs_pending_by_code") == 2
+    assert 30 <= got[("tessera_job_submit_to_running_seconds", (("quantile", "0.5"),))] < 40
+    assert 0 <= got[("tessera_job_wait_seconds", (("quantile", "0.99"),))] < 40
+    assert got[("tessera_gpus_free", (("model", "H100"),))] == 2
+    assert got[("tessera_gpus_free_fragmented", (("model", "H100"),))] == 2
+    assert got[("tessera_gpus_free", (("model", "T4"),))] == 1
+    assert got[("tessera_tenant_gpus_allocated", (("model", "H100"), ("tenant", "vision")))] == 2
+    assert got[("tessera_tenant_gpus_guaranteed", (("model", "*"), ("tenant", "vision")))] == 16
+    assert 42 <= got[("tessera_node_heartbeat_age_seconds", (("node", "n02"),))] < 60
+
+    # bob's half GPU ran 100 s, checkpointed 40 s before it was preempted: 20 GPU-seconds lost.
+    Allocation.objects.filter(job=bob_job).update(created_at=now - timedelta(seconds=100))
+    JobEvent.objects.create(job=bob_job, type="checkpointed", at=now - timedelta(seconds=40))
+    with transaction.atomic():
+        job = Job.objects.select_for_update().select_related("tenant").get(id=bob_job.id)
+        begin_stop(job, "preempted by a test", now)
+        do_record_exit(job, None, at=now)
+        job = Job.objects.select_for_update().select_related("tenant").get(id=alice_job.id)
+        do_record_exit(job, 3, at=now)
+    got = scrape()
+    assert got[("tessera_lost_gpu_seconds_total", (("cause", "preemption"),))] == 20
+    assert got[("tessera_lost_gpu_seconds_total", (("cause", "node-lost"),))] == 0
+    assert got[("tessera_job_failures_total", (("cause", "exit-code"),))] == 1
+    assert got[("tessera_job_failures_total", (("cause", "time-limit"),))] == 0
+    assert got[("tessera_gpus_free_fragmented", (("model", "H100"),))] == 0
