@@ -144,3 +144,44 @@ def world(db, settings) -> World:
     )
     tokens = {name: do_create_api_token(u, "test")[1] for name, u in users.items()}
     return World(vision, nlp, users["alice"], users["carol"], users["bob"], users["admin"], tokens)
+
+
+@pytest.fixture(scope="session")
+def shared_servers(django_db_setup, django_db_blocker):
+    """daphne and a Celery worker on the test database, started once for every test of the
+    session that asks (``tests/cli/test_pipeline_step.py``, ``tests/integration/
+    test_end_to_end.py``): each test starts its own agents (``SharedServers.start_agent``).
+
+    Web and worker use a broker database of their own (``TESSERA_REDIS_BROKER_DB``), so no other
+    test run's worker takes their tasks; loopback webhooks are allowed (the tests' receivers)."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from django.conf import settings
+
+    from tests.support import SharedServers, database_url_of, stack_env
+
+    if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
+        need_service("PostgreSQL (set DATABASE_URL), needed by the servers several processes share")
+    redis_url = os.environ.get("REDIS_URL", "")
+    if not redis_url or not _answers(redis_url, 6379):
+        need_service("Redis (set REDIS_URL), the Celery broker of the shared servers")
+    work = Path(tempfile.mkdtemp(prefix="tessera-shared-", dir="/tmp"))
+    work.chmod(0o711)  # the job user must reach the agents' job directories below it
+    env = stack_env(
+        database_url_of(settings),
+        redis_url,
+        TESSERA_REDIS_BROKER_DB=str(8 + os.getpid() % 8),
+        TESSERA_WEBHOOK_ALLOWLIST="127.0.0.1",
+        TESSERA_WEBHOOK_BACKOFF_S="0.2",
+        TESSERA_WEBHOOK_ATTEMPTS="3",
+    )
+    servers = None
+    try:
+        servers = SharedServers(work, env, "shared")
+        yield servers
+    finally:
+        if servers is not None:
+            servers.procs.stop_all()
+        shutil.rmtree(work, ignore_errors=True)

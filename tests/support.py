@@ -180,8 +180,27 @@ class Processes:
         self.children[name] = proc
         return proc
 
-    def output(self, name: str) -> str:
-        return (self.log_dir / f"{name}.log").read_text(errors="replace")
+    def output(self, name: str, since: dict[str, int] | None = None) -> str:
+        """``name``'s output, from where it was at ``since`` (a :meth:`marks`) on."""
+        with open(self.log_dir / f"{name}.log", "rb") as log:
+            log.seek((since or {}).get(name, 0))
+            return log.read().decode(errors="replace")
+
+    def marks(self) -> dict[str, int]:
+        """Where each child's output is now: what a test sharing the processes reads from."""
+        return {name: (self.log_dir / f"{name}.log").stat().st_size for name in self.children}
+
+    def stop(self, name: str) -> None:
+        """Stop one child (an agent with SIGINT, so it stops its jobs) and its process group."""
+        proc = self.children.pop(name)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGINT if name.startswith("agent") else signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(5)
 
     def dead(self) -> list[str]:
         return [n for n, p in self.children.items() if p.poll() is not None]
@@ -232,3 +251,52 @@ def wait_until(what: str, check: Callable[[], Any], procs: Processes, deadline: 
             return value
         time.sleep(0.1)
     raise StackError(f"timed out waiting for {what}\n{procs.report()}")
+
+
+def start_servers(
+    procs: Processes, env: dict[str, str], name: str, deadline: float, beat: bool = False
+) -> str:
+    """A Celery worker (which runs the passes), optionally Celery beat, and daphne on a free
+    port; the web server's base URL once both answer."""
+    port = free_port()
+    procs.start("worker", worker_argv(name), env)
+    if beat:
+        procs.start("beat", beat_argv(procs.log_dir / "beat-schedule"), env)
+    procs.start("web", web_argv(port=port), env)
+    wait_until("the Celery worker", lambda: " ready." in procs.output("worker"), procs, deadline)
+    base = f"http://127.0.0.1:{port}"
+    wait_until("the web server", lambda: web_answers(base), procs, deadline)
+    return base
+
+
+class SharedServers:
+    """A web server and a Celery worker (and beat) that several tests share, each test starting
+    the agents it needs (``start_agent``) on the rows it made: a test database is emptied after
+    each test, the node an agent registered with it, so agents do not outlive their test.
+
+    Nothing in the servers outlives a test's rows: they hold no rows in memory between requests
+    (tokens are looked up by their hash; new users and jobs get new ids)."""
+
+    def __init__(self, work: Path, env: dict[str, str], name: str, beat: bool = False, timeout: float = 60):
+        self.work, self.env, self.procs = work, env, Processes(work)
+        self.agents = 0
+        try:
+            self.base = start_servers(self.procs, env, name, time.monotonic() + timeout, beat=beat)
+        except BaseException:
+            self.procs.stop_all()
+            raise
+
+    def start_agent(
+        self, name: str, spec: str, join_token: str, *extra: str, state_dir: Path | None = None
+    ) -> str:
+        """Start agent ``name`` with a fresh state directory; its key in ``procs``."""
+        self.agents += 1
+        key = f"agent-{name}-{self.agents}"
+        state = state_dir or self.work / key
+        argv = agent_argv(self.base, name, spec, state, *extra)
+        self.procs.start(key, argv, agent_env(self.env, join_token))
+        return key
+
+    def stop_agents(self) -> None:
+        for key in [k for k in self.procs.children if k.startswith("agent")]:
+            self.procs.stop(key)

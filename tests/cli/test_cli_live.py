@@ -418,3 +418,45 @@ def test_why_and_status_show_the_start_estimate_its_band_basis_and_place_in_the_
     table = cli("why", str(job.pk)).stdout
     assert "5 earlier runs" in table and "queue_position" in table
     assert json.loads(cli("status", str(job.pk), "-o", "json").stdout)["jobs_ahead"] == 3
+
+
+# --- webhooks and the tenant's event stream ------------------------------------------------------
+
+
+def test_webhooks_are_added_listed_delivered_redelivered_and_removed_through_the_command(cli, settings):
+    from scheduling.models import WebhookDelivery
+    from scheduling.services.webhooks import deliver_due
+
+    dead = f"http://127.0.0.1:{free_port()}/ci"  # nothing listens: every attempt fails
+    refused = cli("webhooks", "add", dead)
+    assert refused.returncode == 200 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "url:" in refused.stderr and "TESSERA_WEBHOOK_ALLOWLIST" in refused.stderr
+
+    settings.TESSERA = {
+        **settings.TESSERA,
+        "WEBHOOK_ALLOWLIST": ["127.0.0.1"],
+        "WEBHOOK_BACKOFF_S": 0.0,
+        "WEBHOOK_ATTEMPTS": 2,
+    }
+    added = cli("webhooks", "add", dead, "--event", "cancelled", "-o", "json")
+    assert added.returncode == 0, added.stderr
+    hook = json.loads(added.stdout)
+    assert hook["events"] == ["cancelled"] and len(hook["secret"]) >= 32
+    listed = cli("webhooks", "ls", "-o", "yaml", who="carol")  # her team's
+    assert [h["url"] for h in yaml.safe_load(listed.stdout)] == [dead]
+    assert "secret" not in listed.stdout
+    assert cli("webhooks", "ls", "-o", "json", who="bob").stdout.strip() == "[]"
+
+    job = Job.objects.get(pk=json.loads(cli("submit", "-o", "json", "--", "sleep", "1").stdout)["id"])
+    assert cli("cancel", str(job.pk)).returncode == 0
+    deliver_due()
+    (delivery,) = WebhookDelivery.objects.all()
+    table = cli("webhooks", "deliveries", str(hook["id"]))
+    assert table.returncode == 0 and "failed" in table.stdout and "cancelled" in table.stdout, table.stdout
+    again = cli("webhooks", "redeliver", str(hook["id"]), str(delivery.pk), "-o", "json")
+    assert again.returncode == 0 and json.loads(again.stdout)["state"] == "pending", again.stderr
+    assert cli("webhooks", "redeliver", str(hook["id"]), "999999").returncode == 203
+    assert cli("webhooks", "rm", str(hook["id"]), who="bob").returncode == 203  # not his tenant's
+    assert cli("webhooks", "rm", str(hook["id"])).returncode == 0
+    assert cli("webhooks", "ls", "-o", "json").stdout.strip() == "[]"
+    assert cli("webhooks", "deliveries", "x1").returncode == 200

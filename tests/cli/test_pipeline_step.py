@@ -1,7 +1,8 @@
 """A CI step, as a shell runs it, against a whole live stack: the job's exit code is the step's.
 
-Real processes (``tests/support.py``'s launcher): daphne, a Celery worker that runs the passes,
-and a node agent with simulated GPUs that runs the jobs' commands for real. The step is a bash
+Real processes (``tests/support.py``'s launcher): daphne and a Celery worker that runs the passes
+(the session's, shared with tests/integration/test_end_to_end.py), and a node agent of each test's
+with simulated GPUs that runs the jobs' commands for real. The step is a bash
 line calling the installed ``tessera`` command with GitLab CI's variables set, as a runner would.
 """
 
@@ -14,7 +15,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -24,18 +24,7 @@ from typing import Any
 import pytest
 
 from scheduling.models import Job
-from tests.support import (
-    Processes,
-    agent_argv,
-    agent_env,
-    database_url_of,
-    free_port,
-    stack_env,
-    wait_until,
-    web_answers,
-    web_argv,
-    worker_argv,
-)
+from tests.support import wait_until
 
 TESSERA = shutil.which("tessera", path=str(Path(sys.executable).parent)) or "tessera"
 DEADLINE_S = 60
@@ -52,46 +41,30 @@ GITLAB = {"GITLAB_CI": "true", "CI_PROJECT_ID": "7", "CI_PIPELINE_ID": "1234", "
 
 
 @pytest.fixture
-def stack(require_postgres, redis_url, transactional_db, world, settings) -> Iterator[dict[str, Any]]:
+def stack(shared_servers, require_postgres, redis_url, transactional_db, world) -> Iterator[dict[str, Any]]:
+    """The session's shared web server and worker (tests/conftest.py), and an agent of this test's."""
     from scheduling.models import Node
     from scheduling.services import redis_flags
     from scheduling.services.agents import do_create_join_token
     from scheduling.services.triggers import QUEUED_FLAG
 
     _, join_token = do_create_join_token("cli")
-    port = free_port()
-    work = Path(tempfile.mkdtemp(prefix="tessera-cli-", dir="/tmp"))
-    work.chmod(0o711)  # the job user must reach the agent's job directories below it
-    env = stack_env(
-        database_url_of(settings),
-        redis_url,
-        TESSERA_REDIS_BROKER_DB=str(8 + os.getpid() % 8),
-        TESSERA_WEBHOOK_ALLOWLIST="127.0.0.1",  # the test's receiver
-    )
-    procs = Processes(work)
+    procs = shared_servers.procs
+    since = procs.marks()
     try:
-        procs.start("worker", worker_argv("cli"), env)
-        procs.start("web", web_argv(port=port), env)
-        deadline = time.monotonic() + DEADLINE_S
-        wait_until("the Celery worker", lambda: " ready." in procs.output("worker"), procs, deadline)
-        base = f"http://127.0.0.1:{port}"
-        wait_until("the web server", lambda: web_answers(base), procs, deadline)
-        procs.start(
-            "agent",
-            agent_argv(base, "cli-a100", "8xA100,nvlink=4,rack=r1", work / "agent", "--poll-interval", "0.2"),
-            agent_env(env, join_token),
+        shared_servers.start_agent(
+            "cli-a100", "8xA100,nvlink=4,rack=r1", join_token, "--poll-interval", "0.2"
         )
         wait_until(
             "the agent to register",
             lambda: Node.objects.filter(name="cli-a100", devices__isnull=False).exists(),
             procs,
-            deadline,
+            time.monotonic() + DEADLINE_S,
         )
         redis_flags.client().delete(redis_flags.key(QUEUED_FLAG))  # (see test_end_to_end.py)
-        yield {"base": base, "procs": procs, "work": work}
+        yield {"base": shared_servers.base, "procs": procs, "work": shared_servers.work, "since": since}
     finally:
-        procs.stop_all()
-        shutil.rmtree(work, ignore_errors=True)
+        shared_servers.stop_agents()
 
 
 def step(stack, world, script: str, ci: dict[str, str] | None = None, **popen) -> Any:
@@ -125,8 +98,8 @@ def test_a_ci_step_exits_with_its_jobs_exit_code_and_a_retry_submits_nothing_new
     )
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout == "done\nstep-passed\n"
-    procs = stack["procs"]
-    assert "Traceback" not in procs.output("web") + procs.output("worker")
+    procs, since = stack["procs"], stack["since"]
+    assert "Traceback" not in procs.output("web", since) + procs.output("worker", since)
 
 
 def test_a_step_whose_job_is_cancelled_exits_210_and_one_stopped_at_its_limit_211(stack, world):
@@ -250,3 +223,43 @@ def test_a_webhook_receiver_gets_the_signed_end_of_a_pipelines_job(stack, world)
     secret = made.json()["secret"].encode()
     assert hmac.compare_digest(v1, hmac.new(secret, t.encode() + b"." + body, hashlib.sha256).hexdigest())
     assert json.loads(body)["job"]["state"] == "succeeded"
+
+
+# --- the tenant's event stream: `tessera watch` -------------------------------------------------
+
+
+def watch(stack, world, *args: str, who: str = "alice", url: str | None = None) -> Any:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TESSERA_", "CI_", "GITLAB_", "GITHUB_"))}
+    env.update(TESSERA_URL=url or stack["base"], TESSERA_TOKEN=world.tokens[who], HOME=str(stack["work"]))
+    return subprocess.run([TESSERA, "watch", *args], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_watch_prints_the_tenants_events_resumes_and_survives_a_cutting_proxy(stack, world):
+    assert step(stack, world, "tessera submit --wait -- true").returncode == 0
+    job = Job.objects.get()
+    first = watch(stack, world, "-o", "json", "--count", "4")
+    assert first.returncode == 0, first.stderr
+    seen = [json.loads(line) for line in first.stdout.splitlines()]
+    assert [e["type"] for e in seen] == ["submitted", "scheduled", "started", "succeeded"]
+    assert {e["job"] for e in seen} == {job.pk}
+
+    resumed = watch(stack, world, "-o", "json", "--since", str(seen[1]["id"]), "--count", "1")
+    assert [json.loads(line)["type"] for line in resumed.stdout.splitlines()] == ["started"]
+    table = watch(stack, world, "--since", str(seen[2]["id"]), "--count", "1")
+    assert table.stdout.splitlines()[0].split() == ["ID", "AT", "JOB", "NAME", "TYPE", "REASON"]
+    assert f"resume with: tessera watch --since {seen[3]['id']}" in table.stderr
+    quiet = watch(stack, world, "-o", "json", "--timeout", "2", who="bob")  # alice's jobs are not his
+    assert quiet.returncode == 0 and quiet.stdout == "", quiet.stdout
+    bad = watch(stack, world, "--since", "yesterday")
+    assert bad.returncode == 200 and "--since" in bad.stderr
+
+    proxy = CuttingProxy(int(stack["base"].rsplit(":", 1)[1]), cut_after=700)  # a message or two a connection
+    try:
+        cut = watch(stack, world, "-o", "json", "--count", "4", url=f"http://127.0.0.1:{proxy.port}")
+    finally:
+        proxy.close()
+    assert cut.returncode == 0, cut.stderr
+    assert [json.loads(line) for line in cut.stdout.splitlines()] == seen  # nothing lost or twice
+    assert proxy.cuts >= 2, proxy.cuts
+    for result in (first, resumed, table, quiet, bad, cut):
+        assert "Traceback" not in result.stderr, result.stderr

@@ -1,10 +1,10 @@
 """End to end, through every real part: alice's 2-GPU job from HTTP to a GPU process and back.
 
-Real PostgreSQL (the test database pytest-django made), real Redis, and three real processes this
-test starts and always stops: the web server (daphne), a Celery worker, and a node agent with 8
-simulated A100s. The scheduling pass runs only in the worker, queued by the submit's on-commit
-trigger (``scheduling/services/triggers.py``): no beat, no in-process loop, and the test never
-calls a pass itself.
+Real PostgreSQL (the test database pytest-django made), real Redis, and three real processes: the
+web server (daphne) and a Celery worker the session shares (``shared_servers``, tests/conftest.py),
+and a node agent with 8 simulated A100s this test starts and always stops. The scheduling pass
+runs only in the worker, queued by the submit's on-commit trigger (``scheduling/services/
+triggers.py``): no beat, no in-process loop, and the test never calls a pass itself.
 
 Isolation from other test runs on the same Redis: the web and the worker use a broker database of
 their own (``TESSERA_REDIS_BROKER_DB``), so no other worker takes this test's pass and this worker
@@ -14,28 +14,15 @@ end-to-end benchmark launch theirs.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
 
 from tests.support import (
-    Processes,
-    agent_argv,
-    agent_env,
-    database_url_of,
-    free_port,
-    stack_env,
     wait_until,
-    web_answers,
-    web_argv,
-    worker_argv,
 )
 
 DEADLINE_S = 50  # everything below must happen within this; a hang fails, it does not block CI
@@ -51,32 +38,27 @@ pytestmark = [
 
 
 @pytest.fixture
-def stack(require_postgres, redis_url, transactional_db, world, settings) -> Iterator[dict[str, Any]]:
-    """daphne + Celery worker + a simulated agent on the test database; torn down after the test."""
+def stack(shared_servers, require_postgres, redis_url, transactional_db, world) -> Iterator[dict[str, Any]]:
+    """The session's daphne and Celery worker (tests/conftest.py) and this test's simulated agent."""
     from scheduling.services.agents import do_create_join_token
 
     _, join_token = do_create_join_token("e2e")
-    port = free_port()
-    work = Path(tempfile.mkdtemp(prefix="tessera-e2e-", dir="/tmp"))
-    work.chmod(0o711)  # the job user must reach the agent's job directories below it
-    env = stack_env(database_url_of(settings), redis_url, TESSERA_REDIS_BROKER_DB=str(8 + os.getpid() % 8))
-    procs = Processes(work)
+    since = shared_servers.procs.marks()
+    deadline = time.monotonic() + DEADLINE_S
     try:
-        procs.start("worker", worker_argv("e2e"), env)
-        procs.start("web", web_argv(port=port), env)
-        deadline = time.monotonic() + DEADLINE_S
-        wait_until("the Celery worker", lambda: " ready." in procs.output("worker"), procs, deadline)
-        base = f"http://127.0.0.1:{port}"
-        wait_until("the web server", lambda: web_answers(base), procs, deadline)
-        procs.start(
-            "agent",
-            agent_argv(base, "e2e-a100", "8xA100,nvlink=4,rack=r1", work / "agent", "--poll-interval", "0.2"),
-            agent_env(env, join_token),
+        key = shared_servers.start_agent(
+            "e2e-a100", "8xA100,nvlink=4,rack=r1", join_token, "--poll-interval", "0.2"
         )
-        yield {"base": base, "procs": procs, "deadline": deadline, "redis_url": redis_url}
+        yield {
+            "base": shared_servers.base,
+            "procs": shared_servers.procs,
+            "deadline": deadline,
+            "redis_url": redis_url,
+            "since": since,
+            "agent": key,
+        }
     finally:
-        procs.stop_all()
-        shutil.rmtree(work, ignore_errors=True)
+        shared_servers.stop_agents()
 
 
 def test_alices_two_gpu_job_runs_on_a_real_agent_and_succeeds(stack, world):
@@ -129,5 +111,7 @@ def test_alices_two_gpu_job_runs_on_a_real_agent_and_succeeds(stack, world):
         assert refused.json() == {"detail": "Content-Type must be application/json."}
 
     # The pass that bound it ran in the worker, as a Celery task (nothing else runs passes here).
-    assert "scheduling.tasks.scheduling_pass" in procs.output("worker")
-    assert "Traceback" not in procs.output("web") + procs.output("worker") + procs.output("agent")
+    since = stack["since"]
+    assert "scheduling.tasks.scheduling_pass" in procs.output("worker", since)
+    logs = procs.output("web", since) + procs.output("worker", since) + procs.output(stack["agent"])
+    assert "Traceback" not in logs

@@ -1,10 +1,10 @@
 """Running jobs that change, end to end with real agents: a lost node, checkpoints, rendezvous.
 
-Real PostgreSQL (the test database), real Redis, and real processes this module starts and always
-stops: daphne, a Celery worker, Celery beat (the node-health sweep and the safety pass) and two
-simulated agents, ``e2e-a`` and ``e2e-b``, each with 2 A100s. The leases are short (3 s, a 1 s
-fencing margin) so that a lost node's jobs are requeued within seconds. Jobs are alice's,
-submitted over HTTP, as a user submits them.
+Real PostgreSQL (the test database), real Redis, and real processes: daphne, a Celery worker and
+Celery beat (the node-health sweep and the safety pass), which this module's tests share, and two
+simulated agents, ``e2e-a`` and ``e2e-b``, each with 2 A100s, which each test starts and stops.
+The leases are short (3 s, a 1 s fencing margin) so that a lost node's jobs are requeued within
+seconds. Jobs are alice's, submitted over HTTP, as a user submits them.
 """
 
 from __future__ import annotations
@@ -23,16 +23,13 @@ import requests
 
 from tests.support import (
     Processes,
+    SharedServers,
     agent_argv,
     agent_env,
-    beat_argv,
     database_url_of,
-    free_port,
+    need_service,
     stack_env,
     wait_until,
-    web_answers,
-    web_argv,
-    worker_argv,
 )
 
 DEADLINE_S = 75
@@ -106,17 +103,19 @@ class Stack:
         return self.wait(f"job {job_id} to run", where)
 
 
-@pytest.fixture
-def stack(request, require_postgres, redis_url, transactional_db, world, settings) -> Iterator[Stack]:
-    from scheduling.services import redis_flags
-    from scheduling.services.agents import do_create_join_token
-    from scheduling.services.triggers import QUEUED_FLAG
+@pytest.fixture(scope="module")
+def servers(django_db_setup, django_db_blocker) -> Iterator[SharedServers]:
+    """daphne, a Celery worker and beat with short leases, shared by this module's tests (each
+    starts its own agents on the rows it made)."""
+    from django.conf import settings
 
-    _, join_token = do_create_join_token("e2e", max_nodes=None)
-    port = free_port()
+    if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
+        need_service("PostgreSQL (set DATABASE_URL): web, worker, beat and agents share one database")
+    redis_url = os.environ.get("REDIS_URL", "")
+    if not redis_url:
+        need_service("Redis (set REDIS_URL): the Celery broker and the channel layer")
     work = Path(tempfile.mkdtemp(prefix="tessera-running-", dir="/tmp"))
     work.chmod(0o711)  # the job user must reach the agents' job directories below it
-    (work / "shared").mkdir(mode=0o711)  # the checkpoint root both agents mount (as over NFS)
     env = stack_env(
         database_url_of(settings),
         redis_url,
@@ -127,27 +126,42 @@ def stack(request, require_postgres, redis_url, transactional_db, world, setting
         TESSERA_PASS_INTERVAL_S="2",
         TESSERA_ENGINE_PREEMPT_MIN_RUN_S="0",
     )
-    procs = Processes(work)
+    shared = None
+    try:
+        shared = SharedServers(work, env, "running", beat=True, timeout=DEADLINE_S)
+        yield shared
+    finally:
+        if shared is not None:
+            shared.procs.stop_all()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture
+def stack(request, servers, require_postgres, redis_url, transactional_db, world) -> Iterator[Stack]:
+    from scheduling.services import redis_flags
+    from scheduling.services.agents import do_create_join_token
+    from scheduling.services.triggers import QUEUED_FLAG
+
+    _, join_token = do_create_join_token("e2e", max_nodes=None)
+    work = Path(tempfile.mkdtemp(prefix="test-", dir=servers.work))
+    work.chmod(0o711)
+    (work / "shared").mkdir(mode=0o711)  # the checkpoint root both agents mount (as over NFS)
     alice = requests.Session()
     alice.headers["Authorization"] = f"Token {world.tokens['alice']}"
+    s = Stack(servers.base, servers.procs, work, servers.env, join_token, alice)
+    marker = request.node.get_closest_marker("agent_args")
+    s.agent_args = tuple(marker.args) if marker else ()
+    # A "pass already queued" flag an earlier test left would swallow this test's triggers.
+    redis_flags.client().delete(redis_flags.key(QUEUED_FLAG))
     try:
-        procs.start("worker", worker_argv("running"), env)
-        procs.start("beat", beat_argv(work / "beat-schedule"), env)
-        procs.start("web", web_argv(port=port), env)
-        s = Stack(f"http://127.0.0.1:{port}", procs, work, env, join_token, alice)
-        s.wait("the Celery worker", lambda: " ready." in procs.output("worker"))
-        s.wait("the web server", lambda: web_answers(s.base))
-        marker = request.node.get_closest_marker("agent_args")
-        s.agent_args = tuple(marker.args) if marker else ()
-        # A "pass already queued" flag an earlier run left would swallow this test's triggers.
-        redis_flags.client().delete(redis_flags.key(QUEUED_FLAG))
         for name in ("e2e-a", "e2e-b"):
             s.start_agent(name)
         s.wait("both agents to register", lambda: _registered("e2e-a", "e2e-b"))
         yield s
     finally:
-        procs.stop_all()
-        shutil.rmtree(work, ignore_errors=True)
+        for name in ("e2e-a", "e2e-b"):
+            if name in servers.procs.children:
+                servers.procs.stop(name)
 
 
 def _registered(*names: str) -> bool:

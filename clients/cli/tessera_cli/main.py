@@ -15,8 +15,9 @@ from typing import Any
 
 import click
 
-from tessera_cli import __version__, config, idempotency, jobfile, outcome, output
+from tessera_cli import __version__, config, idempotency, jobfile, outcome, output, watch, webhooks
 from tessera_cli.client import RETRIES, Client
+from tessera_cli.context import Context, job_ids, output_option, pass_ctx
 from tessera_cli.errors import CliError
 from tessera_cli.waiting import WaitTimeout, follow_logs, wait_for_end
 
@@ -40,45 +41,6 @@ def _end_reason(job: dict[str, Any]) -> str | None:
     if job.get("state") in ("succeeded", "failed") and job.get("exit_code") is not None:
         return f"exit {job['exit_code']}"
     return None
-
-
-def output_option(command):
-    return click.option(
-        "-o",
-        "--output",
-        "fmt",
-        type=click.Choice(output.FORMATS),
-        default="table",
-        show_default=True,
-        help="How to print the answer.",
-    )(command)
-
-
-def job_ids(ids: tuple[str, ...]) -> list[int]:
-    out = []
-    for raw in ids:
-        if not raw.isdigit() or len(raw) > 18:
-            raise CliError(f"{raw!r} is not a job id (a positive integer)", outcome.BAD_INPUT)
-        out.append(int(raw))
-    return out
-
-
-class Context:
-    def __init__(self, url: str | None, argv: list[str], retries: int) -> None:
-        self.url = url
-        self.argv = argv
-        self.retries = retries
-        self._client: Client | None = None
-
-    @property
-    def client(self) -> Client:
-        if self._client is None:
-            settings = config.load(self.url)
-            self._client = Client(settings.url, settings.token, retries=self.retries)
-        return self._client
-
-
-pass_ctx = click.make_pass_decorator(Context)
 
 
 @click.group(
@@ -524,6 +486,10 @@ def _own_token(client: Client) -> dict[str, Any] | None:
             return None  # a server with one token per user
         raise
     return made
+
+
+cli.add_command(webhooks.webhooks)
+cli.add_command(watch.watch)
 
 
 def main(argv: list[str] | None = None) -> int:

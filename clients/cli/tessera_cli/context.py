@@ -1,0 +1,48 @@
+"""What every command shares: the server's client, made once, and the ``-o`` option."""
+
+from __future__ import annotations
+
+import click
+
+from tessera_cli import config, outcome, output
+from tessera_cli.client import Client
+from tessera_cli.errors import CliError
+
+
+def output_option(command):
+    return click.option(
+        "-o",
+        "--output",
+        "fmt",
+        type=click.Choice(output.FORMATS),
+        default="table",
+        show_default=True,
+        help="How to print the answer.",
+    )(command)
+
+
+def job_ids(ids: tuple[str, ...], what: str = "job") -> list[int]:
+    out = []
+    for raw in ids:
+        if not raw.isdigit() or len(raw) > 18:
+            raise CliError(f"{raw!r} is not a {what} id (a positive integer)", outcome.BAD_INPUT)
+        out.append(int(raw))
+    return out
+
+
+class Context:
+    def __init__(self, url: str | None, argv: list[str], retries: int) -> None:
+        self.url = url
+        self.argv = argv
+        self.retries = retries
+        self._client: Client | None = None
+
+    @property
+    def client(self) -> Client:
+        if self._client is None:
+            settings = config.load(self.url)
+            self._client = Client(settings.url, settings.token, retries=self.retries)
+        return self._client
+
+
+pass_ctx = click.make_pass_decorator(Context)
