@@ -5,7 +5,8 @@ reload and reads its output; a job too big to fit shows why it waits, and she ca
 job stays findable with its exit code. A click on her GPU opens her job; so does the keyboard.
 bob never sees her job's name, command or output, and her job's page is a 404 for him. axe-core
 finds no serious or critical violation on any page, and a phone-width dashboard keeps 8-GPU NVLink
-islands on one row. Screenshots go to ``test-artifacts/portal-*.png``.
+islands on one row, and every page fits its width. Screenshots of every page, at desktop and
+phone width, go to ``test-artifacts/portal-*.png`` (git-ignored).
 """
 
 from __future__ import annotations
@@ -187,10 +188,18 @@ def test_every_page_passes_axe_and_the_phone_layout_keeps_nvlink_islands_whole(
             alice.on(
                 "console", lambda m: refused.append(m.text) if "Content Security Policy" in m.text else None
             )
-            pages = ["/", "/jobs/", f"/jobs/{job}/", "/jobs/new/", "/team/", "/tokens/"]
-            for url in pages:
+            pages = {
+                "/": "dashboard-alice",
+                "/jobs/": "jobs-list",
+                f"/jobs/{job}/": "job",
+                "/jobs/new/": "submit-form",
+                "/team/": "team",
+                "/tokens/": "tokens",
+            }
+            for url, shot in pages.items():
                 alice.goto(server["url"] + url)
                 alice.wait_for_load_state("networkidle")
+                alice.screenshot(path=str(ARTIFACTS / f"portal-{shot}.png"), full_page=True)
                 found = axe.run(alice).response["violations"]
                 serious = [
                     (v["id"], v["impact"], v["nodes"][0]["html"][:120])
@@ -203,9 +212,29 @@ def test_every_page_passes_axe_and_the_phone_layout_keeps_nvlink_islands_whole(
             alice.fill("#id_gpus", "lots")
             alice.click("#submit-job")
             alice.wait_for_selector(".field-error")
+            alice.screenshot(path=str(ARTIFACTS / "portal-submit-form-errors.png"), full_page=True)
             found = axe.run(alice).response["violations"]
             assert [v["id"] for v in found if v["impact"] in ("serious", "critical")] == []
             assert refused == []  # no inline script, style or handler anywhere
+
+            # The map's filters: rows by rack and by model; cells of other tenants dimmed, for
+            # operators only (a tenant's user sees no other tenant's names to filter by).
+            alice.goto(server["url"] + "/")
+            alice.wait_for_selector(f".cell.mine[data-jobs~='{job}']", timeout=20_000)
+            alice.select_option("#filter-rack", "r2")
+            alice.wait_for_selector(".node-row[data-rack='r1']", state="hidden")
+            assert alice.is_visible(".cell[data-node='a100-a']")
+            assert alice.is_visible(".cell[data-node='t4-a']")
+            alice.select_option("#filter-model", "T4")
+            alice.wait_for_selector(".cell[data-node='a100-a']", state="hidden")
+            assert alice.is_visible(".cell[data-node='t4-a']")
+            assert alice.query_selector("#filter-tenant") is None
+            admin = sign_in(browser, server, "admin")
+            admin.wait_for_selector(f".cell[data-jobs~='{job}']", timeout=20_000)
+            admin.select_option("#filter-tenant", "vision")
+            admin.wait_for_selector(".cell.dim[data-node='h100-a']")
+            assert "dim" not in (admin.get_attribute(f".cell[data-jobs~='{job}']", "class") or "")
+            admin.screenshot(path=str(ARTIFACTS / "portal-dashboard-tenant-filter.png"), full_page=True)
 
             phone = browser.new_page(
                 viewport={"width": 375, "height": 740}, is_mobile=True, has_touch=True, bypass_csp=True
@@ -220,6 +249,13 @@ def test_every_page_passes_axe_and_the_phone_layout_keeps_nvlink_islands_whole(
             assert len(tops) == 8 and len(set(tops)) == 1, tops  # one island of 8, one row
             assert phone.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
             phone.screenshot(path=str(ARTIFACTS / "portal-phone.png"), full_page=True)
+            # Every other page fits the phone's width too (a wide table scrolls in its own box).
+            for url, shot in pages.items():
+                phone.goto(server["url"] + url)
+                phone.wait_for_load_state("networkidle")
+                assert phone.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1"), url
+                phone.screenshot(path=str(ARTIFACTS / f"portal-phone-{shot}.png"), full_page=True)
+            phone.goto(server["url"] + "/")
             # A tap on a GPU of hers opens her job.
             cell = f".cell.mine[data-jobs~='{job}']"
             phone.wait_for_selector(cell, timeout=20_000)

@@ -186,9 +186,21 @@
     laterTimer = window.setTimeout(function () { laterTimer = null; render(); }, Math.max(16, ms));
   }
 
+  /* Renders go in animation frames: every delta that arrived since the last frame is drawn
+   * together, just before the browser paints, and none while the tab is hidden. A timer backs the
+   * frame up, so a page the browser does not paint (hidden) still keeps its counts current. */
   function scheduleRender() {
     if (renderTimer !== null) return;
-    renderTimer = window.setTimeout(function () { renderTimer = null; render(); }, 16);
+    let done = false;
+    const run = function () {
+      if (done) return;
+      done = true;
+      window.clearTimeout(backup);
+      renderTimer = null;
+      render();
+    };
+    const backup = window.setTimeout(run, 1000);
+    renderTimer = window.requestAnimationFrame(run);
   }
 
   function pct(share) { return Math.round(share * 100) + "%"; }
@@ -228,6 +240,7 @@
   const dirty = { full: true, cells: new Set(), queue: true, placements: false };
   let queueRenderedAt = 0;
   const PLACEMENTS_EVERY_MS = 1000; // GPU churn alone redraws the lists at most once a second
+  const SLICE_MS = 8; // changed cells painted in one animation frame, at most (then the next frame)
   const cellEls = new Map(); // "node/index" -> its element
   const jobCells = new Map(); // job id -> the keys of the cells it holds (for its label)
 
@@ -259,20 +272,31 @@
     const before = cell.dataset.jobs ? cell.dataset.jobs.split(" ") : [];
     for (const id of before) { const keys = jobCells.get(Number(id)); if (keys) keys.delete(key); }
     const look = describeCell(node, d);
-    cell.className = look.classes + (filteredOut(d) ? " dim" : "");
-    cell.title = look.label;
-    cell.setAttribute("aria-label", look.label);
-    cell.dataset.state = d.state;
+    // Only what differs is written: every write to an element makes the browser look at its style
+    // again, and at 800 changed cells a second the unchanged writes were most of the frame.
+    const classes = look.classes + (filteredOut(d) ? " dim" : "");
+    if (cell.className !== classes) cell.className = classes;
+    if (cell.title !== look.label) {
+      cell.title = look.label;
+      cell.setAttribute("aria-label", look.label);
+    }
+    if (cell.dataset.state !== d.state) cell.dataset.state = d.state;
     if (d.jobs.length) {
-      cell.dataset.jobs = d.jobs.map(function (j) { return j.job_id; }).join(" ");
+      const ids = d.jobs.map(function (j) { return j.job_id; }).join(" ");
+      if (cell.dataset.jobs !== ids) cell.dataset.jobs = ids;
       for (const j of d.jobs) {
         if (!jobCells.has(j.job_id)) jobCells.set(j.job_id, new Set());
         jobCells.get(j.job_id).add(key);
       }
-    } else delete cell.dataset.jobs;
+    } else if (cell.dataset.jobs !== undefined) delete cell.dataset.jobs;
     // A partly used GPU fills from the bottom in proportion to its share.
-    if (d.state === "shared" && d.used > 0 && d.used < 1) cell.style.setProperty("--fill", pct(d.used));
-    else cell.style.removeProperty("--fill");
+    const fill = d.state === "shared" && d.used > 0 && d.used < 1 ? pct(d.used) : "";
+    if ((cell.dataset.fill || "") !== fill) {
+      if (fill) cell.style.setProperty("--fill", fill);
+      else cell.style.removeProperty("--fill");
+      if (fill) cell.dataset.fill = fill;
+      else delete cell.dataset.fill;
+    }
   }
 
   /* The heatmap: one keyboard stop (a roving tabindex over the cells; arrows move, Enter opens),
@@ -331,18 +355,25 @@
   function renderHeatmap() {
     if (dirty.full) {
       buildHeatmap();
+      dirty.cells.clear();
     } else {
+      // In slices of at most SLICE_MS: the rest of the changed cells go in the next animation
+      // frame, so no frame's work (script, then the style it invalidates) becomes a long task.
+      const until = performance.now() + SLICE_MS;
+      let painted = 0;
       for (const key of dirty.cells) {
         const cell = cellEls.get(key);
         const slash = key.lastIndexOf("/");
         const node = T.model.nodes[key.slice(0, slash)];
         const d = node && node.devices[Number(key.slice(slash + 1))];
         if (cell && d) paintCell(cell, node, d);
+        dirty.cells.delete(key);
+        if (++painted % 50 === 0 && performance.now() > until) break;
       }
+      if (dirty.cells.size) scheduleRender();
     }
     dirty.full = false;
-    dirty.cells.clear();
-    renderTotals();
+    if (!dirty.cells.size) renderTotals();
   }
 
   function renderTotals() {
