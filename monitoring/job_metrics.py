@@ -90,6 +90,8 @@ def _latency_families(now: datetime) -> list:
     )
     waits, to_running = [], []
     for submitted, placed, started in rows:
+        if started is None:
+            continue  # (filtered out above)
         to_running.append((started - submitted).total_seconds())
         waits.append(((placed or started) - submitted).total_seconds())
     wait = GaugeMetricFamily(
@@ -202,8 +204,8 @@ def _lost_family() -> CounterMetricFamily:
         "job_id", "created_at", "released_at", "share_milli"
     )
     for job_id, start, end, milli in allocations:
-        cause = ends.get((job_id, end))
-        if cause is None:
+        cause = ends.get((job_id, end)) if end is not None else None
+        if cause is None or end is None:
             continue  # the attempt that ended the job, or one released by a resize
         since = max([start, *(c for c in checkpoints[job_id] if start <= c <= end)])
         totals[cause] += (end - since).total_seconds() * milli / 1000
@@ -238,5 +240,6 @@ def _heartbeat_family(now: datetime) -> GaugeMetricFamily:
         labels=["node"],
     )
     for name, last in Node.objects.filter(last_heartbeat__isnull=False).values_list("name", "last_heartbeat"):
-        age.add_metric([name], max(0.0, (now - last).total_seconds()))
+        if last is not None:
+            age.add_metric([name], max(0.0, (now - last).total_seconds()))
     return age
