@@ -91,6 +91,9 @@ class BaselineScheduler:
         for model, milli in self.running.pop(job_id, []):
             self.quotas.add(self.tenant[job_id], model, -milli, self.preemptible.get(job_id, True))
 
+    def release_leaving(self, job_id: str, now: float) -> None:
+        return None  # a baseline never shrinks a job
+
     def requeue(self, job: JobRequest) -> None:
         if job.id in self.running:
             self.release(job.id, 0.0)

@@ -10,8 +10,11 @@
    Steps 3-4 stop at the driver's deadline, if it gives one: the jobs not reached wait for the
    next pass.
 5. Grow elastic jobs and partially started gangs with what is left.
-   (Shrinking in 4 and growing in 5 only with ``config.resizes``: the live control plane turns
-   them off, since its agents cannot resize a running job.)
+   (Shrinking in 4 and growing in 5 only with ``config.resizes``.) A shrink does not start the
+   job it makes room for at once: the replicas it removes keep their GPUs until their processes
+   have exited (the driver's :meth:`TesseraScheduler.release_leaving`, at the latest after the
+   shrunk job's grace period), and the room is held for that job meanwhile, as for a preemption.
+   A job whose shrink is under way is neither shrunk nor grown again until it is done.
 6. Give every job still pending its reason (:mod:`.reasons`), diagnosed on the final state.
 
 Step 1 is :meth:`TesseraScheduler.decide`'s; steps 2-6 are :class:`.policy_pass.PolicyPass`'s, one
@@ -50,7 +53,7 @@ from .policy_pass import PolicyPass
 from .preemption import Hypo, Victim
 from .quota import Quotas
 from .runtimes import RecentRuns
-from .state import Alloc, ClusterState, placements_of
+from .state import Alloc, ClusterState, leaving_key, placements_of
 from .topology import place_gang
 from .types import (
     MILLI,
@@ -77,6 +80,10 @@ class Running:
     terminating: bool = False
     cancelled: bool = False
     charged: list[tuple[str, int]] = field(default_factory=list)  # (model, milli) per replica
+    # Replicas a shrink removed, still holding their GPUs until their processes exit (taken in
+    # the cluster state under :func:`leaving_key`), and when their grace period ends at the latest.
+    leaving: list[Alloc] = field(default_factory=list)
+    leaving_until: float = 0.0
 
 
 class TesseraScheduler:
@@ -158,6 +165,7 @@ class TesseraScheduler:
                 s.submit(job)
             for run in snapshot.running:
                 s.adopt(run.job, run.placements, run.started_at, run.last_checkpoint_at, run.terminating)
+                s.adopt_leaving(run.job.id, run.leaving, run.leaving_until)
             return s
         s.restore(memory)
         jobs = [*snapshot.pending, *(r.job for r in snapshot.running)]
@@ -169,6 +177,7 @@ class TesseraScheduler:
             s.adopt(
                 run.job, run.placements, run.started_at, run.last_checkpoint_at, run.terminating, note=False
             )
+            s.adopt_leaving(run.job.id, run.leaving, run.leaving_until)
         return s
 
     def restore(self, memory: EngineMemory) -> None:
@@ -244,6 +253,28 @@ class TesseraScheduler:
             self.state.take(job.id, node, p.gpus, milli if p.gpus else 0, geo.req.cpu, geo.req.mem, p.replica)
             self.charge(run, self.nodes[node].model, geo.charge if p.gpus else 0)
 
+    def adopt_leaving(self, job_id: str, placements: tuple[Placement, ...], until: float | None) -> None:
+        """Record the replicas a shrink removed from an adopted job that still hold their GPUs."""
+        run = self.running.get(job_id)
+        if run is None or not placements:
+            return
+        geo = run.geo
+        for p in placements:
+            node = self.state.by_name[p.node]
+            milli = MILLI if p.share >= 1 else to_milli(p.share)
+            run.leaving.append(
+                self.state.take(
+                    leaving_key(job_id),
+                    node,
+                    p.gpus,
+                    milli if p.gpus else 0,
+                    geo.req.cpu,
+                    geo.req.mem,
+                    p.replica,
+                )
+            )
+        run.leaving_until = until if until is not None else self._now
+
     def submit(self, job: JobRequest, note: bool = True) -> None:
         self.pending[job.id] = job
         if note:
@@ -261,6 +292,7 @@ class TesseraScheduler:
         self._geo_cache.pop(job_id, None)
         run = self.running.pop(job_id, None)
         self.state.release(job_id)
+        self.state.release(leaving_key(job_id))
         if run is None:
             return
         for model, milli in run.charged:
@@ -268,6 +300,12 @@ class TesseraScheduler:
         if not run.terminating and not run.cancelled:
             self.history.record(run.job, now - run.started_at, now)
             self.recent_runs.record(run.job, now - run.started_at, now)
+
+    def release_leaving(self, job_id: str, now: float) -> None:
+        self.state.release(leaving_key(job_id))
+        run = self.running.get(job_id)
+        if run is not None:
+            run.leaving = []
 
     def requeue(self, job: JobRequest) -> None:
         if job.id in self.running:
@@ -810,6 +848,8 @@ class TesseraScheduler:
                 end = self.expected_end(run, now)
                 for a in self.state.allocs.get(jid, ()):
                     self._holders.setdefault(a.node, []).append((end, a))
+                for a in run.leaving:
+                    self._holders.setdefault(a.node, []).append((max(now, run.leaving_until), a))
         return self._holders
 
     def reserve_for(
@@ -830,6 +870,8 @@ class TesseraScheduler:
                 end = now if jid in may else self.expected_end(run, now)
                 for a in self.state.allocs.get(jid, ()):
                     holders.setdefault(a.node, []).append((end, a))
+                for a in run.leaving:
+                    holders.setdefault(a.node, []).append((max(now, run.leaving_until), a))
         # Nodes another waiting job held last pass stay its own: a reservation, once made, is
         # not taken over by a job that comes first in a later pass — unless that job is
         # starving (it comes before every younger job's reservation).

@@ -21,7 +21,7 @@ from .placement import Constraints, OffRacks
 from .preemption import Hypo, Victim, choose_victims
 from .preference import wait_for_preferred
 from .reasons import ClassSummary, diagnose_job
-from .state import Alloc, placements_of
+from .state import Alloc, leaving_key, placements_of
 from .topology import place_gang
 from .types import MILLI, Deadline, Decisions, JobRequest, PendingReason, Preemption, Resize
 
@@ -535,16 +535,21 @@ class PolicyPass:
         return f"reclaim: {job.tenant} needs its guarantee"
 
     def shrink_for(self, want: Want) -> bool:
-        """Shrink elastic jobs behind the job (or borrowing) if that alone lets it start."""
-        s, job, geo = self.s, want.job, want.geo
+        """Shrink elastic jobs behind the job (or borrowing) if that alone lets it start.
+
+        The replicas removed keep their GPUs until their processes have exited (invariant 8:
+        the driver's ``release_leaving``, at the latest after the shrunk job's grace period);
+        the room is held for the job meanwhile, as for a preemption, and it starts in a later
+        pass. A job whose shrink is under way is not shrunk again."""
+        s, cfg, job, geo, now = self.s, self.cfg, want.job, want.geo, self.now
         elastic = [
             jid
             for _r, jid, run, _v, _m in s.elastic
-            if not run.terminating and len(s.state.allocs.get(jid, ())) > run.geo.need
+            if not run.terminating and not run.leaving and len(s.state.allocs.get(jid, ())) > run.geo.need
         ]
         if not elastic:
             return False
-        eligible = {v.job_id for vs in s.victims(job, geo, self.now).values() for v in vs}
+        eligible = {v.job_id for vs in s.victims(job, geo, now).values() for v in vs}
         shrunk: list[tuple[str, Alloc]] = []
         for jid in sorted(j for j in elastic if j in eligible):
             run = s.running[jid]
@@ -559,17 +564,33 @@ class PolicyPass:
             for jid, a in reversed(shrunk):
                 s.state.take(jid, a.node, a.gpus, a.milli, a.cpu, a.mem, a.replica)
             return False
+        # It fits once they have gone: the room it would take is held for it until then.
+        nodes = tuple(sorted({a.node for a in allocs}))
+        for a in allocs:
+            s.state.release_replica(job.id, a)
         # keep every shrink made (they are cheap to undo by growing later); the victims changed
         s.forget_victims()
+        grace = 0.0
         for jid in dict.fromkeys(j for j, _ in shrunk):
             run = s.running[jid]
-            left = s.state.allocs.get(jid, [])
-            removed = len([1 for j, _ in shrunk if j == jid])
-            for _ in range(removed):
-                model, milli = run.charged.pop()
-                s.quotas.add(run.job.tenant, model, -milli, run.job.preemptible)
-            self.d.resizes.append(Resize(jid, placements_of(left, s.state)))
-        s.bind(job, geo, allocs, self.now, self.d)
+            for j, a in shrunk:
+                if j == jid:
+                    run.leaving.append(
+                        s.state.take(leaving_key(jid), a.node, a.gpus, a.milli, a.cpu, a.mem, a.replica)
+                    )
+                    model, milli = run.charged.pop()
+                    s.quotas.add(run.job.tenant, model, -milli, run.job.preemptible)
+            run.leaving_until = now + run.job.grace_s
+            grace = max(grace, run.job.grace_s)
+            self.d.resizes.append(Resize(jid, placements_of(s.state.allocs.get(jid, []), s.state)))
+        s.room[job.id] = (nodes, now + grace + cfg.room_hold_s)
+        self.res.add(Reservation(job.id, nodes, now))
+        n = len({j for j, _ in shrunk})
+        self.d.pending[job.id] = PendingReason(
+            "reserved",
+            f"reserved: shrinking {n} elastic job(s) to make room; starts when their removed replicas exit",
+            now + grace,
+        )
         return True
 
     # -- step 5: growing -------------------------------------------------------------------------
@@ -578,8 +599,8 @@ class PolicyPass:
         s, now, res = self.s, self.now, self.res
         for jid in sorted(s.running):
             run = s.running[jid]
-            if run.terminating or run.cancelled:
-                continue
+            if run.terminating or run.cancelled or run.leaving:
+                continue  # (a job whose shrink is under way grows once it is done)
             have = s.state.allocs.get(jid, [])
             if len(have) >= run.geo.replicas or not have:
                 continue

@@ -376,6 +376,12 @@ class ClusterState:
         return n.islands[g // d]
 
 
+def leaving_key(job_id: str) -> str:
+    """The holder, in the cluster state, of the GPUs of a job's replicas that a shrink removed
+    and whose processes have not exited yet (held by no size of the job's)."""
+    return f"{job_id}/leaving"
+
+
 def placements_of(allocs: list[Alloc], state: ClusterState) -> tuple[Placement, ...]:
     """Allocations as the driver's placements (by replica; a whole GPU or a CPU-only replica
     has share 1.0)."""

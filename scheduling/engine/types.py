@@ -119,6 +119,10 @@ class RunningJob:
     started_at: float  # start of the current attempt
     last_checkpoint_at: float | None = None  # wall time of the last checkpoint (None = none yet)
     terminating: bool = False
+    # Replicas a shrink removed whose processes have not exited yet: their GPUs stay held (by
+    # no size of the job's) until ``leaving_until`` at the latest (the shrink's grace period).
+    leaving: tuple[Placement, ...] = ()
+    leaving_until: float | None = None
 
 
 # How a run ended: on its own (succeeded, failed: what runtime predictions learn from), or stopped
@@ -249,6 +253,9 @@ class Scheduler(Protocol):
 
     def requeue(self, job: JobRequest) -> None:
         """Put a released job back in the queue (preempted, or a retry)."""
+
+    def release_leaving(self, job_id: str, now: float) -> None:
+        """The replicas a shrink removed from the job have exited: free their GPUs."""
 
     def checkpoint(self, job_id: str, at: float) -> None: ...
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from scheduling.engine.config import EngineConfig
 from scheduling.engine.memory import EngineMemory
@@ -42,6 +42,8 @@ class _Run:
     last_checkpoint_at: float | None = None
     terminating: bool = False
     cancelled: bool = False
+    leaving: tuple[Placement, ...] = ()  # replicas a shrink removed, until they exit
+    leaving_until: float | None = None
 
 
 class PerPassScheduler:
@@ -97,6 +99,11 @@ class PerPassScheduler:
             runs.append(done)
             runs[:] = sorted(runs, key=lambda r: (r.ended_at, r.job_id))[-HISTORY_KEEP:]
 
+    def release_leaving(self, job_id: str, now: float) -> None:
+        run = self.running.get(job_id)
+        if run is not None:
+            run.leaving, run.leaving_until = (), None
+
     def requeue(self, job: JobRequest) -> None:
         self.running.pop(job.id, None)
         self.pending[job.id] = job
@@ -109,7 +116,15 @@ class PerPassScheduler:
     def snapshot(self, now: float) -> Snapshot:
         pending = list(self.pending.values())
         running = [
-            RunningJob(r.job, r.placements, r.started_at, r.last_checkpoint_at, r.terminating or r.cancelled)
+            RunningJob(
+                r.job,
+                r.placements,
+                r.started_at,
+                r.last_checkpoint_at,
+                r.terminating or r.cancelled,
+                r.leaving,
+                r.leaving_until,
+            )
             for r in self.running.values()
         ]
         if self.shuffle:
@@ -134,6 +149,10 @@ class PerPassScheduler:
         for r in d.resizes:
             run = self.running.get(r.job_id)
             if run is not None:
+                kept = {p.replica for p in r.placements}
+                gone = tuple(p for p in run.placements if p.replica not in kept)
+                if gone:  # a shrink: the removed replicas hold their GPUs until they exit
+                    run.leaving, run.leaving_until = gone, now + run.job.grace_s
                 run.placements = r.placements
         for p in d.preemptions:
             self.running[p.job_id].terminating = True
@@ -141,7 +160,3 @@ class PerPassScheduler:
             job = self.pending.pop(b.job_id)
             self.running[job.id] = _Run(job, b.placements, now)
 
-
-def config_without_resizes(config: EngineConfig | None = None) -> EngineConfig:
-    """The live pass's engine settings: no resizes (its agents cannot resize a running job)."""
-    return replace(config or EngineConfig(), resizes=False)

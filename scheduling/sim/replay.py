@@ -16,6 +16,11 @@ Rules (docs/formats.md describes the files):
 3. A preemption is marked at decision time: the job stops doing work at once (the signal), keeps
    its GPUs for ``grace_s`` and is then released (``preempt`` event) and requeued from its last
    checkpoint. Lost work = work since that checkpoint × the GPUs asked for.
+   A shrink is the same for the replicas it removes: at decision time the job goes on at the rate
+   of the replicas it keeps, the removed ones keep their GPUs for ``grace_s`` (as live, until
+   their processes have exited) and are then released (``resize`` event, the kept set) and the
+   policy is told (``release_leaving``). A grow takes effect at once (``resize``, the new set).
+   Running replicas are told the new world in place: a resize loses no work.
 4. ``time_limit_s`` is a hard per-attempt limit: a job still running at its limit fails
    (``fail``, reason ``time-limit``).
 5. Rejections become ``reject`` events. At one time, releases come before binds in the output.
@@ -44,7 +49,7 @@ from scheduling.sim.traces import TraceJob
 from scheduling.sim.utilisation import Demand, can_idle_safely, profile_of, wholly_idle
 
 # Internal event kinds, in the order they are handled at one time (releases first).
-_FINISH, _LIMIT, _GRACE, _CKPT, _ARRIVE, _TICK, _ADJUST = range(7)
+_FINISH, _LIMIT, _GRACE, _LEAVE, _CKPT, _ARRIVE, _TICK, _ADJUST = range(8)
 _EPS = 1e-9
 PENDING_SAMPLE_EVERY = 10  # tally pending reasons on every 10th decision (cheap, representative)
 
@@ -89,7 +94,7 @@ class _Job:
     __slots__ = (
         "tj", "id", "gpus", "state", "work", "ckpt_work", "rate", "since", "epoch",
         "attempt", "attempt_start", "placements", "allocated", "stop_reason", "demand", "meter",
-        "reclaims", "requeued",
+        "reclaims", "requeued", "kept",
     )  # fmt: skip
 
     def __init__(self, tj: TraceJob, meter: _Meter | None = None) -> None:
@@ -111,6 +116,7 @@ class _Job:
         self.meter = meter
         self.reclaims: list[tuple[float, float]] = []  # (when, GPUs) the adjustment pass took
         self.requeued: tuple[float, float] | None = None  # (when, GPUs) of an idle requeue
+        self.kept: tuple[Placement, ...] | None = None  # a shrink's replicas, until the others leave
 
     def advance(self, now: float) -> None:
         if self.rate:
@@ -302,6 +308,13 @@ class Replay:
             self._emit(now, "preempt", job_id, reason=job.stop_reason, lost_gpu_seconds=round(lost, 3))
             self.sched.requeue(job.tj.request)
             return True
+        if kind == _LEAVE:
+            if job.kept is None or tag != job.attempt or job.state not in ("running", "terminating"):
+                return False
+            job.placements, job.allocated, job.kept = job.kept, _capacity(job.kept), None
+            self._emit(now, "resize", job_id, allocations=allocations(job.placements))
+            self.sched.release_leaving(job_id, now)
+            return True
         raise AssertionError(kind)
 
     def _stop(self, now: float, job: _Job) -> None:
@@ -316,7 +329,7 @@ class Replay:
         job.rate = 0.0
         job.epoch += 1
         job.attempt += 1
-        job.placements, job.allocated = (), 0.0
+        job.placements, job.allocated, job.kept = (), 0.0, None
         self.active -= 1
         self.sched.release(job.id, now)
 
@@ -405,14 +418,12 @@ class Replay:
             self._end(job)
             changed = True
         # Resizes first: a shrink the policy made in the same pass as a preemption of that job
-        # already freed GPUs in its own state. Several resizes of one job in one pass: the last
-        # one is its new set. Written in an order a reader can replay: sets that only shrink, then
-        # the starts, then sets that only grow; a set that does both is written as a shrink to
-        # the replicas it keeps, and later as its full new set.
+        # already took its removed replicas out of their size. Several resizes of one job in one
+        # pass: the last one is its new set. A set within the old one is a shrink (its GPUs are
+        # released after the grace period); any other takes effect at once, after the starts.
         final: dict[str, tuple[Placement, ...]] = {}
         for r in d.resizes:
             final[r.job_id] = r.placements
-        shrink: list[tuple[_Job, tuple[Placement, ...]]] = []
         grow: list[tuple[_Job, tuple[Placement, ...]]] = []
         for job_id, placements in final.items():
             job = self.jobs.get(job_id)
@@ -422,20 +433,10 @@ class Replay:
             before, after = _gpu_set(job.placements), _gpu_set(placements)
             if before == after:
                 continue  # e.g. a shrink and a grow back in one pass
-            if before <= after:
+            if after < before:
+                self._shrink(now, job, placements)
+            else:
                 grow.append((job, placements))
-                continue
-            if not after <= before:
-                kept = tuple(p for p in placements if _gpu_set((p,)) <= before)
-                if kept:
-                    shrink.append((job, kept))
-                    grow.append((job, placements))
-                    continue
-            shrink.append((job, placements))
-        # Pure shrinks first; a set moved wholly elsewhere after them, since it also takes GPUs.
-        shrink.sort(key=lambda jp: not _gpu_set(jp[1]) <= _gpu_set(jp[0].placements))
-        for job, placements in shrink:
-            self._resize(now, job, placements)
         for p in d.preemptions:
             job = self.jobs.get(p.job_id)
             if job is None or job.state != "running":
@@ -553,6 +554,18 @@ class Replay:
         return True
 
     def _resize(self, now: float, job: _Job, placements: tuple[Placement, ...], **extra: Any) -> None:
+    def _shrink(self, now: float, job: _Job, placements: tuple[Placement, ...]) -> None:
+        """The removed replicas get their stop signal: the job goes on at the rate of those it
+        keeps; their GPUs are released after its grace period (``_LEAVE``)."""
+        job.advance(now)
+        job.kept = placements
+        if job.state == "running":
+            job.rate = 1.0 if job.gpus <= 0 else min(1.0, _capacity(placements) / job.gpus)
+            job.epoch += 1
+            self._schedule_work(now, job)
+        self._push(now + job.tj.request.grace_s, _LEAVE, job.id, job.attempt)
+
+    def _resize(self, now: float, job: _Job, placements: tuple[Placement, ...]) -> None:
         job.advance(now)
         if job.state == "terminating":  # in its grace period: new GPUs, still no work
             job.placements, job.allocated = placements, _capacity(placements)

@@ -17,6 +17,8 @@ class World:
         self.jobs = {j.id: j for j in jobs}
         self.holding: dict[str, tuple[Placement, ...]] = {}
         self.terminating: set[str] = set()
+        # Replicas a shrink removed: their GPUs stay held until the driver says they exited.
+        self.leaving: dict[str, tuple[Placement, ...]] = {}
         self.log: list[Decisions] = []
 
     def apply(self, d: Decisions) -> None:
@@ -28,6 +30,11 @@ class World:
         for r in d.resizes:
             assert r.job_id in self.holding
             self.check_binding(self.jobs[r.job_id], r.placements, resize=True)
+            kept = {p.replica for p in r.placements}
+            gone = tuple(p for p in self.holding[r.job_id] if p.replica not in kept)
+            if gone:
+                assert r.job_id not in self.leaving, f"{r.job_id} shrunk again before its replicas left"
+                self.leaving[r.job_id] = gone
             self.holding[r.job_id] = r.placements
         for p in d.preemptions:
             job = self.jobs[p.job_id]
@@ -75,7 +82,7 @@ class World:
 
     def used(self) -> dict[tuple[str, int], float]:
         out: dict[tuple[str, int], float] = {}
-        for placements in self.holding.values():
+        for placements in [*self.holding.values(), *self.leaving.values()]:
             for p in placements:
                 for g in p.gpus:
                     out[(p.node, g)] = out.get((p.node, g), 0.0) + p.share
@@ -105,8 +112,14 @@ class World:
 
     def release(self, sched, job_id: str, now: float) -> None:
         self.holding.pop(job_id, None)
+        self.leaving.pop(job_id, None)
         self.terminating.discard(job_id)
         sched.release(job_id, now)
+
+    def leave(self, sched, job_id: str, now: float) -> None:
+        """The replicas a shrink removed from ``job_id`` have exited."""
+        self.leaving.pop(job_id)
+        sched.release_leaving(job_id, now)
 
 
 def run(
@@ -120,6 +133,8 @@ def run(
     for _ in range(steps):
         world.apply(sched.decide(now))
         now += step_s
+        for jid in sorted(world.leaving):
+            world.leave(sched, jid, now)
         for jid in sorted(world.terminating):
             world.release(sched, jid, now)
             sched.requeue(world.jobs[jid])

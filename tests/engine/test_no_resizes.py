@@ -35,11 +35,21 @@ def _gpus_of(d: Decisions, job_id: str) -> set[tuple[str, int]]:
     return {(p.node, g) for b in d.bindings if b.job_id == job_id for p in b.placements for g in p.gpus}
 
 
-def test_the_simulator_shrinks_an_elastic_job_to_start_a_service_on_its_gpus():
+def test_a_service_shrinks_an_elastic_job_and_starts_on_its_gpus_once_its_replicas_exit():
     s = _elastic_on_every_gpu(EngineConfig())
     s.submit(JobRequest("serve", "speech", "inference", 2, preemptible=False, submitted_at=600))
     d = s.decide(1000.0)
-    assert [b.job_id for b in d.bindings] == ["serve"] and {r.job_id for r in d.resizes} == {"el"}
+    assert not d.bindings and not d.preemptions
+    (resize,) = d.resizes
+    assert resize.job_id == "el" and len(resize.placements) == 2  # down to its minimum
+    assert d.pending["serve"].code == "reserved" and "shrinking 1 elastic job" in d.pending["serve"].message
+    # Invariant 8: the removed replicas' GPUs are held until they have exited...
+    assert not s.decide(1010.0).bindings
+    held = {(p.node, g) for p in _placements(s, "el") for g in p.gpus}
+    s.release_leaving("el", 1020.0)
+    d = s.decide(1020.0)  # ... and then the service starts on them
+    assert [b.job_id for b in d.bindings] == ["serve"] and not _gpus_of(d, "serve") & held
+    assert not d.resizes  # the elastic job keeps the size it was shrunk to
 
 
 def test_without_resizes_a_service_preempts_the_elastic_job_whole_instead_of_shrinking_it():
