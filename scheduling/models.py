@@ -303,6 +303,13 @@ class Job(models.Model):
     stop_reason = models.CharField(max_length=64, blank=True)  # why it is terminating
     stop_deadline = models.DateTimeField(null=True, blank=True)  # end of the grace period
     last_checkpoint_at = models.DateTimeField(null=True, blank=True)
+    # Why a running job holds fewer replicas than its full size (an elastic job below its
+    # maximum, a gang started with ``min_available``); empty at full size. ``pending_reason``
+    # is for pending jobs.
+    size_reason = models.CharField(max_length=256, blank=True, default="")
+    # What caused a shrink the adjustment loop asked for (its inputs), until the shrink is done
+    # and its ``resized`` event carries them.
+    shrink_details = models.JSONField(null=True, blank=True)
     log_bytes = models.PositiveBigIntegerField(default=0)
     log_truncated = models.BooleanField(default=False)
 
@@ -357,7 +364,8 @@ class Allocation(models.Model):
 
     Active while ``released_at`` is null; kept afterwards as history. ``exited_at``: the replica's
     process ended while other replicas of its job still run; its GPUs stay held until the whole
-    job settles (a job's GPUs are freed together, once all its processes have exited).
+    job settles (a job's GPUs are freed together, once all its processes have exited) — but a
+    replica a shrink removed (``leaving_at``) is released alone once its process has exited.
     """
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="allocations")
@@ -372,6 +380,12 @@ class Allocation(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     released_at = models.DateTimeField(null=True, blank=True)
     exited_at = models.DateTimeField(null=True, blank=True)
+    # A shrink removed this replica at this time: its agent stops it, and its GPUs stay held
+    # until its process has exited (or its node is fenced). Not part of the job's size.
+    leaving_at = models.DateTimeField(null=True, blank=True)
+    # Added to a running job by a grow and not yet reported started: if its node is lost first,
+    # the job falls back to the size it had, it is not lost.
+    joining = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["job_id", "replica", "device__index"]

@@ -14,8 +14,10 @@ The simulated side is one long-lived :class:`~scheduling.engine.policy.TesseraSc
 live pass's settings, fed the very jobs and nodes the live snapshot reads (the database's ids,
 its rounding of times to microseconds), replaying the same trace.
 
-A decision is (job, attempt, simulated time, start | preempt, allocations); the two lists are
-compared as multisets. Resizes are off on both sides: the live agents cannot resize a job.
+A decision is (job, attempt, simulated time, start | preempt | resize, allocations); the two
+lists are compared as multisets. Resizes are on on both sides: a grow's new replicas are
+reported started at once; a shrink's removed replicas hold their GPUs until the replay's
+``release_leaving`` (the grace period), when their exits are reported, as their agents would.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from scheduling.engine.types import (
     Placement,
     Preemption,
     QuotaSpec,
+    Resize,
 )
 from scheduling.models import Allocation, Device, Job, Membership, Node, Quota, Tenant
 from scheduling.services import passes
@@ -82,7 +85,7 @@ class Decision:
     job: str  # the trace's id
     attempt: int
     t: float
-    kind: str  # start | preempt
+    kind: str  # start | preempt | resize
     allocations: tuple[tuple[int, str, tuple[int, ...], float], ...] = ()
 
 
@@ -127,6 +130,10 @@ class _Recorder:
             job = self.ids.get(b.job_id, b.job_id)
             self.starts[job] += 1
             self.decisions.append(Decision(job, self.starts[job], _t(t), "start", _allocations(b.placements)))
+        final = {r.job_id: r.placements for r in d.resizes}  # the last of a job's in a pass
+        for job_id, placements in final.items():
+            job = self.ids.get(job_id, job_id)
+            self.decisions.append(Decision(job, self.starts[job], _t(t), "resize", _allocations(placements)))
         self.codes[_t(t)] = {self.ids.get(j, j): r.code for j, r in d.pending.items()}
         self.rejected.update(self.ids.get(j, j) for j in d.rejections)
 
@@ -258,6 +265,18 @@ class LiveSide:
     def requeue(self, job: JobRequest) -> None:
         pass  # the exit of a preempted job put it back in the queue (Settlement.exit)
 
+    def release_leaving(self, job_id: str, now: float) -> None:
+        self.clock.t = now
+        job = Job.objects.get(pk=self.pk[job_id])
+        by_node: dict[int, list[ExitReport]] = {}
+        leaving = Allocation.objects.filter(job=job, released_at__isnull=True, leaving_at__isnull=False)
+        for a in leaving.order_by("replica"):
+            # stopped by its agent (SIGTERM): not the job's own failure
+            by_node.setdefault(a.node_id, []).append(ExitReport(job.pk, job.attempts, a.replica, 143))
+        for node_id, reports in sorted(by_node.items()):
+            (result,) = set(map(type, do_report_exits(Node.objects.get(pk=node_id), reports)))
+            assert result is tuple, f"exit of job {job_id}'s removed replicas refused: {result}"
+
     def checkpoint(self, job_id: str, t: float) -> None:
         self.clock.t = t
         job = Job.objects.get(pk=self.pk[job_id])
@@ -274,10 +293,14 @@ class LiveSide:
             answer = self.worker.run(now)
             if self.passes in self.kill_after:
                 self.worker.kill()
-            bound, preempted = (answer["bound"], answer["preempted"]) if answer else ([], [])
+            bound, preempted, resized = (
+                (answer["bound"], answer["preempted"], answer["resized"]) if answer else ([], [], [])
+            )
         else:
             result = passes.run_pass(moment, max_rounds=1)
-            bound, preempted = (result.bound, result.preempted) if result else ([], [])
+            bound, preempted, resized = (
+                (result.bound, result.preempted, result.resized) if result else ([], [], [])
+            )
         self.passes += 1
         d = Decisions()
         ids = self.trace_id  # the replay knows the jobs by the trace's ids
@@ -286,11 +309,23 @@ class LiveSide:
         jobs = {str(j.pk): j for j in Job.objects.filter(pk__in=[int(p) for p in bound])}
         for pk in bound:
             job = jobs[pk]
-            allocs = list(
-                Allocation.objects.filter(job=job, released_at__isnull=True).select_related("node", "device")
+            allocs = list(  # (not the replicas a grow added in the same pass: a resize's)
+                Allocation.objects.filter(job=job, released_at__isnull=True, joining=False).select_related(
+                    "node", "device"
+                )
             )
             d.bindings.append(Binding(ids[pk], _placements(allocs)))
             for a in {a.replica: a for a in allocs}.values():  # the agents start each replica now
+                do_report_started(a.node, job.pk, job.attempts, a.replica, EPOCH + now)
+        for pk in resized:
+            job = Job.objects.get(pk=int(pk))
+            allocs = list(
+                Allocation.objects.filter(
+                    job=job, released_at__isnull=True, leaving_at__isnull=True
+                ).select_related("node", "device")
+            )
+            d.resizes.append(Resize(ids[pk], _placements(allocs)))
+            for a in {a.replica: a for a in allocs if a.joining}.values():  # a grow's new replicas start
                 do_report_started(a.node, job.pk, job.attempts, a.replica, EPOCH + now)
         for job_pk, code, why in Job.objects.filter(state=JobState.PENDING).values_list(
             "pk", "pending_code", "pending_reason"

@@ -1,5 +1,5 @@
 """A scheduling-pass worker for the parity harness (``scheduling/parity.py``): one pass per line
-read, at the simulated time the line gives, answered with what it bound and preempted.
+read, at the simulated time the line gives, answered with what it bound, preempted and resized.
 
 Run as ``python -m scheduling.parity_worker`` with the harness's ``DATABASE_URL``. The harness
 kills it (SIGKILL) between passes and starts another to show that a pass in a fresh process
@@ -26,7 +26,11 @@ def main() -> None:
         for line in sys.stdin:
             clock.t = float(line)
             result = passes.run_pass(clock.now(), max_rounds=1)
-            answer = {"bound": result.bound, "preempted": result.preempted} if result else None
+            answer = (
+                {"bound": result.bound, "preempted": result.preempted, "resized": result.resized}
+                if result
+                else None
+            )
             print(json.dumps(answer), flush=True)
 
 

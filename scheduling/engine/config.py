@@ -82,10 +82,9 @@ class EngineConfig:
     preemption: bool = True
     backfill: bool = True
     # Resize running jobs: shrink elastic jobs to make room (step 4), grow elastic jobs and
-    # partially started gangs into what is left (step 5). The simulator applies resizes; the
-    # live control plane turns this off (the agent cannot add or remove a running job's
-    # replicas), so there a running job keeps the size it started with and a job that needs
-    # its GPUs waits or preempts it whole, as for any other job.
+    # partially started gangs into what is left (step 5), live and in the simulator alike.
+    # Off: a running job keeps the size it started with and a job that needs its GPUs waits or
+    # preempts it whole, as for any other job.
     resizes: bool = True
     seed: int = 0  # the node order that breaks placement ties
 

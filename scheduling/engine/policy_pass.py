@@ -582,7 +582,8 @@ class PolicyPass:
                     s.quotas.add(run.job.tenant, model, -milli, run.job.preemptible)
             run.leaving_until = now + run.job.grace_s
             grace = max(grace, run.job.grace_s)
-            self.d.resizes.append(Resize(jid, placements_of(s.state.allocs.get(jid, []), s.state)))
+            why = f"shrunk to make room for job {job.id}"
+            self.d.resizes.append(Resize(jid, placements_of(s.state.allocs.get(jid, []), s.state), why))
         s.room[job.id] = (nodes, now + grace + cfg.room_hold_s)
         self.res.add(Reservation(job.id, nodes, now))
         n = len({j for j, _ in shrunk})
@@ -614,7 +615,7 @@ class PolicyPass:
                     run, have, nxt, res.allows(have[0].node, now, runtime, "", *self.removable(run.job))
                 )
                 if more:
-                    self.d.resizes.append(Resize(jid, placements_of(s.state.allocs[jid], s.state)))
+                    self.d.resizes.append(Resize(jid, placements_of(s.state.allocs[jid], s.state), "grown"))
                 continue
             home_nodes = {a.node for a in have}
             home_racks = {s.state.nodes[a.node].spec.rack for a in have}
@@ -647,7 +648,7 @@ class PolicyPass:
                 continue
             for a in more_allocs:
                 s.charge(run, s.nodes[a.node].model, run.geo.charge if a.gpus else 0)
-            self.d.resizes.append(Resize(jid, placements_of(s.state.allocs[jid], s.state)))
+            self.d.resizes.append(Resize(jid, placements_of(s.state.allocs[jid], s.state), "grown"))
 
     def grow_in_island(
         self, run: Running, have: list[Alloc], first_replica: int, allowed: bool

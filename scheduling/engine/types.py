@@ -177,6 +177,7 @@ class Preemption:
 class Resize:
     job_id: str
     placements: tuple[Placement, ...]  # the full new set
+    reason: str = ""  # why, in words (``shrunk to make room for job 12``)
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,6 +54,7 @@ from scheduling.services.jobs import (
     locked_jobs,
 )
 from scheduling.services.rendezvous import Placed, rendezvous
+from scheduling.services.resizes import leave_alone, leaves_alone
 from scheduling.services.snapshot import DEVICE_FIELDS, PreparedRead, read_together
 from scheduling.services.triggers import request_pass_on_commit
 from scheduling.services.utilisation import GpuReport, do_record_utilisation, reports_wanted
@@ -341,6 +342,18 @@ def do_heartbeat(
     for (job_id, replica), allocs in sorted(held.items()):
         job, attempt = allocs[0].job, allocs[0].attempt
         is_running = (job_id, attempt, replica) in reported
+        leaving_at = allocs[0].leaving_at
+        if leaving_at is not None and job.state in HOLDING_STATES:
+            # A shrink removed it: stopped within the job's grace, released once it has exited.
+            if is_running:
+                deadline = leaving_at + timedelta(seconds=job.grace_seconds)
+                stop.append(_stop_order(job_id, attempt, replica, "resize", deadline, now))
+                continue
+            with transaction.atomic():
+                locked = locked_jobs().get(pk=job_id)
+                if locked.state in HOLDING_STATES and locked.attempts == attempt:
+                    _settle_alone(locked, node.pk, replica, "", now)
+            continue
         if job.state in (JobState.SCHEDULED, JobState.RUNNING):
             job = _check_started_and_time_limit(job, attempt, is_running, now)
         if job.state in (JobState.SCHEDULED, JobState.RUNNING) and not is_running:
@@ -372,7 +385,30 @@ def do_heartbeat(
         "report_utilisation": reports_wanted(),
         "start": start,
         "stop": stop,
+        "worlds": _worlds(held, reported),
     }
+
+
+def _worlds(
+    held: dict[tuple[int, int], list[Allocation]], reported: dict[tuple[int, int, int], Reported]
+) -> list[dict[str, Any]]:
+    """The current world of each replica running here (its job's replicas now, its rank among
+    them): what a resize changes, told to the running replicas in place (docs/agent.md). One
+    query for the jobs of several replicas (none if none runs here)."""
+    running = {
+        (job_id, replica): allocs[0].attempt
+        for (job_id, replica), allocs in held.items()
+        if allocs[0].leaving_at is None and (job_id, allocs[0].attempt, replica) in reported
+    }
+    if not running:
+        return []
+    meets = _meetings(sorted({job_id for job_id, _ in running}))
+    out = []
+    for (job_id, replica), attempt in sorted(running.items()):
+        meet = meets.get(job_id, {}).get(replica)
+        if meet is not None:
+            out.append({"job_id": job_id, "attempt": attempt, "replica": replica, **meet})
+    return out
 
 
 def _spanning(allocs: list[Allocation]) -> set[int]:
@@ -393,7 +429,7 @@ def _meetings(job_ids: list[int]) -> dict[int, dict[int, dict[str, Any]]]:
     if not job_ids:
         return {}
     rows = (
-        Allocation.objects.filter(job_id__in=job_ids, released_at__isnull=True)
+        Allocation.objects.filter(job_id__in=job_ids, released_at__isnull=True, leaving_at__isnull=True)
         .order_by("job_id", "replica", "device__index")
         .values_list(
             "job_id", "replica", "node_id", "node__address", "node__name", "device__index", "share_milli"
@@ -540,6 +576,8 @@ _ALLOC_COLUMNS = (
     "created_at",
     "released_at",
     "exited_at",
+    "leaving_at",
+    "joining",
 )
 # Every allocation a report's jobs ever had, with the node's name and the device (what settling
 # needs: ownership, bound replicas, device rows), its SQL built once (see PreparedRead).
@@ -629,6 +667,11 @@ def do_report_started(
             settlement = Settlement()
             settlement.mark_running(job, _clamped(started_at, job, allocs, now))
             settlement.write()
+        joined = [
+            a.pk for a in allocs if a.joining and a.released_at is None and _is_replica(a, node.pk, replica)
+        ]
+        if joined:  # a replica a grow added has joined: a loss of its node now loses the job
+            Allocation.objects.filter(pk__in=joined).update(joining=False)
         return job
 
 
@@ -789,7 +832,13 @@ def _settle_replica(
     """
     settlement.mark_running(job, now)  # its ``started`` report was lost; keep the history in order
     this = [a for a in held if (a.node_id, a.replica) == (node_id, replica)]
+    if leaves_alone(this, held, reason, exit_code):
+        # A replica a shrink removed, or one a grow added lost before it started: the job goes on.
+        leave_alone(job, this, held, now, lost=reason == "lost")
+        return
     others = any(a.exited_at is None for a in held if a not in this)
+    if this and not others and all(a.leaving_at is not None for a in this) and job.state == JobState.RUNNING:
+        exit_code, reason = 0, ""  # its last replica, stopped by a shrink: the others ended well
     if job.state == JobState.RUNNING:
         where = {a.node_id for a in held}
         if reason == "time-limit":

@@ -44,6 +44,7 @@ from scheduling.services.jobs import (
     locked_jobs,
     release_allocations,
 )
+from scheduling.services.resizes import leave_alone, leaves_alone
 from scheduling.services.triggers import request_pass_on_commit
 
 OWN_STOPS = ("cancelled", "preempt", "time-limit")
@@ -76,9 +77,25 @@ def sweep_nodes(now: datetime | None = None) -> list[str]:
         for job_id in sorted(job_ids):
             with transaction.atomic():
                 job = locked_jobs().get(pk=job_id)
-                if job.state in HOLDING_STATES:
+                if job.state in HOLDING_STATES and not _resize_only(job, node.pk, now):
                     requeue_lost(job, now)
     return lost
+
+
+def _resize_only(job: Job, node_id: int, now: datetime) -> bool:
+    """Were the job's replicas on the fenced node only ones a shrink removed, or ones a grow
+    added that had not started? Then they are released alone and the job goes on elsewhere
+    (a resize whose agent is gone falls back, the job is not lost)."""
+    held = list(active_allocations_of(job))
+    here: dict[int, list] = {}
+    for a in held:
+        if a.node_id == node_id:
+            here.setdefault(a.replica, []).append(a)
+    if not here or not all(leaves_alone(these, held, "lost", None) for these in here.values()):
+        return False
+    for these in here.values():
+        leave_alone(job, these, [a for a in held if a.released_at is None], now, lost=True)
+    return True
 
 
 def requeue_lost(job: Job, now: datetime) -> None:

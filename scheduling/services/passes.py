@@ -31,7 +31,7 @@ from scheduling.engine.config import EngineConfig, KnobError, configure
 from scheduling.engine.policy import TesseraScheduler
 from scheduling.engine.types import Binding, Deadline, Decisions, Estimate
 from scheduling.models import Allocation, Device, Job, Node, SchedulerState
-from scheduling.services import live, triggers
+from scheduling.services import live, resizes, triggers
 from scheduling.services.agents import bindings_by_node
 from scheduling.services.bulk import (
     RowsInsert,
@@ -78,6 +78,7 @@ class PassResult:
     bound: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
+    resized: list[str] = field(default_factory=list)
     pending: int = 0
     # Pending jobs not decided: the pass reached its time budget first (0: it was not cut short).
     undecided: int = 0
@@ -167,10 +168,7 @@ def engine_config(knobs: Mapping[str, Any] | None = None) -> EngineConfig:
     scheduler-settings record). A record that does not check out whole (changed in the database
     behind the admin's back) is not applied at all: the pass runs on the environment's knobs and
     logs why."""
-    # No resizes live: the agent has no way to add or remove a running job's replicas, so an
-    # elastic job runs at the size it started with (between its min and max), and the engine
-    # must not plan a start on GPUs it would free by shrinking one (docs/scheduler.md).
-    base = EngineConfig(max_starts_per_pass=settings.TESSERA["MAX_STARTS_PER_PASS"], resizes=False)
+    base = EngineConfig(max_starts_per_pass=settings.TESSERA["MAX_STARTS_PER_PASS"])
     base = configure(base, settings.TESSERA["ENGINE_KNOBS"])
     if not knobs:
         return base
@@ -185,7 +183,7 @@ def _one_pass(now: datetime | None) -> PassResult:
     started = clock()
     now = now or timezone.now()
     pending = pending_rows()
-    if pending:
+    if pending or resizes.growable():
         loaded = load_snapshot(now, pending)
         # The time budget bounds the deciding (a slow snapshot read must not leave it no time:
         # it would then decide nothing, pass after pass). What a cut-short pass did not reach is
@@ -201,8 +199,9 @@ def _one_pass(now: datetime | None) -> PassResult:
         store_memory(engine.memory(), decisions.not_reached, loaded.stored, now)
         result = apply_decisions(loaded, decisions, now, estimates)
     else:
-        # Nothing waits: there is nothing to bind, preempt for or explain, so the rest of the
-        # cluster need not be read (a pass after a job's exit, with an empty queue, ends here).
+        # Nothing waits and no running job can grow: there is nothing to bind, resize, preempt
+        # for or explain, so the rest of the cluster need not be read (a pass after a job's
+        # exit, with an empty queue, ends here).
         result = PassResult()
     result.seconds = clock() - started
     # One line per pass (the benchmark reads the durations from the worker's log).
@@ -357,14 +356,16 @@ def apply_decisions(
     now: datetime,
     estimates: Mapping[str, Estimate] | None = None,
 ) -> PassResult:
-    """Apply bindings (in chunks, each one transaction), then preemptions, then pending reasons
-    and the start ``estimates``.
-
-    There are no resizes to apply: the live engine makes none (``engine_config``)."""
+    """Apply bindings (in chunks, each one transaction), then resizes (``services/resizes.py``),
+    then preemptions, then pending reasons and the start ``estimates``."""
     result = PassResult(pending=len(decisions.pending), undecided=decisions.undecided)
     bindings = list(decisions.bindings[: settings.TESSERA["MAX_STARTS_PER_PASS"]])
     for i in range(0, len(bindings), APPLY_CHUNK):
         _apply_bindings(loaded, bindings[i : i + APPLY_CHUNK], now, result)
+    if decisions.resizes:
+        done = set(result.bound)
+        bound = {b.job_id: {p.replica for p in b.placements} for b in bindings if b.job_id in done}
+        result.resized = resizes.apply_resizes(loaded, decisions.resizes, bound, now)
     for preemption in decisions.preemptions:
         with transaction.atomic():
             job = locked_jobs().filter(pk=int(preemption.job_id), state=JobState.RUNNING).first()
@@ -445,6 +446,7 @@ def _apply_bindings(
             _WRITE_VERSIONS.write(sorted(touched.values(), key=lambda n: n.pk)),
             *transition_writes(jobs_bound, JobState.SCHEDULED, EventType.SCHEDULED, events, at),
         )
+        resizes.note_bound_sizes(jobs_bound, allocs)
         live.publish_devices(_rows_after(allocs, held))
         # Each agent's wake carries its new bindings: it starts them without asking first.
         live.wake_agents(bindings_by_node(jobs_bound, allocs))

@@ -356,7 +356,7 @@ _HELD = PreparedRead(
     lambda: (
         Allocation.objects.filter(released_at__isnull=True)
         .order_by()
-        .values_list("job_id", "replica", "node__name", "share_milli", "device__index")
+        .values_list("job_id", "replica", "node__name", "share_milli", "device__index", "leaving_at")
     )
 )
 _QUOTAS = PreparedRead(
@@ -447,6 +447,19 @@ def _aware(value: datetime | str) -> datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
+def _placements(rows: list[tuple[int, str, int, int | None]]) -> tuple[Placement, ...]:
+    """(replica, node name, share, GPU index) rows of one job → its placements, by replica."""
+    grouped: dict[tuple[int, str, int], list[int]] = defaultdict(list)
+    for replica, node_name, share, index in rows:
+        gpus = grouped[(replica, node_name, share)]
+        if index is not None:
+            gpus.append(index)
+    return tuple(
+        Placement(replica=r, node=n, gpus=tuple(sorted(g)), share=s / 1000 if g else 1.0)
+        for (r, n, s), g in sorted(grouped.items())
+    )
+
+
 def load_snapshot(now: datetime, pending: list[dict[str, Any]] | None = None) -> LoadedSnapshot:
     """The cluster at ``now``; ``pending``: :func:`pending_rows` when the caller has read them.
 
@@ -465,8 +478,14 @@ def load_snapshot(now: datetime, pending: list[dict[str, Any]] | None = None) ->
     for node_id, *device in device_rows:
         devices[node_id].append(dict(zip(DEVICE_FIELDS, device, strict=True)))
     by_job: dict[int, list[tuple[int, str, int, int | None]]] = defaultdict(list)
-    for job_id, replica, node_name, share, index in held:
-        by_job[job_id].append((replica, node_name, share, index))
+    leaving: dict[int, list[tuple[int, str, int, int | None]]] = defaultdict(list)
+    left_at: dict[int, datetime] = {}  # when a shrink removed the job's leaving replicas
+    for job_id, replica, node_name, share, index, leaving_at in held:
+        if leaving_at is None:
+            by_job[job_id].append((replica, node_name, share, index))
+        else:
+            leaving[job_id].append((replica, node_name, share, index))
+            left_at[job_id] = max(leaving_at, left_at.get(job_id, leaving_at))
     running, waiting, reasons, estimates = [], [], {}, {}
     for job in jobs:
         request = request_of(job["tenant__name"], job)
@@ -475,15 +494,8 @@ def load_snapshot(now: datetime, pending: list[dict[str, Any]] | None = None) ->
             reasons[request.id] = (job["pending_code"], job["pending_reason"], job["estimated_start"])
             estimates[request.id] = tuple(job[f] for f in ESTIMATE_FIELDS)
             continue
-        grouped: dict[tuple[int, str, int], list[int]] = defaultdict(list)
-        for replica, node_name, share, index in by_job.get(job["id"], []):
-            gpus = grouped[(replica, node_name, share)]
-            if index is not None:
-                gpus.append(index)
-        placements = tuple(
-            Placement(replica=r, node=n, gpus=tuple(sorted(g)), share=s / 1000 if g else 1.0)
-            for (r, n, s), g in sorted(grouped.items())
-        )
+        placements = _placements(by_job.get(job["id"], []))
+        removed = left_at.get(job["id"])
         running.append(
             RunningJob(
                 job=request,
@@ -491,6 +503,8 @@ def load_snapshot(now: datetime, pending: list[dict[str, Any]] | None = None) ->
                 started_at=ts(job["started_at"]) or now.timestamp(),
                 last_checkpoint_at=ts(job["last_checkpoint_at"]),
                 terminating=job["state"] == JobState.TERMINATING,
+                leaving=_placements(leaving.get(job["id"], [])),
+                leaving_until=removed.timestamp() + request.grace_s if removed is not None else None,
             )
         )
     snapshot = Snapshot(

@@ -146,6 +146,9 @@ class PerPassScheduler:
         """What the live pass writes of a pass's decisions, in the jobs kept here."""
         for jid in d.rejections:
             self.pending.pop(jid, None)
+        for b in d.bindings:
+            job = self.pending.pop(b.job_id)
+            self.running[job.id] = _Run(job, b.placements, now)
         for r in d.resizes:
             run = self.running.get(r.job_id)
             if run is not None:
@@ -156,7 +159,3 @@ class PerPassScheduler:
                 run.placements = r.placements
         for p in d.preemptions:
             self.running[p.job_id].terminating = True
-        for b in d.bindings:
-            job = self.pending.pop(b.job_id)
-            self.running[job.id] = _Run(job, b.placements, now)
-

@@ -425,8 +425,12 @@ class Replay:
         for r in d.resizes:
             final[r.job_id] = r.placements
         grow: list[tuple[_Job, tuple[Placement, ...]]] = []
+        bound = {b.job_id for b in d.bindings}
         for job_id, placements in final.items():
             job = self.jobs.get(job_id)
+            if job is not None and job.state == "pending" and job_id in bound:
+                grow.append((job, placements))  # started and grown in one pass: after its start
+                continue
             if job is None or job.state not in ("running", "terminating"):
                 continue
             changed = True
@@ -474,7 +478,8 @@ class Replay:
                 self._push(now + limit, _LIMIT, job.id, job.attempt)
             changed = True
         for job, placements in grow:
-            self._resize(now, job, placements)
+            if job.state == "running" and _gpu_set(placements) != _gpu_set(job.placements):
+                self._resize(now, job, placements)
         return changed
 
     # -- the adjustment pass (--adjust on) -------------------------------------------------------

@@ -1,7 +1,8 @@
 """Live = simulated: a generated trace replayed through the live control plane (its database,
 its passes, its agents' reports simulated in-process, on the trace's clock) and through the
-simulator's long-lived engine decides the same: every start (job, attempt, time, GPUs) and every
-preemption. ``make parity`` does the same on a two-day trace (``scheduling/parity.py``)."""
+simulator's long-lived engine decides the same: every start (job, attempt, time, GPUs), every
+preemption and every resize. ``make parity`` does the same on a two-day trace
+(``scheduling/parity.py``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import subprocess
 import sys
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from urllib.parse import quote
 
@@ -17,18 +19,40 @@ from django.db import connection
 
 from scheduling.parity import PassWorker, run_parity
 from scheduling.sim.generate import generate
-from scheduling.sim.traces import read_jobs, read_nodes, read_quotas
+from scheduling.sim.traces import TraceJob, read_jobs, read_nodes, read_quotas
+
+
+def resizable(jobs: list[TraceJob]) -> list[TraceJob]:
+    """The trace with more jobs that change size while running: every gang either elastic (from
+    half its replicas) or started with half its replicas (``min_available``), and every third
+    preemptible multi-GPU training or fine-tuning job one-GPU replicas, elastic from half."""
+    out = []
+    for i, tj in enumerate(jobs):
+        r = tj.request
+        if r.replicas > 1 and r.elastic_max_gpus is None:
+            half = max(1, r.replicas // 2)
+            if i % 2:
+                r = replace(r, elastic_min_gpus=r.gpus / r.replicas * half, elastic_max_gpus=r.gpus)
+            else:
+                r = replace(r, min_available=half)
+        elif r.replicas == 1 and r.gpus >= 2 and r.gpus == int(r.gpus) and r.preemptible and i % 3 == 0:
+            if r.kind in ("training", "finetune"):
+                g = int(r.gpus)
+                r = replace(r, replicas=g, elastic_min_gpus=max(1, g // 2), elastic_max_gpus=g, topology="any")
+        out.append(TraceJob(r, tj.submit_s, tj.duration_s))
+    return out
 
 
 def test_a_trace_through_the_live_services_decides_as_the_simulator(db, tmp_path: Path):
-    # 236 jobs on 96 GPUs at load 1.5, with quotas: 14 gangs, 7 elastic jobs, 126 that
-    # checkpoint; the simulator preempts 23 times on it
+    # 236 jobs on 96 GPUs at load 1.5, with quotas, 126 that checkpoint; with resizable(), 40
+    # elastic jobs and 7 gangs started at half their replicas: the simulator grows and shrinks
+    # running jobs about 80 times on it, and preempts a dozen times
     generate(tmp_path, seed=4, days=0.5, load=1.5, gpus=96)
-    nodes, jobs = read_nodes(tmp_path / "nodes.csv"), read_jobs(tmp_path / "jobs.csv")
+    nodes, jobs = read_nodes(tmp_path / "nodes.csv"), resizable(read_jobs(tmp_path / "jobs.csv"))
     result = run_parity(nodes, jobs, read_quotas(tmp_path / "quotas.csv"))
-    print(json.dumps(result.line()))
+    print(json.dumps(result.line()), Counter(d.kind for d in result.simulated))
     kinds = Counter(d.kind for d in result.simulated)
-    assert kinds["preempt"] >= 10 and kinds["start"] >= len(jobs)
+    assert kinds["preempt"] >= 5 and kinds["start"] >= len(jobs) and kinds["resize"] >= 40
     assert result.first_difference is None
     assert result.differing == 0
     assert (result.pending_codes_differing, result.unpaired_passes) == (0, 0), result.notes[:3]
