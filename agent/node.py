@@ -103,6 +103,7 @@ class Agent:
         self.lease_seconds = lease_seconds
         self.jobs: dict[Key, JobProcess] = {}
         self.ever_started: set[Key] = set()
+        self._resized_out: set[Key] = set()  # stopped by a shrink: may be started again once gone
         self._last_attempt: dict[tuple[int, int], int] = {}  # (job, replica): latest attempt started
         self._lock = threading.Lock()
         self.last_ok = time.monotonic()  # the send time of the last heartbeat that succeeded
@@ -306,8 +307,18 @@ class Agent:
             key = (int(order["job_id"]), int(order["attempt"]), int(order["replica"]))
             with self._lock:
                 process = self.jobs.get(key)
+                if process is not None and order.get("reason") == "resize":
+                    # A shrink removed it: a later grow of the same attempt may bind the same
+                    # replica here again, once this process has exited (see _reap).
+                    self._resized_out.add(key)
             if process is not None:
                 process.stop(str(order.get("reason") or "stopped"), float(order.get("grace_left_seconds", 0)))
+        for world in orders.get("worlds", []):
+            key = (int(world["job_id"]), int(world["attempt"]), int(world["replica"]))
+            with self._lock:
+                process = self.jobs.get(key)
+            if process is not None:
+                process.tell_world(world)
         for binding in orders.get("start", []):
             key = binding_key(binding)
             with self._lock:
@@ -444,6 +455,9 @@ class Agent:
             for key in ended:
                 del self.jobs[key]
                 self._fenced.discard(key)
+                if key in self._resized_out:
+                    self._resized_out.discard(key)
+                    self.ever_started.discard(key)
             running = {key[0] for key in self.jobs}
         now = time.monotonic()
         if ended and self.checkpoint_retention_s is not None and now - self._swept_at > SWEEP_EVERY_S:

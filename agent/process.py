@@ -16,6 +16,7 @@ import dataclasses
 import errno
 import hashlib
 import hmac
+import json
 import logging
 import os
 import secrets
@@ -37,6 +38,7 @@ from agent.identity import JobUsers, RunAs, SharedUser, UidsExhausted, UidsLeft
 from agent.reports import ExitReporter
 from agent.sandbox import SAFE_PATH, Sandbox
 
+WORLD_NAME = "world.json"  # TESSERA_WORLD_FILE, in the job's working directory
 log = logging.getLogger("tessera.agent")
 
 CHUNK_BYTES = 256 * 1024
@@ -123,6 +125,7 @@ def job_environment(
             "TESSERA_REPLICAS": str(binding.get("replicas", 1)),
             "TESSERA_CHECKPOINT_DIR": str(checkpoint_dir),
             "TESSERA_CHECKPOINT_MARKER": str(workdir / MARKER_NAME),
+            "TESSERA_WORLD_FILE": str(workdir / WORLD_NAME),
             "TMPDIR": str(workdir / "tmp"),
         }
     )
@@ -166,6 +169,31 @@ def _check_executable(program: str, path: str, cwd: Path) -> None:
     )
     code = errno.EACCES if found else errno.ENOENT
     raise OSError(code, os.strerror(code), program)
+
+
+def write_world(workdir: Path, world: dict[str, Any], run_as: RunAs) -> None:
+    """Replace ``workdir/world.json`` with ``world`` (JSON, one line), the job user's, 0600.
+
+    The agent (root) writes into a directory the job owns, so it never follows a path the job
+    could have changed: the directory is opened without following a link, the new file is
+    created there exclusively under a random name and renamed over the old one (a rename
+    replaces a link, it does not follow it)."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    dfd = os.open(workdir, flags)
+    try:
+        tmp = f".world-{secrets.token_hex(8)}"
+        fd = os.open(
+            tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd
+        )
+        try:
+            if run_as.uid is not None:
+                os.fchown(fd, run_as.uid, run_as.gid if run_as.gid is not None else run_as.uid)
+            os.write(fd, (json.dumps(world, sort_keys=True) + "\n").encode())
+        finally:
+            os.close(fd)
+        os.replace(tmp, WORLD_NAME, src_dir_fd=dfd, dst_dir_fd=dfd)
+    finally:
+        os.close(dfd)
 
 
 def _owned_dir(path: Path, run_as: RunAs) -> Path:
@@ -251,6 +279,7 @@ class JobProcess:
         self.checkpoint_signal = checkpoint_signal
         self.marker: MarkerWatch | None = None  # watched once the process runs
         self._term_at: float | None = None  # SIGTERM deferred while a checkpoint is awaited
+        self.world: dict[str, Any] = {}  # what its world file says
         self._checkpoints_before_stop = 0
 
     @property
@@ -295,6 +324,7 @@ class JobProcess:
                     "from the beginning"
                 )
             env = job_environment(self.binding, run_as, self.path, self.workdir, self.checkpoint_dir)
+            self.tell_world(self.binding.get("rendezvous") or {})
             command = [str(c) for c in self.binding["command"]]
             if not command:
                 raise ValueError("the job's command is empty")
@@ -466,6 +496,26 @@ class JobProcess:
             self._note(f"stopping ({reason}): SIGTERM, SIGKILL in {grace_s:g}s")
             self._signal(signal.SIGTERM)
         self._wake()
+
+    def tell_world(self, meet: dict[str, Any]) -> None:
+        """Write the replica's current world (its job's replicas after a resize, its rank among
+        them) to ``TESSERA_WORLD_FILE`` if it changed: how running replicas learn of a resize in
+        place (docs/agent.md, "Resizes")."""
+        world = {
+            k: meet[k]
+            for k in ("world_size", "rank", "local_rank", "master_addr", "master_port")
+            if k in meet
+        }
+        if not world or world == self.world or self.run_as is None:
+            return
+        try:
+            write_world(self.workdir, world, self.run_as)
+        except OSError as exc:
+            log.warning(
+                "job %s replica %s: could not write its world file: %s", self.job_id, self.replica, exc
+            )
+            return
+        self.world = world
 
     def _checkpoint_first(self, reason: str) -> bool:
         """Whether a stop for ``reason`` asks the job to checkpoint first: a preemption (a reclaim

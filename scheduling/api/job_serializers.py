@@ -311,6 +311,7 @@ class JobSerializer(FieldTemplates, serializers.ModelSerializer):
             "queue_level_name",
             "pending_reason",
             "pending_code",
+            "size_reason",
             "held",
             "estimated_start",
             "estimated_start_earliest",

@@ -833,11 +833,14 @@ class TesseraScheduler:
         return sorted((v for v, _ in chosen), key=lambda v: v.job_id)
 
     def new_hypo(self) -> Hypo:
+        """The cluster as the terminating jobs, and the replicas shrinks are removing, will leave
+        it: a job waiting for a shrink's room waits for it, it does not preempt."""
         term = [
             (jid, tuple(self.state.allocs.get(jid, ())))
             for jid, r in self.running.items()
             if r.terminating or r.cancelled
         ]
+        term += [(leaving_key(jid), tuple(r.leaving)) for jid, r in self.running.items() if r.leaving]
         return Hypo(self.placer, term)
 
     def holders(self, now: float) -> dict[int, list[tuple[float, Alloc]]]:

@@ -93,8 +93,7 @@ def _resize_only(job: Job, node_id: int, now: datetime) -> bool:
             here.setdefault(a.replica, []).append(a)
     if not here or not all(leaves_alone(these, held, "lost", None) for these in here.values()):
         return False
-    for these in here.values():
-        leave_alone(job, these, [a for a in held if a.released_at is None], now, lost=True)
+    leave_alone(job, [a for these in here.values() for a in these], held, now, lost=True)
     return True
 
 

@@ -1,4 +1,5 @@
-"""Running jobs that change, end to end with real agents: a lost node, checkpoints, rendezvous.
+"""Running jobs that change, end to end with real agents: a lost node, checkpoints, rendezvous,
+live resizes.
 
 Real PostgreSQL (the test database), real Redis, and real processes: daphne, a Celery worker and
 Celery beat (the node-health sweep and the safety pass), which this module's tests share, and two
@@ -290,3 +291,98 @@ def test_a_two_node_gangs_replicas_exchange_a_message_through_the_rendezvous_add
     assert "rank 0 of 2, local rank 0" in first and "rank 1 of 2, local rank 0" in second
     assert f"master ('127.0.0.1', {29500 + master['gpus'][0]})" in first  # the agents' route to the server
     assert "got: hello from rank 1" in first
+
+
+WORLDS = """
+import json, os, sys, time, signal
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+path, seen, want = os.environ["TESSERA_WORLD_FILE"], [], [int(n) for n in sys.argv[1].split(",")]
+print(f"replica {os.environ['TESSERA_REPLICA']} starts, WORLD_SIZE {os.environ['WORLD_SIZE']}", flush=True)
+end = time.time() + 90
+while time.time() < end:
+    try:
+        size = json.load(open(path))["world_size"]
+    except (OSError, ValueError):
+        size = None
+    if size is not None and (not seen or seen[-1] != size):
+        seen.append(size)
+        print(f"world {size}", flush=True)
+    if seen[-len(want):] == want:
+        time.sleep(float(sys.argv[2]))  # the removed replicas' exits are recorded meanwhile
+        sys.exit(0)
+    time.sleep(0.1)
+sys.exit(1)
+"""
+
+
+def _filler(stack: Stack, seconds: float) -> int:
+    """A job on node b's two GPUs for ``seconds``, which nothing may preempt."""
+    command = ["python", "-c", f"import time; time.sleep({seconds})"]
+    job_id = stack.submit(
+        name="filler",
+        kind="batch",
+        command=command,
+        gpus=2,
+        preemptible=False,
+        node_selector={"host": "e2e-b"},
+    )
+    stack.wait("the filler to run", lambda: stack.job(job_id)["state"] == "running")
+    return job_id
+
+
+def _sizes(stack: Stack, job_id: int) -> list[tuple[str, int, int]]:
+    return [
+        (e["reason"].split()[0], e["details"]["from_replicas"], e["details"]["to_replicas"])
+        for e in stack.events(job_id)
+        if e["type"] == "resized"
+    ]
+
+
+def test_an_elastic_job_grows_when_capacity_frees_and_shrinks_instead_of_being_preempted(stack):
+    _filler(stack, 6)
+    # Four one-GPU replicas, at least two: it starts with node a's two GPUs
+    command = ["python", "-c", WORLDS, "2,4,2", "4"]
+    body = {"kind": "training", "command": command, "gpus": 4, "replicas": 4, "grace_seconds": 10}
+    elastic = stack.submit(name="elastic", elastic={"min_gpus": 2, "max_gpus": 4}, **body)
+    stack.wait("it to run", lambda: stack.job(elastic)["state"] == "running")
+    assert stack.job(elastic)["size_reason"].startswith("elastic: 2 of at most 4 GPUs"), stack.job(elastic)
+    # The filler ends: it grows onto node b, its running replicas told in place
+    stack.wait("it to grow", lambda: ("grown", 2, 4) in _sizes(stack, elastic))
+    assert stack.job(elastic)["size_reason"] == ""
+    # A service wants node b: the elastic job gives its replicas there back, not its run
+    server = ["python", "-c", "import time; time.sleep(120)"]
+    service = stack.submit(
+        name="server", kind="inference", command=server, gpus=2, node_selector={"host": "e2e-b"}
+    )
+    stack.wait("the service to run", lambda: stack.job(service)["state"] == "running")
+    assert _sizes(stack, elastic) == [("grown", 2, 4), ("shrunk", 4, 2)]
+    job = stack.finished(elastic)
+    assert job["state"] == "succeeded", f"{job}\n{stack.procs.report()}"
+    assert job["attempts"] == 0  # never restarted
+    events = stack.events(elastic)
+    assert not any(e["type"] in ("preempted", "requeued") for e in events), events
+    shrink = next(e for e in events if e["type"] == "resized" and e["reason"].startswith("shrunk"))
+    assert (
+        shrink["details"]["lost_work_s"] == 0
+        and f"make room for job {service}" in shrink["details"]["reason"]
+    )
+    assert [a["replica"] for a in shrink["allocations"]] == [0, 1]
+    # The service started only once the removed replicas had exited (their GPUs held until then)
+    started = next(e["at"] for e in stack.events(service) if e["type"] == "scheduled")
+    assert started >= shrink["at"]
+    for replica in (0, 1):
+        assert "world 2\nworld 4\nworld 2" in stack.logs(elastic, replica), stack.logs(elastic, replica)
+    assert "WORLD_SIZE 4" in stack.logs(elastic, 3)
+
+
+def test_a_gang_started_with_min_available_replicas_grows_to_full(stack):
+    _filler(stack, 5)
+    command = ["python", "-c", WORLDS, "4", "0"]
+    gang = stack.submit(name="gang", kind="training", command=command, gpus=4, replicas=4, min_available=2)
+    stack.wait("it to run", lambda: stack.job(gang)["state"] == "running")
+    assert stack.job(gang)["size_reason"].startswith("2 of 4 replicas placed"), stack.job(gang)
+    job = stack.finished(gang)
+    assert job["state"] == "succeeded", f"{job}\n{stack.procs.report()}"
+    assert _sizes(stack, gang) == [("grown", 2, 4)]
+    assert {a["replica"] for a in job["placements"][0]["allocations"]} == {0, 1, 2, 3}
+    assert "world 2\nworld 4" in stack.logs(gang, 0) and "WORLD_SIZE 4" in stack.logs(gang, 2)

@@ -38,7 +38,9 @@ def resizable(jobs: list[TraceJob]) -> list[TraceJob]:
         elif r.replicas == 1 and r.gpus >= 2 and r.gpus == int(r.gpus) and r.preemptible and i % 3 == 0:
             if r.kind in ("training", "finetune"):
                 g = int(r.gpus)
-                r = replace(r, replicas=g, elastic_min_gpus=max(1, g // 2), elastic_max_gpus=g, topology="any")
+                r = replace(
+                    r, replicas=g, elastic_min_gpus=max(1, g // 2), elastic_max_gpus=g, topology="any"
+                )
         out.append(TraceJob(r, tj.submit_s, tj.duration_s))
     return out
 
