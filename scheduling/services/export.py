@@ -79,11 +79,28 @@ def node_rows() -> Iterator[dict[str, Any]]:
 
 
 def _last_attempt_seconds(job: Job, events: list[JobEvent]) -> float | None:
-    starts = [e.at for e in events if e.type == "scheduled"]
+    """The work of its last attempt, in seconds at its full size: its run time, where a resize
+    left it on k of its g GPUs counted at k/g (as the simulator counts work)."""
+    starts = [i for i, e in enumerate(events) if e.type == "scheduled"]
     if not starts or job.finished_at is None:
         return None
-    started = job.started_at if job.started_at and job.started_at >= starts[-1] else starts[-1]
-    return max(0.0, (job.finished_at - started).total_seconds())
+    first = events[starts[-1]]
+    started = job.started_at if job.started_at and job.started_at >= first.at else first.at
+    work, since, rate = 0.0, started, _rate(job, first.allocations)
+    for e in events[starts[-1] + 1 :]:
+        if e.type == "resized" and e.at <= job.finished_at:
+            at = max(since, e.at)
+            work += rate * (at - since).total_seconds()
+            since, rate = at, _rate(job, e.allocations)
+    return max(0.0, work + rate * (job.finished_at - since).total_seconds())
+
+
+def _rate(job: Job, allocations: list[dict[str, Any]] | None) -> float:
+    """The share of its full speed a job runs at on ``allocations`` (an event's)."""
+    if not allocations or job.gpus <= 0:
+        return 1.0
+    held = sum(len(a.get("gpus", [])) * float(a.get("share", 1.0)) for a in allocations)
+    return min(1.0, held / float(job.gpus))
 
 
 def job_rows(origin, events_by_job: dict[int, list[JobEvent]]) -> Iterator[dict[str, Any]]:

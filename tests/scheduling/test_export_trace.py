@@ -182,3 +182,38 @@ def test_a_job_submitted_during_an_export_is_in_all_its_files_or_in_none(tmp_pat
     assert Job.objects.count() == 2
     report = _check_dir(tmp_path, unfinished_ok=True)
     assert report.violations == [] and report.jobs == 1
+
+
+def test_a_grow_and_a_shrink_are_exported_and_pass_the_checker(world, tmp_path):
+    from datetime import timedelta
+
+    from scheduling.models import Node
+    from scheduling.services.agents import ExitReport, do_report_exits
+
+    helpers.make_node("a100-01", gpus=4)
+    other = helpers.submit(world.bob, world.nlp, gpus=2)
+    _start(other)
+    el = helpers.submit(
+        world.alice, world.vision, gpus=4, replicas=4, min_available=2, elastic_min_gpus=2, elastic_max_gpus=4
+    )
+    _start(el)  # on the two GPUs left
+    # past the minimum run time before a job may be shrunk (or preempted)
+    Job.objects.filter(pk=el.pk).update(started_at=el.submitted_at - timedelta(minutes=10))
+    _exit(other, 0)
+    assert passes.run_pass().resized == [str(el.pk)]  # grown to 4
+    serve = helpers.submit(world.bob, world.nlp, kind="inference", gpus=2, preemptible=False)
+    assert passes.run_pass().resized == [str(el.pk)]  # shrunk: its highest replicas stop
+    node = Node.objects.get(name="a100-01")
+    leaving = Allocation.objects.filter(job=el, leaving_at__isnull=False).values_list("replica", flat=True)
+    results = do_report_exits(node, [ExitReport(el.pk, 0, r, 143) for r in sorted(leaving)])
+    assert all(isinstance(r, tuple) for r in results), results
+    _start(serve)
+    _exit(serve, 0)
+    _exit(el, 0)
+    call_command("export_trace", str(tmp_path))
+    assert _check_dir(tmp_path).violations == []
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    sizes = [
+        len(e["allocations"]) for e in events if e["job"] == str(el.pk) and e["event"] in ("start", "resize")
+    ]
+    assert sizes == [2, 4, 2]

@@ -36,8 +36,8 @@ def resizable(jobs: list[TraceJob]) -> list[TraceJob]:
             else:
                 r = replace(r, min_available=half)
         elif r.replicas == 1 and r.gpus >= 2 and r.gpus == int(r.gpus) and r.preemptible and i % 3 == 0:
+            g = int(r.gpus)
             if r.kind in ("training", "finetune"):
-                g = int(r.gpus)
                 r = replace(
                     r, replicas=g, elastic_min_gpus=max(1, g // 2), elastic_max_gpus=g, topology="any"
                 )
