@@ -306,7 +306,7 @@ class Job(models.Model):
     # Why a running job holds fewer replicas than its full size (an elastic job below its
     # maximum, a gang started with ``min_available``); empty at full size. ``pending_reason``
     # is for pending jobs.
-    size_reason = models.CharField(max_length=256, blank=True, default="")
+    size_reason = models.CharField(max_length=256, blank=True, default="", db_default="")
     # What caused a shrink the adjustment loop asked for (its inputs), until the shrink is done
     # and its ``resized`` event carries them.
     shrink_details = models.JSONField(null=True, blank=True)

@@ -186,19 +186,23 @@ class InsertWithChildren:
         children: Sequence[tuple[type[Model], str]],
         where: Callable[[], str] | None = None,
         null_columns: Sequence[str] = (),
+        unset_columns: Sequence[str] = (),
     ) -> None:
         """``where``: builds (once) a condition the new row must meet, or nothing is stored; its
         parameters are given to :meth:`run`. ``null_columns``: nullable fields of the children
         this statement never sets (left NULL): fewer parameters (psycopg caches the parsing of
-        statements of at most 50)."""
+        statements of at most 50). ``unset_columns``: the same for ``model``'s own fields, left
+        to their database default (NULL, or the field's ``db_default``), which the new object
+        must hold."""
         self.model = model
         self.children = tuple(children)  # (model, name of its foreign key to ``model``)
         self.where = where
         self.null_columns = frozenset(null_columns)
+        self.unset_columns = frozenset(unset_columns)
         self._sql: dict[tuple[bool, ...], str] = {}
 
     def _fields(self, model: type[Model], skip: str | None = None) -> list[Field]:
-        omit = self.null_columns if skip is not None else frozenset()
+        omit = self.null_columns if skip is not None else self.unset_columns
         return [
             f
             for f in model._meta.concrete_fields
@@ -240,6 +244,10 @@ class InsertWithChildren:
                     setattr(child, fk, obj)
                     child.save(force_insert=True)
             return True
+        for name in self.unset_columns:
+            field = field_of(self.model, name)
+            if getattr(obj, field.attname) != field.get_default():
+                raise ValueError(f"{self.model.__name__}: {sorted(self.unset_columns)} are not written here")
         params = [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in self._fields(self.model)]
         params += where  # the condition follows the new row's values, before its children's
         rows = children()

@@ -236,11 +236,17 @@ def _store_new(
     return job
 
 
+_UNSET_AT_SUBMIT = ("size_reason", "shrink_details")
+
 # A submit's rows (the job, its idempotency key, its "submitted" event) in one statement, its SQL
 # built once (services/bulk.py).
-# (A "submitted" event has no allocations nor details: they stay NULL, unsent.)
+# (A "submitted" event has no allocations nor details: they stay NULL, unsent; nor has a new job
+# a size reason or a shrink's details: their database defaults.)
 _INSERT_SUBMIT = InsertWithChildren(
-    Job, [(IdempotencyKey, "job"), (JobEvent, "job")], null_columns=("allocations", "details")
+    Job,
+    [(IdempotencyKey, "job"), (JobEvent, "job")],
+    null_columns=("allocations", "details"),
+    unset_columns=_UNSET_AT_SUBMIT,
 )
 
 
@@ -250,6 +256,7 @@ _INSERT_ADMITTED = InsertWithChildren(
     [(IdempotencyKey, "job"), (JobEvent, "job")],
     where=admission_sql,
     null_columns=("allocations", "details"),
+    unset_columns=_UNSET_AT_SUBMIT,
 )
 
 
