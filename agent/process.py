@@ -501,11 +501,8 @@ class JobProcess:
         """Write the replica's current world (its job's replicas after a resize, its rank among
         them) to ``TESSERA_WORLD_FILE`` if it changed: how running replicas learn of a resize in
         place (docs/agent.md, "Resizes")."""
-        world = {
-            k: meet[k]
-            for k in ("world_size", "rank", "local_rank", "master_addr", "master_port")
-            if k in meet
-        }
+        keys: tuple[str, ...] = ("world_size", "rank", "local_rank", "master_addr", "master_port")
+        world: dict[str, Any] = {k: meet[k] for k in keys if k in meet}
         if not world or world == self.world or self.run_as is None:
             return
         try:
