@@ -49,7 +49,6 @@ def test_a_service_shrinks_an_elastic_job_and_starts_on_its_gpus_once_its_replic
     s.release_leaving("el", 1020.0)
     d = s.decide(1020.0)  # ... and then the service starts on them
     assert [b.job_id for b in d.bindings] == ["serve"] and not _gpus_of(d, "serve") & held
-    assert not d.resizes  # the elastic job keeps the size it was shrunk to
 
 
 def test_without_resizes_a_service_preempts_the_elastic_job_whole_instead_of_shrinking_it():
