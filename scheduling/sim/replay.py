@@ -558,7 +558,6 @@ class Replay:
             self.result.touched_non_preemptible.append(job.id)
         return True
 
-    def _resize(self, now: float, job: _Job, placements: tuple[Placement, ...], **extra: Any) -> None:
     def _shrink(self, now: float, job: _Job, placements: tuple[Placement, ...]) -> None:
         """The removed replicas get their stop signal: the job goes on at the rate of those it
         keeps; their GPUs are released after its grace period (``_LEAVE``)."""
@@ -570,7 +569,7 @@ class Replay:
             self._schedule_work(now, job)
         self._push(now + job.tj.request.grace_s, _LEAVE, job.id, job.attempt)
 
-    def _resize(self, now: float, job: _Job, placements: tuple[Placement, ...]) -> None:
+    def _resize(self, now: float, job: _Job, placements: tuple[Placement, ...], **extra: Any) -> None:
         job.advance(now)
         if job.state == "terminating":  # in its grace period: new GPUs, still no work
             job.placements, job.allocated = placements, _capacity(placements)
