@@ -236,12 +236,19 @@ def _store_new(
     return job
 
 
-_UNSET_AT_SUBMIT = ("size_reason", "shrink_details")
+_UNSET_AT_SUBMIT = (
+    "size_reason",
+    "shrink_details",
+    "estimated_start_earliest",
+    "estimated_start_latest",
+    "queue_position",
+    "jobs_ahead",
+)
 
 # A submit's rows (the job, its idempotency key, its "submitted" event) in one statement, its SQL
 # built once (services/bulk.py).
 # (A "submitted" event has no allocations nor details: they stay NULL, unsent; nor has a new job
-# a size reason or a shrink's details: their database defaults.)
+# a size reason, a shrink's details or a start estimate: their database defaults.)
 _INSERT_SUBMIT = InsertWithChildren(
     Job,
     [(IdempotencyKey, "job"), (JobEvent, "job")],
