@@ -165,21 +165,24 @@ CONTENT_SECURITY_POLICY = {
         "frame-ancestors": [NONE],
     }
 }
-# TESSERA_TLS=1: the site is served over HTTPS (TLS ending at a proxy in front of daphne, which
-# sets X-Forwarded-Proto): HTTP is redirected to HTTPS, browsers are told to use HTTPS only
-# (HSTS) and cookies are sent over HTTPS only. Unset, plain HTTP works (docker-compose's default).
+# TESSERA_TLS=1: the site is served over HTTPS: HTTP is redirected to HTTPS, browsers are told to
+# use HTTPS only (HSTS) and cookies are sent over HTTPS only. Unset, plain HTTP works
+# (docker-compose's default). TESSERA_TLS_PROXY=1: TLS ends at a proxy in front of daphne which
+# sets X-Forwarded-Proto (and strips a client's own): only then is that header believed; else a
+# client could claim HTTPS with it.
 # /metrics and the agents' API are not redirected: what calls them is configured with its URL,
 # and a redirect would come after the credential was already sent.
 TLS = env_bool("TESSERA_TLS", False)
 if TLS:
     SECURE_SSL_REDIRECT = True
-    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     SECURE_REDIRECT_EXEMPT = [r"^metrics$", r"^api/v1/agent/"]
     SECURE_HSTS_SECONDS = env_int("TESSERA_HSTS_SECONDS", 365 * 24 * 3600, minimum=0)
     SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("TESSERA_HSTS_SUBDOMAINS", True)
     SECURE_HSTS_PRELOAD = env_bool("TESSERA_HSTS_PRELOAD", True)
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
+if env_bool("TESSERA_TLS_PROXY", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 # Sign-in throttling (controlplane/login_throttle.py): a username is locked for
 # TESSERA_LOGIN_LOCKOUT_MINUTES after TESSERA_LOGIN_FAILURE_LIMIT wrong passwords on /login/ or

@@ -427,9 +427,11 @@ def main(argv: list[str] | None = None) -> int:
     run_step("migrate", [python, "manage.py", "migrate", "--noinput"], env, log_dir)
     make_private(Path(args.db) if args.db else ROOT / "var" / "tessera.sqlite3")
     log("seeding tenants, quotas and users")
-    seed = json.loads(
-        run_step("seed_demo", [python, "manage.py", "seed_demo", "--json"], env, log_dir, secret=True)
-    )
+    # The join token registers the demo's nodes and no others (a leaked one adds no fake nodes).
+    names = [name for name, _ in NODES[: max(0, args.agents)]] + ([GPU_NODE] if args.gpu else [])
+    seed_argv = [python, "manage.py", "seed_demo", "--json", "--join-token-names", ",".join(names)]
+    seed_argv += ["--join-token-nodes", str(max(1, len(names)))]
+    seed = json.loads(run_step("seed_demo", seed_argv, env, log_dir, secret=True))
 
     demo = Demo()
     stop_requested: list[int] = []

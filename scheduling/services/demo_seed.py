@@ -107,25 +107,36 @@ def do_seed_demo_people() -> DemoSeed:
     return seed
 
 
-def do_mint_join_token() -> str:
-    """A fresh join token for the demo's agents; earlier demo join tokens are revoked.
+# The demo's join tokens register at most this many nodes by default (the demo starts 12 agents),
+# so a leaked one cannot flood the cluster with fake nodes; a minted one also expires.
+DEMO_JOIN_TOKEN_NODES = 16
+DEMO_JOIN_TOKEN_HOURS = 24.0
+
+
+def do_mint_join_token(max_nodes: int = DEMO_JOIN_TOKEN_NODES, names: str = "") -> str:
+    """A fresh join token for the demo's agents, for at most ``max_nodes`` new nodes named by
+    ``names`` (comma-separated patterns; empty: any new name), expiring in a day (an agent
+    registered once re-registers with its own credential); earlier demo join tokens are revoked.
 
     Made by the agents' own service (``scheduling.services.agents.do_create_join_token``, behind
     ``manage.py create_join_token``), so that the demo's token follows the same rules.
     """
     JoinToken.objects.filter(name=DEMO_JOIN_TOKEN_NAME, revoked=False).update(revoked=True)
-    _, secret = do_create_join_token(DEMO_JOIN_TOKEN_NAME)
+    _, secret = do_create_join_token(
+        DEMO_JOIN_TOKEN_NAME, expires_hours=DEMO_JOIN_TOKEN_HOURS, max_nodes=max_nodes, names=names
+    )
     return secret
 
 
-def do_register_join_token(secret: str, names: str = "") -> str:
-    """Accept ``secret`` (chosen by the deployer, e.g. docker-compose's) as a join token for any
-    number of nodes named by ``names`` (comma-separated patterns; empty: any new name)."""
+def do_register_join_token(secret: str, names: str = "", max_nodes: int = DEMO_JOIN_TOKEN_NODES) -> str:
+    """Accept ``secret`` (chosen by the deployer, e.g. docker-compose's) as a join token for at
+    most ``max_nodes`` new nodes named by ``names`` (comma-separated patterns; empty: any new
+    name)."""
     if not secret.strip():
         raise ValueError("an empty join token would let anyone register a node")
     JoinToken.objects.update_or_create(
         token_hash=hash_secret(secret),
-        defaults={"name": ENV_JOIN_TOKEN_NAME, "revoked": False, "max_nodes": None, "names": names},
+        defaults={"name": ENV_JOIN_TOKEN_NAME, "revoked": False, "max_nodes": max_nodes, "names": names},
     )
     return secret
 

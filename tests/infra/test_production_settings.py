@@ -26,6 +26,7 @@ def production_env(tmp_path: Path, **extra: str) -> dict[str, str]:
         DATABASE_URL=f"sqlite://{tmp_path / 'db.sqlite3'}",
         TESSERA_DEBUG="0",
         TESSERA_TLS="1",
+        TESSERA_TLS_PROXY="1",
         TESSERA_SECRET_KEY=secrets.token_urlsafe(50),
         TESSERA_ALLOWED_HOSTS="tessera.example.com",
         TESSERA_CSRF_TRUSTED_ORIGINS="https://tessera.example.com",
@@ -99,6 +100,8 @@ def test_tls_redirects_to_https_and_sends_hsts_and_secure_cookies(tmp_path):
     assert secure_cookie is True
     assert "default-src 'self'" in csp and "frame-ancestors 'none'" in csp
     assert seen["agent"] == 401  # the agents' API is not redirected: refused for its credential
+    # Without a proxy said to set it, a client's own X-Forwarded-Proto is not believed.
+    assert probe(production_env(tmp_path, TESSERA_TLS_PROXY="0"))["https"][0] == 301
 
 
 def test_plain_http_is_the_default(tmp_path):

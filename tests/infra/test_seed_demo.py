@@ -107,11 +107,38 @@ def test_join_token_from_env_registers_the_deployers_token(monkeypatch):
     assert rows.count() == 1 and not rows.get().revoked
 
 
-def test_the_deployers_join_token_registers_any_number_of_the_names_it_is_given(monkeypatch):
+def test_the_deployers_join_token_registers_a_bounded_number_of_the_names_it_is_given(monkeypatch):
     monkeypatch.setenv("TESSERA_JOIN_TOKEN", "compose-chosen-secret-1234567890")
     call_command("seed_demo", "--join-token-from-env", "--join-token-names", "agent-*", stdout=io.StringIO())
     row = JoinToken.objects.get(token_hash=hash_secret("compose-chosen-secret-1234567890"))
-    assert row.max_nodes is None and row.names == "agent-*"
+    assert row.max_nodes == 16 and row.names == "agent-*"
+
+
+def register(token: str, name: str) -> int:
+    from django.test import Client
+
+    body = {"name": name, "devices": [{"index": 0, "uuid": f"GPU-{name}", "model": "T4", "memory_gib": 16}]}
+    response = Client().post(
+        "/api/v1/agent/register/", body, content_type="application/json", HTTP_AUTHORIZATION=f"Join {token}"
+    )
+    return response.status_code
+
+
+def test_the_demos_join_token_registers_its_nodes_and_no_fake_ones():
+    out = io.StringIO()
+    call_command(
+        "seed_demo", "--json", "--join-token-names", "t4-01,t4-02", "--join-token-nodes", "2", stdout=out
+    )
+    token = json.loads(out.getvalue())["join_token"]
+    assert register(token, "fake-gpus") == 403  # not one of its names
+    assert [register(token, "t4-01"), register(token, "t4-02")] == [201, 201]
+    row = JoinToken.objects.get(token_hash=hash_secret(token))
+    assert row.used_up and row.expires_at is not None
+
+
+def test_a_demo_join_token_is_bounded_by_default():
+    row = JoinToken.objects.get(token_hash=hash_secret(seed()["join_token"]))
+    assert row.max_nodes == 16 and row.expires_at is not None
 
 
 def test_join_token_from_env_refuses_an_empty_token(monkeypatch):

@@ -16,6 +16,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from scheduling.services.demo_seed import (
+    DEMO_JOIN_TOKEN_NODES,
     do_mint_join_token,
     do_register_join_token,
     do_seed_demo_people,
@@ -45,8 +46,15 @@ class Command(BaseCommand):
             "--join-token-names",
             default="",
             metavar="PATTERNS",
-            help="with --join-token-from-env: the node names it may register (e.g. 'agent-*'; "
-            "a name it matches may also be taken over once its node is silent past its lease)",
+            help="the node names the join token may register (e.g. 'agent-*'; a name it matches may "
+            "also be taken over once its node is silent past its lease); empty: any new name",
+        )
+        parser.add_argument(
+            "--join-token-nodes",
+            type=int,
+            default=DEMO_JOIN_TOKEN_NODES,
+            metavar="N",
+            help=f"how many nodes the join token may register (default {DEMO_JOIN_TOKEN_NODES})",
         )
         parser.add_argument(
             "--credentials-file",
@@ -57,15 +65,18 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         if not 0 <= options["nodes"] <= 100_000:
             raise CommandError("--nodes: give a number from 0 to 100000")
+        if not 1 <= options["join_token_nodes"] <= 100_000:
+            raise CommandError("--join-token-nodes: give a number from 1 to 100000")
+        names, count = options["join_token_names"], options["join_token_nodes"]
         if options["join_token_from_env"]:
             secret = os.environ.get("TESSERA_JOIN_TOKEN", "")
             if not secret.strip():
                 raise CommandError("--join-token-from-env: TESSERA_JOIN_TOKEN is not set")
             seed = do_seed_demo_people()
-            seed.join_token = do_register_join_token(secret, options["join_token_names"])
+            seed.join_token = do_register_join_token(secret, names, count)
         else:
             seed = do_seed_demo_people()
-            seed.join_token = do_mint_join_token()
+            seed.join_token = do_mint_join_token(count, names)
         added = do_seed_simulated_nodes(options["nodes"]) if options["nodes"] else 0
         if options["credentials_file"]:
             write_private(Path(options["credentials_file"]), json.dumps(seed.as_dict()))
