@@ -289,7 +289,7 @@ class Job(models.Model):
     # (words), and the job's place in the queue. Null for a job not estimated.
     estimated_start_earliest = models.DateTimeField(null=True, blank=True)
     estimated_start_latest = models.DateTimeField(null=True, blank=True)
-    estimate_basis = models.TextField(blank=True, default="")
+    estimate_basis = models.TextField(blank=True, default="", db_default="")
     queue_position = models.PositiveIntegerField(null=True, blank=True)
     jobs_ahead = models.PositiveIntegerField(null=True, blank=True)
     submitted_at = models.DateTimeField(auto_now_add=True)

@@ -241,6 +241,7 @@ _UNSET_AT_SUBMIT = (
     "shrink_details",
     "estimated_start_earliest",
     "estimated_start_latest",
+    "estimate_basis",
     "queue_position",
     "jobs_ahead",
 )
