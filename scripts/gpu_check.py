@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Check Tessera on a machine with real NVIDIA GPUs: discovery, real jobs, metrics, stopping.
 
-Starts the embedded demo with ``scripts/demo.py --gpu --agents 0`` (web + scheduler, and one agent
-on this machine's GPUs, discovered through NVML), then, through the REST API as a user would:
+Starts the embedded demo with ``scripts/demo.py --gpu --agents 0 --no-idle-jobs`` (web + scheduler,
+and one agent on this machine's GPUs, discovered through NVML), then, through the REST API as a user would:
 
 1. the node registers with the GPUs NVML reports (count, short model, memory);
 2. a 1-GPU job runs a real CUDA computation (PyTorch matrix products, ~8 s) as the job user, on the
@@ -161,6 +161,7 @@ def start_demo(args: argparse.Namespace, workdir: Path) -> tuple[subprocess.Pope
         args.log_dir,
         "--state-dir",
         str(workdir / "agents"),
+        "--no-idle-jobs",  # the demo's idle jobs would take the check's one GPU
     ]
     argv += ["--agents", "0", "--gpu"] if not args.dry_run else ["--agents", "0"]
     proc = subprocess.Popen(argv, cwd=ROOT, start_new_session=True)
