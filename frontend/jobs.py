@@ -62,6 +62,9 @@ LIST_COLUMNS = (
     "submitted_at",
     "owner",
     "tenant",
+    "estimated_start",  # a pending row shows its estimate and queue place
+    "estimate_basis",
+    "queue_position",
 )
 SINCE_HOURS = {"1h": 1, "24h": 24, "7d": 24 * 7}
 CANCELLABLE = {JobState.PENDING, JobState.SCHEDULED, JobState.RUNNING, JobState.TERMINATING}
