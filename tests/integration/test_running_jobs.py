@@ -3,7 +3,8 @@ live resizes.
 
 Real PostgreSQL (the test database), real Redis, and real processes: daphne, a Celery worker and
 Celery beat (the node-health sweep and the safety pass), which this module's tests share, and two
-simulated agents, ``e2e-a`` and ``e2e-b``, each with 2 A100s, which each test starts and stops.
+simulated agents, ``e2e-a`` and ``e2e-b``, each with 2 A100s, which each test starts and stops
+(the rendezvous test's two, ``gang-a`` and ``gang-b``, run each in a network namespace of its own).
 The leases are short (3 s, a 1 s fencing margin) so that a lost node's jobs are requeued within
 seconds. Jobs are alice's, submitted over HTTP, as a user submits them.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import tempfile
 import time
 from collections.abc import Iterator
@@ -22,6 +24,7 @@ from typing import Any
 import pytest
 import requests
 
+from tests import netns
 from tests.support import (
     Processes,
     SharedServers,
@@ -31,6 +34,8 @@ from tests.support import (
     need_service,
     stack_env,
     wait_until,
+    web_answers,
+    web_argv,
 )
 
 DEADLINE_S = 75
@@ -49,11 +54,9 @@ class Stack:
     def __init__(self, base: str, procs: Processes, work: Path, env: dict[str, str], token: str, alice):
         self.base, self.procs, self.work, self.env, self.token = base, procs, work, env, token
         self.alice = alice
-        self.agent_args: tuple[str, ...] = ()
         self.deadline = time.monotonic() + DEADLINE_S
 
     def start_agent(self, name: str, *extra: str) -> None:
-        extra = (*self.agent_args, *extra)
         spec = f"2xA100,nvlink=2,rack=r1,labels=host:{name}"
         argv = agent_argv(
             self.base,
@@ -138,7 +141,7 @@ def servers(django_db_setup, django_db_blocker) -> Iterator[SharedServers]:
 
 
 @pytest.fixture
-def stack(request, servers, require_postgres, redis_url, transactional_db, world) -> Iterator[Stack]:
+def stack(servers, require_postgres, redis_url, transactional_db, world) -> Iterator[Stack]:
     from scheduling.services import redis_flags
     from scheduling.services.agents import do_create_join_token
     from scheduling.services.triggers import QUEUED_FLAG
@@ -150,8 +153,6 @@ def stack(request, servers, require_postgres, redis_url, transactional_db, world
     alice = requests.Session()
     alice.headers["Authorization"] = f"Token {world.tokens['alice']}"
     s = Stack(servers.base, servers.procs, work, servers.env, join_token, alice)
-    marker = request.node.get_closest_marker("agent_args")
-    s.agent_args = tuple(marker.args) if marker else ()
     # A "pass already queued" flag an earlier test left would swallow this test's triggers.
     redis_flags.client().delete(redis_flags.key(QUEUED_FLAG))
     try:
@@ -278,19 +279,70 @@ else:
 """
 
 
-# Jobs of one attempt on two agents of one machine have two uids, which the loopback rules of
-# isolated agents keep apart (docs/agent.md): these agents run every job as one user.
-@pytest.mark.agent_args("--single-tenant")
-def test_a_two_node_gangs_replicas_exchange_a_message_through_the_rendezvous_address(stack):
-    job_id = stack.submit(name="meet", kind="training", command=["python", "-c", MEET], gpus=4, replicas=2)
-    job = stack.finished(job_id)
-    assert job["state"] == "succeeded", f"{job}\n{stack.procs.report()}"
-    assert {a["node"] for a in job["placements"][0]["allocations"]} == {"e2e-a", "e2e-b"}
-    master = next(a for a in job["placements"][0]["allocations"] if a["replica"] == 0)
-    first, second = stack.logs(job_id, 0), stack.logs(job_id, 1)
+@pytest.fixture
+def machines(
+    servers, require_postgres, redis_url, transactional_db, world
+) -> Iterator[tuple[Stack, netns.Network]]:
+    """Two agents, ``gang-a`` and ``gang-b``, each in a network namespace of its own with its own
+    address (tests/netns.py), isolated as on a real node (a uid per job, the loopback rules), and a
+    web server of the stack listening where they reach it. Fails rather than skips in CI."""
+    from scheduling.services import redis_flags
+    from scheduling.services.agents import do_create_join_token
+    from scheduling.services.triggers import QUEUED_FLAG
+
+    try:
+        net = netns.Network.create(("gang-a", "gang-b"))
+    except netns.Unavailable as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI runs as root: network namespaces must work there: {exc}")
+        pytest.skip(f"network namespaces not available: {exc}")
+    names = ("web-net", "agent-gang-a", "agent-gang-b")
+    try:
+        with socket.create_server((net.server_address, 0)) as listener:
+            env = {**servers.env, "TESSERA_ALLOWED_HOSTS": net.server_address}
+            servers.procs.start("web-net", web_argv(fd=listener.fileno()), env, (listener.fileno(),))
+            base = f"http://{net.server_address}:{listener.getsockname()[1]}"
+        _, join_token = do_create_join_token("e2e", max_nodes=None)
+        work = Path(tempfile.mkdtemp(prefix="test-", dir=servers.work))
+        work.chmod(0o711)
+        alice = requests.Session()
+        alice.headers["Authorization"] = f"Token {world.tokens['alice']}"
+        s = Stack(servers.base, servers.procs, work, servers.env, join_token, alice)
+        redis_flags.client().delete(redis_flags.key(QUEUED_FLAG))
+        s.wait("the web server the agents reach", lambda: web_answers(base))
+        for name in ("gang-a", "gang-b"):
+            spec = f"2xA100,nvlink=2,rack=r1,labels=host:{name}"
+            argv = agent_argv(base, name, spec, work / name, "--poll-interval", "0.3")
+            servers.procs.start(f"agent-{name}", net.argv(name, argv), agent_env(servers.env, join_token))
+        s.wait("both agents to register", lambda: _registered("gang-a", "gang-b"))
+        yield s, net
+    finally:
+        for name in names:
+            if name in servers.procs.children:
+                servers.procs.stop(name)
+        net.close()
+
+
+def test_a_two_node_gangs_replicas_exchange_a_message_through_the_rendezvous_address(machines):
+    from scheduling.models import Node
+
+    machines, net = machines
+    addresses = dict(Node.objects.filter(name__in=net.addresses).values_list("name", "address"))
+    assert addresses == net.addresses  # each registered its own namespace's address
+    for name in net.addresses:  # the loopback rules are in place, in each namespace
+        assert "jobs reach the node's loopback only for their own processes" in machines.procs.output(
+            f"agent-{name}"
+        ), machines.procs.report()
+    job_id = machines.submit(name="meet", kind="training", command=["python", "-c", MEET], gpus=4, replicas=2)
+    job = machines.finished(job_id)
+    assert job["state"] == "succeeded", f"{job}\n{machines.procs.report()}"
+    placed = {a["replica"]: a for a in job["placements"][0]["allocations"]}
+    assert {a["node"] for a in placed.values()} == {"gang-a", "gang-b"}  # one replica a node
+    first, second = machines.logs(job_id, 0), machines.logs(job_id, 1)
     assert "rank 0 of 2, local rank 0" in first and "rank 1 of 2, local rank 0" in second
-    assert f"master ('127.0.0.1', {29500 + master['gpus'][0]})" in first  # the agents' route to the server
-    assert "got: hello from rank 1" in first
+    master = (net.addresses[placed[0]["node"]], 29500 + placed[0]["gpus"][0])
+    assert f"master {master}" in first and f"master {master}" in second, (first, second)
+    assert "got: hello from rank 1" in first, first
 
 
 WORLDS = """
