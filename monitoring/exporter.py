@@ -123,7 +123,7 @@ def _adjust_families() -> list:
     state = AdjustmentState.objects.filter(id=1).first()
     actions = CounterMetricFamily(
         "tessera_adjustment_actions",
-        "Actions of the adjustment pass: idle warnings, shrinks (recorded, not applied live), requeues.",
+        "Actions of the adjustment pass: idle warnings, shrinks, requeues.",
         labels=["action"],
     )
     totals = (state.actions_total or {}) if state is not None else {}

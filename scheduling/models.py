@@ -310,6 +310,9 @@ class Job(models.Model):
     # What caused a shrink the adjustment loop asked for (its inputs), until the shrink is done
     # and its ``resized`` event carries them.
     shrink_details = models.JSONField(null=True, blank=True)
+    # The most GPUs an elastic job may grow back to in one attempt, after a shrink asked for
+    # outside the pass (the adjustment loop's idle reclaim): ``{"attempt": n, "gpus": g}``.
+    size_cap = models.JSONField(null=True, blank=True)
     log_bytes = models.PositiveBigIntegerField(default=0)
     log_truncated = models.BooleanField(default=False)
 

@@ -12,9 +12,13 @@ runs) and applies what it decides through the job services:
   (``begin_stop``, reason ``preempted: idle``): the job keeps its GPUs through its grace
   period, is requeued from its last checkpoint when it exits, and the scheduling pass places
   what was freed;
-- ``shrink``: live resizes do not exist yet (docs/scheduler.md, *Elastic jobs*), so the shrink
-  it would make is recorded as an ``idle-warning`` (``details.applied`` false) and counts as
-  acted on: the job is judged again only after another full window.
+- ``shrink``: an ``idle-reclaim`` event with its inputs, then the shrink itself through
+  ``resizes.request_shrink`` (the live resizes' path): the job's highest replicas get stop orders
+  (reason ``resize``, the job's grace), their GPUs are released as they exit and a pass places
+  what was freed; the ``resized`` event recorded then carries the same inputs. The job is not
+  grown back past that size in this attempt (``Job.size_cap``), and is judged again only after
+  another full window. A shrink that cannot be made now (one of the pass's under way) is left
+  for a later pass.
 
 When utilisation cannot be read (Prometheus or the reports' Redis down) the pass acts on
 nothing, logs why, and records it in ``AdjustmentState`` (``/metrics``:
@@ -48,6 +52,7 @@ from scheduling.engine.adjust import (
 from scheduling.models import AdjustmentState, Allocation, Job, JobEvent
 from scheduling.services import idle_policy
 from scheduling.services.jobs import begin_stop, locked_jobs, record_event
+from scheduling.services.resizes import CannotShrink, request_shrink
 
 log = logging.getLogger("tessera.adjust")
 
@@ -114,7 +119,10 @@ def _running_jobs(
     """The running jobs' facts (and attempts), their GPUs, and their tenants' idle settings."""
     rows = list(
         Allocation.objects.filter(
-            released_at__isnull=True, device__isnull=False, job__state=JobState.RUNNING
+            released_at__isnull=True,
+            leaving_at__isnull=True,  # a shrink's removed replicas are no longer the job's
+            device__isnull=False,
+            job__state=JobState.RUNNING,
         ).values_list("job_id", "node__name", "device__index")
     )
     gpus: dict[int, list[tuple[str, int]]] = {}
@@ -154,9 +162,9 @@ def held_gpus(job: Job) -> HeldGpus | None:
         return None
     gpus = tuple(
         sorted(
-            Allocation.objects.filter(job=job, released_at__isnull=True, device__isnull=False).values_list(
-                "node__name", "device__index"
-            )
+            Allocation.objects.filter(
+                job=job, released_at__isnull=True, leaving_at__isnull=True, device__isnull=False
+            ).values_list("node__name", "device__index")
         )
     )
     return HeldGpus(job.pk, gpus, job.started_at.timestamp()) if gpus else None
@@ -196,15 +204,31 @@ def _apply(adjustment: Adjustment, attempt: int, policy: IdleSettings, now: date
         if adjustment.action == WARN:
             record_event(job, EventType.IDLE_WARNING, adjustment.reason, at=now, details=inputs)
         elif adjustment.action == SHRINK:
-            inputs["applied"] = False
-            why = f"{adjustment.reason} (not applied: live resizes are not available)"
-            record_event(job, EventType.IDLE_WARNING, why, at=now, details=inputs)
+            inputs["applied"] = True
+            try:
+                request_shrink(
+                    job, float(adjustment.to_gpus or 0), f"idle-reclaim: {adjustment.reason}", inputs
+                )
+            except CannotShrink as exc:
+                log.info("job %s: idle shrink left for a later pass: %s", adjustment.job_id, exc)
+                return False
+            inputs["removed"] = _leaving(job)
+            record_event(job, EventType.IDLE_RECLAIM, adjustment.reason, at=now, details=inputs)
         elif adjustment.action == REQUEUE:
             inputs["applied"] = True
             record_event(job, EventType.IDLE_RECLAIM, adjustment.reason, at=now, details=inputs)
             begin_stop(job, IDLE_STOP_REASON, now)
     log.info("job %s: %s (%s)", adjustment.job_id, adjustment.action, adjustment.reason)
     return True
+
+
+def _leaving(job: Job) -> list[str]:
+    """The GPUs of the replicas a shrink of ``job`` removes (its highest: ranks stay stable, so
+    they may differ from the idle GPUs the policy named under ``release``)."""
+    rows = Allocation.objects.filter(
+        job=job, released_at__isnull=True, leaving_at__isnull=False, device__isnull=False
+    ).values_list("node__name", "device__index")
+    return sorted(f"{node}/{index}" for node, index in rows)
 
 
 def _state() -> AdjustmentState:

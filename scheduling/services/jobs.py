@@ -239,6 +239,7 @@ def _store_new(
 _UNSET_AT_SUBMIT = (
     "size_reason",
     "shrink_details",
+    "size_cap",
     "estimated_start_earliest",
     "estimated_start_latest",
     "estimate_basis",
@@ -249,7 +250,7 @@ _UNSET_AT_SUBMIT = (
 # A submit's rows (the job, its idempotency key, its "submitted" event) in one statement, its SQL
 # built once (services/bulk.py).
 # (A "submitted" event has no allocations nor details: they stay NULL, unsent; nor has a new job
-# a size reason, a shrink's details or a start estimate: their database defaults.)
+# a size reason, a shrink's details, a size cap or a start estimate: their database defaults.)
 _INSERT_SUBMIT = InsertWithChildren(
     Job,
     [(IdempotencyKey, "job"), (JobEvent, "job")],

@@ -303,7 +303,8 @@ def request_shrink(job: Job | int, to_gpus: float, reason: str, details: dict[st
     per-replica size): its highest replicas are stopped through their agents and their GPUs
     freed once they have exited, as for a shrink the pass decides. For the adjustment loop (an
     idle job's reclaim): ``reason`` and ``details`` (its inputs) go on the ``resized`` event the
-    shrink records when it is done (under ``inputs``), and its reason on ``size_reason``. Raises
+    shrink records when it is done (under ``inputs``), and its reason on ``size_reason``. The
+    pass does not grow the job back past ``to_gpus`` in this attempt (``Job.size_cap``). Raises
     :class:`CannotShrink` when the job is not running, not elastic, already shrinking, or
     ``to_gpus`` is not a size it may run at below its current one."""
     job_id = job.pk if isinstance(job, Job) else int(job)
@@ -332,8 +333,9 @@ def request_shrink(job: Job | int, to_gpus: float, reason: str, details: dict[st
                 f"cannot shrink to {to_gpus:g} (at least {locked.elastic_min_gpus:g})"
             )
         gone = set(have[keep:])
-        if details:
-            locked.shrink_details = details
-            Job.objects.filter(pk=job_id).update(shrink_details=details)
+        # Not grown back by the next pass: at most this size for the rest of the attempt.
+        locked.size_cap = {"attempt": locked.attempts, "gpus": round(keep * per)}
+        locked.shrink_details = details or None
+        Job.objects.filter(pk=job_id).update(size_cap=locked.size_cap, shrink_details=locked.shrink_details)
         _shrink(locked, [a for a in current if a.replica in gone], len(have), reason, now)
     return locked

@@ -12,7 +12,7 @@ import json
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -99,6 +99,8 @@ JOB_FIELDS = (
     "pending_reason",
     "estimated_start",
     *ESTIMATE_FIELDS,
+    "attempts",
+    "size_cap",
 )
 
 
@@ -134,6 +136,14 @@ def request_of(tenant: str, job: Mapping[str, Any]) -> JobRequest:
         user=str(job["owner_id"] or ""),
         name=job["name"],
     )
+
+
+def capped(request: JobRequest, cap: dict[str, int] | None, attempt: int) -> JobRequest:
+    """A running elastic job at most at its ``Job.size_cap`` in this attempt (a shrink the
+    adjustment loop asked for is not grown back)."""
+    if not cap or cap.get("attempt") != attempt or request.elastic_max_gpus is None:
+        return request
+    return replace(request, elastic_max_gpus=min(request.elastic_max_gpus, cap["gpus"]))
 
 
 # A pending job's reason as stored: (code, words, estimated start).
@@ -498,7 +508,7 @@ def load_snapshot(now: datetime, pending: list[dict[str, Any]] | None = None) ->
         removed = left_at.get(job["id"])
         running.append(
             RunningJob(
-                job=request,
+                job=capped(request, job["size_cap"], job["attempts"]),
                 placements=placements,
                 started_at=ts(job["started_at"]) or now.timestamp(),
                 last_checkpoint_at=ts(job["last_checkpoint_at"]),

@@ -54,7 +54,9 @@ def running_agent(server: str, tmp_path: Path, gpus: int = 2) -> Iterator[dict[s
     argv += ["--metrics-addr", "127.0.0.1", "--state-dir", str(state_dir / "state")]
     argv += ["--poll-interval", "0.2", "--util-speed", "60"]
     log = open(tmp_path / "agent.log", "wb")  # noqa: SIM115 - the process holds it
-    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     try:
         from scheduling.models import Device
 

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from scheduling.choices import EventType, JobState
 from scheduling.engine.adjust import GpuSeries
-from scheduling.models import AdjustmentState, Job
+from scheduling.models import AdjustmentState, Allocation, Job
 from scheduling.services import passes
 from scheduling.services.adjust import IDLE_STOP_REASON, UtilisationUnavailable, run_adjust_pass
 from scheduling.services.agents import do_report_started
@@ -108,16 +108,30 @@ def test_interactive_jobs_busy_jobs_and_young_jobs_are_left_alone(world, node):
     assert result.actions == [] and result.jobs == 3
 
 
-def test_an_idle_elastic_job_is_told_the_shrink_it_would_get(world, node):
-    job = start(world, node, minutes_ago=120, gpus=4, kind="training", elastic_min_gpus=2, elastic_max_gpus=4)
+def test_an_idle_elastic_job_is_shrunk_through_the_live_resize_path(world, node):
+    job = start(
+        world,
+        node,
+        minutes_ago=120,
+        gpus=4,
+        replicas=4,
+        kind="training",
+        elastic_min_gpus=2,
+        elastic_max_gpus=4,
+    )
     result = run_adjust_pass(reader({job.pk: 70}))
     assert [a.action for a in result.actions] == ["shrink"]
-    (warning,) = events(job, EventType.IDLE_WARNING)
-    assert warning.details["to_gpus"] == 2 and warning.details["applied"] is False
-    assert "not applied" in warning.reason
+    (reclaim,) = events(job, EventType.IDLE_RECLAIM)
+    assert reclaim.details["to_gpus"] == 2 and reclaim.details["applied"] is True
+    assert reclaim.details["removed"] == ["a100-01/2", "a100-01/3"]  # its highest replicas
+    assert all(g["idle_s"] >= 3600 for g in reclaim.details["gpus"])
+    # The removed replicas keep their GPUs until their agent reports them gone.
+    leaving = Allocation.objects.filter(job=job, released_at__isnull=True, leaving_at__isnull=False)
+    assert sorted(leaving.values_list("replica", flat=True)) == [2, 3]
     assert run_adjust_pass(reader({job.pk: 71})).actions == []  # judged again after a window
     job.refresh_from_db()
-    assert job.state == JobState.RUNNING
+    assert job.state == JobState.RUNNING and job.size_cap == {"attempt": job.attempts, "gpus": 2}
+    assert job.shrink_details["to_gpus"] == 2  # for its "resized" event, once they have gone
 
 
 def test_a_tenants_override_brings_its_jobs_reclaim_forward(world, node):

@@ -161,3 +161,5 @@ def test_the_adjustment_loop_shrinks_through_the_same_path(world, elastic_on_eve
     _exit(Node.objects.get(name="a100-01"), el, [4, 5, 6, 7])
     resized = el.events.get(type="resized")
     assert resized.details["inputs"] == {"idle_s": 3600} and resized.details["to_gpus"] == 4
+    # Its four GPUs are free, but it is not grown back in this attempt.
+    assert passes.run_pass().resized == [] and _held(el) == 4
