@@ -387,8 +387,9 @@ class Allocation(models.Model):
     # until its process has exited (or its node is fenced). Not part of the job's size.
     leaving_at = models.DateTimeField(null=True, blank=True)
     # Added to a running job by a grow and not yet reported started: if its node is lost first,
-    # the job falls back to the size it had, it is not lost.
-    joining = models.BooleanField(default=False)
+    # the job falls back to the size it had, it is not lost. A database default too: an INSERT
+    # that leaves it out (a process of the release before resizes, mid-upgrade) still works.
+    joining = models.BooleanField(default=False, db_default=False)
 
     class Meta:
         ordering = ["job_id", "replica", "device__index"]

@@ -39,7 +39,7 @@ assert cur.fetchone()[0]
 cur.execute("SELECT id FROM scheduling_job WHERE id = %s FOR UPDATE", [int(sys.argv[3])])
 cur.execute(
     "INSERT INTO scheduling_allocation (job_id, node_id, device_id, replica, share_milli, attempt,"
-    " created_at, joining) SELECT %s, node_id, id, 0, 1000, 0, now(), false FROM scheduling_device"
+    " created_at) SELECT %s, node_id, id, 0, 1000, 0, now() FROM scheduling_device"
     " WHERE index < 2 ORDER BY index", [int(sys.argv[3])])
 cur.execute("UPDATE scheduling_job SET state = 'scheduled' WHERE id = %s", [int(sys.argv[3])])
 print("half-way", flush=True)
