@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('scheduling', '0021_estimate_basis_db_default'),
+        ('scheduling', '0022_job_size_cap'),
     ]
 
     operations = [
