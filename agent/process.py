@@ -503,6 +503,10 @@ class JobProcess:
         place (docs/agent.md, "Resizes")."""
         keys: tuple[str, ...] = ("world_size", "rank", "local_rank", "master_addr", "master_port")
         world: dict[str, Any] = {k: meet[k] for k in keys if k in meet}
+        if "master_port" in world and world["master_port"] is None:
+            # The server left the port to this agent (a job on this node alone without a whole
+            # GPU): the one the replica started with, which the agent chose.
+            world["master_port"] = (self.binding.get("rendezvous") or {}).get("master_port")
         if not world or world == self.world or self.run_as is None:
             return
         try:

@@ -59,3 +59,24 @@ def test_jobs_sharing_a_gpu_get_ports_of_their_own_and_a_jobs_replicas_share_one
         "RANK": "1",
         "LOCAL_RANK": "1",
     }
+
+
+def test_the_world_told_to_a_running_replica_keeps_the_port_its_agent_chose():
+    server = fakes.FakeServer()
+    with fakes.agent_running_against(server) as agent:
+        agent.apply({"start": [_binding(1, 0, 1, [0], 0.5)], "stop": []})
+        out = fakes.wait_for(lambda: server.output(1, 0), timeout=10)
+        port = int(json.loads(out.decode().splitlines()[0])["MASTER_PORT"])
+        # Every heartbeat tells each running replica its job's world: the server's has no port
+        # where it left the choice to the agent.
+        meet = _binding(1, 0, 1, [0], 0.5)["rendezvous"]
+        agent.apply({"worlds": [{"job_id": 1, "attempt": 0, "replica": 0, **meet}]})
+        (process,) = agent.jobs.values()
+        world = json.loads((process.workdir / "world.json").read_text())
+    assert world == {
+        "master_addr": "127.0.0.1",
+        "master_port": port,
+        "world_size": 1,
+        "rank": 0,
+        "local_rank": 0,
+    }
