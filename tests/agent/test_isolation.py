@@ -399,6 +399,15 @@ def test_a_retry_resumes_from_the_checkpoint_its_earlier_attempt_left_under_anot
     assert first_uid != second_uid  # each attempt its own uid, the checkpoint handed on
 
 
+def test_a_retry_whose_checkpoint_is_not_on_its_node_is_told_it_starts_from_the_beginning(node):
+    # The earlier attempt checkpointed elsewhere; checkpoints are node-local (no --checkpoint-root)
+    server = node[0]
+    start(node, 15, ["true"], attempt=1, last_checkpoint_at="2026-12-02T12:00:00+00:00")
+    assert fakes.wait_for(lambda: len(server.exits) == 1, 15)
+    assert "its checkpoint is not on this node" in server.output(15).decode(), server.output(15)
+    assert "this attempt starts from the beginning" in server.output(15).decode()
+
+
 def test_checkpoints_go_after_their_retention_but_never_while_their_job_runs_here(node):
     server, state_dir = node[0], node[1]
     for job_id in (15, 16, 17):
