@@ -119,20 +119,29 @@ def processes_of(uids: UidRange | set[int]) -> dict[int, list[int]]:
 
 
 def _uids_of(pid: int) -> tuple[int, ...] | None:
-    """The four uids of ``pid`` from ``/proc/<pid>/status``; None when gone or a zombie."""
+    """The four uids of ``pid`` from ``/proc/<pid>/status``; None when gone or a zombie.
+
+    Read with ``os.open``/``os.read`` and two searches, not a file object and a split into lines:
+    a scan reads every process of the node at each job's end, and this way costs a fifth
+    (docs/benchmarks/e2e.md, "The agent's share")."""
     try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            text = f.read(4096)
+        fd = os.open(f"/proc/{pid}/status", os.O_RDONLY)
     except OSError:
         return None
-    uids: tuple[int, ...] | None = None
-    for line in text.split(b"\n"):
-        if line.startswith(b"State:") and line.split()[1:2] in ([b"Z"], [b"X"]):
-            return None
-        if line.startswith(b"Uid:"):
-            uids = tuple(int(v) for v in line.split()[1:])
-            break
-    return uids
+    try:
+        text = os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    state = text.find(b"\nState:\t")
+    if state >= 0 and text[state + 8 : state + 9] in (b"Z", b"X"):
+        return None
+    at = text.find(b"\nUid:\t")
+    if at < 0:
+        return None
+    end = text.find(b"\n", at + 1)
+    return tuple(int(v) for v in text[at + 6 : end if end >= 0 else len(text)].split())
 
 
 def kill_uid(uid: int, timeout: float = KILL_TIMEOUT_S) -> int:
