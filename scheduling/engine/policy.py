@@ -317,13 +317,15 @@ class TesseraScheduler:
         if run is not None:
             run.last_checkpoint = at
 
-    def shrink(self, job_id: str, gpus: int) -> tuple[Placement, ...] | None:
+    def shrink(self, job_id: str, gpus: int, now: float) -> tuple[Placement, ...] | None:
         """The adjustment pass took a running elastic job down to ``gpus`` (its busy GPUs or its
-        minimum, scheduling/engine/adjust.py): drop its highest replicas beyond that, and never
-        grow it past ``gpus`` again in this attempt. Returns its placements now (None: not a
-        running elastic job, or nothing to drop)."""
+        minimum, scheduling/engine/adjust.py): its highest replicas beyond that leave as for a
+        shrink the pass makes (:meth:`PolicyPass.shrink_for`) — their GPUs stay held until the
+        driver's :meth:`release_leaving`, at the latest after the job's grace period — and it
+        is never grown past ``gpus`` again in this attempt. Returns the placements it keeps
+        (None: not a running elastic job, a shrink of it under way, or nothing to drop)."""
         run = self.running.get(job_id)
-        if run is None or run.terminating or run.job.elastic_max_gpus is None:
+        if run is None or run.terminating or run.leaving or run.job.elastic_max_gpus is None:
             return None
         held = sorted(self.state.allocs.get(job_id, ()), key=lambda a: a.replica)
         per = run.job.per_replica_gpus
@@ -332,8 +334,12 @@ class TesseraScheduler:
             return None
         for a in held[keep:]:
             self.state.release_replica(job_id, a)
+            run.leaving.append(
+                self.state.take(leaving_key(job_id), a.node, a.gpus, a.milli, a.cpu, a.mem, a.replica)
+            )
             model, milli = run.charged.pop()
             self.quotas.add(run.job.tenant, model, -milli, run.job.preemptible)
+        run.leaving_until = now + run.job.grace_s
         run.job = replace(run.job, elastic_max_gpus=int(round(keep * per)))
         run.geo = self.geo(run.job)
         return placements_of(self.state.allocs.get(job_id, []), self.state)

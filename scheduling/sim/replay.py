@@ -28,8 +28,10 @@ Rules (docs/formats.md describes the files):
    GPU-seconds done while jobs arrive. With ``adjust`` (``--adjust on``) a job progresses at
    ``min(1, k / demand)`` on ``k`` GPUs instead of ``k/g``, and every ``interval_s`` the
    adjustment pass (:mod:`.adjusting`) may warn a job (``idle-warning`` event), shrink an elastic
-   one (``resize`` with a ``reason``) or checkpoint-now then requeue one (``preempt``, reason
-   ``idle-reclaim: …``); what it frees goes to the queue in the same pass.
+   one through the engine's shrink, as a shrink of rule 3 (its removed replicas' GPUs held for
+   ``grace_s``, then the ``resize`` with a ``reason``) or checkpoint-now then requeue one
+   (``preempt``, reason ``idle-reclaim: …``, after ``grace_s``); what it frees goes to the queue
+   as soon as it is released.
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ class _Job:
     __slots__ = (
         "tj", "id", "gpus", "state", "work", "ckpt_work", "rate", "since", "epoch",
         "attempt", "attempt_start", "placements", "allocated", "stop_reason", "demand", "meter",
-        "reclaims", "requeued", "kept",
+        "reclaims", "requeued", "kept", "kept_reason",
     )  # fmt: skip
 
     def __init__(self, tj: TraceJob, meter: _Meter | None = None) -> None:
@@ -117,6 +119,7 @@ class _Job:
         self.reclaims: list[tuple[float, float]] = []  # (when, GPUs) the adjustment pass took
         self.requeued: tuple[float, float] | None = None  # (when, GPUs) of an idle requeue
         self.kept: tuple[Placement, ...] | None = None  # a shrink's replicas, until the others leave
+        self.kept_reason = ""  # an idle shrink's reason, for its ``resize`` event
 
     def advance(self, now: float) -> None:
         if self.rate:
@@ -311,8 +314,13 @@ class Replay:
         if kind == _LEAVE:
             if job.kept is None or tag != job.attempt or job.state not in ("running", "terminating"):
                 return False
+            before = job.allocated
             job.placements, job.allocated, job.kept = job.kept, _capacity(job.kept), None
-            self._emit(now, "resize", job_id, allocations=allocations(job.placements))
+            extra = {"reason": job.kept_reason} if job.kept_reason else {}
+            if job.kept_reason:  # the idle shrink's GPUs are back from now on
+                job.reclaims.append((now, before - job.allocated))
+                job.kept_reason = ""
+            self._emit(now, "resize", job_id, allocations=allocations(job.placements), **extra)
             self.sched.release_leaving(job_id, now)
             return True
         raise AssertionError(kind)
@@ -329,7 +337,7 @@ class Replay:
         job.rate = 0.0
         job.epoch += 1
         job.attempt += 1
-        job.placements, job.allocated, job.kept = (), 0.0, None
+        job.placements, job.allocated, job.kept, job.kept_reason = (), 0.0, None, ""
         self.active -= 1
         self.sched.release(job.id, now)
 
@@ -400,12 +408,13 @@ class Replay:
     def _rate(self, job: _Job) -> float:
         """k/g on k of g GPUs; with --adjust on, min(1, k / demand): GPUs it keeps idle cost
         nothing when taken away."""
-        if job.gpus <= 0 or job.allocated >= job.gpus:
+        working = _capacity(job.kept) if job.kept is not None else job.allocated
+        if job.gpus <= 0 or working >= job.gpus:
             return 1.0
         if self.adjuster is None:
-            return min(1.0, job.allocated / job.gpus)
+            return min(1.0, working / job.gpus)
         demand = job.demand.total(int(job.work // 60))
-        return 1.0 if demand <= job.allocated else job.allocated / demand
+        return 1.0 if demand <= working else working / demand
 
     def _apply(self, now: float, d: Decisions) -> bool:
         changed = False
@@ -506,7 +515,7 @@ class Replay:
                 continue
             if sample:
                 adj.sample(job.id, job.demand, job.work + job.rate * (now - job.since), now)
-            if job.allocated < job.gpus:  # its demand moves with its work: so does its rate
+            if job.allocated < job.gpus or job.kept is not None:  # its demand moves with its work
                 job.advance(now)
                 rate = self._rate(job)
                 if rate != job.rate:
@@ -532,12 +541,12 @@ class Replay:
         req = job.tj.request
         if a.action == SHRINK:
             shrink = getattr(self.sched, "shrink", None)  # a policy that cannot shrink: warned only
-            placements = shrink(job.id, a.to_gpus or 0) if shrink is not None else None
+            placements = shrink(job.id, a.to_gpus or 0, now) if shrink is not None else None
             if placements is None:
                 return False
-            before = job.allocated
-            self._resize(now, job, placements, reason=f"idle-reclaim: {a.reason}")
-            job.reclaims.append((now, before - job.allocated))
+            # The engine's shrink, as live: the removed replicas' GPUs are held until they have
+            # gone (after the job's grace period), then released (``resize`` with the reason).
+            self._shrink(now, job, placements, reason=f"idle-reclaim: {a.reason}")
             adj.shrunk(job.id, now)
         elif a.action == REQUEUE:
             job.advance(now)
@@ -558,15 +567,18 @@ class Replay:
             self.result.touched_non_preemptible.append(job.id)
         return True
 
-    def _shrink(self, now: float, job: _Job, placements: tuple[Placement, ...]) -> None:
+    def _shrink(self, now: float, job: _Job, placements: tuple[Placement, ...], reason: str = "") -> None:
         """The removed replicas get their stop signal: the job goes on at the rate of those it
-        keeps; their GPUs are released after its grace period (``_LEAVE``)."""
+        keeps (the adjustment pass watches only those, as live); their GPUs are released after
+        its grace period (``_LEAVE``)."""
         job.advance(now)
-        job.kept = placements
+        job.kept, job.kept_reason = placements, reason
         if job.state == "running":
-            job.rate = 1.0 if job.gpus <= 0 else min(1.0, _capacity(placements) / job.gpus)
+            job.rate = self._rate(job)
             job.epoch += 1
             self._schedule_work(now, job)
+        if self.adjuster is not None:
+            self.adjuster.placed(job.id, placements, new_attempt=False)
         self._push(now + job.tj.request.grace_s, _LEAVE, job.id, job.attempt)
 
     def _resize(self, now: float, job: _Job, placements: tuple[Placement, ...], **extra: Any) -> None:

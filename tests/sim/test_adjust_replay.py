@@ -105,6 +105,10 @@ def test_reclaiming_an_idle_half_of_an_elastic_job_lets_a_waiting_job_run(tmp_pa
     warnings = [(e["t"], e["level"]) for e in events if e["event"] == "idle-warning"]
     assert [level for _, level in warnings[:2]] == [1, 2]  # warned at 15 and 45 min, acted at 60
     assert warnings[1][0] < shrink["t"] and 3600 <= shrink["t"] < 3600 + 60
+    # Decided by the pass at 60 min; as live, the removed replicas' GPUs are held through the
+    # job's grace period (30 s), then go to the waiting job at once.
+    assert shrink["t"] == 3600 + 30
+    assert next(e["t"] for e in events if e["event"] == "start" and e["job"] == "waiting") == shrink["t"]
     assert finish_time(events, "elastic") == 5 * H  # its idle GPUs cost it nothing
     assert on["avg_jct_s"] < off["avg_jct_s"]
     assert on["busy_utilisation"] > 1.3 * off["busy_utilisation"]
