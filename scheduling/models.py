@@ -555,6 +555,12 @@ class SchedulerSettings(models.Model):
     )
     backfill = models.BooleanField(null=True, blank=True)
     preemption = models.BooleanField(null=True, blank=True)
+    exclusive_gpu_shares = models.BooleanField(
+        null=True,
+        blank=True,
+        help_text="fractions of different tenants never share a GPU (shares have no memory "
+        "isolation: on where tenants do not trust each other)",
+    )
     updated_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )

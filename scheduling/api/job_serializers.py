@@ -29,7 +29,7 @@ from scheduling.api.fields import (
 from scheduling.choices import IdleMode, JobKind, Topology
 from scheduling.models import Allocation, Job, JobEvent
 from scheduling.services.history import placements_payload
-from scheduling.services.jobs import allocations_payload
+from scheduling.services.jobs import allocations_payload, gpu_sharing
 
 MAX_PRIORITY = 1_000_000
 MAX_SECONDS = 10 * 365 * 24 * 3600  # ten years: far beyond any real limit, within a 32-bit column
@@ -226,7 +226,28 @@ ALLOCATIONS_SCHEMA = {
 }
 
 
-@extend_schema_field(ALLOCATIONS_SCHEMA)
+# What a job holds now: each allocation also says whether its GPU is shared (fractional GPUs
+# have no memory isolation), never with whom.
+ACTIVE_ALLOCATIONS_SCHEMA = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "properties": {
+            **ALLOCATIONS_SCHEMA["items"]["properties"],  # type: ignore[index]
+            "shared_with": {
+                "type": "integer",
+                "description": "other allocations (of any job) holding a share of this GPU now",
+            },
+            "other_tenants": {
+                "type": "boolean",
+                "description": "whether one of them is another tenant's (whose is never said)",
+            },
+        },
+    },
+}
+
+
+@extend_schema_field(ACTIVE_ALLOCATIONS_SCHEMA)
 class AllocationsField(serializers.Field):
     def __init__(self, **kwargs: Any):
         kwargs["read_only"] = True
@@ -239,8 +260,19 @@ class AllocationsField(serializers.Field):
             None if every is None else [a for a in every if a.released_at is None]
         )
         if allocs is None:  # not prefetched (one job): read them now
-            allocs = job.allocations.filter(released_at__isnull=True).select_related("node", "device")
-        return allocations_payload(allocs)
+            allocs = list(job.allocations.filter(released_at__isnull=True).select_related("node", "device"))
+        sharing = gpu_sharing(job, allocs)
+        per_gpu = {
+            (a.replica, a.node.name, a.device.index): sharing.get(a.device.pk, (0, False))
+            for a in allocs
+            if a.device is not None
+        }
+        out = allocations_payload(allocs)
+        for entry in out:
+            shared = [per_gpu[(entry["replica"], entry["node"], g)] for g in entry["gpus"]]
+            entry["shared_with"] = sum(n for n, _ in shared)
+            entry["other_tenants"] = any(other for _, other in shared)
+        return out
 
 
 @extend_schema_field(

@@ -68,23 +68,49 @@ class History:
 
 
 def node_ready_time(
-    placer: Placer, node: int, req: ReplicaReq, holders: list[tuple[float, Alloc]], now: float
+    placer: Placer,
+    node: int,
+    req: ReplicaReq,
+    holders: list[tuple[float, Alloc]],
+    now: float,
+    shares: str | None = None,
 ) -> float | None:
-    """When ``req`` fits on ``node`` if its holders leave at their expected ends (None: never)."""
+    """When ``req`` fits on ``node`` if its holders leave at their expected ends (None: never);
+    ``shares``: :attr:`.placement.Constraints.shares` (a fraction also needs a GPU whose other
+    fractions have left or are that tenant's)."""
     state = placer.state
     n = state.nodes[node]
     spec = n.spec
     d = max(1, min(spec.nvlink_domain, spec.gpus)) if spec.gpus else 1
     free = list(n.free)
     cpu, mem = n.cpu, n.mem
-    if fits_state((n.cls, cpu, mem, tuple(free)), req, d, spec.gpus):
+    ruled = shares is not None and 0 < req.milli < MILLI
+    held: dict[int, dict[str, int]] = {}
+    if ruled:
+        every = state.share_tenants or {}
+        held = {g: dict(every[(node, g)]) for g in range(spec.gpus) if (node, g) in every}
+
+    def fits() -> bool:
+        if not fits_state((n.cls, cpu, mem, tuple(free)), req, d, spec.gpus):
+            return False
+        return not ruled or any(
+            v >= MILLI or (v >= req.milli and held.get(g, {}).keys() <= {shares}) for g, v in enumerate(free)
+        )
+
+    if fits():
         return now
     for end, a in sorted(holders, key=lambda t: (t[0], t[1].gpus)):
         for g in a.gpus:
             free[g] = min(MILLI, free[g] + a.milli)
+            if ruled and a.milli < MILLI and g in held:
+                left = held[g].get(a.tenant, 0) - 1
+                if left > 0:
+                    held[g][a.tenant] = left
+                else:
+                    held[g].pop(a.tenant, None)
         cpu += a.cpu
         mem += a.mem
-        if fits_state((n.cls, cpu, mem, tuple(free)), req, d, spec.gpus):
+        if fits():
             return max(now, end)
     return None
 
@@ -130,7 +156,7 @@ def reserve(
             continue
         if any(k == "rack" and n.spec.rack != v for k, v in c.selector):
             continue
-        t = node_ready_time(placer, n.index, req, holders.get(n.index, []), now)
+        t = node_ready_time(placer, n.index, req, holders.get(n.index, []), now, c.shares)
         if t is not None:
             by_group.setdefault(gang_group(n.spec, replicas, job.topology), []).append((t, n.rank, n.index))
     best: tuple[float, int, tuple[str, str]] | None = None

@@ -86,6 +86,11 @@ class EngineConfig:
     # Off: a running job keeps the size it started with and a job that needs its GPUs waits or
     # preempts it whole, as for any other job.
     resizes: bool = True
+    # Fractional GPU shares have no memory isolation: a job can read what another job sharing
+    # its GPU left in GPU memory. On: a fraction goes only to a GPU whose other fractions are
+    # its own tenant's, else to a whole free GPU (what to run with tenants that do not trust
+    # each other; docs/scheduler.md). Off: fractions of any tenants share a GPU.
+    exclusive_gpu_shares: bool = False
     seed: int = 0  # the node order that breaks placement ties
 
     def level_of(self, kind: str) -> int:
@@ -127,6 +132,7 @@ KNOBS: tuple[str, ...] = (
     "preemptor_levels",
     "backfill",
     "preemption",
+    "exclusive_gpu_shares",
 )
 # Number knobs and their least value (strict: must be above it).
 _NUMBERS: dict[str, tuple[float, bool]] = {
@@ -192,7 +198,7 @@ def _parse(knob: str, raw: Any, base: EngineConfig) -> Any:
         if knob == "min_split_gpus" and n & (n - 1):
             raise KnobError(knob, f"{raw!r} must be a power of two (1, 2, 4, 8, ...)")
         return n
-    if knob in ("backfill", "preemption"):
+    if knob in ("backfill", "preemption", "exclusive_gpu_shares"):
         if isinstance(raw, bool):
             return raw
         text = str(raw).strip().lower()

@@ -130,6 +130,9 @@ class Constraints:
     tolerations: tuple[str, ...] = ()
     gpu_job: bool = True  # False for CPU-only jobs (any node kind)
     prefer: tuple[tuple[str, str], ...] = ()  # labels a node should carry (δ's term)
+    # Exclusive GPU shares (``EngineConfig.exclusive_gpu_shares``): the job's tenant, whose
+    # fractions alone a fractional replica may share a GPU with; None: shares with anyone.
+    shares: str | None = None
 
 
 def locality(spec: NodeSpec, prefer: tuple[tuple[str, str], ...]) -> float:
@@ -326,13 +329,39 @@ class Placer:
             out.sort(key=lambda t: t[0], reverse=True)
         return out
 
+    def share_filter(
+        self, req: ReplicaReq, c: Constraints, node_ok: Callable[[int], bool] | None
+    ) -> Callable[[int], bool] | None:
+        """``node_ok`` narrowed, for a fraction under exclusive GPU shares, to the nodes with a
+        GPU it may share (:meth:`.state.ClusterState.share_fits`); else ``node_ok`` itself."""
+        tenant = c.shares
+        if tenant is None or not 0 < req.milli < MILLI:
+            return node_ok
+        fits, milli = self.state.share_fits, req.milli
+        if isinstance(node_ok, OffRacks):  # keep the rack-by-rack search
+            inner = node_ok.inner
+            return OffRacks(
+                node_ok.nodes,
+                node_ok.racks,
+                lambda i: fits(i, milli, tenant) and (inner is None or inner(i)),
+            )
+        if node_ok is None:
+            return lambda i: fits(i, milli, tenant)
+        outer = node_ok
+        return lambda i: fits(i, milli, tenant) and outer(i)
+
     def best(
         self, req: ReplicaReq, c: Constraints, node_ok: Callable[[int], bool] | None = None
     ) -> tuple[int, int | None] | None:
         """The best node index for ``req`` and the GPU value (fractions), or None."""
+        return self._best(req, c, self.share_filter(req, c, node_ok))
+
+    def _best(
+        self, req: ReplicaReq, c: Constraints, node_ok: Callable[[int], bool] | None = None
+    ) -> tuple[int, int | None] | None:
         by_rank = self.state.by_rank
         if node_ok is not None:
-            quick = self.best(req, c)
+            quick = self._best(req, c)
             if quick is None or node_ok(quick[0]):
                 return quick
             cands = self.candidates(req, c, sort=False)
@@ -401,6 +430,7 @@ class Placer:
         """Like :meth:`best`, over the nodes of one rack: a look at each group the rack's nodes
         are in (the best node of a group is its lowest-ranked allowed node in the rack)."""
         state = self.state
+        node_ok = self.share_filter(req, c, node_ok)
         per = self._score.get(req)
         if per is None:
             per = self._score[req] = {}
@@ -487,7 +517,16 @@ class Placer:
             return -negs, r0, per[gid][1]  # type: ignore[index]
         return None
 
-    def place(self, job_id: str, node: int, req: ReplicaReq, value: int | None, replica: int) -> Alloc:
+    def place(
+        self,
+        job_id: str,
+        node: int,
+        req: ReplicaReq,
+        value: int | None,
+        replica: int,
+        shares: str | None = None,
+    ) -> Alloc:
+        """Take ``req`` on ``node``; ``shares``: :attr:`Constraints.shares` of the job."""
         n = self.state.nodes[node]
-        gpus = self.state.choose_gpus(n, req, value)
-        return self.state.take(job_id, node, gpus, req.milli, req.cpu, req.mem, replica)
+        gpus = self.state.choose_gpus(n, req, value, shares)
+        return self.state.take(job_id, node, gpus, req.milli, req.cpu, req.mem, replica, shares or "")

@@ -99,6 +99,8 @@ class TesseraScheduler:
         self.nodes = tuple(nodes)
         self.state = ClusterState(self.nodes, FragmentationModel(()), seed=self.config.seed)
         self.state.min_split_order = order_for(max(1, self.config.min_split_gpus))
+        if self.config.exclusive_gpu_shares:
+            self.state.keep_share_tenants()
         self.placer = Placer(self.state, self.config.alpha, self.config.beta, self.config.delta)
         self.quotas = Quotas(quotas)
         self.pending: dict[str, JobRequest] = {}
@@ -250,7 +252,9 @@ class TesseraScheduler:
         for p in placements:
             node = self.state.by_name[p.node]
             milli = MILLI if p.share >= 1 else to_milli(p.share)
-            self.state.take(job.id, node, p.gpus, milli if p.gpus else 0, geo.req.cpu, geo.req.mem, p.replica)
+            self.state.take(
+                job.id, node, p.gpus, milli if p.gpus else 0, geo.req.cpu, geo.req.mem, p.replica, job.tenant
+            )
             self.charge(run, self.nodes[node].model, geo.charge if p.gpus else 0)
 
     def adopt_leaving(self, job_id: str, placements: tuple[Placement, ...], until: float | None) -> None:
@@ -271,6 +275,7 @@ class TesseraScheduler:
                     geo.req.cpu,
                     geo.req.mem,
                     p.replica,
+                    run.job.tenant,
                 )
             )
         run.leaving_until = until if until is not None else self._now
@@ -335,7 +340,9 @@ class TesseraScheduler:
         for a in held[keep:]:
             self.state.release_replica(job_id, a)
             run.leaving.append(
-                self.state.take(leaving_key(job_id), a.node, a.gpus, a.milli, a.cpu, a.mem, a.replica)
+                self.state.take(
+                    leaving_key(job_id), a.node, a.gpus, a.milli, a.cpu, a.mem, a.replica, a.tenant
+                )
             )
             model, milli = run.charged.pop()
             self.quotas.add(run.job.tenant, model, -milli, run.job.preemptible)
@@ -463,11 +470,19 @@ class TesseraScheduler:
                 job.tolerations,
                 True,
                 job.prefer_labels,
+                self.shares(job, geo),
             )
             got = place_gang(self.placer, job.id, geo.req, r, need, job.topology, c, node_ok, first_replica)
             if got:
                 return got, None
         return None, None
+
+    def shares(self, job: JobRequest, geo: Geometry) -> str | None:
+        """:attr:`.placement.Constraints.shares` of ``job``: its tenant for a fractional job
+        under exclusive GPU shares, else None."""
+        if self.config.exclusive_gpu_shares and 0 < geo.req.milli < MILLI:
+            return job.tenant
+        return None
 
     def quota_refusal(self, job: JobRequest, geo: Geometry) -> tuple[str, str] | None:
         """The quota reason that stops ``job`` on the current usage (None: quotas admit it)."""
@@ -891,11 +906,12 @@ class TesseraScheduler:
         strict = self.config.level_of(job.kind) if starving else None
         if prev is not None and not (set(prev) & taken):
             req, _n = gang_shape(geo.req, geo.need, job.topology)
-            times = [node_ready_time(self.placer, i, req, holders.get(i, []), now) for i in prev]
+            shares = self.shares(job, geo)
+            times = [node_ready_time(self.placer, i, req, holders.get(i, []), now, shares) for i in prev]
             ready = [t for t in times if t is not None]
             if len(ready) == len(times):
                 return Reservation(job.id, prev, max(ready), strict)
-        c = constraints(job)
+        c = replace(constraints(job), shares=self.shares(job, geo))
         r = reserve(self.placer, job, geo.req, geo.need, c, holders, taken, now)
         if r is not None:
             self.sticky[job.id] = r.nodes

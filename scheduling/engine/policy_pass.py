@@ -469,7 +469,7 @@ class PolicyPass:
             return None
         self.attempts += 1
         models, _ranked = s.models_for(job)
-        c = Constraints(models, job.node_selector, job.tolerations, True)
+        c = Constraints(models, job.node_selector, job.tolerations, True, shares=s.shares(job, geo))
         plan = self.plan_victims(self.hypo, want, c, victims)
         if plan is None:
             self.preempt_failed.add(fail_key)
@@ -562,7 +562,7 @@ class PolicyPass:
         allocs, _ = s.try_place(job, geo, None)
         if not allocs:
             for jid, a in reversed(shrunk):
-                s.state.take(jid, a.node, a.gpus, a.milli, a.cpu, a.mem, a.replica)
+                s.state.take(jid, a.node, a.gpus, a.milli, a.cpu, a.mem, a.replica, a.tenant)
             return False
         # It fits once they have gone: the room it would take is held for it until then.
         nodes = tuple(sorted({a.node for a in allocs}))
@@ -576,7 +576,9 @@ class PolicyPass:
             for j, a in shrunk:
                 if j == jid:
                     run.leaving.append(
-                        s.state.take(leaving_key(jid), a.node, a.gpus, a.milli, a.cpu, a.mem, a.replica)
+                        s.state.take(
+                            leaving_key(jid), a.node, a.gpus, a.milli, a.cpu, a.mem, a.replica, a.tenant
+                        )
                     )
                     model, milli = run.charged.pop()
                     s.quotas.add(run.job.tenant, model, -milli, run.job.preemptible)
@@ -691,6 +693,7 @@ class PolicyPass:
                     req.cpu,
                     req.mem,
                     first_replica + r,
+                    run.job.tenant,
                 )
             )
             s.charge(run, model, run.geo.charge)
@@ -738,10 +741,11 @@ class PolicyPass:
             if instead is not None:  # room exists, on a model its quota refuses it
                 d.pending[job.id] = instead
                 continue
-            key = (geo, job.accelerators, job.node_selector, job.tolerations, job.topology)
+            shares = s.shares(job, geo)
+            key = (geo, job.accelerators, job.node_selector, job.tolerations, job.topology, shares)
             reason = cache.get(key)
             if reason is None:
-                reason = cache[key] = diagnose_job(s.placer, job, geo, summaries)
+                reason = cache[key] = diagnose_job(s.placer, job, geo, summaries, shares)
             d.pending[job.id] = reason
         s.last_codes = {jid: r.code for jid, r in d.pending.items()}
 
@@ -756,7 +760,7 @@ class PolicyPass:
             why = s.refusal(job, m, geo.charge * geo.need)
             if why is None:
                 continue
-            c = Constraints((m,), job.node_selector, job.tolerations, True)
+            c = Constraints((m,), job.node_selector, job.tolerations, True, shares=s.shares(job, geo))
             got = place_gang(s.placer, job.id, geo.req, geo.need, geo.need, job.topology, c, None, 0)
             if got:
                 for a in got:

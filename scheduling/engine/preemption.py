@@ -81,17 +81,33 @@ class Hypo:
         st[2] += a.mem
 
 
-def _fits(placer: Placer, i: int, st: list[Any], req: ReplicaReq) -> bool:
+def _shareable(placer: Placer, i: int, st: list[Any], req: ReplicaReq, shares: str | None) -> list[int]:
+    """The GPUs of node ``i`` in hypothetical state ``st`` that a fraction ``req`` may share
+    under exclusive GPU shares (tenant ``shares``): whole free ones, or those whose fractions
+    now are all its tenant's (a GPU partly freed of another tenant's is not counted)."""
+    held = placer.state.share_tenants or {}
+    free = st[0]
+    return [
+        g
+        for g, v in enumerate(free)
+        if v >= MILLI or (v >= req.milli and held.get((i, g), {}).keys() <= {shares})
+    ]
+
+
+def _fits(placer: Placer, i: int, st: list[Any], req: ReplicaReq, shares: str | None = None) -> bool:
     n = placer.state.nodes[i]
     spec = n.spec
     d = max(1, min(spec.nvlink_domain, spec.gpus)) if spec.gpus else 1
-    return fits_state((n.cls, st[1], st[2], tuple(st[0])), req, d, spec.gpus)
+    if not fits_state((n.cls, st[1], st[2], tuple(st[0])), req, d, spec.gpus):
+        return False
+    return shares is None or not 0 < req.milli < MILLI or bool(_shareable(placer, i, st, req, shares))
 
 
-def _take(placer: Placer, i: int, st: list[Any], req: ReplicaReq) -> None:
+def _take(placer: Placer, i: int, st: list[Any], req: ReplicaReq, shares: str | None = None) -> None:
     if req.milli < MILLI:
         if req.count:
-            g = max(range(len(st[0])), key=lambda k: (st[0][k] >= req.milli, -st[0][k], -k))
+            some = _shareable(placer, i, st, req, shares) if shares is not None else range(len(st[0]))
+            g = max(some, key=lambda k: (st[0][k] >= req.milli, -st[0][k], -k))
             st[0][g] -= req.milli
     else:
         full = [g for g, v in enumerate(st[0]) if v >= MILLI][: req.count]
@@ -152,7 +168,7 @@ def choose_victims(
     for _key, nodes in sorted(groups.items()):
         if req.count * replicas > sum(state.nodes[i].spec.gpus for i in nodes):
             continue
-        got = _search(placer, hypo, req, replicas, nodes, victims_by_node, gone, by_grace)
+        got = _search(placer, hypo, req, replicas, nodes, victims_by_node, gone, by_grace, c.shares)
         if got is not None and (best is None or got[0] < best[0]):
             best = got
     if best is None:
@@ -175,6 +191,7 @@ def _search(
     victims_by_node: dict[int, list[Victim]],
     gone: Callable[[str], bool],
     by_grace: bool = False,
+    shares: str | None = None,
 ) -> tuple[tuple[float, float, int], list[Victim], list[tuple[int, ReplicaReq]]] | None:
     """Steps 2-3 on the nodes ``allowed``: (cost, victims, claims), or None if no room. Each
     node's victims come cheapest first (by grace period first when ``by_grace``)."""
@@ -202,7 +219,7 @@ def _search(
             added: list[Victim] = []
             cost = 0.0
             slowest = wait
-            ok = _fits(placer, i, trial, req)
+            ok = _fits(placer, i, trial, req, shares)
             if not ok:
                 for v in victims_by_node.get(i, []):
                     if v.job_id in chosen or gone(v.job_id):
@@ -216,7 +233,7 @@ def _search(
                             Hypo._add(trial, a)
                     added.append(v)
                     cost += v.lost
-                    if _fits(placer, i, trial, req):
+                    if _fits(placer, i, trial, req, shares):
                         ok = True
                         break
             if not ok:
@@ -233,7 +250,7 @@ def _search(
             chosen[v.job_id] = v
             for a in v.allocs:
                 Hypo._add(view(a.node), a)
-        _take(placer, i, view(i), req)
+        _take(placer, i, view(i), req, shares)
         claims.append((i, req))
     result = sorted(chosen.values(), key=lambda v: v.job_id)
     return (wait, sum(v.lost for v in result), len(result)), result, claims

@@ -189,14 +189,42 @@ def diagnose(
     )
 
 
+def share_rule(placer: Placer, job: JobRequest, geo: Geometry, shares: str) -> PendingReason | None:
+    """The ``capacity`` reason of a fractional job that exclusive GPU shares keep waiting: fewer
+    than ``need`` nodes could take a replica under the rule while more could without it (None:
+    the rule is not what stops it)."""
+    state, req, c = placer.state, geo.req, constraints(job)
+    rack = next((v for k, v in c.selector if k == "rack"), None)
+    without = with_rule = 0
+    for n in state.nodes:
+        if placer.class_pref(n.cls, c) is None or (rack is not None and n.spec.rack != rack):
+            continue
+        if fits_state(n.key(), req, 1, n.spec.gpus):
+            without += 1
+            with_rule += state.share_fits(n.index, req.milli, shares)
+    if with_rule >= geo.need or without <= with_rule:
+        return None
+    return PendingReason(
+        "capacity",
+        f"capacity: exclusive_gpu_shares: no GPU with {fmt_gpus(req.milli)} free holds only "
+        f"{shares}'s shares, and no whole GPU is free (GPUs are not shared between tenants)",
+    )
+
+
 def diagnose_job(
     placer: Placer,
     job: JobRequest,
     geo: Geometry,
     summaries: dict[str | None, dict[int, ClassSummary]] | None = None,
+    shares: str | None = None,
 ) -> PendingReason:
     """:func:`diagnose` for a job of geometry ``geo``; a gang that fits nowhere together within
-    its topology is told so as a ``topology`` reason."""
+    its topology is told so as a ``topology`` reason. ``shares``: the job's tenant under
+    exclusive GPU shares (:func:`share_rule`)."""
+    if shares is not None:
+        ruled = share_rule(placer, job, geo, shares)
+        if ruled is not None:
+            return ruled
     reason = diagnose(placer, job, geo.req, geo.replicas, geo.need, constraints(job), summaries)
     if reason.code == "gang" and job.topology in ("node", "nvlink", "rack") and geo.need > 1:
         return PendingReason(

@@ -55,6 +55,7 @@ class Alloc:
     cpu: int
     mem: int
     replica: int
+    tenant: str = ""  # whose job it is (kept for fractions when GPU shares are exclusive)
 
 
 class NodeState:
@@ -187,6 +188,9 @@ class ClusterState:
         self.total_f = 0.0
         self.total_free = 0
         self.allocs: dict[str, list[Alloc]] = {}
+        # (node, GPU) -> tenant -> fractions it holds there; kept only with exclusive GPU
+        # shares (:meth:`keep_share_tenants`), None otherwise (nothing kept, nothing slower).
+        self.share_tenants: dict[tuple[int, int], dict[str, int]] | None = None
         for n in self.nodes:
             self._join(n)
 
@@ -275,12 +279,39 @@ class ClusterState:
     def fragmentation_rate(self) -> float:
         return self.total_f / self.total_free if self.total_free > 0 else 0.0
 
+    # -- which tenants' fractions each GPU holds (exclusive GPU shares) ---------------------------
+    def keep_share_tenants(self) -> None:
+        """Keep, from now on, which tenants hold fractions of each GPU (before any allocation)."""
+        self.share_tenants = {}
+
+    def share_gpus(self, n: NodeState, milli: int, tenant: str) -> list[int]:
+        """The GPUs of ``n`` a fraction of ``milli`` of ``tenant`` may go to when shares are
+        exclusive: a whole free GPU, or one with room whose fractions are all ``tenant``'s."""
+        held = self.share_tenants or {}
+        out = []
+        for g, v in enumerate(n.free):
+            if v >= MILLI or (v >= milli and held.get((n.index, g), {}).keys() <= {tenant}):
+                out.append(g)
+        return out
+
+    def share_fits(self, node: int, milli: int, tenant: str) -> bool:
+        """Could a fraction of ``milli`` of ``tenant`` go to node ``node`` (exclusive shares)?"""
+        return bool(self.share_gpus(self.nodes[node], milli, tenant))
+
     # -- choosing GPUs inside a node -----------------------------------------------------------
-    def choose_gpus(self, n: NodeState, req: ReplicaReq, value: int | None = None) -> list[int]:
+    def choose_gpus(
+        self, n: NodeState, req: ReplicaReq, value: int | None = None, tenant: str | None = None
+    ) -> list[int]:
         """GPU indices for ``req`` on ``n`` (which fits it): a fraction on a GPU with free share
-        ``value`` (lowest index); whole GPUs from the smallest buddy block that holds them."""
+        ``value`` (lowest index); whole GPUs from the smallest buddy block that holds them.
+        ``tenant`` (exclusive GPU shares): a fraction only on a GPU :meth:`share_gpus` allows,
+        the one with free share ``value`` if there is one, else the best fit."""
         if req.count == 0:
             return []
+        if req.milli < MILLI and tenant is not None:
+            ok = self.share_gpus(n, req.milli, tenant)
+            same = [g for g in ok if n.free[g] == value]
+            return same[:1] or [min(ok, key=lambda g: (n.free[g], g))]
         if req.milli < MILLI:
             if value is None:
                 value = min(v for v in n.free if v >= req.milli)
@@ -323,6 +354,7 @@ class ClusterState:
         cpu: int,
         mem: int,
         replica: int,
+        tenant: str = "",
     ) -> Alloc:
         n = self.nodes[node]
         self._leave(n)
@@ -339,8 +371,12 @@ class ClusterState:
             n.mem -= mem
         self._join(n)
         self.version += 1
-        alloc = Alloc(node, tuple(gpus), milli, cpu, mem, replica)
+        alloc = Alloc(node, tuple(gpus), milli, cpu, mem, replica, tenant)
         self.allocs.setdefault(job_id, []).append(alloc)
+        if self.share_tenants is not None and milli < MILLI:
+            for g in gpus:
+                held = self.share_tenants.setdefault((node, g), {})
+                held[tenant] = held.get(tenant, 0) + 1
         return alloc
 
     def give(self, alloc: Alloc) -> None:
@@ -356,6 +392,14 @@ class ClusterState:
             n.mem += alloc.mem
         self._join(n)
         self.version += 1
+        if self.share_tenants is not None and alloc.milli < MILLI:
+            for g in alloc.gpus:
+                held = self.share_tenants[(alloc.node, g)]
+                held[alloc.tenant] -= 1
+                if not held[alloc.tenant]:
+                    del held[alloc.tenant]
+                    if not held:
+                        del self.share_tenants[(alloc.node, g)]
 
     def release(self, job_id: str) -> list[Alloc]:
         allocs = self.allocs.pop(job_id, [])

@@ -66,7 +66,7 @@ def place_gang(
             if pick is None:
                 continue
             node, _ = pick
-            gpus = state.choose_gpus(state.nodes[node], whole, None)
+            gpus = state.choose_gpus(state.nodes[node], whole, None, c.shares)
             allocs = [
                 state.take(
                     job_id,
@@ -76,6 +76,7 @@ def place_gang(
                     req.cpu,
                     req.mem,
                     first_replica + r,
+                    c.shares or "",
                 )
                 for r in range(k)
             ]
@@ -129,13 +130,15 @@ def _greedy(
             n = state.nodes[last]
             spec = n.spec
             d = max(1, min(spec.nvlink_domain, spec.gpus)) if spec.gpus else 1
-            if fits_state(n.key(), req, d, spec.gpus):
+            if fits_state(n.key(), req, d, spec.gpus) and (
+                c.shares is None or req.milli >= MILLI or state.share_fits(last, req.milli, c.shares)
+            ):
                 pick = (last, None)
         if pick is None:
             pick = _pick(placer, req, c, node_ok, rack)
         if pick is None:
             break
-        allocs.append(placer.place(job_id, pick[0], req, pick[1], first_replica + r))
+        allocs.append(placer.place(job_id, pick[0], req, pick[1], first_replica + r, c.shares))
         last = pick[0]
     if len(allocs) < need:
         _rollback(placer, job_id, allocs)

@@ -51,6 +51,26 @@ def allocations_payload(allocs) -> list[dict[str, Any]]:
     ]
 
 
+def gpu_sharing(job: Job, allocs) -> dict[int, tuple[int, bool]]:
+    """For ``job``'s active fractional allocations ``allocs``: device id -> (how many other
+    active allocations hold a share of that GPU, whether any of them is another tenant's). No
+    names: a tenant learns that it shares a GPU, never with whom. One query, none for a job
+    holding only whole GPUs."""
+    mine = [a for a in allocs if a.device_id is not None and a.share_milli < 1000]
+    if not mine:
+        return {}
+    out = {a.device_id: (0, False) for a in mine}
+    rows = (
+        Allocation.objects.filter(device_id__in=list(out), released_at__isnull=True)
+        .exclude(pk__in=[a.pk for a in mine])
+        .values_list("device_id", "job__tenant_id")
+    )
+    for device, tenant in rows:
+        n, other = out[device]
+        out[device] = (n + 1, other or tenant != job.tenant_id)
+    return out
+
+
 def device_index(allocation) -> int:
     return allocation.device.index if allocation.device is not None else -1
 

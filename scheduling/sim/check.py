@@ -20,7 +20,9 @@ files, walks the events in order, and reports every violation of the invariants 
   only with ``idle_reclaim`` ``allow``; an ``idle-warning`` of a job that is not running;
 - a reject of a job the empty cluster (and, with QUOTAS.csv, its quota) could hold;
 - with QUOTAS.csv: a tenant above its limit on a model, or using a model it has no row for
-  (fractions count as their share).
+  (fractions count as their share);
+- with ``exclusive_gpu_shares`` (``check --exclusive-gpu-shares``): a GPU holding fractions of
+  two tenants at once.
 
 Beside the violations it measures each job's avoidable wait (``scheduling/sim/avoidable.py``):
 time spent pending while the free GPUs and the quota rules would have let it start at once.
@@ -83,8 +85,10 @@ class Checker:
         jobs: Sequence[TraceJob],
         quotas: Sequence[QuotaSpec] | None = None,
         adjust: bool = False,
+        exclusive_gpu_shares: bool = False,
     ) -> None:
         self.adjust = adjust
+        self.exclusive_gpu_shares = exclusive_gpu_shares
         self.nodes = {n.name: n for n in nodes}
         self.node_list = list(nodes)
         self.jobs = {tj.request.id: _JobState(tj) for tj in jobs}
@@ -275,6 +279,8 @@ class Checker:
                         where,
                         f"GPU {node.name}:{g} over-committed: shares sum to {total:g} ({jobs})",
                     )
+                if self.exclusive_gpu_shares and share < 1:
+                    self._check_tenants(where, node.name, g, holders)
             capacity += share * len(a.get("gpus", []))
             self.cpu[node.name] += req.cpus / r
             self.mem[node.name] += req.memory_gib / r
@@ -304,6 +310,15 @@ class Checker:
             js.rate = 1.0 if req.gpus <= 0 or capacity > 0 else 0.0
         else:
             js.rate = 1.0 if req.gpus <= 0 else min(1.0, capacity / req.gpus)
+
+    def _check_tenants(self, where: str, node: str, g: int, holders: dict[str, float]) -> None:
+        """Exclusive GPU shares: the fractions on one GPU are all one tenant's."""
+        tenants = {self.jobs[j].tj.request.tenant for j, s in holders.items() if s < 1 - EPS}
+        if len(tenants) > 1:
+            self._fail(
+                where,
+                f"GPU {node}:{g} holds fractions of tenants {', '.join(sorted(tenants))} (exclusive shares)",
+            )
 
     def _release(self, t: float, js: _JobState) -> None:
         req = js.tj.request
@@ -403,11 +418,13 @@ def check(
     quotas: Sequence[QuotaSpec] | None = None,
     unfinished_ok: bool = False,
     adjust: bool = False,
+    exclusive_gpu_shares: bool = False,
 ) -> CheckReport:
     """Check numbered events (as :func:`scheduling.sim.events.read_events` yields them);
     ``unfinished_ok``: see :meth:`Checker.finish`; ``adjust``: the events of a ``replay --adjust
-    on`` run (the module's docstring)."""
-    checker = Checker(nodes, jobs, quotas, adjust)
+    on`` run; ``exclusive_gpu_shares``: a GPU holding two tenants' fractions is a violation (the
+    module's docstring)."""
+    checker = Checker(nodes, jobs, quotas, adjust, exclusive_gpu_shares)
     for lineno, ev in events:
         checker.feed(lineno, ev)
     return checker.finish(unfinished_ok)

@@ -71,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--adjust", choices=("on", "off"), default="off",
         help="run the adjustment pass on the jobs' utilisation (default off; docs/formats.md)",
     )  # fmt: skip
+    p.add_argument(
+        "--exclusive-gpu-shares", action="store_true",
+        help="fractions of different tenants never share a GPU (tessera only; checked)",
+    )  # fmt: skip
 
     p = sub.add_parser("pack", help="the FGD packing benchmark (docs/evaluation.md)")
     p.add_argument("--nodes", required=True, type=Path, help="NODES.csv")
@@ -114,6 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="the events come from replay --adjust on (progress at up to real time, idle reclaims)",
     )  # fmt: skip
     p.add_argument(
+        "--exclusive-gpu-shares", action="store_true",
+        help="also a violation: a GPU holding fractions of two tenants at once",
+    )  # fmt: skip
+    p.add_argument(
         "--unfinished-ok",
         action="store_true",
         help="the events are a live cluster's history so far (manage.py export_trace while jobs "
@@ -129,6 +137,9 @@ def _known_policies(requested: Sequence[str]) -> None:
 def _replay(args: argparse.Namespace) -> int:
     names = args.compare or [args.policy]
     _known_policies(names)
+    others = [n for n in names if n != "tessera"]
+    if args.exclusive_gpu_shares and others:
+        raise policies.PolicyError(f"--exclusive-gpu-shares is tessera's option; {others[0]!r} has none")
     plots.require()
     if args.compare:
         summaries = runner.compare_replay(
@@ -140,12 +151,14 @@ def _replay(args: argparse.Namespace) -> int:
             args.seed,
             show_progress=not args.quiet,
             adjust=args.adjust == "on",
+            exclusive_gpu_shares=args.exclusive_gpu_shares,
         )
         print((args.out / "compare.md").read_text(encoding="utf-8"))
         return 0 if all(s["check"]["ok"] for s in summaries.values()) else 1
     s = runner.run_replay(
         args.nodes, args.jobs, args.quotas, args.policy, args.out, args.seed,
         show_progress=not args.quiet, estimates=args.eta, adjust=args.adjust == "on",
+        exclusive_gpu_shares=args.exclusive_gpu_shares,
     )  # fmt: skip
     print(runner.replay_table({args.policy: s}))
     print(f"wrote {args.out}/events.jsonl, summary.json and plots")
@@ -204,7 +217,7 @@ def _check(args: argparse.Namespace) -> int:
     quotas = read_quotas(args.quotas) if args.quotas else None
     report = check(
         nodes, jobs, read_events(args.events), quotas, unfinished_ok=args.unfinished_ok,
-        adjust=args.adjust == "on",
+        adjust=args.adjust == "on", exclusive_gpu_shares=args.exclusive_gpu_shares,
     )  # fmt: skip
     for line in report.violations[:SHOWN]:
         print(line)

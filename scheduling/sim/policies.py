@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from scheduling.engine.config import EngineConfig
 from scheduling.engine.registry import POLICIES, make_scheduler
 from scheduling.engine.types import NodeSpec, QuotaSpec, Scheduler
 
@@ -23,10 +24,22 @@ def names() -> tuple[str, ...]:
     return tuple(POLICIES)
 
 
-def make(name: str, nodes: Sequence[NodeSpec], quotas: Sequence[QuotaSpec] = (), seed: int = 0) -> Scheduler:
-    """A fresh scheduler of policy ``name`` for ``nodes``."""
+def make(
+    name: str,
+    nodes: Sequence[NodeSpec],
+    quotas: Sequence[QuotaSpec] = (),
+    seed: int = 0,
+    exclusive_gpu_shares: bool = False,
+) -> Scheduler:
+    """A fresh scheduler of policy ``name`` for ``nodes``; ``exclusive_gpu_shares``: tessera's
+    option of that name (``EngineConfig``; the baselines have no such option)."""
     if name not in POLICIES:
         raise PolicyError(f"unknown policy {name!r}; one of {', '.join(POLICIES)}")
+    if exclusive_gpu_shares:
+        if name != "tessera":
+            raise PolicyError(f"policy {name!r} has no exclusive GPU shares (tessera has)")
+        config = EngineConfig(seed=seed, exclusive_gpu_shares=True)
+        return make_scheduler(name, list(nodes), quotas=tuple(quotas), seed=seed, config=config)
     return make_scheduler(name, list(nodes), quotas=tuple(quotas), seed=seed)
 
 

@@ -56,15 +56,20 @@ def run_replay(
     tick_s: float = 300.0,
     estimates: bool = False,
     adjust: bool = False,
+    exclusive_gpu_shares: bool = False,
 ) -> dict[str, Any]:
     """Replay one policy; write events.jsonl, summary.json, series.json and the plots.
-    ``adjust``: run the adjustment pass (``--adjust on``, :mod:`.adjusting`)."""
+    ``adjust``: run the adjustment pass (``--adjust on``, :mod:`.adjusting`);
+    ``exclusive_gpu_shares``: tessera's option of that name (``EngineConfig``), checked."""
     out = Path(out)
     nodes = read_nodes(nodes_csv)
     jobs = read_jobs(jobs_csv)
     quotas = read_quotas(quotas_csv) if quotas_csv else []
     out.mkdir(parents=True, exist_ok=True)
-    scheduler = (factory or policies.make)(policy, nodes, quotas, seed)
+    if exclusive_gpu_shares:
+        scheduler = policies.make(policy, nodes, quotas, seed, exclusive_gpu_shares=True)
+    else:
+        scheduler = (factory or policies.make)(policy, nodes, quotas, seed)
     bar = ProgressBar(f"replay {policy}", stream=sys.stderr if show_progress else None)
     try:
         result = replay(
@@ -77,8 +82,9 @@ def run_replay(
     began = time.perf_counter()
     summary, series = summarize(nodes, jobs, result.events, quotas)
     report = check(
-        nodes, jobs, read_events(out / "events.jsonl"), quotas if quotas_csv else None, adjust=adjust
-    )
+        nodes, jobs, read_events(out / "events.jsonl"), quotas if quotas_csv else None, adjust=adjust,
+        exclusive_gpu_shares=exclusive_gpu_shares,
+    )  # fmt: skip
     summary = {
         "policy": policy,
         "seed": seed,
@@ -198,12 +204,14 @@ def compare_replay(
     factory: policies.SchedulerFactory | None = None,
     show_progress: bool = True,
     adjust: bool = False,
+    exclusive_gpu_shares: bool = False,
 ) -> dict[str, dict[str, Any]]:
     out = Path(out)
     for name in names:
         run_replay(
             nodes_csv, jobs_csv, quotas_csv, name, out / name, seed,
             factory=factory, show_progress=show_progress, adjust=adjust,
+            exclusive_gpu_shares=exclusive_gpu_shares,
         )  # fmt: skip
     return write_replay_compare(out, names, f"replay {_label(jobs_csv)}")
 

@@ -260,19 +260,40 @@ def test_listing_many_jobs_takes_a_fixed_number_of_queries(world, cluster, djang
     assert page["count"] == 24
     bound = [j for j in page["results"] if j["allocations"]]
     assert len(bound) == 4
-    assert bound[-1]["allocations"] == [{"node": "n01", "gpus": [0, 1], "share": 1.0, "replica": 0}]
+    assert bound[-1]["allocations"] == [
+        {"node": "n01", "gpus": [0, 1], "share": 1.0, "replica": 0, "shared_with": 0, "other_tenants": False}
+    ]
 
 
 def test_a_job_shows_only_its_active_allocations(world, alice_job):
     client = world.client("carol")
     url = f"{JOBS}{alice_job.pk}/"
     assert client.get(url).json()["allocations"] == [
-        {"node": "n01", "gpus": [0, 1], "share": 1.0, "replica": 0}
+        {"node": "n01", "gpus": [0, 1], "share": 1.0, "replica": 0, "shared_with": 0, "other_tenants": False}
     ]
     finish(alice_job, 0)
     job = client.get(url).json()
     assert job["state"] == "succeeded" and job["exit_code"] == 0 and job["allocations"] == []
     assert job["started_at"] and job["finished_at"]
+
+
+def test_a_job_says_its_gpu_is_shared_and_whether_with_another_tenant_never_whose(world, cluster):
+    n01 = cluster["n01"]
+    mine = bind(submit(world.alice, world.vision, gpus=0.25), n01, [3], share=0.25)
+    bind(submit(world.carol, world.vision, gpus=0.25), n01, [3], share=0.25)
+    url = f"{JOBS}{mine.pk}/"
+
+    def seen() -> dict:
+        [alloc] = world.client("alice").get(url).json()["allocations"]
+        return alloc
+
+    assert (seen()["shared_with"], seen()["other_tenants"]) == (1, False)  # her teammate's share
+    bobs = bind(submit(world.bob, world.nlp, gpus=0.5), n01, [3], share=0.5)
+    assert (seen()["shared_with"], seen()["other_tenants"]) == (2, True)
+    page = world.client("alice").get(JOBS).content.decode()
+    assert '"other_tenants":true' in page and "nlp" not in page and "bob" not in page
+    finish(bobs, 0)
+    assert (seen()["shared_with"], seen()["other_tenants"]) == (1, False)
 
 
 def test_an_unknown_or_absurd_job_id_is_a_json_404(world):

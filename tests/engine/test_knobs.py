@@ -28,6 +28,7 @@ GOOD = {
     "preemptor_levels": ("[0, 1]", (0, 1)),
     "backfill": ("off", False),
     "preemption": (False, False),
+    "exclusive_gpu_shares": ("on", True),
 }
 
 
@@ -55,6 +56,7 @@ def test_each_knob_is_set_from_its_text_or_value(knob: str) -> None:
         ("min_split_gpus", "6"),
         ("backfill", "maybe"),
         ("preemption", 1.5),
+        ("exclusive_gpu_shares", "tenants"),
         ("kind_accelerators", '["T4"]'),
         ("kind_accelerators", '{"inference": "T4"}'),
         ("preemptor_levels", "[true]"),

@@ -9,7 +9,7 @@ import pytest
 
 from controlplane.env import ImproperlyConfiguredEnv, env_engine_knobs
 from scheduling.engine.config import KnobError
-from scheduling.models import Job, Node, SchedulerSettings
+from scheduling.models import AuditEntry, Job, Node, SchedulerSettings
 from scheduling.services import passes
 from scheduling.services.dryrun import dry_run
 from scheduling.services.knobs import do_save_scheduler_settings
@@ -141,3 +141,20 @@ def test_an_operator_sets_a_nodes_price_in_the_admin_and_nothing_else_of_it(worl
 def _empty_inline() -> dict[str, str]:
     prefix = "devices"
     return {f"{prefix}-TOTAL_FORMS": "0", f"{prefix}-INITIAL_FORMS": "0"}
+
+
+def test_exclusive_gpu_shares_keeps_two_tenants_fractions_apart_once_set(world):
+    helpers.make_node("a100-01", gpus=1, nvlink=1)
+    helpers.submit(world.bob, world.nlp, gpus=0.5)
+    passes.run_pass()
+    first = helpers.submit(world.alice, world.vision, gpus=0.25)
+    passes.run_pass()
+    assert Job.objects.get(pk=first.pk).state == "scheduled"  # off: any tenants' fractions share
+    configure(world, exclusive_gpu_shares=True)
+    later = [helpers.submit(world.alice, world.vision, gpus=0.25) for _ in range(2)]
+    passes.run_pass()
+    waiting = Job.objects.filter(pk__in=[j.pk for j in later])
+    assert {j.state for j in waiting} == {"pending"}  # the GPU holds bob's share
+    assert any(j.pending_code == "capacity" and "exclusive_gpu_shares" in j.pending_reason for j in waiting)
+    entry = AuditEntry.objects.filter(action="settings.update").latest("id")
+    assert entry.after["exclusive_gpu_shares"] is True and entry.actor_user == world.admin

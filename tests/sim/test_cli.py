@@ -161,3 +161,31 @@ def test_without_matplotlib_a_run_that_plots_says_to_install_the_sim_extra(tmp_p
         "pip install -e '.[sim]'"
     )
     assert not (tmp_path / "o").exists()
+
+
+def test_exclusive_gpu_shares_in_replay_and_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    nodes, jobs = files(
+        tmp_path,
+        "a1,alice,batch,0,600,0.5,1,,0,true,,1,1\n"
+        "b1,bob,batch,0,600,0.25,1,,0,true,,1,1\n"
+        "a2,alice,batch,0,600,0.25,1,,0,true,,1,1\n",
+    )
+    shared = tmp_path / "shared.jsonl"  # what the option off does: bob's fraction beside alice's
+    shared.write_text(
+        "".join(
+            f'{{"t":0,"event":"submit","job":"{j}"}}\n'
+            f'{{"t":0,"event":"start","job":"{j}","allocations":[{{"node":"n1","gpus":[0],"share":{s},"replica":0}}]}}\n'
+            for j, s in (("a1", 0.5), ("b1", 0.25), ("a2", 0.25))
+        )
+        + "".join(f'{{"t":600,"event":"finish","job":"{j}"}}\n' for j in ("a1", "b1", "a2"))
+    )
+    assert main(["check", str(nodes), str(jobs), str(shared)]) == 0  # no violation unless asked
+    assert main(["check", "--exclusive-gpu-shares", str(nodes), str(jobs), str(shared)]) == 1
+    assert "GPU n1:0 holds fractions of tenants alice, bob" in capsys.readouterr().out
+    out = tmp_path / "on"
+    argv = ["replay", "--quiet", "--nodes", str(nodes), "--jobs", str(jobs), "--out", str(out)]
+    assert main([*argv, "--exclusive-gpu-shares"]) == 0
+    assert json.loads((out / "summary.json").read_text())["check"]["ok"]
+    assert main(["check", "--exclusive-gpu-shares", str(nodes), str(jobs), str(out / "events.jsonl")]) == 0
+    assert main([*argv, "--policy", "best-fit", "--exclusive-gpu-shares"]) == 2
+    assert "tessera's option" in capsys.readouterr().err
