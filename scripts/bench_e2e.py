@@ -19,6 +19,7 @@ than it asks for. Pass durations come from the worker's log (one line per pass).
 Every process it starts is stopped at the end (also on Ctrl-C or an error).
 
     .venv/bin/python scripts/bench_e2e.py [--jobs 2000] [--rate 50] [--paced 1000] [--agents 16]
+        [--agent-args '--single-tenant']
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import json
 import os
 import random
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -294,6 +296,12 @@ def main() -> int:  # noqa: PLR0915 - one linear script, read top to bottom
     p.add_argument("--redis-dbs", default="13,14", help="Redis databases of the broker and the channel layer")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--keep", action="store_true", help="keep the logs directory")
+    p.add_argument(
+        "--agent-args",
+        default="",
+        help="more arguments for every agent, e.g. '--single-tenant' (jobs without a uid of their own, "
+        "private mounts or loopback rules: what the node isolation costs, docs/benchmarks/e2e.md)",
+    )
     args = p.parse_args()
 
     broker_db, layer_db = (int(x) for x in args.redis_dbs.split(","))
@@ -328,10 +336,13 @@ def main() -> int:  # noqa: PLR0915 - one linear script, read top to bottom
         wait_for("the worker", lambda: " ready." in procs.output("worker"), procs, 60)
         wait_for("the web server", lambda: web_answers(base), procs, 60)
         agents_env = agent_env(env, join)
+        extra_agent_args = shlex.split(args.agent_args)
         for n in range(args.agents):
             spec = f"{args.gpus}xA100,nvlink=4,rack=r{n % 4}"
             procs.start(
-                f"agent{n:02d}", agent_argv(base, f"bench-{n:02d}", spec, work / f"agent{n:02d}"), agents_env
+                f"agent{n:02d}",
+                agent_argv(base, f"bench-{n:02d}", spec, work / f"agent{n:02d}", *extra_agent_args),
+                agents_env,
             )
         from scheduling.models import Node
 

@@ -7,8 +7,8 @@ the code differs), then runs each tree's own ``scripts/bench_e2e.py`` (this chec
 ``--tree``'s, checked out the same way: a fixed commit while this checkout changes) by turns,
 ``--rounds`` times each, the order swapped every round (reference, tree; tree, reference; ...), so a change in
 the machine's load falls on both. Arguments after ``--`` go to every run (``--db``, ``--redis``,
-``--jobs``...). It prints every run's figures as they come, then the medians of each side and the
-ratios tree ÷ reference, and, last, one JSON line with them.
+``--jobs``...); ``--tree-args`` go to the tree's runs only. It prints every run's figures as
+they come, then the medians of each side and the ratios tree ÷ reference, and, last, one JSON line with them.
 
 The default reference is b7f674b, the commit before the engine's memory was kept across passes
 (issue 16: "no slower" is the median of 5 runs interleaved with the code before that work).
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import subprocess
 import sys
@@ -78,12 +79,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ref", default=REFERENCE)
     p.add_argument("--tree", help="a commit to measure instead of this checkout (checked out as --ref is)")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument(
+        "--tree-args",
+        default="",
+        help="more bench_e2e.py arguments for the tree's runs only (an option the reference lacks: "
+        "--agent-args '--single-tenant' leaves the node isolation, newer than b7f674b, out)",
+    )
     args = p.parse_args(argv)
     trees = {"reference": checkout(args.ref), "tree": checkout(args.tree) if args.tree else ROOT}
     runs: dict[str, list[dict[str, Any]]] = {"reference": [], "tree": []}
     for i in range(args.rounds):
         for label in ("reference", "tree") if i % 2 == 0 else ("tree", "reference"):
-            result = one_run(trees[label], bench_args)
+            extra = shlex.split(args.tree_args) if label == "tree" else []
+            result = one_run(trees[label], [*bench_args, *extra])
             if result is None:
                 print(f"error: round {i + 1}: the {label}'s run could not be made", file=sys.stderr)
                 return 2
@@ -102,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{f:<28} {medians['reference'][f]:>10.1f} {medians['tree'][f]:>10.1f} {ratios[f]:>9.3f}")
     ok = ratios["submissions_per_s"] >= 1 - TOLERANCE and ratios["p99_submit_to_running_ms"] <= 1 + TOLERANCE
     tree = args.tree or "this checkout"
-    summary = {"reference": args.ref, "tree": tree, "rounds": args.rounds, "medians": medians}
+    summary = {"reference": args.ref, "tree": tree, "tree_args": args.tree_args, "rounds": args.rounds}
+    summary["medians"] = medians
     print(json.dumps({**summary, "ratios": ratios, "no_slower": ok}))
     return 0 if ok else 1
 
