@@ -49,7 +49,7 @@ class Want:
     node_ok: NodeOk | None  # the nodes this pass's reservations leave it (None: none reserved)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RowHold:
     """A quota row held for an aged job its quota refuses, against its tenant's later jobs.
 
@@ -58,16 +58,25 @@ class RowHold:
     waits for and are not kept off (they were, and a tenant's borrowers waited days while GPUs
     idled). ``frees_at``: when, by the running jobs' expected ends, enough of the row will have
     freed for it; a later job expected to end by then delays it nothing and goes ahead (backfill
-    within the quota, as reservations allow on nodes)."""
+    within the quota, as reservations allow on nodes). ``spare``: what the row frees by then
+    beyond the held job's need (milli-GPU); a later job charged no more than that delays it
+    nothing either, however long it runs (as EASY backfill lets a job run on the nodes a
+    reservation leaves over), and what it takes is spare no longer."""
 
     job_id: str
     steady_only: bool
     frees_at: float
+    spare: int = 0
 
-    def keeps_off(self, job: JobRequest, ends: float) -> bool:
+    def keeps_off(self, job: JobRequest, ends: float, charge: int) -> bool:
         if self.steady_only and job.preemptible:
             return False
-        return ends > self.frees_at
+        return ends > self.frees_at and charge > self.spare
+
+    def take(self, job: JobRequest, ends: float, charge: int) -> None:
+        """``job`` started on the row, charged ``charge``: past ``frees_at`` it uses the spare."""
+        if ends > self.frees_at and not (self.steady_only and job.preemptible):
+            self.spare -= charge
 
 
 class PolicyPass:
@@ -187,7 +196,7 @@ class PolicyPass:
         if self.never_now(job, geo):
             return
         rows = self.quota_rows(job, geo)
-        if self.quota_held_for_another(job, rows):
+        if self.quota_held_for_another(job, geo, rows):
             return
         want = self.want(job, geo)
         allocs, refusal = self.place(want)
@@ -249,15 +258,14 @@ class PolicyPass:
             rows = self.rows_of[key] = sorted({s.quotas.row_key(job.tenant, m) for m in models})
         return rows
 
-    def quota_held_for_another(self, job: JobRequest, rows: list[tuple[str, str]]) -> bool:
+    def quota_held_for_another(self, job: JobRequest, geo: Geometry, rows: list[tuple[str, str]]) -> bool:
         """Every quota row it could use is held against it for an aged job of its tenant ahead
         of it (:class:`RowHold`)."""
         holds = [self.held_rows[r] for r in rows if r in self.held_rows]
         if not rows or len(holds) < len(rows):
             return False
-        runtime = self.s.history.predict(job)
-        ends = self.now + (runtime if runtime is not None else self.cfg.default_runtime_s)
-        blocking = [h for h in holds if h.keeps_off(job, ends)]
+        ends = self.expected_end(job, self.s.history.predict(job))
+        blocking = [h for h in holds if h.keeps_off(job, ends, geo.charge * geo.need)]
         if len(blocking) < len(rows):
             return False
         self.d.pending[job.id] = PendingReason(
@@ -301,6 +309,17 @@ class PolicyPass:
             return
         self.s.bind(want.job, want.geo, allocs, self.now, self.d)
         self.starts += 1
+        if self.held_rows:
+            self.take_spare(want)
+
+    def take_spare(self, want: Want) -> None:
+        """What a started job is charged on a held row past the row's freeing is spare no more."""
+        s, job = self.s, want.job
+        ends = self.expected_end(job, want.runtime)
+        for model, milli in s.running[job.id].charged:
+            hold = self.held_rows.get(s.quotas.row_key(job.tenant, model))
+            if hold is not None and milli:
+                hold.take(job, ends, milli)
 
     def refused_by_quota(self, want: Want, rows: list[tuple[str, str]], refusal: tuple[str, str]) -> None:
         """Its quota refuses it: preempt its tenant's own jobs behind it to make quota room (the
@@ -320,27 +339,28 @@ class PolicyPass:
             steady_only = not job.preemptible and refusal[0] == "borrow-limit"
             frees = {r: self.quota_frees_at(geo, r, steady_only) for r in rows}
             for r in rows:
-                self.held_rows.setdefault(r, RowHold(job.id, steady_only, frees[r]))
-            quota_ready = min(frees.values(), default=self.now)
+                self.held_rows.setdefault(r, RowHold(job.id, steady_only, *frees[r]))
+            quota_ready = min((f for f, _ in frees.values()), default=self.now)
             if cfg.backfill and len(self.res.items) < cfg.max_reservations and quota_ready < math.inf:
                 kept = s.reserve_for(job, geo, self.res, self.now)
                 if kept is not None:
                     self.res.add(replace(kept, start=max(kept.start, quota_ready)))
 
-    def quota_frees_at(self, geo: Geometry, row: tuple[str, str], steady_only: bool) -> float:
+    def quota_frees_at(self, geo: Geometry, row: tuple[str, str], steady_only: bool) -> tuple[float, int]:
         """When the tenant's running jobs on ``row`` will have freed room for a job of ``geo``,
-        by their expected ends (inf: never by their ends alone)."""
+        by their expected ends (inf: never by their ends alone), and how much more than its
+        need the row has free then (milli-GPU)."""
         s, now = self.s, self.now
         q = s.quotas.rows.get(row[0], {}).get(row[1])
         if q is None:
-            return math.inf
+            return math.inf, 0
         need = geo.charge * geo.need
         if steady_only:
             over = s.quotas.fixed.get(row, 0) + need - round(q.guaranteed * MILLI)
         else:
             over = s.quotas.usage.get(row, 0) + need - round(q.limit * MILLI)
         if over <= 0:
-            return now
+            return now, -over
         ends = []
         for run in s.running.values():
             if run.job.tenant != row[0] or (steady_only and run.job.preemptible):
@@ -351,8 +371,8 @@ class PolicyPass:
         for end, milli in sorted(ends):
             over -= milli
             if over <= 0:
-                return end
-        return math.inf
+                return end, -over
+        return math.inf, 0
 
     def make_quota_room(self, want: Want, own: list[Victim]) -> None:
         """Preempt ``own`` (its tenant's jobs) for it. The room being freed is this job's: later
@@ -772,6 +792,10 @@ class PolicyPass:
     def off_clear(self, node_ok: NodeOk | None) -> NodeOk:
         """``node_ok`` narrowed to the nodes off the racks kept clear for rack gangs."""
         return OffRacks(self.s.state.nodes, self.s.clear_racks, node_ok)
+
+    def expected_end(self, job: JobRequest, runtime: float | None) -> float:
+        """When a job started now is expected to end (``runtime``: its prediction, if any)."""
+        return self.now + (runtime if runtime is not None else self.cfg.default_runtime_s)
 
     def removable(self, job: JobRequest) -> Removable:
         return (self.cfg.level_of(job.kind) if job.preemptible else None), bool(job.time_limit_s)

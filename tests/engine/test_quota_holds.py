@@ -61,3 +61,22 @@ def test_the_nodes_reserved_for_it_are_backfilled_until_its_quota_frees():
     s.decide(1.0)
     quick = JobRequest("quick", "nlp", "batch", 4, submitted_at=50, time_limit_s=1800)
     assert started(s, quick) == {"quick": "started"}  # gone by t=3600, when big's quota frees
+
+
+def test_later_jobs_run_on_what_the_row_frees_beyond_its_need_and_no_more():
+    # guarantee 8, 5 used: s1 (2) ends at 3600, the others much later; big (4) waits for 1 more,
+    # and at 3600 the row frees 2: one GPU beyond big's need, which one long job may keep
+    # (though the guarantee has room for two now), but not two.
+    s = TesseraScheduler(
+        [node("a", gpus=8, nvlink=8), node("b", gpus=8, nvlink=8)],
+        [QuotaSpec("vision", "*", guaranteed=8, limit=16)],
+        EngineConfig(aging_s=60),
+    )
+    for j in (steady("s1", 2, 0, 3600), steady("s2", 2, 0, 20000), steady("s3", 1, 0, 20000)):
+        s.submit(j)
+    s.decide(0.0)
+    s.submit(steady("big", 4, 1, 3600))
+    assert s.decide(1.0).pending["big"].code == "borrow-limit"
+    got = started(s, steady("long1", 1, 50, 7200), steady("long2", 1, 51, 7200))
+    assert got["long1"] == "started"
+    assert got["long2"] == "quota: vision's quota is held for its job big, which has waited longest"
