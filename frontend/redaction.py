@@ -1,7 +1,9 @@
 """Who is looking, and what of the cluster they may see (the dashboard's one redaction rule).
 
 A tenant's user sees its own tenant's jobs on the heatmap with their ids; another tenant's use of a
-GPU shows only as a share "in use", with no job id and no tenant name. Operators (staff) see all.
+GPU shows only as a share "in use", with no job id and no tenant name, and its utilisation only to
+a viewer who sees every job on it (``util``, ``idle``: ``services/gpu_looks.py``). Operators
+(staff) see all.
 The REST snapshot and the websocket consumer both go through :func:`redact_device`, so a pushed
 delta is exactly what a fresh fetch would show.
 """
@@ -50,6 +52,8 @@ def viewer_for(user: Any) -> Viewer:
 
 # A device row's fields the dashboard uses (besides its jobs).
 MAP_FIELDS = ("node", "index", "model", "state", "used")
+# Its utilisation as the adjustment pass read it, where it did: only for who sees all its jobs.
+LOOK_FIELDS = ("util", "idle")
 
 
 def redact_device(row: dict[str, Any], viewer: Viewer) -> dict[str, Any]:
@@ -61,11 +65,14 @@ def redact_device(row: dict[str, Any], viewer: Viewer) -> dict[str, Any]:
     """
     out = {key: row[key] for key in MAP_FIELDS if key in row}
     jobs = row.get("jobs", [])
+    looks = {key: row[key] for key in LOOK_FIELDS if key in row}
     if viewer.operator:
         out["jobs"] = [dict(job) for job in jobs]
         out["others"] = 0.0
-        return out
+        return {**out, **looks}
     own = [job for job in jobs if viewer.tenant_id is not None and job.get("tenant_id") == viewer.tenant_id]
     out["jobs"] = [{"job_id": job["job_id"], "share": job["share"], "replica": job["replica"]} for job in own]
     out["others"] = round(sum(job["share"] for job in jobs if job not in own), 3)
+    if own and len(own) == len(jobs):
+        out.update(looks)
     return out

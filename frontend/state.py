@@ -16,6 +16,7 @@ from django.db.models import Count, Sum
 from frontend.redaction import Viewer, redact_device
 from scheduling.choices import TERMINAL_STATES, JobState
 from scheduling.models import Allocation, Job, Node
+from scheduling.services.gpu_looks import current, with_looks
 from scheduling.services.inventory import all_device_rows
 from scheduling.services.live import job_payload, node_payload
 
@@ -31,7 +32,7 @@ def nodes_state(viewer: Viewer) -> list[dict[str, Any]]:
     for the devices and their active allocations, whatever the cluster's size."""
     nodes = list(Node.objects.order_by("rack", "name").only(*NODE_FIELDS))
     by_node: dict[str, list[dict[str, Any]]] = {node.name: [] for node in nodes}
-    for row in all_device_rows():
+    for row in with_looks(all_device_rows(), current()):  # utilisation where the pass read it
         by_node.setdefault(row["node"], []).append(redact_device(row, viewer))
     return [
         {

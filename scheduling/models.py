@@ -500,6 +500,9 @@ class AdjustmentState(models.Model):
     problem = models.CharField(max_length=512, blank=True)
     idle_gpus = models.PositiveIntegerField(default=0)  # allocated GPUs idle past the first warning
     actions_total = models.JSONField(default=dict, blank=True)  # {"warn": n, "shrink": n, "requeue": n}
+    # The dashboard's utilisation of each allocated GPU read by the last pass: "node/index" ->
+    # {"util": latest point 0..1, "idle": idle past the first warning, "jobs": [job ids on it]}.
+    gpus = models.JSONField(default=dict, blank=True)
 
     def __str__(self) -> str:
         return f"last adjustment pass {self.last_pass_at}"

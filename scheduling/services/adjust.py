@@ -50,7 +50,7 @@ from scheduling.engine.adjust import (
     idle_span,
 )
 from scheduling.models import AdjustmentState, Allocation, Job, JobEvent
-from scheduling.services import idle_policy
+from scheduling.services import gpu_looks, idle_policy
 from scheduling.services.jobs import begin_stop, locked_jobs, record_event
 from scheduling.services.resizes import CannotShrink, request_shrink
 
@@ -83,6 +83,7 @@ class AdjustResult:
     jobs: int = 0
     idle_gpus: int = 0
     actions: list[Adjustment] = field(default_factory=list)
+    gpus: gpu_looks.Looks = field(default_factory=dict)  # for the dashboard
 
 
 def run_adjust_pass(read: Reader, now: datetime | None = None) -> AdjustResult:
@@ -103,6 +104,7 @@ def run_adjust_pass(read: Reader, now: datetime | None = None) -> AdjustResult:
         policy = policies[tenant_of[job_id]]
         warn = policy.warn_after_s[0] if policy.warn_after_s else math.inf
         result.idle_gpus += sum(1 for s in gpus if idle_span(s, policy, ts).idle_s >= warn)
+    result.gpus = gpu_looks.looks_of(by_id, {j: policies[tenant_of[j]] for j in by_id}, ts)
     decided = decide([facts for facts, _ in jobs], by_id, policies, ts)
     attempts = {facts.id: attempt for facts, attempt in jobs}
     for adjustment in decided:
@@ -253,6 +255,8 @@ def _record(result: AdjustResult, now: datetime) -> None:
         state.metrics_ok = result.metrics_ok
         state.problem = result.problem[:512]
         state.idle_gpus = result.idle_gpus
+        gpu_looks.publish_changed(state.gpus or {}, result.gpus)  # none while metrics are out
+        state.gpus = result.gpus
         totals = dict(state.actions_total or {})
         for adjustment in result.actions:
             totals[adjustment.action] = totals.get(adjustment.action, 0) + 1

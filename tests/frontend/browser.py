@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,14 @@ def server_env(db_path: Path) -> dict[str, str]:
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[dict[str, Any]]:
     """daphne on a free port over a fresh, migrated and seeded SQLite file."""
-    env = server_env(tmp_path / "tessera.sqlite3")
+    with running_server(tmp_path) as server:
+        yield server
+
+
+@contextmanager
+def running_server(tmp_path: Path, **more_env: str) -> Iterator[dict[str, Any]]:
+    """:func:`server`, with ``more_env`` in the server's environment."""
+    env = {**server_env(tmp_path / "tessera.sqlite3"), **more_env}
     python = sys.executable
 
     def run(*args: str) -> str:
@@ -77,6 +85,7 @@ def server(tmp_path: Path) -> Iterator[dict[str, Any]]:
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -99,6 +108,13 @@ def server(tmp_path: Path) -> Iterator[dict[str, Any]]:
 @pytest.fixture
 def agent(server: dict[str, Any], tmp_path: Path) -> Iterator[str]:
     """A real node agent (4 simulated L40S in rack r3) registered with the server; its name."""
+    with running_agent(server, tmp_path) as name:
+        yield name
+
+
+@contextmanager
+def running_agent(server: dict[str, Any], tmp_path: Path, *more_args: str) -> Iterator[str]:
+    """:func:`agent`, with ``more_args`` on its command line."""
     name = "gpu-live"
     token_file = tmp_path / "join-token"
     token_file.write_text(server["users"]["join_token"])
@@ -129,11 +145,13 @@ def agent(server: dict[str, Any], tmp_path: Path) -> Iterator[str]:
             "0.2",
             "--shutdown-grace",
             "1",
+            *more_args,
         ],
         cwd=ROOT,
         env=server["env"],
         stdout=log,
         stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     try:
         admin = {"Authorization": f"Token {server['users']['admin']['token']}"}

@@ -188,3 +188,20 @@ def test_the_idle_fields_are_stored_and_shown_and_contradicting_ones_refused(wor
     assert (plain["idle_reclaim"], plain["interactive"]) == ("never", False)
     both = post(interactive=True, idle_reclaim="allow")
     assert both.status_code == 400 and "idle_reclaim" in both.json()
+
+
+def test_the_dashboard_shows_an_idle_gpu_to_its_team_and_to_no_one_else(world, node):
+    from frontend.redaction import viewer_for
+    from frontend.state import nodes_state
+
+    job = start(world, node, minutes_ago=120, gpus=1, kind="inference", preemptible=False)
+    run_adjust_pass(reader({job.pk: 20}))
+
+    def held_gpu(user) -> dict:
+        return next(d for n in nodes_state(viewer_for(user)) for d in n["devices"] if d["state"] != "free")
+
+    assert (held_gpu(world.alice)["util"], held_gpu(world.alice)["idle"]) == (0.01, True)
+    assert (held_gpu(world.admin)["util"], held_gpu(world.admin)["idle"]) == (0.01, True)
+    assert "util" not in held_gpu(world.bob) and "idle" not in held_gpu(world.bob)
+    run_adjust_pass(reader({job.pk: 0}))  # busy again
+    assert (held_gpu(world.alice)["util"], held_gpu(world.alice)["idle"]) == (0.9, False)

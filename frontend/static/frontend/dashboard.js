@@ -228,9 +228,18 @@
       words.push(line);
     }
     if (d.others > 0) words.push("in use by another team " + pct(d.others));
+    // Utilisation where the adjustment pass read it (sent only to the GPU's own team and to
+    // operators): a colour band, and an idle GPU marked by a shape too (dashed ring, "z").
+    if (d.util !== undefined && (d.state === "allocated" || d.state === "shared")) {
+      classes.push("util-" + utilBand(d.util));
+      words.push("utilisation " + pct(d.util));
+      if (d.idle) { classes.push("idle"); words.push("idle"); }
+    }
     if (node.state !== "ready") words.push("node " + node.state);
     return { classes: classes.join(" "), label: words.join(", ") };
   }
+
+  function utilBand(util) { return util < 0.05 ? 0 : util < 0.35 ? 1 : util < 0.7 ? 2 : 3; }
 
   function nodeReady(node) { return node.state === "ready"; }
 
