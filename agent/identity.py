@@ -216,9 +216,9 @@ class UidWatcher(Protocol):
     """Told of each uid an agent claims (before its job is spawned) and gives back (once no process
     of it is left, while its lock is still held): the loopback rules (agent/firewall.py)."""
 
-    def claimed(self, uid: int) -> None: ...
+    def claimed(self, uid: int, stale: bool) -> None: ...
 
-    def released(self, uid: int) -> None: ...
+    def released(self, uid: int) -> bool: ...
 
 
 class UidPool:
@@ -243,10 +243,10 @@ class UidPool:
                 uid, fd, users = held
                 self._held[key] = (uid, fd, users + 1)
                 return _job_user(uid)
-            uid, fd = self._claim()
+            uid, fd, stale = self._claim()
             self._held[key] = (uid, fd, 1)
             if self.watcher is not None:
-                self.watcher.claimed(uid)
+                self.watcher.claimed(uid, stale)
         return _job_user(uid)
 
     def give_back(self, job_id: int, attempt: int) -> int:
@@ -264,8 +264,9 @@ class UidPool:
                 return 0
             del self._held[key]
         killed = kill_uid(uid)  # raises UidsLeft: the fd stays open, the uid held for good
-        if self.watcher is not None:
-            self.watcher.released(uid)
+        if self.watcher is not None and not self.watcher.released(uid):
+            os.close(fd)  # not clean: its next claim treats it as a dead holder's
+            return killed
         _clean(fd)  # the flock goes with it
         return killed
 
@@ -278,8 +279,9 @@ class UidPool:
         """A uid of the range, for checks made as a job user would run (reaching a directory)."""
         return _job_user(self.ids.first)
 
-    def _claim(self) -> tuple[int, int]:
-        """A uid no one holds and no process has; its lock file's fd, flocked and marked in use.
+    def _claim(self) -> tuple[int, int, bool]:
+        """A uid no one holds and no process has; its lock file's fd, flocked and marked in use;
+        whether its last holder died holding it (or could not give it back clean).
 
         The lock file says whether its last holder gave the uid back cleanly (empty: every
         process of it was dead) or died holding it (the holder's pid in it): only then can a
@@ -295,7 +297,8 @@ class UidPool:
                 os.close(fd)
                 continue
             try:
-                if os.read(fd, 64):
+                stale = bool(os.read(fd, 64))
+                if stale:
                     kill_uid(uid)  # its holder died: what it left of the uid goes first
                 os.lseek(fd, 0, os.SEEK_SET)
                 os.ftruncate(fd, 0)
@@ -304,7 +307,7 @@ class UidPool:
                 log.warning("uid %d left out: %s", uid, exc)
                 os.close(fd)
                 continue
-            return uid, fd
+            return uid, fd, stale
         raise UidsExhausted(f"every uid of {self.ids} is held by a job or still has processes")
 
 

@@ -517,6 +517,45 @@ def test_a_job_reaches_neither_the_nodes_services_nor_another_jobs_but_its_own_a
         check_what_a_job_reaches(node, service, allowed)
 
 
+def uids_with_a_rule(ids: UidRange) -> set[int]:
+    """The uids the range's table sends to an agent's chain (its map's keys)."""
+    listed = subprocess.run(
+        ["nft", "-j", "list", "map", "inet", firewall.table_name(ids), "agents"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    (entry,) = [e["map"] for e in json.loads(listed.stdout)["nftables"] if "map" in e]
+    return {key for key, _verdict in entry.get("elem", [])}
+
+
+def test_an_agent_allowing_no_port_adds_no_rule_and_clears_a_dead_agents_from_its_uid(tmp_path):
+    """A dead agent that allowed a port left its uid pointing at its chain: the next agent that
+    claims the uid, allowing none, takes that away (its job must not reach the dead one's port),
+    and adds nothing of its own, on that claim or a clean one."""
+    ids = UidRange(270001, 270001)  # outside the default range: a table of its own
+    try:
+        dead = firewall.install(ids, [5999])
+    except firewall.Unavailable as exc:
+        pytest.skip(str(exc))
+    plain = firewall.install(ids, [])
+    try:
+        dead.claimed(270001, stale=False)
+        (tmp_path / "270001").write_text("4242\n")  # its holder died holding it
+        assert uids_with_a_rule(ids) == {270001}
+        pool = UidPool(ids, lock_dir=tmp_path)
+        pool.watcher = plain
+        assert pool.take(2, 0).uid == 270001
+        assert uids_with_a_rule(ids) == set()
+        pool.give_back(2, 0)
+        assert pool.take(3, 0).uid == 270001  # a clean claim
+        assert uids_with_a_rule(ids) == set()
+        pool.give_back(3, 0)
+        assert (tmp_path / "270001").read_text() == ""
+    finally:
+        subprocess.run(["nft", "delete", "table", "inet", firewall.table_name(ids)], check=False)
+
+
 def check_what_a_job_reaches(node, service: int, allowed: int) -> None:
     server = node[0]
     alice = start(node, 18, ["python", "-c", ALICE_SERVES])
