@@ -353,7 +353,8 @@ IDLE_BANNER = """The idle policy at work (short windows here: warned at 2 and 4 
 alice's jobs idle-batch, idle-elastic and idle-service replay idle GPU profiles; within 10 minutes:
   idle-batch    two idle-warning events, then idle-reclaim: asked to checkpoint now, requeued
                 from that checkpoint (and so again each time it runs idle)
-  idle-elastic  one GPU of two idle: warned twice, then the shrink to its busy GPU recorded
+  idle-elastic  one GPU of two idle: warned twice, then shrunk to its busy GPU (idle-reclaim,
+                then resized once the idle replica has exited)
   idle-service  not preemptible: warned twice, never touched
 See them on alice's job pages ({base}/jobs/), the dashboard's idle GPUs, or
   curl -s -H "Authorization: Token $TOKEN" {base}/api/v1/jobs/$ID/events/
