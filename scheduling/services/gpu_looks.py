@@ -37,7 +37,7 @@ def looks_of(
                 continue
             idle = idle_span(s, policy, now).idle_s >= warn
             look = out.setdefault(s.gpu, {"util": 0.0, "idle": True, "jobs": []})
-            look["util"] = round(max(look["util"], fresh[-1]), 3)
+            look["util"] = round(max(look["util"], fresh[-1]), 2)  # the map shows whole percents
             look["idle"] = look["idle"] and idle
             look["jobs"] = sorted([*look["jobs"], int(job_id)])
     return out
