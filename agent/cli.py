@@ -136,6 +136,15 @@ def build_parser() -> argparse.ArgumentParser:
         "only its own job (default: a quarter of kernel.pid_max, 1024..65536)",
     )
     p.add_argument(
+        "--job-disk-mb",
+        type=int,
+        metavar="MB",
+        help="disk a job attempt may fill: each of its private /tmp, /var/tmp and /dev/shm holds "
+        "at most this much, no file it writes grows past it, and a job whose own directories "
+        "(working and checkpoint) hold more is stopped, failing with reason disk-limit "
+        "(default: 100 GiB or half the state directory's free space, whichever is less)",
+    )
+    p.add_argument(
         "--require-isolation",
         action="store_true",
         help="refuse to start unless jobs get their own uids, private mounts and the loopback rules",
@@ -375,6 +384,8 @@ def run(args: argparse.Namespace) -> int:
         raise Fatal("--allow-local-port must be 1..65535")
     if args.job_max_tasks is not None and args.job_max_tasks < 16:
         raise Fatal("--job-max-tasks must be at least 16")
+    if args.job_disk_mb is not None and args.job_disk_mb < 1:
+        raise Fatal("--job-disk-mb must be at least 1")
     token = join_token(args)
     inventory = inventory_from(args)
     try:
@@ -408,7 +419,8 @@ def run(args: argparse.Namespace) -> int:
     max_tasks = args.job_max_tasks or sandbox.default_max_tasks()
     hide = [*sandbox.HIDDEN, *args.hide_path]
     kept: list[str | Path] = [state_dir, *path.split(":"), *([checkpoint_root] if checkpoint_root else [])]
-    box = sandbox.detect(devices, users.isolated, kept, max_tasks, hide)
+    disk_mb = args.job_disk_mb or sandbox.default_disk_mb(state_dir)
+    box = sandbox.detect(devices, users.isolated, kept, max_tasks, hide, disk_mb)
     walls = firewall.detect(users.ids, args.allow_local_port) if isinstance(users, identity.UidPool) else None
     if isinstance(users, identity.UidPool):
         users.watcher = walls

@@ -44,6 +44,7 @@ log = logging.getLogger("tessera.agent")
 CHUNK_BYTES = 256 * 1024
 MAX_BUFFER_BYTES = 32 * 1024 * 1024
 TICK_S = 0.25
+DISK_CHECK_S = 5.0  # between sums of a job's directories (a fifth of it past half the bound)
 # A process that ends this soon after its start is reported once: its exit report carries its
 # start (one request instead of two; the start time is the spawn's either way).
 QUICK_EXIT_S = 0.05
@@ -212,6 +213,17 @@ def _owned_dir(path: Path, run_as: RunAs) -> Path:
     return path
 
 
+def disk_used(top: Path) -> int:
+    """Bytes the files under ``top`` take on disk (allocated blocks: a sparse file counts what
+    it holds, not its length), links not followed; 0 if it is not there."""
+    total = 0
+    for root, _dirs, files in os.walk(top):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+    return total
+
+
 def checkpoint_dir(state_dir: Path, job_id: int, root: Path | None = None) -> Path:
     """``STATE/checkpoints/<job>-<key>``: the same for every attempt of the job on this node, not
     guessable by a job (an HMAC of the job id under the node's key, ``STATE/checkpoint-key``).
@@ -281,6 +293,7 @@ class JobProcess:
         self._term_at: float | None = None  # SIGTERM deferred while a checkpoint is awaited
         self.world: dict[str, Any] = {}  # what its world file says
         self._checkpoints_before_stop = 0
+        self._disk_check_at = 0.0  # when its directories are summed next (``--job-disk-mb``)
 
     @property
     def key(self) -> tuple[int, int, int]:
@@ -542,6 +555,7 @@ class JobProcess:
                 self._term_at = None
                 self._note("checkpoint written: SIGTERM" if checkpointed else "no checkpoint came: SIGTERM")
                 self._signal(signal.SIGTERM)
+        self._bound_disk(now)
         limit = self.binding.get("time_limit_seconds")
         if limit and self.stop_reason is None and now - self.started_at >= float(limit):
             self._note(f"time limit of {limit}s reached")
@@ -551,6 +565,19 @@ class JobProcess:
                 self._note("grace period over: SIGKILL")
                 self._signal(signal.SIGKILL)
             self.killed = True
+
+    def _bound_disk(self, now: float) -> None:
+        """Every ``DISK_CHECK_S`` (more often past half the bound): the job's own directories
+        summed; over ``--job-disk-mb``, it is stopped at once (reason ``disk-limit``, no retry)."""
+        bound = self.sandbox.disk_mb
+        if not bound or self.stop_reason is not None or now < self._disk_check_at:
+            return
+        used = sum(disk_used(d) for d in (self.workdir, self.checkpoint_dir))
+        limit = bound << 20
+        self._disk_check_at = now + (DISK_CHECK_S if used < limit // 2 else DISK_CHECK_S / 5)
+        if used > limit:
+            self._note(f"disk limit of {bound} MB passed ({used >> 20} MB in its directories)")
+            self.stop("disk-limit", 0.0)
 
     # --- output --------------------------------------------------------------------------------
 
@@ -731,8 +758,8 @@ class JobProcess:
     def _reason(self) -> str:
         if self.stop_reason is None:
             return ""
-        if self.stop_reason == "time-limit":
-            return "time-limit"
+        if self.stop_reason in ("time-limit", "disk-limit"):
+            return self.stop_reason
         if self.stop_reason in ("lease expired", "shutdown"):
             return "lost"
         return "stopped"

@@ -6,18 +6,19 @@ the one the agent spawned (the agent's child: the parent-death signal and the se
 - ``/bin/sh -c`` writing its own pid into the replica's cgroup (agent/cgroups.py), when it has
   one, so that nothing of the job runs outside its CPU and memory limits (a failed write ends the
   spawn, exit 125, saying so: the job never runs unlimited by accident);
-0. ``prlimit --nproc=N`` (util-linux): at most N processes and threads of the job's uid
-   (``--job-max-tasks``);
+0. ``prlimit --nproc=N --fsize=B`` (util-linux): at most N processes and threads of the job's
+   uid (``--job-max-tasks``), no file it writes larger than ``--job-disk-mb``;
 1. ``unshare --mount --ipc --propagation private`` (util-linux), where the agent may make
    namespaces (root, not in a locked-down container): the job gets mounts of its own, and SysV IPC
    and POSIX message queues of its own (gone with its last process, so a later job of the same
    uid finds nothing);
-2. ``/bin/sh -c`` mounting, in that namespace only: a private tmpfs on ``/tmp``, ``/var/tmp`` and
-   ``/dev/shm`` (0700, owned by the job's uid), a fresh ``/proc`` with ``hidepid=invisible`` (the
-   job sees only its own processes), an empty directory over each local service's socket
-   directory (:data:`HIDDEN`), and over each GPU device file that is not the job's an
-   unreadable file (``open`` fails with EACCES; the job cannot unmount it: it has no privilege,
-   and a mount namespace it might make of its own keeps the mounts it inherited locked);
+2. ``/bin/sh -c`` mounting, in that namespace only: a private tmpfs on ``/tmp``, ``/var/tmp``
+   and ``/dev/shm`` (0700, owned by the job's uid, each at most ``--job-disk-mb``), a fresh
+   ``/proc`` with ``hidepid=invisible`` (the job sees only its own processes), an empty
+   directory over each local service's socket directory (:data:`HIDDEN`), and over each GPU
+   device file that is not the job's an unreadable file (``open`` fails with EACCES; the job
+   cannot unmount it: it has no privilege, and a mount namespace it might make of its own keeps
+   the mounts it inherited locked);
 3. ``setpriv --pdeathsig SIGKILL --reuid U --regid G --clear-groups --no-new-privs``: the job's own
    uid and gid, no supplementary group, no way back up through a setuid program (``sudo``,
    ``ping``), and SIGKILL when the agent dies (set after the user switch, which clears it);
@@ -104,8 +105,12 @@ class Sandbox:
         keep: Sequence[str | Path] = (),
         max_tasks: int | None = None,
         hide: Sequence[str | Path] = HIDDEN,
+        disk_mb: int | None = None,
     ):
         self.namespaces = namespaces
+        # What a job attempt may fill (``--job-disk-mb``): each private tmpfs, any one file it
+        # writes, and its own directories (summed by its supervisor, agent/process.py).
+        self.disk_mb = disk_mb
         # The node's services reached through the file system (unix sockets), out of sight.
         self.hide = sorted({os.path.realpath(p) for p in hide if os.path.lexists(p)})
         # RLIMIT_NPROC of a job uid's processes (threads count): a fork bomb stops there, and
@@ -147,8 +152,13 @@ class Sandbox:
             gid = run_as.gid if run_as.gid is not None else run_as.uid
             chain += ["--reuid", str(run_as.uid), "--regid", str(gid), "--clear-groups", "--no-new-privs"]
         chain += ["--", "/bin/sh", "-c", '. /dev/stdin && exec "$@" </dev/null', "tessera-job"]
-        if self.max_tasks and self.prlimit and run_as.uid is not None:
-            chain = [self.prlimit, f"--nproc={self.max_tasks}", "--", *chain]
+        limits = []
+        if self.max_tasks and run_as.uid is not None:
+            limits.append(f"--nproc={self.max_tasks}")
+        if self.disk_mb:
+            limits.append(f"--fsize={self.disk_mb << 20}")
+        if limits and self.prlimit:
+            chain = [self.prlimit, *limits, "--", *chain]
         if self.namespaces:
             chain = self._namespaced(run_as, gpus, chain)
         if cgroup_procs:
@@ -173,7 +183,8 @@ class Sandbox:
     def _script(self, run_as: RunAs, gpus: Sequence[int]) -> str:
         owner = f"uid={run_as.uid},gid={run_as.gid}," if run_as.uid is not None else ""
         mount, mkdir = shlex.quote(self.mount), shlex.quote(self.mkdir)
-        options = f"{owner}mode=0700,nosuid,nodev"
+        size = f"size={self.disk_mb}m," if self.disk_mb else ""
+        options = f"{owner}{size}mode=0700,nosuid,nodev"
         hold = [f"{HOLD}/{i}" for i in range(len(self.keep))]
         steps = [f"{mount} -t tmpfs -o mode=0700 tessera-hold {HOLD}"] if self.keep else []
         for kept, held in zip(self.keep, hold, strict=True):
@@ -262,21 +273,32 @@ def default_max_tasks() -> int:
     return max(1024, min(65536, pid_max // 4))
 
 
+def default_disk_mb(state_dir: Path) -> int:
+    """What a job may fill by default: 100 GiB, or half the state directory's free space."""
+    try:
+        st = os.statvfs(state_dir)
+        half = st.f_bavail * st.f_frsize // 2 >> 20
+    except OSError:
+        half = 100 << 10
+    return max(1, min(100 << 10, half))
+
+
 def detect(
     devices: Mapping[int, str] | None = None,
     enabled: bool = True,
     keep: Sequence[str | Path] = (),
     max_tasks: int | None = None,
     hide: Sequence[str | Path] = HIDDEN,
+    disk_mb: int | None = None,
 ) -> Sandbox:
     """The sandbox this machine allows (said at the start: what jobs get, and what not).
     ``keep``: host directories jobs need, e.g. the state directory."""
     reason = namespaces_unavailable() if enabled else "--single-tenant"
     if reason is None:
         log.info("jobs get private /tmp, /var/tmp, /dev/shm, /proc and IPC, and only their own GPUs' devices")
-        return Sandbox(True, devices, keep, max_tasks, hide)
+        return Sandbox(True, devices, keep, max_tasks, hide, disk_mb)
     log.warning(
         "jobs share /tmp, /dev/shm and IPC, see every process and can open every GPU's device file: %s",
         reason,
     )
-    return Sandbox(False, devices, max_tasks=max_tasks if enabled else None)
+    return Sandbox(False, devices, max_tasks=max_tasks if enabled else None, disk_mb=disk_mb)

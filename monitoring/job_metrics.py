@@ -38,7 +38,7 @@ RECENT = timedelta(hours=1)
 RECENT_JOBS_MAX = 10_000  # the newest placed jobs the percentiles are computed over
 IDLE_RECLAIM_REASON = "preempted: idle"  # services/adjust.py's stop reason
 LOST_CAUSES = ("preemption", "idle-reclaim", "node-lost", "retry")
-FAILURE_CAUSES = ("exit-code", "time-limit", "node-lost", "lost")
+FAILURE_CAUSES = ("exit-code", "time-limit", "disk-limit", "node-lost", "lost")
 
 
 def job_families(now: datetime | None = None) -> list:

@@ -38,7 +38,7 @@ from scheduling.services.utilisation import GpuReport
 MAX_INT = 2**31 - 1
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 NODE_KINDS = ("gpu", "tpu", "npu", "cpu")
-EXIT_REASONS = ("", "time-limit", "stopped", "lost", "spawn-failed")
+EXIT_REASONS = ("", "time-limit", "disk-limit", "stopped", "lost", "spawn-failed")
 
 
 # --- Bodies ------------------------------------------------------------------------------------

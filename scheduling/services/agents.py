@@ -43,6 +43,7 @@ from scheduling.models import (
 from scheduling.services import audit, live
 from scheduling.services.inventory import device_rows
 from scheduling.services.jobs import (
+    AGENT_STOPS,
     LOCK_JOBS,
     Settlement,
     active_allocations_of,
@@ -826,9 +827,9 @@ def _settle_replica(
 ) -> None:
     """One replica's process is gone (``job`` locked): free its GPUs; settle the job if it was the last.
 
-    ``reason``: ``time-limit`` when the agent stopped it at its limit; ``lost`` when its process
-    vanished with the agent; empty otherwise. ``held``: the job's unreleased allocations. The
-    changes go into ``settlement``, which the caller writes.
+    ``reason``: ``time-limit`` or ``disk-limit`` when the agent stopped it at that limit;
+    ``lost`` when its process vanished with the agent; empty otherwise. ``held``: the job's
+    unreleased allocations. The changes go into ``settlement``, which the caller writes.
     """
     settlement.mark_running(job, now)  # its ``started`` report was lost; keep the history in order
     this = [a for a in held if (a.node_id, a.replica) == (node_id, replica)]
@@ -841,8 +842,8 @@ def _settle_replica(
         exit_code, reason = 0, ""  # its last replica, stopped by a shrink: the others ended well
     if job.state == JobState.RUNNING:
         where = {a.node_id for a in held}
-        if reason == "time-limit":
-            settlement.stop(job, "time-limit", now, where)
+        if reason in AGENT_STOPS:
+            settlement.stop(job, reason, now, where)
         elif others and (exit_code != 0 or reason == "lost"):
             settlement.stop(job, "lost" if exit_code is None else f"exit {exit_code}", now, where)
     if others:

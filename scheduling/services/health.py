@@ -47,7 +47,7 @@ from scheduling.services.jobs import (
 from scheduling.services.resizes import leave_alone, leaves_alone
 from scheduling.services.triggers import request_pass_on_commit
 
-OWN_STOPS = ("cancelled", "preempt", "time-limit")
+OWN_STOPS = ("cancelled", "preempt", "time-limit", "disk-limit")
 
 
 def sweep_nodes(now: datetime | None = None) -> list[str]:

@@ -37,6 +37,10 @@ class NotAdmissible(Exception):
     """No quota of the job's tenant could ever admit it (answered 400 naming ``accelerators``)."""
 
 
+# The limits an agent stops a job at (the exit report's reason): the job fails with it, no retry.
+AGENT_STOPS = ("time-limit", "disk-limit")
+
+
 def allocations_payload(allocs) -> list[dict[str, Any]]:
     """Allocation rows → the contract's ``[{"node", "gpus", "share", "replica"}]``."""
     grouped: dict[tuple[int, str, int], list[int]] = {}
@@ -531,8 +535,8 @@ class Settlement:
                 "from last checkpoint" if job.last_checkpoint_at else "from the start: no checkpoint reported"
             )
             self.events.append(JobEvent(job=job, type=EventType.REQUEUED, at=at, reason=resume))
-        elif stop == "time-limit":
-            self.move(job, JobState.FAILED, EventType.FAILED, "time-limit", at=at, finished_at=at, **common)
+        elif stop in AGENT_STOPS:  # its agent stopped it at a limit: it fails, no retry
+            self.move(job, JobState.FAILED, EventType.FAILED, stop, at=at, finished_at=at, **common)
         elif lost and not stop.startswith("exit "):
             self.node_lost(job, at, **common)
         elif exit_code == 0:

@@ -367,6 +367,19 @@ def test_a_job_stopped_at_its_time_limit_fails_with_reason_time_limit(world, joi
     ]
 
 
+def test_a_job_its_agent_stopped_for_filling_its_disk_fails_with_disk_limit_not_retried(world, join_token):
+    node, _ = h.register(join_token)
+    job = h.bind(h.submit(world.alice, world.vision, max_retries=2), "gpu-01", [0, 1])
+    h.report(node, job.pk, "started", attempt=0, replica=0)
+    h.report(node, job.pk, "exited", attempt=0, replica=0, exit_code=-9, reason="disk-limit")
+    job.refresh_from_db()
+    assert job.state == JobState.FAILED and job.attempts == 0
+    assert [(e.type, e.reason) for e in job.events.order_by("at", "id")][-2:] == [
+        ("terminating", "disk-limit"),
+        ("failed", "disk-limit"),
+    ]
+
+
 def test_the_server_stops_a_job_its_agent_let_run_past_its_time_limit(world, join_token):
     node, _ = h.register(join_token)
     job = h.bind(h.submit(world.alice, world.vision, time_limit_seconds=5), "gpu-01", [0, 1])
