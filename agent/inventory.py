@@ -66,7 +66,7 @@ class DeviceInfo:
     uuid: str
     model: str
     memory_gib: float
-    device_file: str | None = None  # /dev/nvidiaN (N: NVML's minor number); None when simulated
+    device_file: str | None = None  # /dev/nvidiaN (N: NVML's minor number); simulated: a stand-in or None
 
 
 @dataclass
@@ -105,7 +105,13 @@ class Inventory:
 def simulated_inventory(name: str, spec: SimSpec) -> Inventory:
     """A node of ``spec.count`` GPUs of ``spec.model``; UUIDs stable for a node name."""
     devices = [
-        DeviceInfo(i, f"GPU-{uuid.uuid5(_NAMESPACE, f'{name}/{i}')}", spec.model, spec.gpu_memory_gib)
+        DeviceInfo(
+            i,
+            f"GPU-{uuid.uuid5(_NAMESPACE, f'{name}/{i}')}",
+            spec.model,
+            spec.gpu_memory_gib,
+            device_file=f"{spec.devices}/nvidia{i}" if spec.devices else None,
+        )
         for i in range(spec.count)
     ]
     return Inventory(

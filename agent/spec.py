@@ -53,13 +53,16 @@ class SimSpec:
     cpus: float = 0.0
     memory_gib: float = 0.0
     labels: dict[str, str] = field(default_factory=dict)
+    # Stand-ins for the GPUs' device files, DIR/nvidia<index> (``devices=DIR``): what a job may
+    # open of them is what it may of real ones (agent/sandbox.py); "" = none.
+    devices: str = ""
 
     @property
     def gpu_memory_gib(self) -> float:
         return float(GPU_MEMORY_GIB.get(self.model, DEFAULT_GPU_GIB))
 
 
-EXPECTED = "expected COUNTxMODEL[,nvlink=N][,rack=R][,cpus=N][,memory_gib=N][,labels=k:v;k:v]"
+EXPECTED = "expected COUNTxMODEL[,nvlink=N][,rack=R][,cpus=N][,memory_gib=N][,labels=k:v;k:v][,devices=DIR]"
 
 
 def parse_spec(text: str) -> SimSpec:
@@ -84,7 +87,7 @@ def parse_spec(text: str) -> SimSpec:
         if key in options:
             raise SpecError(f"{key} given twice")
         options[key] = value.strip()
-    unknown = set(options) - {"nvlink", "rack", "cpus", "memory_gib", "labels"}
+    unknown = set(options) - {"nvlink", "rack", "cpus", "memory_gib", "labels", "devices"}
     if unknown:
         raise SpecError(f"unknown option {sorted(unknown)[0]!r}; {EXPECTED}")
     nvlink = _int(options, "nvlink", 1)
@@ -96,7 +99,10 @@ def parse_spec(text: str) -> SimSpec:
     cpus = _number(options, "cpus", float(CPUS_PER_GPU * count))
     memory_gib = _number(options, "memory_gib", float(MEMORY_GIB_PER_GPU * count))
     labels = parse_labels(options.get("labels", ""))
-    return SimSpec(count, model, nvlink, rack, cpus, memory_gib, labels)
+    devices = options.get("devices", "")
+    if devices and not devices.startswith("/"):
+        raise SpecError(f"devices={devices!r} must be an absolute directory")
+    return SimSpec(count, model, nvlink, rack, cpus, memory_gib, labels, devices)
 
 
 def parse_labels(text: str) -> dict[str, str]:

@@ -185,3 +185,170 @@ def test_jobs_of_other_tenants_and_of_the_same_tenant_cannot_reach_alices_job(li
         assert fakes.wait_for(lambda: not Path(where["workdir"]).exists(), 10), where["workdir"]
     finally:
         processes.stop_agent(agent)
+
+
+NEIGHBOUR = r"""
+import json, os, pathlib, sys, time
+pathlib.Path("keep.bin").write_bytes(b"n" * (4 << 20))  # well inside the bound
+with open(sys.argv[1], "rb") as f:  # its own GPU's device file
+    gpu = f.read().decode()
+while not os.path.exists("done"):
+    time.sleep(0.05)
+print(json.dumps({"kept": pathlib.Path("keep.bin").stat().st_size, "gpu": gpu}), flush=True)
+"""
+
+FILL_DISK = r"""
+import os, time
+for i in range(64):  # 64 files of 1 MB: each under the file-size bound, together 4x the disk bound
+    with open(f"fill-{i}", "wb") as f:
+        f.write(os.urandom(1 << 20))
+print("filled", flush=True)
+time.sleep(120)
+"""
+
+OPEN_DEVICES_THEN_FLOOD = r"""
+import json, sys
+result = {}
+for path in sys.argv[1:]:
+    try:
+        with open(path, "rb") as f:
+            result[path] = f.read().decode()
+    except OSError as exc:
+        result[path] = type(exc).__name__
+print(json.dumps(result), flush=True)
+line = b"x" * 1023 + b"\n"
+for _ in range(16 << 10):  # 16 MB of output
+    sys.stdout.buffer.write(line)
+"""
+
+FORK_BOMB = r"""
+import os, time
+children = 0
+try:
+    while children < 500:
+        if os.fork() == 0:
+            time.sleep(60)
+            os._exit(0)
+        children += 1
+except OSError as exc:
+    print(children, type(exc).__name__, flush=True)
+else:
+    print(children, "no limit", flush=True)
+"""
+
+
+@pytest.fixture
+def fake_gpus(state_dir):
+    """Stand-ins for /dev/nvidia0..3, readable by anyone as the real ones are (in the state
+    directory, which jobs see through their private /tmp)."""
+    path = state_dir / "fake-gpus"
+    path.mkdir(mode=0o755)
+    for index in range(4):
+        (path / f"nvidia{index}").write_text(f"gpu{index}")
+        os.chmod(path / f"nvidia{index}", 0o666)
+    return path
+
+
+def test_a_jobs_device_files_disk_processes_and_log_are_bounded_and_its_neighbour_ends_as_alone(
+    live_server, world, state_dir, fake_gpus, settings
+):
+    """Through a real agent (``--job-disk-mb 16 --job-max-tasks 40``, GPUs with stand-in device
+    files): bob's jobs open every GPU's device file, fill their disk, fork without end and flood
+    their log; each is denied or bounded, and alice's job beside them keeps its file and succeeds."""
+    if sandbox.namespaces_unavailable() is not None:
+        pytest.skip("hiding other GPUs' device files needs a mount namespace")
+    settings.TESSERA = {**settings.TESSERA, "LOG_CAP_BYTES": 64 << 10}
+    token_file = state_dir / "join-token"
+    token_file.write_text(h.new_join_token())
+    spec = f"4xA100,nvlink=2,rack=r9,devices={fake_gpus}"
+    limits = ["--job-disk-mb", "16", "--job-max-tasks", "40"]
+    agent = processes.start_agent(
+        live_server.url, state_dir, "--join-token-file", str(token_file), "--simulate", spec, *limits
+    )
+    devices = [str(fake_gpus / f"nvidia{i}") for i in range(4)]
+    try:
+        processes.registered(state_dir)
+
+        def run(user, tenant, gpu: int, script: str, *args: str, **fields) -> Job:
+            job = h.submit(user, tenant, command=["python", "-c", script, *args], gpus=1, **fields)
+            return h.bind(job, "cli-node", [gpu])
+
+        neighbour = run(world.alice, world.vision, 0, NEIGHBOUR, devices[0])
+        prober = run(world.bob, world.nlp, 1, OPEN_DEVICES_THEN_FLOOD, *devices)
+        bomb = run(world.bob, world.nlp, 2, FORK_BOMB)
+        filler = run(world.bob, world.nlp, 3, FILL_DISK, max_retries=2)
+
+        def ended(job: Job) -> bool:
+            return state_of(job) in TERMINAL_STATES
+
+        for job in (prober, bomb, filler):
+            assert fakes.wait_for(lambda j=job: ended(j), 60), (job.name, output_of(job))
+        # another GPU's device file: denied; its own: opened
+        assert state_of(prober) == JobState.SUCCEEDED
+        opened = json.loads(output_of(prober).splitlines()[0])
+        assert opened == {devices[0]: "PermissionError", devices[1]: "gpu1",
+                          devices[2]: "PermissionError", devices[3]: "PermissionError"}  # fmt: skip
+        # the log flood: stored up to the cap, the rest dropped
+        flooded = Job.objects.get(pk=prober.pk)
+        assert flooded.log_truncated and len(output_of(prober)) <= 64 << 10
+        # the fork bomb: stopped at its uid's limit, its children killed with it
+        assert state_of(bomb) == JobState.SUCCEEDED, output_of(bomb)
+        children, error = output_of(bomb).splitlines()[0].split()
+        assert int(children) < 40 and error == "BlockingIOError"
+        # the disk filler: stopped by its agent, failed with disk-limit, not retried
+        stopped = Job.objects.get(pk=filler.pk)
+        assert stopped.state == JobState.FAILED and stopped.attempts == 0, output_of(filler)
+        assert stopped.events.filter(type="failed").get().reason == "disk-limit"
+        assert "disk limit of 16 MB passed" in output_of(filler)
+        # alice's job, beside all of it: its file kept, its GPU its own, succeeded
+        assert state_of(neighbour) == JobState.RUNNING
+        (done,) = state_dir.glob(f"jobs/{neighbour.pk}-*")
+        (done / "done").touch()
+        assert fakes.wait_for(lambda: ended(neighbour), 30), output_of(neighbour)
+        assert state_of(neighbour) == JobState.SUCCEEDED
+        assert json.loads(output_of(neighbour).splitlines()[0]) == {"kept": 4 << 20, "gpu": "gpu0"}
+    finally:
+        processes.stop_agent(agent)
+
+
+def test_forty_cpu_only_jobs_start_only_as_many_as_the_nodes_cpus_and_the_rest_wait_with_a_reason(
+    live_server, world, state_dir
+):
+    """bob submits 40 CPU-only jobs (none saying how many CPUs: each counts as one) to a real
+    agent's node of 4 CPUs: 4 start, 36 wait with a reason; alice's GPU job (with a time limit)
+    still starts and succeeds."""
+    from rest_framework.test import APIClient
+
+    from scheduling.services import passes
+
+    token_file = state_dir / "join-token"
+    token_file.write_text(h.new_join_token())
+    agent = processes.start_agent(
+        live_server.url, state_dir, "--join-token-file", str(token_file), "--simulate", "2xA100,cpus=4"
+    )
+    try:
+        processes.registered(state_dir)
+        api = APIClient()
+        api.force_authenticate(world.bob)
+        body = {"name": "crunch", "kind": "batch", "command": ["sleep", "60"], "gpus": 0, "tenant": "nlp"}
+        ids = [api.post("/api/v1/jobs/", body, format="json").data["id"] for _ in range(40)]
+        passes.run_pass()
+        bobs = Job.objects.filter(pk__in=ids)
+        assert fakes.wait_for(lambda: bobs.filter(state=JobState.RUNNING).count() == 4, 30)
+        # With a time limit: bob's first waiting job holds the node's room for when his end
+        # (a reservation), which only a job known to end before then may use.
+        ok = ["python", "-c", "print('ok')"]
+        alices = h.submit(world.alice, world.vision, command=ok, gpus=1, time_limit_seconds=600)
+        passes.run_pass()
+        seen = Job.objects.filter(pk=alices.pk).values_list("state", "pending_reason")
+        assert fakes.wait_for(lambda: state_of(alices) in TERMINAL_STATES, 30), seen[0]
+        assert state_of(alices) == JobState.SUCCEEDED and output_of(alices) == "ok\n"
+        passes.run_pass()
+        assert bobs.filter(state__in=[JobState.RUNNING, JobState.SCHEDULED]).count() == 4
+        waiting = list(bobs.filter(state=JobState.PENDING))
+        assert len(waiting) == 36
+        codes = sorted(j.pending_code for j in waiting)
+        assert codes == ["capacity"] * 35 + ["reserved"]  # the first of them holds the next room
+        assert all("lack 1 CPUs" in j.pending_reason for j in waiting if j.pending_code == "capacity")
+    finally:
+        processes.stop_agent(agent)
