@@ -64,6 +64,7 @@ def job(state, exit_code=None, **_):
         ("failed", 3, [{"type": "failed", "reason": "exit 3"}], ("failed", 3)),
         ("failed", -9, [{"type": "failed", "reason": "exit -9"}], ("failed", 137)),
         ("failed", -15, [{"type": "failed", "reason": "time-limit"}], ("time-limit", 211)),
+        ("failed", -9, [{"type": "failed", "reason": "disk-limit"}], ("disk-limit", 215)),
         ("failed", None, [{"type": "failed", "reason": "node-lost"}], ("node-lost", 213)),
         ("failed", None, [{"type": "failed", "reason": "lost"}], ("failed", 214)),
         ("cancelled", None, [{"type": "cancelled"}], ("cancelled", 210)),

@@ -17,6 +17,7 @@ code   meaning
 212    the job was refused at submit as one its tenant's quotas can never admit
 213    the job's node was lost, beyond what its retries cover
 214    the job failed without an exit code of its own (killed, or its process never started)
+215    the job was stopped for filling more disk than its node allows (``disk-limit``)
 =====  ==========================================================================================
 
 ``-o json`` gives the same outcome in words, for scripts that must not guess.
@@ -37,6 +38,7 @@ TIME_LIMIT = 211
 UNSCHEDULABLE = 212
 NODE_LOST = 213
 NO_EXIT_CODE = 214
+DISK_LIMIT = 215
 
 TABLE = [
     (0, "the job succeeded (and any other command did what it was asked)"),
@@ -51,6 +53,7 @@ TABLE = [
     (UNSCHEDULABLE, "the job was refused at submit: no quota of its tenant can ever admit it"),
     (NODE_LOST, "the job's node was lost beyond its retries"),
     (NO_EXIT_CODE, "the job failed without an exit code of its own"),
+    (DISK_LIMIT, "the job was stopped for filling more disk than its node allows"),
 ]
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
@@ -77,7 +80,7 @@ def outcome_of(job: dict[str, Any], events: list[dict[str, Any]]) -> Outcome:
     """The outcome of ``job`` (in a terminal state) with its ``events``.
 
     The failure's cause is the reason of the job's last ``failed`` event: ``time-limit``,
-    ``node-lost`` (its node was lost with no retry left), ``lost`` (its process vanished), or
+    ``disk-limit``, ``node-lost`` (its node was lost with no retry left), ``lost`` (its process vanished), or
     ``exit N``. The job's
     ``exit_code`` is the code its agent reported: for a gang, that of the first replica to fail,
     since the first failure stops the others.
@@ -91,6 +94,8 @@ def outcome_of(job: dict[str, Any], events: list[dict[str, Any]]) -> Outcome:
     reason = next((e.get("reason") or "" for e in reversed(events) if e.get("type") == "failed"), "")
     if reason == "time-limit":
         return Outcome("time-limit", TIME_LIMIT, code)
+    if reason == "disk-limit":
+        return Outcome("disk-limit", DISK_LIMIT, code)
     if reason == "node-lost":
         return Outcome("node-lost", NODE_LOST, code)
     if isinstance(code, int) and 0 < code <= 255:
