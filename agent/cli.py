@@ -158,6 +158,15 @@ def build_parser() -> argparse.ArgumentParser:
         "default: node-local, STATE/checkpoints)",
     )
     p.add_argument(
+        "--checkpoint-root-name",
+        default=os.environ.get("TESSERA_CHECKPOINT_ROOT_NAME", ""),
+        metavar="NAME",
+        help="what the server knows the shared checkpoint root by: nodes that register the same "
+        "one can resume each other's jobs' checkpoints; set it where the same share is mounted "
+        "at different paths, or different shares at one path ($TESSERA_CHECKPOINT_ROOT_NAME; "
+        "default: the root's path)",
+    )
+    p.add_argument(
         "--checkpoint-signal",
         default="SIGUSR1",
         metavar="SIGNAL",
@@ -369,6 +378,19 @@ def checkpoint_root_of(value: str) -> Path | None:
     return root
 
 
+def checkpoint_root_name(name: str, root: Path | None) -> str:
+    """What the node registers as its checkpoint root: ``name``, else the shared root's path;
+    "" for node-local checkpoints."""
+    if root is None:
+        if name:
+            raise Fatal("--checkpoint-root-name names a shared --checkpoint-root: give that too")
+        return ""
+    shared_as = name or str(root)
+    if len(shared_as) > 256 or not shared_as.isprintable():
+        raise Fatal(f"--checkpoint-root-name {shared_as[:64]!r}: at most 256 printable characters")
+    return shared_as
+
+
 def run(args: argparse.Namespace) -> int:
     if not args.server:
         raise Fatal("--server URL is required (or set $TESSERA_SERVER)")
@@ -380,6 +402,7 @@ def run(args: argparse.Namespace) -> int:
         raise Fatal("--checkpoint-retention-hours must be >= 0")
     checkpoint_signal = signal_named(args.checkpoint_signal)
     checkpoint_root = checkpoint_root_of(args.checkpoint_root)
+    shared_as = checkpoint_root_name(args.checkpoint_root_name, checkpoint_root)
     if any(not 0 < port < 65536 for port in args.allow_local_port):
         raise Fatal("--allow-local-port must be 1..65535")
     if args.job_max_tasks is not None and args.job_max_tasks < 16:
@@ -388,6 +411,7 @@ def run(args: argparse.Namespace) -> int:
         raise Fatal("--job-disk-mb must be at least 1")
     token = join_token(args)
     inventory = inventory_from(args)
+    inventory.checkpoint_root = shared_as  # the server then knows which nodes reach a checkpoint
     try:
         users = identity.users_for(args.single_tenant, args.run_as, args.job_uids)
     except (ValueError, OSError) as exc:

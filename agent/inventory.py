@@ -81,6 +81,7 @@ class Inventory:
     devices: list[DeviceInfo] = field(default_factory=list)
     simulated: bool = True
     price_per_gpu_hour: float | None = None  # None: not sent (the operator sets it)
+    checkpoint_root: str = ""  # the shared checkpoint root's identifier ("": node-local)
 
     def register_body(self, metrics_url: str, address: str = "") -> dict[str, Any]:
         priced = {} if self.price_per_gpu_hour is None else {"price_per_gpu_hour": self.price_per_gpu_hour}
@@ -95,6 +96,7 @@ class Inventory:
             "nvlink_domain": self.nvlink_domain,
             "metrics_url": metrics_url,
             "address": address,
+            "checkpoint_root": self.checkpoint_root,
             "devices": [
                 {"index": d.index, "uuid": d.uuid, "model": d.model, "memory_gib": d.memory_gib}
                 for d in self.devices

@@ -15,9 +15,11 @@ Celery deployment report the same numbers from any web process. Each family is o
 | ``tessera_tenant_gpus_allocated`` | ``tenant``, ``model`` | the tenant's allocated GPU capacity |
 | ``tessera_tenant_gpus_guaranteed`` | ``tenant``, ``model`` | its quota's guarantee |
 | ``tessera_tenant_gpus_limit`` | ``tenant``, ``model`` | its quota's limit |
-| ``tessera_lost_gpu_seconds_total`` | ``cause`` | GPU-seconds of requeued attempts since their checkpoint |
+| ``tessera_lost_gpu_seconds_total`` | ``cause`` | GPU-seconds of requeued attempts since their checkpoint* |
 | ``tessera_job_failures_total`` | ``cause`` | failed jobs by why they failed |
 | ``tessera_node_heartbeat_age_seconds`` | ``node`` | seconds since each node's agent last reported |
+
+* all of an attempt's, when a later attempt started from the beginning, its checkpoint out of reach.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from scheduling.choices import QUEUE_LEVEL_NAMES, EventType, JobState, NodeState, PendingCode
 from scheduling.models import Allocation, Device, Job, JobEvent, Node, Quota
+from scheduling.services.checkpoints import FRESH
 
 QUANTILES = (0.5, 0.9, 0.99)
 RECENT = timedelta(hours=1)
@@ -177,7 +180,9 @@ def _tenant_families() -> list:
 def _lost_family() -> CounterMetricFamily:
     """The GPU-seconds of attempts that ended without finishing and were requeued (preempted,
     reclaimed idle, lost with their node, or retried after a failure): from each allocation's start
-    or the attempt's last checkpoint, whichever is later, to its release."""
+    or the attempt's last checkpoint, whichever is later, to its release; from its start when the
+    job later started from the beginning because its checkpoint was out of its nodes' reach
+    (services/checkpoints.py): everything before such a start is lost."""
     lost = CounterMetricFamily(
         "tessera_lost_gpu_seconds",
         "GPU-seconds of work lost by attempts that ended and were requeued, since their last checkpoint.",
@@ -187,13 +192,17 @@ def _lost_family() -> CounterMetricFamily:
     requeued = Job.objects.filter(attempts__gt=0).values_list("id", flat=True)
     ends: dict[tuple[int, datetime], str] = {}
     checkpoints: dict[int, list[datetime]] = defaultdict(list)
+    fresh: dict[int, datetime] = {}  # the job's last start from the beginning despite a checkpoint
     events = JobEvent.objects.filter(
+        Q(type__in=[EventType.PREEMPTED, EventType.REQUEUED, EventType.RETRYING, EventType.CHECKPOINTED])
+        | Q(type=EventType.SCHEDULED, reason__startswith=FRESH),
         job_id__in=requeued,
-        type__in=[EventType.PREEMPTED, EventType.REQUEUED, EventType.RETRYING, EventType.CHECKPOINTED],
     ).values_list("job_id", "type", "at", "reason")
     for job_id, kind, at, reason in events:
         if kind == EventType.CHECKPOINTED:
             checkpoints[job_id].append(at)
+        elif kind == EventType.SCHEDULED:
+            fresh[job_id] = max(at, fresh.get(job_id, at))
         elif kind == EventType.PREEMPTED:
             ends[(job_id, at)] = "idle-reclaim" if reason == IDLE_RECLAIM_REASON else "preemption"
         elif kind == EventType.RETRYING:
@@ -207,7 +216,8 @@ def _lost_family() -> CounterMetricFamily:
         cause = ends.get((job_id, end)) if end is not None else None
         if cause is None or end is None:
             continue  # the attempt that ended the job, or one released by a resize
-        since = max([start, *(c for c in checkpoints[job_id] if start <= c <= end)])
+        lost_all = job_id in fresh and fresh[job_id] >= end
+        since = start if lost_all else max([start, *(c for c in checkpoints[job_id] if start <= c <= end)])
         totals[cause] += (end - since).total_seconds() * milli / 1000
     for cause in LOST_CAUSES:
         lost.add_metric([cause], totals[cause])

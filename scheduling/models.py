@@ -213,6 +213,10 @@ class Node(models.Model):
     metrics_url = models.CharField(max_length=256, blank=True)
     # Where other nodes reach it (a job's MASTER_ADDR when its master replica runs here).
     address = models.CharField(max_length=253, blank=True)
+    # The checkpoint root its agent shares with other nodes (``--checkpoint-root``: its name, or
+    # its path), or empty: node-local. Nodes that register the same one reach each other's
+    # checkpoints (services/checkpoints.py).
+    checkpoint_root = models.CharField(max_length=256, blank=True, default="", db_default="")
     # Bumped on every allocation change: the pass's version check against stale decisions.
     version = models.PositiveBigIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -303,6 +307,11 @@ class Job(models.Model):
     stop_reason = models.CharField(max_length=64, blank=True)  # why it is terminating
     stop_deadline = models.DateTimeField(null=True, blank=True)  # end of the grace period
     last_checkpoint_at = models.DateTimeField(null=True, blank=True)
+    # Where that checkpoint is, for the next binding's event to say whether it can be reached:
+    # ``{"attempt": n, "line": marker line, "nodes": {node name: its checkpoint root}}``, the nodes
+    # that reported one in attempt n (services/checkpoints.py). Null: none reported (or before
+    # nodes said where).
+    checkpoint_place = models.JSONField(null=True, blank=True)
     # Why a running job holds fewer replicas than its full size (an elastic job below its
     # maximum, a gang started with ``min_available``); empty at full size. ``pending_reason``
     # is for pending jobs.

@@ -66,6 +66,10 @@ class RegisterIn(FieldTemplates, serializers.Serializer):
     metrics_url = serializers.CharField(max_length=256, allow_blank=True, default="")
     # A host name or an IP address other nodes reach this one at (jobs' MASTER_ADDR).
     address = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9.:-]{0,252}$", allow_blank=True, default="")
+    # The identifier of the checkpoint root the node shares with others (its agent's
+    # --checkpoint-root); empty or left out: node-local. Nodes naming the same one reach each
+    # other's checkpoints.
+    checkpoint_root = serializers.CharField(max_length=256, allow_blank=True, default="")
     devices = serializers.ListField(child=DeviceIn(), max_length=1024, default=list)
 
     def validate_name(self, value: str) -> str:
@@ -79,6 +83,11 @@ class RegisterIn(FieldTemplates, serializers.Serializer):
         for key in value:
             if not key or len(key) > 64 or "\x00" in key or not key.isprintable():
                 raise serializers.ValidationError(f"Bad label name {key[:64]!r}.")
+        return value
+
+    def validate_checkpoint_root(self, value: str) -> str:
+        if not value.isprintable():
+            raise serializers.ValidationError("Printable text only.")
         return value
 
     def validate_metrics_url(self, value: str) -> str:

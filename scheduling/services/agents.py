@@ -40,7 +40,7 @@ from scheduling.models import (
     hash_secret,
     new_secret,
 )
-from scheduling.services import audit, live
+from scheduling.services import audit, checkpoints, live
 from scheduling.services.inventory import device_rows
 from scheduling.services.jobs import (
     AGENT_STOPS,
@@ -239,6 +239,7 @@ def do_register_node(
             "nvlink_domain",
             "metrics_url",
             "address",
+            "checkpoint_root",
         ):
             setattr(node, field, desc[field])
         if desc.get("price_per_gpu_hour") is not None:  # else the price an operator set stays
@@ -689,8 +690,10 @@ def do_report_checkpoint(
     its last checkpoint as what a preemption would lose, and reclaims a borrower only within
     ``reclaim_checkpoint_window_s`` of one. Records a ``checkpointed`` event (at most one per
     :data:`CHECKPOINT_EVENT_EVERY_S`, but always the first of an attempt and one made while the
-    job is stopping: the "checkpoint now" before a preemption); an older report than the last one
-    recorded changes nothing. Stale if that attempt (``replica``: that replica) no longer runs here."""
+    job is stopping: the "checkpoint now" before a preemption), and where the checkpoint is
+    (``Job.checkpoint_place``: this node and its checkpoint root, services/checkpoints.py); an
+    older report than the last one recorded changes nothing but that place (another replica's).
+    Stale if that attempt (``replica``: that replica) no longer runs here."""
     now = timezone.now()
     with transaction.atomic():
         job, allocs = _owned_job(node, job_id)
@@ -706,9 +709,16 @@ def do_report_checkpoint(
             raise Stale(f"job {job_id} attempt {attempt} does not run on {node.name}")
         when = _clamped(at, job, held, now)
         last = job.last_checkpoint_at
-        if last is not None and when <= last:
+        older = last is not None and when <= last
+        # Where it is: the next binding's event says whether that attempt's nodes can reach it.
+        before, root = job.checkpoint_place, node.checkpoint_root
+        place = checkpoints.recorded(before, attempt, node.name, root, None if older else line[:256])
+        if older:  # another replica's (a gang's, on its own node): that node holds one too
+            if place != before:
+                Job.objects.filter(pk=job.pk).update(checkpoint_place=place)
+                job.checkpoint_place = place
             return job
-        Job.objects.filter(pk=job.pk).update(last_checkpoint_at=when)
+        Job.objects.filter(pk=job.pk).update(last_checkpoint_at=when, checkpoint_place=place)
         if (
             last is None
             or (when - last).total_seconds() >= CHECKPOINT_EVENT_EVERY_S
@@ -716,7 +726,7 @@ def do_report_checkpoint(
             or _first_of_attempt(job)
         ):
             JobEvent.objects.create(job=job, type=EventType.CHECKPOINTED, at=when, reason=line[:256])
-        job.last_checkpoint_at = when
+        job.last_checkpoint_at, job.checkpoint_place = when, place
     return job
 
 

@@ -8,6 +8,9 @@ checker then counts what a preemption loses from it). A retry after a failed att
 requeue after a lost node, release the job's GPUs and put it back in the queue: they become
 ``preempt`` with ``reason`` ``retry: …`` or ``node-lost`` (the checker does not count those as
 preemptions of non-preemptible jobs).
+A ``scheduled`` event's reason (a job that checkpointed: whether its new nodes reach its
+checkpoint, services/checkpoints.py) goes with its ``start``; one that ``starts from the
+beginning`` makes the checker take the job's work back to zero.
 ``started``, ``terminating`` and the ``requeued`` that follows a preemption add nothing.
 """
 

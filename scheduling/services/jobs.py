@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from scheduling.choices import HOLDING_STATES, QUEUE_LEVELS, TERMINAL_STATES, EventType, JobState
 from scheduling.models import Allocation, IdempotencyKey, Job, JobEvent, Tenant
-from scheduling.services import audit, live, webhooks
+from scheduling.services import audit, checkpoints, live, webhooks
 from scheduling.services.bulk import InsertWithChildren, RowsInsert, RowsUpdate, Write, write_together
 from scheduling.services.inventory import device_rows
 from scheduling.services.quotas import admission_params, admission_sql, check_job_admissible
@@ -149,10 +149,16 @@ def do_transition(
 
 
 def transition_writes(
-    jobs: list[Job], target: str, event: str, allocations: dict[int, list[dict[str, Any]]], at: datetime
+    jobs: list[Job],
+    target: str,
+    event: str,
+    allocations: dict[int, list[dict[str, Any]]],
+    at: datetime,
+    reasons: dict[int, str] | None = None,
 ) -> list[Write | None]:
     """:func:`do_transition` for ``jobs`` (locked by the caller) all moving to ``target`` at ``at``
-    (``allocations``: each job's event allocations), as two statements for all of them — their
+    (``allocations``, ``reasons``: each job's event allocations and reason, if any), as two
+    statements for all of them — their
     rows' UPDATE and their events' INSERT — for the caller to send with its own
     (:func:`~scheduling.services.bulk.write_together`). The checks, the jobs' new state in memory
     and their live updates (after commit) are done here."""
@@ -161,7 +167,11 @@ def transition_writes(
     for job in jobs:
         _moved(job, target, {})
     live.publish_jobs(jobs)
-    events = [JobEvent(job=job, type=event, at=at, allocations=allocations.get(job.pk)) for job in jobs]
+    why = reasons or {}
+    events = [
+        JobEvent(job=job, type=event, at=at, reason=why.get(job.pk, ""), allocations=allocations.get(job.pk))
+        for job in jobs
+    ]
     webhooks.queue_for_events(events)
     return [_WRITE_STATES.write(jobs), _WRITE_EVENTS.write(events)]
 
@@ -261,6 +271,7 @@ def _store_new(
 
 
 _UNSET_AT_SUBMIT = (
+    "checkpoint_place",
     "size_reason",
     "shrink_details",
     "size_cap",
@@ -531,8 +542,12 @@ class Settlement:
                 stop_reason="",
                 **common,
             )
+            # Whether the next attempt resumes depends on the node it gets: its ``scheduled``
+            # event says (services/checkpoints.py).
             resume = (
-                "from last checkpoint" if job.last_checkpoint_at else "from the start: no checkpoint reported"
+                checkpoints.REQUEUED_WITH_CHECKPOINT
+                if job.last_checkpoint_at
+                else checkpoints.REQUEUED_WITHOUT
             )
             self.events.append(JobEvent(job=job, type=EventType.REQUEUED, at=at, reason=resume))
         elif stop in AGENT_STOPS:  # its agent stopped it at a limit: it fails, no retry

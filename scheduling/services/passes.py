@@ -31,7 +31,7 @@ from scheduling.engine.config import EngineConfig, KnobError, configure
 from scheduling.engine.policy import TesseraScheduler
 from scheduling.engine.types import Binding, Deadline, Decisions, Estimate
 from scheduling.models import Allocation, Device, Job, Node, SchedulerState
-from scheduling.services import live, resizes, triggers
+from scheduling.services import checkpoints, live, resizes, triggers
 from scheduling.services.agents import bindings_by_node
 from scheduling.services.bulk import (
     RowsInsert,
@@ -323,7 +323,10 @@ def _add_pass(state: SchedulerState, result: PassResult, now: datetime) -> dict[
 _JOBS = PreparedRead(
     lambda ids: Job.objects.filter(pk__in=ids).order_by("pk").values_list(*JOB_COLUMNS, "tenant__name")
 )
-_NODE_COLUMNS = ("id", "name", "version")
+# In the model's order: the prepared read's rows come in that order, whatever values_list asks.
+_NODE_COLUMNS = tuple(
+    f.attname for f in Node._meta.concrete_fields if f.attname in ("id", "name", "checkpoint_root", "version")
+)
 _LOCK_NODES = PreparedRead(
     lambda names: (
         Node.objects.select_for_update().filter(name__in=names).order_by("pk").values_list(*_NODE_COLUMNS)
@@ -390,9 +393,10 @@ def _apply_bindings(
         return
     node_names = sorted({p.node for b in bindings for p in b.placements})
     with transaction.atomic():
-        # One round trip: the jobs locked, then the nodes (for their versions; the pass needs no
-        # more of them, nor their JSON columns), then who holds the devices the bindings want
-        # now (the capacity check below, then the device rows published).
+        # One round trip: the jobs locked, then the nodes (for their versions, and checkpoint
+        # roots for the events; the pass needs no more of them, nor their JSON columns), then
+        # who holds the devices the bindings want now (the capacity check below, then the device
+        # rows published).
         job_rows, node_rows, holder_rows = read_together(
             (LOCK_JOBS, sorted({int(b.job_id) for b in bindings})),
             (_LOCK_NODES, node_names),
@@ -421,6 +425,7 @@ def _apply_bindings(
             return
         allocs: list[Allocation] = []
         events: dict[int, list[dict]] = {}
+        reasons: dict[int, str] = {}  # whether a job that checkpointed can reach its checkpoint
         for job, wanted in bound:
             mine = [
                 Allocation(job=job, node=n, device=d, replica=r, share_milli=s, attempt=job.attempts)
@@ -428,6 +433,9 @@ def _apply_bindings(
             ]
             allocs.extend(mine)
             events[job.pk] = allocations_payload(mine)
+            if job.last_checkpoint_at is not None:
+                on = [(n.name, n.checkpoint_root) for n, _, _, _ in wanted]
+                reasons[job.pk] = checkpoints.binding_note(job.last_checkpoint_at, job.checkpoint_place, on)
         # Stamped now, not at the pass's start: a job committed while the snapshot was being
         # read is bound by this pass, and its history must not start before its submission. And
         # before the allocations are written: their ``created_at`` is never before the binding's
@@ -444,7 +452,7 @@ def _apply_bindings(
         write_together(  # one round trip
             _WRITE_ALLOCATIONS.write(allocs),
             _WRITE_VERSIONS.write(sorted(touched.values(), key=lambda n: n.pk)),
-            *transition_writes(jobs_bound, JobState.SCHEDULED, EventType.SCHEDULED, events, at),
+            *transition_writes(jobs_bound, JobState.SCHEDULED, EventType.SCHEDULED, events, at, reasons),
         )
         resizes.note_bound_sizes(jobs_bound, allocs)
         live.publish_devices(_rows_after(allocs, held))

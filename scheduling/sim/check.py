@@ -12,7 +12,9 @@ files, walks the events in order, and reports every violation of the invariants 
 - a non-preemptible job preempted;
 - a job finishing before its work is done — work accrues at k/g on k of g GPUs, stops at the
   stop signal (``grace_s`` before the ``preempt``), and a preempted job keeps only the work of
-  its last checkpoint (every ``checkpoint_s`` of work);
+  its last checkpoint (every ``checkpoint_s`` of work), none of it when its next ``start`` has a
+  ``reason`` that begins ``starts from the beginning`` (a live export's: its checkpoint was out
+  of its new nodes' reach);
 - a ``time-limit`` failure before the limit; a job that never ends;
 - with ``adjust`` (a ``replay --adjust on`` run): work accrues at up to real time on any GPUs
   (``min(1, k / demand)`` is at most 1), an ``idle-reclaim`` preemption keeps the work done at its
@@ -39,7 +41,7 @@ from typing import Any
 from scheduling.engine.types import JobRequest, NodeSpec, QuotaSpec
 from scheduling.sim.avoidable import AvoidableWait, free_view
 from scheduling.sim.feasible import could_hold, eligible, min_replicas, quota_row
-from scheduling.sim.traces import TraceJob
+from scheduling.sim.traces import START_FROM_SCRATCH, TraceJob
 
 EPS = 1e-6
 
@@ -143,6 +145,8 @@ class Checker:
         self._check_shape(where, js, allocs, starting=True)
         js.state = "running"
         js.attempt_start = t
+        if str(ev.get("reason", "")).startswith(START_FROM_SCRATCH):  # its checkpoint out of reach
+            js.work, js.saved, js.saved_now = 0.0, 0.0, 0.0
         self.avoidable.pending.pop(js.tj.request.id, None)
         self._take(where, t, js, allocs)
 

@@ -59,6 +59,9 @@ JOB_ADJUST = ("util_profile", "idle_reclaim", "interactive")
 # history start estimates trust first; written by ``generate --recurring`` and ``export_trace``.
 JOB_RECURRING = ["user", "name"]
 QUOTA_COLUMNS = ["tenant", "model", "guaranteed", "limit", "weight"]
+# How the ``reason`` of a ``start`` begins when the job starts over, its checkpoint out of its new
+# nodes' reach (``export_trace``: services/checkpoints.py): ``check`` then takes all its work lost.
+START_FROM_SCRATCH = "starts from the beginning"
 
 
 class TraceError(ValueError):

@@ -87,6 +87,30 @@ def test_the_agents_price_flag_goes_into_its_registration_and_a_bad_one_stops_it
         inventory_from(bad)
 
 
+def test_an_agent_says_which_checkpoint_root_it_shares_and_one_that_does_not_say_is_node_local(
+    join_token, tmp_path
+):
+    from agent.cli import Fatal, build_parser, checkpoint_root_name, checkpoint_root_of, inventory_from
+
+    shared = build_parser().parse_args(["--simulate", "2xT4", "--checkpoint-root", str(tmp_path)])
+    root = checkpoint_root_of(shared.checkpoint_root)
+    assert checkpoint_root_name(shared.checkpoint_root_name, root) == str(tmp_path.resolve())
+    assert checkpoint_root_name("nfs-a", root) == "nfs-a"
+    assert checkpoint_root_name("", None) == ""
+    with pytest.raises(Fatal, match="give that too"):
+        checkpoint_root_name("nfs-a", None)
+    inventory = inventory_from(shared)
+    inventory.checkpoint_root = "nfs-a"
+    assert inventory.register_body("")["checkpoint_root"] == "nfs-a"
+
+    _, answer = h.register(join_token, "gpu-01", checkpoint_root="nfs-a")
+    assert Node.objects.get(name="gpu-01").checkpoint_root == "nfs-a"
+    body = h.node_body("gpu-01")  # without checkpoint_root, as an older agent's
+    again = h.client_with(f"Node {answer['credential']}").post(AGENT + "register", body, format="json")
+    assert again.status_code == 200, again.content
+    assert Node.objects.get(name="gpu-01").checkpoint_root == ""
+
+
 @pytest.mark.parametrize("auth", [None, "Join wrong-token", "Join", "Token abc", "Node abc", "Join a b"])
 def test_registration_without_a_valid_join_token_is_refused(join_token, auth):
     answer = h.client_with(auth).post(AGENT + "register", h.node_body(), format="json")
@@ -121,6 +145,8 @@ def test_an_expired_or_revoked_join_token_is_refused(db):
         ("memory_gib", float("inf")),
         ("nvlink_domain", 0),
         ("metrics_url", "ftp://x/metrics"),
+        ("checkpoint_root", "nfs\n-a"),
+        ("checkpoint_root", "x" * 257),
         ("devices", "eight"),
         ("devices", [{"index": 0, "uuid": "a", "model": "A100"}, {"index": 0, "uuid": "b", "model": "A100"}]),
         ("devices", [{"index": -1, "uuid": "a", "model": "A100"}]),

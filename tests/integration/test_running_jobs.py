@@ -256,7 +256,12 @@ def test_a_preempted_job_resumes_on_another_node_from_its_last_checkpoint_losing
     assert stopped == resumed, log  # checkpoint now: no work lost
     assert "checkpoint written: SIGTERM" in log, log
     types = [(e["type"], e["reason"]) for e in events]
-    assert ("requeued", "from last checkpoint") in types and types[-1] == ("succeeded", None), types
+    requeued = "from its last checkpoint if its next nodes can reach it, else from the start"
+    assert ("requeued", requeued) in types and types[-1] == ("succeeded", None), types
+    # The binding on node b says it reaches the checkpoint: both agents share that root.
+    again = [e["reason"] for e in events if e["type"] == "scheduled"][-1]
+    assert again.startswith(f"resumes from its last checkpoint (step {resumed}, at "), again
+    assert again.endswith(f"): on checkpoint root '{(stack.work / 'shared').resolve()}'"), again
 
 
 MEET = """

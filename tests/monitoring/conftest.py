@@ -201,7 +201,8 @@ class IdleJobs:
         assert gpu["idle_s"] >= 18 and gpu["max_util"] < 0.05 and gpu["points"] >= 9
         after = [e for e in self.events(self.batch) if e["at"] >= reclaim["at"]]
         assert [e["reason"] for e in after if e["type"] == "checkpointed"][:1] == ["now"]
-        assert [e for e in after if e["type"] == "requeued"][0]["reason"] == "from last checkpoint"
+        requeued = [e for e in after if e["type"] == "requeued"][0]["reason"]
+        assert requeued == "from its last checkpoint if its next nodes can reach it, else from the start"
 
         # The elastic job: warned twice, then shrunk to its busy GPU; the idle one given back.
         assert self.types(self.elastic)[:3] == ["idle-warning", "idle-warning", "idle-reclaim"]

@@ -92,16 +92,19 @@ def test_a_checkpoint_and_a_node_loss_are_exported_and_pass_the_checker(world, t
     )
     Node.objects.filter(pk=node.pk).update(last_heartbeat=lost)
     sweep_nodes()  # requeued, node-lost, no retry used
-    Node.objects.filter(pk=node.pk).update(last_heartbeat=timezone.now(), state="ready")
+    helpers.make_node("a100-02")  # where it starts again, without its node-local checkpoint
     _start(job)
     _exit(job, 0)
     call_command("export_trace", str(tmp_path))
-    assert _check_dir(tmp_path).violations == []
+    assert _check_dir(tmp_path).violations == []  # all its work redone: no more than it needed
     events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert [(e["event"], e.get("reason")) for e in events if e["event"] in ("checkpoint", "preempt")] == [
         ("checkpoint", "step 10"),
         ("preempt", "node-lost"),
     ]
+    again = [e for e in events if e["event"] == "start"][-1]
+    assert again["allocations"][0]["node"] == "a100-02"
+    assert again["reason"].startswith("starts from the beginning: its last checkpoint (step 10, at ")
 
 
 def test_nodes_are_written_with_the_formats_kinds_only(world, tmp_path):

@@ -202,6 +202,25 @@ def test_a_live_jobs_reported_checkpoint_is_what_its_preemption_keeps(tmp_path: 
     assert run(tmp_path, jobs, [*head, ev(155, "finish", "a")]).ok
 
 
+def test_a_live_job_that_starts_from_the_beginning_keeps_nothing_of_its_checkpoint(tmp_path: Path) -> None:
+    # As above, but its checkpoint was on node n1's local disk and it was started again on n2:
+    # the 45 s it had kept are lost, all 100 s are left from t=100.
+    jobs = [job("a", grace_s=30)]
+    fresh = "starts from the beginning: its last checkpoint (step 45, at …) is on node n1's local disk"
+    head = [
+        ev(0, "submit", "a"),
+        ev(0, "start", "a", alloc("n1", [0])),
+        ev(45, "checkpoint", "a", reason="step 45"),
+        ev(80, "preempt", "a"),
+        ev(100, "start", "a", alloc("n2", [0]), reason=fresh),
+    ]
+    only(
+        run(tmp_path, jobs, [*head, ev(155, "finish", "a")]),
+        "finished before its work was done (55.0 of 100 s",
+    )
+    assert run(tmp_path, jobs, [*head, ev(200, "finish", "a")]).ok
+
+
 def test_it_flags_a_checkpoint_of_a_job_that_is_not_running(tmp_path: Path) -> None:
     events = [ev(0, "submit", "a"), ev(1, "checkpoint", "a"), ev(2, "start", "a", alloc("n1", [0]))]
     only(
