@@ -246,6 +246,8 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Submit and watch GPU jobs; inspect nodes, tenants and quotas.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # A text field that refuses "" says so (minLength 1), as tests/api/test_schemathesis.py checks.
+    "ENFORCE_NON_BLANK_FIELDS": True,
     # The docs' code from the drf-spectacular-sidecar package (controlplane/api_docs.py); no
     # validator badge (it would fetch an image from swagger.io, telling it the schema's URL).
     "SWAGGER_UI_DIST": "SIDECAR",

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import base64
 import binascii
-import re
 from typing import Any, cast
-from urllib.parse import urlparse
 
 from django.conf import settings
+from django.core.validators import RegexValidator
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.exceptions import NotFound, PermissionDenied
@@ -31,12 +30,20 @@ from scheduling.api.agent_auth import (
     NodePrincipal,
 )
 from scheduling.api.errors import Conflict
-from scheduling.api.fields import FieldTemplates
+from scheduling.api.fields import (
+    FieldTemplates,
+    StrictCharField,
+    StrictFloatField,
+    StrictIntegerField,
+)
 from scheduling.services import agents as svc
 from scheduling.services.utilisation import GpuReport
 
 MAX_INT = 2**31 - 1
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z"
+# Patterns that the schema declares as they are checked (its ECMA-262 reads \\Z as $).
+METRICS_URL_RE = r"^(https?://[^/?#\x00-\x20]+([/?#][^\x00-\x20]*)?)?\Z"
+BASE64_RE = r"^([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?\Z"
 NODE_KINDS = ("gpu", "tpu", "npu", "cpu")
 EXIT_REASONS = ("", "time-limit", "disk-limit", "stopped", "lost", "spawn-failed")
 
@@ -45,37 +52,42 @@ EXIT_REASONS = ("", "time-limit", "disk-limit", "stopped", "lost", "spawn-failed
 
 
 class DeviceIn(FieldTemplates, serializers.Serializer):
-    index = serializers.IntegerField(min_value=0, max_value=1023)
-    uuid = serializers.CharField(max_length=128)
-    model = serializers.CharField(max_length=64)
-    memory_gib = serializers.FloatField(min_value=0, max_value=1e6, default=0.0)
+    index = StrictIntegerField(min_value=0, max_value=1023)
+    uuid = StrictCharField(max_length=128)
+    model = StrictCharField(max_length=64)
+    memory_gib = StrictFloatField(min_value=0, max_value=1e6, default=0.0)
 
 
 class RegisterIn(FieldTemplates, serializers.Serializer):
-    name = serializers.CharField(max_length=128)
-    rack = serializers.CharField(max_length=64, default="default")
-    labels = serializers.DictField(
-        child=serializers.CharField(max_length=128, allow_blank=True), default=dict
+    name = StrictCharField(
+        max_length=128,
+        validators=[RegexValidator(NAME_RE, "Letters, digits, '.', '_' and '-' only.")],
     )
-    kind = serializers.ChoiceField(choices=NODE_KINDS, default="gpu")
-    cpus = serializers.FloatField(min_value=0, max_value=1e6, default=0.0)
-    memory_gib = serializers.FloatField(min_value=0, max_value=1e9, default=0.0)
-    nvlink_domain = serializers.IntegerField(min_value=1, max_value=1024, default=1)
+    rack = StrictCharField(max_length=64, default="default")
+    labels = serializers.DictField(child=StrictCharField(max_length=128, allow_blank=True), default=dict)
+    kind = StrictCharField(choices=NODE_KINDS, default="gpu")
+    cpus = StrictFloatField(min_value=0, max_value=1e6, default=0.0)
+    memory_gib = StrictFloatField(min_value=0, max_value=1e9, default=0.0)
+    nvlink_domain = StrictIntegerField(min_value=1, max_value=1024, default=1)
     # What a GPU-hour on the node costs (α weighs it); left out: the node keeps the price it has.
-    price_per_gpu_hour = serializers.FloatField(min_value=0, max_value=1e6, required=False)
-    metrics_url = serializers.CharField(max_length=256, allow_blank=True, default="")
+    price_per_gpu_hour = StrictFloatField(min_value=0, max_value=1e6, required=False)
+    metrics_url = StrictCharField(
+        max_length=256,
+        allow_blank=True,
+        default="",
+        validators=[RegexValidator(METRICS_URL_RE, "An http:// or https:// URL, or empty.")],
+    )
     # A host name or an IP address other nodes reach this one at (jobs' MASTER_ADDR).
-    address = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9.:-]{0,252}$", allow_blank=True, default="")
+    address = StrictCharField(
+        allow_blank=True,
+        default="",
+        validators=[RegexValidator(r"^[A-Za-z0-9][A-Za-z0-9.:-]{0,252}\Z", "A host name or an IP address.")],
+    )
     # The identifier of the checkpoint root the node shares with others (its agent's
     # --checkpoint-root); empty or left out: node-local. Nodes naming the same one reach each
     # other's checkpoints.
-    checkpoint_root = serializers.CharField(max_length=256, allow_blank=True, default="")
+    checkpoint_root = StrictCharField(max_length=256, allow_blank=True, default="", printable=True)
     devices = serializers.ListField(child=DeviceIn(), max_length=1024, default=list)
-
-    def validate_name(self, value: str) -> str:
-        if not NAME_RE.match(value):
-            raise serializers.ValidationError("Letters, digits, '.', '_' and '-' only.")
-        return value
 
     def validate_labels(self, value: dict[str, str]) -> dict[str, str]:
         if len(value) > 64:
@@ -83,16 +95,6 @@ class RegisterIn(FieldTemplates, serializers.Serializer):
         for key in value:
             if not key or len(key) > 64 or "\x00" in key or not key.isprintable():
                 raise serializers.ValidationError(f"Bad label name {key[:64]!r}.")
-        return value
-
-    def validate_checkpoint_root(self, value: str) -> str:
-        if not value.isprintable():
-            raise serializers.ValidationError("Printable text only.")
-        return value
-
-    def validate_metrics_url(self, value: str) -> str:
-        if value and (urlparse(value).scheme not in ("http", "https") or not urlparse(value).netloc):
-            raise serializers.ValidationError("An http:// or https:// URL, or empty.")
         return value
 
     def validate_devices(self, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -103,19 +105,19 @@ class RegisterIn(FieldTemplates, serializers.Serializer):
 
 
 class RunningIn(FieldTemplates, serializers.Serializer):
-    job_id = serializers.IntegerField(min_value=1, max_value=svc.MAX_DB_INT)
-    attempt = serializers.IntegerField(min_value=0, max_value=MAX_INT)
-    replica = serializers.IntegerField(min_value=0, max_value=MAX_INT)
-    pid = serializers.IntegerField(min_value=0, max_value=MAX_INT, default=0)
+    job_id = StrictIntegerField(min_value=1, max_value=svc.MAX_DB_INT)
+    attempt = StrictIntegerField(min_value=0, max_value=MAX_INT)
+    replica = StrictIntegerField(min_value=0, max_value=MAX_INT)
+    pid = StrictIntegerField(min_value=0, max_value=MAX_INT, default=0)
 
 
 class UtilisationIn(FieldTemplates, serializers.Serializer):
-    gpu = serializers.IntegerField(min_value=0, max_value=4095)
+    gpu = StrictIntegerField(min_value=0, max_value=4095)
     job_ids = serializers.ListField(
-        child=serializers.IntegerField(min_value=1, max_value=MAX_INT), max_length=64, default=list
+        child=StrictIntegerField(min_value=1, max_value=MAX_INT), max_length=64, default=list
     )
-    util = serializers.FloatField(min_value=0, max_value=100)
-    sm_active = serializers.FloatField(min_value=0, max_value=1, required=False, allow_null=True)
+    util = StrictFloatField(min_value=0, max_value=100)
+    sm_active = StrictFloatField(min_value=0, max_value=1, required=False, allow_null=True)
 
 
 class HeartbeatIn(FieldTemplates, serializers.Serializer):
@@ -124,32 +126,32 @@ class HeartbeatIn(FieldTemplates, serializers.Serializer):
 
 
 class ReplicaIn(FieldTemplates, serializers.Serializer):
-    attempt = serializers.IntegerField(min_value=0, max_value=MAX_INT)
-    replica = serializers.IntegerField(min_value=0, max_value=MAX_INT, default=0)
+    attempt = StrictIntegerField(min_value=0, max_value=MAX_INT)
+    replica = StrictIntegerField(min_value=0, max_value=MAX_INT, default=0)
 
 
 class StartedIn(ReplicaIn):
-    pid = serializers.IntegerField(min_value=0, max_value=MAX_INT, default=0)
+    pid = StrictIntegerField(min_value=0, max_value=MAX_INT, default=0)
     # When the agent saw the process start (epoch seconds, its clock); clamped by the service.
-    started_at = serializers.FloatField(min_value=0, max_value=1e11, required=False, allow_null=True)
+    started_at = StrictFloatField(min_value=0, max_value=1e11, required=False, allow_null=True)
 
 
 class CheckpointedIn(ReplicaIn):
     # When the agent saw the marker's new line (epoch seconds, its clock); clamped by the service.
-    at = serializers.FloatField(min_value=0, max_value=1e11)
-    line = serializers.CharField(max_length=256, allow_blank=True, default="", trim_whitespace=True)
+    at = StrictFloatField(min_value=0, max_value=1e11)
+    line = StrictCharField(max_length=256, allow_blank=True, default="", trim_whitespace=True)
 
 
 class ExitedIn(ReplicaIn):
-    exit_code = serializers.IntegerField(min_value=-255, max_value=255, allow_null=True)
-    reason = serializers.ChoiceField(choices=EXIT_REASONS, default="")
+    exit_code = StrictIntegerField(min_value=-255, max_value=255, allow_null=True)
+    reason = StrictCharField(choices=EXIT_REASONS, default="", allow_blank=True)
     # Set by an agent that sent no ``started`` report (the process ended at once): its start.
-    started_at = serializers.FloatField(min_value=0, max_value=1e11, required=False, allow_null=True)
-    pid = serializers.IntegerField(min_value=0, max_value=MAX_INT, default=0)
+    started_at = StrictFloatField(min_value=0, max_value=1e11, required=False, allow_null=True)
+    pid = StrictIntegerField(min_value=0, max_value=MAX_INT, default=0)
 
 
 class ExitIn(ExitedIn):
-    job_id = serializers.IntegerField(min_value=1, max_value=svc.MAX_DB_INT)
+    job_id = StrictIntegerField(min_value=1, max_value=svc.MAX_DB_INT)
 
 
 class ExitsIn(FieldTemplates, serializers.Serializer):
@@ -157,9 +159,13 @@ class ExitsIn(FieldTemplates, serializers.Serializer):
 
 
 class LogsIn(ReplicaIn):
-    offset = serializers.IntegerField(min_value=0, max_value=svc.MAX_DB_INT)
+    offset = StrictIntegerField(min_value=0, max_value=svc.MAX_DB_INT)
     # DRF's metaclass takes declared fields out of the class: Serializer.data stays the property.
-    data = serializers.CharField(allow_blank=True, trim_whitespace=False, help_text="base64 bytes")  # type: ignore[assignment]
+    data = StrictCharField(  # type: ignore[assignment]
+        allow_blank=True,
+        help_text="base64 bytes",
+        validators=[RegexValidator(BASE64_RE, "Not valid base64.")],
+    )
 
     def validate_data(self, value: str) -> bytes:
         try:

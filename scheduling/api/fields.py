@@ -10,11 +10,10 @@ UTF-8 cannot encode. Errors are flat lists of words (``{"field": ["reason"]}``),
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from django.conf import settings
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 
@@ -51,6 +50,21 @@ def _shallow_copy(field: serializers.Field) -> serializers.Field:
     return twin
 
 
+# What ``printable`` refuses, as a character class that Python and JSON Schema (ECMA-262) read
+# alike, so the schema declares exactly what is checked: control characters (C0, DEL, C1) and the
+# invisible ones that make two names look alike or reorder their text (soft hyphen, zero-width and
+# bidirectional marks, line and paragraph separators, word joiners, the byte-order mark).
+NOT_PRINTABLE = (
+    r"\x00-\x1f\x7f-\x9f\xad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\ufff9-\ufffb"
+)
+PRINTABLE_PATTERN = f"^[^{NOT_PRINTABLE}]*$"
+_PRINTABLE = re.compile(f"[^{NOT_PRINTABLE}]*")
+
+
+def is_printable(value: str) -> bool:
+    return _PRINTABLE.fullmatch(value) is not None
+
+
 def text_problem(value: str) -> str | None:
     """Why ``value`` cannot be stored as text (None when it can)."""
     if "\x00" in value:
@@ -78,8 +92,25 @@ def is_json_number(value: Any) -> bool:
     return isinstance(value, float) and math.isfinite(value)
 
 
+class RejectsUnknownFields:
+    """Serializer mixin: the body is a JSON object naming only the serializer's fields; anything
+    else is a 400 naming each unknown field. Its schema says ``additionalProperties: false``
+    (``scheduling.api.schema.ClosedObjectSchema``)."""
+
+    fields: Any
+
+    def to_internal_value(self, data: Any) -> Any:
+        if not isinstance(data, dict):
+            raise serializers.ValidationError({"detail": "Request body must be a JSON object."})
+        unknown = [key for key in data if key not in self.fields]
+        if unknown:
+            raise serializers.ValidationError({json_safe(k): ["unknown field"] for k in unknown})
+        return super().to_internal_value(data)  # type: ignore[misc]
+
+
 class StrictCharField(serializers.CharField):
-    """A JSON string with no NUL or lone surrogate; ``printable`` also refuses control characters."""
+    """A JSON string with no NUL or lone surrogate; ``printable`` also refuses control and invisible
+    characters (``NOT_PRINTABLE``)."""
 
     def __init__(self, *, printable: bool = False, choices: tuple[str, ...] | None = None, **kwargs: Any):
         kwargs.setdefault("trim_whitespace", False)
@@ -93,7 +124,7 @@ class StrictCharField(serializers.CharField):
         problem = text_problem(data)
         if problem:
             raise serializers.ValidationError(problem)
-        if self.printable and not data.isprintable():
+        if self.printable and not is_printable(data):
             raise serializers.ValidationError("must contain printable characters only")
         if self.choices is not None and data not in self.choices:
             raise serializers.ValidationError("must be one of: " + ", ".join(self.choices))
@@ -189,8 +220,7 @@ class StringListField(serializers.Field):  # its schema: scheduling.api.schema.S
         return list(value or [])
 
 
-@extend_schema_field({"type": "object", "additionalProperties": {"type": "string"}})
-class StringMapField(serializers.Field):
+class StringMapField(serializers.Field):  # its schema: scheduling.api.schema.StringMapSchema
     """A JSON object of string → string, bounded in entries and bytes (keys plus values)."""
 
     def __init__(self, *, max_entries: int, max_bytes: int, key_max_length: int = 1024, **kwargs: Any):
@@ -223,8 +253,7 @@ class StringMapField(serializers.Field):
         return dict(value or {})
 
 
-@extend_schema_field(OpenApiTypes.NUMBER)
-class GpuCountField(serializers.Field):
+class GpuCountField(serializers.Field):  # its schema: scheduling.api.schema.GpuCountSchema
     """``gpus``: an integer ≥ 0, or a fraction strictly between 0 and 1 (a share of one GPU).
 
     Fractions are kept to thousandths (the allocation unit), so one must be 0.001 to 0.999.

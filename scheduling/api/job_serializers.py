@@ -17,6 +17,7 @@ from rest_framework import serializers
 from scheduling.api.fields import (
     FieldTemplates,
     GpuCountField,
+    RejectsUnknownFields,
     StrictBooleanField,
     StrictCharField,
     StrictFloatField,
@@ -81,7 +82,7 @@ class ElasticField(serializers.Field):
         return value
 
 
-class JobSubmitSerializer(FieldTemplates, serializers.Serializer):
+class JobSubmitSerializer(RejectsUnknownFields, FieldTemplates, serializers.Serializer):
     """Validates a submitted job body; ``model_fields()`` gives the values to store."""
 
     tenant = StrictCharField(
@@ -133,14 +134,6 @@ class JobSubmitSerializer(FieldTemplates, serializers.Serializer):
         help_text="`allow`: the adjustment pass may requeue this non-preemptible job once its GPUs "
         "have been idle for the policy's window (default `never`: it is only warned).",
     )
-
-    def to_internal_value(self, data: Any) -> dict[str, Any]:
-        if not isinstance(data, dict):
-            raise serializers.ValidationError({"detail": "Request body must be a JSON object."})
-        unknown = [key for key in data if key not in self.fields]
-        if unknown:
-            raise serializers.ValidationError({json_safe(k): ["unknown field"] for k in unknown})
-        return super().to_internal_value(data)
 
     def validate_prefer_labels(self, value: dict[str, str]) -> dict[str, str]:
         # Nodes alike share a placement group across racks, so the placer scores labels per

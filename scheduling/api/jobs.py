@@ -18,7 +18,13 @@ from typing import Any, cast
 
 from django.db.models import QuerySet
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    PolymorphicProxySerializer,
+    extend_schema,
+    extend_schema_view,
+)
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, ParseError, PermissionDenied, ValidationError
@@ -63,7 +69,7 @@ def submit_tenant(user, named: str | None) -> Tenant:
             )
         raise PermissionDenied("You belong to no tenant; ask an operator to add you to one.")
     if named is not None and named != own.name:
-        raise ValidationError({"tenant": ["you may submit jobs only for your own tenant"]})
+        raise PermissionDenied("You may submit jobs only for your own tenant.")
     return own
 
 
@@ -147,7 +153,17 @@ class JobViewSet(viewsets.GenericViewSet):
                 "would start now, or why it would wait, with the estimate; stores nothing.",
             ),
         ],
-        responses={201: JobSerializer, 200: JobSerializer},
+        responses={
+            201: JobSerializer,
+            200: OpenApiResponse(
+                PolymorphicProxySerializer(
+                    component_name="JobOrDryRun",
+                    serializers=[JobSerializer, DryRunSerializer],
+                    resource_type_field_name=None,
+                ),
+                description="the first job of a retried Idempotency-Key, or a dry run's answer",
+            ),
+        },
     )
     def create(self, request: Request) -> Response:
         body = request.data  # parsed by StrictJSONParser: 400/413 for what is not a JSON object

@@ -16,7 +16,8 @@ from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from scheduling.api.fields import StrictCharField, StrictFloatField, json_safe
+from scheduling.api.errors import Conflict
+from scheduling.api.fields import RejectsUnknownFields, StrictCharField, StrictFloatField
 from scheduling.api.lookups import ID_PARAMETER, parse_pk
 from scheduling.api.pagination import BoundedLimitOffsetPagination
 from scheduling.api.permissions import OperatorWritesOnly
@@ -57,7 +58,7 @@ class QuotaWrittenSerializer(QuotaSerializer):
         read_only_fields = fields
 
 
-class QuotaWriteSerializer(serializers.Serializer):
+class QuotaWriteSerializer(RejectsUnknownFields, serializers.Serializer):
     """A quota body: all fields on create; on PATCH only the numbers may change."""
 
     tenant = StrictCharField(max_length=64, help_text="the tenant's name")
@@ -72,12 +73,7 @@ class QuotaWriteSerializer(serializers.Serializer):
     weight = StrictFloatField(required=False, min_value=0, max_value=MAX_WEIGHT)
 
     def to_internal_value(self, data: Any) -> dict[str, Any]:
-        if not isinstance(data, dict):
-            raise ValidationError({"detail": "Request body must be a JSON object."})
-        unknown = [key for key in data if key not in self.fields]
-        if unknown:
-            raise ValidationError({json_safe(k): ["unknown field"] for k in unknown})
-        if self.instance is not None:
+        if self.instance is not None and isinstance(data, dict):
             fixed = [key for key in ("tenant", "model") if key in data]
             if fixed:
                 raise ValidationError(
@@ -160,7 +156,7 @@ class QuotaViewSet(viewsets.GenericViewSet):
         try:
             quota = do_create_quota(**body.validated_data, by=request.user)
         except QuotaExists:
-            raise ValidationError({"model": ["the tenant already has a quota for this model"]}) from None
+            raise Conflict({"model": ["the tenant already has a quota for this model"]}) from None
         return Response(with_warnings(quota, body), status=status.HTTP_201_CREATED)
 
     def partial_update(self, request: Request, pk: str) -> Response:

@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.extensions import OpenApiAuthenticationExtension, OpenApiSerializerFieldExtension
+from django.core.validators import RegexValidator
+from drf_spectacular.contrib.django_filters import DjangoFilterExtension
+from drf_spectacular.extensions import (
+    OpenApiAuthenticationExtension,
+    OpenApiSerializerExtension,
+    OpenApiSerializerFieldExtension,
+)
 
 
 class StringListSchema(OpenApiSerializerFieldExtension):
@@ -20,7 +26,7 @@ class StringListSchema(OpenApiSerializerFieldExtension):
 
     def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
         field = self.target
-        items: dict[str, Any] = {"type": "string"}
+        items: dict[str, Any] = {"type": "string", "pattern": NO_NUL}
         if field.item_min_length:
             items["minLength"] = field.item_min_length
         if field.item_max_length is not None:
@@ -31,16 +37,89 @@ class StringListSchema(OpenApiSerializerFieldExtension):
         return schema
 
 
-class StrictCharSchema(OpenApiSerializerFieldExtension):
-    """A :class:`~scheduling.api.fields.StrictCharField` with ``choices`` declares them as an enum."""
+class StringMapSchema(OpenApiSerializerFieldExtension):
+    """A :class:`~scheduling.api.fields.StringMapField` is an object of strings, with its bounds
+    (its keys' bounds and its size in bytes are checked too, but OpenAPI 3.0 cannot state them)."""
 
-    target_class = "scheduling.api.fields.StrictCharField"
+    target_class = "scheduling.api.fields.StringMapField"
 
     def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        return {
+            "type": "object",
+            "additionalProperties": {"type": "string", "pattern": NO_NUL},
+            "maxProperties": self.target.max_entries,
+        }
+
+
+class StrictCharSchema(OpenApiSerializerFieldExtension):
+    """A :class:`~scheduling.api.fields.StrictCharField` declares what it refuses: its ``choices``
+    as an enum, else a pattern: its validator's, or no NUL (printable ones: none of
+    ``NOT_PRINTABLE``)."""
+
+    target_class = "scheduling.api.fields.StrictCharField"
+    match_subclasses = True
+
+    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        from scheduling.api.fields import PRINTABLE_PATTERN
+
         schema = auto_schema._map_serializer_field(self.target, direction, bypass_extensions=True)
         if self.target.choices is not None:
             schema["enum"] = list(self.target.choices)
+        elif not any(isinstance(v, RegexValidator) for v in self.target.validators):
+            schema["pattern"] = PRINTABLE_PATTERN if self.target.printable else NO_NUL
         return schema
+
+
+class GpuCountSchema(OpenApiSerializerFieldExtension):
+    """``gpus`` (:class:`~scheduling.api.fields.GpuCountField`): a whole number up to the largest
+    job, or a fraction of one GPU in thousandths."""
+
+    target_class = "scheduling.api.fields.GpuCountField"
+
+    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        from django.conf import settings
+
+        limit = self.target.max_value
+        limit = settings.TESSERA["MAX_JOB_GPUS"] if limit is None else limit
+        return {
+            "anyOf": [
+                {"type": "integer", "minimum": 0, "maximum": limit},
+                {"type": "number", "minimum": 0.001, "maximum": 0.999},
+            ]
+        }
+
+
+class ClosedObjectSchema(OpenApiSerializerExtension):
+    """A body that refuses unknown fields (:class:`~scheduling.api.fields.RejectsUnknownFields`)
+    says so: ``additionalProperties: false``."""
+
+    target_class = "scheduling.api.fields.RejectsUnknownFields"
+    match_subclasses = True
+
+    def map_serializer(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
+        schema["additionalProperties"] = False
+        return schema
+
+
+class FilterSchema(DjangoFilterExtension):
+    """The list filters (``scheduling.api.filters``) as they behave: an empty value filters nothing
+    (``allowEmptyValue``), and a text filter's longest value is declared."""
+
+    priority = 1
+
+    def resolve_filter_field(
+        self, auto_schema: Any, model: Any, filterset_class: Any, field_name: str, filter_field: Any
+    ) -> list[dict[str, Any]]:
+        parameters = super().resolve_filter_field(
+            auto_schema, model, filterset_class, field_name, filter_field
+        )
+        max_chars = filter_field.extra.get("max_chars")
+        for parameter in parameters:
+            parameter["allowEmptyValue"] = True
+            if max_chars is not None:
+                parameter["schema"] = {**parameter["schema"], "maxLength": max_chars}
+        return parameters
 
 
 class NodeCredentialScheme(OpenApiAuthenticationExtension):
@@ -97,7 +176,30 @@ EXTRA_ERRORS: dict[tuple[str, str], tuple[str, ...]] = {
     ("post", "/api/v1/jobs/{id}/hold/"): ("409",),
     ("post", "/api/v1/jobs/{id}/release/"): ("409",),
     ("post", "/api/v1/agent/register/"): ("403", "409"),
+    ("put", "/api/v1/tenants/{id}/idle-policy/"): ("403",),
+    ("post", "/api/v1/webhooks/"): ("403",),  # a tenant other than the user's own
+    ("post", "/api/v1/tokens/"): ("409",),  # a name the user already has
+    ("post", "/api/v1/quotas/"): ("409",),  # a model the tenant already has a row for
 }
+
+
+def _blank_or(node: Any) -> None:
+    """drf-spectacular declares a blank-allowed text field with a pattern as ``oneOf`` [the
+    pattern, ""]; when the pattern admits "" too, "" matches both and ``oneOf`` refuses it. The
+    field means "either", which is ``anyOf``. (And a non-blank choice needs no ``minLength``.)"""
+    if isinstance(node, dict):
+        options = node.get("oneOf")
+        if isinstance(options, list) and {"type": "string", "maxLength": 0} in options:
+            node["anyOf"] = node.pop("oneOf")
+        if "allOf" in node and node.pop("minLength", None) is not None and list(node) == ["allOf"]:
+            # ENFORCE_NON_BLANK_FIELDS's minLength beside an enum's reference: the enum says it all
+            (only,) = node.pop("allOf")
+            node.update(only)
+        for value in node.values():
+            _blank_or(value)
+    elif isinstance(node, list):
+        for value in node:
+            _blank_or(value)
 
 
 def declare_errors(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
@@ -106,6 +208,7 @@ def declare_errors(result: dict[str, Any], generator: Any, request: Any, public:
     its path names an object; 413 and 415 where it takes a body; 403 for operators' writes; 429 on
     the user API (agents are never rate-limited); and what ``EXTRA_ERRORS`` lists."""
     result.setdefault("components", {}).setdefault("schemas", {})["Error"] = ERROR_SCHEMA
+    _blank_or(result)
     for path, operations in result.get("paths", {}).items():
         for method, operation in operations.items():
             if method not in ("get", "post", "put", "patch", "delete"):

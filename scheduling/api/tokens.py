@@ -6,16 +6,15 @@ anyone's. A new token is always the caller's own. Writes go through ``scheduling
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import serializers, status, viewsets
-from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from scheduling.api.fields import StrictCharField, json_safe
+from scheduling.api.errors import Conflict
+from scheduling.api.fields import RejectsUnknownFields, StrictCharField
 from scheduling.api.lookups import ID_PARAMETER, parse_pk
 from scheduling.api.pagination import BoundedLimitOffsetPagination
 from scheduling.models import ApiToken
@@ -42,16 +41,8 @@ class NewTokenSerializer(TokenSerializer):
         return self.context["key"]
 
 
-class TokenCreateSerializer(serializers.Serializer):
+class TokenCreateSerializer(RejectsUnknownFields, serializers.Serializer):
     name = StrictCharField(min_length=1, max_length=MAX_NAME, printable=True, help_text="e.g. ci, laptop")
-
-    def to_internal_value(self, data: Any) -> dict[str, Any]:
-        if not isinstance(data, dict):
-            raise ValidationError({"detail": "Request body must be a JSON object."})
-        unknown = [key for key in data if key not in self.fields]
-        if unknown:
-            raise ValidationError({json_safe(k): ["unknown field"] for k in unknown})
-        return super().to_internal_value(data)
 
 
 @extend_schema_view(
@@ -84,7 +75,7 @@ class TokenViewSet(viewsets.GenericViewSet):
         try:
             token, key = do_create_api_token(request.user, body.validated_data["name"])
         except TokenNameTaken:
-            raise ValidationError({"name": ["you already have a token of this name"]}) from None
+            raise Conflict({"name": ["you already have a token of this name"]}) from None
         data = NewTokenSerializer(token, context={"key": key}).data
         return Response(data, status=status.HTTP_201_CREATED)
 

@@ -79,4 +79,4 @@ if find_spec("scheduling.api.agent_urls") is not None:
 
 # Last: any other path under /api/v1/ is a JSON 404 (not Django's HTML page, and not the
 # APPEND_SLASH error that a POST without its trailing slash would otherwise raise).
-urlpatterns.append(re_path(r"^.*$", not_found, name="api-not-found"))
+urlpatterns.append(re_path(r"^[\s\S]*$", not_found, name="api-not-found"))  # any path, line breaks too

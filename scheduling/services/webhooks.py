@@ -81,7 +81,10 @@ def _allowed(host: str, address: ipaddress.IPv4Address | ipaddress.IPv6Address) 
 
 def check_target(url: str) -> None:
     """Raise :class:`TargetRefused` unless ``url`` is http(s) to public addresses (or allowlisted)."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # a bracketed host that is no IPv6 address
+        raise TargetRefused("must be an http:// or https:// URL with a host") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise TargetRefused("must be an http:// or https:// URL with a host")
     if parts.username or parts.password:

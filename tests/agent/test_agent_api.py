@@ -574,3 +574,24 @@ def test_a_node_address_that_is_not_a_host_name_or_ip_is_refused_naming_the_fiel
         AGENT + "register", h.node_body("gpu-01", address="evil host; rm -rf /"), format="json"
     )
     assert answer.status_code == 400 and "address" in answer.json()
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("register", h.node_body(name=0), "name"),  # not "0"
+        ("register", h.node_body(cpus="64"), "cpus"),
+        ("register", h.node_body(name="gpu-01\n"), "name"),
+        ("register", h.node_body(metrics_url="ftp://x"), "metrics_url"),
+        ("heartbeat", {"utilisation": [{"gpu": 0, "util": 1.0, "sm_active": False}]}, "utilisation"),
+        ("heartbeat", {"running": [{"job_id": "1", "attempt": 0, "replica": 0}]}, "running"),
+        ("exits", {"exits": [{"job_id": 1, "attempt": 0, "exit_code": 0, "started_at": False}]}, "exits"),
+    ],
+)
+def test_agent_bodies_of_the_wrong_json_types_are_400s_naming_the_field(db, path, body, field):
+    """An agent's body is JSON typed as the schema says: a number is not a string, nor a boolean
+    a number (DRF's stock fields would turn false into 0.0 and 0 into "0")."""
+    node, _ = h.register(h.new_join_token(), "gpu-01")
+    client = h.client_with(f"Join {h.new_join_token()}") if path == "register" else node
+    answer = client.post(AGENT + path, body, format="json")
+    assert answer.status_code == 400 and field in answer.json(), answer.content

@@ -107,7 +107,7 @@ def carol_job_list(response) -> None:
 
 
 def bob_submit_for_vision(response) -> None:
-    assert response.status_code == 400 and "tenant" in response.json()
+    assert response.status_code == 403 and "own tenant" in response.json()["detail"]
     assert not Job.objects.filter(tenant__name="vision", name="intruder").exists()
 
 
@@ -227,7 +227,7 @@ RULES: dict[tuple[str, str], Rule] = {
     ("webhook-list", "GET"): Rule(lambda o: reverse("webhook-list"), no_vision_in, shows_vision),
     ("webhook-list", "POST"): Rule(
         lambda o: reverse("webhook-list"),
-        status(400),  # naming "tenant": bob may make webhooks for nlp only
+        status(403),  # naming "tenant": bob may make webhooks for nlp only
         status(201),
         body=lambda o: {"url": "https://93.184.215.14/hook", "tenant": "vision"},
     ),

@@ -89,7 +89,7 @@ def test_an_operator_submits_for_the_tenant_named_in_the_body(world):
 def test_a_user_cannot_submit_for_another_tenant(world):
     before = Job.objects.count()
     response = post_json(world.client("bob"), JOBS, valid_body(tenant="vision"))
-    assert response.status_code == 400 and "tenant" in response.json()
+    assert response.status_code == 403 and "own tenant" in response.json()["detail"]
     assert Job.objects.count() == before
     assert post_json(world.client("bob"), JOBS, valid_body(tenant="nlp")).status_code == 201
 

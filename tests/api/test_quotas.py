@@ -75,7 +75,6 @@ def test_only_operators_write_quotas(world, who):
         ({"tenant": "nobody", "model": "A100", "guaranteed": 1, "limit": 4}, "tenant"),
         ({"tenant": "nlp", "model": "", "guaranteed": 1, "limit": 4}, "model"),
         ({"tenant": "nlp", "model": "a\u0000", "guaranteed": 1, "limit": 4}, "model"),
-        ({"tenant": "nlp", "model": "*", "guaranteed": 1, "limit": 4}, "model"),  # already has one
         ({"tenant": "nlp", "model": "A100", "guaranteed": 1, "limit": 4, "colour": 1}, "colour"),
         ({"model": "A100", "guaranteed": 1, "limit": 4}, "tenant"),
     ],
@@ -84,6 +83,14 @@ def test_a_bad_quota_is_a_400_naming_the_field(world, body, field):
     response = post_json(world.client("admin"), QUOTAS, body)
     assert response.status_code == 400
     assert field in response.json()
+    assert Quota.objects.count() == 2
+
+
+def test_a_second_quota_for_a_tenants_model_is_a_conflict_naming_the_field(world):
+    response = post_json(
+        world.client("admin"), QUOTAS, {"tenant": "nlp", "model": "*", "guaranteed": 1, "limit": 4}
+    )
+    assert response.status_code == 409 and "already has a quota" in response.json()["model"][0]
     assert Quota.objects.count() == 2
 
 

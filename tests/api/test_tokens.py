@@ -47,9 +47,9 @@ def test_no_key_is_stored_in_clear(world):
         assert k not in text and k[12:] not in text
 
 
-def test_a_second_token_of_the_same_name_is_refused_naming_the_field(world):
+def test_a_second_token_of_the_same_name_is_a_conflict_naming_the_field(world):
     response = world.client("alice").post(TOKENS, {"name": "test"}, format="json")
-    assert response.status_code == 400 and "name" in response.json()
+    assert response.status_code == 409 and "name" in response.json()
 
 
 def test_bad_token_bodies_are_400s(world):
