@@ -5,13 +5,41 @@ the change (so a change that rolls back leaves no entry): quotas, API tokens, jo
 registrations, cordons, cancels of another user's job. ``by`` is a person (``User``), a node (an
 agent's registration), or None for the system. Entries are never changed or deleted by the
 application; operators read them in the API (``/api/v1/audit/``) and the admin.
+
+Changes made where no service is called with the person acting (users and tenant memberships,
+edited in the admin's own forms or from a shell: ``scheduling.services.user_audit``'s signals)
+name the person whose request is being served: ``controlplane.audit_actor``'s middleware keeps the
+request in a context variable for the request's duration (:func:`acting_user`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from scheduling.models import AuditEntry, JoinToken, Node
+
+_request: ContextVar[Any] = ContextVar("tessera_audit_request", default=None)
+
+
+@contextmanager
+def acting_for(request: Any) -> Iterator[None]:
+    """While it lasts, :func:`acting_user` is ``request``'s user (the middleware's context)."""
+    token = _request.set(request)
+    try:
+        yield
+    finally:
+        _request.reset(token)
+
+
+def acting_user() -> Any:
+    """The signed-in user of the request being served, or None (a shell, a task, an anonymous
+    request). Read when a change is recorded, not when the request arrived: the API authenticates
+    in the view (DRF sets the Django request's ``user`` then), after the middleware has run."""
+    user = getattr(_request.get(), "user", None)
+    return user if getattr(user, "is_authenticated", False) else None
 
 
 def actor_of(by: Any) -> tuple[Any, str]:

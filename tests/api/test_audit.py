@@ -122,3 +122,81 @@ def test_only_operators_read_the_audit_log(world, who):
 def test_a_bad_filter_is_a_400_naming_it(world):
     response = world.client("admin").get(AUDIT, {"action": "a\x00b"})
     assert response.status_code == 400 and "action" in response.json()
+
+
+def test_a_user_made_in_the_console_is_logged_with_the_operator_who_made_it(console, world):
+    response = console.post(
+        reverse("admin:auth_user_add"),
+        {
+            "username": "dave",
+            "usable_password": "true",
+            "password1": "Dave-pass-1234",
+            "password2": "Dave-pass-1234",
+        },
+    )
+    assert response.status_code == 302, response.content[:2000]
+    (entry,) = entries(action="user.create", object_repr="dave")
+    assert entry["actor"] == "user admin" and entry["before"] is None
+    assert entry["after"] == {"username": "dave", "is_active": True, "is_staff": False, "is_superuser": False}
+    assert "Dave-pass" not in repr(list(AuditEntry.objects.values()))
+
+
+def test_deactivating_a_user_and_making_them_staff_in_the_console_logs_before_and_after(console, world):
+    response = console.post(
+        reverse("admin:auth_user_change", args=[world.carol.pk]),
+        # is_active left out: unticked
+        {"username": "carol", "is_staff": "on", "date_joined_0": "2026-12-01", "date_joined_1": "10:00:00"},
+    )
+    assert response.status_code == 302, response.content[:2000]
+    (entry,) = entries(action="user.update", object_repr="carol")
+    assert entry["actor"] == "user admin"
+    assert (entry["before"], entry["after"]) == (
+        {"is_active": True, "is_staff": False},
+        {"is_active": False, "is_staff": True},
+    )
+
+
+def test_a_tenant_membership_change_in_the_console_is_logged_on_its_user(console, world):
+    membership = world.carol.membership
+    response = console.post(
+        reverse("admin:scheduling_membership_change", args=[membership.pk]),
+        {"user": world.carol.pk, "tenant": world.nlp.pk},
+    )
+    assert response.status_code == 302, response.content[:2000]
+    moved, joined = entries(action="user.tenant", object_repr="carol")  # newest first
+    assert (moved["actor"], moved["before"], moved["after"]) == (
+        "user admin",
+        {"tenant": "vision"},
+        {"tenant": "nlp"},
+    )
+    assert (joined["actor"], joined["before"], joined["after"]) == (
+        "system",
+        {"tenant": None},
+        {"tenant": "vision"},
+    )
+
+
+def test_a_user_deleted_in_the_console_leaves_their_tenant_and_values_in_the_log(console, world):
+    url = reverse("admin:auth_user_delete", args=[world.bob.pk])
+    assert console.post(url, {"post": "yes"}).status_code == 302
+    logged = entries(object_type="user", object_repr="bob", actor="user admin")
+    assert [(e["action"], e["before"], e["after"]) for e in logged] == [
+        (
+            "user.delete",
+            {"username": "bob", "is_active": True, "is_staff": False, "is_superuser": False},
+            None,
+        ),
+        ("user.tenant", {"tenant": "nlp"}, {"tenant": None}),
+    ]
+
+
+def test_changes_outside_a_request_are_the_systems_and_sign_ins_are_not_logged(world, client):
+    world.bob.is_superuser = True
+    world.bob.set_password("new-pass-5678")
+    world.bob.save()
+    (entry,) = entries(action="user.update", object_repr="bob")
+    assert entry["actor"] == "system" and entry["after"] == {"is_superuser": True}
+    assert AuditEntry.objects.get(action="user.update", object_repr="bob").note == "password changed"
+    made = AuditEntry.objects.count()
+    assert client.login(username="alice", password="alice-pass-123")  # last_login saved: no entry
+    assert AuditEntry.objects.count() == made
