@@ -17,6 +17,10 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
+import threading
+import time
+import traceback
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
@@ -185,3 +189,44 @@ def shared_servers(django_db_setup, django_db_blocker):
         if servers is not None:
             servers.procs.stop_all()
         shutil.rmtree(work, ignore_errors=True)
+
+
+# --- The end of the run ---------------------------------------------------------------------
+# A request thread of pytest-django's live server that is still serving an async view when the
+# run ends (an agent's long-poll whose agent a test killed) holds an asgiref event loop in a
+# ThreadPoolExecutor thread; the interpreter joins such threads at exit, and one whose loop never
+# finishes cancelling its tasks kept a CI run waiting, after its summary, until CI's time ran
+# out. So once pytest is done, threads that are neither daemons nor the main thread get
+# EXIT_GRACE_S to end; those still alive are named on stderr and the process ends with pytest's
+# own exit status. TESSERA_TEST_EXIT_GUARD=0 turns this off (the interpreter then waits for them).
+EXIT_GRACE_S = float(os.environ.get("TESSERA_TEST_EXIT_GRACE_S", "10"))
+_exit_status: list[int] = []
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _exit_status[:] = [int(exitstatus)]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if os.environ.get("TESSERA_TEST_EXIT_GUARD", "1") == "0" or not _exit_status:
+        return
+    deadline = time.monotonic() + EXIT_GRACE_S
+    for thread in _lingering():
+        thread.join(max(0.0, deadline - time.monotonic()))
+    left = _lingering()
+    if not left:
+        return
+    frames = sys._current_frames()
+    lines = [f"tests: {len(left)} thread(s) still running after the run; ending without them:"]
+    for thread in left:
+        stack = traceback.format_stack(frames[thread.ident]) if thread.ident in frames else []
+        lines.append(f"  {thread.name}: {''.join(stack[-3:]).strip()}")
+    print("\n".join(lines), file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(_exit_status[0])
+
+
+def _lingering() -> list[threading.Thread]:
+    main = threading.main_thread()
+    return [t for t in threading.enumerate() if t is not main and not t.daemon and t.is_alive()]
