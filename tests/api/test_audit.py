@@ -200,3 +200,15 @@ def test_changes_outside_a_request_are_the_systems_and_sign_ins_are_not_logged(w
     made = AuditEntry.objects.count()
     assert client.login(username="alice", password="alice-pass-123")  # last_login saved: no entry
     assert AuditEntry.objects.count() == made
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_operator_deleting_their_own_account_is_logged_and_committed(world, client):
+    """The entry cannot point at the row being deleted (it would not commit): it names them in words."""
+    client.force_login(world.admin)
+    response = client.post(reverse("admin:auth_user_delete", args=[world.admin.pk]), {"post": "yes"})
+    assert response.status_code == 302
+    (entry,) = AuditEntry.objects.filter(action="user.delete", object_repr="admin").values(
+        "actor", "actor_user"
+    )
+    assert entry == {"actor": "user admin", "actor_user": None}
