@@ -7,7 +7,9 @@ after it may delay that start.
    end after which its holders have freed enough for the replica (now, if it fits already). The
    job's reservation is its ``replicas`` earliest-ready nodes, and its start is the latest of them.
 3. Backfill: a later job may use a reserved node only if it is sure to be gone by the reserved
-   start (now + its time limit or predicted runtime <= start); otherwise it must go elsewhere.
+   start (now + its time limit or predicted runtime <= start), or if it leaves the reserved job's
+   room (:func:`leaves_room`: a reservation holds only what its job needs, so a GPU job may run
+   beside a CPU-only job's reservation however long); otherwise it must go elsewhere.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .placement import Constraints, Placer
-from .state import Alloc, ReplicaReq, fits_state
+from .state import Alloc, ClusterState, ReplicaReq, fits_state
 from .types import MILLI, PREDICTED_OUTCOMES, FinishedRun, JobRequest, NodeSpec
 
 
@@ -173,6 +175,32 @@ def reserve(
     return Reservation(job.id, tuple(sorted(i for _, _, i in chosen)), best[0])
 
 
+def leaves_room(
+    state: ClusterState,
+    node: int,
+    held: ReplicaReq,
+    start: float,
+    holders: list[tuple[float, Alloc]],
+    take: ReplicaReq,
+    copies: int,
+) -> bool:
+    """May a job taking up to ``copies`` x ``take`` on ``node`` run there past the reserved
+    ``start`` of a job that needs ``held`` there? Only if it takes no GPU while the reserved job
+    needs GPUs, and the node's CPUs and memory when the reserved job is due (``start``, or later
+    if its holders are now expected to free its CPUs and memory only later) still cover ``held``
+    beside it: then it delays nothing."""
+    if held.count and take.count:
+        return False
+    n = state.nodes[node]
+    cpu, mem = n.cpu, n.mem
+    for end, a in sorted(holders, key=lambda h: h[0]):
+        if end > start and cpu >= held.cpu and mem >= held.mem:
+            break
+        cpu += a.cpu
+        mem += a.mem
+    return cpu - copies * take.cpu >= held.cpu and mem - copies * take.mem >= held.mem
+
+
 class Reservations:
     """The reservations of one pass and the backfill rule (step 3)."""
 
@@ -181,10 +209,12 @@ class Reservations:
         self.start_by_node: dict[int, float] = {}
         self.owner_by_node: dict[int, str] = {}
         self.strict_by_node: dict[int, int] = {}  # node -> lowest strict level reserving it
+        self.owners_by_node: dict[int, set[str]] = {}  # node -> the jobs reserving it
 
     def add(self, r: Reservation) -> None:
         self.items.append(r)
         for i in r.nodes:
+            self.owners_by_node.setdefault(i, set()).add(r.job_id)
             if r.start < self.start_by_node.get(i, float("inf")):
                 self.start_by_node[i] = r.start
                 self.owner_by_node[i] = r.job_id

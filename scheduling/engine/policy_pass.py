@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from . import queues
-from .backfill import Reservation, Reservations
+from .backfill import Reservation, Reservations, gang_shape, leaves_room
 from .geometry import Geometry
 from .placement import Constraints, OffRacks
 from .preemption import Hypo, Victim, choose_victims
@@ -277,16 +277,30 @@ class PolicyPass:
     def want(self, job: JobRequest, geo: Geometry) -> Want:
         runtime = self.s.history.predict(job)
         who = self.removable(job)
-        node_ok = self.reservations_allow(job.id, runtime, who) if self.res.items else None
+        node_ok = self.reservations_allow(job.id, geo, runtime, who) if self.res.items else None
         return Want(job, geo, runtime, who, node_ok)
 
-    def reservations_allow(self, job_id: str, runtime: float | None, who: Removable) -> NodeOk:
+    def reservations_allow(self, job_id: str, geo: Geometry, runtime: float | None, who: Removable) -> NodeOk:
         res, now = self.res, self.now
 
         def node_ok(i: int) -> bool:
-            return res.allows(i, now, runtime, job_id, *who)
+            return res.allows(i, now, runtime, job_id, *who) or self.beside(i, geo)
 
         return node_ok
+
+    def beside(self, node: int, geo: Geometry) -> bool:
+        """May a job of ``geo`` run on ``node`` beside the one job reserving it, however long,
+        taking nothing that job needs there (:func:`.backfill.leaves_room`)? A room being freed
+        by preemption or shrinking (``room``), or a node two jobs reserve, is held whole."""
+        s, res = self.s, self.res
+        owner = res.owner_by_node.get(node)
+        job = s.pending.get(owner) if owner is not None else None
+        if job is None or owner in s.room or len(res.owners_by_node[node]) > 1:
+            return False
+        held_geo = s.geo(job)
+        held, _ = gang_shape(held_geo.req, held_geo.need, job.topology)
+        holders = s.holders(self.now).get(node, [])
+        return leaves_room(s.state, node, held, res.start_by_node[node], holders, geo.req, geo.replicas)
 
     def place(self, want: Want) -> tuple[list[Alloc] | None, tuple[str, str] | None]:
         """Where it fits now, honouring the reservations (non-preemptible work off the racks

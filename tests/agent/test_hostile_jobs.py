@@ -315,8 +315,8 @@ def test_forty_cpu_only_jobs_start_only_as_many_as_the_nodes_cpus_and_the_rest_w
     live_server, world, state_dir
 ):
     """bob submits 40 CPU-only jobs (none saying how many CPUs: each counts as one) to a real
-    agent's node of 4 CPUs: 4 start, 36 wait with a reason; alice's GPU job (with a time limit)
-    still starts and succeeds."""
+    agent's node of 4 CPUs: 4 start, 36 wait with a reason; alice's GPU job (no time limit)
+    still starts and succeeds beside the waiting jobs' reservation."""
     from rest_framework.test import APIClient
 
     from scheduling.services import passes
@@ -335,10 +335,10 @@ def test_forty_cpu_only_jobs_start_only_as_many_as_the_nodes_cpus_and_the_rest_w
         passes.run_pass()
         bobs = Job.objects.filter(pk__in=ids)
         assert fakes.wait_for(lambda: bobs.filter(state=JobState.RUNNING).count() == 4, 30)
-        # With a time limit: bob's first waiting job holds the node's room for when his end
-        # (a reservation), which only a job known to end before then may use.
+        # No time limit: bob's first waiting job holds only the CPUs it needs for when his end
+        # (a reservation), not the node's GPUs.
         ok = ["python", "-c", "print('ok')"]
-        alices = h.submit(world.alice, world.vision, command=ok, gpus=1, time_limit_seconds=600)
+        alices = h.submit(world.alice, world.vision, command=ok, gpus=1)
         passes.run_pass()
         seen = Job.objects.filter(pk=alices.pk).values_list("state", "pending_reason")
         assert fakes.wait_for(lambda: state_of(alices) in TERMINAL_STATES, 30), seen[0]

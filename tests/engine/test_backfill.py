@@ -58,3 +58,23 @@ def test_an_aged_jobs_reservation_is_never_delayed_by_a_later_start(limits, late
         on_reserved = {p.node for p in b.placements} & {s.nodes[i].name for i in res.nodes}
         if on_reserved:  # it may only use a reserved node if it is sure to be gone in time
             assert job_limit is not None and 101.0 + job_limit <= res.start
+
+
+def test_a_cpu_only_reservation_holds_the_nodes_cpus_not_its_gpus():
+    """Three CPU-only jobs (no time limits) run on a node of 4 CPUs; a waiting 4-CPU job holds the
+    node's CPUs for when they end. A GPU job that takes no CPU starts there at once, however long
+    it runs; one that would take a CPU the reserved job needs waits for it."""
+    cfg = EngineConfig(default_runtime_s=4 * 3600.0)
+    s = TesseraScheduler([node("n0", gpus=2, nvlink=2, cpus=4, memory_gib=64)], config=cfg)
+    for i in range(3):
+        s.submit(JobRequest(f"cpu{i}", "nlp", "batch", 0, cpus=1, submitted_at=0.0))
+    assert len(s.decide(0.0).bindings) == 3
+    s.submit(JobRequest("wide", "nlp", "batch", 0, cpus=4, submitted_at=1.0))
+    assert s.decide(1.0).pending["wide"].code == "reserved"
+    s.submit(JobRequest("takes-cpu", "vision", "batch", 1, cpus=1, submitted_at=2.0))
+    s.submit(JobRequest("gpu-only", "vision", "batch", 1, submitted_at=3.0))
+    d = s.decide(4.0)
+    assert [b.job_id for b in d.bindings] == ["gpu-only"]
+    assert d.pending["takes-cpu"].code == "reserved"
+    assert d.pending["wide"].code == "reserved"
+    assert d.pending["wide"].estimated_start == 4 * 3600.0
