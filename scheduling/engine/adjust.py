@@ -15,8 +15,8 @@ spell (a spell idle through the whole window read began before it: its warnings 
 the attempt, or since its last shrink, so a job idle for hours is not warned again); at
 ``act_after_s`` (60 min) an elastic job shrinks to its busy GPUs or its minimum, a preemptible idle
 job is requeued (after a checkpoint where the driver can ask for one), and a
-non-preemptible job is only warned unless its owner allowed reclaiming it. Jobs in their first
-``exempt_s`` and interactive jobs are never touched.
+non-preemptible job, elastic or not, is only warned unless its owner allowed reclaiming it. Jobs
+in their first ``exempt_s`` and interactive jobs are never touched.
 """
 
 from __future__ import annotations
@@ -204,11 +204,13 @@ def decide_job(
     open_ended = any(e.points and e.idle_s >= e.window_s - 1e-6 and idle[e.gpu] >= part for e in evidence)
     spell_start = since if open_ended else now - part
     elastic = job.elastic_min_gpus is not None
-    if elastic and part >= settings.act_after_s:
+    # A non-preemptible job is only warned, elastic or not, unless its owner allowed reclaiming.
+    reclaimable = job.preemptible or job.idle_reclaim == "allow"
+    if elastic and reclaimable and part >= settings.act_after_s:
         shrink = _shrink(job, idle, settings, whole, evidence)
         if shrink is not None:
             return shrink
-    if whole >= settings.act_after_s and (job.preemptible or job.idle_reclaim == "allow"):
+    if whole >= settings.act_after_s and reclaimable:
         return Adjustment(
             job.id,
             REQUEUE,

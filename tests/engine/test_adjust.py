@@ -103,6 +103,17 @@ def test_a_non_preemptible_job_is_only_warned_unless_its_owner_allowed_reclaim()
     assert a is not None and a.action == REQUEUE
 
 
+def test_a_non_preemptible_elastic_job_is_only_warned_unless_its_owner_allowed_reclaim():
+    now = 100 * MIN
+    gpus = idle_for(60, 4, now) + [series(f"n1/{i}", [0.7] * 65, now) for i in range(4, 8)]
+    kept = job(gpus=8, elastic_min_gpus=2, preemptible=False)
+    a = decide_job(kept, gpus, POLICY, now)
+    assert a is not None and a.action == WARN
+    allowed = job(gpus=8, elastic_min_gpus=2, preemptible=False, idle_reclaim="allow")
+    b = decide_job(allowed, gpus, POLICY, now)
+    assert b is not None and b.action == SHRINK and b.to_gpus == 4
+
+
 def test_interactive_jobs_and_jobs_in_their_first_ten_minutes_are_exempt():
     now = 100 * MIN
     assert decide_job(job(interactive=True), idle_for(90, 2, now), POLICY, now) is None
@@ -216,6 +227,6 @@ def test_the_policy_never_acts_on_a_busy_exempt_or_protected_job(
         assert preemptible or reclaim == "allow"
         assert min(e.idle_s for e in spans) >= POLICY.act_after_s
     if a.action == SHRINK:
-        assert elastic and 1 <= a.to_gpus < j.gpus
+        assert elastic and (preemptible or reclaim == "allow") and 1 <= a.to_gpus < j.gpus
         assert all(e.idle_s >= POLICY.act_after_s for e in spans if e.gpu in a.release)
         assert len(a.release) == j.gpus - a.to_gpus
