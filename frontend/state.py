@@ -15,7 +15,7 @@ from django.db.models import Count, Sum
 
 from frontend.redaction import Viewer, redact_device
 from scheduling.choices import TERMINAL_STATES, JobState
-from scheduling.models import Allocation, Job, Node
+from scheduling.models import AdjustmentState, Allocation, Job, Node
 from scheduling.services.gpu_looks import current, with_looks
 from scheduling.services.inventory import all_device_rows
 from scheduling.services.live import job_payload, node_payload
@@ -79,8 +79,18 @@ def dashboard_state(user: Any, viewer: Viewer) -> dict[str, Any]:
         "jobs": jobs,
         "ended": ended_jobs(user),
         "jobs_truncated": truncated,
+        "utilisation_problem": utilisation_problem(),
         "states": {"terminal": sorted(str(s) for s in TERMINAL_STATES), "pending": JobState.PENDING},
     }
+
+
+def utilisation_problem() -> str:
+    """Why the adjustment pass could not read GPU utilisation at its last run ("" when it could):
+    the dashboard says so in a banner, as the loop acts on nothing and no GPU is marked idle."""
+    state = AdjustmentState.objects.filter(id=1).only("metrics_ok", "problem").first()
+    if state is None or state.metrics_ok:
+        return ""
+    return state.problem or "the utilisation source does not answer"
 
 
 def team_usage(tenants: Any) -> list[dict[str, Any]]:

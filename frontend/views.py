@@ -15,7 +15,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 from frontend.redaction import viewer_for
-from frontend.state import dashboard_state, team_usage
+from frontend.state import dashboard_state, team_usage, utilisation_problem
 from scheduling.models import Job, Tenant
 from scheduling.services.queue_order import queue_order
 
@@ -33,7 +33,8 @@ class LogoutView(auth_views.LogoutView):
 @login_required
 def dashboard(request: HttpRequest) -> HttpResponse:
     viewer = viewer_for(request.user)
-    return render(request, "frontend/dashboard.html", {"viewer": viewer})
+    context = {"viewer": viewer, "utilisation_problem": utilisation_problem()}
+    return render(request, "frontend/dashboard.html", context)
 
 
 @require_GET

@@ -134,3 +134,19 @@ def test_the_snapshot_takes_the_same_few_queries_however_big_the_cluster(
     with django_assert_max_num_queries(10):
         state = client.get("/dashboard/state.json").json()
     assert len(state["nodes"]) == 22
+
+
+def test_the_dashboard_says_when_utilisation_cannot_be_read(world: Any) -> None:
+    from scheduling.models import AdjustmentState
+
+    client = signed_in(world.alice)
+    page = client.get("/").content.decode()
+    assert 'id="utilisation-banner" class="banner" role="status" hidden' in page
+    AdjustmentState.objects.update_or_create(
+        id=1, defaults={"metrics_ok": False, "problem": "Prometheus at http://prom:9090 does not answer"}
+    )
+    page = client.get("/").content.decode()
+    assert 'id="utilisation-banner" class="banner" role="status">' in page
+    assert "Prometheus at http://prom:9090 does not answer" in page
+    state = json.loads(client.get("/dashboard/state.json").content)
+    assert state["utilisation_problem"] == "Prometheus at http://prom:9090 does not answer"

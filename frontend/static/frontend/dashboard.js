@@ -109,8 +109,18 @@
     return response.json();
   }
 
+  // The adjustment pass could not read utilisation at its last run: said in a banner (from the
+  // page's render, and again with every snapshot the page fetches).
+  function showUtilisationProblem(problem) {
+    const banner = document.getElementById("utilisation-banner");
+    if (!banner) return;
+    document.getElementById("utilisation-problem").textContent = problem;
+    banner.hidden = !problem;
+  }
+
   async function resync() {
     const snapshot = await fetchSnapshot();
+    showUtilisationProblem(snapshot.utilisation_problem || "");
     const model = buildModel(snapshot);
     const pending = buffered;
     buffered = null;
