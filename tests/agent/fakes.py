@@ -18,6 +18,23 @@ from agent.node import Agent
 from agent.process import job_path
 from agent.spec import parse_spec
 
+# A job that forks until its uid's process limit stops it (the isolation tests bound it at 30 or
+# 40): prints how many children it made and the error that stopped it, or "no limit" at 200.
+FORK_BOMB = r"""
+import os, time
+children = 0
+try:
+    while children < 200:
+        if os.fork() == 0:
+            time.sleep(30)
+            os._exit(0)
+        children += 1
+except OSError as exc:
+    print(children, type(exc).__name__, flush=True)
+else:
+    print(children, "no limit", flush=True)
+"""
+
 
 class FakeServer:
     """Implements :class:`agent.client.AgentClient`'s calls; thread-safe."""

@@ -221,21 +221,6 @@ for _ in range(16 << 10):  # 16 MB of output
     sys.stdout.buffer.write(line)
 """
 
-FORK_BOMB = r"""
-import os, time
-children = 0
-try:
-    while children < 500:
-        if os.fork() == 0:
-            time.sleep(60)
-            os._exit(0)
-        children += 1
-except OSError as exc:
-    print(children, type(exc).__name__, flush=True)
-else:
-    print(children, "no limit", flush=True)
-"""
-
 
 @pytest.fixture
 def fake_gpus(state_dir):
@@ -275,7 +260,7 @@ def test_a_jobs_device_files_disk_processes_and_log_are_bounded_and_its_neighbou
 
         neighbour = run(world.alice, world.vision, 0, NEIGHBOUR, devices[0])
         prober = run(world.bob, world.nlp, 1, OPEN_DEVICES_THEN_FLOOD, *devices)
-        bomb = run(world.bob, world.nlp, 2, FORK_BOMB)
+        bomb = run(world.bob, world.nlp, 2, fakes.FORK_BOMB)
         filler = run(world.bob, world.nlp, 3, FILL_DISK, max_retries=2)
 
         def ended(job: Job) -> bool:

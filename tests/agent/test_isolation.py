@@ -573,28 +573,11 @@ def check_what_a_job_reaches(node, service: int, allowed: int) -> None:
     assert b"served someone" not in server.output(18)  # the connection never reached her server
 
 
-FORK_BOMB = r"""
-import os, time
-children = 0
-try:
-    while children < 200:
-        if os.fork() == 0:
-            time.sleep(30)
-            os._exit(0)
-        children += 1
-except OSError as exc:
-    print(children, type(exc).__name__, flush=True)
-else:
-    print(children, "no limit", flush=True)
-"""
-
-
 def test_a_fork_bomb_stops_at_its_uids_limit_and_harms_only_its_own_job(node):
     server, state_dir, pool, box, path = node
     bounded = sandbox.Sandbox(box.namespaces, keep=box.keep, max_tasks=30)
-    bomb = JobProcess(
-        fakes.binding(20, command=["python", "-c", FORK_BOMB]), server, state_dir, pool, path, sandbox=bounded
-    )
+    forks = fakes.binding(20, command=["python", "-c", fakes.FORK_BOMB])
+    bomb = JobProcess(forks, server, state_dir, pool, path, sandbox=bounded)
     bomb.start()
     assert server.exit_of(20)["exit_code"] == 0, server.output(20)
     children, error = server.output(20).decode().splitlines()[0].split()  # then the agent's note
