@@ -147,7 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--require-isolation",
         action="store_true",
-        help="refuse to start unless jobs get their own uids, private mounts and the loopback rules",
+        help="refuse to start unless jobs get their own uids, private mounts, the loopback rules and "
+        "a Landlock domain each (abstract unix sockets and signals scoped)",
     )
     p.add_argument(
         "--checkpoint-root",
@@ -449,10 +450,11 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(users, identity.UidPool):
         users.watcher = walls
     walled = walls is not None
-    if args.require_isolation and not (users.isolated and box.namespaces and walled):
+    if args.require_isolation and not (users.isolated and box.namespaces and walled and box.scoped):
         raise Fatal(
             "--require-isolation: jobs would not be isolated (see the warnings above: a uid per job "
-            "needs root, private mounts need namespaces, the loopback rules need nftables)"
+            "needs root, private mounts need namespaces, the loopback rules need nftables, the "
+            "Landlock domains Linux 6.12)"
         )
     agent = Agent(
         AgentClient(args.server),

@@ -19,17 +19,24 @@ the one the agent spawned (the agent's child: the parent-death signal and the se
    device file that is not the job's an unreadable file (``open`` fails with EACCES; the job
    cannot unmount it: it has no privilege, and a mount namespace it might make of its own keeps
    the mounts it inherited locked);
-3. ``setpriv --pdeathsig SIGKILL --reuid U --regid G --clear-groups --no-new-privs``: the job's own
+3. ``python -I -S agent/landlock.py`` (the agent's interpreter, stdlib only), where the kernel has
+   Landlock ABI 6 (Linux 6.12; tried at the agent's start): the rest of the chain in a Landlock
+   domain of its own, one per replica process, scoped so that nothing in it can connect to an
+   abstract unix socket (``"\\0name"``: no file, so nothing above hides it) made outside it —
+   another job's, a node service's — nor signal a process outside it, even one of
+   its own uid (another replica of its attempt); no file or network access is restricted;
+4. ``setpriv --pdeathsig SIGKILL --reuid U --regid G --clear-groups --no-new-privs``: the job's own
    uid and gid, no supplementary group, no way back up through a setuid program (``sudo``,
    ``ping``), and SIGKILL when the agent dies (set after the user switch, which clears it);
-4. ``/bin/sh``, already as the job's user, sourcing the job's environment from an anonymous file
+5. ``/bin/sh``, already as the job's user, sourcing the job's environment from an anonymous file
    (until here the chain runs with a clean one: a job's ``LD_PRELOAD`` or ``LD_LIBRARY_PATH``
    must never reach a program running as root), which ``exec``s
-5. the job's command.
+6. the job's command.
 
-Without namespaces the chain starts at 3 (and the agent says so at its start); without a
-``setpriv`` that takes ``--pdeathsig``, the agent forks and switches the user itself (no
-``--no-new-privs`` then). Spawning this way (no ``preexec_fn``) lets Python use ``vfork``.
+Without namespaces the chain skips 1-2, without Landlock scopes it skips 3 (the agent says so at
+its start either way; ``--single-tenant`` skips both); without a ``setpriv`` that takes
+``--pdeathsig``, the agent forks and switches the user itself (no ``--no-new-privs`` and no
+Landlock domain then). Spawning this way (no ``preexec_fn``) lets Python use ``vfork``.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -72,6 +80,7 @@ HIDDEN = (
     "/run/tessera-agent",
 )
 HOLD = Path("/run/tessera-agent/hold")  # where kept directories wait while /tmp is replaced
+LANDLOCK_STEP = Path(__file__).with_name("landlock.py")
 
 
 def _under(path: str, parent: str) -> bool:
@@ -96,7 +105,8 @@ def _runs(argv: list[str]) -> bool:
 
 
 class Sandbox:
-    """Builds the spawn chain of a job; ``namespaces``: whether steps 1-2 are taken."""
+    """Builds the spawn chain of a job; ``namespaces``: whether steps 1-2 are taken, ``scoped``:
+    whether step 3 is (a Landlock domain per replica)."""
 
     def __init__(
         self,
@@ -106,8 +116,10 @@ class Sandbox:
         max_tasks: int | None = None,
         hide: Sequence[str | Path] = HIDDEN,
         disk_mb: int | None = None,
+        scoped: bool = False,
     ):
         self.namespaces = namespaces
+        self.scoped = scoped
         # What a job attempt may fill (``--job-disk-mb``): each private tmpfs, any one file it
         # writes, and its own directories (summed by its supervisor, agent/process.py).
         self.disk_mb = disk_mb
@@ -152,6 +164,8 @@ class Sandbox:
             gid = run_as.gid if run_as.gid is not None else run_as.uid
             chain += ["--reuid", str(run_as.uid), "--regid", str(gid), "--clear-groups", "--no-new-privs"]
         chain += ["--", "/bin/sh", "-c", '. /dev/stdin && exec "$@" </dev/null', "tessera-job"]
+        if self.scoped:
+            chain = [*landlock_step(), *chain]
         limits = []
         if self.max_tasks and run_as.uid is not None:
             limits.append(f"--nproc={self.max_tasks}")
@@ -264,6 +278,39 @@ def namespaces_unavailable() -> str | None:
     return None
 
 
+def landlock_step() -> list[str]:
+    """Step 3 of the chain, before the program it ``exec``s: run as root by the agent's own
+    interpreter, isolated (``-I``: no ``PYTHON*`` variable, no script directory on the path) and
+    without ``site`` (``-S``), which imports only the standard library."""
+    return [sys.executable, "-I", "-S", str(LANDLOCK_STEP)]
+
+
+@functools.cache
+def scope_unavailable() -> str | None:
+    """None when a job can be put in a scoped Landlock domain (tried for real, once: step 3 of
+    the chain running ``true``); otherwise why not."""
+    true = shutil.which("true", path=SYSTEM_PATH) or "/bin/true"
+    try:
+        done = subprocess.run(
+            [*landlock_step(), true],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            env=CHAIN_ENV,
+            timeout=20,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"cannot run {LANDLOCK_STEP.name}: {exc}"
+    if done.returncode != 0:
+        said = done.stderr.strip().splitlines()
+        return (
+            said[-1].removeprefix("tessera-agent: ")
+            if said
+            else f"{LANDLOCK_STEP.name} exited {done.returncode}"
+        )
+    return None
+
+
 def default_max_tasks() -> int:
     """A quarter of the machine's pid numbers (between 1,024 and 65,536) per job uid."""
     try:
@@ -293,12 +340,29 @@ def detect(
 ) -> Sandbox:
     """The sandbox this machine allows (said at the start: what jobs get, and what not).
     ``keep``: host directories jobs need, e.g. the state directory."""
+    unscoped = (
+        (scope_unavailable() if setpriv() else "no setpriv with --pdeathsig")
+        if enabled
+        else "--single-tenant"
+    )
+    if unscoped is None:
+        log.info(
+            "jobs each get a Landlock domain: no abstract unix socket or signal of theirs reaches "
+            "outside their replica's processes"
+        )
+    else:
+        log.warning(
+            "jobs can connect to every abstract unix socket on this node (another job's, a service's) "
+            "and signal processes of their uid outside their replica: %s",
+            unscoped,
+        )
     reason = namespaces_unavailable() if enabled else "--single-tenant"
     if reason is None:
         log.info("jobs get private /tmp, /var/tmp, /dev/shm, /proc and IPC, and only their own GPUs' devices")
-        return Sandbox(True, devices, keep, max_tasks, hide, disk_mb)
+        return Sandbox(True, devices, keep, max_tasks, hide, disk_mb, scoped=unscoped is None)
     log.warning(
         "jobs share /tmp, /dev/shm and IPC, see every process and can open every GPU's device file: %s",
         reason,
     )
-    return Sandbox(False, devices, max_tasks=max_tasks if enabled else None, disk_mb=disk_mb)
+    max_tasks = max_tasks if enabled else None
+    return Sandbox(False, devices, max_tasks=max_tasks, disk_mb=disk_mb, scoped=unscoped is None)

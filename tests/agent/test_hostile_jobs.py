@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -37,7 +38,7 @@ pytestmark = [
 ]
 
 VICTIM = r"""
-import json, os, pathlib, socket
+import json, os, pathlib, select, socket, subprocess, sys
 ck, tmp = os.environ["TESSERA_CHECKPOINT_DIR"], os.environ["TMPDIR"]
 pathlib.Path("secret.txt").write_text("alice-secret")
 pathlib.Path(ck, "model.ckpt").write_text("alice-weights")
@@ -45,25 +46,46 @@ pathlib.Path(tmp, "scratch").write_text("alice-scratch")
 server = socket.socket()
 server.bind(("127.0.0.1", 0))
 server.listen()
-server.settimeout(0.1)
+# an abstract unix socket (as NCCL's and torch's IPC ones): no file, no port
+ipc, ipc_name = socket.socket(socket.AF_UNIX), f"alice-ipc-{os.getpid()}"
+ipc.bind("\0" + ipc_name)
+ipc.listen()
+dgram, dgram_name = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM), f"alice-dgram-{os.getpid()}"
+dgram.bind("\0" + dgram_name)
+# her own child (a launcher's worker) reaches her abstract socket
+own = ("import socket, sys; s = socket.socket(socket.AF_UNIX); "
+       "s.connect(chr(0) + sys.argv[1]); print(s.recv(8).decode())")
+child = subprocess.Popen([sys.executable, "-c", own, ipc_name],
+                         stdout=subprocess.PIPE, text=True)
+conn, _ = ipc.accept()
+conn.sendall(b"alice")
+conn.close()
 print(json.dumps({"workdir": os.getcwd(), "checkpoint": ck, "tmp": tmp, "pid": os.getpid(),
-                  "port": server.getsockname()[1]}), flush=True)
-served = 0
+                  "port": server.getsockname()[1], "ipc": ipc_name, "dgram": dgram_name,
+                  "own child": child.communicate()[0].strip()}),
+      flush=True)
+served, ipc_served, datagrams = 0, 0, 0
 while not os.path.exists("done"):
-    try:
-        conn, _ = server.accept()
-    except TimeoutError:
-        continue
-    conn.sendall(b"alice")
-    conn.close()
-    served += 1
+    for ready in select.select([server, ipc, dgram], [], [], 0.1)[0]:
+        if ready is dgram:
+            dgram.recv(16)
+            datagrams += 1
+            continue
+        conn, _ = ready.accept()
+        conn.sendall(b"alice")
+        conn.close()
+        if ready is server:
+            served += 1
+        else:
+            ipc_served += 1
 print(json.dumps({"checkpoint": pathlib.Path(ck, "model.ckpt").read_text(),
-                  "files": sorted(os.listdir(ck)), "served": served}), flush=True)
+                  "files": sorted(os.listdir(ck)), "served": served, "ipc served": ipc_served,
+                  "datagrams": datagrams}), flush=True)
 """
 
 ATTACKER = r"""
 import json, os, signal, socket, sys, time
-victim, ports, sockets = json.loads(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3])
+victim, ports, sockets, abstracts = (json.loads(arg) for arg in sys.argv[1:5])
 
 def attempt(action):
     try:
@@ -101,6 +123,16 @@ def connect_unix(path):
 
 for path in sockets:
     results[f"connect to {path}"] = attempt(lambda path=path: connect_unix(path))
+
+def send_unix(name):
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.sendto(b"x", name)
+
+for name, abstract in abstracts.items():  # no file: neither permissions nor mounts guard these
+    if name.endswith("datagram socket"):
+        results[f"send to {name}"] = attempt(lambda a=abstract: send_unix("\0" + a))
+    else:
+        results[f"connect to {name}"] = attempt(lambda a=abstract: connect_unix("\0" + a))
 read_end, write_end = os.pipe()
 if os.fork() == 0:  # the escape: a grandchild in a session of its own, left running
     os.setsid()
@@ -133,7 +165,18 @@ def state_of(job: Job) -> str:
     return Job.objects.get(pk=job.pk).state
 
 
-def test_jobs_of_other_tenants_and_of_the_same_tenant_cannot_reach_alices_job(live_server, world, state_dir):
+@pytest.fixture
+def service():
+    """A node service listening on an abstract unix socket, as root (outside every job)."""
+    with socket.socket(socket.AF_UNIX) as listening:
+        listening.bind(f"\0tessera-node-service-{os.getpid()}")
+        listening.listen()
+        yield listening
+
+
+def test_jobs_of_other_tenants_and_of_the_same_tenant_cannot_reach_alices_job(
+    live_server, world, state_dir, service
+):
     token_file = state_dir / "join-token"
     token_file.write_text(h.new_join_token())
     agent = processes.start_agent(live_server.url, state_dir, "--join-token-file", str(token_file))
@@ -158,7 +201,17 @@ def test_jobs_of_other_tenants_and_of_the_same_tenant_cannot_reach_alices_job(li
         sockets = [p for p in ("/var/run/postgresql/.s.PGSQL.5432",) if os.path.exists(p)]
         if sandbox.namespaces_unavailable() is not None:
             sockets = []
-        command = ["python", "-c", ATTACKER, json.dumps(where), json.dumps(ports), json.dumps(sockets)]
+        # Abstract unix sockets: hers, and a node service's (the agent makes none of its own);
+        # out of reach where the kernel has Landlock scopes (Linux 6.12), as here.
+        abstracts = {
+            "her abstract socket": where["ipc"],
+            "her abstract datagram socket": where["dgram"],
+            "a node service's abstract socket": service.getsockname()[1:].decode(),
+        }
+        if sandbox.scope_unavailable() is not None:
+            abstracts = {}
+        assert where["own child"] == "alice"  # her own processes reach her abstract socket
+        command = ["python", "-c", ATTACKER, *map(json.dumps, (where, ports, sockets, abstracts))]
         attackers = [
             h.bind(h.submit(user, tenant, command=command, gpus=1), "cli-node", [gpu])
             for user, tenant, gpu in ((world.bob, world.nlp, 1), (world.carol, world.vision, 2))
@@ -180,6 +233,8 @@ def test_jobs_of_other_tenants_and_of_the_same_tenant_cannot_reach_alices_job(li
             "checkpoint": "alice-weights",
             "files": ["model.ckpt"],
             "served": 0,
+            "ipc served": 0,
+            "datagrams": 0,
         }
         # gone with the job: the agent removes it just after its exit report, so wait for that
         assert fakes.wait_for(lambda: not Path(where["workdir"]).exists(), 10), where["workdir"]

@@ -670,6 +670,63 @@ def replicas_meet(node) -> None:
     assert replicas[0].run_as == replicas[1].run_as
 
 
+REPLICA_REACHES = r"""
+import json, os, pathlib, signal, socket, sys, time
+shared, name = pathlib.Path(sys.argv[1]), "\0tessera-replica-0-of-" + sys.argv[2]
+if os.environ["TESSERA_REPLICA"] == "0":
+    ipc = socket.socket(socket.AF_UNIX)
+    ipc.bind(name)
+    ipc.listen()
+    (shared / "pid").write_text(str(os.getpid()))
+    while not (shared / "done").exists():
+        time.sleep(0.05)
+    print("alive")
+else:
+    while not (shared / "pid").exists() or not (shared / "pid").read_text():
+        time.sleep(0.05)
+    result = {}
+    try:
+        socket.socket(socket.AF_UNIX).connect(name)
+        result["connect to replica 0's abstract socket"] = "succeeded"
+    except OSError as exc:
+        result["connect to replica 0's abstract socket"] = type(exc).__name__
+    try:
+        os.kill(int((shared / "pid").read_text()), signal.SIGTERM)
+        result["signal replica 0"] = "succeeded"
+    except OSError as exc:
+        result["signal replica 0"] = type(exc).__name__
+    print(json.dumps(result))
+    (shared / "done").touch()
+"""
+
+
+def test_replicas_of_one_attempt_on_a_node_share_its_uid_but_not_abstract_sockets_or_signals(node):
+    """Each replica is a Landlock domain of its own (as it has its own /dev/shm): replica 1 can
+    neither connect to replica 0's abstract unix socket nor signal it, though both run as one uid
+    (replicas on one node talk over TCP: the test above)."""
+    server, state_dir, pool, box, path = node
+    if sandbox.scope_unavailable() is not None:
+        pytest.skip(f"no Landlock scopes: {sandbox.scope_unavailable()}")
+    scoped = sandbox.Sandbox(box.namespaces, keep=box.keep, scoped=True)
+    shared = state_dir / "replicas"
+    shared.mkdir()
+    os.chmod(shared, 0o777)  # for the test's hand-over only
+    replicas = []
+    for replica in (0, 1):
+        command = ["python", "-c", REPLICA_REACHES, str(shared), str(os.getpid())]
+        binding = fakes.binding(25, command=command, replica=replica, replicas=2)
+        replicas.append(JobProcess(binding, server, state_dir, pool, path, sandbox=scoped))
+    for process in replicas:
+        process.start()
+    assert fakes.wait_for(lambda: len(server.exits) == 2, 20), server.calls
+    assert replicas[0].run_as == replicas[1].run_as
+    assert json.loads(server.output(25, 1)) == {
+        "connect to replica 0's abstract socket": "PermissionError",
+        "signal replica 0": "PermissionError",
+    }
+    assert [e["exit_code"] for e in server.exits] == [0, 0] and server.output(25, 0) == b"alive\n"
+
+
 UNIX_CONNECT = r"""
 import socket, sys
 s = socket.socket(socket.AF_UNIX)
