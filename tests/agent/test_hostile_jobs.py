@@ -5,9 +5,10 @@ serves a port. bob's job (tenant nlp) and carol's (vision, alice's teammate: the
 job attempt its own uid, whoever submitted it) try what a hostile tenant would: read her files,
 checkpoint and environment, overwrite or plant a checkpoint, signal her process, connect to her
 server, to the agent's metrics port, to the control plane and to the node's databases (by port,
-and by PostgreSQL's unix socket), and leave a ``setsid`` grandchild behind. Every attempt is
-denied, each attacker is recorded succeeded only once its grandchild is dead, and alice's job ends
-as it would have alone.
+and by PostgreSQL's unix socket), connect or send to her abstract unix sockets and connect to a
+node service's, and leave a ``setsid`` grandchild behind. Every attempt is denied, each attacker
+is recorded succeeded only once its grandchild is dead, and alice's job ends as it would have
+alone (her own child reaches her abstract socket).
 
 The lower-level tests (tests/agent/test_isolation.py) try the same against the job process alone,
 with and without namespaces, and the GPU device files; tests/agent/test_cpu_only.py fills a node
@@ -239,7 +240,9 @@ def test_jobs_of_other_tenants_and_of_the_same_tenant_cannot_reach_alices_job(
         # gone with the job: the agent removes it just after its exit report, so wait for that
         assert fakes.wait_for(lambda: not Path(where["workdir"]).exists(), 10), where["workdir"]
     finally:
-        processes.stop_agent(agent)
+        said = processes.stop_agent(agent)
+    if abstracts:  # the start's log says what jobs get
+        assert "jobs each get a Landlock domain" in said, said
 
 
 NEIGHBOUR = r"""
