@@ -49,6 +49,7 @@ class NodeFree:
     shares: tuple[float, ...]  # free share of each healthy GPU, by index (unhealthy: 0)
     cpus: float  # free CPUs (inf when not tracked)
     memory_gib: float  # free memory (inf when not tracked)
+    whole: int  # GPUs wholly free
 
 
 def free_view(
@@ -60,23 +61,32 @@ def free_view(
     """Every node's free GPUs, CPUs and memory from the checker's accounting."""
     out = []
     for n in nodes:
-        shares = tuple(
-            0.0 if g in n.unhealthy_gpus else max(0.0, 1.0 - sum(holders.get((n.name, g), {}).values()))
-            for g in range(n.gpus)
-        )
-        cpus = n.cpus - cpus_used.get(n.name, 0.0) if n.cpus else math.inf
-        mem = n.memory_gib - memory_used.get(n.name, 0.0) if n.memory_gib else math.inf
-        out.append(NodeFree(n, shares, cpus, mem))
+        name, bad = n.name, n.unhealthy_gpus
+        free = []
+        for g in range(n.gpus):
+            held = holders.get((name, g))
+            free.append(0.0 if g in bad else max(0.0, 1.0 - sum(held.values())) if held else 1.0)
+        shares = tuple(free)
+        cpus = n.cpus - cpus_used.get(name, 0.0) if n.cpus else math.inf
+        mem = n.memory_gib - memory_used.get(name, 0.0) if n.memory_gib else math.inf
+        out.append(NodeFree(n, shares, cpus, mem, sum(1 for x in shares if x >= 1 - EPS)))
     return out
 
 
-def _replicas_on(free: NodeFree, per_gpu: float, cpus: float, mem: float, gpus: Sequence[int]) -> int:
-    """How many replicas (``per_gpu`` GPUs, ``cpus``, ``mem`` each) fit now on ``gpus`` of a node."""
+def _replicas_on(
+    free: NodeFree, per_gpu: float, cpus: float, mem: float, gpus: Sequence[int] | None = None
+) -> int:
+    """How many replicas (``per_gpu`` GPUs, ``cpus``, ``mem`` each) fit now on ``gpus`` of a node
+    (None: all of them)."""
     if per_gpu >= 1:
-        whole = sum(1 for g in gpus if free.shares[g] >= 1 - EPS)
+        whole = free.whole if gpus is None else sum(1 for g in gpus if free.shares[g] >= 1 - EPS)
         fits = whole // int(round(per_gpu))
+        if not fits:
+            return 0
     elif per_gpu > 0:
-        fits = sum(int(free.shares[g] / per_gpu + EPS) for g in gpus)
+        fits = sum(
+            int(x / per_gpu + EPS) for x in (free.shares if gpus is None else (free.shares[g] for g in gpus))
+        )
     else:
         fits = 10**9
     if cpus > 0:
@@ -86,12 +96,12 @@ def _replicas_on(free: NodeFree, per_gpu: float, cpus: float, mem: float, gpus: 
     return fits
 
 
-def fits_now(job: JobRequest, view: Sequence[NodeFree], model: str) -> bool:
-    """Steps 1 and 2: the free resources of ``model``'s nodes hold the job's smallest gang now."""
+def fits_now(job: JobRequest, pool: Sequence[NodeFree]) -> bool:
+    """Steps 1 and 2: the free resources of ``pool`` (the schedulable nodes of one model the job
+    accepts, :meth:`AvoidableWait.pools`) hold the job's smallest gang now."""
     r = max(1, job.replicas)
     need = min_replicas(job)
     per, cpus, mem = job.gpus / r, job.cpus / r, job.memory_gib / r
-    pool = [f for f in view if f.spec.schedulable and f.spec.model == model and eligible(job, f.spec)]
     if job.topology == "nvlink":
         for f in pool:
             d = max(1, min(f.spec.nvlink_domain, f.spec.gpus))
@@ -99,7 +109,7 @@ def fits_now(job: JobRequest, view: Sequence[NodeFree], model: str) -> bool:
                 if _replicas_on(f, per, cpus, mem, range(base, min(base + d, f.spec.gpus))) >= need:
                     return True
         return False
-    counts = [(f.spec.rack, _replicas_on(f, per, cpus, mem, range(f.spec.gpus))) for f in pool]
+    counts = [(f.spec.rack, _replicas_on(f, per, cpus, mem)) for f in pool]
     if job.topology == "node":
         return any(c >= need for _, c in counts)
     if job.topology == "rack":
@@ -151,19 +161,18 @@ def within_guarantee(
     return False
 
 
-def could_start_now(
-    job: JobRequest,
-    view: Sequence[NodeFree],
-    quotas: Sequence[QuotaSpec] | None,
-    usage: Mapping[tuple[str, str], float],
-    steady: Mapping[tuple[str, str], float],
-) -> bool:
-    models = sorted({f.spec.model for f in view if eligible(job, f.spec)})
-    return any(quota_allows(job, m, quotas, usage, steady) and fits_now(job, view, m) for m in models)
+def _fit_shape(job: JobRequest) -> tuple:
+    """What :func:`fits_now` reads of a job beside its pool."""
+    return (job.gpus, job.replicas, min_replicas(job), job.topology, job.cpus, job.memory_gib)
+
+
+def _where(job: JobRequest) -> tuple:
+    """What :func:`~.feasible.eligible` reads of a job: jobs alike in it accept the same nodes."""
+    return (job.accelerators, job.gpus > 0, job.node_selector)
 
 
 def _shape(job: JobRequest) -> tuple:
-    """What could_start_now reads of a job: jobs alike in it are judged once per moment."""
+    """What the judgement reads of a job: jobs alike in it are judged once per moment."""
     return (
         job.tenant,
         job.preemptible,
@@ -182,7 +191,8 @@ class AvoidableWait:
     """Accumulates each job's avoidable wait as the checker walks the events.
 
     ``advance(t)`` is called before the events at ``t`` are applied: the state then is the one
-    that held since the previous call, so the stretch in between is judged on it."""
+    that held since the previous call, so the stretch in between is judged on it. ``view`` lists
+    the same nodes in the same order each time (only what is free changes)."""
 
     def __init__(self, view: Callable[[], list[NodeFree]], quotas: Sequence[QuotaSpec] | None) -> None:
         self._view = view
@@ -193,19 +203,51 @@ class AvoidableWait:
         self.seconds: dict[str, float] = defaultdict(float)
         self.guaranteed_s: dict[str, float] = defaultdict(float)  # waited within its guarantee
         self.t = -math.inf
+        # per _where(job): the models it accepts, and per model the view's indexes of its
+        # schedulable nodes it accepts (the nodes do not change; what is free on them does)
+        self._pools: dict[tuple, tuple[list[str], dict[str, list[int]]]] = {}
+
+    def pools(self, job: JobRequest, view: Sequence[NodeFree]) -> tuple[list[str], dict[str, list[int]]]:
+        key = _where(job)
+        got = self._pools.get(key)
+        if got is None:
+            ok = [i for i, f in enumerate(view) if eligible(job, f.spec)]
+            models = sorted({view[i].spec.model for i in ok})
+            by_model: dict[str, list[int]] = {m: [] for m in models}
+            for i in ok:
+                if view[i].spec.schedulable:
+                    by_model[view[i].spec.model].append(i)
+            got = self._pools[key] = (models, by_model)
+        return got
+
+    def could_start_now(self, job: JobRequest, view: Sequence[NodeFree], fitted: dict[tuple, bool]) -> bool:
+        """Steps 1-3 on some model the job accepts; ``fitted``: this moment's answers of
+        :func:`fits_now` by (nodes, shape)."""
+        models, by_model = self.pools(job, view)
+        for m in models:
+            if not quota_allows(job, m, self.quotas, self.usage, self.steady):
+                continue
+            key = (_where(job), m, _fit_shape(job))
+            ok = fitted.get(key)
+            if ok is None:
+                ok = fitted[key] = fits_now(job, [view[i] for i in by_model[m]])
+            if ok:
+                return True
+        return False
 
     def advance(self, t: float) -> None:
         span = t - self.t
         if span > EPS and self.pending:
             view = self._view()
             judged: dict[tuple, tuple[bool, bool]] = {}
+            fitted: dict[tuple, bool] = {}
             for job_id, job in self.pending.items():
                 key = _shape(job)
                 ok = judged.get(key)
                 if ok is None:
-                    models = sorted({f.spec.model for f in view if eligible(job, f.spec)})
+                    models, _ = self.pools(job, view)
                     ok = judged[key] = (
-                        could_start_now(job, view, self.quotas, self.usage, self.steady),
+                        self.could_start_now(job, view, fitted),
                         within_guarantee(job, models, self.quotas, self.usage, self.steady),
                     )
                 if ok[0]:
