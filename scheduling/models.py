@@ -335,16 +335,17 @@ class Job(models.Model):
             # lists): read in order from the index, not sorted after reading every match.
             models.Index(fields=["tenant", "state", "id"], name="job_tenant_state_id"),
             models.Index(fields=["tenant", "id"], name="job_tenant_id"),
-            # The runtime history a pass reads: the latest runs of one tenant and kind that
-            # ended on their own (services/memory.py).
+            # The runtime history a pass reads: the latest runs of one kind and tenant that
+            # ended on their own (services/snapshot.py's _HistoryRead). Kind and name lead, not
+            # tenant and owner: no other index starts with them, so the read can use no other.
             models.Index(
-                fields=["tenant", "kind", "-finished_at", "-id"],
+                fields=["kind", "tenant", "-finished_at", "-id"],
                 name="job_runtime_history",
                 condition=models.Q(state__in=["succeeded", "failed"]),
             ),
-            # ... and of one owner's jobs of one name (start estimates trust a user's reruns).
+            # ... and of one name of one owner's jobs (start estimates trust a user's reruns).
             models.Index(
-                fields=["owner", "name", "-finished_at", "-id"],
+                fields=["name", "owner", "-finished_at", "-id"],
                 name="job_named_history",
                 condition=models.Q(state__in=["succeeded", "failed"]),
             ),

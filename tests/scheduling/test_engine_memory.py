@@ -94,6 +94,16 @@ def test_the_history_is_the_latest_runs_that_ended_on_their_own_of_what_waits(wo
     finished(world, minutes=1, ended_ago_h=0.5, kind="batch")  # no batch job waits: not read
     rerun = finished(world, minutes=40, ended_ago_h=70, kind="batch", name="long")  # alice's "long"
     failed = finished(world, minutes=3, ended_ago_h=0.2, state=JobState.FAILED)
+    # the keys' neighbours: carol's "long" (a batch job), nlp's training runs, alice's "longer"
+    helpers.submit(world.carol, world.vision, kind="batch", name="long")
+    finished(world, minutes=7, ended_ago_h=0.1, kind="batch", name="longer")
+    Job.objects.filter(owner=world.carol).update(
+        state=JobState.SUCCEEDED, started_at=timezone.now() - timedelta(hours=1), finished_at=timezone.now()
+    )
+    bob = helpers.submit(world.bob, world.nlp, kind="training", name="other")
+    Job.objects.filter(pk=bob.pk).update(
+        state=JobState.SUCCEEDED, started_at=timezone.now() - timedelta(hours=1), finished_at=timezone.now()
+    )
     history = load_snapshot(timezone.now()).snapshot.history
     assert sorted(int(r.job_id) for r in history) == sorted([j.pk for j in kept] + [failed.pk, rerun.pk])
     run = next(r for r in history if r.job_id == str(kept[0].pk))
@@ -121,3 +131,36 @@ def test_a_memory_this_engine_cannot_read_is_set_aside_with_a_warning(world, ful
     assert waiting.pending_code == "reserved"
     assert "engine memory not loaded" in caplog.text
     assert EngineMemoryRecord.objects.get().memory["version"] == 1
+
+
+@pytest.mark.postgresql("the plan of PostgreSQL's LATERAL history read, on a table never analysed")
+def test_the_history_is_read_by_key_from_its_indexes_whatever_the_statistics(
+    transactional_db, require_postgres
+):
+    """On a young job table (no statistics yet) each waiting job's key is looked up in the history
+    indexes, not among every job of its owner or tenant (that took a pass 200 ms on the
+    benchmark's table: docs/benchmarks/e2e.md). Each step commits, as the services' do."""
+    from django.contrib.auth.models import User
+    from django.db import connection
+
+    from scheduling.models import Tenant
+    from scheduling.services.snapshot import _HISTORY
+
+    tenant, user = Tenant.objects.create(name="bench"), User.objects.create(username="bench")
+    now = timezone.now()
+    jobs = Job.objects.bulk_create(
+        Job(tenant=tenant, owner=user, name=f"bench-{i}", kind="batch", command=["true"]) for i in range(600)
+    )
+    ran = [j.pk for j in jobs[:300]]  # half ran (pending, scheduled, running, succeeded), half wait
+    for state in (JobState.SCHEDULED, JobState.RUNNING):
+        Job.objects.filter(pk__in=ran).update(state=state)
+    Job.objects.filter(pk__in=ran).update(
+        state=JobState.SUCCEEDED, started_at=now - timedelta(minutes=5), finished_at=now
+    )
+    statement = _HISTORY.statement()
+    with connection.cursor() as cur:
+        cur.execute("EXPLAIN " + statement.sql, statement.params)
+        plan = "\n".join(row[0] for row in cur.fetchall())
+    scans = [line.split(" on ")[0].split("using ")[-1] for line in plan.splitlines() if "Index Scan" in line]
+    assert "job_runtime_history" in scans and "job_named_history" in scans, plan
+    assert not [s for s in scans if "owner_id" in s or "tenant_id" in s], plan
