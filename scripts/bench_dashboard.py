@@ -13,6 +13,12 @@ line (goals from the portal's issue: first paint < 1 s, at most 2 long tasks a m
 4. For ``--seconds``, every ``1/--frames`` s this process sends one ``gpu.update`` to the ``gpus``
    group with ``--churn`` of the GPUs over a second (10%: 800 of 8,000), each turned free or
    allocated to a job; the page counts long tasks (> 50 ms, the Long Tasks API) meanwhile.
+
+Also printed: where first paint's time went (the HTML's and the snapshot's arrival, the first
+render's own time, ``map_built_ms`` when the last rack is built), the frames' size and the page's
+time in its frame handler. ``--trace FILE`` records Chromium's performance trace of the churn and
+prints what each long task held (script by function, style, layout, paint, GC); ``--cpuprofile
+FILE`` records the page's V8 CPU profile (open either in Chromium's DevTools).
 """
 
 from __future__ import annotations
@@ -45,6 +51,12 @@ def main() -> None:
     parser.add_argument("--churn", type=float, default=0.10, help="share of GPUs changing each second")
     parser.add_argument("--frames", type=int, default=4, help="update messages a second")
     parser.add_argument("--layer-db", type=int, default=11, help="Redis database for the Channels layer")
+    parser.add_argument("--cpuprofile", type=Path, help="write the page's V8 CPU profile of the churn here")
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        help="write Chromium's performance trace of the churn here and print what its long tasks did",
+    )
     args = parser.parse_args()
     redis_url = os.environ.get("REDIS_URL")
     if not redis_url:
@@ -124,6 +136,18 @@ window.__long = [];
 new PerformanceObserver(list => {
   for (const e of list.getEntries()) window.__long.push([e.startTime, e.duration]);
 }).observe({type: "longtask", buffered: true});
+window.__ws = {frames: 0, chars: 0, maxChars: 0};
+const PageSocket = window.WebSocket;
+window.WebSocket = class extends PageSocket {
+  constructor(...args) {
+    super(...args);
+    this.addEventListener("message", e => {
+      window.__ws.frames += 1;
+      window.__ws.chars += e.data.length;
+      window.__ws.maxChars = Math.max(window.__ws.maxChars, e.data.length);
+    });
+  }
+};
 """
 
 
@@ -148,15 +172,28 @@ def drive(url: str, admin: dict, devices: list, layer, args) -> dict:
             page.wait_for_function("window.TESSERA && window.TESSERA.firstPaintMs > 0", timeout=60_000)
             first_paint = page.evaluate("window.TESSERA.firstPaintMs")
             first_render = page.evaluate("window.TESSERA.firstRenderMs")
+            page.wait_for_function("window.TESSERA.mapBuiltMs > 0", timeout=60_000)
+            map_built = page.evaluate("window.TESSERA.mapBuiltMs || window.TESSERA.firstPaintMs")
             snapshot = page.evaluate(
                 "(() => { const e = performance.getEntriesByType('resource')"
                 ".find(r => r.name.includes('state.json'));"
-                " return e ? [e.startTime, e.responseEnd] : null; })()"
+                " return e ? [e.startTime, e.responseEnd, e.encodedBodySize] : null; })()"
+            )
+            navigation = page.evaluate(
+                "(() => { const n = performance.getEntriesByType('navigation')[0];"
+                " return [n.responseStart, n.responseEnd, n.domContentLoadedEventEnd, n.transferSize]; })()"
             )
             page.wait_for_selector("#live.live-on", timeout=30_000)
             time.sleep(1.0)
             start = page.evaluate("performance.now()")
             counts = {"sent": 0}
+            if args.cpuprofile:
+                cdp = page.context.new_cdp_session(page)
+                cdp.send("Profiler.enable")
+                cdp.send("Profiler.setSamplingInterval", {"interval": 500})
+                cdp.send("Profiler.start")
+            if args.trace:
+                browser.start_tracing(page=page, path=str(args.trace), categories=TRACE_CATEGORIES)
             # Playwright's sync API holds this thread's event loop: the pushes go from another.
             pusher = threading.Thread(target=push, args=(layer, devices, per_frame, args, rng, counts))
             pusher.start()
@@ -165,18 +202,32 @@ def drive(url: str, admin: dict, devices: list, layer, args) -> dict:
             pusher.join()
             sent = counts["sent"]
             time.sleep(1.0)
+            if args.trace:
+                browser.stop_tracing()
+            if args.cpuprofile:
+                args.cpuprofile.write_text(json.dumps(cdp.send("Profiler.stop")["profile"]))
             long_tasks = page.evaluate(f"window.__long.filter(t => t[0] >= {start})")
             renders = page.evaluate("window.TESSERA.renders")
             render_ms = page.evaluate("window.TESSERA.renderMsTotal")
             deltas = page.evaluate("window.TESSERA.deltas")
+            handler = page.evaluate("[window.TESSERA.handlerMsTotal || 0, window.TESSERA.handlerMsMax || 0]")
+            ws = page.evaluate("window.__ws")
         finally:
             browser.close()
     minutes = args.seconds / 60
+    profile = {}
+    if args.trace:
+        profile["long_task_contents"] = long_task_contents(json.loads(args.trace.read_text()))
     return {
         "first_paint_ms": round(first_paint),
         "first_render_ms": round(first_render),
+        "map_built_ms": round(map_built),
+        "html_first_byte_at_ms": round(navigation[0]),
+        "html_received_at_ms": round(navigation[1]),
+        "dom_ready_at_ms": round(navigation[2]),
         "snapshot_requested_at_ms": round(snapshot[0]) if snapshot else None,
         "snapshot_received_at_ms": round(snapshot[1]) if snapshot else None,
+        "snapshot_bytes": snapshot[2] if snapshot else None,
         "render_ms_per_frame": round(render_ms / max(1, renders), 1),
         "long_tasks": len(long_tasks),
         "long_tasks_per_minute": round(len(long_tasks) / minutes, 2),
@@ -184,7 +235,63 @@ def drive(url: str, admin: dict, devices: list, layer, args) -> dict:
         "frames_sent": sent,
         "frames_received": deltas,
         "renders": renders,
+        "frame_chars_mean": round(ws["chars"] / max(1, ws["frames"])),
+        "frame_chars_max": ws["maxChars"],
+        "handler_ms_per_frame": round(handler[0] / max(1, deltas), 1),
+        "handler_ms_max": round(handler[1], 1),
+        **profile,
     }
+
+
+TRACE_CATEGORIES = ["devtools.timeline", "disabled-by-default-devtools.timeline", "v8", "blink", "loading"]
+
+
+def long_task_contents(trace: dict, threshold_ms: float = 50.0) -> list[dict]:
+    """Each task over ``threshold_ms`` on the page's main thread, with the milliseconds of the
+    work inside it by kind (script by function, style, layout, paint, GC, parsing)."""
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    main = {
+        (e["pid"], e["tid"])
+        for e in events
+        if e.get("ph") == "M" and e.get("name") == "thread_name" and e["args"].get("name") == "CrRendererMain"
+    }
+    spans = [e for e in events if e.get("ph") == "X" and (e["pid"], e["tid"]) in main and "dur" in e]
+    tasks = [e for e in spans if e["name"] in ("RunTask", "ThreadControllerImpl::RunTask")]
+    tasks = [t for t in tasks if t["dur"] / 1000 > threshold_ms]
+    kinds = {
+        "FunctionCall": "script",
+        "EventDispatch": "event",
+        "FireAnimationFrame": "animation frame",
+        "TimerFire": "timer",
+        "UpdateLayoutTree": "style",
+        "Layout": "layout",
+        "PrePaint": "prepaint",
+        "Paint": "paint",
+        "Layerize": "layerize",
+        "MinorGC": "minor GC",
+        "MajorGC": "major GC",
+        "V8.GC_SCAVENGER": "minor GC",
+        "V8.GC_MARK_COMPACTOR": "major GC",
+        "ParseHTML": "parse HTML",
+        "v8.compile": "compile",
+    }
+    out = []
+    for task in tasks:
+        lo, hi = task["ts"], task["ts"] + task["dur"]
+        inside: dict[str, float] = {}
+        for e in spans:
+            if e is task or not (lo <= e["ts"] and e["ts"] + e["dur"] <= hi):
+                continue
+            kind = kinds.get(e["name"])
+            if kind is None:
+                continue
+            if e["name"] == "FunctionCall":
+                data = e.get("args", {}).get("data", {})
+                kind = f"script {data.get('functionName') or '?'}:{data.get('lineNumber', '?')}"
+            inside[kind] = round(inside.get(kind, 0.0) + e["dur"] / 1000, 1)
+        ranked = dict(sorted(inside.items(), key=lambda kv: -kv[1]))
+        out.append({"ms": round(task["dur"] / 1000, 1), "inside": ranked})
+    return out
 
 
 def push(layer, devices: list, per_frame: int, args, rng: random.Random, counts: dict) -> None:
