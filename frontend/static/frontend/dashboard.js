@@ -266,24 +266,47 @@
   const dirty = { full: true, cells: new Set(), queue: true, placements: false };
   let queueRenderedAt = 0;
   const PLACEMENTS_EVERY_MS = 1000; // GPU churn alone redraws the lists at most once a second
-  const SLICE_MS = 8; // changed cells painted in one animation frame, at most (then the next frame)
+  // Script time one task may take, at most: changed cells in view are painted in animation frames
+  // (the browser's style and paint work for them follows in the same task), changed cells off
+  // screen in idle time, and a rebuilt map is added rack by rack, each part in its own task.
+  const SLICE_MS = 4;
   const cellEls = new Map(); // "node/index" -> its element
-  const jobCells = new Map(); // job id -> the keys of the cells it holds (for its label)
+  const jobCells = new Map(); // job id -> the keys of the cells it holds (for its label and placement)
+  const held = new Map(); // "node/index" -> [state, job ids], as counted in counts and jobCells
+  // Racks the browser skips (content-visibility: auto, away from the viewport), and the cells that
+  // changed in them since: painted in idle time, or in the next frame when the rack comes into
+  // view or one of its cells takes focus.
+  const skippedRacks = new Set();
+  const stale = new Map(); // rack -> Set of keys
+  let idleHandle = null;
+
+  function nodeOfKey(key) { return T.model.nodes[key.slice(0, key.lastIndexOf("/"))]; }
+
+  function markDirty(node, key) {
+    if (node && skippedRacks.has(node.rack)) {
+      if (!stale.has(node.rack)) stale.set(node.rack, new Set());
+      stale.get(node.rack).add(key);
+      scheduleIdle();
+    } else dirty.cells.add(key);
+  }
 
   function noteChange(msg) {
     if (msg.type === "node.update") dirty.full = true;
     else if (msg.type === "gpu.update") {
-      for (const d of msg.devices) dirty.cells.add(d.node + "/" + d.index);
+      for (const d of msg.devices) {
+        const node = T.model.nodes[d.node];
+        const key = d.node + "/" + d.index;
+        account(node, key, d);
+        markDirty(node, key);
+      }
       dirty.placements = true; // where a running job is shown to run may have changed
     } else if (msg.type === "job.update") {
       dirty.queue = true;
-      for (const key of jobCells.get(msg.job.id) || []) dirty.cells.add(key); // its name in the labels
+      for (const key of jobCells.get(msg.job.id) || []) markDirty(nodeOfKey(key), key); // its name in the labels
     }
   }
 
-  function nodeReady(node) { return node.state === "ready"; }
-
-  const counts = { total: 0, free: 0, freeElsewhere: 0 }; // kept up to date by paintCell
+  const counts = { total: 0, free: 0, freeElsewhere: 0 }; // kept up to date by account
 
   function count(node, state, sign) {
     if (state === undefined) return;
@@ -291,43 +314,117 @@
     if (state === "free") { if (nodeReady(node)) counts.free += sign; else counts.freeElsewhere += sign; }
   }
 
-  function paintCell(cell, node, d) {
-    const key = node.name + "/" + d.index;
-    count(node, cell.dataset.state, -1);
+  /* The counts and a job's cells follow the model at once, whether or not the cell is painted yet. */
+  function account(node, key, d) {
+    const before = held.get(key);
+    if (before) {
+      count(node, before[0], -1);
+      for (const id of before[1]) {
+        const keys = jobCells.get(id);
+        if (keys) { keys.delete(key); if (!keys.size) jobCells.delete(id); }
+      }
+    }
     count(node, d.state, +1);
-    const before = cell.dataset.jobs ? cell.dataset.jobs.split(" ") : [];
-    for (const id of before) { const keys = jobCells.get(Number(id)); if (keys) keys.delete(key); }
+    const ids = d.jobs.map(function (j) { return j.job_id; });
+    for (const id of ids) {
+      if (!jobCells.has(id)) jobCells.set(id, new Set());
+      jobCells.get(id).add(key);
+    }
+    held.set(key, [d.state, ids]);
+  }
+
+  function paintCell(cell, node, d) {
     const look = describeCell(node, d);
-    // Only what differs is written: every write to an element makes the browser look at its style
-    // again, and at 800 changed cells a second the unchanged writes were most of the frame.
+    // Only what differs is written, compared with what was written last (kept on the element, so
+    // no attribute is read back): every write makes the browser look at the cell's style again.
+    const w = cell._written || (cell._written = { classes: "", label: "", state: "", jobs: "", fill: "" });
     const classes = look.classes + (filteredOut(d) ? " dim" : "");
-    if (cell.className !== classes) cell.className = classes;
-    if (cell.title !== look.label) {
+    if (w.classes !== classes) cell.className = w.classes = classes;
+    if (w.label !== look.label) {
+      w.label = look.label;
       cell.title = look.label;
       cell.setAttribute("aria-label", look.label);
     }
-    if (cell.dataset.state !== d.state) cell.dataset.state = d.state;
-    if (d.jobs.length) {
-      const ids = d.jobs.map(function (j) { return j.job_id; }).join(" ");
-      if (cell.dataset.jobs !== ids) cell.dataset.jobs = ids;
-      for (const j of d.jobs) {
-        if (!jobCells.has(j.job_id)) jobCells.set(j.job_id, new Set());
-        jobCells.get(j.job_id).add(key);
-      }
-    } else if (cell.dataset.jobs !== undefined) delete cell.dataset.jobs;
+    if (w.state !== d.state) cell.setAttribute("data-state", (w.state = d.state));
+    const ids = d.jobs.length ? d.jobs.map(function (j) { return j.job_id; }).join(" ") : "";
+    if (w.jobs !== ids) {
+      w.jobs = ids;
+      if (ids) cell.setAttribute("data-jobs", ids);
+      else cell.removeAttribute("data-jobs");
+    }
     // A partly used GPU fills from the bottom in proportion to its share.
     const fill = d.state === "shared" && d.used > 0 && d.used < 1 ? pct(d.used) : "";
-    if ((cell.dataset.fill || "") !== fill) {
-      if (fill) cell.style.setProperty("--fill", fill);
-      else cell.style.removeProperty("--fill");
-      if (fill) cell.dataset.fill = fill;
-      else delete cell.dataset.fill;
+    if (w.fill !== fill) {
+      w.fill = fill;
+      if (fill) { cell.style.setProperty("--fill", fill); cell.setAttribute("data-fill", fill); }
+      else { cell.style.removeProperty("--fill"); cell.removeAttribute("data-fill"); }
     }
+  }
+
+  function paintKey(key) {
+    const cell = cellEls.get(key);
+    if (!cell) return; // not built yet: it is built from the model as it is then
+    const node = nodeOfKey(key);
+    const d = node && node.devices[Number(key.slice(key.lastIndexOf("/") + 1))];
+    if (d) paintCell(cell, node, d);
+  }
+
+  /* Paints keys (removing them from the set) for at most ms of script; true when all are done. */
+  function paintSome(keys, until) {
+    let painted = 0;
+    for (const key of keys) {
+      keys.delete(key);
+      paintKey(key);
+      if (++painted % 10 === 0 && performance.now() > until) return false;
+    }
+    return true;
+  }
+
+  function scheduleIdle() {
+    if (idleHandle !== null) return;
+    idleHandle = window.requestIdleCallback
+      ? window.requestIdleCallback(paintStale, { timeout: 1000 })
+      : window.setTimeout(paintStale, 100);
+  }
+
+  function paintStale() {
+    idleHandle = null;
+    const until = performance.now() + SLICE_MS;
+    for (const [rack, keys] of stale) {
+      const done = paintSome(keys, until);
+      if (!keys.size) stale.delete(rack);
+      if (!done) break;
+    }
+    if (stale.size) scheduleIdle();
+  }
+
+  function onRackVisibility(event) {
+    const rackEl = event.target;
+    if (!rackEl.isConnected || !rackEl.classList.contains("rack")) return;
+    const rack = rackEl.dataset.rack;
+    if (event.skipped) { skippedRacks.add(rack); return; }
+    skippedRacks.delete(rack);
+    const keys = stale.get(rack);
+    if (!keys) return;
+    stale.delete(rack);
+    for (const key of keys) dirty.cells.add(key);
+    scheduleRender();
+  }
+
+  function onHeatmapFocus(event) {
+    const cell = event.target.closest && event.target.closest(".cell");
+    const node = cell && T.model && T.model.nodes[cell.dataset.node];
+    const keys = node && stale.get(node.rack);
+    const key = cell && cell.dataset.node + "/" + cell.dataset.index;
+    if (keys && keys.delete(key)) paintKey(key); // its label is read out now
   }
 
   /* The heatmap: one keyboard stop (a roving tabindex over the cells; arrows move, Enter opens),
    * NVLink islands kept whole when a row wraps, and no live region: a person reads it by moving
-   * through it, not by having every update announced. */
+   * through it, not by having every update announced. Built rack by rack, each part at most
+   * SLICE_MS of script (the first racks, those in view, first). */
+  let build = null; // the map being built: {racks, byRack, next, focused, stop}
+
   function buildHeatmap() {
     const model = T.model;
     const byRack = {};
@@ -339,72 +436,100 @@
     const racks = Object.keys(byRack).sort();
     cellEls.clear();
     jobCells.clear();
+    held.clear();
+    skippedRacks.clear();
+    stale.clear();
     counts.total = counts.free = counts.freeElsewhere = 0;
+    for (const name in model.nodes) {
+      const node = model.nodes[name];
+      for (const i in node.devices) account(node, name + "/" + i, node.devices[i]);
+    }
     updateFilters(racks);
+    build = null;
     if (racks.length === 0) {
       box.replaceChildren(el("p", { class: "muted", text: "No nodes have joined yet." }));
       return;
     }
     const focused = document.activeElement && document.activeElement.classList.contains("cell") && box.contains(document.activeElement)
       ? document.activeElement.dataset.node + "/" + document.activeElement.dataset.index : null;
-    const sections = racks.map(function (rack) {
-      const rows = byRack[rack].map(function (node) {
-        const indexes = Object.keys(node.devices).map(Number).sort(function (a, b) { return a - b; });
-        const island = Math.max(1, node.nvlink_domain || 1);
-        const islands = [];
-        for (const i of indexes) {
-          const cell = el("button", { type: "button", tabindex: "-1", "data-node": node.name, "data-index": String(i) });
-          paintCell(cell, node, node.devices[i]);
-          cellEls.set(node.name + "/" + i, cell);
-          const k = Math.floor(i / island);
-          (islands[k] = islands[k] || el("span", { class: "island" })).appendChild(cell);
-        }
-        return el("div", { class: "node-row node-" + node.state, "data-rack": node.rack, "data-models": node.models.join(" ") }, [
-          el("div", { class: "node-name" }, [
-            el("span", { text: node.name }),
-            el("span", { class: "node-meta", text: node.models.join("/") + (node.state !== "ready" ? " · " + node.state : "") }),
-          ]),
-          el("div", { class: "cells" }, islands.filter(Boolean)),
-        ]);
-      });
-      return el("div", { class: "rack", "data-rack": rack }, [el("h2", { class: "rack-name", text: "rack " + rack })].concat(rows));
+    box.replaceChildren();
+    build = { racks: racks, byRack: byRack, next: 0, focused: focused, stop: null };
+    buildSome(build, 2);
+  }
+
+  function buildSome(b, atLeast) {
+    if (build !== b) return; // a newer build replaced this one
+    const box = document.getElementById("heatmap");
+    const until = performance.now() + SLICE_MS;
+    let built = 0;
+    while (b.next < b.racks.length && (built < atLeast || performance.now() < until)) {
+      const rack = b.racks[b.next++];
+      const section = buildRack(rack, b.byRack[rack]);
+      box.appendChild(section);
+      applyRowFilters(section);
+      built += 1;
+    }
+    placeStop(b, box);
+    if (b.next < b.racks.length) window.setTimeout(function () { buildSome(b, 1); }, 0);
+    else {
+      build = null;
+      if (!T.mapBuiltMs) T.mapBuiltMs = performance.now(); // the benchmark reads it
+    }
+  }
+
+  function buildRack(rack, nodes) {
+    const rows = nodes.map(function (node) {
+      const indexes = Object.keys(node.devices).map(Number).sort(function (a, b) { return a - b; });
+      const island = Math.max(1, node.nvlink_domain || 1);
+      const islands = [];
+      for (const i of indexes) {
+        const cell = el("button", { type: "button", tabindex: "-1", "data-node": node.name, "data-index": String(i) });
+        paintCell(cell, node, node.devices[i]);
+        cellEls.set(node.name + "/" + i, cell);
+        const k = Math.floor(i / island);
+        (islands[k] = islands[k] || el("span", { class: "island" })).appendChild(cell);
+      }
+      return el("div", { class: "node-row node-" + node.state, "data-rack": node.rack, "data-models": node.models.join(" ") }, [
+        el("div", { class: "node-name" }, [
+          el("span", { text: node.name }),
+          el("span", { class: "node-meta", text: node.models.join("/") + (node.state !== "ready" ? " · " + node.state : "") }),
+        ]),
+        el("div", { class: "cells" }, islands.filter(Boolean)),
+      ]);
     });
-    box.replaceChildren.apply(box, sections);
-    applyRowFilters();
-    let stop = focused ? cellEls.get(focused) : null;
-    if (!stop && T.stop) stop = cellEls.get(T.stop[0] + "/" + T.stop[1]);
+    return el("div", { class: "rack", "data-rack": rack }, [el("h2", { class: "rack-name", text: "rack " + rack })].concat(rows));
+  }
+
+  /* The map's one Tab stop: the cell that had focus (or was last used), once it is built, or the
+   * first shown cell. */
+  function placeStop(b, box) {
+    if (b.stop) return;
+    const wanted = b.focused || (T.stop ? T.stop[0] + "/" + T.stop[1] : null);
+    let stop = wanted ? cellEls.get(wanted) : null;
+    if (!stop && wanted && b.next < b.racks.length) return; // it may be in a rack not built yet
     stop = stop || box.querySelector(".node-row:not([hidden]) .cell");
-    if (stop) stop.tabIndex = 0;
-    if (focused && stop) stop.focus();
+    if (!stop) return;
+    b.stop = stop;
+    stop.tabIndex = 0;
+    if (b.focused) stop.focus();
   }
 
   function renderHeatmap() {
     if (dirty.full) {
       buildHeatmap();
       dirty.cells.clear();
-    } else {
-      // In slices of at most SLICE_MS: the rest of the changed cells go in the next animation
-      // frame, so no frame's work (script, then the style it invalidates) becomes a long task.
-      const until = performance.now() + SLICE_MS;
-      let painted = 0;
-      for (const key of dirty.cells) {
-        const cell = cellEls.get(key);
-        const slash = key.lastIndexOf("/");
-        const node = T.model.nodes[key.slice(0, slash)];
-        const d = node && node.devices[Number(key.slice(slash + 1))];
-        if (cell && d) paintCell(cell, node, d);
-        dirty.cells.delete(key);
-        if (++painted % 50 === 0 && performance.now() > until) break;
-      }
-      if (dirty.cells.size) scheduleRender();
+      dirty.full = false;
+    } else if (!paintSome(dirty.cells, performance.now() + SLICE_MS)) {
+      scheduleRender(); // the rest in the next animation frame
     }
-    dirty.full = false;
-    if (!dirty.cells.size) renderTotals();
+    renderTotals();
   }
 
+  let totalsText = null;
   function renderTotals() {
-    document.getElementById("totals").textContent = counts.total ? counts.total + " GPUs · " + counts.free + " free" +
+    const text = counts.total ? counts.total + " GPUs · " + counts.free + " free" +
       (counts.freeElsewhere ? " (" + counts.freeElsewhere + " more on nodes not taking work)" : "") : "";
+    if (text !== totalsText) document.getElementById("totals").textContent = totalsText = text;
   }
 
   // ---- filters: by rack and model (rows hidden), by tenant for operators (other cells dimmed) ----
@@ -439,14 +564,13 @@
     return !!filters.tenant && !d.jobs.some(function (j) { return j.tenant === filters.tenant; });
   }
 
-  function applyRowFilters() {
-    for (const row of document.querySelectorAll("#heatmap .node-row")) {
+  function applyRowFilters(rack) {
+    if (!filters.rack && !filters.model) return; // rows are built shown
+    for (const row of rack.querySelectorAll(".node-row")) {
       row.hidden = (filters.rack && row.dataset.rack !== filters.rack) ||
         (filters.model && row.dataset.models.split(" ").indexOf(filters.model) < 0);
     }
-    for (const rack of document.querySelectorAll("#heatmap .rack")) {
-      rack.hidden = !rack.querySelector(".node-row:not([hidden])");
-    }
+    rack.hidden = !rack.querySelector(".node-row:not([hidden])");
   }
 
   for (const name of ["rack", "model", "tenant"]) {
@@ -651,6 +775,9 @@
   const heatmap = document.getElementById("heatmap");
   heatmap.addEventListener("keydown", onHeatmapKey);
   heatmap.addEventListener("click", onHeatmapClick);
+  heatmap.addEventListener("focusin", onHeatmapFocus);
+  // Fired on each rack as it starts or stops being skipped; caught on its way down to the rack.
+  heatmap.addEventListener("contentvisibilityautostatechange", onRackVisibility, true);
 
   connect();
 })();
