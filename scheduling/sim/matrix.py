@@ -3,10 +3,10 @@ differ from ``sim generate``'s, each judged against the goals it must meet.
 
 ``python -m scheduling.sim.matrix OUT [--seeds 1-3] [--days 1] [--gpus 600] [--processes 2]
 [--only NAME,NAME]`` generates ``OUT/NAME-SEED/workload`` for every scenario of :data:`SCENARIOS`
-and seed, replays tessera, greedy-quota, greedy and fcfs-device into ``OUT/NAME-SEED/POLICY`` (runs
-already there are kept, so an interrupted matrix resumes), and writes ``OUT/matrix.md``: per
-scenario the mean over the seeds of each policy's figures, then every goal with its verdict, and a
-line per miss naming it. ``make eval-matrix`` runs it.
+and seed, replays tessera, greedy-quota, greedy and fcfs-device into ``OUT/NAME-SEED/POLICY``
+(summaries and events, no plots; runs already there are kept, so an interrupted matrix resumes),
+and writes ``OUT/matrix.md``: per scenario the mean over the seeds of each policy's figures, then
+every goal with its verdict, and a line per miss naming it. ``make eval-matrix`` runs it.
 
 Goals (the same for every scenario; "fair" is greedy-quota with quotas, greedy without):
 
@@ -81,7 +81,7 @@ def _run(args: tuple[Path, Case, int, str, float, int]) -> str:
         quotas = work / "quotas.csv" if case.quotas and policy != "greedy" else None
         run_replay(
             work / "nodes.csv", work / "jobs.csv", quotas, policy, run, seed=seed, show_progress=False,
-            estimates=policy == "tessera",
+            estimates=policy == "tessera", plots=False,
         )  # fmt: skip
     return f"{case.name} seed {seed} {policy}"
 

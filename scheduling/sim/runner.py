@@ -57,10 +57,12 @@ def run_replay(
     estimates: bool = False,
     adjust: bool = False,
     exclusive_gpu_shares: bool = False,
+    plots: bool = True,
 ) -> dict[str, Any]:
     """Replay one policy; write events.jsonl, summary.json, series.json and the plots.
     ``adjust``: run the adjustment pass (``--adjust on``, :mod:`.adjusting`);
-    ``exclusive_gpu_shares``: tessera's option of that name (``EngineConfig``), checked."""
+    ``exclusive_gpu_shares``: tessera's option of that name (``EngineConfig``), checked;
+    ``plots``: False draws none (a batch that reads only the summaries)."""
     out = Path(out)
     nodes = read_nodes(nodes_csv)
     jobs = read_jobs(jobs_csv)
@@ -108,7 +110,8 @@ def run_replay(
     (out / "series.json").write_text(json.dumps(series, separators=(",", ":")), encoding="utf-8")
     if report.violations:
         (out / "check.txt").write_text("\n".join(report.violations) + "\n", encoding="utf-8")
-    plot_run(out, series, policy)
+    if plots:
+        plot_run(out, series, policy)
     return summary
 
 
