@@ -161,6 +161,56 @@ def test_a_jobs_temporary_directories_are_its_own_and_go_with_it(node):
     assert not {"alice", "bob"} & set(os.listdir("/dev/shm"))
 
 
+FILLS = r"""
+import errno, json, os, sys
+
+def fill(directory, files, mb):
+    # ``files`` files of ``mb`` MB each, written until an error: the MB written and the error
+    written, chunk = 0, b"x" * (1 << 20)
+    try:
+        for i in range(files):
+            fd = os.open(os.path.join(directory, f"fill-{i}"), os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                for _ in range(mb):
+                    written += os.write(fd, chunk)
+            finally:
+                os.close(fd)
+    except OSError as exc:
+        return [written >> 20, errno.errorcode[exc.errno]]
+    finally:
+        for i in range(files):
+            try:
+                os.unlink(os.path.join(directory, f"fill-{i}"))
+            except FileNotFoundError:
+                pass
+    return [written >> 20, "no error"]
+
+said = {"one file of 32 MB": fill(os.environ["TMPDIR"], 1, 32)}
+if sys.argv[1] == "namespaces":  # its private tmpfs mounts: 32 files of 1 MB each
+    said.update({d: fill(d, 32, 1) for d in ("/tmp", "/dev/shm")})
+print(json.dumps(said), flush=True)
+"""
+
+
+def test_a_job_filling_its_private_tmp_and_shm_or_writing_one_huge_file_is_stopped_at_its_bound(node):
+    """``--job-disk-mb 8``: no file of the job grows past 8 MB (EFBIG), and its private /tmp and
+    /dev/shm (tmpfs: the node's memory) fill up at 8 MB each (ENOSPC); the job goes on and ends
+    as it would have, and nothing of it is left on the node's own /dev/shm."""
+    server, state_dir, pool, box, path = node
+    bounded = sandbox.Sandbox(box.namespaces, keep=box.keep, disk_mb=8)
+    mode = "namespaces" if box.namespaces else "uid only"
+    binding = fakes.binding(26, command=["python", "-c", FILLS, mode])
+    host_shm = set(os.listdir("/dev/shm"))
+    JobProcess(binding, server, state_dir, pool, path, sandbox=bounded).start()
+    assert server.exit_of(26)["exit_code"] == 0, server.output(26)
+    said = json.loads(server.output(26).decode().splitlines()[0])
+    assert said.pop("one file of 32 MB") == [8, "EFBIG"]
+    if box.namespaces:
+        for directory, (written, error) in said.items():
+            assert error == "ENOSPC" and 6 <= written <= 8, (directory, written, error)
+    assert set(os.listdir("/dev/shm")) == host_shm
+
+
 ESCAPE = r"""
 import os, sys, time
 if os.fork() == 0:
