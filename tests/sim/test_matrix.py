@@ -25,6 +25,9 @@ def test_a_small_matrix_writes_each_policys_figures_and_judges_every_goal(tmp_pa
     misses = text.count("| **no** |")
     assert ("All goals met." in text) == (misses == 0)
     assert text.count("\n- ") == misses  # one line per miss, naming it
+    digest = (tmp_path / "compare.md").read_text()  # the table docs/evaluation.md shows
+    assert "| base-1.2 |" in digest and "| no-quotas-1.0 |" in digest
+    assert digest.count("\n- ") == misses
 
 
 def test_each_goal_is_judged_against_the_fair_reference_of_its_case():
