@@ -392,6 +392,18 @@ def test_a_job_can_open_only_its_own_gpus_device_files(node):
     assert all(Path(p).read_text() == f"gpu{i}" for i, p in devices.items())  # the host's untouched
 
 
+def test_an_agent_without_root_refuses_several_tenants_jobs_saying_why_unless_single_tenant(monkeypatch):
+    """Without root (no uid to give each job) the agent runs no job, saying what it lacks and
+    that ``--single-tenant`` runs them all as its own user, unsafe for sharing the node."""
+    monkeypatch.setattr(os, "geteuid", lambda: 65534)
+    with pytest.raises(ValueError) as refused:
+        identity.users_for(False, "nobody", identity.DEFAULT_RANGE)
+    said = str(refused.value)
+    assert "only a root agent" in said and "--single-tenant" in said and "unsafe" in said
+    shared = identity.users_for(True, "nobody", identity.DEFAULT_RANGE)
+    assert not shared.isolated and shared.take(1, 0) == shared.take(2, 0)
+
+
 def test_a_range_that_holds_a_user_of_the_machine_is_refused_naming_it():
     nobody = 65534
     with pytest.raises(ValueError, match="nobody"):
