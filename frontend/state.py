@@ -9,6 +9,7 @@ its deltas.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from django.db.models import Count, Sum
@@ -29,10 +30,13 @@ MAX_JOBS = 2000
 
 def nodes_state(viewer: Viewer) -> list[dict[str, Any]]:
     """Every node (grouped later by rack) with its devices, redacted for ``viewer``. Two queries
-    for the devices and their active allocations, whatever the cluster's size."""
-    nodes = list(Node.objects.order_by("rack", "name").only(*NODE_FIELDS))
+    for the devices and their active allocations, whatever the cluster's size; the nodes are read
+    as plain rows (at 1,000 nodes their model instances were a fifth of the snapshot's time)."""
+    nodes = [SimpleNamespace(**row) for row in Node.objects.order_by("rack", "name").values(*NODE_FIELDS)]
     by_node: dict[str, list[dict[str, Any]]] = {node.name: [] for node in nodes}
-    for row in with_looks(all_device_rows(), current()):  # utilisation where the pass read it
+    looks = current()  # utilisation where the pass read it
+    rows = with_looks(all_device_rows(), looks) if looks else all_device_rows()
+    for row in rows:
         by_node.setdefault(row["node"], []).append(redact_device(row, viewer))
     return [
         {

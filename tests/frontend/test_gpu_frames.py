@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from frontend.consumers import GpuFrames
+from frontend.consumers import FRAME_ROWS, GpuFrames, in_parts
 
 
 def rows(*keys: tuple[str, int], state: str = "free") -> list[dict[str, Any]]:
@@ -30,6 +30,18 @@ def test_a_churning_cluster_is_sent_one_frame_a_window_with_each_gpus_latest_row
     sent = frames.flush(now=1.0)
     assert sorted((r["index"], r["state"]) for r in sent) == [(0, "allocated"), (1, "free"), (2, "free")]
     assert frames.flush(now=1.1) == []
+
+
+def test_a_churning_seconds_rows_go_out_in_frames_a_page_parses_quickly() -> None:
+    """At 8,000 GPUs a tenth change each second: the kept 800 rows leave in frames of at most
+    FRAME_ROWS rows (one 110 KB frame was one long task on the page), none lost, in order."""
+    frames = GpuFrames(window_s=1.0, calm_rows=FRAME_ROWS)
+    assert not frames.take(rows(*[(f"n{i // 8}", i % 8) for i in range(800)]), now=0.0)
+    kept = frames.flush(now=1.0)
+    parts = in_parts(kept)
+    assert len(parts) == 4 and all(len(part) <= FRAME_ROWS for part in parts)
+    assert [row for part in parts for row in part] == kept
+    assert in_parts([]) == []
 
 
 @given(
