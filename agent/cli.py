@@ -141,7 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MB",
         help="disk a job attempt may fill: each of its private /tmp, /var/tmp and /dev/shm holds "
         "at most this much, no file it writes grows past it, and a job whose own directories "
-        "(working and checkpoint) hold more is stopped, failing with reason disk-limit "
+        "(working and checkpoint) and private /tmp, /var/tmp and /dev/shm hold more together is "
+        "stopped, failing with reason disk-limit "
         "(default: 100 GiB or half the state directory's free space, whichever is less)",
     )
     p.add_argument(

@@ -567,17 +567,38 @@ class JobProcess:
             self.killed = True
 
     def _bound_disk(self, now: float) -> None:
-        """Every ``DISK_CHECK_S`` (more often past half the bound): the job's own directories
-        summed; over ``--job-disk-mb``, it is stopped at once (reason ``disk-limit``, no retry)."""
+        """Every ``DISK_CHECK_S`` (more often past half the bound): the job's own directories and
+        its private tmpfs mounts summed; over ``--job-disk-mb``, it is stopped at once (reason
+        ``disk-limit``, no retry)."""
         bound = self.sandbox.disk_mb
         if not bound or self.stop_reason is not None or now < self._disk_check_at:
             return
-        used = sum(disk_used(d) for d in (self.workdir, self.checkpoint_dir))
+        used = sum(disk_used(d) for d in (self.workdir, self.checkpoint_dir)) + self._private_used()
         limit = bound << 20
         self._disk_check_at = now + (DISK_CHECK_S if used < limit // 2 else DISK_CHECK_S / 5)
         if used > limit:
-            self._note(f"disk limit of {bound} MB passed ({used >> 20} MB in its directories)")
+            self._note(
+                f"disk limit of {bound} MB passed ({used >> 20} MB in its directories and private /tmp, "
+                "/var/tmp and /dev/shm)"
+            )
             self.stop("disk-limit", 0.0)
+
+    def _private_used(self) -> int:
+        """Bytes its private ``/tmp``, ``/var/tmp`` and ``/dev/shm`` hold (tmpfs: the node's
+        memory), seen through its process's root in ``/proc``, i.e. in its mount namespace; 0
+        without one (they are the node's own then) or once the process has exited. A path still
+        on the node's own file system (the spawn chain has not mounted it yet) is not counted."""
+        if not self.sandbox.namespaces or self.proc is None or self.proc.poll() is not None:
+            return 0
+        total = 0
+        for mount in self.sandbox.private:
+            seen = f"/proc/{self.proc.pid}/root{mount}"
+            with contextlib.suppress(OSError):
+                if os.stat(seen).st_dev == os.stat(mount).st_dev:
+                    continue
+                st = os.statvfs(seen)
+                total += (st.f_blocks - st.f_bfree) * st.f_frsize
+        return total
 
     # --- output --------------------------------------------------------------------------------
 

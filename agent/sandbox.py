@@ -121,7 +121,8 @@ class Sandbox:
         self.namespaces = namespaces
         self.scoped = scoped
         # What a job attempt may fill (``--job-disk-mb``): each private tmpfs, any one file it
-        # writes, and its own directories (summed by its supervisor, agent/process.py).
+        # writes, and its own directories and private tmpfs together (summed by its supervisor,
+        # agent/process.py).
         self.disk_mb = disk_mb
         # The node's services reached through the file system (unix sockets), out of sight.
         self.hide = sorted({os.path.realpath(p) for p in hide if os.path.lexists(p)})

@@ -211,6 +211,31 @@ def test_a_job_filling_its_private_tmp_and_shm_or_writing_one_huge_file_is_stopp
     assert set(os.listdir("/dev/shm")) == host_shm
 
 
+SPREADS = r"""
+import os, time
+for d in ("/tmp", "/dev/shm"):  # 5 MB in each: under each one's bound, over the job's together
+    with open(os.path.join(d, "fill"), "wb") as f:
+        f.write(b"x" * (5 << 20))
+print("filled", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_job_spreading_its_fill_over_its_private_tmp_and_shm_is_stopped_at_its_bound(node):
+    """``--job-disk-mb`` bounds a job's fill in all: its private tmpfs mounts (the node's memory)
+    count with its directories, so 5 MB in /tmp and 5 MB in /dev/shm pass a bound of 8 MB and the
+    job is stopped with reason disk-limit, as one that fills its working directory."""
+    server, state_dir, pool, box, path = node
+    if not box.namespaces:
+        pytest.skip("private /tmp and /dev/shm need a mount namespace")
+    bounded = sandbox.Sandbox(True, keep=box.keep, disk_mb=8)
+    binding = fakes.binding(27, command=["python", "-c", SPREADS])
+    JobProcess(binding, server, state_dir, pool, path, sandbox=bounded).start()
+    ended = server.exit_of(27, timeout=30)
+    assert ended["reason"] == "disk-limit", server.output(27)
+    assert "disk limit of 8 MB passed (10 MB" in server.output(27).decode()
+
+
 ESCAPE = r"""
 import os, sys, time
 if os.fork() == 0:
