@@ -1,0 +1,238 @@
+"""The queue played forward, as the pass would play it: the start estimates' simulation.
+
+From now on, at each time some GPUs free (a running job's predicted end, or a simulated one's),
+the waiting jobs are walked in the pass's order and every one that fits starts there and then
+(each replica on one node of one of its models, a ``rack`` gang in one rack, its quota row within
+its limit and, if not preemptible, within its guarantee). A job that does not fit does not hold
+the jobs behind it back — as in the pass, where only reserved jobs do — unless it holds a
+reservation: the pass's own (its reserved nodes are kept for it until it starts), or one it gets
+on reaching the aging bound (``aging_s``: the pass reserves for aged jobs), on the nodes of its
+models with the most GPUs free then. Jobs submitted later are not in it; a job the pass has just
+left waiting does not start before some GPUs of one of its models free (or its retry backoff
+ends): what the pass saw at ``now`` is what the pass decided on.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+Row = tuple[str, str]
+EPS = 1e-9
+
+
+@dataclass(slots=True)
+class Job:
+    """A waiting job as the simulation sees it."""
+
+    per: float  # GPUs per replica
+    replicas: int
+    charge: float  # GPUs charged to its quota row
+    preemptible: bool
+    groups: dict[str, list[list[int]]]  # model -> node groups its replicas may share
+    rows: dict[str, Row | None]  # model -> quota row
+    length: float  # runtime
+    not_before: float  # retry backoff
+    ages_at: float  # when it reaches the aging bound (inf: never, or reserved already)
+    reserved: tuple[int, ...] = ()
+    start: float = math.inf
+    nodes: list[int] = field(default_factory=list)
+
+
+def play(
+    caps: Sequence[float],
+    model_of: Sequence[str],
+    running: Sequence[tuple[float, Sequence[tuple[int, float]], Sequence[tuple[Row, float]], bool]],
+    jobs: Sequence[Job],
+    quota_caps: dict[Row, tuple[float, float]],
+    now: float,
+    limit_events: int = 200_000,
+) -> None:
+    """Sets each job's ``start`` (inf: not within the simulation) and ``nodes``.
+
+    ``running``: (predicted end, GPUs per node, charge per quota row, preemptible) each."""
+    free = list(caps)
+    limit_used: dict[Row, float] = dict.fromkeys(quota_caps, 0.0)
+    steady_used: dict[Row, float] = dict.fromkeys(quota_caps, 0.0)
+    events: list[tuple[float, int, int]] = []  # (time, seq, index in ends; -1 - k: wake job k)
+    ends: list[tuple[Sequence[tuple[int, float]], Sequence[tuple[Row, float]], bool]] = []
+    seq = 0
+
+    def push(t: float, what: int) -> None:
+        nonlocal seq
+        heapq.heappush(events, (t, seq, what))
+        seq += 1
+
+    for end, on_nodes, rows, preemptible in running:
+        _take(free, limit_used, steady_used, on_nodes, rows, preemptible, -1.0)
+        ends.append((on_nodes, rows, preemptible))
+        push(max(end, now), len(ends) - 1)
+    held: dict[int, int] = {}  # node -> the job whose reservation holds it
+    for k, job in enumerate(jobs):
+        for i in job.reserved:
+            held.setdefault(i, k)
+        for at in (job.not_before, job.ages_at):
+            if now < at < math.inf:
+                push(at, -1 - k)
+    waiting = list(range(len(jobs)))
+    models_of: list[frozenset[str]] = [frozenset(j.groups) for j in jobs]
+    rooms = _Rooms(free, held, model_of)
+    count = 0
+    while events and waiting and count < limit_events:
+        t = events[0][0]
+        changed: set[str] = set()
+        woke: set[int] = set()
+        while events and events[0][0] <= t + EPS:
+            _, _, what = heapq.heappop(events)
+            count += 1
+            if what < 0:
+                woke.add(-1 - what)
+                continue
+            on_nodes, rows, preemptible = ends[what]
+            _take(free, limit_used, steady_used, on_nodes, rows, preemptible, 1.0)
+            changed.update(model_of[i] for i, _ in on_nodes)
+        rooms.changed(changed)
+        still: list[int] = []
+        for k in waiting:
+            job = jobs[k]
+            if job.not_before > t + EPS or not (k in woke or changed & models_of[k]):
+                still.append(k)
+                continue
+            got = _fit(job, rooms, limit_used, steady_used, quota_caps, model_of)
+            if got is None:
+                if job.ages_at <= t + EPS and not job.reserved:
+                    job.reserved = _reserve(job, k, free, held)
+                    for i in job.reserved:
+                        held.setdefault(i, k)
+                    rooms.changed({model_of[i] for i in job.reserved})
+                still.append(k)
+                continue
+            model, nodes = got
+            job.start, job.nodes = t, nodes
+            on_nodes = [(i, job.per) for i in nodes]
+            row = job.rows.get(model)
+            rows = [(row, job.charge)] if row is not None and row in quota_caps else []
+            _take(free, limit_used, steady_used, on_nodes, rows, job.preemptible, -1.0)
+            for i in job.reserved:
+                if held.get(i) == k:
+                    del held[i]
+            rooms.changed({model})
+            ends.append((on_nodes, rows, job.preemptible))
+            push(t + job.length, len(ends) - 1)
+        waiting = still
+
+
+def _take(
+    free: list[float],
+    limit_used: dict[Row, float],
+    steady_used: dict[Row, float],
+    on_nodes: Sequence[tuple[int, float]],
+    rows: Sequence[tuple[Row, float]],
+    preemptible: bool,
+    sign: float,
+) -> None:
+    for i, gpus in on_nodes:
+        free[i] += sign * gpus
+    for row, gpus in rows:
+        if row in limit_used:
+            limit_used[row] -= sign * gpus
+            if not preemptible:
+                steady_used[row] -= sign * gpus
+
+
+class _Rooms:
+    """The nodes of a group with room for a replica, fullest first, and the most GPUs free on
+    a node of a model, kept until a node of the model changes (most waiting jobs ask again and
+    again, and most of them do not fit)."""
+
+    def __init__(self, free: list[float], held: dict[int, int], model_of: Sequence[str]) -> None:
+        self.free, self.held = free, held
+        self.nodes: dict[str, list[int]] = {}
+        for i, m in enumerate(model_of):
+            self.nodes.setdefault(m, []).append(i)
+        self.version: dict[str, int] = {}
+        self.memo: dict[tuple[int, float], tuple[int, list[int]]] = {}
+        self.top: dict[str, tuple[int, float]] = {}
+
+    def changed(self, models: set[str]) -> None:
+        for m in models:
+            self.version[m] = self.version.get(m, 0) + 1
+
+    def most(self, model: str) -> float:
+        version = self.version.get(model, 0)
+        hit = self.top.get(model)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        free, held = self.free, self.held
+        got = max((free[i] for i in self.nodes.get(model, ()) if i not in held), default=0.0)
+        self.top[model] = (version, got)
+        return got
+
+    def of(self, model: str, group: list[int], per: float) -> list[int]:
+        version = self.version.get(model, 0)
+        key = (id(group), per)
+        hit = self.memo.get(key)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        free, held = self.free, self.held
+        room = [(free[i], i) for i in group if free[i] >= per and i not in held]
+        room.sort()
+        got = [i for _, i in room]
+        self.memo[key] = (version, got)
+        return got
+
+
+def _fit(
+    job: Job,
+    rooms: _Rooms,
+    limit_used: dict[Row, float],
+    steady_used: dict[Row, float],
+    quota_caps: dict[Row, tuple[float, float]],
+    model_of: Sequence[str],
+) -> tuple[str, list[int]] | None:
+    """Where the job starts now, if it fits: its reserved nodes once each has room for a replica
+    (if it holds a reservation), else its first model with room, the fullest nodes."""
+    need, per = job.replicas, job.per - EPS
+    if job.reserved:
+        at = list(job.reserved[:need])
+        if len(at) < need or any(rooms.free[i] < per for i in at):
+            return None
+        models = {model_of[at[0]]: job.groups.get(model_of[at[0]], [])}
+    else:
+        models = job.groups
+    for model, groups in models.items():
+        row = job.rows.get(model)
+        if row is not None and row in quota_caps:
+            limit, steady = quota_caps[row]
+            if limit_used[row] + job.charge > limit + EPS:
+                continue
+            if not job.preemptible and steady_used[row] + job.charge > steady + EPS:
+                continue
+        if job.reserved:
+            return model, list(job.reserved[:need])
+        if per > rooms.most(model):
+            continue
+        for group in groups:
+            room = rooms.of(model, group, per)
+            if len(room) >= need:
+                return model, room[:need]
+    return None
+
+
+def _reserve(job: Job, k: int, free: list[float], held: dict[int, int]) -> tuple[int, ...]:
+    """The nodes an aged job holds until it starts: of its first model's groups, the one whose
+    ``replicas`` emptiest free nodes hold the most GPUs, those nodes."""
+    best: tuple[float, tuple[int, ...]] = (-1.0, ())
+    for groups in job.groups.values():
+        for group in groups:
+            room = sorted((-free[i], i) for i in group if held.get(i, k) == k)[: job.replicas]
+            if len(room) < job.replicas:
+                continue
+            got = -sum(f for f, _ in room)
+            if got > best[0]:
+                best = (got, tuple(i for _, i in room))
+        if best[1]:
+            break
+    return best[1]
