@@ -16,7 +16,7 @@ from agent.identity import resolve_run_as
 from agent.inventory import simulated_inventory
 from agent.metrics import PROFILE_ENV, GpuCollector
 from agent.node import Agent
-from agent.process import job_path
+from agent.process import checkpoint_dir, job_path
 from agent.spec import parse_spec
 from tests.agent import fakes
 from tests.agent.agent_process import alive
@@ -280,3 +280,26 @@ def test_a_held_binding_is_dropped_when_the_lease_runs_out(agent):
     node.last_ok = time.monotonic() - node.lease_seconds - 1  # the lease has run out
     node._fence_if_expired()
     assert not node._held and node._wait_s() == node.poll_interval
+
+
+def test_as_jobs_end_the_agent_removes_checkpoints_past_their_retention_but_not_a_running_jobs(agent):
+    """``--checkpoint-retention-hours``, applied by the running agent: once a job ends, the
+    checkpoint directories unused for longer go, except that of a job still running here."""
+    node, server = agent
+    node.checkpoint_retention_s = 3600.0
+    node.apply({"start": [fakes.binding(job_id=41, command=["sleep", "30"])]})
+    assert fakes.wait_for(lambda: [c for c in server.calls if c[0] == "started"], 5)
+    stale, running = checkpoint_dir(node.state_dir, 40), checkpoint_dir(node.state_dir, 41)
+    stale.mkdir(mode=0o700, parents=True)
+    old = time.time() - 2 * 3600
+    for directory in (stale, running):
+        os.utime(directory, (old, old))
+    node.apply({"start": [fakes.binding(job_id=42, command=["true"], gpus=[2])]})
+    server.exit_of(42)
+
+    def swept() -> bool:
+        node._reap()  # the loop's housekeeping, where the sweep runs as jobs end
+        return not stale.exists()
+
+    assert fakes.wait_for(swept, 10), os.listdir(node.state_dir / "checkpoints")
+    assert running.is_dir() and checkpoint_dir(node.state_dir, 42).is_dir()
