@@ -13,11 +13,12 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from django.core.signals import request_started
 
-from agent import leftovers
+from agent import identity, leftovers
 from agent.identity import resolve_run_as
 from agent.process import JobProcess, job_path
 from scheduling.choices import JobState
@@ -170,55 +171,93 @@ def test_a_running_jobs_session_is_recorded_until_its_processes_are_gone(state_d
     assert leftovers.recorded(state_dir) == {}
 
 
+def escaped_sleep() -> int:
+    """The pid of ``sleep 301``, the process that left its job's session (``setsid``); 0 if none."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if Path(f"/proc/{entry}/cmdline").read_bytes() == b"sleep\x00301\x00":
+                    return int(entry)
+            except OSError:
+                continue
+    return 0
+
+
 @pytest.mark.slow
 def test_a_restarted_agent_kills_what_its_killed_predecessor_left_before_it_registers(
     live_server, world, state_dir
 ):
+    """A real agent is SIGKILLed while its job runs: the job's child in its session and, as root,
+    one that left the session (``setsid``) outlive it; the job's uid stays held (its lock names
+    the dead agent), and the next agent kills both, by session and by uid, before it registers."""
     token_file = state_dir / "join-token"
     token_file.write_text(h.new_join_token())
     first = processes.start_agent(live_server.url, state_dir, "--join-token-file", str(token_file))
     second = None
-    leftover = 0
-    seen: list[tuple[str, bool]] = []  # (path, whether the leftover ran) per request to the server
+    leftover = escapee = 0
+    seen: list[tuple[str, bool]] = []  # (path, whether a leftover ran) per request to the server
+    by_uid = os.geteuid() == 0  # a uid per job: what left the session is found by it
 
     def on_request(sender, environ, **kwargs):
-        seen.append((environ.get("PATH_INFO", ""), alive(leftover)))
+        seen.append((environ.get("PATH_INFO", ""), alive(leftover) or (by_uid and alive(escapee))))
 
     try:
         processes.registered(state_dir)
-        job = h.bind(
-            h.submit(world.alice, world.vision, command=["sh", "-c", "sleep 300 & wait"]), "cli-node", [0]
-        )
+        command = ["sh", "-c", "setsid sleep 301 & sleep 300 & wait"]
+        job = h.bind(h.submit(world.alice, world.vision, command=command), "cli-node", [0])
         assert fakes.wait_for(lambda: Job.objects.get(pk=job.pk).state == JobState.RUNNING, 20)
-        (leader,) = [p.pid for p in children_of(first.pid) if p.name == "sh"]  # setpriv exec'd it
 
-        def sleeping() -> int:
-            return next((p for p in members_of(leader) if p != leader), 0)
+        def sleeping() -> int:  # in the session of the job's process, the agent's child
+            job = (p.pid for p in children_of(first.pid))
+            return next((m for pid in job for m in members_of(pid) if m != pid and _named(m, "sleep")), 0)
 
-        leftover = fakes.wait_for(sleeping, 5)
-        assert leftover and leftovers.read_proc(leftover).name == "sleep"
+        leftover = fakes.wait_for(sleeping, 10)
+        leader = leftovers.read_proc(leftover).sid
+        escapee = fakes.wait_for(escaped_sleep, 5)
+        assert leftover and escapee and leftovers.read_proc(escapee).sid != leader
 
         os.killpg(first.pid, signal.SIGKILL)  # the agent alone: its jobs have sessions of their own
         first.wait(10)
         assert fakes.wait_for(lambda: not alive(leader), 5), "the parent-death signal did not kill sh"
         time.sleep(0.3)
-        assert alive(leftover), "the job's child did not outlive its agent: nothing to test"
+        assert alive(leftover) and alive(escapee), "nothing outlived the agent: nothing to test"
+        if by_uid:  # its uid is still held: its lock names the dead agent, so no agent reuses it
+            uid = _uid_of(escapee)
+            assert uid in identity.parse_range(identity.DEFAULT_RANGE)
+            assert (identity.DEFAULT_LOCK_DIR / str(uid)).read_text().strip()
 
         request_started.connect(on_request)
         second = processes.start_agent(live_server.url, state_dir)  # its stored credential
         assert fakes.wait_for(lambda: any(path.endswith("/register") for path, _ in seen), 30)
         assert seen[0][0].endswith("/agent/register"), seen
-        assert not any(running for _, running in seen), f"the leftover ran when the server heard: {seen}"
+        assert not any(running for _, running in seen), f"a leftover ran when the server heard: {seen}"
         assert not alive(leftover)
+        if by_uid:
+            assert not alive(escapee)
+            assert identity.processes_of({uid}) == {}
+            assert (identity.DEFAULT_LOCK_DIR / str(uid)).read_text() == ""  # free again, clean
         assert leftovers.recorded(state_dir) == {}
     finally:
         request_started.disconnect(on_request)
         output = processes.stop_agent(second) if second is not None else ""
         processes.stop_agent(first)
-        if leftover and alive(leftover):
-            os.kill(leftover, signal.SIGKILL)
+        for pid in (leftover, escapee):
+            if pid and alive(pid):
+                os.kill(pid, signal.SIGKILL)
     said = "killed 1 leftover process(es) of the previous agent run before registering"
     assert f"{said}: {leftover} (sleep" in output, output
+
+
+def _named(pid: int, name: str) -> bool:
+    proc = leftovers.read_proc(pid)
+    return proc is not None and proc.name == name
+
+
+def _uid_of(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no Uid line for {pid}")
 
 
 def test_the_pid_clock_sees_a_wrap_of_the_pid_numbers(monkeypatch):
