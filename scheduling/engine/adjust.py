@@ -17,6 +17,11 @@ the attempt, or since its last shrink, so a job idle for hours is not warned aga
 job is requeued (after a checkpoint where the driver can ask for one), and a
 non-preemptible job, elastic or not, is only warned unless its owner allowed reclaiming it. Jobs
 in their first ``exempt_s`` and interactive jobs are never touched.
+
+A requeue is made only when a waiting job could use what it frees (:func:`could_use`, when the
+driver says what waits): requeued with nothing else able to start there, the idle job is
+placed back at once, so the requeue only costs it its grace period (and its idle work is still to
+do). Until something that fits waits, the job stays warned.
 """
 
 from __future__ import annotations
@@ -126,6 +131,26 @@ class JobFacts:
     per_replica_gpus: int = 1
     warned_at: tuple[float, ...] = ()  # this attempt's idle warnings
     acted_at: float | None = None  # this attempt's last shrink: idle time counts from there
+    held: tuple[tuple[str, int], ...] = ()  # (GPU model, whole GPUs) on each node it holds
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """A pending job, as far as the requeue rule needs: the GPU models it accepts (empty: any)
+    and the GPUs one of its replicas needs."""
+
+    models: tuple[str, ...] = ()
+    replica_gpus: float = 1.0
+
+
+def could_use(job: JobFacts, waiting: Iterable[Waiting]) -> bool:
+    """Whether a waiting job could start on the GPUs requeuing ``job`` frees: it accepts their
+    model and one of its replicas fits in what ``job`` holds on one node."""
+    return any(
+        (not w.models or model in w.models) and 0 < w.replica_gpus <= gpus
+        for w in waiting
+        for model, gpus in job.held
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,9 +213,14 @@ def idle_span(series: GpuSeries, settings: IdleSettings, now: float) -> GpuEvide
 
 
 def decide_job(
-    job: JobFacts, series: Sequence[GpuSeries], settings: IdleSettings, now: float
+    job: JobFacts,
+    series: Sequence[GpuSeries],
+    settings: IdleSettings,
+    now: float,
+    waiting: Sequence[Waiting] | None = None,
 ) -> Adjustment | None:
-    """The adjustment for one job, or None."""
+    """The adjustment for one job, or None. ``waiting``: the pending jobs (None: not known, a
+    requeue is made whatever waits)."""
     if job.interactive or now - job.started_at < settings.exempt_s or not series:
         return None
     evidence = tuple(idle_span(s, settings, now) for s in series)
@@ -210,7 +240,7 @@ def decide_job(
         shrink = _shrink(job, idle, settings, whole, evidence)
         if shrink is not None:
             return shrink
-    if whole >= settings.act_after_s and reclaimable:
+    if whole >= settings.act_after_s and reclaimable and (waiting is None or could_use(job, waiting)):
         return Adjustment(
             job.id,
             REQUEUE,
@@ -280,13 +310,14 @@ def decide(
     series: Mapping[str, Sequence[GpuSeries]],
     settings: IdleSettings | Mapping[str, IdleSettings],
     now: float,
+    waiting: Sequence[Waiting] | None = None,
 ) -> list[Adjustment]:
     """Every running job's adjustment, in job order. ``settings``: one for all, or per tenant
-    (a tenant without its own gets ``IdleSettings()``)."""
+    (a tenant without its own gets ``IdleSettings()``); ``waiting``: as for :func:`decide_job`."""
     out = []
     for job in jobs:
         chosen = settings if isinstance(settings, IdleSettings) else settings.get(job.tenant, IdleSettings())
-        adjustment = decide_job(job, series.get(job.id, ()), chosen, now)
+        adjustment = decide_job(job, series.get(job.id, ()), chosen, now, waiting)
         if adjustment is not None:
             out.append(adjustment)
     return out

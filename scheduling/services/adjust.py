@@ -4,7 +4,8 @@
 utilisation source: Prometheus, or the agents' own reports where none is configured,
 ``monitoring/adjust.py``) for each GPU's per-step maxima over the
 policy's window, calls the pure policy (``scheduling.engine.adjust``, the code the simulator
-runs) and applies what it decides through the job services:
+runs), with what waits (the pending jobs' models and replica sizes: a job is requeued only when
+one of them could use its GPUs), and applies what it decides through the job services:
 
 - ``warn``: an ``idle-warning`` event on the job, its inputs (GPUs, idle times, windows,
   utilisation) in the event's ``details``;
@@ -35,6 +36,7 @@ from datetime import datetime
 from typing import cast
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from scheduling.choices import EventType, JobState
@@ -46,6 +48,7 @@ from scheduling.engine.adjust import (
     GpuSeries,
     IdleSettings,
     JobFacts,
+    Waiting,
     decide,
     idle_span,
 )
@@ -105,7 +108,7 @@ def run_adjust_pass(read: Reader, now: datetime | None = None) -> AdjustResult:
         warn = policy.warn_after_s[0] if policy.warn_after_s else math.inf
         result.idle_gpus += sum(1 for s in gpus if idle_span(s, policy, ts).idle_s >= warn)
     result.gpus = gpu_looks.looks_of(by_id, {j: policies[tenant_of[j]] for j in by_id}, ts)
-    decided = decide([facts for facts, _ in jobs], by_id, policies, ts)
+    decided = decide([facts for facts, _ in jobs], by_id, policies, ts, _waiting(now))
     attempts = {facts.id: attempt for facts, attempt in jobs}
     for adjustment in decided:
         policy = policies[tenant_of[adjustment.job_id]]
@@ -125,11 +128,14 @@ def _running_jobs(
             leaving_at__isnull=True,  # a shrink's removed replicas are no longer the job's
             device__isnull=False,
             job__state=JobState.RUNNING,
-        ).values_list("job_id", "node__name", "device__index")
+        ).values_list("job_id", "node__name", "device__index", "device__model")
     )
     gpus: dict[int, list[tuple[str, int]]] = {}
-    for job_id, node, index in rows:
+    by_node: dict[int, dict[tuple[str, str], int]] = {}  # job -> (node, model) -> GPUs
+    for job_id, node, index, model in rows:
         gpus.setdefault(job_id, []).append((node, index))
+        on_node = by_node.setdefault(job_id, {})
+        on_node[(node, model)] = on_node.get((node, model), 0) + 1
     running = Job.objects.filter(pk__in=gpus, state=JobState.RUNNING, started_at__isnull=False)
     jobs = list(running.select_related("tenant"))
     marks = _past_marks(jobs)
@@ -149,6 +155,7 @@ def _running_jobs(
             per_replica_gpus=per_replica,
             warned_at=warned,
             acted_at=acted,
+            held=tuple((model, n) for (_, model), n in sorted(by_node[job.pk].items())),
         )
         out.append((facts, job.attempts))
     held = [
@@ -156,6 +163,18 @@ def _running_jobs(
         for job in jobs
     ]
     return out, held, idle_policy.for_tenants({job.tenant_id: job.tenant for job in jobs}.values())
+
+
+def _waiting(now: datetime) -> list[Waiting]:
+    """What the pending jobs that may start now need: the models each accepts, one replica's
+    GPUs (a job held, or backing off until later, could not use what a requeue frees)."""
+    rows = (
+        Job.objects.filter(state=JobState.PENDING, held=False, gpus__gt=0)
+        .filter(Q(not_before__isnull=True) | Q(not_before__lte=now))
+        .values_list("accelerators", "gpus", "replicas")
+    )
+    shapes = {(tuple(models or ()), gpus / replicas) for models, gpus, replicas in rows if replicas}
+    return [Waiting(models, gpus) for models, gpus in sorted(shapes)]
 
 
 def held_gpus(job: Job) -> HeldGpus | None:

@@ -5,16 +5,17 @@ adjustments; the decision is ``scheduling.engine.adjust.decide_job``, the code t
 with the live defaults (:class:`~scheduling.engine.adjust.IdleSettings`). Its input is what
 Prometheus would hold: one point a GPU every ``step_s`` (60 s), the GPU's utilisation at that moment
 of the job's work (:mod:`.utilisation`), for the GPUs the job holds, back as far as the policy can
-use (its action time and two steps more).
+use (its action time and two steps more). It is told what waits (the pending jobs' models and
+replica sizes), as the live pass reads it, for the requeue rule.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from scheduling.engine.adjust import Adjustment, GpuSeries, IdleSettings, JobFacts, decide_job
+from scheduling.engine.adjust import Adjustment, GpuSeries, IdleSettings, JobFacts, Waiting, decide_job
 from scheduling.engine.types import Placement
 from scheduling.sim.traces import TraceJob
 from scheduling.sim.utilisation import Demand
@@ -45,6 +46,14 @@ def gpu_names(placements: Sequence[Placement]) -> list[str]:
     """The job's GPUs by rank: replica by replica, in each replica's order (a fractional job's
     one GPU counts once)."""
     return [f"{p.node}/{g}" for p in sorted(placements, key=lambda p: p.replica) for g in p.gpus]
+
+
+def held_by_node(placements: Sequence[Placement], models: Mapping[str, str]) -> tuple[tuple[str, int], ...]:
+    """(GPU model, GPUs) on each node the job holds, by node name."""
+    count: dict[str, int] = {}
+    for p in placements:
+        count[p.node] = count.get(p.node, 0) + len(p.gpus)
+    return tuple((models.get(node, ""), n) for node, n in sorted(count.items()))
 
 
 class Adjuster:
@@ -81,7 +90,16 @@ class Adjuster:
             points.append((now, util))
             w.runs[rank] = w.runs[rank] + 1 if util < threshold else 0
 
-    def decide(self, tj: TraceJob, started_at: float, now: float) -> Adjustment | None:
+    def decide(
+        self,
+        tj: TraceJob,
+        started_at: float,
+        now: float,
+        held: Callable[[], tuple[tuple[str, int], ...]] | None = None,
+        waiting: Callable[[], Sequence[Waiting]] | None = None,
+    ) -> Adjustment | None:
+        """The policy's decision for a running job; ``held``: its GPUs by node (model, count)
+        and ``waiting``: the pending jobs, both asked for only when the policy is to judge."""
         w = self.watch.get(tj.request.id)
         s = self.settings
         if w is None or not w.points or tj.interactive or now - started_at < s.exempt_s:
@@ -105,9 +123,10 @@ class Adjuster:
             per_replica_gpus=max(1, int(round(req.per_replica_gpus))),
             warned_at=tuple(w.warned_at),
             acted_at=w.acted_at,
+            held=held() if held is not None else (),
         )
         series = [GpuSeries(g, tuple(p)) for g, p in zip(w.gpus, w.points, strict=True)]
-        return decide_job(facts, series, s, now)
+        return decide_job(facts, series, s, now, waiting() if waiting is not None else None)
 
     def warned(self, job_id: str, now: float) -> None:
         w = self.watch.get(job_id)

@@ -42,11 +42,12 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
-from scheduling.engine.adjust import REQUEUE, SHRINK, WARN, Adjustment
+from scheduling.engine.adjust import REQUEUE, SHRINK, WARN, Adjustment, Waiting
 from scheduling.engine.types import Decisions, Estimate, NodeSpec, Placement, Scheduler
-from scheduling.sim.adjusting import Adjuster, AdjustOptions
+from scheduling.sim.adjusting import Adjuster, AdjustOptions, held_by_node
 from scheduling.sim.traces import TraceJob
 from scheduling.sim.utilisation import Demand, can_idle_safely, profile_of, wholly_idle
 
@@ -186,6 +187,7 @@ class Replay:
         if dups:
             raise ReplayError(f"job id {dups[0]!r} appears more than once")
         self.nodes = nodes
+        self.models = {n.name: n.model for n in nodes}
         t0 = min((tj.submit_s for tj in jobs), default=0.0)
         t1 = max((tj.submit_s for tj in jobs), default=0.0)
         self.meter = _Meter(t0, t1)
@@ -510,6 +512,18 @@ class Replay:
         step = adj.settings.step_s
         sample = abs(now / step - round(now / step)) < 1e-9
         changed = False
+        waiting: list[list[Waiting]] = []
+
+        def pending() -> list[Waiting]:  # what waits, read once a pass when the policy needs it
+            if not waiting:
+                shapes = {
+                    (j.tj.request.accelerators, j.tj.request.per_replica_gpus)
+                    for j in self.jobs.values()
+                    if j.state == "pending"
+                }
+                waiting.append([Waiting(m, g) for m, g in sorted(shapes)])
+            return waiting[0]
+
         for job in list(self.running.values()):
             if job.state != "running":
                 continue
@@ -522,7 +536,8 @@ class Replay:
                     job.rate = rate
                     job.epoch += 1
                     self._schedule_work(now, job)
-            action = adj.decide(job.tj, job.attempt_start, now)
+            held = partial(held_by_node, job.kept if job.kept is not None else job.placements, self.models)
+            action = adj.decide(job.tj, job.attempt_start, now, held, pending)
             if action is not None:
                 changed |= self._act(now, job, action)
         if self.running:

@@ -15,6 +15,7 @@ from scheduling.engine.adjust import (
     IdleSettings,
     JobFacts,
     OverrideRefused,
+    Waiting,
     decide,
     decide_job,
     idle_span,
@@ -92,6 +93,30 @@ def test_a_preemptible_job_idle_for_an_hour_is_requeued_with_its_evidence():
     assert [g["gpu"] for g in inputs["gpus"]] == ["n1/0", "n1/1"]
     assert all(g["idle_s"] == 3600 and g["max_util"] == 0.9 for g in inputs["gpus"])
     assert inputs["threshold"] == 0.05
+
+
+def test_an_idle_job_is_requeued_only_when_a_waiting_job_could_use_its_gpus():
+    # Requeued with nothing else able to start there, it would be placed back at once: the
+    # requeue would only cost it its grace period. It stays warned until something fits waits.
+    now = 100 * MIN
+    idle = job(gpus=4, held=(("H100", 4),), warned_at=(now - 45 * MIN, now - 15 * MIN))
+    series_ = idle_for(60, 4, now)
+    for nobody in ([], [Waiting(("A100",), 1)], [Waiting((), 8)], [Waiting(("H100",), 0)]):
+        assert decide_job(idle, series_, POLICY, now, nobody) is None, nobody
+    for fits in ([Waiting(("A100", "H100"), 4)], [Waiting((), 0.5)], [Waiting(("A100",), 1), Waiting((), 2)]):
+        a = decide_job(idle, series_, POLICY, now, fits)
+        assert a is not None and a.action == REQUEUE, fits
+    split = job(gpus=4, held=(("H100", 2), ("H100", 2)), warned_at=idle.warned_at)
+    assert decide_job(split, series_, POLICY, now, [Waiting(("H100",), 4)]) is None  # one node each
+    assert decide_job(idle, series_, POLICY, now) is not None  # not told what waits: as before
+    assert [a.job_id for a in decide([idle], {"7": series_}, POLICY, now, [])] == []
+
+
+def test_an_idle_elastic_job_shrinks_whatever_waits():
+    now = 100 * MIN
+    elastic = job(gpus=4, elastic_min_gpus=1, held=(("H100", 4),))
+    a = decide_job(elastic, idle_for(60, 4, now), POLICY, now, [])
+    assert a is not None and a.action == SHRINK and a.to_gpus == 1
 
 
 def test_a_non_preemptible_job_is_only_warned_unless_its_owner_allowed_reclaim():

@@ -143,14 +143,16 @@ CHECKPOINTING = (
 class IdleJobs:
     """alice's jobs on the agent's four GPUs, as the API shows them: an elastic one (two
     one-GPU replicas, the second idle), a preemptible batch job idle from the start that
-    checkpoints on "checkpoint now", a service (not preemptible) idle from the start; and a
-    busy job waiting for a GPU."""
+    checkpoints on "checkpoint now", a service (not preemptible) idle from the start; and two
+    busy jobs waiting for a GPU (the pass requeues an idle job only when something waiting could
+    use its GPUs: the second still waits if the shrink's GPU went to the first)."""
 
     world: Any
     elastic: int = 0
     batch: int = 0
     service: int = 0
     waiting: int = 0
+    waiting_too: int = 0
 
     def submit(self, **body: Any) -> int:
         body = {"name": "idle", "command": ["sleep", "600"], **body}
@@ -225,7 +227,7 @@ class IdleJobs:
 
 @pytest.fixture
 def idle_jobs(world: Any, agent: dict[str, Any], short_windows: None) -> IdleJobs:
-    """:class:`IdleJobs`, the first three running on the agent, the fourth pending."""
+    """:class:`IdleJobs`, the first three running on the agent, the last two pending."""
     from scheduling.models import Job
     from scheduling.services.passes import run_pass
 
@@ -249,6 +251,8 @@ def idle_jobs(world: Any, agent: dict[str, Any], short_windows: None) -> IdleJob
         timeout_s=30,
     )
     jobs.waiting = jobs.submit(kind="batch", gpus=1, env={"TESSERA_UTIL_PROFILE": "busy"})
+    jobs.waiting_too = jobs.submit(kind="batch", gpus=1, env={"TESSERA_UTIL_PROFILE": "busy"})
     run_pass()
-    assert Job.objects.get(pk=jobs.waiting).state == "pending"  # every GPU is taken
+    waiting = Job.objects.filter(pk__in=(jobs.waiting, jobs.waiting_too), state="pending")
+    assert waiting.count() == 2  # every GPU is taken
     return jobs

@@ -44,6 +44,14 @@ def start(world, node, minutes_ago: float, tenant: str = "vision", **fields) -> 
     return job
 
 
+def waiting(world, **fields) -> Job:
+    """A job that waits (submitted after the others started, no pass since): what a requeue
+    frees could start it."""
+    job = helpers.submit(world.alice, world.vision, **{"gpus": 1, **fields})
+    assert job.state == JobState.PENDING
+    return job
+
+
 def reader(idle_minutes: dict[int, float], busy: float = 0.9):
     """Every GPU of each job: busy until ``idle_minutes`` ago, then at 1%, one point a minute."""
 
@@ -68,6 +76,7 @@ def events(job: Job, type_: str) -> list:
 
 def test_an_idle_preemptible_job_is_warned_then_requeued_with_its_evidence(world, node):
     job = start(world, node, minutes_ago=120, gpus=2, kind="training")
+    waiting(world)
     run_adjust_pass(reader({job.pk: 20}))
     run_adjust_pass(reader({job.pk: 20}))  # the same idle spell: no second first warning
     (warning,) = events(job, EventType.IDLE_WARNING)
@@ -86,11 +95,25 @@ def test_an_idle_preemptible_job_is_warned_then_requeued_with_its_evidence(world
     assert any(e["type"] == "idle-reclaim" and e["details"]["gpus"] for e in rows)
 
 
+def test_an_idle_job_is_not_requeued_while_nothing_waiting_could_use_its_gpus(world, node):
+    # Requeued, it would be placed back at once: the requeue would only cost it its grace period.
+    job = start(world, node, minutes_ago=120, gpus=2, kind="training")
+    too_big = waiting(world, gpus=4)  # more than the job holds on its node
+    other_model = waiting(world, accelerators=["H100"])
+    assert [a.action for a in run_adjust_pass(reader({job.pk: 90})).actions] == ["warn"]
+    job.refresh_from_db()
+    assert job.state == JobState.RUNNING and events(job, EventType.IDLE_RECLAIM) == []
+    Job.objects.filter(pk__in=[too_big.pk, other_model.pk]).update(state=JobState.CANCELLED)
+    waiting(world)
+    assert [a.action for a in run_adjust_pass(reader({job.pk: 90})).actions] == ["requeue"]
+
+
 def test_a_service_is_only_warned_unless_its_owner_allowed_reclaim(world, node):
     service = start(world, node, minutes_ago=120, gpus=1, kind="inference", preemptible=False)
     allowed = start(
         world, node, minutes_ago=120, gpus=1, kind="inference", preemptible=False, idle_mode="allow"
     )
+    waiting(world)
     for minutes in (20, 50, 90, 120):
         run_adjust_pass(reader({service.pk: minutes, allowed.pk: minutes}))
     service.refresh_from_db()
@@ -139,6 +162,7 @@ def test_a_tenants_override_brings_its_jobs_reclaim_forward(world, node):
 
     theirs = start(world, node, minutes_ago=120, gpus=1, kind="training")
     others = start(world, node, minutes_ago=120, gpus=1, kind="training", tenant="nlp")
+    waiting(world)
     do_set_idle_overrides(world.vision, {"act_after_s": 1800}, world.admin)
     result = run_adjust_pass(reader({theirs.pk: 31, others.pk: 31}))
     assert {a.job_id: a.action for a in result.actions} == {str(theirs.pk): "requeue", str(others.pk): "warn"}

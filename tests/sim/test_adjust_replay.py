@@ -73,8 +73,10 @@ def write_inputs(folder: Path, rows: list[dict[str, Any]], gpus: int = 8) -> tup
     return nodes, jobs
 
 
-def run(tmp: Path, rows: list[dict[str, Any]], adjust: bool, name: str) -> tuple[dict, list[dict]]:
-    nodes, jobs = write_inputs(tmp / "in", rows)
+def run(
+    tmp: Path, rows: list[dict[str, Any]], adjust: bool, name: str, gpus: int = 8
+) -> tuple[dict, list[dict]]:
+    nodes, jobs = write_inputs(tmp / "in", rows, gpus)
     out = tmp / name
     summary = run_replay(nodes, jobs, None, "tessera", out, show_progress=False, adjust=adjust)
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
@@ -123,10 +125,16 @@ IDLE = [
     {"job": "trainer", "kind": "training", "submit_s": 0, "duration_s": 3 * H, "gpus": 2,
      "preemptible": "true", "checkpoint_s": 1800, "util_profile": "idle-after-20"},
 ]  # fmt: skip
+# Two busy jobs that wait (the node's four GPUs are taken) for what a requeue frees.
+WAITING = [
+    {"job": f"w{i}", "kind": "batch", "submit_s": 60, "duration_s": 2 * H, "gpus": 1,
+     "preemptible": "true", "util_profile": "busy"}
+    for i in (1, 2)
+]  # fmt: skip
 
 
 def test_a_non_preemptible_job_is_only_warned_unless_its_owner_opted_in(tmp_path: Path):
-    summary, events = run(tmp_path, IDLE, True, "on")
+    summary, events = run(tmp_path, IDLE + WAITING, True, "on", gpus=4)
     assert summary["check"]["ok"] and summary["unfinished"] == 0
     by_job: dict[str, list[str]] = {}
     for e in events:
@@ -138,6 +146,21 @@ def test_a_non_preemptible_job_is_only_warned_unless_its_owner_opted_in(tmp_path
     assert summary["lost_gpu_hours"] == 0
     reclaims = [e for e in events if e["event"] == "preempt"]
     assert all(e["reason"].startswith("idle-reclaim") and e["lost_gpu_seconds"] == 0 for e in reclaims)
+
+
+def test_an_idle_job_is_not_requeued_when_nothing_waiting_could_use_its_gpus(tmp_path: Path):
+    # Requeued, it would only be placed back at once (nothing else waits), its idle work still to
+    # do: it is warned, keeps its GPUs and finishes on time. A job that waits for more GPUs than
+    # it holds cannot use them either.
+    big = {"job": "big", "kind": "batch", "submit_s": 60, "duration_s": H, "gpus": 8,
+           "preemptible": "true", "util_profile": "busy"}  # fmt: skip
+    trainer = IDLE[2]
+    summary, events = run(tmp_path, [trainer, big], True, "on", gpus=8)
+    assert summary["check"]["ok"] and summary["unfinished"] == 0
+    mine = [e["event"] for e in events if e["job"] == "trainer"]
+    assert mine == ["submit", "start", "idle-warning", "idle-warning", "finish"]
+    assert finish_time(events, "trainer") == 3 * H
+    assert summary["adjustments"]["requeue"] == 0
 
 
 def test_adjust_on_is_deterministic_and_off_writes_no_adjustment(tmp_path: Path):
