@@ -41,7 +41,8 @@ ROOT = Path(__file__).resolve().parent.parent
 NODES: list[tuple[str, str]] = (
     [(f"h100-{i:02d}", "8xH100,nvlink=8,rack=r1") for i in range(1, 5)]
     + [(f"a100-{i:02d}", "8xA100,nvlink=4,rack=r2") for i in range(1, 5)]
-    + [(f"t4-{i:02d}", "4xT4,nvlink=1,rack=r3") for i in range(1, 5)]
+    + [(f"t4-{i:02d}", "4xT4,nvlink=1,rack=r3") for i in range(1, 4)]
+    + [("t4-04", "4xT4,nvlink=1,rack=r3,labels=demo:idle")]  # where idle-batch and wants-gpu go
 )
 # The idle policy with short windows, so that a warning and a reclaim show within 10 minutes
 # (docs/metrics.md, "The adjustment pass"): points of 15 s, judged after the first minute, warned
@@ -63,7 +64,8 @@ IDLE_JOBS: list[dict] = [
     {
         "name": "idle-batch",
         "kind": "batch",
-        "gpus": 1,
+        "gpus": 4,
+        "node_selector": {"demo": "idle"},  # all of t4-04
         "checkpoint_seconds": 60,
         "env": {"TESSERA_UTIL_PROFILE": "idle"},
         "command": ["sh", "-c", CHECKPOINTING],
@@ -82,6 +84,14 @@ IDLE_JOBS: list[dict] = [
         "kind": "inference",
         "gpus": 1,
         "env": {"TESSERA_UTIL_PROFILE": "idle"},
+        "command": ["sleep", "86400"],
+    },
+    {  # waits for t4-04, which idle-batch holds: the pass requeues an idle job only for a taker
+        "name": "wants-gpu",
+        "kind": "batch",
+        "gpus": 1,
+        "node_selector": {"demo": "idle"},
+        "env": {"TESSERA_UTIL_PROFILE": "busy"},
         "command": ["sleep", "86400"],
     },
 ]
@@ -352,7 +362,7 @@ def banner(base: str, seed: dict, ready_s: float, agents: int, log_dir: Path, gp
 IDLE_BANNER = """The idle policy at work (short windows here: warned at 2 and 4 minutes idle, acted on at 6).
 alice's jobs idle-batch, idle-elastic and idle-service replay idle GPU profiles; within 10 minutes:
   idle-batch    two idle-warning events, then idle-reclaim: asked to checkpoint now, requeued
-                from that checkpoint (and so again each time it runs idle)
+                from that checkpoint; wants-gpu, waiting for its node, starts there
   idle-elastic  one GPU of two idle: warned twice, then shrunk to its busy GPU (idle-reclaim,
                 then resized once the idle replica has exited)
   idle-service  not preemptible: warned twice, never touched
