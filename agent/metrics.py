@@ -21,13 +21,14 @@ import csv
 import gzip
 import logging
 import os
+import re
 import threading
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -43,6 +44,9 @@ LABELS = ["gpu", "UUID", "Hostname", "modelName", "job"]
 TRACE_ENV = "TESSERA_GPU_UTIL_TRACE"
 COLUMNS = ("pod", "t_s", "gpu_util_pct")
 PROFILE_ENV = "TESSERA_UTIL_PROFILE"
+_V = TypeVar("_V")
+# A run of consecutive lines of one pod (its name the first field): the trace is grouped by pod.
+_RUN = re.compile(r"^([^,\r\n]*),[^\n]*(?:\n\1,[^\n]*)*", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -88,10 +92,16 @@ def trace_path() -> Path | None:
 class UtilProfiles:
     """Per-pod utilisation series (percent, one sample a minute)."""
 
-    def __init__(self, profiles: dict[str, list[float]]):
-        self.pods = sorted(p for p, series in profiles.items() if any(v > 0 for v in series))
-        self.series = {p: profiles[p] for p in self.pods}
-        self.first_busy = {p: next(i for i, v in enumerate(s) if v > 0) for p, s in self.series.items()}
+    def __init__(self, profiles: Mapping[str, Sequence[float]], pods: Iterable[str] | None = None):
+        """``pods``: those of ``profiles`` with a busy sample, if the caller knows them (then a
+        lazy ``profiles`` is read only as far as the jobs ask)."""
+        if pods is None:
+            pods = (p for p, series in profiles.items() if any(v > 0 for v in series))
+        self.pods = sorted(pods)
+        self.series: Mapping[str, Sequence[float]] = _Lazy(self.pods, profiles.__getitem__)
+        self.first_busy: Mapping[str, int] = _Lazy(
+            self.pods, lambda p: next(i for i, v in enumerate(self.series[p]) if v > 0)
+        )
 
     @staticmethod
     def check(path: Path | None = None) -> Path:
@@ -111,15 +121,31 @@ class UtilProfiles:
 
     @classmethod
     def load(cls, path: Path | None = None) -> UtilProfiles:
+        """The trace's profiles; a pod's rows are parsed when a job first replays it (parsing all
+        of them was most of an agent's start-up CPU: docs/benchmarks/e2e.md)."""
         path = cls.check(path)
-        rows: dict[str, list[tuple[float, float]]] = {}
         with gzip.open(path, "rt", encoding="utf-8", newline="") as text:
-            reader = csv.reader(text)
-            header = next(reader)
-            pod, t_s, util = (header.index(c) for c in COLUMNS)
-            for row in reader:
-                rows.setdefault(row[pod], []).append((float(row[t_s]), float(row[util])))
-        return cls({pod: [v for _, v in sorted(samples)] for pod, samples in rows.items()})
+            header = next(csv.reader([text.readline()]))
+            body = text.read()
+        pod, t_s, util = (header.index(c) for c in COLUMNS)
+        runs: dict[str, list[str]] = {}  # pod -> its runs of consecutive lines
+        if pod == 0 and '"' not in body:  # grouped by its first field, as the packaged trace is
+            for match in _RUN.finditer(body):
+                runs.setdefault(match.group(1), []).append(match.group(0))
+        else:
+            for line in body.splitlines():
+                row = next(csv.reader([line]), None)
+                if row:
+                    runs.setdefault(row[pod], []).append(line)
+
+        def rows(name: str) -> Iterator[list[str]]:
+            return (row for run in runs[name] for row in csv.reader(run.splitlines()) if row)
+
+        def series(name: str) -> list[float]:
+            return [v for _, v in sorted((float(r[t_s]), float(r[util])) for r in rows(name))]
+
+        busy = (name for name in runs if any(float(r[util]) > 0 for r in rows(name)))
+        return cls(_Lazy(list(runs), series), busy)
 
     def pod_for(self, job_id: int) -> str:
         return self.pods[zlib.crc32(str(job_id).encode()) % len(self.pods)]
@@ -130,6 +156,31 @@ class UtilProfiles:
         series = self.series[pod]
         step = self.first_busy[pod] + int(max(0.0, elapsed_s) * speed / 60.0)
         return series[step % len(series)]
+
+
+class _Lazy(Mapping[str, _V]):
+    """``keys`` mapped by ``make``, each value made when first read, then kept."""
+
+    def __init__(self, keys: Sequence[str], make: Callable[[str], _V]):
+        self._keys = dict.fromkeys(keys)
+        self._make = make
+        self._made: dict[str, _V] = {}
+
+    def __getitem__(self, key: str) -> _V:
+        try:
+            return self._made[key]
+        except KeyError:
+            if key not in self._keys:
+                raise
+        # Two threads may make the same value at once: each the same (a pure function).
+        value = self._made[key] = self._make(key)
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
 
 
 def derived(util_pct: float, memory_gib: float) -> tuple[float, float]:

@@ -132,3 +132,32 @@ def test_a_trace_without_a_needed_column_is_refused_at_the_check_naming_it(tmp_p
     bad.write_bytes(gzip.compress(b"pod,t_s,util\r\npod-000,0,1.0\r\n"))
     with pytest.raises(ValueError, match="no column gpu_util_pct"):
         UtilProfiles.check(bad)
+
+
+@pytest.mark.parametrize("columns", [(0, 1, 2), (2, 0, 1)], ids=["pod first", "pod last"])
+def test_a_trace_in_any_row_and_column_order_replays_the_same_profiles(tmp_path, columns):
+    # Out of order, pods interleaved, one never busy, quoted names among them where pods come last.
+    rows = [
+        ("pod-1", "120", "0.0"),
+        ("pod-10", "0", "7.5"),
+        ("pod-1", "0", "0.0"),
+        ("pod-2", "0", "0.0"),
+        ("pod-10", "60", "0.0"),
+        ("pod-1", "60", "30.0"),
+        ("pod-10", "120", "12.0"),
+    ]
+    header = ("pod", "t_s", "gpu_util_pct")
+    quote = columns[0] != 0
+    lines = [",".join(header[i] for i in columns)] + [
+        ",".join(f'"{r[i]}"' if quote and i == 0 else r[i] for i in columns) for r in rows
+    ]
+    path = tmp_path / "trace.csv.gz"
+    path.write_bytes(gzip.compress(("\r\n".join(lines) + "\r\n").encode()))
+    loaded = UtilProfiles.load(path)
+    assert loaded.pods == ["pod-1", "pod-10"]
+    assert dict(loaded.series) == {"pod-1": [0.0, 30.0, 0.0], "pod-10": [7.5, 0.0, 12.0]}
+    assert dict(loaded.first_busy) == {"pod-1": 1, "pod-10": 0}
+    expected = UtilProfiles({"pod-1": [0.0, 30.0, 0.0], "pod-2": [0.0], "pod-10": [7.5, 0.0, 12.0]})
+    assert [loaded.util(j, s) for j in range(20) for s in (0, 60, 130)] == [
+        expected.util(j, s) for j in range(20) for s in (0, 60, 130)
+    ]
