@@ -36,6 +36,7 @@ from scheduling.services.agents import bindings_by_node
 from scheduling.services.bulk import (
     RowsInsert,
     RowsUpdate,
+    Write,
     column_of,
     field_of,
     statements_together,
@@ -542,8 +543,8 @@ def _store_pending_reasons(
     after pass). A job with an estimate gets its start, band, basis and place in the queue; one
     without, the reason's own estimated start (a backoff's end) and none of the rest. Without
     ``estimates`` (not planned this pass) the stored ones stay."""
-    groups: dict[tuple[StoredReason, bool], list[int]] = {}  # (reason, clear the estimate?) -> jobs
-    rows: list[Job] = []
+    kept: list[Job] = []  # a new reason, the stored estimate kept
+    rows: list[Job] = []  # a new reason with a new estimate, or with none (cleared)
     for job_id, reason in decisions.pending.items():
         stored = loaded.reasons.get(job_id)  # None: not pending when the snapshot was read
         if stored is None:
@@ -552,50 +553,58 @@ def _store_pending_reasons(
         if estimates is None and had != NO_ESTIMATE:
             new = (reason.code, reason.message, stored[2])  # keep the stored estimate
             if reason_changed(stored, new):
-                groups.setdefault((new, False), []).append(int(job_id))
+                kept.append(_reason_row(job_id, new))
             continue
         est = estimates.get(job_id) if estimates is not None else None
         if est is not None:
             new = (reason.code, reason.message, _at(est.start))
             band = (_at(est.earliest), _at(est.latest), est.basis, est.position, est.ahead)
             if reason_changed(stored, new) or estimate_changed(had, band):
-                fields = dict(zip(("pending_code", "pending_reason", "estimated_start"), new, strict=True))
-                rows.append(Job(pk=int(job_id), **fields, **dict(zip(ESTIMATE_FIELDS, band, strict=True))))
+                rows.append(_reason_row(job_id, new, band))
             continue
         new = (reason.code, reason.message, _at(reason.estimated_start))
         if reason_changed(stored, new) or had != NO_ESTIMATE:
-            groups.setdefault((new, True), []).append(int(job_id))
+            rows.append(_reason_row(job_id, new, NO_ESTIMATE))
     for job_id, why in decisions.rejections.items():
         # The live cluster keeps such jobs pending (nodes may join later): say why.
         stored = loaded.reasons.get(job_id)
         if stored is not None and stored[1] != why:
-            groups.setdefault((("capacity", why, None), True), []).append(int(job_id))
-    if not groups and not rows:
+            rows.append(_reason_row(job_id, ("capacity", why, None), NO_ESTIMATE))
+    if not kept and not rows:
         return
-    # One UPDATE per distinct reason (a queue waiting for capacity shares one or a few), not
-    # bulk_update's CASE per row, far slower (docs/benchmarks/scheduling-pass.md); the estimates,
-    # each a job's own, in one statement. Reasons are recomputed by every pass, so their commit
-    # need not wait for the disk.
-    with transaction.atomic():
-        _commit_without_flush()
-        for ((code, message, estimated), clear), ids in groups.items():
-            Job.objects.filter(pk__in=ids, state=JobState.PENDING).update(
-                pending_code=code,
-                pending_reason=message,
-                estimated_start=estimated,
-                **(CLEARED if clear else {}),
-            )
-        _WRITE_ESTIMATES.run(rows)
-        changed = [pk for ids in groups.values() for pk in ids] + [job.pk for job in rows]
-        jobs = [job for job in jobs_from_rows(_JOBS.rows(sorted(changed))) if job.state == JobState.PENDING]
+    # Each table's rows in one statement from arrays (not bulk_update's CASE per row, far slower:
+    # docs/benchmarks/scheduling-pass.md), and on PostgreSQL both in one round trip, one
+    # transaction (several statements in one query are one). Reasons are recomputed by every
+    # pass, so their commit need not wait for the disk.
+    together = statements_together()
+    with nullcontext() if together else transaction.atomic():
+        write_together(
+            Write(_NO_FLUSH, []) if connection.vendor == "postgresql" else None,
+            _WRITE_REASONS.write(kept),
+            _WRITE_ESTIMATES.write(rows),
+        )
+        changed = sorted(job.pk for job in (*kept, *rows))
+        jobs = [job for job in jobs_from_rows(_JOBS.rows(changed)) if job.state == JobState.PENDING]
         live.publish_jobs(jobs)
+
+
+def _reason_row(job_id: str, reason: StoredReason, band: StoredEstimate | None = None) -> Job:
+    """A job's new reason (code, message, estimated start) and, unless None, estimate band."""
+    fields: dict[str, Any] = dict(
+        zip(("pending_code", "pending_reason", "estimated_start"), reason, strict=True)
+    )
+    if band is not None:
+        fields.update(zip(ESTIMATE_FIELDS, band, strict=True))
+    return Job(pk=int(job_id), **fields)
 
 
 def _at(t: float | None) -> datetime | None:
     return datetime.fromtimestamp(t, tz=UTC) if t is not None else None
 
 
-CLEARED = dict(zip(ESTIMATE_FIELDS, NO_ESTIMATE, strict=True))
+_WRITE_REASONS = RowsUpdate(
+    Job, ("pending_code", "pending_reason", "estimated_start"), where=("state", JobState.PENDING)
+)
 _WRITE_ESTIMATES = RowsUpdate(
     Job,
     ("pending_code", "pending_reason", "estimated_start", *ESTIMATE_FIELDS),
