@@ -51,8 +51,8 @@ def _pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.2f}%"
 
 
-def targets(results: Path) -> str:
-    """The issue's targets with the measured values."""
+def targets(results: Path) -> str | None:
+    """The issue's targets with the measured values (None: ``results`` measured none of them)."""
     rows: list[tuple[str, str, str]] = []
     for run in sorted(results.glob("pack-*")):
         s = _summaries(run)
@@ -162,6 +162,8 @@ def targets(results: Path) -> str:
                 )
         if s and all(x["check"]["ok"] for x in s.values()):
             rows.append((f"load {name}: checker passes every policy", ", ".join(s), _mark(True)))
+    if not rows:
+        return None
     lines = ["| target | measured | |", "| --- | --- | --- |"]
     lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
     return "\n".join(lines) + "\n"

@@ -46,3 +46,22 @@ def test_each_goal_is_judged_against_the_fair_reference_of_its_case():
     f["fcfs-device"]["jct"] = 250.0
     got = {g: met for g, _, met in goals(Case("y", 1.0, quotas=False), f)}
     assert got["avg JCT ≤ 0.5 × fcfs-device's"] is True
+
+
+def test_the_matrix_digest_fills_its_block_and_leaves_the_targets_alone(tmp_path: Path):
+    """Regenerating docs/evaluation.md from a matrix run alone (no pack or replay results) fills
+    the matrix's block and keeps every other block, the targets' table included, as it was."""
+    from scheduling.sim.evaldoc import fill
+
+    doc = tmp_path / "evaluation.md"
+    targets = (
+        "<!-- eval:targets -->\n| target | measured | |\n| --- | --- | --- |\n| x | 1 | met |\n"
+        "<!-- /eval:targets -->\n"
+    )
+    doc.write_text(targets + "<!-- eval:eval-matrix -->\nold\n<!-- /eval:eval-matrix -->\n")
+    (tmp_path / "var" / "eval-matrix").mkdir(parents=True)
+    (tmp_path / "var" / "eval-matrix" / "compare.md").write_text("| scenario |\n| --- |\n| base-1.0 |\n")
+    missing = fill(doc, tmp_path / "var", tmp_path / "images")
+    text = doc.read_text()
+    assert text.startswith(targets) and "| base-1.0 |" in text and "old" not in text
+    assert "targets" in missing
