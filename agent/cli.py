@@ -136,6 +136,15 @@ def build_parser() -> argparse.ArgumentParser:
         "only its own job (default: a quarter of kernel.pid_max, 1024..65536)",
     )
     p.add_argument(
+        "--job-log-buffer-mb",
+        type=int,
+        default=32,
+        metavar="MB",
+        help="output of a job replica not yet sent that the agent holds (the server unreachable, "
+        "or slower than the job writes); past it output is dropped, and a line in the job's log "
+        "says how much (default: %(default)s)",
+    )
+    p.add_argument(
         "--job-disk-mb",
         type=int,
         metavar="MB",
@@ -411,6 +420,8 @@ def run(args: argparse.Namespace) -> int:
         raise Fatal("--job-max-tasks must be at least 16")
     if args.job_disk_mb is not None and args.job_disk_mb < 1:
         raise Fatal("--job-disk-mb must be at least 1")
+    if args.job_log_buffer_mb < 1:
+        raise Fatal("--job-log-buffer-mb must be at least 1")
     token = join_token(args)
     inventory = inventory_from(args)
     inventory.checkpoint_root = shared_as  # the server then knows which nodes reach a checkpoint
@@ -469,6 +480,7 @@ def run(args: argparse.Namespace) -> int:
     )
     agent.checkpoint_retention_s = retention_s if checkpoint_root is None else None
     agent.checkpoint_root, agent.checkpoint_signal = checkpoint_root, checkpoint_signal
+    agent.log_buffer_bytes = args.job_log_buffer_mb << 20
     agent.wait_timeout = args.wait_timeout
     agent.push = args.wait_timeout > 0
     agent.stream = agent.push and not args.no_stream

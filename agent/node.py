@@ -37,7 +37,7 @@ from agent.client import AgentClient, Rejected, ServerError
 from agent.identity import JobUsers, RunAs
 from agent.inventory import Inventory
 from agent.metrics import GpuUse, util_profile
-from agent.process import JobProcess
+from agent.process import MAX_BUFFER_BYTES, JobProcess
 from agent.reports import ExitReporter
 from agent.sandbox import Sandbox
 
@@ -94,6 +94,7 @@ class Agent:
         self.checkpoint_retention_s: float | None = None  # None: checkpoints are kept (tests)
         self.checkpoint_root: Path | None = None  # shared by the nodes (None: STATE/checkpoints)
         self.checkpoint_signal: int = signal.SIGUSR1  # "checkpoint now", before a preemption
+        self.log_buffer_bytes = MAX_BUFFER_BYTES  # a replica's output not yet sent, at most
         # Per-GPU utilisation for the heartbeat (GpuCollector.report); None: report none. Sent
         # only while the server's last answer asked for it (``report_utilisation``: it reads the
         # agents' reports, not Prometheus).
@@ -350,6 +351,7 @@ class Agent:
                     self.sandbox,
                     self.checkpoint_root,
                     self.checkpoint_signal,
+                    self.log_buffer_bytes,
                 )
                 self.jobs[key] = process
             log.info("starting job %s attempt %s replica %s on GPUs %s", *key, binding.get("gpus"))

@@ -42,7 +42,10 @@ WORLD_NAME = "world.json"  # TESSERA_WORLD_FILE, in the job's working directory
 log = logging.getLogger("tessera.agent")
 
 CHUNK_BYTES = 256 * 1024
+# A replica's output not yet sent that the agent holds at most (``--job-log-buffer-mb``); past it
+# output is dropped, until sending has brought it under half again, where a line says how much was.
 MAX_BUFFER_BYTES = 32 * 1024 * 1024
+LOG_RETRY_S = 1.0  # after a failed send of output, the next try (the process's exit: sooner)
 TICK_S = 0.25
 DISK_CHECK_S = 5.0  # between sums of a job's directories (a fifth of it past half the bound)
 # A process that ends this soon after its start is reported once: its exit report carries its
@@ -251,6 +254,7 @@ class JobProcess:
         sandbox: Sandbox | None = None,
         checkpoint_root: Path | None = None,
         checkpoint_signal: int = signal.SIGUSR1,
+        log_buffer_bytes: int = MAX_BUFFER_BYTES,
     ):
         self.binding = binding
         self.cgroups = cgroups
@@ -280,6 +284,10 @@ class JobProcess:
         # Wakes the supervisor from other threads (a stop, a note); polled with the output pipe.
         self._wake_fd: int | None = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._buffer = bytearray()
+        self._buffer_cap = log_buffer_bytes
+        self._dropped: int | None = None  # while output is dropped (the buffer full): how much
+        self._line_open = False  # the last output kept does not end with a newline
+        self._ship_at = 0.0  # no send of output before then (monotonic): the last one failed
         self._output_open = False
         self._offset = int(binding.get("log_offset", 0))
         self._drop_logs = False
@@ -603,13 +611,35 @@ class JobProcess:
     # --- output --------------------------------------------------------------------------------
 
     def _note(self, text: str) -> None:
-        """A line from the agent in the job's log, so its owner sees why it stopped."""
-        self._append(f"[tessera-agent] {text}\n".encode())
+        """A line from the agent in the job's log, so its owner sees why it stopped (kept even
+        while output is dropped: they are few and short)."""
+        with self._lock:
+            self._mark_dropped(resume=False)
+            self._buffer += f"[tessera-agent] {text}\n".encode()
 
     def _append(self, data: bytes) -> None:
+        """The job's output, kept to be sent unless the buffer is full (``--job-log-buffer-mb``):
+        then it is dropped until sending has made room (half the buffer), and counted."""
         with self._lock:
-            if len(self._buffer) + len(data) <= MAX_BUFFER_BYTES:
-                self._buffer += data
+            if self._dropped is not None or len(self._buffer) + len(data) > self._buffer_cap:
+                self._dropped = (self._dropped or 0) + len(data)
+                return
+            self._buffer += data
+            self._line_open = not data.endswith(b"\n")
+
+    def _mark_dropped(self, resume: bool) -> None:
+        """With the lock held, while output is dropped: a line in the log saying how much was,
+        where it was (never silently lost); ``resume``: take output again if there is room."""
+        if self._dropped is None or (resume and len(self._buffer) > self._buffer_cap // 2):
+            return
+        if self._dropped:
+            cut = "\n" if self._line_open else ""  # the note on a line of its own
+            self._buffer += (
+                f"{cut}[tessera-agent] {self._dropped} bytes of output dropped: the agent holds at "
+                f"most {self._buffer_cap >> 20} MiB of a job's output not yet sent\n"
+            ).encode()
+            self._line_open = False
+        self._dropped = None if resume else 0
 
     def _wake(self) -> None:
         with self._lock:
@@ -639,12 +669,14 @@ class JobProcess:
         """Send what is buffered; False when the server could not be reached (retry later)."""
         while not self._drop_logs:
             with self._lock:
+                self._mark_dropped(resume=True)
                 data = bytes(self._buffer[:CHUNK_BYTES])
             if not data:
                 return True
             try:
                 answer = self.client.logs(self.job_id, self.attempt, self.replica, self._offset, data)
             except ServerError:
+                self._ship_at = time.monotonic() + LOG_RETRY_S
                 return False
             except Rejected as exc:
                 log.info("job %s: logs refused (%s); dropping them", self.job_id, exc)
@@ -760,7 +792,8 @@ class JobProcess:
                 self._report_checkpoint(force=True)  # the checkpoint a stop asked for: at once
             if not self.silent:
                 self._report_checkpoint()
-                self._ship_logs()
+                if now >= self._ship_at:
+                    self._ship_logs()
             if exited_at is None and self.proc.poll() is not None:
                 exited_at = now
             # A background child may hold the output pipe open: give it a moment, then end it.

@@ -874,9 +874,25 @@ def _settle_replica(
 # --- Logs --------------------------------------------------------------------------------------
 
 
-def _log_end(job_id: int, replica: int) -> int:
+CAP_NOTE = "[tessera] output past the job's log cap of {cap} bytes dropped"
+
+
+def _cap_note(cap: int, kept: bytes, last: bytes) -> bytes:
+    """The line that marks where a replica's output was cut at the cap (on a line of its own,
+    after ``kept``, the output it follows); b"" when ``last`` (its last chunk) is that line."""
+    line = CAP_NOTE.format(cap=cap).encode()
+    if last.lstrip(b"\n").startswith(line):
+        return b""
+    return (b"\n" if kept and not kept.endswith(b"\n") else b"") + line + b"\n"
+
+
+def _log_last(job_id: int, replica: int) -> tuple[int, bytes]:
+    """Where the replica's stored output ends, and its last chunk's bytes (b"": none yet)."""
     last = LogChunk.objects.filter(job_id=job_id, replica=replica).order_by("-offset").first()
-    return last.offset + len(bytes(last.data)) if last is not None else 0
+    if last is None:
+        return 0, b""
+    data = bytes(last.data)
+    return last.offset + len(data), data
 
 
 def do_append_log(
@@ -886,25 +902,32 @@ def do_append_log(
 
     Idempotent on (job, replica, offset): a chunk already stored (a retry) is skipped, an
     overlapping one keeps only its new tail. Output past the job's cap
-    (``TESSERA["LOG_CAP_BYTES"]``) is dropped and the job marked ``log_truncated``.
+    (``TESSERA["LOG_CAP_BYTES"]``) is dropped and the job marked ``log_truncated``; where a
+    replica's output is first cut, a line saying so (:data:`CAP_NOTE`) is stored after what was
+    kept, so every reader of the log sees the cut (not counted in ``log_bytes``).
     """
     cap = settings.TESSERA["LOG_CAP_BYTES"]
     with transaction.atomic():
         job, _ = _owned_job(node, job_id)
         if attempt != job.attempts:
             raise Stale(f"job {job_id} is at attempt {job.attempts}, not {attempt}")
-        end = _log_end(job.pk, replica)
+        end, last = _log_last(job.pk, replica)
         if offset + len(data) <= end:
             return {"stored": 0, "next_offset": end, "truncated": job.log_truncated}
         if offset < end:
             data, offset = data[end - offset :], end
         room = max(0, cap - job.log_bytes)
+        note = b""
         if len(data) > room:
             data = data[:room]
             job.log_truncated = True
+            note = _cap_note(cap, data or last, last)
         if data:
             LogChunk.objects.create(job=job, replica=replica, offset=offset, data=data)
             Job.objects.filter(pk=job.pk).update(log_bytes=F("log_bytes") + len(data))
+        if note:
+            LogChunk.objects.create(job=job, replica=replica, offset=offset + len(data), data=note)
+        if data or note:
             live.publish_log(job.pk)
         if job.log_truncated:
             Job.objects.filter(pk=job.pk).update(log_truncated=True)

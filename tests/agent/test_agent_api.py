@@ -336,7 +336,13 @@ def test_log_chunks_are_idempotent_on_their_offset_and_capped_per_job(world, joi
     assert over.data == {"stored": 2, "next_offset": 10, "truncated": True}
     job.refresh_from_db()
     stored = b"".join(bytes(c.data) for c in LogChunk.objects.filter(job=job).order_by("offset"))
-    assert stored == b"abcdefghij" and job.log_truncated and job.log_bytes == 10
+    # the cut is marked in the log itself, once, on a line of its own
+    cut = b"\n[tessera] output past the job's log cap of 10 bytes dropped\n"
+    assert stored == b"abcdefghij" + cut and job.log_truncated and job.log_bytes == 10
+    again = h.report(node, job.pk, "logs", attempt=0, replica=0, offset=16, data=b"qrst")
+    assert again.data["stored"] == 0 and again.data["truncated"]
+    stored = b"".join(bytes(c.data) for c in LogChunk.objects.filter(job=job).order_by("offset"))
+    assert stored == b"abcdefghij" + cut
 
 
 def test_a_bad_log_chunk_is_refused_naming_the_field(world, join_token):

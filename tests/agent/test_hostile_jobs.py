@@ -331,9 +331,11 @@ def test_a_jobs_device_files_disk_processes_and_log_are_bounded_and_its_neighbou
         opened = json.loads(output_of(prober).splitlines()[0])
         assert opened == {devices[0]: "PermissionError", devices[1]: "gpu1",
                           devices[2]: "PermissionError", devices[3]: "PermissionError"}  # fmt: skip
-        # the log flood: stored up to the cap, the rest dropped
+        # the log flood: stored up to the cap, the rest dropped, and the cut said in the log
         flooded = Job.objects.get(pk=prober.pk)
-        assert flooded.log_truncated and len(output_of(prober)) <= 64 << 10
+        cut = "[tessera] output past the job's log cap of 65536 bytes dropped\n"
+        assert flooded.log_truncated and output_of(prober).endswith(cut)
+        assert len(output_of(prober)) <= (64 << 10) + len("\n" + cut)  # on a line of its own
         # the fork bomb: stopped at its uid's limit, its children killed with it
         assert state_of(bomb) == JobState.SUCCEEDED, output_of(bomb)
         children, error = output_of(bomb).splitlines()[0].split()
