@@ -11,9 +11,10 @@
    next pass.
 5. Grow elastic jobs and partially started gangs with what is left.
    (Shrinking in 4 and growing in 5 only with ``config.resizes``.) A shrink does not start the
-   job it makes room for at once: the replicas it removes keep their GPUs until their processes
-   have exited (the driver's :meth:`TesseraScheduler.release_leaving`, at the latest after the
-   shrunk job's grace period), and the room is held for that job meanwhile, as for a preemption.
+   job it makes room for at once: the replicas it removes keep their GPUs, and their tenant's
+   quota, until their processes have exited (the driver's
+   :meth:`TesseraScheduler.release_leaving`, at the latest after the shrunk job's grace period),
+   and the room is held for that job meanwhile, as for a preemption.
    A job whose shrink is under way is neither shrunk nor grown again until it is done.
 6. Give every job still pending its reason (:mod:`.reasons`), diagnosed on the final state.
 
@@ -84,6 +85,8 @@ class Running:
     # the cluster state under :func:`leaving_key`), and when their grace period ends at the latest.
     leaving: list[Alloc] = field(default_factory=list)
     leaving_until: float = 0.0
+    # What the leaving replicas are charged (model, milli): on the tenant's quota until they exit.
+    leaving_charged: list[tuple[str, int]] = field(default_factory=list)
 
 
 class TesseraScheduler:
@@ -278,6 +281,7 @@ class TesseraScheduler:
                     run.job.tenant,
                 )
             )
+            self.charge_leaving(run, self.nodes[node].model, geo.charge if p.gpus else 0)
         run.leaving_until = until if until is not None else self._now
 
     def submit(self, job: JobRequest, note: bool = True) -> None:
@@ -300,7 +304,7 @@ class TesseraScheduler:
         self.state.release(leaving_key(job_id))
         if run is None:
             return
-        for model, milli in run.charged:
+        for model, milli in [*run.charged, *run.leaving_charged]:
             self.quotas.add(run.job.tenant, model, -milli, run.job.preemptible)
         if not run.terminating and not run.cancelled:
             self.history.record(run.job, now - run.started_at, now)
@@ -311,6 +315,9 @@ class TesseraScheduler:
         run = self.running.get(job_id)
         if run is not None:
             run.leaving = []
+            for model, milli in run.leaving_charged:  # their quota is free once they have exited
+                self.quotas.add(run.job.tenant, model, -milli, run.job.preemptible)
+            run.leaving_charged = []
 
     def requeue(self, job: JobRequest) -> None:
         if job.id in self.running:
@@ -344,8 +351,7 @@ class TesseraScheduler:
                     leaving_key(job_id), a.node, a.gpus, a.milli, a.cpu, a.mem, a.replica, a.tenant
                 )
             )
-            model, milli = run.charged.pop()
-            self.quotas.add(run.job.tenant, model, -milli, run.job.preemptible)
+            run.leaving_charged.append(run.charged.pop())  # charged until they exit
         run.leaving_until = now + run.job.grace_s
         run.job = replace(run.job, elastic_max_gpus=int(round(keep * per)))
         run.geo = self.geo(run.job)
@@ -368,6 +374,11 @@ class TesseraScheduler:
 
     def charge(self, run: Running, model: str, milli: int) -> None:
         run.charged.append((model, milli))
+        self.quotas.add(run.job.tenant, model, milli, run.job.preemptible)
+
+    def charge_leaving(self, run: Running, model: str, milli: int) -> None:
+        """Charge a replica a shrink removed that has not exited yet (it holds its GPUs)."""
+        run.leaving_charged.append((model, milli))
         self.quotas.add(run.job.tenant, model, milli, run.job.preemptible)
 
     def _refresh_frag(self) -> None:
@@ -831,8 +842,10 @@ class TesseraScheduler:
         )
 
     def _row_charge(self, run: Running, tenant: str, row: tuple[str, str]) -> int:
-        """What ``run`` is charged on ``tenant``'s quota row ``row`` (milli-GPU): what leaving frees."""
-        return sum(mi for mm, mi in run.charged if self.quotas.row_key(tenant, mm) == row)
+        """What ``run`` is charged on ``tenant``'s quota row ``row`` (milli-GPU): what leaving frees
+        (its replicas a shrink removed too: they are charged until they exit)."""
+        held = [*run.charged, *run.leaving_charged]
+        return sum(mi for mm, mi in held if self.quotas.row_key(tenant, mm) == row)
 
     def _quota_pick(
         self, candidates: list[Victim], tenant: str, row: tuple[str, str], excess: int, budget: int

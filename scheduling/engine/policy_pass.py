@@ -382,6 +382,9 @@ class PolicyPass:
             milli = sum(m for model, m in run.charged if s.quotas.row_key(row[0], model) == row)
             if milli:
                 ends.append((s.expected_end(run, now), milli))
+            gone = sum(m for model, m in run.leaving_charged if s.quotas.row_key(row[0], model) == row)
+            if gone:  # a shrink's removed replicas, charged until they exit
+                ends.append((max(now, run.leaving_until), gone))
         for end, milli in sorted(ends):
             over -= milli
             if over <= 0:
@@ -614,8 +617,8 @@ class PolicyPass:
                             leaving_key(jid), a.node, a.gpus, a.milli, a.cpu, a.mem, a.replica, a.tenant
                         )
                     )
-                    model, milli = run.charged.pop()
-                    s.quotas.add(run.job.tenant, model, -milli, run.job.preemptible)
+                    # charged until they exit (the driver's release_leaving), as their GPUs are
+                    run.leaving_charged.append(run.charged.pop())
             run.leaving_until = now + run.job.grace_s
             grace = max(grace, run.job.grace_s)
             why = f"shrunk to make room for job {job.id}"

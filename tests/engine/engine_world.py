@@ -97,7 +97,9 @@ class World:
             return
         rows = {(q.tenant, q.model): q for q in self.quotas}
         usage: dict[tuple[str, str], float] = {}
-        for jid, placements in self.holding.items():
+        # a shrink's removed replicas count until they exit: they still hold their GPUs
+        held = [*self.holding.items(), *self.leaving.items()]
+        for jid, placements in held:
             job = self.jobs[jid]
             for p in placements:
                 if not p.gpus:
@@ -133,8 +135,9 @@ def run(
     for _ in range(steps):
         world.apply(sched.decide(now))
         now += step_s
-        for jid in sorted(world.leaving):
-            world.leave(sched, jid, now)
+        for jid in sorted(world.leaving):  # a shrink's removed replicas may take passes to exit
+            if rng.random() < 0.5:
+                world.leave(sched, jid, now)
         for jid in sorted(world.terminating):
             world.release(sched, jid, now)
             sched.requeue(world.jobs[jid])

@@ -211,3 +211,60 @@ def test_a_job_refused_a_model_owed_to_another_tenant_starts_there_once_it_is_no
     d = s.decide(500.0)  # speech runs now: nothing is owed, a T4 is free
     assert [b.job_id for b in d.bindings] == ["small"]
     assert d.pending["big"].code == "quota"
+
+
+def test_a_shrunk_jobs_leaving_replicas_stay_on_its_tenants_quota_until_they_exit():
+    s = TesseraScheduler(
+        [node("a", gpus=4, nvlink=4), node("b", "T4", gpus=4, nvlink=4)],
+        [QuotaSpec("vision", "*", 4, 4), QuotaSpec("speech", "*", 4, 4)],
+    )
+    el = JobRequest(
+        "el",
+        "vision",
+        "training",
+        4,
+        replicas=4,
+        elastic_min_gpus=2,
+        elastic_max_gpus=4,
+        accelerators=("H100",),
+    )
+    s.submit(el)
+    assert len(s.decide(0.0).bindings[0].placements) == 4  # vision at its limit of 4
+    s.submit(JobRequest("more", "vision", "batch", 1, accelerators=("T4",), submitted_at=1))
+    assert not s.decide(1.0).bindings  # over vision's limit
+    s.submit(
+        JobRequest(
+            "serve", "speech", "inference", 2, accelerators=("H100",), preemptible=False, submitted_at=2
+        )
+    )
+    d = s.decide(1000.0)
+    assert [len(r.placements) for r in d.resizes] == [2]  # el shrunk; its 2 removed replicas still run
+    # el's 2 leaving replicas still hold their H100s: vision is still at its limit
+    assert not d.bindings
+    assert s.quotas.used("vision", "T4") == 4000
+    s.release_leaving("el", 1030.0)
+    assert s.quotas.used("vision", "T4") == 2000
+    assert sorted(b.job_id for b in s.decide(1030.0).bindings) == ["more", "serve"]
+
+
+def test_a_pass_from_a_snapshot_charges_the_leaving_replicas_to_their_tenants_quota():
+    from scheduling.engine.types import Placement, RunningJob, Snapshot
+
+    el = JobRequest("el", "vision", "training", 2, replicas=2, elastic_min_gpus=2, elastic_max_gpus=4)
+    leaving = (Placement(2, "a", (2,)), Placement(3, "a", (3,)))
+    running = RunningJob(
+        el, (Placement(0, "a", (0,)), Placement(1, "a", (1,))), 0.0, leaving=leaving, leaving_until=60
+    )
+    more = JobRequest("more", "vision", "batch", 1, accelerators=("T4",), submitted_at=1)
+    snapshot = Snapshot(
+        now=10.0,
+        nodes=(node("a", gpus=4, nvlink=4), node("b", "T4", gpus=4, nvlink=4)),
+        quotas=(QuotaSpec("vision", "*", 4, 4),),
+        pending=(more,),
+        running=(running,),
+    )
+    s = TesseraScheduler.from_snapshot(snapshot)
+    assert s.quotas.used("vision", "H100") == 4000  # 2 running, 2 leaving: vision at its limit
+    assert not s.decide(10.0).bindings
+    s.release_leaving("el", 40.0)
+    assert [b.job_id for b in s.decide(40.0).bindings] == ["more"]
