@@ -188,7 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--checkpoint-retention-hours",
         type=float,
         default=168.0,
-        help="remove a job's checkpoint directory once unused this long (default: 168, a week)",
+        help="remove a job's checkpoint directory this long after its job ended (the server says "
+        "when), never while it can still resume (default: 168, a week)",
     )
     p.add_argument(
         "--poll-interval",
@@ -443,8 +444,9 @@ def run(args: argparse.Namespace) -> int:
     except leftovers.LeftoversRemain as exc:
         raise Fatal(str(exc), 4) from None
     state.clean_jobs(state_dir)
+    # Checkpoints past their retention go once the server says their jobs cannot resume: the
+    # running agent asks (agent/node.py), so none is removed before it has registered.
     retention_s = args.checkpoint_retention_hours * 3600
-    state.sweep_checkpoints(state_dir, retention_s)
     probe = users.probe()
     if not runs_as(["/bin/sh", "-c", 'cd "$0"', str(state_dir / "jobs")], probe):
         raise Fatal(

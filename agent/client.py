@@ -162,11 +162,18 @@ class AgentClient:
         return Stream.open(self.base, self.node_auth(), self.timeout, idle_s)
 
     def heartbeat(
-        self, running: list[dict[str, int]], utilisation: list[dict[str, Any]] | None = None
+        self,
+        running: list[dict[str, int]],
+        utilisation: list[dict[str, Any]] | None = None,
+        checkpoints: list[int] | None = None,
     ) -> dict[str, Any]:
+        """``checkpoints``: jobs whose checkpoints this node holds past their retention; the
+        answer's ``checkpoints`` says which of them can still resume, and when the others ended."""
         body: dict[str, Any] = {"running": running}
         if utilisation:
             body["utilisation"] = utilisation
+        if checkpoints:
+            body["checkpoints"] = checkpoints
         return self._post("heartbeat", body, self.node_auth())
 
     def started(

@@ -52,6 +52,7 @@ HELD_RETRY_S = 0.05  # how soon a binding held back for its GPUs is tried again
 # server gives the others theirs: scheduling/services/rendezvous.py, from 29500 up).
 LOCAL_PORTS = range(29400, 29500)
 SWEEP_EVERY_S = 60.0  # checkpoint directories past their retention: looked for at most this often
+ASK_AT_MOST = 1024  # jobs whose checkpoints one heartbeat asks about
 
 
 def binding_key(binding: dict[str, Any]) -> Key:
@@ -100,7 +101,12 @@ class Agent:
         # agents' reports, not Prometheus).
         self.utilisation: Callable[[], list[dict[str, Any]]] | None = None
         self.report_utilisation = False
-        self._swept_at = 0.0
+        self._swept_at = -float("inf")
+        # Jobs whose checkpoints are past their retention, for the next heartbeat to ask about
+        # (can they still resume?), and the answers for the main loop: (asked, the answer's list;
+        # None from a server that does not say).
+        self._ask: list[int] | None = None
+        self._answered: list[tuple[list[int], list[dict[str, Any]] | None]] = []
         self.lease_seconds = lease_seconds
         self.jobs: dict[Key, JobProcess] = {}
         self.ever_started: set[Key] = set()
@@ -175,6 +181,7 @@ class Agent:
             for sent_at, answer in orders:
                 self._drop_unordered(sent_at, answer)
                 self.apply(answer)
+            self._sweep_answered()
             if pushed:
                 self.apply({"start": pushed, "stop": []})
             if self._held:
@@ -203,8 +210,12 @@ class Agent:
 
     def _heartbeat(self, sent_at: float, failures: int) -> int:
         """One heartbeat; its orders go to the main loop. Returns the failures in a row so far."""
+        with self._lock:
+            asked = self._ask
         try:
-            orders = self.client.heartbeat(self.running_reports(), self.utilisation_report())
+            orders = self.client.heartbeat(
+                self.running_reports(), self.utilisation_report(), checkpoints=asked
+            )
         except Rejected as exc:
             if exc.status in (401, 403):
                 raise CredentialRevoked(str(exc)) from None
@@ -220,6 +231,11 @@ class Agent:
         self.report_utilisation = bool(orders.get("report_utilisation", False))
         with self._lock:
             self._orders.append((sent_at, orders))
+            if asked:
+                answer = orders.get("checkpoints")
+                self._answered.append((asked, answer if isinstance(answer, list) else None))
+                if self._ask is asked:
+                    self._ask = None
         self._poke.set()
         return 0
 
@@ -462,9 +478,36 @@ class Agent:
                     self.ever_started.discard(key)
             running = {key[0] for key in self.jobs}
         now = time.monotonic()
-        if ended and self.checkpoint_retention_s is not None and now - self._swept_at > SWEEP_EVERY_S:
+        retention = self.checkpoint_retention_s
+        if retention is not None and now - self._swept_at >= min(SWEEP_EVERY_S, retention):
+            # Checkpoints past their retention go only once the server says their jobs cannot
+            # resume: the next heartbeat asks (a directory's name holds its job id, and only the
+            # agent makes them: no job chooses what is asked about).
             self._swept_at = now
-            state.sweep_checkpoints(self.state_dir, self.checkpoint_retention_s, keep=running)
+            stale = sorted(state.stale_checkpoints(self.state_dir, retention, keep=running))
+            with self._lock:
+                self._ask = stale[:ASK_AT_MOST] or None
+
+    def _sweep_answered(self) -> None:
+        """Apply what heartbeats answered about checkpoints past their retention: a job the
+        server says can still resume keeps its checkpoint, the others' go once the retention has
+        passed since they ended (a job the server does not answer for: at once)."""
+        with self._lock:
+            answered, self._answered = self._answered, []
+            running = {key[0] for key in self.jobs}
+        retention = self.checkpoint_retention_s
+        if retention is None:
+            return
+        for asked, answer in answered:
+            if answer is None:  # a server that does not say: by time alone
+                state.sweep_checkpoints(self.state_dir, retention, keep=running)
+                continue
+            ended: dict[int, float | None] = dict.fromkeys(asked, 0.0)
+            for item in answer:
+                if isinstance(item, dict) and item.get("job_id") in ended:
+                    at = item.get("ended_at")  # anything but a time: it may resume (kept)
+                    ended[item["job_id"]] = float(at) if isinstance(at, int | float) else None
+            state.sweep_checkpoints(self.state_dir, retention, keep=running, ended=ended)
 
     def shutdown(self, grace_s: float) -> None:
         """Stop every job (SIGTERM, SIGKILL after at most ``grace_s``) without reporting exits.

@@ -9,8 +9,9 @@ pass through to their own working directories (``STATE/jobs/...``, owned by them
 
 Nothing of a job outlives its use: its working directory goes when it ends; what an agent killed
 mid-job left in ``STATE/jobs`` goes at the next start (:func:`clean_jobs`, after the leftover
-processes are dead); a checkpoint directory goes once unused for the retention
-(:func:`sweep_checkpoints`, at the start and after each job).
+processes are dead); a checkpoint directory goes once the server says its job cannot resume
+and the retention has passed since it ended (:func:`sweep_checkpoints`, applied by the running
+agent: agent/node.py).
 
 The join token is read from, in order: ``--join-token-file PATH``, ``--join-token -`` (stdin),
 ``$TESSERA_JOIN_TOKEN``, or a literal ``--join-token T`` — which ``ps`` would show, so the CLI
@@ -19,6 +20,7 @@ moves it into a pipe and re-executes itself without it (:func:`agent.cli.main`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -88,16 +90,18 @@ def clean_jobs(state_dir: Path) -> int:
     return len(names)
 
 
-def sweep_checkpoints(state_dir: Path, retention_s: float, keep: set[int] | None = None) -> list[int]:
-    """Remove the checkpoint directories unused for ``retention_s`` (their time is set when an
-    attempt here ends), but not those of the jobs in ``keep`` (running here). The job ids removed."""
-    removed: list[int] = []
-    directory = state_dir / "checkpoints"
+def stale_checkpoints(
+    state_dir: Path, retention_s: float, keep: set[int] | None = None
+) -> dict[int, list[Path]]:
+    """The checkpoint directories whose time is more than ``retention_s`` ago, by job, but not
+    those of the jobs in ``keep`` (running here). A directory's time is set when an attempt here
+    ends, and when the server says its job can still resume (:func:`sweep_checkpoints`)."""
+    stale: dict[int, list[Path]] = {}
     now = time.time()
     try:
-        entries = list(os.scandir(directory))
+        entries = list(os.scandir(state_dir / "checkpoints"))
     except FileNotFoundError:
-        return removed
+        return stale
     for entry in entries:
         job = entry.name.partition("-")[0]
         if not job.isdigit() or int(job) in (keep or set()):
@@ -107,10 +111,41 @@ def sweep_checkpoints(state_dir: Path, retention_s: float, keep: set[int] | None
         except OSError:
             continue
         if idle > retention_s:
-            shutil.rmtree(entry.path, ignore_errors=True)
-            removed.append(int(job))
+            stale.setdefault(int(job), []).append(Path(entry.path))
+    return stale
+
+
+def sweep_checkpoints(
+    state_dir: Path,
+    retention_s: float,
+    keep: set[int] | None = None,
+    ended: dict[int, float | None] | None = None,
+) -> list[int]:
+    """Remove the checkpoint directories past their retention (:func:`stale_checkpoints`) whose
+    jobs cannot resume; the job ids removed. ``ended``: what the server said of the jobs asked
+    about (only those are looked at): None for a job that can still resume (its directory is
+    kept, its time set to now: a retention more), else when it ended, epoch seconds (kept until
+    the retention has passed since then, its time set to that end). ``ended`` None (a server
+    that does not say): by their time alone."""
+    removed: list[int] = []
+    now = time.time()
+    for job, paths in stale_checkpoints(state_dir, retention_s, keep).items():
+        if ended is not None and job not in ended:
+            continue
+        end = ended.get(job, 0.0) if ended is not None else 0.0
+        for path in paths:
+            if end is None or now - end <= retention_s:
+                with contextlib.suppress(OSError):
+                    os.utime(path, None if end is None else (end, end))
+                continue
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(job)
     if removed:
-        log.info("removed the checkpoints of job(s) %s: unused for %gh", sorted(removed), retention_s / 3600)
+        log.info(
+            "removed the checkpoints of job(s) %s: past their retention of %gh",
+            sorted(removed),
+            retention_s / 3600,
+        )
     return removed
 
 

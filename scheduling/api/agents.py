@@ -123,6 +123,10 @@ class UtilisationIn(FieldTemplates, serializers.Serializer):
 class HeartbeatIn(FieldTemplates, serializers.Serializer):
     running = serializers.ListField(child=RunningIn(), max_length=4096, default=list)
     utilisation = serializers.ListField(child=UtilisationIn(), max_length=4096, default=list)
+    # Jobs whose checkpoints the node holds past their retention: which may still resume?
+    checkpoints = serializers.ListField(
+        child=StrictIntegerField(min_value=1, max_value=svc.MAX_DB_INT), max_length=1024, default=list
+    )
 
 
 class ReplicaIn(FieldTemplates, serializers.Serializer):
@@ -257,6 +261,7 @@ class HeartbeatView(AgentView):
                     "report_utilisation": serializers.BooleanField(),
                     "start": serializers.ListField(child=serializers.DictField()),
                     "stop": serializers.ListField(child=serializers.DictField()),
+                    "checkpoints": serializers.ListField(child=serializers.DictField(), required=False),
                 },
             )
         },
@@ -268,7 +273,7 @@ class HeartbeatView(AgentView):
             GpuReport(u["gpu"], tuple(u["job_ids"]), u["util"], u.get("sm_active"))
             for u in data["utilisation"]
         ]
-        return Response(svc.do_heartbeat(self.node(request), running, utilisation))
+        return Response(svc.do_heartbeat(self.node(request), running, utilisation, data["checkpoints"]))
 
 
 class StartedView(AgentView):

@@ -28,7 +28,7 @@ from django.db.models import F, Max
 from django.db.models.functions import Length
 from django.utils import timezone
 
-from scheduling.choices import HOLDING_STATES, EventType, JobState, NodeState
+from scheduling.choices import HOLDING_STATES, TERMINAL_STATES, EventType, JobState, NodeState
 from scheduling.models import (
     Allocation,
     Device,
@@ -316,14 +316,42 @@ class Reported:
     pid: int
 
 
+def checkpoint_jobs(node: Node, job_ids: list[int]) -> list[dict[str, Any]]:
+    """Of ``job_ids`` (jobs whose checkpoints the node holds), those that ever had a replica on
+    ``node``, each with when it ended (epoch seconds), or null while it can still run again (not
+    terminal: it may resume from its checkpoint). A job that never ran there is not answered
+    for: a node learns nothing of other nodes' jobs."""
+    ids = sorted({i for i in job_ids if 0 < i <= MAX_DB_INT})
+    if not ids:
+        return []
+    rows = (
+        Job.objects.filter(pk__in=ids, allocations__node=node)
+        .distinct()
+        .order_by("pk")
+        .values_list("pk", "state", "finished_at")
+    )
+    return [
+        {
+            "job_id": pk,
+            "ended_at": (finished.timestamp() if finished else 0.0) if state in TERMINAL_STATES else None,
+        }
+        for pk, state, finished in rows
+    ]
+
+
 def do_heartbeat(
-    node: Node, running: list[Reported], utilisation: list[GpuReport] | None = None
+    node: Node,
+    running: list[Reported],
+    utilisation: list[GpuReport] | None = None,
+    checkpoints: list[int] | None = None,
 ) -> dict[str, Any]:
     """Renew the node's lease; answer with the bindings to start and the processes to stop.
 
     ``utilisation``: how busy the node's held GPUs are (kept for the adjustment pass where it
     reads the agents' reports: ``scheduling/services/utilisation.py``); the answer's
-    ``report_utilisation`` says whether to send it."""
+    ``report_utilisation`` says whether to send it. ``checkpoints``: jobs whose checkpoints the
+    node holds past their retention; the answer's ``checkpoints`` says which can still resume
+    (:func:`checkpoint_jobs`)."""
     now = timezone.now()
     with transaction.atomic():
         Node.objects.filter(pk=node.pk).update(last_heartbeat=now)
@@ -381,7 +409,7 @@ def do_heartbeat(
         )
         for job, attempt, replica, allocs in to_start
     ]
-    return {
+    answer = {
         "node": node.name,
         "lease_seconds": settings.TESSERA["LEASE_S"],
         "report_utilisation": reports_wanted(),
@@ -389,6 +417,9 @@ def do_heartbeat(
         "stop": stop,
         "worlds": _worlds(held, reported),
     }
+    if checkpoints:
+        answer["checkpoints"] = checkpoint_jobs(node, checkpoints)
+    return answer
 
 
 def _worlds(

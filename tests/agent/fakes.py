@@ -47,6 +47,7 @@ class FakeServer:
         self.orders: list[dict[str, Any]] = []
         self.refuse_started = False
         self.report_utilisation = False  # what the heartbeat answers ask of the agent
+        self.ended: dict[int, float] = {}  # jobs that ended (epoch seconds): the rest may resume
         self.woken = threading.Event()
         self.pushed: list[dict[str, Any]] | None = None
 
@@ -79,20 +80,26 @@ class FakeServer:
         raise Rejected(404, "no stream here")
 
     def heartbeat(
-        self, running: list[dict[str, int]], utilisation: list[dict[str, Any]] | None = None
+        self,
+        running: list[dict[str, int]],
+        utilisation: list[dict[str, Any]] | None = None,
+        checkpoints: list[int] | None = None,
     ) -> dict[str, Any]:
-        self._record("heartbeat", running=running, utilisation=utilisation)
+        self._record("heartbeat", running=running, utilisation=utilisation, checkpoints=checkpoints)
         with self.lock:
             orders, self.orders = self.orders, []
         start = [o for o in orders if "command" in o]
         stop = [o for o in orders if "command" not in o]
-        return {
+        answer = {
             "node": "fake",
             "lease_seconds": 60,
             "report_utilisation": self.report_utilisation,
             "start": start,
             "stop": stop,
         }
+        if checkpoints:  # every job asked about is this node's and can still resume, unless ended
+            answer["checkpoints"] = [{"job_id": j, "ended_at": self.ended.get(j)} for j in checkpoints]
+        return answer
 
     def started(
         self, job_id: int, attempt: int, replica: int, pid: int, started_at: float | None = None

@@ -314,6 +314,30 @@ def test_a_bad_exits_body_is_refused_naming_the_field(join_token, body):
     assert answer.status_code == 400 and "exits" in answer.json(), answer.content
 
 
+def test_a_heartbeat_says_which_checkpoints_jobs_can_resume_and_only_of_the_nodes_own_jobs(world):
+    node, _ = h.register(h.new_join_token(), "gpu-01")
+    other, _ = h.register(h.new_join_token(), "gpu-02")
+    bound, ended, elsewhere = (h.submit(world.alice, world.vision, gpus=1) for _ in range(3))
+    for job in (bound, ended):
+        h.bind(job, "gpu-01", [0 if job is bound else 1])
+    h.bind(elsewhere, "gpu-02", [0])
+    do_cancel_job(ended.pk)  # bound, never started: settled by the next heartbeat, terminal
+    h.heartbeat(node)
+    ended.refresh_from_db()
+    assert ended.state == JobState.CANCELLED
+    asked = [bound.pk, ended.pk, elsewhere.pk, 999999]
+    answer = node.post(AGENT + "heartbeat", {"running": [], "checkpoints": asked}, format="json")
+    assert answer.status_code == 200, answer.content
+    # another node's job, and one that does not exist: not answered for (the node learns nothing)
+    assert answer.data["checkpoints"] == [
+        {"job_id": bound.pk, "ended_at": None},  # it can still run: its checkpoint is kept
+        {"job_id": ended.pk, "ended_at": ended.finished_at.timestamp()},
+    ]
+    assert "checkpoints" not in h.heartbeat(other)  # not asked: not answered
+    bad = node.post(AGENT + "heartbeat", {"running": [], "checkpoints": ["x"]}, format="json")
+    assert bad.status_code == 400 and "checkpoints" in bad.data
+
+
 def test_a_heartbeat_reporting_the_process_catches_up_a_lost_started_report(world, join_token):
     node, _ = h.register(join_token)
     job = h.bind(h.submit(world.alice, world.vision), "gpu-01", [0, 1])

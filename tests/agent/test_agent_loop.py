@@ -130,7 +130,7 @@ def test_jobs_are_killed_when_the_lease_cannot_be_renewed(agent):
     node.apply({"start": [fakes.binding(job_id=6, command=["sleep", "30"], grace_seconds=30)]})
     pid = fakes.wait_for(lambda: node.jobs[(6, 0, 0)].pid, 5)
 
-    def unreachable(running, utilisation=None):
+    def unreachable(running, utilisation=None, checkpoints=None):
         raise ServerError("connection refused")
 
     server.heartbeat = unreachable
@@ -223,7 +223,8 @@ def test_a_binding_on_gpus_a_stale_process_still_uses_starts_only_once_it_has_ex
     old = fakes.wait_for(lambda: node.jobs[(20, 0, 0)].pid, 5)
     record = server.heartbeat
 
-    def heartbeat(running, utilisation=None):  # as the server answers: 21 is to start here, 20 is not bound
+    # as the server answers: 21 is to start here, 20 is not bound
+    def heartbeat(running, utilisation=None, checkpoints=None):
         record(running)
         stale = [
             {"job_id": 20, "attempt": 0, "replica": 0, "reason": "not bound", "grace_left_seconds": 0}
@@ -282,24 +283,29 @@ def test_a_held_binding_is_dropped_when_the_lease_runs_out(agent):
     assert not node._held and node._wait_s() == node.poll_interval
 
 
-def test_as_jobs_end_the_agent_removes_checkpoints_past_their_retention_but_not_a_running_jobs(agent):
-    """``--checkpoint-retention-hours``, applied by the running agent: once a job ends, the
-    checkpoint directories unused for longer go, except that of a job still running here."""
+def test_the_agent_removes_checkpoints_past_their_retention_only_once_their_jobs_cannot_resume(agent):
+    """``--checkpoint-retention-hours``, applied by the running agent: a checkpoint directory
+    unused for longer is asked about in a heartbeat, and goes only once the server says its job
+    ended more than the retention ago; one whose job can still resume (requeued, pending) stays
+    and its time restarts, one whose job ended lately stays until the retention has passed since
+    then; and the checkpoint of a job running here is not even asked about."""
     node, server = agent
     node.checkpoint_retention_s = 3600.0
     node.apply({"start": [fakes.binding(job_id=41, command=["sleep", "30"])]})
     assert fakes.wait_for(lambda: [c for c in server.calls if c[0] == "started"], 5)
-    stale, running = checkpoint_dir(node.state_dir, 40), checkpoint_dir(node.state_dir, 41)
-    stale.mkdir(mode=0o700, parents=True)
+    ended, resumable, lately, running = (checkpoint_dir(node.state_dir, j) for j in (40, 43, 44, 41))
     old = time.time() - 2 * 3600
-    for directory in (stale, running):
+    for directory in (ended, resumable, lately, running):
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.utime(directory, (old, old))
-    node.apply({"start": [fakes.binding(job_id=42, command=["true"], gpus=[2])]})
-    server.exit_of(42)
+    server.ended = {40: time.time() - 1.5 * 3600, 44: time.time() - 600}
 
-    def swept() -> bool:
-        node._reap()  # the loop's housekeeping, where the sweep runs as jobs end
-        return not stale.exists()
-
-    assert fakes.wait_for(swept, 10), os.listdir(node.state_dir / "checkpoints")
-    assert running.is_dir() and checkpoint_dir(node.state_dir, 42).is_dir()
+    node._reap()  # the loop's housekeeping: what is past its retention is asked about
+    node._heartbeat(time.monotonic(), 0)
+    node._sweep_answered()  # and the answer applied by the main loop
+    (asked,) = [c[1]["checkpoints"] for c in server.calls if c[0] == "heartbeat"]
+    assert asked == [40, 43, 44]
+    assert not ended.exists()
+    assert resumable.is_dir() and time.time() - resumable.stat().st_mtime < 60  # a retention more
+    assert lately.is_dir() and abs(lately.stat().st_mtime - server.ended[44]) < 1  # until 1 h after
+    assert running.is_dir()

@@ -244,7 +244,9 @@ class SlowHeartbeats(fakes.FakeServer):
         self.hanging = threading.Event()
         self.release = threading.Event()
 
-    def heartbeat(self, running: list[dict[str, int]], utilisation: list[dict] | None = None) -> dict:
+    def heartbeat(
+        self, running: list[dict[str, int]], utilisation: list[dict] | None = None, checkpoints=None
+    ) -> dict:
         if [c for c in self.calls if c[0] == "heartbeat"]:
             self.hanging.set()
             self.release.wait(10)

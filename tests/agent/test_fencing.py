@@ -35,12 +35,12 @@ class Partition:
         self.lock = threading.Lock()
         server.heartbeat = self
 
-    def __call__(self, running, utilisation=None):
+    def __call__(self, running, utilisation=None, checkpoints=None):
         with self.lock:
             if self.left <= 0:
                 raise ServerError("connection refused")
             self.left -= 1
-        return {**self.answer(running, utilisation), "lease_seconds": LEASE_S}
+        return {**self.answer(running, utilisation, checkpoints), "lease_seconds": LEASE_S}
 
 
 def make_agent(server, state_dir, poll_interval: float = POLL_S) -> Agent:
