@@ -195,10 +195,12 @@ def shared_servers(django_db_setup, django_db_blocker):
 # A request thread of pytest-django's live server that is still serving an async view when the
 # run ends (an agent's long-poll whose agent a test killed) holds an asgiref event loop in a
 # ThreadPoolExecutor thread; the interpreter joins such threads at exit, and one whose loop never
-# finishes cancelling its tasks kept a CI run waiting, after its summary, until CI's time ran
-# out. So once pytest is done, threads that are neither daemons nor the main thread get
-# EXIT_GRACE_S to end; those still alive are named on stderr and the process ends with pytest's
-# own exit status. TESSERA_TEST_EXIT_GUARD=0 turns this off (the interpreter then waits for them).
+# finishes cancelling its tasks kept CI runs waiting, after their summary, until CI's time ran
+# out. Such a thread may be a daemon (a thread made by a daemon thread is one) and still be
+# joined, and atexit handlers can wait too; so once pytest is done a daemon watchdog gives the
+# interpreter EXIT_GRACE_S to end by itself, and after that names on stderr the threads still
+# running and ends the process with pytest's own exit status. TESSERA_TEST_EXIT_GUARD=0 turns
+# this off (the interpreter then waits for them).
 EXIT_GRACE_S = float(os.environ.get("TESSERA_TEST_EXIT_GRACE_S", "10"))
 _exit_status: list[int] = []
 
@@ -211,22 +213,29 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     if os.environ.get("TESSERA_TEST_EXIT_GUARD", "1") == "0" or not _exit_status:
         return
-    deadline = time.monotonic() + EXIT_GRACE_S
-    for thread in _lingering():
-        thread.join(max(0.0, deadline - time.monotonic()))
-    left = _lingering()
-    if not left:
-        return
-    frames = sys._current_frames()
-    lines = [f"tests: {len(left)} thread(s) still running after the run; ending without them:"]
-    for thread in left:
-        stack = traceback.format_stack(frames[thread.ident]) if thread.ident in frames else []
-        lines.append(f"  {thread.name}: {''.join(stack[-3:]).strip()}")
-    print("\n".join(lines), file=sys.stderr, flush=True)
+    status = _exit_status[0]
+    threading.Thread(target=_end_after_grace, args=(status,), name="tests-exit-guard", daemon=True).start()
+
+
+def _end_after_grace(status: int) -> None:
+    time.sleep(EXIT_GRACE_S)
     sys.stdout.flush()
-    os._exit(_exit_status[0])
+    print(_still_running(), file=sys.stderr, flush=True)
+    os._exit(status)
 
 
-def _lingering() -> list[threading.Thread]:
-    main = threading.main_thread()
-    return [t for t in threading.enumerate() if t is not main and not t.daemon and t.is_alive()]
+def _still_running() -> str:
+    """The threads alive now (but this one), each with where it is: the same place counted once."""
+    frames = sys._current_frames()
+    seen: dict[str, int] = {}
+    for thread in threading.enumerate():
+        if thread is threading.current_thread():
+            continue
+        stack = traceback.format_stack(frames[thread.ident]) if thread.ident in frames else []
+        kind = "daemon" if thread.daemon else "thread"
+        where = "".join(stack[-3:]).strip()
+        key = f"  {thread.name} ({kind}): {where}"
+        seen[key] = seen.get(key, 0) + 1
+    lines = [f"tests: the process had not ended {EXIT_GRACE_S:g} s after the run; ending it. Still running:"]
+    lines += [key if n == 1 else f"{key}\n    (x{n})" for key, n in seen.items()]
+    return "\n".join(lines)

@@ -14,9 +14,19 @@ ROOT = Path(__file__).resolve().parents[2]
 
 LEAVES_A_THREAD = """
 import threading, time
+from concurrent.futures import ThreadPoolExecutor
 
 def test_leaves_a_thread():
     threading.Thread(target=time.sleep, args=(3600,), name="stuck-for-an-hour").start()
+
+def test_leaves_an_executor_thread_made_by_a_daemon():
+    # as a live-server request thread running an async view does: the worker is a daemon
+    # (made by one), yet the interpreter joins it at exit
+    def request_thread():
+        ThreadPoolExecutor(1, thread_name_prefix="stuck-executor").submit(time.sleep, 3600)
+    made = threading.Thread(target=request_thread, daemon=True)
+    made.start()
+    made.join()
 
 def test_fails():
     assert False
@@ -40,8 +50,8 @@ def test_a_run_that_leaves_a_thread_ends_with_its_status_and_names_the_thread(tm
     argv, env = argv_env(tmp_path, "1")
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1  # a test failed: pytest's status, not the guard's
-    assert "1 failed, 1 passed" in done.stdout
-    assert "stuck-for-an-hour" in done.stderr
+    assert "1 failed, 2 passed" in done.stdout
+    assert "stuck-for-an-hour" in done.stderr and "stuck-executor" in done.stderr
 
 
 def test_without_the_guard_the_interpreter_waits_for_the_thread(tmp_path):
@@ -52,7 +62,7 @@ def test_without_the_guard_the_interpreter_waits_for_the_thread(tmp_path):
     try:
         assert proc.stdout is not None
         for line in proc.stdout:  # until pytest's summary: the run itself is over
-            if "1 failed, 1 passed" in line:
+            if "1 failed, 2 passed" in line:
                 break
         else:
             raise AssertionError("the run ended without its summary")
