@@ -459,7 +459,8 @@ def run(args: argparse.Namespace) -> int:
     hide = [*sandbox.HIDDEN, *args.hide_path]
     kept: list[str | Path] = [state_dir, *path.split(":"), *([checkpoint_root] if checkpoint_root else [])]
     disk_mb = args.job_disk_mb or sandbox.default_disk_mb(state_dir)
-    box = sandbox.detect(devices, users.isolated, kept, max_tasks, hide, disk_mb)
+    size = sandbox.NodeSize(int(inventory.memory_gib * 1024), len(inventory.devices), inventory.cpus)
+    box = sandbox.detect(devices, users.isolated, kept, max_tasks, hide, disk_mb, size)
     walls = firewall.detect(users.ids, args.allow_local_port) if isinstance(users, identity.UidPool) else None
     if isinstance(users, identity.UidPool):
         users.watcher = walls

@@ -371,7 +371,13 @@ class JobProcess:
         procs = (
             self.cgroups.procs(self.cgroup) if self.cgroups is not None and self.cgroup is not None else []
         )
-        prefix = self.sandbox.prefix(run_as, self.gpus, procs)
+        tmpfs_mb = self.sandbox.tmpfs_mb(
+            len(self.gpus),
+            self.share,
+            float(self.binding.get("cpus") or 0),
+            float(self.binding.get("memory_gib") or 0),
+        )
+        prefix = self.sandbox.prefix(run_as, self.gpus, procs, tmpfs_mb)
         if not prefix:
             proc = subprocess.Popen(
                 command,

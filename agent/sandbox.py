@@ -13,7 +13,7 @@ the one the agent spawned (the agent's child: the parent-death signal and the se
    and POSIX message queues of its own (gone with its last process, so a later job of the same
    uid finds nothing);
 2. ``/bin/sh -c`` mounting, in that namespace only: a private tmpfs on ``/tmp``, ``/var/tmp``
-   and ``/dev/shm`` (0700, owned by the job's uid, each at most ``--job-disk-mb``), a fresh
+   and ``/dev/shm`` (0700, owned by the job's uid, each at most :meth:`Sandbox.tmpfs_mb`), a fresh
    ``/proc`` with ``hidepid=invisible`` (the job sees only its own processes), an empty
    directory over each local service's socket directory (:data:`HIDDEN`), and over each GPU
    device file that is not the job's an unreadable file (``open`` fails with EACCES; the job
@@ -50,6 +50,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from agent.identity import RunAs
@@ -81,6 +82,15 @@ HIDDEN = (
 )
 HOLD = Path("/run/tessera-agent/hold")  # where kept directories wait while /tmp is replaced
 LANDLOCK_STEP = Path(__file__).with_name("landlock.py")
+
+
+@dataclass(frozen=True)
+class NodeSize:
+    """What the node has, as it registered: its memory (MB), GPUs and CPUs."""
+
+    memory_mb: int
+    gpus: int
+    cpus: float
 
 
 def _under(path: str, parent: str) -> bool:
@@ -117,9 +127,11 @@ class Sandbox:
         hide: Sequence[str | Path] = HIDDEN,
         disk_mb: int | None = None,
         scoped: bool = False,
+        node: NodeSize | None = None,
     ):
         self.namespaces = namespaces
         self.scoped = scoped
+        self.node = node  # what the node has: a job's private tmpfs (memory) is sized by its share
         # What a job attempt may fill (``--job-disk-mb``): each private tmpfs, any one file it
         # writes, and its own directories and private tmpfs together (summed by its supervisor,
         # agent/process.py).
@@ -148,9 +160,36 @@ class Sandbox:
             HOLD.mkdir(mode=0o700, parents=True, exist_ok=True)
             _make_blocker()
 
-    def prefix(self, run_as: RunAs, gpus: Sequence[int], cgroup_procs: Sequence[Path] = ()) -> list[str]:
+    def tmpfs_mb(self, gpus: int, share: float, cpus: float, memory_gib: float) -> int | None:
+        """The size of each of a replica's private tmpfs mounts, in MB (None: the kernel's default,
+        half the machine's memory): they hold the node's memory, so at most what the scheduler
+        handed the replica — its ``memory_gib`` when it has one (to which its memory cgroup
+        charges them too), else its share of the node's memory in proportion to its share of the
+        node's GPUs (``gpus`` × ``share``), or of its CPUs for a CPU-only replica — and never
+        more than ``--job-disk-mb``."""
+        if memory_gib > 0:
+            mb: int | None = int(memory_gib * 1024)
+        elif self.node is not None and self.node.memory_mb > 0:
+            gpu_part = gpus * share / self.node.gpus if self.node.gpus else 0.0
+            cpu_part = cpus / self.node.cpus if self.node.cpus > 0 else 0.0
+            part = max(gpu_part, cpu_part) or (1.0 / max(1, self.node.gpus))
+            mb = int(self.node.memory_mb * min(1.0, part))
+        else:
+            mb = None
+        if self.disk_mb and (mb is None or mb > self.disk_mb):
+            mb = self.disk_mb
+        return None if mb is None else max(1, mb)
+
+    def prefix(
+        self,
+        run_as: RunAs,
+        gpus: Sequence[int],
+        cgroup_procs: Sequence[Path] = (),
+        tmpfs_mb: int | None = None,
+    ) -> list[str]:
         """The argv before the job's command; [] when there is no setpriv (fork and switch).
-        ``cgroup_procs``: the files the chain's first step joins the replica's cgroup by.
+        ``cgroup_procs``: the files the chain's first step joins the replica's cgroup by;
+        ``tmpfs_mb``: the size of each private tmpfs (:meth:`tmpfs_mb`; None: ``--job-disk-mb``).
 
         The chain runs as root until ``setpriv``: it gets a clean environment (``CHAIN_ENV``),
         never the job's, whose ``LD_PRELOAD`` or ``LD_LIBRARY_PATH`` would load a tenant's code
@@ -175,12 +214,14 @@ class Sandbox:
         if limits and self.prlimit:
             chain = [self.prlimit, *limits, "--", *chain]
         if self.namespaces:
-            chain = self._namespaced(run_as, gpus, chain)
+            chain = self._namespaced(run_as, gpus, chain, tmpfs_mb or self.disk_mb)
         if cgroup_procs:
             chain = ["/bin/sh", "-c", _join_script(cgroup_procs), "tessera-cgroup", *chain]
         return chain
 
-    def _namespaced(self, run_as: RunAs, gpus: Sequence[int], chain: list[str]) -> list[str]:
+    def _namespaced(
+        self, run_as: RunAs, gpus: Sequence[int], chain: list[str], tmpfs_mb: int | None
+    ) -> list[str]:
         return [
             self.unshare,
             "--mount",
@@ -190,15 +231,15 @@ class Sandbox:
             "--",
             "/bin/sh",
             "-c",
-            self._script(run_as, gpus),
+            self._script(run_as, gpus, tmpfs_mb),
             "tessera-sandbox",
             *chain,
         ]
 
-    def _script(self, run_as: RunAs, gpus: Sequence[int]) -> str:
+    def _script(self, run_as: RunAs, gpus: Sequence[int], tmpfs_mb: int | None = None) -> str:
         owner = f"uid={run_as.uid},gid={run_as.gid}," if run_as.uid is not None else ""
         mount, mkdir = shlex.quote(self.mount), shlex.quote(self.mkdir)
-        size = f"size={self.disk_mb}m," if self.disk_mb else ""
+        size = f"size={tmpfs_mb}m," if tmpfs_mb else ""
         options = f"{owner}{size}mode=0700,nosuid,nodev"
         hold = [f"{HOLD}/{i}" for i in range(len(self.keep))]
         steps = [f"{mount} -t tmpfs -o mode=0700 tessera-hold {HOLD}"] if self.keep else []
@@ -338,6 +379,7 @@ def detect(
     max_tasks: int | None = None,
     hide: Sequence[str | Path] = HIDDEN,
     disk_mb: int | None = None,
+    node: NodeSize | None = None,
 ) -> Sandbox:
     """The sandbox this machine allows (said at the start: what jobs get, and what not).
     ``keep``: host directories jobs need, e.g. the state directory."""
@@ -360,7 +402,7 @@ def detect(
     reason = namespaces_unavailable() if enabled else "--single-tenant"
     if reason is None:
         log.info("jobs get private /tmp, /var/tmp, /dev/shm, /proc and IPC, and only their own GPUs' devices")
-        return Sandbox(True, devices, keep, max_tasks, hide, disk_mb, scoped=unscoped is None)
+        return Sandbox(True, devices, keep, max_tasks, hide, disk_mb, scoped=unscoped is None, node=node)
     log.warning(
         "jobs share /tmp, /dev/shm and IPC, see every process and can open every GPU's device file: %s",
         reason,

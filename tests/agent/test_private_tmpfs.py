@@ -1,0 +1,82 @@
+"""A job's private /tmp, /var/tmp and /dev/shm are tmpfs, i.e. the node's memory: each is at most
+what the scheduler handed the job, through a real agent (``python -m agent``).
+
+The node (simulated) has 4 GPUs, 8 CPUs and 1 GiB of memory; ``--job-disk-mb 512``. A job that
+asks for memory gets its private tmpfs mounts of that size (its memory cgroup charges them too);
+one that does not gets its share of the node's memory by its share of the node's GPUs (of its
+CPUs, CPU-only); never more than the disk bound.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent import sandbox
+from scheduling.choices import TERMINAL_STATES, JobState
+from scheduling.models import Job
+from tests.agent import agent_process as processes
+from tests.agent import fakes
+from tests.agent import helpers as h
+
+SIZES = r"""
+import json, os
+sizes = {}
+for path in ("/tmp", "/var/tmp", "/dev/shm"):
+    st = os.statvfs(path)
+    sizes[path] = st.f_blocks * st.f_frsize >> 20
+print(json.dumps(sizes), flush=True)
+"""
+
+
+def test_a_replicas_tmpfs_is_its_memory_else_its_share_of_the_nodes_and_at_most_the_disk_bound():
+    node = sandbox.NodeSize(memory_mb=1024, gpus=4, cpus=8)
+    box = sandbox.Sandbox(False, disk_mb=512, node=node)
+    assert box.tmpfs_mb(gpus=1, share=1.0, cpus=0, memory_gib=0) == 256  # a GPU of 4: a quarter
+    assert box.tmpfs_mb(gpus=2, share=1.0, cpus=1, memory_gib=0.125) == 128  # what it asked for
+    assert box.tmpfs_mb(gpus=1, share=0.5, cpus=0, memory_gib=0) == 128  # half a GPU
+    assert box.tmpfs_mb(gpus=0, share=1.0, cpus=2, memory_gib=0) == 256  # CPU-only: 2 CPUs of 8
+    assert box.tmpfs_mb(gpus=4, share=1.0, cpus=0, memory_gib=0) == 512  # the disk bound
+    assert box.tmpfs_mb(gpus=1, share=1.0, cpus=0, memory_gib=4) == 512
+    assert sandbox.Sandbox(False, disk_mb=512).tmpfs_mb(1, 1.0, 0, 0) == 512  # node unknown
+
+
+@pytest.fixture
+def state_dir() -> Iterator[Path]:
+    with fakes.job_user_state_dir() as path:
+        yield path
+
+
+def output_of(job: Job) -> str:
+    return b"".join(bytes(c.data) for c in Job.objects.get(pk=job.pk).log_chunks.all()).decode()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="private mounts need an agent running as root")
+def test_a_jobs_private_tmpfs_holds_at_most_the_memory_it_was_handed(live_server, world, state_dir):
+    if sandbox.namespaces_unavailable() is not None:
+        pytest.skip("private /tmp and /dev/shm need a mount namespace")
+    token_file = state_dir / "join-token"
+    token_file.write_text(h.new_join_token())
+    spec = ["--simulate", "4xA100,cpus=8,memory_gib=1", "--job-disk-mb", "512"]
+    agent = processes.start_agent(live_server.url, state_dir, "--join-token-file", str(token_file), *spec)
+    try:
+        processes.registered(state_dir)
+        command = ["python", "-c", SIZES]
+        unasked = h.bind(h.submit(world.bob, world.nlp, command=command, gpus=1), "cli-node", [0])
+        asked = h.submit(world.alice, world.vision, command=command, gpus=2, memory_gib=0.125)
+        asked = h.bind(asked, "cli-node", [1, 2])
+        for job in (unasked, asked):
+            ended = Job.objects.filter(pk=job.pk, state__in=TERMINAL_STATES)
+            assert fakes.wait_for(ended.exists, 30), output_of(job)
+            assert ended.get().state == JobState.SUCCEEDED, output_of(job)
+        expected = {"unasked": 256, "asked": 128}  # MB: a quarter of the node's GiB; its own 128
+        for name, job in (("unasked", unasked), ("asked", asked)):
+            sizes = json.loads(output_of(job).splitlines()[0])
+            assert sizes == dict.fromkeys(("/tmp", "/var/tmp", "/dev/shm"), expected[name]), name
+    finally:
+        processes.stop_agent(agent)
