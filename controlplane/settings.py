@@ -330,6 +330,7 @@ TESSERA: dict[str, Any] = {
     "LIVE_PIPELINE": env_bool("TESSERA_LIVE_PIPELINE", True),
     "PREPARED_READS": env_bool("TESSERA_PREPARED_READS", True),
     "FIELD_TEMPLATES": env_bool("TESSERA_FIELD_TEMPLATES", True),
+    "RIDING_TRANSACTIONS": env_bool("TESSERA_RIDING_TRANSACTIONS", True),
     # The dynamic-adjustment pass (services/adjust.py, the idle policy in engine/adjust.py):
     # every ADJUST_INTERVAL_S (Celery beat, or a thread of the embedded web process). The idle
     # policy's operator defaults; the demo shortens the windows to minutes.

@@ -17,11 +17,13 @@ embedded default) the ORM's own ``bulk_update``/``bulk_create`` run instead.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, cast
 
-from django.db import connection
+from django.conf import settings
+from django.db import connection, transaction
 from django.db.models import Field, Model
 
 
@@ -64,6 +66,39 @@ def statements_together() -> bool:
     return connection.vendor == "postgresql" and not connection.settings_dict.get("OPTIONS", {}).get(
         "server_side_binding"
     )
+
+
+@contextmanager
+def riding_transaction() -> Iterator[bool]:
+    """``transaction.atomic()`` whose BEGIN and COMMIT ride on the block's first and last queries:
+    two round trips fewer (psycopg sends each as a query of its own, and each waits for a
+    PostgreSQL process to get a CPU on a busy host). Yields whether they ride: if so, the block's
+    first query must start with :data:`BEGIN` (``read_together(..., begin=True)``) and its last
+    write end with :data:`COMMIT`; after that COMMIT nothing more belongs to the transaction.
+
+    They ride where several statements go as one query (:func:`statements_together`), outside
+    any other atomic block, with prepared reads on, unless ``TESSERA_RIDING_TRANSACTIONS=0``.
+    Django's block stays what it is (its commit hooks run after the commit, an exception rolls
+    back, a nested ``atomic`` is a savepoint-less part of it); only psycopg is told it is in
+    autocommit mode, so that it sends no BEGIN of its own: the explicit BEGIN opens the
+    transaction, and Django's commit or rollback at the block's end is a round trip only while it
+    is still open (psycopg skips it otherwise).
+    docs/internals.md lists this with its canary."""
+    rides = (
+        settings.TESSERA["RIDING_TRANSACTIONS"]
+        and settings.TESSERA["PREPARED_READS"]  # the reads that carry the BEGIN
+        and statements_together()
+        and not connection.in_atomic_block
+    )
+    with transaction.atomic():
+        if rides:
+            connection.ensure_connection()
+            connection.connection.autocommit = True  # no transaction open yet: psycopg allows it
+        yield rides
+
+
+BEGIN = "BEGIN"
+COMMIT = Write("COMMIT", [])
 
 
 def write_together(*writes: Write | None) -> None:

@@ -34,11 +34,13 @@ from scheduling.models import Allocation, Device, Job, Node, SchedulerState
 from scheduling.services import checkpoints, live, resizes, triggers
 from scheduling.services.agents import bindings_by_node
 from scheduling.services.bulk import (
+    COMMIT,
     RowsInsert,
     RowsUpdate,
     Write,
     column_of,
     field_of,
+    riding_transaction,
     statements_together,
     write_together,
 )
@@ -393,7 +395,8 @@ def _apply_bindings(
     if not bindings:
         return
     node_names = sorted({p.node for b in bindings for p in b.placements})
-    with transaction.atomic():
+    # Two round trips in all where the transaction's BEGIN and COMMIT ride on them (bulk.py).
+    with riding_transaction() as rides:
         # One round trip: the jobs locked, then the nodes (for their versions, and checkpoint
         # roots for the events; the pass needs no more of them, nor their JSON columns), then
         # who holds the devices the bindings want now (the capacity check below, then the device
@@ -402,6 +405,7 @@ def _apply_bindings(
             (LOCK_JOBS, sorted({int(b.job_id) for b in bindings})),
             (_LOCK_NODES, node_names),
             (HOLDERS, _device_ids(loaded, bindings)),
+            begin=rides,
         )
         # A job held since the snapshot was read is not bound (holds.py: it waits for a release).
         jobs = {str(j.pk): j for j in jobs_from_rows(job_rows) if j.state == JobState.PENDING and not j.held}
@@ -450,15 +454,22 @@ def _apply_bindings(
             # chunk on the same node is not stale (a change by anyone else still is).
             loaded.node_versions[node.name] = node.version
         jobs_bound = [job for job, _ in bound]
-        write_together(  # one round trip
+        writes = [
             _WRITE_ALLOCATIONS.write(allocs),
             _WRITE_VERSIONS.write(sorted(touched.values(), key=lambda n: n.pk)),
             *transition_writes(jobs_bound, JobState.SCHEDULED, EventType.SCHEDULED, events, at, reasons),
-        )
-        resizes.note_bound_sizes(jobs_bound, allocs)
-        live.publish_devices(_rows_after(allocs, held))
+            resizes.bound_sizes(jobs_bound, allocs),
+        ]
+        devices_after = _rows_after(allocs, held)
         # Each agent's wake carries its new bindings: it starts them without asking first.
-        live.wake_agents(bindings_by_node(jobs_bound, allocs))
+        wakes = bindings_by_node(jobs_bound, allocs)
+        # Everything that reads or may fail is done: the writes and the COMMIT, one round trip.
+        # (A time limit striking after it leaves the chunk whole but drops the block's commit
+        # hooks: its agents then start its jobs at their next heartbeat.)
+        write_together(*writes, COMMIT if rides else None)
+        # Published by the block's commit hooks.
+        live.publish_devices(devices_after)
+        live.wake_agents(wakes)
 
 
 def _device_ids(loaded: LoadedSnapshot, bindings: list[Binding]) -> list[int]:

@@ -40,6 +40,7 @@ from scheduling.engine.geometry import geometry
 from scheduling.engine.types import Resize
 from scheduling.models import Allocation, Device, Job, Node
 from scheduling.services import live
+from scheduling.services.bulk import RowsUpdate, Write
 from scheduling.services.inventory import device_rows
 from scheduling.services.jobs import (
     active_allocations_of,
@@ -83,16 +84,22 @@ def size_reason(job: Job, replicas: int, why: str) -> str:
     return text[:256]
 
 
-def note_bound_sizes(jobs: list[Job], allocs: list[Allocation]) -> None:
-    """After a pass bound ``jobs``: those started below their full size say so."""
+def bound_sizes(jobs: list[Job], allocs: list[Allocation]) -> Write | None:
+    """As a pass binds ``jobs``: those started below their full size say so (the write, for the
+    pass to send with its own; None if no job's size reason changed)."""
     placed: dict[int, set[int]] = {}
     for a in allocs:
         placed.setdefault(a.job_id, set()).add(a.replica)
+    changed = []
     for job in jobs:
         why = size_reason(job, len(placed.get(job.pk, ())), "the rest join as capacity frees")
         if why != job.size_reason:
             job.size_reason = why
-            Job.objects.filter(pk=job.pk).update(size_reason=why)
+            changed.append(job)
+    return _WRITE_SIZE_REASONS.write(changed)
+
+
+_WRITE_SIZE_REASONS = RowsUpdate(Job, ("size_reason",))
 
 
 def growable() -> bool:

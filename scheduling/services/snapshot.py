@@ -45,7 +45,7 @@ from scheduling.models import (
     SchedulerSettings,
     Tenant,
 )
-from scheduling.services.bulk import statements_together
+from scheduling.services.bulk import BEGIN, statements_together
 
 log = logging.getLogger("tessera.pass")
 
@@ -276,23 +276,27 @@ class Statement:
         return list(self.compiler.apply_converters(rows, self.converters)) if self.converters else rows
 
 
-def read_together(*reads: tuple[Any, ...]) -> list[list[Sequence[Any]]]:
+def read_together(*reads: tuple[Any, ...], begin: bool = False) -> list[list[Sequence[Any]]]:
     """The rows of each ``(PreparedRead, *values)`` of ``reads``, in order.
 
     On PostgreSQL, in one round trip: their statements are sent as one query (psycopg's
     client-side binding cursor, Django's default, runs several statements in one ``execute``)
     and their results are read one after the other. Each is its own statement, as if sent
     alone: a later one sees what an earlier one locked or changed. Elsewhere, one by one.
+    ``begin``: a BEGIN goes first, in the same query (``bulk.riding_transaction`` said so).
     """
     if not settings.TESSERA["PREPARED_READS"]:  # the ORM's own way: SQL built per read, one by one
         return [list(read.query(*values)) if not values or values[0] else [] for read, *values in reads]
     statements = [read.statement(*values) for read, *values in reads]
     ready = [s for s in statements if s is not None]
-    together = len(ready) > 1 and statements_together()
+    together = begin or (len(ready) > 1 and statements_together())
     results: dict[int, list[Sequence[Any]]] = {}
     with connection.cursor() as cur:
         if together:
-            cur.execute(";\n".join(s.sql for s in ready), [p for s in ready for p in s.params])
+            sql = ";\n".join([*([BEGIN] if begin else []), *(s.sql for s in ready)])
+            cur.execute(sql, [p for s in ready for p in s.params])
+            if begin and ready and not cur.nextset():
+                raise RuntimeError("a batch of reads after BEGIN gave no result")
             for i, statement in enumerate(ready):
                 if i and not cur.nextset():
                     raise RuntimeError("a statement of a batch of reads gave no result")

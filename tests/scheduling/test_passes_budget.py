@@ -14,6 +14,7 @@ from django.db import connection
 from scheduling.choices import JobState
 from scheduling.models import Allocation, Job, SchedulerState
 from scheduling.services import passes, triggers
+from scheduling.services.bulk import COMMIT
 from tests.scheduling import helpers
 
 
@@ -111,7 +112,9 @@ def test_a_pass_stopped_by_the_soft_time_limit_leaves_no_half_chunk_and_no_lock(
     real_write = passes.write_together
 
     def write_then_time_out(*writes):
-        real_write(*writes)  # the chunk's allocations and the job's transition, not committed
+        # The chunk's allocations and the job's transition, not committed (the COMMIT that
+        # rides on them, bulk.riding_transaction, is not sent).
+        real_write(*(w for w in writes if w is not COMMIT))
         if connection_broken:  # the limit broke into a query: the connection is unusable
             connection.connection.close()
         raise SoftTimeLimitExceeded()
@@ -125,6 +128,32 @@ def test_a_pass_stopped_by_the_soft_time_limit_leaves_no_half_chunk_and_no_lock(
     assert not Allocation.objects.filter(job=job).exists()
     assert _lock_is_free()
     assert passes.run_pass().bound == [str(job.pk)]  # the next pass binds it, once
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.postgresql("the COMMIT rides on the chunk's writes only on PostgreSQL")
+def test_a_pass_stopped_by_the_soft_time_limit_right_after_its_commit_keeps_its_chunk_whole(
+    require_postgres, world, monkeypatch
+):
+    from scheduling.tasks import scheduling_pass
+
+    helpers.make_node("a100-01")
+    job = helpers.submit(world.alice, world.vision, gpus=2)
+    real_write = passes.write_together
+
+    def commit_then_time_out(*writes):
+        real_write(*writes)
+        raise SoftTimeLimitExceeded()
+
+    monkeypatch.setattr(passes, "write_together", commit_then_time_out)
+    scheduling_pass.run()
+    monkeypatch.undo()
+
+    job.refresh_from_db()
+    assert job.state == JobState.SCHEDULED
+    assert Allocation.objects.filter(job=job, released_at__isnull=True).count() == 2
+    assert _lock_is_free()
+    assert passes.run_pass().bound == []  # bound once: the next pass finds nothing to bind
 
 
 def test_a_snapshot_read_longer_than_the_budget_still_leaves_the_budget_to_decide(many_pending, monkeypatch):
