@@ -7,7 +7,9 @@ the one the agent spawned (the agent's child: the parent-death signal and the se
   one, so that nothing of the job runs outside its CPU and memory limits (a failed write ends the
   spawn, exit 125, saying so: the job never runs unlimited by accident);
 0. ``prlimit --nproc=N --fsize=B`` (util-linux): at most N processes and threads of the job's
-   uid (``--job-max-tasks``), no file it writes larger than ``--job-disk-mb``;
+   uid (``--job-max-tasks``), no file it writes larger than ``--job-disk-mb`` (without a uid of
+   the job's own, as with ``--single-tenant``, there is no process bound, and step 5 sets the
+   file size bound with ``ulimit -f``: one program fewer to start);
 1. ``unshare --mount --ipc --propagation private`` (util-linux), where the agent may make
    namespaces (root, not in a locked-down container): the job gets mounts of its own, and SysV IPC
    and POSIX message queues of its own (gone with its last process, so a later job of the same
@@ -203,14 +205,20 @@ class Sandbox:
         if run_as.uid is not None:
             gid = run_as.gid if run_as.gid is not None else run_as.uid
             chain += ["--reuid", str(run_as.uid), "--regid", str(gid), "--clear-groups", "--no-new-privs"]
-        chain += ["--", "/bin/sh", "-c", '. /dev/stdin && exec "$@" </dev/null', "tessera-job"]
-        if self.scoped:
-            chain = [*landlock_step(), *chain]
         limits = []
         if self.max_tasks and run_as.uid is not None:
             limits.append(f"--nproc={self.max_tasks}")
+        job = '. /dev/stdin && exec "$@" </dev/null'
         if self.disk_mb:
-            limits.append(f"--fsize={self.disk_mb << 20}")
+            if limits and self.prlimit:
+                limits.append(f"--fsize={self.disk_mb << 20}")
+            else:
+                # Nothing else for prlimit to set (--single-tenant): the job's shell sets the same
+                # limit (POSIX ulimit -f, in 512-byte blocks), one exec fewer per spawn.
+                job = f"ulimit -f {self.disk_mb << 11} && {job}"
+        chain += ["--", "/bin/sh", "-c", job, "tessera-job"]
+        if self.scoped:
+            chain = [*landlock_step(), *chain]
         if limits and self.prlimit:
             chain = [self.prlimit, *limits, "--", *chain]
         if self.namespaces:

@@ -192,12 +192,18 @@ print(json.dumps(said), flush=True)
 """
 
 
-def test_a_job_filling_its_private_tmp_and_shm_or_writing_one_huge_file_is_stopped_at_its_bound(node):
+@pytest.mark.parametrize("max_tasks", [None, 4096], ids=["bound-by-the-shell", "bound-by-prlimit"])
+def test_a_job_filling_its_private_tmp_and_shm_or_writing_one_huge_file_is_stopped_at_its_bound(
+    node, max_tasks
+):
     """``--job-disk-mb 8``: no file of the job grows past 8 MB (EFBIG), and its private /tmp and
     /dev/shm (tmpfs: the node's memory) fill up at 8 MB each (ENOSPC); the job goes on and ends
-    as it would have, and nothing of it is left on the node's own /dev/shm."""
+    as it would have, and nothing of it is left on the node's own /dev/shm. The file bound is
+    set by ``prlimit`` with the process bound, by the job's shell without one."""
     server, state_dir, pool, box, path = node
-    bounded = sandbox.Sandbox(box.namespaces, keep=box.keep, disk_mb=8)
+    bounded = sandbox.Sandbox(box.namespaces, keep=box.keep, disk_mb=8, max_tasks=max_tasks)
+    chain = bounded.prefix(identity.RunAs("job", 200001, 200001), [])
+    assert any(step.endswith("prlimit") for step in chain) == (max_tasks is not None)
     mode = "namespaces" if box.namespaces else "uid only"
     binding = fakes.binding(26, command=["python", "-c", FILLS, mode])
     host_shm = set(os.listdir("/dev/shm"))
