@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -39,7 +39,7 @@ from .geometry import Geometry, constraints, geometry, static_check
 from .placement import Constraints, class_allows, frag_delta, sigmoid_score
 from .quota import Quotas
 from .reasons import diagnose
-from .state import Alloc, ClusterState, ReplicaReq, fits_state, placements_of
+from .state import Alloc, ClusterState, NodeState, ReplicaReq, fits_state, placements_of
 from .types import MILLI, Binding, Decisions, JobRequest, NodeSpec, PendingReason, QuotaSpec
 
 BASELINES = ("fcfs-node", "fcfs-device", "random", "best-fit", "fgd", "greedy", "greedy-quota")
@@ -72,6 +72,7 @@ class BaselineScheduler:
         self._dirty = 0
         self._static: dict[Any, Any] = {}
         self._shapes: dict[str, tuple[JobRequest, Geometry, tuple[str, str] | None]] = {}
+        self._allowed_nodes: dict[tuple[Constraints, str | None, str | None], list[NodeState]] = {}
 
     # -- protocol ---------------------------------------------------------------------------------
     def submit(self, job: JobRequest) -> None:
@@ -269,18 +270,12 @@ class BaselineScheduler:
                 self.held_nodes.pop(a.node, None)
         return None
 
-    def _feasible(self, req: ReplicaReq, c: Constraints, rack_sel: str | None, rack: str | None) -> list[int]:
-        out = []
-        allows: dict[int, bool] = {}  # per node class, asked once
-        for n in self.state.nodes:
+    def _feasible(
+        self, req: ReplicaReq, c: Constraints, rack_sel: str | None, rack: str | None
+    ) -> Iterator[int]:
+        """The nodes that fit a replica now, in index order (lazily: first fit reads only the first)."""
+        for n in self._candidates(c, rack_sel, rack):
             spec = n.spec
-            ok = allows.get(n.cls)
-            if ok is None:
-                ok = allows[n.cls] = spec.schedulable and class_allows(spec, c) is not None
-            if not ok:
-                continue
-            if (rack_sel and spec.rack != rack_sel) or (rack and spec.rack != rack):
-                continue
             if self.name == "fcfs-node" and (
                 n.index in self.held_nodes
                 or any(v < MILLI for g, v in enumerate(n.free) if g not in spec.unhealthy_gpus)
@@ -288,17 +283,35 @@ class BaselineScheduler:
                 continue
             d = max(1, min(spec.nvlink_domain, spec.gpus)) if spec.gpus else 1
             if fits_state(n.key(), req, d, spec.gpus):
-                out.append(n.index)
-        return out
+                yield n.index
+
+    def _candidates(self, c: Constraints, rack_sel: str | None, rack: str | None) -> list[NodeState]:
+        """The nodes ``c`` and the racks allow, whatever they hold, in index order (the nodes do
+        not change: kept per constraints)."""
+        key = (c, rack_sel, rack)
+        got = self._allowed_nodes.get(key)
+        if got is None:
+            allows: dict[int, bool] = {}  # per node class, asked once
+            got = []
+            for n in self.state.nodes:
+                spec = n.spec
+                ok = allows.get(n.cls)
+                if ok is None:
+                    ok = allows[n.cls] = spec.schedulable and class_allows(spec, c) is not None
+                if ok and not ((rack_sel and spec.rack != rack_sel) or (rack and spec.rack != rack)):
+                    got.append(n)
+            self._allowed_nodes[key] = got
+        return got
 
     def _choose(
         self, req: ReplicaReq, c: Constraints, rack_sel: str | None, rack: str | None
     ) -> tuple[int, int | None] | None:
-        feasible = self._feasible(req, c, rack_sel, rack)
+        if self.name in ("fcfs-node", "fcfs-device", *GREEDY):
+            first = next(self._feasible(req, c, rack_sel, rack), None)
+            return None if first is None else (first, None)
+        feasible = list(self._feasible(req, c, rack_sel, rack))
         if not feasible:
             return None
-        if self.name in ("fcfs-node", "fcfs-device", *GREEDY):
-            return feasible[0], None
         if self.name == "random":
             node = self.rng.choice(feasible)
             value = None

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from scheduling.engine.types import JobRequest, NodeSpec, QuotaSpec
@@ -52,6 +52,24 @@ class NodeFree:
     whole: int  # GPUs wholly free
 
 
+def node_free(
+    n: NodeSpec,
+    holders: Mapping[tuple[str, int], Mapping[str, float]],
+    cpus_used: Mapping[str, float],
+    memory_used: Mapping[str, float],
+) -> NodeFree:
+    """One node's free GPUs, CPUs and memory from the checker's accounting."""
+    name, bad = n.name, n.unhealthy_gpus
+    free = []
+    for g in range(n.gpus):
+        held = holders.get((name, g))
+        free.append(0.0 if g in bad else max(0.0, 1.0 - sum(held.values())) if held else 1.0)
+    shares = tuple(free)
+    cpus = n.cpus - cpus_used.get(name, 0.0) if n.cpus else math.inf
+    mem = n.memory_gib - memory_used.get(name, 0.0) if n.memory_gib else math.inf
+    return NodeFree(n, shares, cpus, mem, sum(1 for x in shares if x >= 1 - EPS))
+
+
 def free_view(
     nodes: Iterable[NodeSpec],
     holders: Mapping[tuple[str, int], Mapping[str, float]],
@@ -59,18 +77,38 @@ def free_view(
     memory_used: Mapping[str, float],
 ) -> list[NodeFree]:
     """Every node's free GPUs, CPUs and memory from the checker's accounting."""
-    out = []
-    for n in nodes:
-        name, bad = n.name, n.unhealthy_gpus
-        free = []
-        for g in range(n.gpus):
-            held = holders.get((name, g))
-            free.append(0.0 if g in bad else max(0.0, 1.0 - sum(held.values())) if held else 1.0)
-        shares = tuple(free)
-        cpus = n.cpus - cpus_used.get(name, 0.0) if n.cpus else math.inf
-        mem = n.memory_gib - memory_used.get(name, 0.0) if n.memory_gib else math.inf
-        out.append(NodeFree(n, shares, cpus, mem, sum(1 for x in shares if x >= 1 - EPS)))
-    return out
+    return [node_free(n, holders, cpus_used, memory_used) for n in nodes]
+
+
+class FreeView:
+    """:func:`free_view`, kept from moment to moment: the nodes whose holders, CPUs or memory
+    changed are named (:meth:`touch`) and only they are read again."""
+
+    def __init__(
+        self,
+        nodes: Sequence[NodeSpec],
+        holders: Mapping[tuple[str, int], Mapping[str, float]],
+        cpus_used: Mapping[str, float],
+        memory_used: Mapping[str, float],
+    ) -> None:
+        self.nodes = list(nodes)
+        self._index = {n.name: i for i, n in enumerate(self.nodes)}
+        self._accounts = (holders, cpus_used, memory_used)
+        self._view: list[NodeFree] | None = None
+        self._touched: set[str] = set()
+
+    def touch(self, node: str) -> None:
+        self._touched.add(node)
+
+    def __call__(self) -> list[NodeFree]:
+        if self._view is None:
+            self._view = free_view(self.nodes, *self._accounts)
+        else:
+            for name in self._touched:
+                i = self._index[name]
+                self._view[i] = node_free(self.nodes[i], *self._accounts)
+        self._touched.clear()
+        return self._view
 
 
 def _replicas_on(
@@ -192,9 +230,11 @@ class AvoidableWait:
 
     ``advance(t)`` is called before the events at ``t`` are applied: the state then is the one
     that held since the previous call, so the stretch in between is judged on it. ``view`` lists
-    the same nodes in the same order each time (only what is free changes)."""
+    the same nodes in the same order each time (only what is free changes). The checker says
+    which nodes its events change (:meth:`touch`): the judgements of a moment are kept for the
+    next one while no node and no quota usage has changed."""
 
-    def __init__(self, view: Callable[[], list[NodeFree]], quotas: Sequence[QuotaSpec] | None) -> None:
+    def __init__(self, view: FreeView, quotas: Sequence[QuotaSpec] | None) -> None:
         self._view = view
         self.quotas = quotas
         self.usage: dict[tuple[str, str], float] = defaultdict(float)
@@ -206,6 +246,12 @@ class AvoidableWait:
         # per _where(job): the models it accepts, and per model the view's indexes of its
         # schedulable nodes it accepts (the nodes do not change; what is free on them does)
         self._pools: dict[tuple, tuple[list[str], dict[str, list[int]]]] = {}
+        self._shapes: dict[str, tuple] = {}  # job -> _shape(job)
+        # this state's judgements by _shape and fits_now's answers by (nodes, shape); cleared
+        # when a node or the quota usage changes
+        self._judged: dict[tuple, tuple[bool, bool]] = {}
+        self._fitted: dict[tuple, bool] = {}
+        self._changed = True
 
     def pools(self, job: JobRequest, view: Sequence[NodeFree]) -> tuple[list[str], dict[str, list[int]]]:
         key = _where(job)
@@ -235,16 +281,28 @@ class AvoidableWait:
                 return True
         return False
 
+    def touch(self, node: str) -> None:
+        """What is free on ``node`` changed."""
+        self._view.touch(node)
+        self._changed = True
+
     def advance(self, t: float) -> None:
         span = t - self.t
         if span > EPS and self.pending:
-            view = self._view()
-            judged: dict[tuple, tuple[bool, bool]] = {}
-            fitted: dict[tuple, bool] = {}
+            if self._changed:
+                self._judged.clear()
+                self._fitted.clear()
+                self._changed = False
+            judged, fitted, shapes = self._judged, self._fitted, self._shapes
+            view: list[NodeFree] | None = None
             for job_id, job in self.pending.items():
-                key = _shape(job)
+                key = shapes.get(job_id)
+                if key is None:
+                    key = shapes[job_id] = _shape(job)
                 ok = judged.get(key)
                 if ok is None:
+                    if view is None:
+                        view = self._view()
                     models, _ = self.pools(job, view)
                     ok = judged[key] = (
                         self.could_start_now(job, view, fitted),
@@ -261,6 +319,7 @@ class AvoidableWait:
         self.usage[key] += gpus
         if not job.preemptible:
             self.steady[key] += gpus
+        self._changed = True
 
     def summary(self, kinds: Mapping[str, str]) -> dict[str, object]:
         """Totals in hours: overall, per kind, and the worst job."""

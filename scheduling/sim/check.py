@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scheduling.engine.types import JobRequest, NodeSpec, QuotaSpec
-from scheduling.sim.avoidable import AvoidableWait, free_view
+from scheduling.sim.avoidable import AvoidableWait, FreeView
 from scheduling.sim.feasible import could_hold, eligible, min_replicas, quota_row
 from scheduling.sim.traces import START_FROM_SCRATCH, TraceJob
 
@@ -101,9 +101,7 @@ class Checker:
         self.mem: dict[str, float] = defaultdict(float)
         self.usage: dict[tuple[str, str], float] = defaultdict(float)  # (tenant, row model)
         self.last_t = -math.inf
-        self.avoidable = AvoidableWait(
-            lambda: free_view(self.node_list, self.gpu, self.cpu, self.mem), self.quotas
-        )
+        self.avoidable = AvoidableWait(FreeView(self.node_list, self.gpu, self.cpu, self.mem), self.quotas)
 
     def _fail(self, where: str, why: str) -> None:
         self.report.violations.append(f"{where}: {why}")
@@ -286,6 +284,7 @@ class Checker:
                 if self.exclusive_gpu_shares and share < 1:
                     self._check_tenants(where, node.name, g, holders)
             capacity += share * len(a.get("gpus", []))
+            self.avoidable.touch(node.name)
             self.cpu[node.name] += req.cpus / r
             self.mem[node.name] += req.memory_gib / r
             if node.cpus and self.cpu[node.name] > node.cpus + EPS:
@@ -340,6 +339,7 @@ class Checker:
                     holders[req.id] = left
                 else:
                     holders.pop(req.id, None)
+            self.avoidable.touch(node.name)
             self.cpu[node.name] -= req.cpus / r
             self.mem[node.name] -= req.memory_gib / r
             if self.quotas is not None and a.get("gpus"):

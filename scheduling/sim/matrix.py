@@ -4,7 +4,9 @@ differ from ``sim generate``'s, each judged against the goals it must meet.
 ``python -m scheduling.sim.matrix OUT [--seeds 1-3] [--days 1] [--gpus 600] [--processes 2]
 [--only NAME,NAME]`` generates ``OUT/NAME-SEED/workload`` for every scenario of :data:`SCENARIOS`
 and seed, replays tessera, greedy-quota, greedy and fcfs-device into ``OUT/NAME-SEED/POLICY``
-(summaries and events, no plots; runs already there are kept, so an interrupted matrix resumes),
+(summaries and events, no plots; runs already there are kept, so an interrupted matrix resumes;
+a run whose inputs another run shares, greedy's where scenarios differ only in their quotas, is
+that run's results copied, and what every policy shares of a workload is computed once),
 and writes ``OUT/matrix.md``: per scenario the mean over the seeds of each policy's figures, then
 every goal with its verdict, and a line per miss naming it. ``make eval-matrix`` runs it.
 
@@ -27,20 +29,24 @@ The greedy references run without quotas in every scenario (judged without them)
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import shutil
 import sys
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from scheduling.sim.eta_score import eta_goals
 from scheduling.sim.generate import Scenario, generate
-from scheduling.sim.runner import run_replay
+from scheduling.sim.runner import WorkloadBounds, run_replay, workload_bounds, write_json
 from scheduling.sim.seedmatrix import parse_seeds
+from scheduling.sim.traces import read_jobs, read_nodes
 
 POLICIES = ("tessera", "greedy-quota", "greedy", "fcfs-device")
+BOUNDS = "bounds.json"  # the workload's WorkloadBounds
 
 
 @dataclass(frozen=True)
@@ -70,20 +76,73 @@ SCENARIOS = (
 )
 
 
-def _run(args: tuple[Path, Case, int, str, float, int]) -> str:
-    out, case, seed, policy, days, gpus = args
-    base = out / f"{case.name}-{seed}"
-    work = base / "workload"
-    if not (work / "jobs.csv").exists():
+def _workload(args: tuple[Path, Case, int, float, int]) -> str:
+    """Generate the scenario-seed's workload and what it bounds for every policy
+    (``bounds.json``, written last: a workload without it is generated again)."""
+    out, case, seed, days, gpus = args
+    work = out / f"{case.name}-{seed}" / "workload"
+    if not (work / BOUNDS).exists():
         generate(work, seed=seed, days=days, load=case.load, gpus=gpus, scenario=case.scenario)
-    run = base / policy
-    if not (run / "summary.json").exists():
-        quotas = work / "quotas.csv" if case.quotas and policy != "greedy" else None
+        bounds = workload_bounds(read_nodes(work / "nodes.csv"), read_jobs(work / "jobs.csv"))
+        (work / BOUNDS).write_text(json.dumps(asdict(bounds)) + "\n", encoding="utf-8")
+    return f"{case.name} seed {seed} workload"
+
+
+@dataclass(frozen=True)
+class Run:
+    out: Path
+    case: Case
+    seed: int
+    policy: str
+
+    @property
+    def work(self) -> Path:
+        return self.out / f"{self.case.name}-{self.seed}" / "workload"
+
+    @property
+    def dir(self) -> Path:
+        return self.out / f"{self.case.name}-{self.seed}" / self.policy
+
+    @property
+    def quotas(self) -> Path | None:
+        return self.work / "quotas.csv" if self.case.quotas and self.policy != "greedy" else None
+
+    def inputs(self) -> tuple[str, str, int]:
+        """Everything the replay reads: runs alike in it give the same results (greedy, which
+        reads no quotas, on scenarios that differ only in their quotas or in the quotas used)."""
+        digest = hashlib.sha256()
+        for f in (self.work / "nodes.csv", self.work / "jobs.csv", self.quotas):
+            digest.update(f.read_bytes() if f is not None else b"-")
+            digest.update(b"\0")
+        return digest.hexdigest(), self.policy, self.seed
+
+    def done(self) -> bool:
+        return (self.dir / "summary.json").exists()
+
+    def __str__(self) -> str:
+        return f"{self.case.name} seed {self.seed} {self.policy}"
+
+
+def _run(run: Run) -> str:
+    if not run.done():
+        bounds = WorkloadBounds(**json.loads((run.work / BOUNDS).read_text(encoding="utf-8")))
         run_replay(
-            work / "nodes.csv", work / "jobs.csv", quotas, policy, run, seed=seed, show_progress=False,
-            estimates=policy == "tessera", plots=False,
+            run.work / "nodes.csv", run.work / "jobs.csv", run.quotas, run.policy, run.dir, seed=run.seed,
+            show_progress=False, estimates=run.policy == "tessera", plots=False, bounds=bounds,
         )  # fmt: skip
-    return f"{case.name} seed {seed} {policy}"
+    return str(run)
+
+
+def _copy(src: Run, dst: Run) -> None:
+    """``src``'s results as ``dst``'s (the same inputs): its files, the summary naming ``dst``'s."""
+    dst.dir.mkdir(parents=True, exist_ok=True)
+    for name in ("events.jsonl", "series.json", "check.txt"):
+        if (src.dir / name).exists():
+            shutil.copyfile(src.dir / name, dst.dir / name)
+    summary = json.loads((src.dir / "summary.json").read_text(encoding="utf-8"))
+    summary.update(nodes=str(dst.work / "nodes.csv"), jobs_file=str(dst.work / "jobs.csv"))
+    summary.update(quotas=str(dst.quotas) if dst.quotas else None)
+    write_json(dst.dir / "summary.json", summary)  # last: a run with a summary is done
 
 
 def _mean(xs: list[float | None]) -> float | None:
@@ -232,13 +291,26 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"--only: unknown scenario(s) {', '.join(unknown)}; one of {', '.join(sorted(names))}")
     cases = [c for c in SCENARIOS if not only or c.name in only]
-    jobs = [
-        (args.out, c, s, pol, args.days, args.gpus) for c in cases for s in args.seeds for pol in POLICIES
-    ]
     args.out.mkdir(parents=True, exist_ok=True)
+    runs = [Run(args.out, c, s, pol) for c in cases for s in args.seeds for pol in POLICIES]
     with ProcessPoolExecutor(max(1, args.processes)) as pool:
-        for done, what in enumerate(pool.map(_run, jobs), 1):
-            print(f"matrix: {done}/{len(jobs)} {what}", file=sys.stderr, flush=True)
+        workloads = [(args.out, c, s, args.days, args.gpus) for c in cases for s in args.seeds]
+        for _ in pool.map(_workload, workloads):
+            pass
+        # A run is replayed once per distinct inputs; runs alike in them get its results.
+        alike: dict[tuple[str, str, int], list[Run]] = {}
+        for run in runs:
+            alike.setdefault(run.inputs(), []).append(run)
+        firsts = [group[0] for group in alike.values()]
+        # the slowest first (tessera's), so that the pool's last runs are short
+        order = sorted(firsts, key=lambda r: r.policy != "tessera")
+        for done, what in enumerate(pool.map(_run, order), 1):
+            print(f"matrix: {done}/{len(order)} {what}", file=sys.stderr, flush=True)
+        for group in alike.values():
+            for run in group[1:]:
+                if not run.done():
+                    _copy(group[0], run)
+        print(f"matrix: {len(runs) - len(order)} runs alike in their inputs copied", file=sys.stderr)
     text, digest, _missed = reports(args.out, cases, args.seeds)
     (args.out / "matrix.md").write_text(text, encoding="utf-8")
     (args.out / "compare.md").write_text(digest, encoding="utf-8")

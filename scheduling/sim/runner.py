@@ -11,6 +11,7 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ def _label(jobs_csv: str | Path) -> str:
     return f"{path.parent.name}/{path.name}" if path.parent.name else path.name
 
 
-def _dump(path: Path, data: Any) -> None:
+def write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
 
 
@@ -58,11 +59,14 @@ def run_replay(
     adjust: bool = False,
     exclusive_gpu_shares: bool = False,
     plots: bool = True,
+    bounds: WorkloadBounds | None = None,
 ) -> dict[str, Any]:
     """Replay one policy; write events.jsonl, summary.json, series.json and the plots.
     ``adjust``: run the adjustment pass (``--adjust on``, :mod:`.adjusting`);
     ``exclusive_gpu_shares``: tessera's option of that name (``EngineConfig``), checked;
-    ``plots``: False draws none (a batch that reads only the summaries)."""
+    ``plots``: False draws none (a batch that reads only the summaries);
+    ``bounds``: the workload's :func:`workload_bounds`, when already computed (they are the same
+    for every policy on it: the scenario matrix computes them once per workload)."""
     out = Path(out)
     nodes = read_nodes(nodes_csv)
     jobs = read_jobs(jobs_csv)
@@ -94,7 +98,7 @@ def run_replay(
         "jobs_file": str(jobs_csv),
         "quotas": str(quotas_csv) if quotas_csv else None,
         **summary,
-        **utilisation_summary(nodes, jobs, result, summary, adjust),
+        **utilisation_summary(nodes, jobs, result, summary, adjust, bounds),
         "check": {"ok": report.ok, "violations": len(report.violations)},
         **report.avoidable,
         **(score_estimates(result.events, result.first_estimates) if estimates else dict.fromkeys(ETA_KEYS)),
@@ -106,7 +110,7 @@ def run_replay(
         "pending_reasons": result.pending_codes,
         "metrics_s": time.perf_counter() - began,
     }
-    _dump(out / "summary.json", summary)
+    write_json(out / "summary.json", summary)
     (out / "series.json").write_text(json.dumps(series, separators=(",", ":")), encoding="utf-8")
     if report.violations:
         (out / "check.txt").write_text("\n".join(report.violations) + "\n", encoding="utf-8")
@@ -115,23 +119,38 @@ def run_replay(
     return summary
 
 
+@dataclass(frozen=True)
+class WorkloadBounds:
+    """What summary.json says of a workload whatever the policy (computed once, reused)."""
+
+    busy_utilisation_ceiling: float | None
+
+
+def workload_bounds(nodes: Sequence[NodeSpec], jobs: Sequence[TraceJob]) -> WorkloadBounds:
+    capacity = float(sum(n.gpus for n in nodes)) or 1.0
+    demands = {tj.request.id: Demand(profile_of(tj), tj.request.id, tj.request.gpus) for tj in jobs}
+    return WorkloadBounds(busy_ceiling(jobs, demands, capacity))
+
+
 def utilisation_summary(
     nodes: Sequence[NodeSpec],
     jobs: Sequence[TraceJob],
     result: ReplayResult,
     summary: dict[str, Any],
     adjust: bool,
+    bounds: WorkloadBounds | None = None,
 ) -> dict[str, Any]:
     """The utilisation keys of summary.json (docs/formats.md, "Utilisation and ``--adjust``")."""
     capacity = float(sum(n.gpus for n in nodes)) or 1.0
     window = result.window_s
-    demands = {tj.request.id: Demand(profile_of(tj), tj.request.id, tj.request.gpus) for tj in jobs}
+    if bounds is None:
+        bounds = workload_bounds(nodes, jobs)
     return {
         "adjust": "on" if adjust else "off",
         "busy_utilisation": result.busy_gpu_seconds_while_arriving / (capacity * window)
         if window > 0
         else None,
-        "busy_utilisation_ceiling": busy_ceiling(jobs, demands, capacity),
+        "busy_utilisation_ceiling": bounds.busy_utilisation_ceiling,
         "reclaimed_gpu_hours": result.reclaimed_gpu_seconds / 3600,
         "lost_gpu_hours": summary["lost_gpu_seconds"] / 3600,
         "adjustments": {a: result.adjustments.get(a, 0) for a in ACTIONS},
@@ -257,7 +276,7 @@ def run_pack_policy(
     finally:
         bar.close()
     summary["wall_s"] = time.perf_counter() - began
-    _dump(Path(out) / "summary.json", summary)
+    write_json(Path(out) / "summary.json", summary)
     return summary
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from scheduling.sim import matrix
@@ -65,3 +66,28 @@ def test_the_matrix_digest_fills_its_block_and_leaves_the_targets_alone(tmp_path
     text = doc.read_text()
     assert text.startswith(targets) and "| base-1.0 |" in text and "old" not in text
     assert "targets" in missing
+
+
+def test_a_run_alike_in_its_inputs_to_another_is_replayed_once_and_gives_the_same_results(
+    tmp_path: Path, capsys
+):
+    from scheduling.sim.runner import run_replay
+
+    argv = [str(tmp_path), "--gpus", "64", "--days", "0.2", "--seeds", "1", "--processes", "1"]
+    assert (
+        matrix.main([*argv, "--only", "base-1.2,no-quotas-1.2"]) == 0
+    )  # the same jobs; greedy reads no quotas
+    assert "matrix: 7/7 " in capsys.readouterr().err  # 8 runs, greedy's alike: replayed once
+    copied, first = tmp_path / "no-quotas-1.2-1" / "greedy", tmp_path / "base-1.2-1" / "greedy"
+    work = tmp_path / "no-quotas-1.2-1" / "workload"
+    assert (copied / "events.jsonl").read_bytes() == (first / "events.jsonl").read_bytes()
+    summary = json.loads((copied / "summary.json").read_text())
+    assert summary["jobs_file"] == str(work / "jobs.csv") and summary["quotas"] is None
+    alone = run_replay(
+        work / "nodes.csv", work / "jobs.csv", None, "greedy", tmp_path / "alone", seed=1, plots=False
+    )
+    assert (tmp_path / "alone" / "events.jsonl").read_bytes() == (copied / "events.jsonl").read_bytes()
+    timing = {"wall_s", "cpu_s", "policy_s", "driver_s", "metrics_s"}
+    assert {k: v for k, v in alone.items() if k not in timing} == {
+        k: v for k, v in summary.items() if k not in timing
+    }
