@@ -150,7 +150,11 @@ class Sandbox:
         self.mkdir = shutil.which("mkdir", path=SYSTEM_PATH) or "mkdir"
         self.private = [p for p in PRIVATE_TMP if os.path.isdir(p)]
         # Host directories jobs need (the state directory, the PATH's Python) that lie under a
-        # private path (a state directory in /tmp): put back on top of the private tmpfs.
+        # private path (a state directory in /tmp): put back on top of the private tmpfs. The
+        # Landlock step runs inside the namespace too: its interpreter and script (an agent
+        # installed in /tmp: `make demo` from a checkout there) must stay in sight.
+        if scoped:
+            keep = [*keep, os.path.dirname(sys.executable), sys.base_prefix, LANDLOCK_STEP.parent]
         self.keep = sorted(
             {
                 os.path.realpath(k)

@@ -141,6 +141,31 @@ for d in ("/tmp", "/dev/shm", os.environ["TMPDIR"]):
 """
 
 
+def test_an_agent_installed_under_tmp_still_starts_its_jobs(node, monkeypatch, tmp_path):
+    """The chain's own Landlock step (the agent's interpreter and agent/landlock.py) runs inside
+    the job's namespace: under a private /tmp (a checkout in /tmp, as a `make demo` there) it
+    must stay in sight, or every job fails before its command ('prlimit: failed to execute')."""
+    server, state_dir, pool, box, path = node
+    if not (box.namespaces and box.scoped):
+        pytest.skip("needs a private /tmp and a Landlock domain per job")
+    install = Path(tmp_path) / "checkout"
+    (install / "bin").mkdir(parents=True)
+    (install / "bin" / "python").symlink_to(os.path.realpath(sys.executable))
+    (install / "agent").mkdir()
+    step = install / "agent" / sandbox.LANDLOCK_STEP.name
+    step.write_bytes(sandbox.LANDLOCK_STEP.read_bytes())
+    monkeypatch.setattr(sandbox.sys, "executable", str(install / "bin" / "python"))
+    monkeypatch.setattr(sandbox, "LANDLOCK_STEP", step)
+    moved = sandbox.Sandbox(True, keep=[state_dir, *path.split(":")], scoped=True)
+    assert str(install / "bin") in moved.keep and str(install / "agent") in moved.keep
+    process = JobProcess(
+        fakes.binding(31, command=["sh", "-c", "echo started"]), server, state_dir, pool, path, sandbox=moved
+    )
+    process.start()
+    assert server.exit_of(31)["exit_code"] == 0, server.output(31)
+    assert server.output(31) == b"started\n"
+
+
 def test_a_jobs_temporary_directories_are_its_own_and_go_with_it(node):
     server, state_dir, _, box, _ = node
     if not box.namespaces:
