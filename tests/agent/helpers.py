@@ -112,3 +112,20 @@ def submit(user, tenant, **overrides):
     }
     fields.update(overrides)
     return do_submit_job(user, tenant, fields, body=fields)[0]
+
+
+def output_bytes(job) -> bytes:
+    """A job's stored output (its replicas' in turn), as the agent sent it."""
+    from scheduling.models import Job
+
+    return b"".join(bytes(c.data) for c in Job.objects.get(pk=job.pk).log_chunks.all())
+
+
+def output_of(job) -> str:
+    return output_bytes(job).decode()
+
+
+def state_of(job) -> str:
+    from scheduling.models import Job
+
+    return Job.objects.get(pk=job.pk).state

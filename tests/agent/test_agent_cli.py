@@ -21,12 +21,6 @@ from tests.agent import helpers as h
 start_agent, stop_agent, registered = processes.start_agent, processes.stop_agent, processes.registered
 
 
-@pytest.fixture
-def state_dir():
-    with fakes.job_user_state_dir() as path:
-        yield path
-
-
 def descendants(pid: int) -> list[int]:
     found = []
     for entry in os.listdir("/proc"):

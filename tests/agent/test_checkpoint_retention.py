@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -59,16 +58,6 @@ while not os.path.exists("done"):
 """
 
 
-@pytest.fixture
-def state_dir() -> Iterator[Path]:
-    with fakes.job_user_state_dir() as path:
-        yield path
-
-
-def output_of(job: Job) -> str:
-    return b"".join(bytes(c.data) for c in Job.objects.get(pk=job.pk).log_chunks.all()).decode()
-
-
 def test_a_checkpoint_stays_while_its_job_can_resume_and_goes_once_it_cannot(live_server, world, state_dir):
     token_file = state_dir / "join-token"
     token_file.write_text(h.new_join_token())
@@ -83,14 +72,14 @@ def test_a_checkpoint_stays_while_its_job_can_resume_and_goes_once_it_cannot(liv
         )
         h.bind(alices, "cli-node", [0])
         job = Job.objects.filter(pk=alices.pk)
-        assert fakes.wait_for(lambda: job.filter(state=JobState.PENDING, attempts=1).exists(), 30), output_of(
-            alices
+        assert fakes.wait_for(lambda: job.filter(state=JobState.PENDING, attempts=1).exists(), 30), (
+            h.output_of(alices)
         )
-        hers = Path(output_of(alices).splitlines()[0])
+        hers = Path(h.output_of(alices).splitlines()[0])
         command = ["python", "-c", CHECKPOINTS_AND_MEDDLES, str(alices.pk)]
         bobs = h.bind(h.submit(world.bob, world.nlp, command=command, gpus=1), "cli-node", [1])
-        assert fakes.wait_for(lambda: "\n" in output_of(bobs), 30), output_of(bobs)
-        said = json.loads(output_of(bobs).splitlines()[0])
+        assert fakes.wait_for(lambda: "\n" in h.output_of(bobs), 30), h.output_of(bobs)
+        said = json.loads(h.output_of(bobs).splitlines()[0])
         assert set(said["results"].values()) == {"PermissionError"}, said["results"]
         (workdir,) = state_dir.glob(f"jobs/{bobs.pk}-*")
         (workdir / "done").touch()

@@ -70,12 +70,6 @@ def death_time(pid: int, timeout: float) -> float | None:
     return None
 
 
-@pytest.fixture
-def state_dir():
-    with fakes.job_user_state_dir() as path:
-        yield path
-
-
 @pytest.mark.parametrize("push", [fakes.FakeServer, fakes.StreamingServer], ids=["long-poll", "stream"])
 def test_jobs_are_killed_at_the_lease_deadline_while_the_loop_waits_a_long_poll_interval(state_dir, push):
     server = push()

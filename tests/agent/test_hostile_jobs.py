@@ -153,20 +153,6 @@ print(json.dumps({"results": results, "grandchild": int(os.read(read_end, 32))})
 
 
 @pytest.fixture
-def state_dir():
-    with fakes.job_user_state_dir() as path:
-        yield path
-
-
-def output_of(job: Job) -> str:
-    return b"".join(bytes(c.data) for c in Job.objects.get(pk=job.pk).log_chunks.all()).decode()
-
-
-def state_of(job: Job) -> str:
-    return Job.objects.get(pk=job.pk).state
-
-
-@pytest.fixture
 def service():
     """A node service listening on an abstract unix socket, as root (outside every job)."""
     with socket.socket(socket.AF_UNIX) as listening:
@@ -189,8 +175,8 @@ def test_jobs_of_other_tenants_and_of_the_same_tenant_cannot_reach_alices_job(
             "cli-node",
             [0],
         )
-        assert fakes.wait_for(lambda: "\n" in output_of(victim), 30), output_of(victim)
-        where = json.loads(output_of(victim).splitlines()[0])
+        assert fakes.wait_for(lambda: "\n" in h.output_of(victim), 30), h.output_of(victim)
+        where = json.loads(h.output_of(victim).splitlines()[0])
         ports = {
             "the agent's metrics port": urlparse(node.metrics_url).port,
             "the control plane": urlparse(live_server.url).port,
@@ -218,19 +204,21 @@ def test_jobs_of_other_tenants_and_of_the_same_tenant_cannot_reach_alices_job(
             for user, tenant, gpu in ((world.bob, world.nlp, 1), (world.carol, world.vision, 2))
         ]
         for attacker in attackers:
-            assert fakes.wait_for(lambda a=attacker: state_of(a) in TERMINAL_STATES, 60), output_of(attacker)
-            assert state_of(attacker) == JobState.SUCCEEDED, output_of(attacker)
-            said = json.loads(output_of(attacker).splitlines()[0])
+            assert fakes.wait_for(lambda a=attacker: h.state_of(a) in TERMINAL_STATES, 60), h.output_of(
+                attacker
+            )
+            assert h.state_of(attacker) == JobState.SUCCEEDED, h.output_of(attacker)
+            said = json.loads(h.output_of(attacker).splitlines()[0])
             allowed = {attack: result for attack, result in said["results"].items() if result == "succeeded"}
             assert allowed == {}, f"job {attacker.pk} got through: {allowed}"
             assert said["results"]["signal her process"] == "PermissionError"
             grandchild = said["grandchild"]
             assert not alive(grandchild), f"job {attacker.pk} was recorded succeeded while {grandchild} ran"
-            assert "alice-api-key" not in output_of(attacker)
+            assert "alice-api-key" not in h.output_of(attacker)
         Path(where["workdir"], "done").touch()
-        assert fakes.wait_for(lambda: state_of(victim) in TERMINAL_STATES, 30), output_of(victim)
-        assert state_of(victim) == JobState.SUCCEEDED
-        assert json.loads(output_of(victim).splitlines()[1]) == {
+        assert fakes.wait_for(lambda: h.state_of(victim) in TERMINAL_STATES, 30), h.output_of(victim)
+        assert h.state_of(victim) == JobState.SUCCEEDED
+        assert json.loads(h.output_of(victim).splitlines()[1]) == {
             "checkpoint": "alice-weights",
             "files": ["model.ckpt"],
             "served": 0,
@@ -322,36 +310,36 @@ def test_a_jobs_device_files_disk_processes_and_log_are_bounded_and_its_neighbou
         filler = run(world.bob, world.nlp, 3, FILL_DISK, max_retries=2)
 
         def ended(job: Job) -> bool:
-            return state_of(job) in TERMINAL_STATES
+            return h.state_of(job) in TERMINAL_STATES
 
         for job in (prober, bomb, filler):
-            assert fakes.wait_for(lambda j=job: ended(j), 60), (job.name, output_of(job))
+            assert fakes.wait_for(lambda j=job: ended(j), 60), (job.name, h.output_of(job))
         # another GPU's device file: denied; its own: opened
-        assert state_of(prober) == JobState.SUCCEEDED
-        opened = json.loads(output_of(prober).splitlines()[0])
+        assert h.state_of(prober) == JobState.SUCCEEDED
+        opened = json.loads(h.output_of(prober).splitlines()[0])
         assert opened == {devices[0]: "PermissionError", devices[1]: "gpu1",
                           devices[2]: "PermissionError", devices[3]: "PermissionError"}  # fmt: skip
         # the log flood: stored up to the cap, the rest dropped, and the cut said in the log
         flooded = Job.objects.get(pk=prober.pk)
         cut = "[tessera] output past the job's log cap of 65536 bytes dropped\n"
-        assert flooded.log_truncated and output_of(prober).endswith(cut)
-        assert len(output_of(prober)) <= (64 << 10) + len("\n" + cut)  # on a line of its own
+        assert flooded.log_truncated and h.output_of(prober).endswith(cut)
+        assert len(h.output_of(prober)) <= (64 << 10) + len("\n" + cut)  # on a line of its own
         # the fork bomb: stopped at its uid's limit, its children killed with it
-        assert state_of(bomb) == JobState.SUCCEEDED, output_of(bomb)
-        children, error = output_of(bomb).splitlines()[0].split()
+        assert h.state_of(bomb) == JobState.SUCCEEDED, h.output_of(bomb)
+        children, error = h.output_of(bomb).splitlines()[0].split()
         assert int(children) < 40 and error == "BlockingIOError"
         # the disk filler: stopped by its agent, failed with disk-limit, not retried
         stopped = Job.objects.get(pk=filler.pk)
-        assert stopped.state == JobState.FAILED and stopped.attempts == 0, output_of(filler)
+        assert stopped.state == JobState.FAILED and stopped.attempts == 0, h.output_of(filler)
         assert stopped.events.filter(type="failed").get().reason == "disk-limit"
-        assert "disk limit of 16 MB passed" in output_of(filler)
+        assert "disk limit of 16 MB passed" in h.output_of(filler)
         # alice's job, beside all of it: its file kept, its GPU its own, succeeded
-        assert state_of(neighbour) == JobState.RUNNING
+        assert h.state_of(neighbour) == JobState.RUNNING
         (done,) = state_dir.glob(f"jobs/{neighbour.pk}-*")
         (done / "done").touch()
-        assert fakes.wait_for(lambda: ended(neighbour), 30), output_of(neighbour)
-        assert state_of(neighbour) == JobState.SUCCEEDED
-        assert json.loads(output_of(neighbour).splitlines()[0]) == {"kept": 4 << 20, "gpu": "gpu0"}
+        assert fakes.wait_for(lambda: ended(neighbour), 30), h.output_of(neighbour)
+        assert h.state_of(neighbour) == JobState.SUCCEEDED
+        assert json.loads(h.output_of(neighbour).splitlines()[0]) == {"kept": 4 << 20, "gpu": "gpu0"}
     finally:
         processes.stop_agent(agent)
 
@@ -386,8 +374,8 @@ def test_forty_cpu_only_jobs_start_only_as_many_as_the_nodes_cpus_and_the_rest_w
         alices = h.submit(world.alice, world.vision, command=ok, gpus=1)
         passes.run_pass()
         seen = Job.objects.filter(pk=alices.pk).values_list("state", "pending_reason")
-        assert fakes.wait_for(lambda: state_of(alices) in TERMINAL_STATES, 30), seen[0]
-        assert state_of(alices) == JobState.SUCCEEDED and output_of(alices) == "ok\n"
+        assert fakes.wait_for(lambda: h.state_of(alices) in TERMINAL_STATES, 30), seen[0]
+        assert h.state_of(alices) == JobState.SUCCEEDED and h.output_of(alices) == "ok\n"
         passes.run_pass()
         assert bobs.filter(state__in=[JobState.RUNNING, JobState.SCHEDULED]).count() == 4
         waiting = list(bobs.filter(state=JobState.PENDING))

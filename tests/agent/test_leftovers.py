@@ -31,12 +31,6 @@ alive = processes.alive
 
 
 @pytest.fixture
-def state_dir():
-    with fakes.job_user_state_dir() as path:
-        yield path
-
-
-@pytest.fixture
 def spawned():
     """Start processes in sessions of their own, as the agent starts jobs; all killed at the end."""
     started: list[subprocess.Popen] = []

@@ -115,20 +115,6 @@ class Proxy:
         self.set_cut(True)
 
 
-@pytest.fixture
-def state_dir() -> Iterator[Path]:
-    with fakes.job_user_state_dir() as path:
-        yield path
-
-
-def output_of(job: Job) -> bytes:
-    return b"".join(bytes(c.data) for c in Job.objects.get(pk=job.pk).log_chunks.order_by("offset"))
-
-
-def state_of(job: Job) -> str:
-    return Job.objects.get(pk=job.pk).state
-
-
 def memory_kib(pid: int) -> dict[str, int]:
     """The process's resident set now (``VmRSS``) and at its peak (``VmHWM``), in KiB."""
     fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
@@ -166,8 +152,8 @@ def node_with_two_jobs(server: str, state_dir: Path, world) -> Iterator[tuple[Po
         h.bind(neighbour, "cli-node", [0])
         h.bind(flooder, "cli-node", [1])
         started = (neighbour, flooder)
-        assert fakes.wait_for(lambda: all(state_of(j) == JobState.RUNNING for j in started), 30)
-        assert fakes.wait_for(lambda: b"line 1\n" in output_of(neighbour), 15)
+        assert fakes.wait_for(lambda: all(h.state_of(j) == JobState.RUNNING for j in started), 30)
+        assert fakes.wait_for(lambda: b"line 1\n" in h.output_bytes(neighbour), 15)
         yield agent, neighbour, flooder
     finally:
         processes.stop_agent(agent)
@@ -177,7 +163,7 @@ def finish(state_dir: Path, *jobs: Job) -> None:
     for job in jobs:
         (workdir(state_dir, job) / "done").touch()
     for job in jobs:
-        assert fakes.wait_for(lambda j=job: state_of(j) in TERMINAL_STATES, 60), output_of(job)[-300:]
+        assert fakes.wait_for(lambda j=job: h.state_of(j) in TERMINAL_STATES, 60), h.output_bytes(job)[-300:]
 
 
 def test_a_flood_with_the_server_reachable_is_cut_at_the_cap_and_marked_and_the_neighbour_is_whole(
@@ -193,14 +179,14 @@ def test_a_flood_with_the_server_reachable_is_cut_at_the_cap_and_marked_and_the_
         finish(state_dir, flooder, neighbour)
     print(f"agent resident set: {before} KiB, grew by at most {grew} KiB under a {FLOOD >> 20} MiB flood")
     assert grew < 16 << 10  # KiB: the agent ships as it reads, then drops past the cap
-    assert state_of(flooder) == JobState.SUCCEEDED and state_of(neighbour) == JobState.SUCCEEDED
-    flooded = output_of(flooder)
+    assert h.state_of(flooder) == JobState.SUCCEEDED and h.state_of(neighbour) == JobState.SUCCEEDED
+    flooded = h.output_bytes(flooder)
     cut = b"[tessera] output past the job's log cap of 1048576 bytes dropped\n"
     assert flooded.endswith(cut), flooded[-300:]
     kept = flooded[: -len(cut)]
     assert len(kept) == 1 << 20 and set(kept) == set(b"f\n")  # the job's output up to the cap
     assert Job.objects.get(pk=flooder.pk).log_truncated
-    assert_whole(output_of(neighbour))
+    assert_whole(h.output_bytes(neighbour))
 
 
 def test_a_flood_while_the_server_is_unreachable_is_held_up_to_the_bound_and_the_rest_marked(
@@ -224,8 +210,8 @@ def test_a_flood_while_the_server_is_unreachable_is_held_up_to_the_bound_and_the
         proxy.close()
     print(f"agent resident set: {before} KiB, grew by at most {grew} KiB under a {FLOOD >> 20} MiB flood")
     assert grew < (HELD >> 10) + (16 << 10)  # KiB: what it holds, and little more
-    assert state_of(flooder) == JobState.SUCCEEDED and state_of(neighbour) == JobState.SUCCEEDED
-    flooded = output_of(flooder)
+    assert h.state_of(flooder) == JobState.SUCCEEDED and h.state_of(neighbour) == JobState.SUCCEEDED
+    flooded = h.output_bytes(flooder)
     said = re.search(rb"\[tessera-agent\] (\d+) bytes of output dropped: [^\n]*\n", flooded)
     assert said is not None, flooded[-300:]
     kept, dropped = flooded[: said.start()] + flooded[said.end() :], int(said.group(1))
@@ -233,4 +219,4 @@ def test_a_flood_while_the_server_is_unreachable_is_held_up_to_the_bound_and_the
     # all of it, kept or said to be dropped (+1: the note's own newline after a line cut short)
     assert len(kept) + dropped in (FLOOD, FLOOD + 1)
     assert len(kept) <= HELD + 1
-    assert_whole(output_of(neighbour))
+    assert_whole(h.output_bytes(neighbour))

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -45,16 +43,6 @@ def test_a_replicas_tmpfs_is_its_memory_else_its_share_of_the_nodes_and_at_most_
     assert sandbox.Sandbox(False, disk_mb=512).tmpfs_mb(1, 1.0, 0, 0) == 512  # node unknown
 
 
-@pytest.fixture
-def state_dir() -> Iterator[Path]:
-    with fakes.job_user_state_dir() as path:
-        yield path
-
-
-def output_of(job: Job) -> str:
-    return b"".join(bytes(c.data) for c in Job.objects.get(pk=job.pk).log_chunks.all()).decode()
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="private mounts need an agent running as root")
 def test_a_jobs_private_tmpfs_holds_at_most_the_memory_it_was_handed(live_server, world, state_dir):
@@ -72,11 +60,11 @@ def test_a_jobs_private_tmpfs_holds_at_most_the_memory_it_was_handed(live_server
         asked = h.bind(asked, "cli-node", [1, 2])
         for job in (unasked, asked):
             ended = Job.objects.filter(pk=job.pk, state__in=TERMINAL_STATES)
-            assert fakes.wait_for(ended.exists, 30), output_of(job)
-            assert ended.get().state == JobState.SUCCEEDED, output_of(job)
+            assert fakes.wait_for(ended.exists, 30), h.output_of(job)
+            assert ended.get().state == JobState.SUCCEEDED, h.output_of(job)
         expected = {"unasked": 256, "asked": 128}  # MB: a quarter of the node's GiB; its own 128
         for name, job in (("unasked", unasked), ("asked", asked)):
-            sizes = json.loads(output_of(job).splitlines()[0])
+            sizes = json.loads(h.output_of(job).splitlines()[0])
             assert sizes == dict.fromkeys(("/tmp", "/var/tmp", "/dev/shm"), expected[name]), name
     finally:
         processes.stop_agent(agent)
