@@ -7,8 +7,9 @@ its event loop's :class:`Subscription` and is woken by an ``asyncio.Event``; it 
 database, which stays the truth: a lost message costs a waiter its timeout, never a wrong answer.
 
 Across processes (``REDIS_URL`` set: passes in a Celery worker, several web processes) the keys
-go through one Redis pub/sub channel, and each event loop that has waiters holds one
-subscription. Without Redis (the embedded default: passes run in the web process) they go
+go through one Redis pub/sub channel, sent by each process's publisher thread (the keys of
+commits made while it sends go together in its next message), and each event loop that has
+waiters holds one subscription. Without Redis (the embedded default: passes run in the web process) they go
 straight to this process's loops.
 """
 
@@ -18,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import threading
 from collections.abc import AsyncIterator, Iterable
 
@@ -60,18 +62,64 @@ def publish_on_commit(keys: Iterable[str]) -> None:
 
 
 def publish(keys: list[str]) -> None:
-    """Wake the waiters of ``keys``, in every process. Best effort (see the module)."""
+    """Wake the waiters of ``keys``, in every process. Best effort (see the module).
+
+    Through Redis, by this process's publisher thread (:class:`Publisher`): the caller (a
+    request, a pass) does not wait for Redis, and the keys of commits made while one message is
+    being sent go together in the next."""
     if enabled():
-        try:
-            redis_flags.client().publish(channel(), json.dumps(keys))
-        except redis.RedisError:
-            log.warning("%d job change(s) not published", len(keys))
+        _publisher.put(keys)
         return
     with _local_guard:
         subscriptions = list(_local)
     for sub in subscriptions:
         with contextlib.suppress(RuntimeError):  # its loop has closed
             sub.loop.call_soon_threadsafe(sub.dispatch, keys)
+
+
+def _send(keys: list[str]) -> None:
+    try:
+        redis_flags.client().publish(channel(), json.dumps(keys))
+    except redis.RedisError:
+        log.warning("%d job change(s) not published", len(keys))
+
+
+class Publisher:
+    """A thread that sends the keys put since its last message as one message.
+
+    Nothing waits to be coalesced: an idle publisher sends at once; keys put while it sends (a
+    burst of submits across request threads, a pass's chunks) go together in its next message.
+    A waiter reads the database when woken, so one message naming many jobs wakes each as its
+    own would have. Per submit this was a Redis round trip in the request's thread."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._keys: set[str] = set()
+        self._ready = threading.Event()
+        self._pid = 0  # the thread belongs to the process that started it (not to a fork)
+
+    def put(self, keys: Iterable[str]) -> None:
+        with self._guard:
+            if self._pid != os.getpid():
+                self._keys, self._ready = set(), threading.Event()
+                threading.Thread(
+                    target=self._run, args=(self._ready,), name="tessera-job-bus", daemon=True
+                ).start()
+                self._pid = os.getpid()
+            self._keys.update(keys)
+            self._ready.set()
+
+    def _run(self, ready: threading.Event) -> None:
+        while True:
+            ready.wait()
+            with self._guard:
+                ready.clear()
+                keys, self._keys = self._keys, set()
+            if keys:
+                _send(sorted(keys))
+
+
+_publisher = Publisher()
 
 
 _local_guard = threading.Lock()
