@@ -244,7 +244,7 @@ def decide_job(
         return Adjustment(
             job.id,
             REQUEUE,
-            f"all {job.gpus} GPUs idle for {_minutes(whole)} (under {settings.threshold:.0%})",
+            f"{_all_gpus(job.gpus)} idle for {_minutes(whole)} (under {settings.threshold:.0%})",
             whole,
             evidence=evidence,
         )
@@ -294,7 +294,7 @@ def _warning(
     given = sum(1 for t in job.warned_at if t >= spell_start)  # warnings of this idle spell
     if given >= due:
         return None
-    what = f"all {job.gpus} GPUs" if whole >= spell else "some of its GPUs"
+    what = _all_gpus(job.gpus) if whole >= spell else "some of its GPUs"
     return Adjustment(
         job.id,
         WARN,
@@ -321,6 +321,10 @@ def decide(
         if adjustment is not None:
             out.append(adjustment)
     return out
+
+
+def _all_gpus(count: int) -> str:
+    return "its GPU" if count == 1 else f"all {count} GPUs"
 
 
 def _minutes(seconds: float) -> str:
