@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import math
 
-import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from scheduling.engine import forward
 from scheduling.engine.config import EngineConfig
-from scheduling.engine.eta_learnt import MIN_SEEN, Learnt
 from scheduling.engine.policy import TesseraScheduler
 from scheduling.engine.runtimes import Predictor, RecentRuns
-from scheduling.engine.types import Estimate, JobRequest, QuotaSpec
+from scheduling.engine.types import JobRequest, QuotaSpec
 from tests.engine.engine_cases import node
 
 
@@ -216,25 +214,3 @@ def test_every_estimate_lies_inside_its_band_and_the_plan_is_deterministic(sizes
         assert est.earliest <= est.start <= est.latest
         assert est.start >= 50.0
         assert est.ahead == est.position - 1 and est.basis
-
-
-def test_estimates_learn_from_how_the_first_ones_turned_out_once_enough_jobs_started():
-    learnt = Learnt()
-    played = Estimate(1000.0, 100.0, 9000.0, "b", 1, 0)  # played: a wait of 1,000 s from 0
-    for i in range(MIN_SEEN):
-        assert learnt.correct(f"j{i}", "node/1", played, 0.0) == played  # too few seen: as played
-        learnt.observe(pending=set(), started={f"j{i}": 3000.0})  # each waited 3,000 s
-        assert f"j{i}" not in learnt.first  # learnt once, then forgotten
-    got = learnt.correct("next", "node/1", played, 0.0)
-    assert got.start == pytest.approx(3000.0, rel=1e-3)  # the played wait times the median ratio seen
-    assert got.earliest == 100.0 and got.latest == pytest.approx(3000.0, rel=1e-3)  # cut to the ratios seen
-    # a job of another class, none of its own seen yet: corrected by all the ratios
-    assert learnt.correct("other", "gang/2", played, 0.0).start == pytest.approx(3000.0, rel=1e-3)
-
-
-def test_a_job_that_left_the_queue_without_starting_teaches_nothing():
-    learnt = Learnt()
-    learnt.correct("gone", "part/0", Estimate(100.0, 60.0, 200.0, "b", 1, 0), 0.0)
-    learnt.correct("waits", "part/0", Estimate(100.0, 60.0, 200.0, "b", 2, 1), 0.0)
-    learnt.observe(pending={"waits"}, started={})
-    assert set(learnt.first) == {"waits"} and learnt.seen == {}
