@@ -354,11 +354,34 @@ class PolicyPass:
             frees = {r: self.quota_frees_at(geo, r, steady_only) for r in rows}
             for r in rows:
                 self.held_rows.setdefault(r, RowHold(job.id, steady_only, *frees[r]))
-            quota_ready = min((f for f, _ in frees.values()), default=self.now)
-            if cfg.backfill and len(self.res.items) < cfg.max_reservations and quota_ready < math.inf:
-                kept = s.reserve_for(job, geo, self.res, self.now)
-                if kept is not None:
-                    self.res.add(replace(kept, start=max(kept.start, quota_ready)))
+            ready = self.quota_ready(job, geo, frees)
+            if cfg.backfill and len(self.res.items) < cfg.max_reservations and ready:
+                ranked = tuple(m for m in s.models_for(job)[0] if m in ready)
+                kept = s.reserve_for(replace(job, accelerators=ranked), geo, self.res, self.now)
+                at = ready.get(s.nodes[kept.nodes[0]].model) if kept is not None else None
+                if kept is not None and at is not None:  # (its sticky nodes may be elsewhere)
+                    self.res.add(replace(kept, start=max(kept.start, at)))
+
+    def quota_ready(
+        self, job: JobRequest, geo: Geometry, frees: dict[tuple[str, str], tuple[float, int]]
+    ) -> dict[str, float]:
+        """Per model the job may use, when its quota there will admit it by the running jobs'
+        expected ends (``frees``, per row); a model left out never does by their ends alone: its
+        row frees never so, or the row has room but the model is owed to other tenants waiting
+        within their guarantee (:meth:`.policy.TesseraScheduler.refusal`), which no running job's
+        end decides. Nodes drained for it there idled while others' jobs went on being owed."""
+        s = self.s
+        need = geo.charge * geo.need
+        ready: dict[str, float] = {}
+        for m in s.models_for(job)[0]:
+            row = s.quotas.row_key(job.tenant, m)
+            at = frees.get(row, (math.inf, 0))[0]
+            if at == math.inf:
+                continue
+            if s.quotas.check(job.tenant, m, need, job.preemptible) is None and not s.admits(job, m, need):
+                continue  # room on its row, but owed to others
+            ready[m] = at
+        return ready
 
     def quota_frees_at(self, geo: Geometry, row: tuple[str, str], steady_only: bool) -> tuple[float, int]:
         """When the tenant's running jobs on ``row`` will have freed room for a job of ``geo``,

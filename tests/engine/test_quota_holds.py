@@ -80,3 +80,22 @@ def test_later_jobs_run_on_what_the_row_frees_beyond_its_need_and_no_more():
     got = started(s, steady("long1", 1, 50, 7200), steady("long2", 1, 51, 7200))
     assert got["long1"] == "started"
     assert got["long2"] == "quota: vision's quota is held for its job big, which has waited longest"
+
+
+def test_no_nodes_are_drained_for_a_job_whose_model_is_owed_to_another_tenant():
+    # big has room on vision's row, but H100 above vision's guarantee is owed to speech's job
+    # waiting within its guarantee: no running job's end decides when that stops, so nodes
+    # drained for big would idle while speech's jobs go on being owed
+    s = TesseraScheduler(
+        [node("a", gpus=4, nvlink=4, rack="r0"), node("b", gpus=4, nvlink=4, rack="r1")],
+        [QuotaSpec("vision", "*", 2, 8), QuotaSpec("speech", "*", 4, 8)],
+        EngineConfig(aging_s=0),
+    )
+    s.submit(JobRequest("base", "vision", "training", 2))
+    assert [b.job_id for b in s.decide(0.0).bindings] == ["base"]
+    s.submit(JobRequest("asr", "speech", "training", 2, submitted_at=5))
+    s.submit(JobRequest("big", "vision", "training", 4, submitted_at=5))
+    d = s.decide(10.0)
+    assert [b.job_id for b in d.bindings] == ["asr"]
+    assert d.pending["big"].code == "borrow-limit"
+    assert not s.last_reservations
