@@ -14,10 +14,12 @@ import logging
 import time
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from frontend.redaction import Viewer, redact_device, viewer_for
+from scheduling.services import live_seq
 
 log = logging.getLogger("tessera.ws")
 
@@ -38,8 +40,12 @@ class GpuFrames:
         self.window_s, self.calm_rows = window_s, calm_rows
         self.sent: list[tuple[float, int]] = []  # (when, rows) of recent frames
         self.kept: dict[tuple[Any, Any], dict[str, Any]] = {}
+        # The highest live sequence number among the kept rows' messages (``live_seq``): a frame
+        # of them is as new as that, and its rows of older messages are each GPU's latest.
+        self.kept_seq: int | None = None
+        self.flushed_seq: int | None = None
 
-    def take(self, devices: list[dict[str, Any]], now: float) -> bool:
+    def take(self, devices: list[dict[str, Any]], now: float, seq: int | None = None) -> bool:
         """True: send ``devices`` now (it was recorded); False: they are kept for a flush."""
         self.sent = [(at, n) for at, n in self.sent if now - at < self.window_s]
         if not self.kept and sum(n for _, n in self.sent) + len(devices) <= self.calm_rows:
@@ -47,6 +53,8 @@ class GpuFrames:
             return True
         for row in devices:
             self.kept[(row.get("node"), row.get("index"))] = row
+        if seq is not None:
+            self.kept_seq = max(seq, self.kept_seq or 0)
         return False
 
     def wait(self, now: float) -> float:
@@ -55,7 +63,9 @@ class GpuFrames:
         return max(0.0, last + self.window_s - now)
 
     def flush(self, now: float) -> list[dict[str, Any]]:
+        """The kept rows (their sequence number was ``kept_seq`` until this call: ``flushed_seq``)."""
         rows, self.kept = list(self.kept.values()), {}
+        self.flushed_seq, self.kept_seq = self.kept_seq, None
         if rows:
             self.sent.append((now, len(rows)))
         return rows
@@ -76,6 +86,9 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
     viewer: Viewer | None = None
     joined: list[str]
     flusher: asyncio.Future[None] | None = None
+    # The live sequence number once joined: messages numbered at most that may have missed this
+    # socket, and any snapshot numbered at least that shows them (``live_seq``).
+    joined_seq = 0
 
     async def connect(self) -> None:
         self.joined = []
@@ -88,9 +101,11 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         for group in [*self.viewer.job_groups(), GPU_GROUP]:
             await self.channel_layer.group_add(group, self.channel_name)
             self.joined.append(group)
+        self.joined_seq = await sync_to_async(live_seq.current)()
         await self.accept()
-        # Joined: from here on no delta is missed, so the page may fetch its snapshot now.
-        await self.send_json({"type": "ready", "viewer": self.viewer.as_json()})
+        # Joined: from here on no delta is missed. A snapshot numbered at least ``seq`` shows
+        # everything before (the page may have asked for one already); older ones are fetched again.
+        await self.send_json({"type": "ready", "viewer": self.viewer.as_json(), "seq": self.joined_seq})
 
     async def disconnect(self, code: int) -> None:
         if self.flusher is not None:
@@ -111,33 +126,48 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         except ValueError:
             return
 
+    def before_joining(self, event: dict[str, Any]) -> bool:
+        """Whether ``event`` was numbered before this socket joined (a snapshot as new as the
+        socket shows it: dropped). Unnumbered messages go on."""
+        seq = event.get("seq")
+        return isinstance(seq, int) and seq <= self.joined_seq
+
+    async def send_frame(self, frame: dict[str, Any], seq: Any) -> None:
+        if isinstance(seq, int):
+            frame["seq"] = seq
+        await self.send_json(frame)
+
     async def job_update(self, event: dict[str, Any]) -> None:
         job = event.get("job") or {}
         if self.viewer is None or not self.viewer.may_see_job(job):
             log.warning("dropped a job.update outside %s's scope", getattr(self.viewer, "username", "?"))
             return
-        await self.send_json({"type": "job.update", "job": job})
+        if not self.before_joining(event):
+            await self.send_frame({"type": "job.update", "job": job}, event.get("seq"))
 
     async def node_update(self, event: dict[str, Any]) -> None:
         # Nodes are shared by every tenant: the outlet sends only fields anyone may see.
-        if self.viewer is not None:
-            await self.send_json({"type": "node.update", "node": event.get("node") or {}})
+        if self.viewer is not None and not self.before_joining(event):
+            await self.send_frame({"type": "node.update", "node": event.get("node") or {}}, event.get("seq"))
 
     async def gpu_update(self, event: dict[str, Any]) -> None:
         """Sent at once while the cluster is calm; batched when it churns (see :class:`GpuFrames`)."""
-        if self.viewer is None:
+        if self.viewer is None or self.before_joining(event):
             return
         devices = [redact_device(row, self.viewer) for row in event.get("devices", [])]
-        if self.frames.take(devices, time.monotonic()):
-            await self.send_json({"type": "gpu.update", "devices": devices})
+        seq = event.get("seq")
+        if self.frames.take(devices, time.monotonic(), seq if isinstance(seq, int) else None):
+            await self.send_frame({"type": "gpu.update", "devices": devices}, seq)
         elif self.flusher is None:
             self.flusher = asyncio.ensure_future(self.flush_later(self.frames.wait(time.monotonic())))
 
     async def flush_later(self, delay: float) -> None:
         while True:
             await asyncio.sleep(delay)
-            for part in in_parts(self.frames.flush(time.monotonic())):
-                await self.send_json({"type": "gpu.update", "devices": part})
+            rows = self.frames.flush(time.monotonic())
+            seq = self.frames.flushed_seq
+            for part in in_parts(rows):
+                await self.send_frame({"type": "gpu.update", "devices": part}, seq)
             if not self.frames.kept:  # rows kept while that frame was being sent go in the next
                 self.flusher = None
                 return

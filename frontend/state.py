@@ -17,6 +17,7 @@ from django.db.models import Count, Sum
 from frontend.redaction import Viewer, redact_device
 from scheduling.choices import TERMINAL_STATES, JobState
 from scheduling.models import AdjustmentState, Allocation, Job, Node
+from scheduling.services import live_seq
 from scheduling.services.gpu_looks import current, with_looks
 from scheduling.services.inventory import all_device_rows
 from scheduling.services.live import job_payload, node_payload
@@ -76,8 +77,11 @@ def ended_jobs(user: Any) -> list[dict[str, Any]]:
 
 
 def dashboard_state(user: Any, viewer: Viewer) -> dict[str, Any]:
+    # Read before the database: every message numbered at most this is shown (``live_seq``).
+    seq = live_seq.current()
     jobs, truncated = live_jobs(user)
     return {
+        "seq": seq,
         "viewer": viewer.as_json(),
         "nodes": nodes_state(viewer),
         "jobs": jobs,

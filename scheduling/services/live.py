@@ -32,7 +32,7 @@ from django.conf import settings
 from django.db import transaction
 
 from scheduling.models import Node
-from scheduling.services import job_bus, wake_bus
+from scheduling.services import job_bus, live_seq, wake_bus
 
 log = logging.getLogger("tessera.live")
 
@@ -72,7 +72,7 @@ class Outlet:
     @staticmethod
     async def _send_all(batch: list[Message]) -> None:
         layer = get_channel_layer()
-        merged = _merged(batch)
+        merged = _numbered(_merged(batch))
         if isinstance(layer, RedisChannelLayer) and settings.TESSERA["LIVE_PIPELINE"]:
             try:
                 await _group_send_all(layer, merged)
@@ -168,6 +168,22 @@ async def _members(layer: RedisChannelLayer, groups: set[str]) -> dict[str, list
     return members
 
 
+# The messages a dashboard reconciles with its snapshot by their number (``live_seq``).
+DASHBOARD_TYPES = frozenset({"job.update", "gpu.update", "node.update"})
+
+
+def _numbered(batch: list[Message]) -> list[Message]:
+    """The batch's dashboard messages, numbered with the next live sequence number (taken after
+    commit and before any is sent: ``live_seq``)."""
+    if any(message.get("type") in DASHBOARD_TYPES for _, message in batch):
+        seq = live_seq.take()
+        if seq is not None:
+            for _, message in batch:
+                if message.get("type") in DASHBOARD_TYPES:
+                    message["seq"] = seq
+    return batch
+
+
 def _merged(batch: list[Message]) -> list[Message]:
     """The batch, shortened where nothing is lost:
 
@@ -211,7 +227,7 @@ def _send(messages: list[Message]) -> None:
     if not isinstance(layer, InMemoryChannelLayer):
         _outlet.put(messages)
         return
-    for group, message in messages:
+    for group, message in _numbered(messages):
         try:
             async_to_sync(layer.group_send)(group, message)
         except Exception:

@@ -273,6 +273,56 @@ def test_applying_pushed_deltas_to_a_snapshot_equals_fetching_again(
     assert model != as_model(before)
 
 
+def newer_than(snapshot: dict[str, Any], deltas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The page's reconciling rule: a frame numbered at most the snapshot's is shown by it already."""
+    return [m for m in deltas if m["seq"] > snapshot["seq"]]
+
+
+def test_a_snapshot_asked_for_while_the_socket_joins_loses_no_change(world: Any, cluster: Any) -> None:
+    """The page asks for its snapshot and opens its socket side by side. A snapshot read before
+    the socket joined, with a change in between, is numbered below the socket's "ready" (so the
+    page fetches again); the next is not, and it plus the frames numbered above it equals a
+    fresh fetch, whether a frame came before it was read or after."""
+    from django.test import Client
+
+    from scheduling.services.passes import run_pass
+
+    browser = Client()
+    browser.force_login(world.alice)
+
+    def fetch() -> dict[str, Any]:
+        response = browser.get("/dashboard/state.json")
+        assert response.status_code == 200
+        return response.json()
+
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], list[Any], dict[str, Any]]:
+        early = await sync_to_async(fetch)()
+        await sync_to_async(submit)(world, "alice", "while-joining", gpus=2)
+        await sync_to_async(run_pass)()  # its GPUs taken before the socket joined: missed by it
+        comm = communicator(await sync_to_async(session_cookie)(world.alice))
+        assert (await comm.connect(timeout=5))[0]
+        ready = await comm.receive_json_from(timeout=5)
+        await sync_to_async(submit)(world, "alice", "before-the-second-read", gpus=1)
+        await sync_to_async(run_pass)()
+        second = await sync_to_async(fetch)()
+        await sync_to_async(submit)(world, "alice", "after-it", gpus=4)
+        await sync_to_async(run_pass)()
+        deltas = await drain(comm)
+        after = await sync_to_async(fetch)()
+        await comm.disconnect()
+        return early, ready, second, deltas, after
+
+    early, ready, second, deltas, after = async_to_sync(scenario)()
+    assert early["seq"] < ready["seq"], "the early snapshot missed a change: its number must say so"
+    assert second["seq"] >= ready["seq"]
+    assert all(m["seq"] > ready["seq"] for m in deltas)  # none the socket could have missed
+    assert any(m["seq"] <= second["seq"] for m in deltas)  # shown by the second snapshot already
+    model = as_model(second)
+    for message in newer_than(second, deltas):
+        apply_delta(model, message)
+    assert model == as_model(after)
+
+
 def test_garbage_from_a_client_is_ignored_and_the_socket_keeps_answering(world: Any) -> None:
     async def scenario() -> dict[str, Any]:
         comm = await open_socket(world.alice)

@@ -1,8 +1,12 @@
 /* Tessera dashboard: a snapshot over REST, then deltas over the websocket (no reload, no build).
  *
- * 1. Open /ws/dashboard/. The server answers "ready" once it has joined this viewer's groups, so
- *    from then on no delta is missed; deltas that arrive before the snapshot are buffered.
- * 2. Fetch state.json (the snapshot) and build the model: nodes by name, jobs by id.
+ * 1. Fetch state.json (the snapshot) and open /ws/dashboard/ at once, side by side; the snapshot
+ *    is drawn as soon as it comes. The server answers "ready" once it has joined this viewer's
+ *    groups, so from then on no delta is missed; deltas that arrive before the snapshot are
+ *    buffered.
+ * 2. Reconcile by the live sequence numbers (docs/websockets.md): a frame numbered at most the
+ *    snapshot's is shown by it already and dropped; a snapshot numbered below the socket's
+ *    "ready" may have missed a change made while the socket joined, and is fetched again.
  * 3. Apply each delta by replacing the row with the same key (device: node + index; job: id;
  *    a node's own fields: name); a finished job leaves the live list. A device of an unknown node means the cluster changed
  *    shape: fetch the snapshot again.
@@ -47,6 +51,7 @@
     const jobs = {};
     for (const job of snapshot.jobs) jobs[job.id] = job;
     return {
+      seq: typeof snapshot.seq === "number" ? snapshot.seq : -1, // the live sequence number it shows
       viewer: snapshot.viewer, nodes: nodes, jobs: jobs, truncated: !!snapshot.jobs_truncated,
       ended: (snapshot.ended || []).slice(), // newest first: a finished or failed job keeps a trace
     };
@@ -118,13 +123,19 @@
     banner.hidden = !problem;
   }
 
+  /* Whether a frame is newer than what a model shows (an unnumbered one is taken as newer). */
+  function newer(msg, model) { return typeof msg.seq !== "number" || msg.seq > model.seq; }
+
   async function resync() {
-    const snapshot = await fetchSnapshot();
+    install(await fetchSnapshot());
+  }
+
+  function install(snapshot) {
     showUtilisationProblem(snapshot.utilisation_problem || "");
     const model = buildModel(snapshot);
-    const pending = buffered;
+    const pending = buffered || [];
     buffered = null;
-    for (const msg of pending) applyDelta(model, msg);
+    for (const msg of pending) if (newer(msg, model)) applyDelta(model, msg);
     T.model = model;
     T.snapshots += 1;
     dirty.full = true;
@@ -162,13 +173,24 @@
       if (msg.type === "ready") {
         retryMs = 500;
         setLive(true, "live");
-        resync().catch(function (err) { console.error(err); socket.close(); });
+        const first = early;
+        early = null;
+        const joined = typeof msg.seq === "number" ? msg.seq : Infinity;
+        // The page's first snapshot, asked for while this socket joined, is complete if it is
+        // numbered at least as the socket's "ready"; a later "ready" (a reconnect) fetches anew.
+        (first ? first.then(function () {
+          if (T.model.seq >= joined) return null;
+          buffered = [];
+          return resync();
+        }, function () { buffered = buffered || []; return resync(); }) : resync())
+          .catch(function (err) { console.error(err); socket.close(); });
         return;
       }
       if (["job.update", "gpu.update", "node.update"].indexOf(msg.type) < 0) return;
       T.deltas += 1;
       T.lastDeltaAt = Date.now();
       if (buffered !== null || !T.model) { (buffered = buffered || []).push(msg); return; }
+      if (!newer(msg, T.model)) return; // the snapshot shows it already
       if (!applyDelta(T.model, msg)) {
         buffered = [];
         resync().catch(function (err) { console.error(err); socket.close(); });
@@ -779,5 +801,9 @@
   // Fired on each rack as it starts or stops being skipped; caught on its way down to the rack.
   heatmap.addEventListener("contentvisibilityautostatechange", onRackVisibility, true);
 
+  // The first snapshot is asked for with the page, while the socket joins: drawn as soon as it
+  // comes (reconciled with the socket on its "ready", above).
+  let early = fetchSnapshot().then(function (snapshot) { if (!T.model) install(snapshot); });
+  early.catch(function () { /* fetched again on "ready" */ });
   connect();
 })();
