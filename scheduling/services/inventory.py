@@ -128,10 +128,15 @@ _ALL_HOLDERS = PreparedRead(
 )
 
 
+def all_device_values() -> tuple[list[Any], dict[int, list[Holder]]]:
+    """Every device as plain values (its id, then :func:`row_of`'s fields before its holders),
+    ordered by node name and index, and the active holders by device id: what
+    :func:`all_device_rows` is made of, for a reader that needs a row only for some devices."""
+    return _ALL_DEVICES.rows(), holders_of(_ALL_HOLDERS.rows())
+
+
 def all_device_rows() -> list[dict[str, Any]]:
     """Every device's row, ordered by node name and index."""
-    held = holders_of(_ALL_HOLDERS.rows())
-    # Each row: the device's id, then row_of's fields before its holders (mypy cannot match a
-    # star-unpacked row against row_of's parameters).
-    rows = _ALL_DEVICES.rows()
+    rows, held = all_device_values()
+    # mypy cannot match a star-unpacked row against row_of's parameters.
     return [row_of(*values, held.get(device_id, [])) for device_id, *values in rows]  # type: ignore[call-arg]

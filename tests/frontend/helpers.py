@@ -5,6 +5,20 @@ from __future__ import annotations
 from typing import Any
 
 
+def expanded(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """The dashboard's snapshot with each device row's left-out fields put back, as the page does
+    (dashboard.js, ``expandDevice``): then its rows are the rows a ``gpu.update`` carries."""
+    defaults = snapshot["device_defaults"]
+    for node in snapshot["nodes"]:
+        model = node["models"][0] if len(node["models"]) == 1 else None
+        for row in node["devices"]:
+            row["node"] = node["name"]
+            row.setdefault("model", model)
+            for key, value in defaults.items():
+                row.setdefault(key, list(value) if isinstance(value, list) else value)
+    return snapshot
+
+
 def make_node(name: str, rack: str, count: int, model: str, nvlink: int = 1) -> Any:
     from django.utils import timezone
 

@@ -18,7 +18,7 @@ import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from channels.testing import WebsocketCommunicator
 
-from tests.frontend.helpers import session_cookie
+from tests.frontend.helpers import expanded, session_cookie
 
 pytestmark = pytest.mark.django_db(transaction=True)
 REDIS_WHY = "updates cross from the pass's process to the web's only through the Redis channel layer"
@@ -245,7 +245,7 @@ def test_applying_pushed_deltas_to_a_snapshot_equals_fetching_again(
     def fetch() -> dict[str, Any]:
         response = browser.get("/dashboard/state.json")
         assert response.status_code == 200
-        return response.json()
+        return expanded(response.json())
 
     async def scenario() -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
         comm = await open_socket(user)
@@ -293,7 +293,7 @@ def test_a_snapshot_asked_for_while_the_socket_joins_loses_no_change(world: Any,
     def fetch() -> dict[str, Any]:
         response = browser.get("/dashboard/state.json")
         assert response.status_code == 200
-        return response.json()
+        return expanded(response.json())
 
     async def scenario() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], list[Any], dict[str, Any]]:
         early = await sync_to_async(fetch)()

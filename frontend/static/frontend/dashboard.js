@@ -43,9 +43,11 @@
   function buildModel(snapshot) {
     if (snapshot.states && snapshot.states.terminal) terminal = new Set(snapshot.states.terminal);
     const nodes = {};
+    const defaults = snapshot.device_defaults || {};
     for (const node of snapshot.nodes) {
       const devices = {};
-      for (const d of node.devices) devices[d.index] = d;
+      const model = node.models.length === 1 ? node.models[0] : undefined;
+      for (const d of node.devices) devices[d.index] = expandDevice(d, node.name, model, defaults);
       nodes[node.name] = Object.assign({}, node, { devices: devices });
     }
     const jobs = {};
@@ -55,6 +57,15 @@
       viewer: snapshot.viewer, nodes: nodes, jobs: jobs, truncated: !!snapshot.jobs_truncated,
       ended: (snapshot.ended || []).slice(), // newest first: a finished or failed job keeps a trace
     };
+  }
+
+  /* A snapshot's device row with what it leaves out put back (frontend/state.py, DEVICE_DEFAULTS):
+   * its node, its node's one model, and the default fields; then it is the row a gpu.update sends. */
+  function expandDevice(d, nodeName, model, defaults) {
+    d.node = nodeName;
+    if (d.model === undefined) d.model = model;
+    for (const key in defaults) if (!(key in d)) d[key] = Array.isArray(defaults[key]) ? [] : defaults[key];
+    return d;
   }
 
   /* Apply one delta to a model; returns false if only a fresh snapshot can bring it up to date. */
