@@ -72,6 +72,12 @@ def test_alice_sees_her_job_take_its_gpus_live_without_a_reload(server: dict[str
 
             # Snapshot plus deltas equals a fresh snapshot (docs/websockets.md), in the page's own code.
             wait_quiet(alice)
+            # The snapshot asked for while the page was parsed (a preload) is the one its script
+            # took: each snapshot the page drew was asked for once.
+            asked = (
+                "performance.getEntriesByType('resource').filter(r => r.name.includes('state.json')).length"
+            )
+            assert alice.evaluate(asked) == alice.evaluate("window.TESSERA.snapshots")
             current = alice.evaluate("window.TESSERA.currentNormalized()")
             fresh = alice.evaluate("window.TESSERA.fetchNormalized()")
             assert current == fresh
