@@ -82,7 +82,7 @@ bench-requests: $(STAMP)
 eval: $(STAMP)
 	bash scripts/eval.sh
 
-# The policy beside fair references on 15 bent workloads x 3 seeds (~64 CPU-min: ~32 min on 2 idle cores; not in CI):
+# The policy beside fair references on 15 bent workloads x 3 seeds (27 CPU-min: ~14 min on 2 idle cores; not in CI):
 # OUT/matrix.md, each goal with its verdict. MATRIX_ARGS: e.g. "--only skew-1.0 --seeds 1".
 MATRIX_OUT ?= var/eval-matrix
 eval-matrix: $(STAMP)
