@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from scheduling.engine.types import Estimate  # noqa: E402
 from scheduling.sim import policies  # noqa: E402
-from scheduling.sim.eta_score import WAITED_S, score  # noqa: E402
+from scheduling.sim.eta_score import WAITED_S, score, submits_and_starts  # noqa: E402
 from scheduling.sim.generate import generate  # noqa: E402
 from scheduling.sim.replay import replay  # noqa: E402
 from scheduling.sim.traces import read_jobs, read_nodes, read_quotas  # noqa: E402
@@ -84,13 +84,7 @@ def _dump(
     codes: Mapping[str, str],
 ) -> None:
     by_id = {j.request.id: j for j in jobs}
-    submitted: dict[str, float] = {}
-    started: dict[str, float] = {}
-    for e in events:
-        if e["event"] == "submit":
-            submitted[e["job"]] = e["t"]
-        elif e["event"] == "start":
-            started.setdefault(e["job"], e["t"])
+    submitted, started = submits_and_starts(events)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as fh:
         for job_id, t in started.items():

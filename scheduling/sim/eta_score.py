@@ -20,9 +20,8 @@ WAITED_S = 60.0
 ETA_KEYS = ("eta_coverage", "eta_within_band", "eta_median_error_s", "eta_median_band_s", "median_wait_s")
 
 
-def score(
-    events: Iterable[Mapping[str, Any]], first: Mapping[str, Estimate | None]
-) -> dict[str, float | None]:
+def submits_and_starts(events: Iterable[Mapping[str, Any]]) -> tuple[dict[str, float], dict[str, float]]:
+    """Each job's submit time and its first start time, from a replay's events."""
     submitted: dict[str, float] = {}
     started: dict[str, float] = {}
     for e in events:
@@ -30,6 +29,13 @@ def score(
             submitted[e["job"]] = e["t"]
         elif e["event"] == "start":
             started.setdefault(e["job"], e["t"])
+    return submitted, started
+
+
+def score(
+    events: Iterable[Mapping[str, Any]], first: Mapping[str, Estimate | None]
+) -> dict[str, float | None]:
+    submitted, started = submits_and_starts(events)
     waited = [j for j, t in started.items() if t - submitted.get(j, t) > WAITED_S]
     have = [j for j in waited if first.get(j) is not None]
     est = {j: first[j] for j in have}
