@@ -218,6 +218,18 @@ class FakeStream:
         self.closed = True
 
 
+# For job scripts (``ATTEMPT + script``): what a job's attempt at something it must not do
+# ended with ("succeeded", or the OSError's name).
+ATTEMPT = r"""
+def attempt(action):
+    try:
+        action()
+    except OSError as exc:
+        return type(exc).__name__
+    return "succeeded"
+"""
+
+
 def wait_for(check: Callable[[], Any], timeout: float = 20.0, every: float = 0.05) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -35,18 +35,13 @@ print(ck, flush=True)
 sys.exit(1)
 """
 
-CHECKPOINTS_AND_MEDDLES = r"""
+CHECKPOINTS_AND_MEDDLES = (
+    fakes.ATTEMPT
+    + r"""
 import json, os, pathlib, sys, time
 ck = os.environ["TESSERA_CHECKPOINT_DIR"]
 pathlib.Path(ck, "model.ckpt").write_text("bob-weights")
 parent, alices = os.path.dirname(ck), sys.argv[1]
-
-def attempt(action):
-    try:
-        action()
-    except OSError as exc:
-        return type(exc).__name__
-    return "succeeded"
 
 print(json.dumps({"checkpoint": ck, "results": {
     "plant a checkpoint directory for her job": attempt(lambda: os.mkdir(f"{parent}/{alices}-x")),
@@ -56,6 +51,7 @@ print(json.dumps({"checkpoint": ck, "results": {
 while not os.path.exists("done"):
     time.sleep(0.05)
 """
+)
 
 
 def test_a_checkpoint_stays_while_its_job_can_resume_and_goes_once_it_cannot(live_server, world, state_dir):

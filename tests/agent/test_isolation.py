@@ -70,16 +70,11 @@ while not os.path.exists("done"):
 print(pathlib.Path(ck, "model.ckpt").read_text(), sorted(os.listdir(ck)), flush=True)
 """
 
-BOB = r"""
+BOB = (
+    fakes.ATTEMPT
+    + r"""
 import json, os, signal, sys
 workdir, ck, tmp, pid = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-
-def attempt(action):
-    try:
-        action()
-    except OSError as exc:
-        return type(exc).__name__
-    return "succeeded"
 
 def write(path, text):
     with open(path, "w") as f:
@@ -98,6 +93,7 @@ print(json.dumps({
     "list the node's jobs": attempt(lambda: os.listdir(os.path.dirname(workdir))),
 }))
 """
+)
 
 
 def test_bobs_job_cannot_read_alices_files_environment_or_checkpoint_nor_signal_or_poison_her_job(node):

@@ -19,6 +19,7 @@ import pytest
 
 from agent import sandbox
 from agent.identity import RunAs
+from tests.agent import fakes
 
 needs_scopes = pytest.mark.skipif(
     sandbox.scope_unavailable() is not None, reason=f"no Landlock scopes: {sandbox.scope_unavailable()}"
@@ -38,16 +39,11 @@ def test_the_landlock_step_runs_as_root_right_before_the_user_switch_and_only_wh
     assert str(sandbox.LANDLOCK_STEP) not in plain and plain == scoped[: at - len(step)] + scoped[at:]
 
 
-BEHIND_THE_STEP = r"""
+BEHIND_THE_STEP = (
+    fakes.ATTEMPT
+    + r"""
 import json, os, signal, socket, subprocess, sys
 outside, parent = "\0" + sys.argv[1], int(sys.argv[2])
-
-def attempt(action):
-    try:
-        action()
-    except OSError as exc:
-        return type(exc).__name__
-    return "succeeded"
 
 def connect(name, kind=socket.SOCK_STREAM):
     with socket.socket(socket.AF_UNIX, kind) as s:
@@ -69,6 +65,7 @@ print(json.dumps({
     "its child connects to its own": subprocess.run(child).returncode,
 }))
 """
+)
 
 
 @needs_scopes
