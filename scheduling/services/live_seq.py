@@ -20,7 +20,6 @@ and messages go without a number (the page applies them, as before there was one
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 
@@ -31,8 +30,7 @@ from scheduling.services import redis_flags
 
 log = logging.getLogger("tessera.live")
 
-_local = itertools.count(1)
-_local_last = 0
+_local_last = 0  # the last number taken in this process (no REDIS_URL)
 _guard = threading.Lock()
 
 
@@ -45,7 +43,7 @@ def take() -> int | None:
     global _local_last
     if not settings.REDIS_URL:
         with _guard:
-            _local_last = next(_local)
+            _local_last += 1
             return _local_last
     try:
         return int(redis_flags.client().incr(_key()))
