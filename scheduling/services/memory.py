@@ -16,27 +16,50 @@ from django.db import connection
 
 from scheduling.engine.memory import EngineMemory
 from scheduling.models import EngineMemoryRecord
-from scheduling.services.bulk import column_of, field_of, statements_together
+from scheduling.services.bulk import Write, column_of, field_of, statements_together, write_together
 from scheduling.services.snapshot import StoredMemory, memory_text
 
 
-def store_memory(memory: EngineMemory, not_reached: list[str], before: StoredMemory, now: datetime) -> None:
-    """Store what a pass left, if it differs from what it loaded (a quiet pass leaves the same).
-    Only the pass lock's holder writes the row, so nothing else changed it in between. The
-    commit does not wait for the disk: a worker killed right after loses nothing (the database
-    has it); a database crash may lose the last passes' memory, and the next pass then plans
-    afresh from the jobs and allocations, which are flushed."""
+def memory_write(
+    memory: EngineMemory, not_reached: list[str], before: StoredMemory, now: datetime
+) -> Write | None:
+    """The statement storing what a pass left, or None if it is what the pass loaded (a quiet
+    pass leaves the same). Only the pass lock's holder writes the row, so nothing else changed
+    it in between. A pass that binds sends it with its first chunk's writes (``passes.py``: one
+    transaction, no round trip of its own); :func:`store_memory` sends it alone."""
     doc = memory.to_json()
     ids = sorted(not_reached)
     if before.text is not None and memory_text(doc, ids) == before.text:
-        return
+        return None
     field = functools.partial(field_of, EngineMemoryRecord)
     values = {"id": 1, "memory": doc, "not_reached": ids, "updated_at": now}
     params = [field(name).get_db_prep_save(value, connection) for name, value in values.items()]
-    with connection.cursor() as cur:
-        # One statement (and on PostgreSQL one round trip with its no-flush setting: several
-        # statements in one query are one transaction).
-        cur.execute(f"{_NO_FLUSH}; {_upsert_sql()}" if statements_together() else _upsert_sql(), params)
+    sql = _upsert_sql()
+
+    def alone() -> None:  # off PostgreSQL (write_together's fallback)
+        with connection.cursor() as cur:
+            cur.execute(sql, params)
+
+    return Write(sql, params, alone)
+
+
+def store_memory(memory: EngineMemory, not_reached: list[str], before: StoredMemory, now: datetime) -> None:
+    """Store what a pass left, if it differs from what it loaded, in a statement of its own.
+    The commit does not wait for the disk: a worker killed right after loses nothing (the
+    database has it); a database crash may lose the last passes' memory, and the next pass then
+    plans afresh from the jobs and allocations, which are flushed."""
+    store(memory_write(memory, not_reached, before, now))
+
+
+def store(write: Write | None) -> None:
+    """Send a :func:`memory_write` alone: one statement (on PostgreSQL one round trip with its
+    no-flush setting: several statements in one query are one transaction)."""
+    if write is None:
+        return
+    if not statements_together():
+        write_together(write)
+        return
+    write_together(Write(_NO_FLUSH, []), write)
 
 
 _NO_FLUSH = "SET LOCAL synchronous_commit TO OFF"

@@ -32,6 +32,7 @@ from scheduling.engine.policy import TesseraScheduler
 from scheduling.engine.types import Binding, Deadline, Decisions, Estimate
 from scheduling.models import Allocation, Device, Job, Node, SchedulerState
 from scheduling.services import checkpoints, live, resizes, triggers
+from scheduling.services import memory as stored_memory
 from scheduling.services.agents import bindings_by_node
 from scheduling.services.bulk import (
     COMMIT,
@@ -54,7 +55,6 @@ from scheduling.services.jobs import (
     locked_jobs,
     transition_writes,
 )
-from scheduling.services.memory import store_memory
 from scheduling.services.snapshot import (
     ESTIMATE_FIELDS,
     NO_ESTIMATE,
@@ -105,7 +105,7 @@ def unlock() -> None:
         return
     try:
         with connection.cursor() as cur:
-            cur.execute("SELECT pg_advisory_unlock(%s)", [PASS_LOCK_KEY])
+            cur.execute(_UNLOCK, [PASS_LOCK_KEY])
     except Exception:
         log.warning("could not release the pass lock: closing the connection", exc_info=True)
         connection.close()
@@ -146,11 +146,18 @@ def run_pass(now: datetime | None = None, max_rounds: int = 3) -> PassResult | N
             triggers.set_again()
             if not try_lock():
                 return None
+        unlocked = False
         try:
             triggers.take_again()
-            result = _one_pass(now)
+            at = now or timezone.now()
+            result = _one_pass(at)
+            if result.undecided:
+                triggers.set_again()  # the rest are decided by the next round (or, after max_rounds, task)
+            # The pass's record and the lock's release: one round trip where they can share it.
+            unlocked = record_pass(result, at, unlock=True)
         finally:
-            unlock()
+            if not unlocked:
+                unlock()
         now = None
         if not triggers.asked_again():
             return result
@@ -182,9 +189,9 @@ def engine_config(knobs: Mapping[str, Any] | None = None) -> EngineConfig:
         return base
 
 
-def _one_pass(now: datetime | None) -> PassResult:
+def _one_pass(now: datetime) -> PassResult:
+    """Decide and apply, at ``now`` (recorded by the caller, :func:`record_pass`)."""
     started = clock()
-    now = now or timezone.now()
     pending = pending_rows()
     if pending or resizes.growable():
         loaded = load_snapshot(now, pending)
@@ -197,10 +204,11 @@ def _one_pass(now: datetime | None) -> PassResult:
             engine = make_policy(loaded)
             decisions: Decisions = engine.decide(loaded.snapshot.now, deadline)
             estimates = _estimates(engine, decisions, loaded.snapshot.now)
-        # Stored before the decisions are applied: what the engine remembers is what it decided,
-        # and a binding dropped as stale is decided again by the next pass either way.
-        store_memory(engine.memory(), decisions.not_reached, loaded.stored, now)
-        result = apply_decisions(loaded, decisions, now, estimates)
+        # Stored with the first chunk of bindings (one transaction), or alone before anything is
+        # applied: what the engine remembers is what it decided, and a binding dropped as stale
+        # is decided again by the next pass either way.
+        memory = stored_memory.memory_write(engine.memory(), decisions.not_reached, loaded.stored, now)
+        result = apply_decisions(loaded, decisions, now, estimates, memory)
     else:
         # Nothing waits and no running job can grow: there is nothing to bind, resize, preempt
         # for or explain, so the rest of the cluster need not be read (a pass after a job's
@@ -219,9 +227,6 @@ def _one_pass(now: datetime | None) -> PassResult:
         if result.undecided
         else "",
     )
-    record_pass(result, now)
-    if result.undecided:
-        triggers.set_again()  # the rest are decided by the next round (or, after max_rounds, task)
     return result
 
 
@@ -233,29 +238,40 @@ PASS_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
 _recorded: list[SchedulerState] = []
 
 
-def record_pass(result: PassResult, now: datetime) -> None:
+def record_pass(result: PassResult, now: datetime, unlock: bool = False) -> bool:
     """Add the pass to ``SchedulerState``: its record, the duration histogram, the decision totals.
+    ``unlock``: give the pass lock back in the same query where the record allows it; returns
+    whether it did (if not, the caller does).
 
     Statistics, not state: on PostgreSQL the commit does not wait for the disk (a crash may lose
     the last few passes' counts, never a job), so recording costs a pass no flush. Passes run one
     at a time (the pass lock), so each adds to the row as the last one left it: this process
     keeps the row it wrote and updates it only if it is still as written (the count and time of
-    the last pass); if another process recorded since, the row is read again, locked.
+    the last pass); if another process recorded since, the row is read again, locked (after the
+    lock was given back, if it was: then other recorders wait on the row's lock instead).
     """
     state = _recorded[0] if _recorded else None
-    if state is None or not _add_if_unchanged(state, result, now):
+    recorded = unlocked = False
+    if state is not None:
+        recorded, unlocked = _add_if_unchanged(state, result, now, unlock)
+    if state is None or not recorded:
         with transaction.atomic():
             _commit_without_flush()
             state, _ = SchedulerState.objects.select_for_update().get_or_create(id=1)
             _add_pass(state, result, now)
             state.save()
     _recorded[:] = [state]
+    return unlocked
 
 
-def _add_if_unchanged(state: SchedulerState, result: PassResult, now: datetime) -> bool:
-    """Add the pass to the row if it is still as ``state`` (as last written here) says."""
+def _add_if_unchanged(
+    state: SchedulerState, result: PassResult, now: datetime, unlock: bool
+) -> tuple[bool, bool]:
+    """Add the pass to the row if it is still as ``state`` (as last written here) says; with
+    ``unlock``, give the pass lock back in the same query where statements go together. Returns
+    (whether the row was updated, whether the lock was given back)."""
     if state.last_pass_at is None:
-        return False
+        return False, False
     seen = {"id": state.pk, "passes": state.passes, "last_pass_at": state.last_pass_at}
     fields = _add_pass(state, result, now)
     field = functools.partial(field_of, SchedulerState)
@@ -265,14 +281,23 @@ def _add_if_unchanged(state: SchedulerState, result: PassResult, now: datetime) 
     with connection.cursor() as cur:
         if not statements_together():
             cur.execute(sql, params)
-            return cur.rowcount == 1
+            return cur.rowcount == 1, False
         # One round trip, its own transaction (several statements in one query are one), whose
-        # commit does not wait for the disk: not BEGIN, SET LOCAL, UPDATE and COMMIT, four.
-        cur.execute(f"{_NO_FLUSH}; {sql}", params)
+        # commit does not wait for the disk: not BEGIN, SET LOCAL, UPDATE, COMMIT and the
+        # unlock, five. (A session's advisory lock is not transactional: released at once.)
+        if not unlock:
+            cur.execute(f"{_NO_FLUSH}; {sql}", params)
+            cur.nextset()
+            return cur.rowcount == 1, False
+        cur.execute(f"{_NO_FLUSH}; {sql}; {_UNLOCK}", [*params, PASS_LOCK_KEY])
         cur.nextset()
-        return cur.rowcount == 1
+        updated = cur.rowcount == 1
+        if not cur.nextset() or not cur.fetchone()[0]:
+            log.warning("the pass lock was not held when given back")
+        return updated, True
 
 
+_UNLOCK = "SELECT pg_advisory_unlock(%s)"
 _UPDATE_IF: dict[tuple[str, tuple[str, ...], tuple[str, ...]], str] = {}
 
 
@@ -361,13 +386,18 @@ def apply_decisions(
     decisions: Decisions,
     now: datetime,
     estimates: Mapping[str, Estimate] | None = None,
+    memory: Write | None = None,
 ) -> PassResult:
-    """Apply bindings (in chunks, each one transaction), then resizes (``services/resizes.py``),
-    then preemptions, then pending reasons and the start ``estimates``."""
+    """Apply bindings (in chunks, each one transaction; ``memory``, the engine's memory's write,
+    goes with the first, or alone first if nothing binds), then resizes
+    (``services/resizes.py``), then preemptions, then pending reasons and the start
+    ``estimates``."""
     result = PassResult(pending=len(decisions.pending), undecided=decisions.undecided)
     bindings = list(decisions.bindings[: settings.TESSERA["MAX_STARTS_PER_PASS"]])
+    if not bindings:
+        stored_memory.store(memory)
     for i in range(0, len(bindings), APPLY_CHUNK):
-        _apply_bindings(loaded, bindings[i : i + APPLY_CHUNK], now, result)
+        _apply_bindings(loaded, bindings[i : i + APPLY_CHUNK], now, result, memory if i == 0 else None)
     if decisions.resizes:
         done = set(result.bound)
         bound = {b.job_id: {p.replica for p in b.placements} for b in bindings if b.job_id in done}
@@ -383,16 +413,22 @@ def apply_decisions(
 
 
 def _apply_bindings(
-    loaded: LoadedSnapshot, bindings: list[Binding], now: datetime, result: PassResult
+    loaded: LoadedSnapshot,
+    bindings: list[Binding],
+    now: datetime,
+    result: PassResult,
+    memory: Write | None = None,
 ) -> None:
     """Bind jobs, each all replicas or none, if nothing it touches moved since the snapshot.
 
     One transaction for the chunk, a handful of queries for all of it: the jobs and then the
     nodes are locked (the lock order everywhere), each node's version is checked against the
     snapshot's, and the capacity the database already holds is checked again per device
-    (defence in depth: a GPU is never over-committed even by a wrong decision).
+    (defence in depth: a GPU is never over-committed even by a wrong decision). ``memory``: a
+    write that goes with the chunk's (the engine's memory), whether or not anything binds.
     """
     if not bindings:
+        stored_memory.store(memory)
         return
     node_names = sorted({p.node for b in bindings for p in b.placements})
     # Two round trips in all where the transaction's BEGIN and COMMIT ride on them (bulk.py).
@@ -427,6 +463,7 @@ def _apply_bindings(
             bound.append((job, wanted))
             result.bound.append(binding.job_id)
         if not bound:
+            write_together(memory, COMMIT if rides and memory is not None else None)
             return
         allocs: list[Allocation] = []
         events: dict[int, list[dict]] = {}
@@ -466,7 +503,7 @@ def _apply_bindings(
         # Everything that reads or may fail is done: the writes and the COMMIT, one round trip.
         # (A time limit striking after it leaves the chunk whole but drops the block's commit
         # hooks: its agents then start its jobs at their next heartbeat.)
-        write_together(*writes, COMMIT if rides else None)
+        write_together(memory, *writes, COMMIT if rides else None)
         # Published by the block's commit hooks.
         live.publish_devices(devices_after)
         live.wake_agents(wakes)

@@ -75,6 +75,24 @@ def test_a_decision_on_a_stale_node_is_dropped(world, two_nodes):
     assert job.state == JobState.PENDING
 
 
+def test_the_engines_memory_is_stored_even_when_the_first_chunk_binds_nothing(world, two_nodes):
+    """The memory rides with the first chunk's writes; a chunk whose bindings are all dropped
+    (stale) still stores it: the next pass starts from what this one planned."""
+    from scheduling.engine.memory import EngineMemory
+    from scheduling.models import EngineMemoryRecord
+    from scheduling.services import memory as stored_memory
+
+    job = helpers.submit(world.alice, world.vision, gpus=1)
+    loaded = load_snapshot(timezone.now())
+    Node.objects.filter(name="a100-01").update(version=99)
+    write = stored_memory.memory_write(EngineMemory(), ["17"], loaded.stored, timezone.now())
+    assert write is not None
+    decisions = Decisions(bindings=[Binding(str(job.pk), (Placement(0, "a100-01", (0,)),))])
+    result = passes.apply_decisions(loaded, decisions, timezone.now(), memory=write)
+    assert result.dropped == [str(job.pk)]
+    assert EngineMemoryRecord.objects.get(pk=1).not_reached == ["17"]
+
+
 def test_a_gpu_is_never_bound_twice_even_by_a_wrong_decision(world, two_nodes):
     first = helpers.submit(world.alice, world.vision, gpus=1)
     second = helpers.submit(world.bob, world.nlp, gpus=1)

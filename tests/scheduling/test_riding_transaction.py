@@ -97,3 +97,32 @@ def test_no_riding_inside_another_atomic_block_or_when_switched_off(world, setti
     with riding_transaction() as rides:
         assert not rides
     assert connection.get_autocommit()
+
+
+def _advisory_locks_held() -> int:
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()")
+        return cur.fetchone()[0]
+
+
+def test_a_binding_pass_stores_its_memory_with_its_first_commit_and_unlocks_with_its_record(world):
+    """The engine's memory rides in the first chunk's transaction (never stored apart from the
+    bindings it planned), and the pass's record carries the lock's release: no round trip of
+    their own."""
+    helpers.make_node("a100-01")
+    helpers.submit(world.alice, world.vision, gpus=1)
+    passes.run_pass()  # the first record reads the row (locked); later ones update it as written
+    job = helpers.submit(world.alice, world.vision, gpus=2)
+    statements: list[str] = []
+    with _sent(statements):
+        assert passes.run_pass().bound == [str(job.pk)]
+    memory = [s for s in statements if "scheduling_enginememoryrecord" in s and "INSERT" in s]
+    assert len(memory) == 1, statements
+    assert '"scheduling_allocation"' in memory[0] and memory[0].endswith(";\nCOMMIT")
+    record = [s for s in statements if '"scheduling_schedulerstate"' in s]
+    assert len(record) == 1 and record[0].endswith("SELECT pg_advisory_unlock(%s)")
+    assert not [s for s in statements if s.startswith("SELECT pg_advisory_unlock")], "a separate unlock"
+    assert _advisory_locks_held() == 0
+    from scheduling.models import EngineMemoryRecord
+
+    assert EngineMemoryRecord.objects.get(pk=1).updated_at is not None
