@@ -148,9 +148,9 @@ def run_pass(now: datetime | None = None, max_rounds: int = 3) -> PassResult | N
                 return None
         unlocked = False
         try:
-            triggers.take_again()
+            asked = triggers.take_again()
             at = now or timezone.now()
-            result = _one_pass(at)
+            result = _one_pass(at, expect_pending=asked)
             if result.undecided:
                 triggers.set_again()  # the rest are decided by the next round (or, after max_rounds, task)
             # The pass's record and the lock's release: one round trip where they can share it.
@@ -189,12 +189,23 @@ def engine_config(knobs: Mapping[str, Any] | None = None) -> EngineConfig:
         return base
 
 
-def _one_pass(now: datetime) -> PassResult:
-    """Decide and apply, at ``now`` (recorded by the caller, :func:`record_pass`)."""
+def _one_pass(now: datetime, expect_pending: bool = False) -> PassResult:
+    """Decide and apply, at ``now`` (recorded by the caller, :func:`record_pass`).
+
+    ``expect_pending``: a pass was asked for, which is done only while a job is pending
+    (``triggers.request_pass``): the pending jobs are then read with the rest of the cluster,
+    one round trip, rather than first on their own (what a pass that finds none reads)."""
     started = clock()
-    pending = pending_rows()
-    if pending or resizes.growable():
-        loaded = load_snapshot(now, pending)
+    loaded: LoadedSnapshot | None = None
+    if expect_pending:
+        loaded = load_snapshot(now)
+        if not loaded.snapshot.pending and not resizes.growable():
+            loaded = None
+    else:
+        pending = pending_rows()
+        if pending or resizes.growable():
+            loaded = load_snapshot(now, pending)
+    if loaded is not None:
         # The time budget bounds the deciding (a slow snapshot read must not leave it no time:
         # it would then decide nothing, pass after pass). What a cut-short pass did not reach is
         # decided first by the next one, so a long queue is worked through in turns.

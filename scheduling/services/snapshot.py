@@ -484,17 +484,21 @@ def _placements(rows: list[tuple[int, str, int, int | None]]) -> tuple[Placement
 
 
 def load_snapshot(now: datetime, pending: list[dict[str, Any]] | None = None) -> LoadedSnapshot:
-    """The cluster at ``now``; ``pending``: :func:`pending_rows` when the caller has read them.
+    """The cluster at ``now``; ``pending``: :func:`pending_rows` when the caller has read them
+    (else they are read in the same round trip as the rest).
 
     No transaction: at READ COMMITTED one would not make the reads one snapshot either. What
     moves between them is caught when the decisions are applied (each node's version, and each
     device's capacity, are checked again under the node's lock).
     """
-    if pending is None:
-        pending = pending_rows()
-    holding, node_rows, device_rows, held, quotas, memory, history, knobs = read_together(
-        (_HOLDING,), (_NODES,), (_DEVICES,), (_HELD,), (_QUOTAS,), (_MEMORY,), (_HISTORY,), (_KNOBS,)
-    )
+    reads: list[tuple[Any, ...]] = [(_HOLDING,), (_NODES,), (_DEVICES,), (_HELD,), (_QUOTAS,), (_MEMORY,)]
+    reads += [(_HISTORY,), (_KNOBS,)]
+    if pending is None:  # read with the rest: one round trip
+        queued, *rows = read_together((_PENDING,), *reads)
+        pending = [dict(zip(JOB_FIELDS, row, strict=True)) for row in queued]
+    else:
+        rows = read_together(*reads)
+    holding, node_rows, device_rows, held, quotas, memory, history, knobs = rows
     jobs = [dict(zip(JOB_FIELDS, row, strict=True)) for row in holding] + pending
     nodes = [dict(zip(NODE_FIELDS, row, strict=True)) for row in node_rows]
     devices: dict[int, list[dict[str, Any]]] = defaultdict(list)

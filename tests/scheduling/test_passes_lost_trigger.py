@@ -107,8 +107,8 @@ def hook(monkeypatch, point: str, happen) -> None:
     if point == "during the pass":
         real_pass = passes._one_pass
 
-        def one_pass(now):
-            result = real_pass(now)
+        def one_pass(now, **kwargs):
+            result = real_pass(now, **kwargs)
             happen()  # this worker holds the pass lock
             return result
 

@@ -126,3 +126,26 @@ def test_a_binding_pass_stores_its_memory_with_its_first_commit_and_unlocks_with
     from scheduling.models import EngineMemoryRecord
 
     assert EngineMemoryRecord.objects.get(pk=1).updated_at is not None
+
+
+def test_a_pass_asked_for_reads_the_pending_jobs_with_the_cluster_in_one_query(world):
+    """A request (``triggers.request_pass``, made only while a job is pending) lets the pass read
+    the queue and the rest of the cluster in one round trip; unasked (beat's safety pass) it
+    reads the queue alone first and stops there when nothing waits."""
+    from scheduling.services import triggers
+
+    helpers.make_node("a100-01")
+    job = helpers.submit(world.alice, world.vision, gpus=1)
+    triggers.set_again()
+    statements: list[str] = []
+    with _sent(statements):
+        assert passes.run_pass().bound == [str(job.pk)]
+    reads = [s for s in statements if s.lstrip().startswith("SELECT") and '"scheduling_node"' in s]
+    assert len(reads) >= 1
+    first = reads[0]
+    assert first.count(";\n") >= 8 and "'pending'" not in first  # parameters, not literals
+    assert statements.index(first) <= 1, statements[:3]  # the lock, then this read
+    statements.clear()
+    with _sent(statements):
+        assert passes.run_pass() is not None
+    assert not [s for s in statements if '"scheduling_node"' in s], "an unasked, empty pass read the cluster"

@@ -60,11 +60,11 @@ def requesting_in_rounds(monkeypatch, asking_rounds: int) -> list[int]:
     rounds: list[int] = []
     real = passes._one_pass
 
-    def one_pass(now):
+    def one_pass(now, **kwargs):
         rounds.append(len(rounds) + 1)
         if len(rounds) <= asking_rounds:
             triggers.request_pass()  # a submit commits while the pass runs
-        return real(now)
+        return real(now, **kwargs)
 
     monkeypatch.setattr(passes, "_one_pass", one_pass)
     return rounds
