@@ -17,7 +17,7 @@ from django.db import connection
 from scheduling.engine.memory import EngineMemory
 from scheduling.models import EngineMemoryRecord
 from scheduling.services.bulk import Write, column_of, field_of, statements_together, write_together
-from scheduling.services.snapshot import StoredMemory, memory_text
+from scheduling.services.snapshot import StoredMemory
 
 
 def memory_write(
@@ -29,7 +29,7 @@ def memory_write(
     transaction, no round trip of its own); :func:`store_memory` sends it alone."""
     doc = memory.to_json()
     ids = sorted(not_reached)
-    if before.text is not None and memory_text(doc, ids) == before.text:
+    if before.same(doc, ids):
         return None
     field = functools.partial(field_of, EngineMemoryRecord)
     values = {"id": 1, "memory": doc, "not_reached": ids, "updated_at": now}
