@@ -41,11 +41,13 @@ from scheduling.models import (
     new_secret,
 )
 from scheduling.services import audit, checkpoints, live
+from scheduling.services.bulk import riding_transaction
 from scheduling.services.inventory import device_rows
 from scheduling.services.jobs import (
     AGENT_STOPS,
     LOCK_JOBS,
     Settlement,
+    SettlementReads,
     active_allocations_of,
     begin_stop,
     device_index,
@@ -53,6 +55,8 @@ from scheduling.services.jobs import (
     failed_code,
     jobs_from_rows,
     locked_jobs,
+    settled_with,
+    settlement_reads,
 )
 from scheduling.services.rendezvous import Placed, rendezvous
 from scheduling.services.resizes import leave_alone, leaves_alone
@@ -629,12 +633,19 @@ class Owned:
 
     jobs: dict[int, Job]
     allocations: dict[int, list[Allocation]]
+    # What a settlement of these jobs reads to write (``settling``), read with them.
+    settling: SettlementReads | None = None
 
 
-def _owned(node: Node, job_ids: list[int]) -> Owned:
-    """Lock ``job_ids`` (in id order, as everywhere) and read their allocations: one round trip."""
+def _owned(node: Node, job_ids: list[int], settling: bool = False, begin: bool = False) -> Owned:
+    """Lock ``job_ids`` (in id order, as everywhere) and read their allocations: one round trip.
+
+    ``settling``: and what a :class:`Settlement` of them reads to write, in the same round trip.
+    ``begin``: the transaction's BEGIN rides on it (``bulk.riding_transaction``)."""
     ids = sorted({i for i in job_ids if 0 < i <= MAX_DB_INT})
-    job_rows, alloc_rows = read_together((LOCK_JOBS, ids), (_JOB_ALLOCATIONS, ids))
+    job_rows, alloc_rows, *more = read_together(
+        (LOCK_JOBS, ids), (_JOB_ALLOCATIONS, ids), *(settlement_reads(ids) if settling else ()), begin=begin
+    )
     jobs = {job.pk: job for job in jobs_from_rows(job_rows)}
     allocations: dict[int, list[Allocation]] = {}
     nodes: dict[int, Node] = {}
@@ -651,7 +662,8 @@ def _owned(node: Node, job_ids: list[int]) -> Owned:
         alloc.node, alloc.device = where, device
         allocations.setdefault(alloc.job_id, []).append(alloc)
     mine = {job_id for job_id, allocs in allocations.items() if any(a.node_id == node.pk for a in allocs)}
-    return Owned({i: j for i, j in jobs.items() if i in mine}, allocations)
+    reads = settled_with(more, allocations) if settling else None
+    return Owned({i: j for i, j in jobs.items() if i in mine}, allocations, reads)
 
 
 def _owned_job(node: Node, job_id: int) -> tuple[Job, list[Allocation]]:
@@ -803,10 +815,13 @@ def do_report_exits(node: Node, reports: list[ExitReport]) -> list[tuple[Job, bo
     """Several exit reports of one node, settled in one transaction and a fixed handful of queries
     (the jobs locked in one, their allocations read in one, every change written by one
     :class:`Settlement`). Each report is answered on its own, in order: (job, recorded), or the
-    :class:`NotYours` or :class:`Stale` it would raise alone."""
+    :class:`NotYours` or :class:`Stale` it would raise alone.
+
+    Two round trips where the transaction's BEGIN and COMMIT ride (``bulk.riding_transaction``):
+    the jobs locked with everything the settlement reads, then its writes with the COMMIT."""
     now = timezone.now()
-    with transaction.atomic():
-        owned = _owned(node, [r.job_id for r in reports])
+    with riding_transaction() as rides:
+        owned = _owned(node, [r.job_id for r in reports], settling=True, begin=rides)
         settlement = Settlement()
         results: list[tuple[Job, bool] | NotYours | Stale] = []
         for report in reports:
@@ -814,7 +829,7 @@ def do_report_exits(node: Node, reports: list[ExitReport]) -> list[tuple[Job, bo
                 results.append(_exit_one(node, owned, settlement, report, now))
             except (NotYours, Stale) as exc:
                 results.append(exc)
-        settlement.write()
+        settlement.write(owned.settling, commit=rides)
     return results
 
 

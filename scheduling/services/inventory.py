@@ -26,6 +26,26 @@ HOLDERS = PreparedRead(
 )
 
 
+# The active allocations of every device some jobs' active allocations hold
+# (``HOLDERS_OF_JOBS.rows(job_ids)``), as ``HOLDERS`` rows with each allocation's id last: read
+# with those jobs' lock, before anything of theirs is released (an exit batch's ``Settlement``
+# then leaves out the allocations it released, by id).
+HOLDERS_OF_JOBS = PreparedRead(
+    lambda job_ids: (
+        Allocation.objects.filter(
+            released_at__isnull=True,
+            device_id__in=Allocation.objects.filter(
+                job_id__in=job_ids, released_at__isnull=True, device__isnull=False
+            ).values("device_id"),
+        )
+        .order_by("job_id", "replica")
+        .values_list(
+            "device_id", "job_id", "job__tenant_id", "job__tenant__name", "share_milli", "replica", "id"
+        )
+    )
+)
+
+
 def holders(device_ids: Iterable[int]) -> dict[int, list[Holder]]:
     """The active allocations of ``device_ids``, per device id, by job and replica."""
     return holders_of(HOLDERS.rows(sorted(set(device_ids))))

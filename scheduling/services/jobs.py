@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -21,11 +22,11 @@ from django.utils import timezone
 from scheduling.choices import HOLDING_STATES, QUEUE_LEVELS, TERMINAL_STATES, EventType, JobState
 from scheduling.models import Allocation, IdempotencyKey, Job, JobEvent, Tenant
 from scheduling.services import audit, checkpoints, live, webhooks
-from scheduling.services.bulk import InsertWithChildren, RowsInsert, RowsUpdate, Write, write_together
-from scheduling.services.inventory import device_rows
+from scheduling.services.bulk import COMMIT, InsertWithChildren, RowsInsert, RowsUpdate, Write, write_together
+from scheduling.services.inventory import HOLDERS_OF_JOBS, Holder, device_rows
 from scheduling.services.quotas import admission_params, admission_sql, check_job_admissible
 from scheduling.services.snapshot import ESTIMATE_FIELDS, NO_ESTIMATE, PreparedRead
-from scheduling.services.triggers import request_pass, request_pass_on_commit
+from scheduling.services.triggers import ANY_PENDING, request_pass, request_pass_on_commit
 from scheduling.states import check_transition
 
 
@@ -556,7 +557,7 @@ class Settlement:
             self.node_lost(job, at, **common)
         elif exit_code == 0:
             self.move(job, JobState.SUCCEEDED, EventType.SUCCEEDED, "", at=at, finished_at=at, **common)
-        elif (used := retries_used(job)) < job.max_retries:
+        elif job.max_retries and (used := retries_used(job)) < job.max_retries:  # (no retry: no read)
             why = f"exit {exit_code}" if exit_code is not None else "lost"
             self.move(
                 job,
@@ -592,22 +593,95 @@ class Settlement:
         else:
             self.move(job, JobState.FAILED, EventType.FAILED, "node-lost", at=at, finished_at=at, **fields)
 
-    def write(self) -> None:
-        """Write it all (inside the caller's transaction); live updates and a pass after commit."""
-        write_together(  # one round trip
+    def write(self, read: SettlementReads | None = None, commit: bool = False) -> None:
+        """Write it all (inside the caller's transaction); live updates and a pass after commit.
+
+        ``read``: what writing needs to read (the webhooks, the freed devices' holders, whether a
+        job is pending), read by the caller before (:func:`settlement_reads`, with its jobs'
+        lock): one round trip in all, the deliveries sent with the other writes. Without it
+        those are read here. ``commit``: the caller's transaction's COMMIT rides on these writes
+        (``bulk.riding_transaction``; ``read`` given, so that nothing is read after it)."""
+        if read is None:
+            assert not commit, "a settlement that reads cannot carry its transaction's COMMIT"
+            write_together(  # one round trip
+                *self._writes(),
+            )
+            webhooks.queue_for_events(self.events)
+            if self.freed:
+                _publish_freed(self.freed)
+            self._publish()
+            if self.ask_pass:
+                request_pass_on_commit()
+            return
+        writes = [*self._writes(), webhooks.delivery_write(self.events, read.hooks)]
+        if self.freed:
+            live.publish_devices(_rows_after_release(self.freed, read))
+        self._publish()
+        if self.ask_pass:
+            made_pending = any(job.state == JobState.PENDING for job in self.jobs.values())
+            request_pass_on_commit(pending=read.pending or made_pending)
+        # Every read is done: the writes (and the COMMIT, where it rides), one round trip.
+        write_together(*writes, COMMIT if commit else None)
+
+    def _writes(self) -> list[Write | None]:
+        return [
             _WRITE_JOBS.write(list(self.jobs.values())),
             _WRITE_EVENTS.write(self.events),
             _WRITE_EXITED.write(self.exited),
             _WRITE_RELEASED.write(self.freed),
-        )
-        webhooks.queue_for_events(self.events)
-        if self.freed:
-            _publish_freed(self.freed)
+        ]
+
+    def _publish(self) -> None:
         live.publish_jobs(list(self.jobs.values()))
         for node_id in sorted(self.woken):
             live.wake_agent(node_id)
-        if self.ask_pass:
-            request_pass_on_commit()
+
+
+@dataclass
+class SettlementReads:
+    """What :meth:`Settlement.write` reads, read before it with its jobs' lock (see
+    :func:`settlement_reads`)."""
+
+    hooks: dict[int, list[webhooks.HookRow]]  # the jobs' tenants' webhooks, per tenant id
+    # The active holders of every device the jobs' active allocations hold, per device id, each
+    # with its allocation's id, as read (before the settlement released any).
+    held: dict[int, list[tuple[Holder, int]]]
+    pending: bool  # a job was pending when read
+    # The jobs' allocations (as read, then changed in memory: those released carry their time).
+    allocations: dict[int, list[Allocation]]
+
+
+def settlement_reads(job_ids: list[int]) -> list[tuple[Any, ...]]:
+    """The reads a :class:`Settlement` of (some of) ``job_ids`` needs, for ``read_together`` after
+    the reads that lock those jobs; their rows go to :func:`settled_with`."""
+    return [(webhooks.HOOKS_OF_JOBS, job_ids), (HOLDERS_OF_JOBS, job_ids), (ANY_PENDING,)]
+
+
+def settled_with(rows: list[list[Any]], allocations: dict[int, list[Allocation]]) -> SettlementReads:
+    """:func:`settlement_reads`'s rows, and the locked jobs' ``allocations`` (all of them: a
+    settlement releases some, and a resize may release others before it writes)."""
+    hook_rows, holder_rows, pending_rows = rows
+    held: dict[int, list[tuple[Holder, int]]] = {}
+    for device_id, job_id, tenant_id, tenant, share, replica, alloc_id in holder_rows:
+        held.setdefault(device_id, []).append(((job_id, tenant_id, tenant, share, replica), alloc_id))
+    return SettlementReads(webhooks.hooks_by_tenant(hook_rows), held, bool(pending_rows), allocations)
+
+
+def _rows_after_release(freed: list[Allocation], read: SettlementReads) -> list[dict[str, Any]]:
+    """The rows of the devices ``freed`` held: their holders as read, less every allocation of
+    the read jobs released since (what :func:`_publish_freed` reads after the release)."""
+    gone = {a.pk for allocs in read.allocations.values() for a in allocs if a.released_at is not None}
+    gone.update(a.pk for a in freed)
+    devices = {}
+    for a in freed:
+        if a.device is not None:
+            a.device.node = a.node
+            devices[a.device_id] = a.device
+    held = {
+        device_id: [holder for holder, alloc_id in read.held.get(device_id, []) if alloc_id not in gone]
+        for device_id in devices
+    }
+    return device_rows(devices.values(), held)
 
 
 def do_record_exit(job: Job, exit_code: int | None, at: datetime | None = None, active=None) -> Job:

@@ -40,7 +40,8 @@ AGAIN_FLAG = "pass-again"  # asked for since the running pass began: it runs onc
 # How long a "pass queued" flag lives if the task that should clear it never runs (lost with a
 # Redis hiccup or a killed worker): triggers are swallowed for at most this long.
 QUEUED_TTL_S = 5
-_ANY_PENDING = PreparedRead(
+# Is a job pending? (one id, or none): a read a caller may also send with its own.
+ANY_PENDING = PreparedRead(
     lambda: Job.objects.filter(state=JobState.PENDING).order_by().values_list("id")[:1]
 )
 _wake = threading.Event()  # the embedded loop's: a pass is asked for
@@ -68,16 +69,28 @@ def request_pass(pending: bool = False) -> None:
         queue_pass()
 
 
-def request_pass_on_commit() -> None:
-    """:func:`request_pass` once the current transaction commits (what it changed is visible)."""
-    transaction.on_commit(request_pass)
+def request_pass_on_commit(pending: bool | None = None) -> None:
+    """:func:`request_pass` once the current transaction commits (what it changed is visible).
+
+    ``pending``: whether a job is pending, when the caller knows without another read (it read
+    :data:`ANY_PENDING` in its transaction, or made a job pending): no read after the commit. A
+    job that became pending since that read asks for a pass itself, after its own commit; one
+    bound since costs a pass that decides nothing."""
+    if pending is None:
+        transaction.on_commit(request_pass)
+    elif pending or settings.TESSERA["EMBEDDED_PASSES"]:
+        transaction.on_commit(_request_pending_pass)
+
+
+def _request_pending_pass() -> None:
+    request_pass(pending=True)
 
 
 def _job_pending() -> bool:
     """Is a job pending? If the database cannot say, yes: the request must not fail (it runs after
     its change's commit) and a pass too many costs little."""
     try:
-        return bool(_ANY_PENDING.rows())
+        return bool(ANY_PENDING.rows())
     except DatabaseError:
         log.warning("could not check for pending jobs", exc_info=True)
         return True

@@ -30,7 +30,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
@@ -42,7 +42,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from scheduling.choices import DeliveryState, EventType
-from scheduling.models import JobEvent, Tenant, Webhook, WebhookDelivery
+from scheduling.models import Job, JobEvent, Tenant, Webhook, WebhookDelivery
+from scheduling.services.bulk import RowsInsert, Write
+from scheduling.services.snapshot import PreparedRead
 
 log = logging.getLogger("tessera.webhooks")
 
@@ -137,24 +139,70 @@ def payload(event: JobEvent) -> dict[str, Any]:
     }
 
 
+# A webhook as deliveries need it: (its id, the event types it wants; empty: every one).
+HookRow = tuple[int, list[str]]
+
+# The webhooks of the tenants of some jobs (``HOOKS_OF_JOBS.rows(job_ids)``), as (tenant id,
+# webhook id, events) rows: read with those jobs' lock, in the same round trip, by a caller that
+# then queues their events' deliveries without another read (:func:`delivery_write`).
+HOOKS_OF_JOBS = PreparedRead(
+    lambda job_ids: (
+        Webhook.objects.filter(tenant_id__in=Job.objects.filter(pk__in=job_ids).values("tenant_id"))
+        .order_by("id")
+        .values_list("tenant_id", "id", "events")
+    )
+)
+
+
+def hooks_by_tenant(rows: Iterable[Sequence[Any]]) -> dict[int, list[HookRow]]:
+    """``HOOKS_OF_JOBS`` rows, per tenant id."""
+    out: dict[int, list[HookRow]] = {}
+    for tenant_id, hook_id, wanted in rows:
+        out.setdefault(tenant_id, []).append((hook_id, wanted))
+    return out
+
+
 def queue_for_events(events: Iterable[JobEvent]) -> None:
     """Deliveries for ``events`` (being written in the caller's transaction), sent after commit."""
     wanted = [e for e in events if e.type in EVENTS]
     if not wanted:
         return
-    hooks: dict[int, list[Webhook]] = {}
+    hooks: dict[int, list[HookRow]] = {}
     for hook in Webhook.objects.filter(tenant_id__in={e.job.tenant_id for e in wanted}):
-        hooks.setdefault(hook.tenant_id, []).append(hook)
-    now = timezone.now()
-    rows = [
-        WebhookDelivery(webhook=hook, event=e.type, payload=payload(e), next_attempt_at=now)
-        for e in wanted
-        for hook in hooks.get(e.job.tenant_id, ())
-        if not hook.events or e.type in hook.events
-    ]
+        hooks.setdefault(hook.tenant_id, []).append((hook.pk, hook.events))
+    rows = _deliveries(wanted, hooks)
     if rows:
         WebhookDelivery.objects.bulk_create(rows)
         transaction.on_commit(request_delivery)
+
+
+def delivery_write(events: Iterable[JobEvent], hooks: dict[int, list[HookRow]]) -> Write | None:
+    """:func:`queue_for_events` with the webhooks already read (``hooks``: per tenant id, every
+    webhook of the events' jobs' tenants): the deliveries' INSERT, for the caller to send with
+    its other writes (None: no delivery), and a sender woken after commit."""
+    wanted = [e for e in events if e.type in EVENTS and e.job.tenant_id in hooks]
+    rows = _deliveries(wanted, hooks) if wanted else []
+    if not rows:
+        return None
+    transaction.on_commit(request_delivery)
+    return _WRITE_DELIVERIES.write(rows)
+
+
+# Every column a new delivery has a value in (the others are NULL until it is sent).
+_WRITE_DELIVERIES = RowsInsert(
+    WebhookDelivery,
+    ("webhook", "event", "payload", "state", "attempts", "next_attempt_at", "last_error", "created_at"),
+)
+
+
+def _deliveries(wanted: list[JobEvent], hooks: dict[int, list[HookRow]]) -> list[WebhookDelivery]:
+    now = timezone.now()
+    return [
+        WebhookDelivery(webhook_id=hook_id, event=e.type, payload=payload(e), next_attempt_at=now)
+        for e in wanted
+        for hook_id, types in hooks.get(e.job.tenant_id, ())
+        if not types or e.type in types
+    ]
 
 
 def do_redeliver(delivery: WebhookDelivery) -> WebhookDelivery:

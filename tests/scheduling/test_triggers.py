@@ -110,7 +110,7 @@ def test_a_request_whose_database_check_fails_still_queues_a_pass(celery_mode, d
     def down():
         raise OperationalError("server closed the connection unexpectedly")
 
-    monkeypatch.setattr(triggers._ANY_PENDING, "rows", down)
+    monkeypatch.setattr(triggers.ANY_PENDING, "rows", down)
     triggers.request_pass()
     assert celery_mode.llen("celery") == 1
 
