@@ -603,9 +603,7 @@ class Settlement:
         (``bulk.riding_transaction``; ``read`` given, so that nothing is read after it)."""
         if read is None:
             assert not commit, "a settlement that reads cannot carry its transaction's COMMIT"
-            write_together(  # one round trip
-                *self._writes(),
-            )
+            write_together(*self._writes())  # one round trip
             webhooks.queue_for_events(self.events)
             if self.freed:
                 _publish_freed(self.freed)
@@ -672,11 +670,11 @@ def _rows_after_release(freed: list[Allocation], read: SettlementReads) -> list[
     the read jobs released since (what :func:`_publish_freed` reads after the release)."""
     gone = {a.pk for allocs in read.allocations.values() for a in allocs if a.released_at is not None}
     gone.update(a.pk for a in freed)
-    devices = {}
+    devices: dict[int, Any] = {}
     for a in freed:
         if a.device is not None:
             a.device.node = a.node
-            devices[a.device_id] = a.device
+            devices[a.device.pk] = a.device
     held = {
         device_id: [holder for holder, alloc_id in read.held.get(device_id, []) if alloc_id not in gone]
         for device_id in devices

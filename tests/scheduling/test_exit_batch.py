@@ -27,13 +27,13 @@ def _world_with_a_shared_gpu(world):
     passes.run_pass()
     c = helpers.submit(world.alice, world.vision, gpus=1, name="c")
     passes.run_pass()
-    devices = {
-        job_id: device
-        for job_id, device in Allocation.objects.filter(released_at__isnull=True).values_list("job_id", "device_id")
-    }
+    held = Allocation.objects.filter(released_at__isnull=True)
+    devices = dict(held.values_list("job_id", "device_id"))
     assert devices[a.pk] == devices[b.pk] != devices[c.pk], "the pass did not pack a and b together"
     Webhook.objects.create(tenant=world.vision, url="https://example.com/hook", secret="s" * 64, events=[])
-    Webhook.objects.create(tenant=world.nlp, url="https://example.com/nlp", secret="t" * 64, events=["failed"])
+    Webhook.objects.create(
+        tenant=world.nlp, url="https://example.com/nlp", secret="t" * 64, events=["failed"]
+    )
     return node, a, b, c
 
 
