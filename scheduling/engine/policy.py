@@ -310,6 +310,15 @@ class TesseraScheduler:
             self.history.record(run.job, now - run.started_at, now)
             self.recent_runs.record(run.job, now - run.started_at, now)
 
+    def stopping(self, job_id: str) -> None:
+        """A stop signal sent outside the pass (the adjustment pass requeues an idle job): the
+        job holds its GPUs until :meth:`release`, as a preempted one does, and its run, ended by
+        that signal, tells nothing of how long it needs (live, the snapshot says it is
+        terminating and the run ends ``preempted``)."""
+        run = self.running.get(job_id)
+        if run is not None:
+            run.terminating = True
+
     def release_leaving(self, job_id: str, now: float) -> None:
         self.state.release(leaving_key(job_id))
         run = self.running.get(job_id)

@@ -104,6 +104,11 @@ class PerPassScheduler:
         if run is not None:
             run.leaving, run.leaving_until = (), None
 
+    def stopping(self, job_id: str) -> None:
+        run = self.running.get(job_id)
+        if run is not None:
+            run.terminating = True
+
     def requeue(self, job: JobRequest) -> None:
         self.running.pop(job.id, None)
         self.pending[job.id] = job

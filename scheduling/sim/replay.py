@@ -31,7 +31,10 @@ Rules (docs/formats.md describes the files):
    one through the engine's shrink, as a shrink of rule 3 (its removed replicas' GPUs held for
    ``grace_s``, then the ``resize`` with a ``reason``) or checkpoint-now then requeue one
    (``preempt``, reason ``idle-reclaim: …``, after ``grace_s``); what it frees goes to the queue
-   as soon as it is released.
+   as soon as it is released. The policy is told of the requeue's stop signal (``stopping``,
+   where it has one): through the grace period the job is terminating, as the live snapshot
+   shows it, and its run, ended by the signal, is not a runtime the policy learns from (live,
+   it ends ``preempted``).
 """
 
 from __future__ import annotations
@@ -569,6 +572,9 @@ class Replay:
                 job.ckpt_work = job.work
                 self.sched.checkpoint(job.id, now)
             job.requeued = (now + req.grace_s, job.allocated)  # its GPUs are back after the grace
+            stopping = getattr(self.sched, "stopping", None)  # as live: terminating, not a runtime
+            if stopping is not None:
+                stopping(job.id)
             job.rate = 0.0
             job.epoch += 1
             job.attempt += 1

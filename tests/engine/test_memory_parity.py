@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from scheduling.engine.fragmentation import TypicalRequest
 from scheduling.engine.memory import BadMemory, EngineMemory, HeldReservation, HeldRoom
 from scheduling.engine.policy import TesseraScheduler
 from scheduling.engine.types import Decisions, JobRequest, NodeSpec, Snapshot
+from scheduling.sim.adjusting import AdjustOptions
 from scheduling.sim.generate import generate
 from scheduling.sim.perpass import PerPassScheduler
 from scheduling.sim.replay import replay
@@ -55,6 +57,38 @@ def test_an_engine_rebuilt_every_pass_from_stored_memory_decides_as_the_long_liv
     assert {"reserved", "quota"} <= codes
     assert any(entry[2] for entry in long_lived.log)
     differing = [i for i, (a, b) in enumerate(zip(long_lived.log, rebuilt.log, strict=True)) if a != b]
+    assert differing == []
+
+
+class NoShrink(Recorded):
+    """The long-lived engine without the adjustment pass's shrink (the rebuilt one has none)."""
+
+    shrink = None
+
+
+def test_with_idle_requeues_an_engine_rebuilt_every_pass_decides_as_the_long_lived_one(
+    tmp_path: Path,
+) -> None:
+    # The adjustment pass requeues idle jobs: each is stopping (terminating) through its grace
+    # period, as the live snapshot shows it, and its run is not a runtime either engine learns.
+    generate(tmp_path, seed=7, days=1, load=1.5, gpus=64)
+    nodes, quotas = read_nodes(tmp_path / "nodes.csv"), read_quotas(tmp_path / "quotas.csv")
+    # more idle jobs than drawn: every other one that checkpoints idles its GPUs after 30 min
+    jobs = [
+        replace(tj, util_profile="idle-after-30") if tj.request.checkpoint_s and i % 2 == 0 else tj
+        for i, tj in enumerate(read_jobs(tmp_path / "jobs.csv"))
+    ]
+    config = EngineConfig(resizes=False)
+    long_lived = NoShrink(TesseraScheduler(tuple(nodes), tuple(quotas), config))
+    rebuilt = Recorded(PerPassScheduler(nodes, quotas, config))
+    a = replay(nodes, jobs, long_lived, adjust=AdjustOptions())
+    b = replay(nodes, jobs, rebuilt, adjust=AdjustOptions())
+    assert a.adjustments.get("requeue", 0) >= 30
+    requeued = {e["job"] for e in a.events if e["event"] == "preempt" and e["reason"].startswith("idle")}
+    restarted = [e for e in a.events if e["event"] == "start" and e["job"] in requeued]
+    assert len(restarted) > len(requeued)  # they started again
+    assert a.events == b.events
+    differing = [i for i, (x, y) in enumerate(zip(long_lived.log, rebuilt.log, strict=True)) if x != y]
     assert differing == []
 
 

@@ -143,9 +143,12 @@ def test_a_non_preemptible_job_is_only_warned_unless_its_owner_opted_in(tmp_path
     assert "preempt" in by_job["opted-in"] and "preempt" in by_job["trainer"]
     assert summary["touched_non_preemptible"] == 0
     # checkpoint-now: a requeue for idleness loses nothing of a job that checkpoints
-    assert summary["lost_gpu_hours"] == 0
-    reclaims = [e for e in events if e["event"] == "preempt"]
-    assert all(e["reason"].startswith("idle-reclaim") and e["lost_gpu_seconds"] == 0 for e in reclaims)
+    reclaims = [e for e in events if e["event"] == "preempt" and e["reason"].startswith("idle-reclaim")]
+    assert len(reclaims) >= 2 and all(e["lost_gpu_seconds"] == 0 for e in reclaims)
+    # (What is lost here is the scheduler's: the opted-in service, back in the queue, ranks as
+    # inference and preempts a batch job that took its GPU during its grace period, as live.)
+    others = [e for e in events if e["event"] == "preempt" and e not in reclaims]
+    assert all(e["reason"].startswith("priority: for job opted-in") for e in others)
 
 
 def test_an_idle_job_is_not_requeued_when_nothing_waiting_could_use_its_gpus(tmp_path: Path):
