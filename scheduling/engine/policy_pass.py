@@ -208,10 +208,13 @@ class PolicyPass:
             return
         if self.s.quotas.enabled and geo.req.count and queues.is_aged(job, self.now, self.cfg):
             self.hold.append((job, geo))
-        if self.held_back_by_reservations(want) and not self.may_preempt_for_priority(job):
+        held_back = self.held_back_by_reservations(want)
+        if held_back and not self.may_preempt_for_priority(job):
             return
         if self.make_room(want) or self.reserve(want):
             return
+        if held_back:
+            return  # nothing to preempt: its reason stands, the free room is another job's
         self.to_diagnose.append((job, geo))
 
     def not_yet(self, job: JobRequest) -> bool:

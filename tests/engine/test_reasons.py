@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from scheduling.engine.geometry import constraints, geometry
 from scheduling.engine.policy import TesseraScheduler
 from scheduling.engine.state import fits_state
-from scheduling.engine.types import MILLI, JobRequest
+from scheduling.engine.types import MILLI, JobRequest, NodeSpec
 from tests.engine.engine_cases import clusters, jobs, node, quota_sets
 
 
@@ -124,3 +124,22 @@ def test_a_job_asking_for_a_model_no_node_has_is_rejected_and_a_huge_one_waits()
     d = s.decide(0.0)
     assert "tpu" in d.rejections
     assert d.pending["huge"].code == "capacity"
+
+
+def test_an_inference_job_kept_off_a_reserved_node_says_so_not_capacity():
+    """Found by the property above: an inference job (which may preempt) that fits only in room
+    held for a reserved job, with nothing it may preempt, was diagnosed on the final state as
+    lacking CPUs ("lack 0 CPUs / 0 GiB free") when the room was free but held."""
+    node = NodeSpec(name="n00", rack="r0", model="H100", gpus=4, nvlink_domain=1, cpus=0, memory_gib=512)
+    s = TesseraScheduler([node], [])
+    sizes = [0.25, 0.25, 0.25, 1, 1, 2, 1]
+    jobs = [
+        JobRequest(f"j{t:03}", "vision", "inference", gpus=g, preemptible=False, submitted_at=t)
+        for t, g in enumerate(sizes)
+    ]
+    for j in jobs:
+        s.submit(j)
+    d = s.decide(0.0)
+    assert d.pending["j005"].code == "reserved"
+    why = d.pending["j006"]
+    assert why.code == "reserved" and "held for job j005" in why.message, why
