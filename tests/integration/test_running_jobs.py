@@ -406,6 +406,10 @@ def test_an_elastic_job_grows_when_capacity_frees_and_shrinks_instead_of_being_p
     # The filler ends: it grows onto node b, its running replicas told in place
     stack.wait("it to grow", lambda: ("grown", 2, 4) in _sizes(stack, elastic))
     assert stack.job(elastic)["size_reason"] == ""
+    # The replicas it grew by start with the new world size (waited for: on a busy machine a
+    # replica's interpreter may not have started yet when the service below takes node b back).
+    for replica in (2, 3):
+        stack.wait(f"replica {replica} to start", lambda r=replica: "WORLD_SIZE 4" in stack.logs(elastic, r))
     # A service wants node b: the elastic job gives its replicas there back, not its run
     server = ["python", "-c", "import time; time.sleep(120)"]
     service = stack.submit(
