@@ -54,12 +54,8 @@ def store_memory(memory: EngineMemory, not_reached: list[str], before: StoredMem
 def store(write: Write | None) -> None:
     """Send a :func:`memory_write` alone: one statement (on PostgreSQL one round trip with its
     no-flush setting: several statements in one query are one transaction)."""
-    if write is None:
-        return
-    if not statements_together():
-        write_together(write)
-        return
-    write_together(Write(_NO_FLUSH, []), write)
+    if write is not None:
+        write_together(Write(_NO_FLUSH, []) if statements_together() else None, write)
 
 
 _NO_FLUSH = "SET LOCAL synchronous_commit TO OFF"

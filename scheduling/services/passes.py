@@ -296,16 +296,15 @@ def _add_if_unchanged(
         # One round trip, its own transaction (several statements in one query are one), whose
         # commit does not wait for the disk: not BEGIN, SET LOCAL, UPDATE, COMMIT and the
         # unlock, five. (A session's advisory lock is not transactional: released at once.)
-        if not unlock:
+        if unlock:
+            cur.execute(f"{_NO_FLUSH}; {sql}; {_UNLOCK}", [*params, PASS_LOCK_KEY])
+        else:
             cur.execute(f"{_NO_FLUSH}; {sql}", params)
-            cur.nextset()
-            return cur.rowcount == 1, False
-        cur.execute(f"{_NO_FLUSH}; {sql}; {_UNLOCK}", [*params, PASS_LOCK_KEY])
         cur.nextset()
         updated = cur.rowcount == 1
-        if not cur.nextset() or not cur.fetchone()[0]:
+        if unlock and (not cur.nextset() or not cur.fetchone()[0]):
             log.warning("the pass lock was not held when given back")
-        return updated, True
+        return updated, unlock
 
 
 _UNLOCK = "SELECT pg_advisory_unlock(%s)"

@@ -315,7 +315,12 @@ _HOLDING = PreparedRead(lambda: Job.objects.filter(state__in=HOLDING_STATES).val
 
 def pending_rows() -> list[dict[str, Any]]:
     """The pending jobs, as ``JOB_FIELDS`` rows (none: the pass has nothing to decide)."""
-    return [dict(zip(JOB_FIELDS, row, strict=True)) for row in _PENDING.rows()]
+    return _job_rows(_PENDING.rows())
+
+
+def _job_rows(rows: list[Sequence[Any]]) -> list[dict[str, Any]]:
+    """``_PENDING`` or ``_HOLDING`` rows as dicts of ``JOB_FIELDS``."""
+    return [dict(zip(JOB_FIELDS, row, strict=True)) for row in rows]
 
 
 NODE_FIELDS = (
@@ -496,11 +501,11 @@ def load_snapshot(now: datetime, pending: list[dict[str, Any]] | None = None) ->
     reads += [(_HISTORY,), (_KNOBS,)]
     if pending is None:  # read with the rest: one round trip
         queued, *rows = read_together((_PENDING,), *reads)
-        pending = [dict(zip(JOB_FIELDS, row, strict=True)) for row in queued]
+        pending = _job_rows(queued)
     else:
         rows = read_together(*reads)
     holding, node_rows, device_rows, held, quotas, memory, history, knobs = rows
-    jobs = [dict(zip(JOB_FIELDS, row, strict=True)) for row in holding] + pending
+    jobs = _job_rows(holding) + pending
     nodes = [dict(zip(NODE_FIELDS, row, strict=True)) for row in node_rows]
     devices: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for node_id, *device in device_rows:
