@@ -131,21 +131,20 @@ class UtilProfiles:
         header = next(csv.reader([first]))
         pod, t_s, util = (header.index(c) for c in COLUMNS)
         runs: dict[str, list[str]] = {}  # pod -> its runs of consecutive lines
-        if pod == 0 and '"' not in body:  # grouped by its first field, as the packaged trace is
+        grouped = pod == 0 and '"' not in body  # by its first field, as the packaged trace is
+        if grouped:
             for match in _RUN.finditer(body):
                 runs.setdefault(match.group(1), []).append(match.group(0))
-            if util == len(header) - 1:  # busy: a line whose last field is above zero
-                busy_runs = (n for n in runs if any(_busy_run(run) for run in runs[n]))
-                return cls(_Lazy(list(runs), functools.partial(_series, runs, t_s, util)), busy_runs)
         else:
             for line in body.splitlines():
                 row = next(csv.reader([line]), None)
                 if row:
                     runs.setdefault(row[pod], []).append(line)
-
-        series = functools.partial(_series, runs, t_s, util)
-        busy = (name for name in runs if any(float(r[util]) > 0 for r in _rows(runs, name)))
-        return cls(_Lazy(list(runs), series), busy)
+        if grouped and util == len(header) - 1:  # busy: a line whose last field is above zero
+            busy = (name for name in runs if any(_busy_run(run) for run in runs[name]))
+        else:
+            busy = (name for name in runs if any(float(r[util]) > 0 for r in _rows(runs, name)))
+        return cls(_Lazy(list(runs), functools.partial(_series, runs, t_s, util)), busy)
 
     def pod_for(self, job_id: int) -> str:
         return self.pods[zlib.crc32(str(job_id).encode()) % len(self.pods)]

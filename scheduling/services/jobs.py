@@ -20,7 +20,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from scheduling.choices import HOLDING_STATES, QUEUE_LEVELS, TERMINAL_STATES, EventType, JobState
-from scheduling.models import Allocation, IdempotencyKey, Job, JobEvent, Tenant
+from scheduling.models import Allocation, Device, IdempotencyKey, Job, JobEvent, Tenant
 from scheduling.services import audit, checkpoints, live, webhooks
 from scheduling.services.bulk import COMMIT, InsertWithChildren, RowsInsert, RowsUpdate, Write, write_together
 from scheduling.services.inventory import HOLDERS_OF_JOBS, Holder, device_rows
@@ -423,14 +423,20 @@ def _publish_freed(allocs: list[Allocation]) -> list[dict[str, Any]]:
     # The nodes' versions are not bumped: capacity freed since a pass's snapshot never makes its
     # decisions wrong (the pass checks each device's allocations again under the node's lock),
     # and bumping them made a pass drop every binding onto a node where a job had just ended.
+    rows = device_rows(_freed_devices(allocs))
+    live.publish_devices(rows)
+    return rows
+
+
+def _freed_devices(allocs: list[Allocation]) -> list[Device]:
+    """The devices ``allocs`` held, each once, with its node set from the allocation's (the
+    allocation's node is its device's: no second read)."""
     devices = {}
     for a in allocs:
         if a.device is not None:
-            a.device.node = a.node  # the allocation's node is its device's: no second read
+            a.device.node = a.node
             devices[a.device_id] = a.device
-    rows = device_rows(devices.values())
-    live.publish_devices(rows)
-    return rows
+    return list(devices.values())
 
 
 # What a settlement may change of a job: every column any of its transitions writes.
@@ -670,16 +676,12 @@ def _rows_after_release(freed: list[Allocation], read: SettlementReads) -> list[
     the read jobs released since (what :func:`_publish_freed` reads after the release)."""
     gone = {a.pk for allocs in read.allocations.values() for a in allocs if a.released_at is not None}
     gone.update(a.pk for a in freed)
-    devices: dict[int, Any] = {}
-    for a in freed:
-        if a.device is not None:
-            a.device.node = a.node
-            devices[a.device.pk] = a.device
+    devices = _freed_devices(freed)
     held = {
-        device_id: [holder for holder, alloc_id in read.held.get(device_id, []) if alloc_id not in gone]
-        for device_id in devices
+        d.pk: [holder for holder, alloc_id in read.held.get(d.pk, []) if alloc_id not in gone]
+        for d in devices
     }
-    return device_rows(devices.values(), held)
+    return device_rows(devices, held)
 
 
 def do_record_exit(job: Job, exit_code: int | None, at: datetime | None = None, active=None) -> Job:

@@ -167,9 +167,10 @@ def queue_for_events(events: Iterable[JobEvent]) -> None:
     wanted = [e for e in events if e.type in EVENTS]
     if not wanted:
         return
-    hooks: dict[int, list[HookRow]] = {}
-    for hook in Webhook.objects.filter(tenant_id__in={e.job.tenant_id for e in wanted}):
-        hooks.setdefault(hook.tenant_id, []).append((hook.pk, hook.events))
+    tenants = {e.job.tenant_id for e in wanted}
+    hooks = hooks_by_tenant(
+        Webhook.objects.filter(tenant_id__in=tenants).values_list("tenant_id", "id", "events")
+    )
     rows = _deliveries(wanted, hooks)
     if rows:
         WebhookDelivery.objects.bulk_create(rows)
