@@ -329,6 +329,7 @@ TESSERA: dict[str, Any] = {
     "GC_PAUSE_IN_PASS": env_bool("TESSERA_GC_PAUSE_IN_PASS", True),
     "LIVE_PIPELINE": env_bool("TESSERA_LIVE_PIPELINE", True),
     "PREPARED_READS": env_bool("TESSERA_PREPARED_READS", True),
+    "SERVER_PREPARED_READS": env_bool("TESSERA_SERVER_PREPARED_READS", True),
     "FIELD_TEMPLATES": env_bool("TESSERA_FIELD_TEMPLATES", True),
     "RIDING_TRANSACTIONS": env_bool("TESSERA_RIDING_TRANSACTIONS", True),
     # The dynamic-adjustment pass (services/adjust.py, the idle policy in engine/adjust.py):

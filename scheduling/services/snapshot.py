@@ -44,6 +44,7 @@ from scheduling.models import (
     SchedulerSettings,
     Tenant,
 )
+from scheduling.services import server_prepared
 from scheduling.services.bulk import BEGIN, statements_together
 
 log = logging.getLogger("tessera.pass")
@@ -216,6 +217,7 @@ class PreparedRead:
         # (vendor, number of values: -1 without, 0 for "any") -> (compiler, SQL, its parameters,
         # the fields' converters)
         self._compiled: dict[tuple[str, int], tuple[SQLCompiler, str, tuple, dict]] = {}
+        self._inlined = server_prepared.Inlined()  # the SQL without values, as prepared
 
     def query(self, *values: Sequence[Any]) -> QuerySet:
         """The read as the ORM's query (what the prepared SQL is built from)."""
@@ -235,15 +237,17 @@ class PreparedRead:
         if given is not None and (vendor, 0) in self._compiled:
             compiler, sql, _, converters = self._compiled[(vendor, 0)]
             params = ([*given],)
+            form = LISTED
         else:
             compiled = self._compiled.get((vendor, -1 if given is None else len(given)))
+            form = FIXED if given is None else ""  # a list of values in its SQL: not prepared
             if compiled is None:
                 compiled = self._compile(values, given)
                 given = None  # this read runs with the parameters just built
             compiler, sql, params, converters = compiled
             if given is not None:
                 params = given
-        return Statement(sql, params, compiler, converters)
+        return Statement(sql, params, compiler, converters, form, self._inlined)
 
     def _compile(
         self, values: tuple[Sequence[Any], ...], given: tuple[Any, ...] | None
@@ -264,34 +268,61 @@ class PreparedRead:
         return compiled
 
 
+# How a read runs as a server-side prepared statement (``server_prepared.py``): its parameters
+# are constants, written into its SQL (FIXED); its one parameter is the values' list (LISTED).
+FIXED, LISTED = "fixed", "listed"
+
+
 @dataclass(frozen=True, slots=True)
 class Statement:
-    """One read ready to run: its SQL and parameters, and how its rows are converted."""
+    """One read ready to run: its SQL and parameters, and how its rows are converted.
+
+    ``form``: FIXED or LISTED if the read can be prepared on the server, "" if not (its SQL
+    differs with the number of values); ``inlined``: where FIXED's SQL with its parameters
+    written in is kept."""
 
     sql: str
     params: Sequence[Any]
     compiler: SQLCompiler
     converters: dict
+    form: str = ""
+    inlined: server_prepared.Inlined | None = None
 
     def convert(self, rows: list[Sequence[Any]]) -> list[Sequence[Any]]:
         return list(self.compiler.apply_converters(rows, self.converters)) if self.converters else rows
+
+    def server(self) -> server_prepared.ServerRead:
+        """The read as the server runs it prepared (``form`` is FIXED or LISTED)."""
+        if self.form == FIXED and self.inlined is not None:
+            return server_prepared.ServerRead(self.inlined.sql(self.sql, self.params), None)
+        return server_prepared.ServerRead(self.sql, self.params)
 
 
 def read_together(*reads: tuple[Any, ...], begin: bool = False) -> list[list[Sequence[Any]]]:
     """The rows of each ``(PreparedRead, *values)`` of ``reads``, in order.
 
-    On PostgreSQL, in one round trip: their statements are sent as one query (psycopg's
-    client-side binding cursor, Django's default, runs several statements in one ``execute``)
-    and their results are read one after the other. Each is its own statement, as if sent
+    On PostgreSQL, in one round trip: as server-side prepared statements in one pipeline
+    (``server_prepared.py``), or, with ``TESSERA_SERVER_PREPARED_READS=0`` or where a read
+    cannot be prepared (the first read of a list of values in a process), as one query
+    (psycopg's client-side binding cursor, Django's default, runs several statements in one
+    ``execute``), their results read one after the other. Each is its own statement, as if sent
     alone: a later one sees what an earlier one locked or changed. Elsewhere, one by one.
     ``begin``: a BEGIN goes first, in the same query (``bulk.riding_transaction`` said so).
     """
     if not settings.TESSERA["PREPARED_READS"]:  # the ORM's own way: SQL built per read, one by one
-        return [list(read.query(*values)) if not values or values[0] else [] for read, *values in reads]
+        return [_read_alone(read, *values) for read, *values in reads]
     statements = [read.statement(*values) for read, *values in reads]
     ready = [s for s in statements if s is not None]
-    together = begin or (len(ready) > 1 and statements_together())
     results: dict[int, list[Sequence[Any]]] = {}
+    if (ready or begin) and all(s.form for s in ready) and server_prepared.enabled():
+        # Prepared on the server, in one round trip (server_prepared.py).
+        text = ";\n".join([*([BEGIN] if begin else []), *(s.sql for s in ready)])
+        params = [p for s in ready for p in s.params]
+        rows = server_prepared.read([s.server() for s in ready], text, params, begin)
+        for statement, got in zip(ready, rows, strict=True):
+            results[id(statement)] = statement.convert(got)
+        return [results[id(s)] if s is not None else [] for s in statements]
+    together = begin or (len(ready) > 1 and statements_together())
     with connection.cursor() as cur:
         if together:
             sql = ";\n".join([*([BEGIN] if begin else []), *(s.sql for s in ready)])
@@ -307,6 +338,19 @@ def read_together(*reads: tuple[Any, ...], begin: bool = False) -> list[list[Seq
                 cur.execute(statement.sql, statement.params)
                 results[id(statement)] = statement.convert(cur.fetchall())
     return [results[id(s)] if s is not None else [] for s in statements]
+
+
+def _read_alone(read: Any, *values: Sequence[Any]) -> list[Sequence[Any]]:
+    """``read``'s rows through the ORM's queryset (``TESSERA_PREPARED_READS=0``); a read the ORM
+    cannot express (the runtime history's) runs its SQL on its own."""
+    if values and not values[0]:
+        return []
+    if isinstance(read, PreparedRead):
+        return list(read.query(*values))
+    statement = read.statement(*values)
+    with connection.cursor() as cur:
+        cur.execute(statement.sql, statement.params)
+        return statement.convert(cur.fetchall())
 
 
 _PENDING = PreparedRead(lambda: Job.objects.filter(state=JobState.PENDING).values_list(*JOB_FIELDS))
@@ -409,6 +453,9 @@ class _HistoryRead:
     COLUMNS = "id, kind, owner_id, name, gpus, started_at, finished_at, state"
     KEYS = (("kind", "tenant_id"), ("name", "owner_id"))  # as the two indexes start
 
+    def __init__(self) -> None:
+        self._inlined = server_prepared.Inlined()
+
     def statement(self) -> Statement:
         job, tenant = (
             connection.ops.quote_name(Job._meta.db_table),
@@ -443,7 +490,7 @@ class _HistoryRead:
                     f"JOIN {tenant} t ON t.id = r.tenant_id WHERE r.n <= {HISTORY_KEEP}"
                 )
         params = [*waiting, *done] * len(parts)
-        return Statement(" UNION ".join(parts), params, None, {})  # type: ignore[arg-type]
+        return Statement(" UNION ".join(parts), params, None, {}, FIXED, self._inlined)  # type: ignore[arg-type]
 
 
 _HISTORY = _HistoryRead()

@@ -136,6 +136,28 @@ def test_the_sql_compiler_methods_prepared_reads_use_are_there(db):
     assert isinstance(converters, dict)
 
 
+# --- server-side prepared reads (scheduling/services/server_prepared.py): psycopg and Django ----
+
+
+def test_psycopgs_pipeline_prepare_and_mogrify_and_djangos_cursor_wrapping_are_there():
+    import psycopg
+    from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.db.backends.postgresql import base, operations
+
+    assert _parameters(psycopg.Connection.pipeline) == ["self"]
+    assert "prepare" in _parameters(psycopg.Cursor.execute)
+    assert _parameters(psycopg.ClientCursor.mogrify) == ["self", "query", "params"]
+    assert isinstance(psycopg.Connection.prepare_threshold, property)
+    assert psycopg.Connection.prepare_threshold.fset is not None
+    # Django turns psycopg's preparing off (for poolers): what the batch turns on for its time.
+    assert '"prepare_threshold", None' in inspect.getsource(base.DatabaseWrapper.get_connection_params)
+    assert _parameters(BaseDatabaseWrapper.make_cursor) == ["self", "cursor"]
+    assert _parameters(BaseDatabaseWrapper.make_debug_cursor) == ["self", "cursor"]
+    assert isinstance(BaseDatabaseWrapper.queries_logged, property)
+    # The query log reads the text of a client-side cursor's last query from ``cursor._query``.
+    assert "cursor._query.query" in inspect.getsource(operations.DatabaseOperations.last_executed_query)
+
+
 # --- DRF field templates (scheduling/api/fields.py: FieldTemplates) -------------------------------
 
 
