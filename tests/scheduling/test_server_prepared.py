@@ -8,6 +8,7 @@ import time
 
 import pytest
 from django.db import DataError, connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from scheduling.services import passes, server_prepared
@@ -174,3 +175,20 @@ def test_a_failed_batch_raises_djangos_error_and_the_connection_goes_on(busy):
     with pytest.raises(DataError):  # Django's error, as from its own cursor
         read_together((_NODES,), (by_ids, ["not a number"]))
     assert len(load_snapshot(timezone.now()).snapshot.nodes) == 2
+
+
+@on_postgres
+@needs_postgres
+@pytest.mark.usefixtures("require_postgres")
+def test_a_binding_passs_locking_read_rides_its_begin_prepared(world, plan_clock):
+    helpers.make_node("a100-01")
+    for _ in range(2):  # a read of a list is prepared from its second run in a process on
+        job = helpers.submit(world.alice, world.vision, gpus=1)
+        with CaptureQueriesContext(connection) as queries:
+            assert passes.run_pass().bound == [str(job.pk)]
+    period = int(server_prepared.clock() // server_prepared.REPLAN_S)
+    # psycopg sends the list as the statement's one parameter, $1
+    locking = f"/* plan {period} */ " + LOCK_JOBS.statement([job.pk]).sql.replace("%s", "$1")
+    assert locking in _prepared()
+    # Django's query log and hooks see the batch as one query, its text as the client-side one.
+    assert [q["sql"] for q in queries.captured_queries if q["sql"].startswith("BEGIN;")]
