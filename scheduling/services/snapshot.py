@@ -316,17 +316,14 @@ def read_together(*reads: tuple[Any, ...], begin: bool = False) -> list[list[Seq
     results: dict[int, list[Sequence[Any]]] = {}
     if (ready or begin) and all(s.form for s in ready) and server_prepared.enabled():
         # Prepared on the server, in one round trip (server_prepared.py).
-        text = ";\n".join([*([BEGIN] if begin else []), *(s.sql for s in ready)])
-        params = [p for s in ready for p in s.params]
-        rows = server_prepared.read([s.server() for s in ready], text, params, begin)
+        rows = server_prepared.read([s.server() for s in ready], *_batch(ready, begin), begin)
         for statement, got in zip(ready, rows, strict=True):
             results[id(statement)] = statement.convert(got)
         return [results[id(s)] if s is not None else [] for s in statements]
     together = begin or (len(ready) > 1 and statements_together())
     with connection.cursor() as cur:
         if together:
-            sql = ";\n".join([*([BEGIN] if begin else []), *(s.sql for s in ready)])
-            cur.execute(sql, [p for s in ready for p in s.params])
+            cur.execute(*_batch(ready, begin))
             if begin and ready and not cur.nextset():
                 raise RuntimeError("a batch of reads after BEGIN gave no result")
             for i, statement in enumerate(ready):
@@ -338,6 +335,14 @@ def read_together(*reads: tuple[Any, ...], begin: bool = False) -> list[list[Seq
                 cur.execute(statement.sql, statement.params)
                 results[id(statement)] = statement.convert(cur.fetchall())
     return [results[id(s)] if s is not None else [] for s in statements]
+
+
+def _batch(ready: list[Statement], begin: bool) -> tuple[str, list[Any]]:
+    """The reads as one client-side query: their SQL joined (a BEGIN first if ``begin``), and
+    their parameters in order."""
+    return ";\n".join([*([BEGIN] if begin else []), *(s.sql for s in ready)]), [
+        p for s in ready for p in s.params
+    ]
 
 
 def _read_alone(read: Any, *values: Sequence[Any]) -> list[Sequence[Any]]:
