@@ -205,13 +205,49 @@ class Reservations:
     """The reservations of one pass and the backfill rule (step 3)."""
 
     def __init__(self) -> None:
+        self._clear()
+
+    def _clear(self) -> None:
         self.items: list[Reservation] = []
         self.start_by_node: dict[int, float] = {}
         self.owner_by_node: dict[int, str] = {}
         self.strict_by_node: dict[int, int] = {}  # node -> lowest strict level reserving it
         self.owners_by_node: dict[int, set[str]] = {}  # node -> the jobs reserving it
+        self._key: tuple[tuple[str, tuple[int, ...], float, int | None], ...] | None = ()
 
     def add(self, r: Reservation) -> None:
+        """Reserve ``r``; a job holds one reservation, its latest (each pass carries the last
+        pass's: adding beside it, one blocked job's copies filled ``max_reservations`` and the
+        oldest copy's start, long past, kept its nodes from any backfill)."""
+        if self.holds(r.job_id):
+            self.drop(r.job_id)
+        self._index(r)
+        self._key = None
+
+    def drop(self, job_id: str) -> None:
+        """Give up ``job_id``'s reservation, if it holds one."""
+        kept = [r for r in self.items if r.job_id != job_id]
+        if len(kept) == len(self.items):
+            return
+        self._clear()
+        for r in kept:
+            self._index(r)
+        self._key = None
+
+    def holds(self, job_id: str) -> bool:
+        return any(r.job_id == job_id for r in self.items)
+
+    def slot_for(self, job_id: str, limit: int) -> bool:
+        """May ``job_id`` reserve within ``limit`` reservations (its own, if held, is replaced)?"""
+        return len(self.items) < limit or self.holds(job_id)
+
+    def key(self) -> tuple[tuple[str, tuple[int, ...], float, int | None], ...]:
+        """What the backfill rule depends on, for memo keys: equal keys allow the same nodes."""
+        if self._key is None:
+            self._key = tuple((r.job_id, tuple(r.nodes), r.start, r.strict_level) for r in self.items)
+        return self._key
+
+    def _index(self, r: Reservation) -> None:
         self.items.append(r)
         for i in r.nodes:
             self.owners_by_node.setdefault(i, set()).add(r.job_id)

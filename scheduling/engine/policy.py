@@ -926,15 +926,25 @@ class TesseraScheduler:
             taken |= {i for i, j in self.prev_reserved.items() if j != job.id and j in self.pending}
         prev = self.sticky.get(job.id)
         strict = self.config.level_of(job.kind) if starving else None
+        if prev is not None and job.accelerators:  # not on a model it may no longer use
+            prev = prev if all(self.nodes[i].model in job.accelerators for i in prev) else None
+        kept: Reservation | None = None
         if prev is not None and not (set(prev) & taken):
             req, _n = gang_shape(geo.req, geo.need, job.topology)
             shares = self.shares(job, geo)
             times = [node_ready_time(self.placer, i, req, holders.get(i, []), now, shares) for i in prev]
             ready = [t for t in times if t is not None]
             if len(ready) == len(times):
-                return Reservation(job.id, prev, max(ready), strict)
+                kept = Reservation(job.id, prev, max(ready), strict)
+                if kept.start <= now + self.config.aging_s:
+                    return kept
         c = replace(constraints(job), shares=self.shares(job, geo))
         r = reserve(self.placer, job, geo.req, geo.need, c, holders, taken, now)
+        # Far-off sticky nodes are kept unless fresh ones would at least halve the wait: their
+        # start recedes whenever a holder runs past its estimate (568 -> 1,510 min over 16 h
+        # while other racks freed), and nothing else would move the job.
+        if kept is not None and (r is None or 2 * (r.start - now) > kept.start - now):
+            return kept
         if r is not None:
             self.sticky[job.id] = r.nodes
             r = replace(r, strict_level=strict)

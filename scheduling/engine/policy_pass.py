@@ -208,6 +208,7 @@ class PolicyPass:
             return
         if self.s.quotas.enabled and geo.req.count and queues.is_aged(job, self.now, self.cfg):
             self.hold.append((job, geo))
+        want = self.admitted(want)
         held_back = self.held_back_by_reservations(want)
         if held_back and not self.may_preempt_for_priority(job):
             return
@@ -271,6 +272,7 @@ class PolicyPass:
         blocking = [h for h in holds if h.keeps_off(job, ends, geo.charge * geo.need)]
         if len(blocking) < len(rows):
             return False
+        self.res.drop(job.id)  # its nodes held for it would idle: its quota does not admit it
         self.d.pending[job.id] = PendingReason(
             "quota",
             f"quota: {job.tenant}'s quota is held for its job {blocking[0].job_id}, which has waited longest",
@@ -314,7 +316,7 @@ class PolicyPass:
         if s.clear_racks and not job.preemptible and geo.req.count:
             allocs, refusal = s.try_place(job, geo, self.off_clear(want.node_ok))
         if not allocs and refusal is None:
-            token = (len(self.res.items), want.runtime, job.id if job.id in s.room else None, want.who)
+            token = (self.res.key(), want.runtime, job.id if job.id in s.room else None, want.who)
             allocs, refusal = s.try_place(job, geo, want.node_ok, token=token)
         return allocs, refusal
 
@@ -352,13 +354,14 @@ class PolicyPass:
             self.make_quota_room(want, own)
             return
         self.quota_blocked.append((job, geo))
+        self.res.drop(job.id)  # kept below only where its quota frees by the running jobs' ends
         if queues.is_aged(job, self.now, cfg):  # its tenant's later jobs must not overtake it
             steady_only = not job.preemptible and refusal[0] == "borrow-limit"
             frees = {r: self.quota_frees_at(geo, r, steady_only) for r in rows}
             for r in rows:
                 self.held_rows.setdefault(r, RowHold(job.id, steady_only, *frees[r]))
             ready = self.quota_ready(job, geo, frees)
-            if cfg.backfill and len(self.res.items) < cfg.max_reservations and ready:
+            if cfg.backfill and self.res.slot_for(job.id, cfg.max_reservations) and ready:
                 ranked = tuple(m for m in s.models_for(job)[0] if m in ready)
                 kept = s.reserve_for(replace(job, accelerators=ranked), geo, self.res, self.now)
                 at = ready.get(s.nodes[kept.nodes[0]].model) if kept is not None else None
@@ -442,6 +445,20 @@ class PolicyPass:
             self.now + max((s.running[v.job_id].job.grace_s for v in own), default=0.0),
         )
 
+    def admitted(self, want: Want) -> Want:
+        """``want`` with its job's models cut to those its quota admits it on now: room made
+        or nodes reserved on a model its quota refuses could never start it (a gang got an empty
+        preemption plan on a free rack of such a model and was told it waited for terminating
+        jobs, with none terminating, for hours while its rack was drained for it)."""
+        s, job, geo = self.s, want.job, want.geo
+        if not s.quotas.enabled or not geo.req.count:
+            return want
+        models, _ = s.models_for(job)
+        ok = tuple(m for m in models if s.admits(job, m, geo.charge * geo.need))
+        if not ok or len(ok) == len(models):
+            return want
+        return replace(want, job=replace(job, accelerators=ok))
+
     def held_back_by_reservations(self, want: Want) -> bool:
         """It would fit but for the reservations: say whose."""
         if want.node_ok is None:
@@ -490,7 +507,9 @@ class PolicyPass:
         cfg, job = self.cfg, want.job
         aged = queues.is_aged(job, self.now, cfg)
         if not (
-            cfg.backfill and len(self.res.items) < cfg.max_reservations and (aged or not self.blocked_seen)
+            cfg.backfill
+            and self.res.slot_for(job.id, cfg.max_reservations)
+            and (aged or not self.blocked_seen)
         ):
             return False
         self.blocked_seen = True
@@ -522,7 +541,7 @@ class PolicyPass:
             queues.rank(job, self.cfg),
             queues.is_aged(job, now, self.cfg),
             job.tenant,
-            len(self.res.items),
+            self.res.key(),
             want.runtime,
         )
         if fail_key in self.preempt_failed:

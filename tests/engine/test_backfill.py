@@ -78,3 +78,49 @@ def test_a_cpu_only_reservation_holds_the_nodes_cpus_not_its_gpus():
     assert d.pending["takes-cpu"].code == "reserved"
     assert d.pending["wide"].code == "reserved"
     assert d.pending["wide"].estimated_start == 4 * 3600.0
+
+
+def _full(s: TesseraScheduler, limits: list[float]) -> None:
+    """Every node of :func:`_cluster` held by one job of its 4 GPUs, ending at ``limits``."""
+    for i, lim in enumerate(limits):
+        s.submit(JobRequest(f"run{i}", "nlp", "training", 4, time_limit_s=lim))
+    assert len(s.decide(0.0).bindings) == len(limits)
+
+
+def test_a_blocked_job_holds_one_reservation_and_leaves_the_others_theirs():
+    # big is reserved pass after pass; with its copies kept it filled both slots and big2,
+    # aged too, never got one
+    s = TesseraScheduler(_cluster(), config=EngineConfig(aging_s=100.0, max_reservations=2, preemption=False))
+    _full(s, [1000.0, 1000.0, 2000.0, 2000.0])
+    s.submit(JobRequest("big", "vision", "batch", 8, replicas=2, submitted_at=0.0))
+    s.submit(JobRequest("big2", "speech", "batch", 8, replicas=2, submitted_at=300.0))
+    for t in (200.0, 300.0, 400.0, 500.0):
+        d = s.decide(t)
+    assert [r.job_id for r in s.last_reservations].count("big") == 1
+    assert d.pending["big"].estimated_start == 1000.0
+    assert d.pending["big2"].code == "reserved"
+    assert d.pending["big2"].estimated_start == 2000.0
+
+
+def test_far_off_sticky_nodes_are_given_up_for_nodes_freeing_far_sooner():
+    # big's nodes (n0, n1) were to free at 1000; their holders have no time limit and run past
+    # their estimate, so each pass expects them to run as long again: the start recedes. n2
+    # and n3 free at 2500: a fresh search halves the wait, and big moves there.
+    cfg = EngineConfig(aging_s=100.0, default_runtime_s=1000.0, preemption=False)
+    s = TesseraScheduler(_cluster(), config=cfg)
+    for i in range(2):
+        s.submit(JobRequest(f"open{i}", "nlp", "training", 4, node_selector=(("rack", "r0"),)))
+        s.submit(
+            JobRequest(f"late{i}", "nlp", "training", 4, time_limit_s=2500.0, node_selector=(("rack", "r1"),))
+        )
+    s.decide(0.0)
+    s.submit(JobRequest("big", "vision", "batch", 8, replicas=2, submitted_at=0.0))
+    s.decide(200.0)
+    (first,) = [r for r in s.last_reservations if r.job_id == "big"]
+    assert {s.nodes[i].name for i in first.nodes} == {"n0", "n1"}
+    d = s.decide(1500.0)  # open0/1 now expected to run to 3000: n0/n1 free then
+    assert d.pending["big"].estimated_start == 3000.0  # n2/n3 at 2500 would not halve 1,500 s
+    d = s.decide(2400.0)  # expected at 4800 on n0/n1 now: n2/n3 (2500) are far sooner
+    (moved,) = [r for r in s.last_reservations if r.job_id == "big"]
+    assert {s.nodes[i].name for i in moved.nodes} == {"n2", "n3"}
+    assert d.pending["big"].estimated_start == 2500.0

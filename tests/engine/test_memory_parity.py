@@ -29,7 +29,7 @@ from tests.engine.engine_world import Recorded
 @pytest.fixture(scope="module")
 def trace(tmp_path_factory: pytest.TempPathFactory):
     out: Path = tmp_path_factory.mktemp("trace")
-    generate(out, seed=7, days=0.5, load=1.2, gpus=64)
+    generate(out, seed=8, days=0.5, load=1.2, gpus=64)
     return read_nodes(out / "nodes.csv"), read_jobs(out / "jobs.csv"), read_quotas(out / "quotas.csv")
 
 

@@ -4,6 +4,8 @@ before the row frees for it (backfill within the quota)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from scheduling.engine.config import EngineConfig
 from scheduling.engine.policy import TesseraScheduler
 from scheduling.engine.types import JobRequest, QuotaSpec
@@ -99,3 +101,24 @@ def test_no_nodes_are_drained_for_a_job_whose_model_is_owed_to_another_tenant():
     assert [b.job_id for b in d.bindings] == ["asr"]
     assert d.pending["big"].code == "borrow-limit"
     assert not s.last_reservations
+
+
+def test_a_job_its_quota_now_refuses_gives_up_its_reservation():
+    # y was reserved while vision's row admitted it; then old, older and aged, holds the row, and
+    # y's nodes would sit reserved for a job that may not start (four gangs once deadlocked so)
+    nodes = [node(f"n{i}", gpus=4, nvlink=4, rack=f"r{i // 2}") for i in range(4)]
+    s = TesseraScheduler(
+        nodes, [QuotaSpec("vision", "*", 4, 8), QuotaSpec("nlp", "*", 16, 16)], EngineConfig(aging_s=100)
+    )
+    for i, lim in enumerate([1000.0, 1000.0, 5000.0]):
+        s.submit(JobRequest(f"nlp{i}", "nlp", "training", 4, time_limit_s=lim))
+    s.submit(steady("s1", 4, 0, 3600))
+    assert len(s.decide(0.0).bindings) == 4
+    old = JobRequest("old", "vision", "batch", 8, replicas=2, submitted_at=0, held=True)
+    s.submit(old)
+    s.submit(JobRequest("y", "vision", "batch", 4, submitted_at=10, time_limit_s=7200))
+    assert s.decide(200.0).pending["y"].code == "reserved"
+    s.submit(replace(old, held=False))
+    d = s.decide(300.0)
+    assert d.pending["y"].message == "quota: vision's quota is held for its job old, which has waited longest"
+    assert "y" not in {r.job_id for r in s.last_reservations}
