@@ -139,7 +139,10 @@ class _Recorder:
 
 
 def _t(t: float) -> float:
-    return round(t, 3)
+    """Milliseconds, by way of the microseconds both sides store: the live side's time comes
+    back from a datetime, so the same moment can differ in the last bits of the float, and
+    rounding those straight to milliseconds once split 72577.7875 into .787 and .788."""
+    return round(round(t, 6), 3)
 
 
 def _allocations(placements: Sequence[Placement]) -> tuple[tuple[int, str, tuple[int, ...], float], ...]:
