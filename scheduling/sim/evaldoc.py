@@ -43,6 +43,11 @@ def _block(results: Path, images: Path, name: str, doc_dir: Path) -> str | None:
     return body
 
 
+# The fair reference without quotas (greedy), replayed on the same workloads with their quota
+# file: it breaks the quota rules by design, so its checker violations are reported, not missed.
+IGNORE_QUOTAS = frozenset({"greedy"})
+
+
 def _mark(ok: bool | None) -> str:
     return "–" if ok is None else ("met" if ok else "**missed**")
 
@@ -151,17 +156,20 @@ def targets(results: Path) -> str | None:
                     _mark(w < 60),
                 )
             )
+        judged = {p: x for p, x in s.items() if p not in IGNORE_QUOTAS}
         for policy, summary in s.items():
             if not summary["check"]["ok"]:
                 rows.append(
                     (
-                        f"load {name}: checker passes {policy}",
+                        f"load {name}: {policy} ignores quotas by design (report)"
+                        if policy in IGNORE_QUOTAS
+                        else f"load {name}: checker passes {policy}",
                         f"{summary['check']['violations']} violations",
-                        _mark(False),
+                        "–" if policy in IGNORE_QUOTAS else _mark(False),
                     )
                 )
-        if s and all(x["check"]["ok"] for x in s.values()):
-            rows.append((f"load {name}: checker passes every policy", ", ".join(s), _mark(True)))
+        if judged and all(x["check"]["ok"] for x in judged.values()):
+            rows.append((f"load {name}: checker passes every policy", ", ".join(judged), _mark(True)))
     if not rows:
         return None
     lines = ["| target | measured | |", "| --- | --- | --- |"]
