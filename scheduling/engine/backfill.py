@@ -219,8 +219,7 @@ class Reservations:
         """Reserve ``r``; a job holds one reservation, its latest (each pass carries the last
         pass's: adding beside it, one blocked job's copies filled ``max_reservations`` and the
         oldest copy's start, long past, kept its nodes from any backfill)."""
-        if self.holds(r.job_id):
-            self.drop(r.job_id)
+        self.drop(r.job_id)
         self._index(r)
         self._key = None
 

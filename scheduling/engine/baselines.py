@@ -44,6 +44,7 @@ from .types import MILLI, Binding, Decisions, JobRequest, NodeSpec, PendingReaso
 
 BASELINES = ("fcfs-node", "fcfs-device", "random", "best-fit", "fgd", "greedy", "greedy-quota")
 GREEDY = ("greedy", "greedy-quota")
+IGNORES_QUOTAS = frozenset({"greedy"})  # the fair reference without quotas
 NO_ROOM = PendingReason("capacity", "capacity: no room for it now")
 
 
@@ -60,7 +61,7 @@ class BaselineScheduler:
         self.name = name
         self.nodes = tuple(nodes)
         self.state = ClusterState(self.nodes, FragmentationModel(()), seed=seed)
-        self.quotas = Quotas(() if name == "greedy" else quotas)
+        self.quotas = Quotas(() if name in IGNORES_QUOTAS else quotas)
         self.levels = EngineConfig()
         self.rng = random.Random(seed)
         self.pending: dict[str, JobRequest] = {}

@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from scheduling.engine.baselines import IGNORES_QUOTAS
 from scheduling.sim.eta_score import eta_goals
 from scheduling.sim.generate import Scenario, generate
 from scheduling.sim.runner import WorkloadBounds, run_replay, workload_bounds, write_json
@@ -105,7 +106,7 @@ class Run:
 
     @property
     def quotas(self) -> Path | None:
-        return self.work / "quotas.csv" if self.case.quotas and self.policy != "greedy" else None
+        return self.work / "quotas.csv" if self.case.quotas and self.policy not in IGNORES_QUOTAS else None
 
     def inputs(self) -> tuple[str, str, int]:
         """Everything the replay reads: runs alike in it give the same results (greedy, which
