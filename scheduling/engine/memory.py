@@ -17,13 +17,18 @@ again). Everything here is JSON-safe through :meth:`EngineMemory.to_json` and
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
 
 from .fragmentation import Shape, TypicalRequest
 
-VERSION = 1
+# 2: the request mix (``recent``) as runs of equal shapes; a document of version 1 (each shape
+# listed) is still read.
+VERSION = 2
+READABLE = (1, VERSION)
+MAX_RUN = 1_000_000  # a run longer than any request mix is not one this engine wrote
 
 
 class BadMemory(ValueError):
@@ -86,7 +91,10 @@ class EngineMemory:
             "room": [[r.job_id, list(r.nodes), r.until] for r in self.room],
             "last_codes": [[job, code] for job, code in self.last_codes],
             "rack_gang_gpus": self.rack_gang_gpus,
-            "recent": [_shape_json(s) for s in self.recent],
+            # Runs of equal consecutive shapes, [cpu, milli, count, models, n]: the mix is the
+            # last ``frag_window`` jobs (1,000), mostly of a few shapes, and the document is
+            # written and read every pass that counts a job (it was 18 KB listed one by one).
+            "recent": [[*_shape_json(s), len(list(run))] for s, run in itertools.groupby(self.recent)],
             "frag_changes": self.frag_changes,
             "frag_typical": None
             if self.frag_typical is None
@@ -99,8 +107,9 @@ class EngineMemory:
     def from_json(cls, doc: Any) -> EngineMemory:
         """The memory ``to_json`` wrote; :class:`BadMemory` for anything else."""
         try:
-            if not isinstance(doc, dict) or doc.get("version") != VERSION:
-                raise BadMemory(f"not an engine memory of version {VERSION}")
+            if not isinstance(doc, dict) or doc.get("version") not in READABLE:
+                raise BadMemory(f"not an engine memory of version {' or '.join(map(str, READABLE))}")
+            runs = doc["recent"] if doc["version"] == VERSION else [[*s, 1] for s in doc["recent"]]
             typical = doc["frag_typical"]
             noted_at = doc["noted_at"]
             return cls(
@@ -112,7 +121,7 @@ class EngineMemory:
                 room=tuple(HeldRoom(_s(j), _names(n), _f(t)) for j, n, t in doc["room"]),
                 last_codes=tuple((_s(j), _s(c)) for j, c in doc["last_codes"]),
                 rack_gang_gpus=_f(doc["rack_gang_gpus"]),
-                recent=tuple(_shape(s) for s in doc["recent"]),
+                recent=tuple(itertools.chain.from_iterable(_run(r) for r in runs)),
                 frag_changes=int(doc["frag_changes"]),
                 frag_typical=None
                 if typical is None
@@ -136,6 +145,14 @@ def _shape_json(s: Shape) -> list[Any]:
 def _shape(v: Any) -> Shape:
     cpu, milli, count, models = v
     return (int(cpu), int(milli), int(count), tuple(_s(m) for m in models))
+
+
+def _run(v: Any) -> list[Shape]:
+    """A run of ``recent``: its shape, ``n`` times (n ≥ 1)."""
+    *shape, n = v
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_RUN:
+        raise ValueError(f"a run of {n!r} shapes")
+    return [_shape(shape)] * n
 
 
 def _s(v: Any) -> str:

@@ -170,10 +170,49 @@ def test_memory_survives_its_json_document_exactly(memory: EngineMemory) -> None
     assert EngineMemory.from_json(json.loads(json.dumps(memory.to_json()))) == memory
 
 
+@settings(max_examples=50)
+@given(memories)
+def test_a_document_of_the_first_version_reads_as_the_same_memory(memory: EngineMemory) -> None:
+    """A stored memory from before the request mix was written as runs (version 1) is read,
+    not set aside: an upgrade does not make the next pass plan afresh."""
+    listed = {
+        **memory.to_json(),
+        "version": 1,
+        "recent": [[c, m, n, list(ms)] for c, m, n, ms in memory.recent],
+    }
+    assert EngineMemory.from_json(json.loads(json.dumps(listed))) == memory
+
+
+def test_the_request_mix_is_written_as_runs_of_equal_shapes() -> None:
+    one, two = (0, 1000, 1, ("A100",)), (0, 500, 1, ())
+    memory = EngineMemory(recent=(one,) * 600 + (two,) * 3 + (one,) * 2)
+    assert memory.to_json()["recent"] == [
+        [0, 1000, 1, ["A100"], 600],
+        [0, 500, 1, [], 3],
+        [0, 1000, 1, ["A100"], 2],
+    ]
+
+
 @pytest.mark.parametrize(
     "doc",
-    [None, [], {"version": 99}, {"version": 1}, {**EngineMemory().to_json(), "recent": [[1, 2]]}],
-    ids=["null", "a list", "another version", "fields missing", "a bad shape"],
+    [
+        None,
+        [],
+        {"version": 99},
+        {"version": 1},
+        {**EngineMemory().to_json(), "recent": [[1, 2]]},
+        {**EngineMemory().to_json(), "recent": [[0, 1000, 1, [], 0]]},
+        {**EngineMemory().to_json(), "recent": [[0, 1000, 1, [], 10**9]]},
+    ],
+    ids=[
+        "null",
+        "a list",
+        "another version",
+        "fields missing",
+        "a bad shape",
+        "an empty run",
+        "a run too long",
+    ],
 )
 def test_a_memory_document_this_engine_did_not_write_is_refused(doc) -> None:
     with pytest.raises(BadMemory):

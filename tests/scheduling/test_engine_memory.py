@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from scheduling.choices import JobState
 from scheduling.engine.config import EngineConfig
+from scheduling.engine.memory import VERSION
 from scheduling.engine.policy import TesseraScheduler
 from scheduling.engine.types import Decisions
 from scheduling.models import EngineMemoryRecord, Job
@@ -130,7 +131,7 @@ def test_a_memory_this_engine_cannot_read_is_set_aside_with_a_warning(world, ful
     waiting.refresh_from_db()
     assert waiting.pending_code == "reserved"
     assert "engine memory not loaded" in caplog.text
-    assert EngineMemoryRecord.objects.get().memory["version"] == 1
+    assert EngineMemoryRecord.objects.get().memory["version"] == VERSION
 
 
 @pytest.mark.postgresql("the plan of PostgreSQL's LATERAL history read, on a table never analysed")
@@ -164,3 +165,17 @@ def test_the_history_is_read_by_key_from_its_indexes_whatever_the_statistics(
     scans = [line.split(" on ")[0].split("using ")[-1] for line in plan.splitlines() if "Index Scan" in line]
     assert "job_runtime_history" in scans and "job_named_history" in scans, plan
     assert not [s for s in scans if "owner_id" in s or "tenant_id" in s], plan
+
+
+def test_the_history_gives_each_runs_length_and_end_to_the_microsecond(world, full_node):
+    """The runs' lengths and ends the pass reads (as epoch seconds computed by PostgreSQL, or
+    from the timestamps elsewhere) are exactly the seconds Python computes from the rows."""
+    runs = [
+        finished(world, minutes=m, ended_ago_h=h) for m, h in ((7.123457, 1.000001), (0.000017, 2.5), (61, 3))
+    ]
+    Job.objects.filter(pk=runs[0].pk).update(finished_at=timezone.now() - timedelta(hours=1, microseconds=3))
+    history = {r.job_id: r for r in load_snapshot(timezone.now()).snapshot.history}
+    for job in Job.objects.filter(pk__in=[r.pk for r in runs]):
+        run = history[str(job.pk)]
+        assert run.runtime_s == (job.finished_at - job.started_at).total_seconds()
+        assert run.ended_at == job.finished_at.timestamp()
