@@ -175,6 +175,15 @@ def _check_executable(program: str, path: str, cwd: Path) -> None:
     raise OSError(code, os.strerror(code), program)
 
 
+def _empty(procs: list[Path]) -> bool:
+    """Whether every one of the cgroup.procs files ``procs`` lists no process (False when one
+    cannot be read: the caller then looks for the processes another way)."""
+    try:
+        return not any(path.read_bytes().strip() for path in procs)
+    except OSError:
+        return False
+
+
 def write_world(workdir: Path, world: dict[str, Any], run_as: RunAs) -> None:
     """Replace ``workdir/world.json`` with ``world`` (JSON, one line), the job user's, 0600.
 
@@ -259,6 +268,9 @@ class JobProcess:
         self.binding = binding
         self.cgroups = cgroups
         self.cgroup: Path | None = None
+        # The cgroup.procs files the spawn chain's first step joined, before anything of the job
+        # ran: every process of the job is in them (none can leave: the cgroups are root's).
+        self.joined: list[Path] = []
         self.job_id = int(binding["job_id"])
         self.attempt = int(binding["attempt"])
         self.replica = int(binding.get("replica", 0))
@@ -378,6 +390,7 @@ class JobProcess:
             float(self.binding.get("memory_gib") or 0),
         )
         prefix = self.sandbox.prefix(run_as, self.gpus, procs, tmpfs_mb)
+        self.joined = list(procs) if prefix else []
         if not prefix:
             proc = subprocess.Popen(
                 command,
@@ -438,6 +451,11 @@ class JobProcess:
         process group it moved to, and wait until it is gone, so the job's GPUs are free when its
         exit is reported. Its record is kept if something would not die."""
         if self.session is None:
+            return
+        if self.joined and _empty(self.joined):
+            # Nothing of the job is left in its cgroup, so nothing of its session is left either:
+            # no scan of every process on the node (the common end, a job that leaves nothing).
+            self._session_over = True
             return
         killed, alive = leftovers.end_sessions([self.session], SESSION_END_S, pids=self.pids)
         if killed:

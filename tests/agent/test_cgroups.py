@@ -188,3 +188,46 @@ def test_on_this_machine_a_job_is_in_its_cgroup_from_its_first_instruction_and_s
         for job_id, job in jobs.items():
             assert server.exit_of(job_id)["exit_code"] == 0, server.output(job_id)
             assert cpu_cgroup(server.output(job_id).decode()) == f"/tessera/{job.workdir.name}"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="cgroups are the root agent's")
+def test_on_this_machine_a_job_in_its_cgroup_ends_with_its_leftovers_killed_and_no_process_scan(
+    monkeypatch,
+):
+    """The end of a job spawned into its cgroup: what it left running in its session is killed
+    before its exit is reported, found by the scan of the node's processes; a job that left
+    nothing is over without that scan (its cgroup is empty: nothing of it can be elsewhere)."""
+    cg = cgroups.detect()
+    if cg is None:
+        pytest.skip("no writable cgroups here: limits are not enforced (and the agent says so)")
+    from agent import leftovers
+
+    scans: list[int] = []
+    real = leftovers.end_sessions
+
+    def counted(sessions, *args, **kwargs):
+        scans.append(len(list(sessions)))
+        return real(sessions, *args, **kwargs)
+
+    monkeypatch.setattr(leftovers, "end_sessions", counted)
+    with fakes.job_user_state_dir() as state_dir:
+        run_as = resolve_run_as("nobody")
+        path = job_path(state_dir, run_as)
+        server = fakes.FakeServer()
+        # Its own process group (the agent's kill of the job's group misses it), output closed
+        # (nothing keeps the job's pipe open): only the scan of its session finds it.
+        leave = (
+            "import subprocess as s; d = s.DEVNULL; "
+            "print(s.Popen(['sleep', '300'], stdin=d, stdout=d, stderr=d, process_group=0).pid)"
+        )
+        left = fakes.binding(51, command=["python", "-c", leave], cpus=0.5)
+        JobProcess(left, server, state_dir, run_as, path, cg).start()
+        assert server.exit_of(51)["exit_code"] == 0
+        child = int(server.output(51).split()[0])
+        stat = Path(f"/proc/{child}/stat")
+        assert not stat.exists() or stat.read_text().split()[2] == "Z"  # gone, or dead and unreaped
+        assert scans == [1]
+        clean = fakes.binding(52, command=["true"], cpus=0.5)
+        JobProcess(clean, server, state_dir, run_as, path, cg).start()
+        assert server.exit_of(52)["exit_code"] == 0
+        assert scans == [1]  # no scan for the job that left nothing
