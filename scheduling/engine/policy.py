@@ -7,6 +7,8 @@
    (:mod:`.topology`), honouring the reservations made so far (:mod:`.backfill`).
 4. If it does not fit: shrink elastic jobs behind it if that alone makes room; else preempt
    (:mod:`.preemption`); else, if it is aged or the first blocked job, reserve nodes for it.
+   An inference job (the preemptor levels) preempts instead of shrinking when its victims'
+   grace periods free its room sooner than the shrunk jobs' grace period would.
    Steps 3-4 stop at the driver's deadline, if it gives one: the jobs not reached wait for the
    next pass.
 5. Grow elastic jobs and partially started gangs with what is left.
@@ -341,7 +343,7 @@ class TesseraScheduler:
     def shrink(self, job_id: str, gpus: int, now: float) -> tuple[Placement, ...] | None:
         """The adjustment pass took a running elastic job down to ``gpus`` (its busy GPUs or its
         minimum, scheduling/engine/adjust.py): its highest replicas beyond that leave as for a
-        shrink the pass makes (:meth:`PolicyPass.shrink_for`) — their GPUs stay held until the
+        shrink the pass makes (:meth:`PolicyPass.commit_shrink`) — their GPUs stay held until the
         driver's :meth:`release_leaving`, at the latest after the job's grace period — and it
         is never grown past ``gpus`` again in this attempt. Returns the placements it keeps
         (None: not a running elastic job, a shrink of it under way, or nothing to drop)."""

@@ -49,6 +49,16 @@ class Want:
     node_ok: NodeOk | None  # the nodes this pass's reservations leave it (None: none reserved)
 
 
+@dataclass(frozen=True, slots=True)
+class ShrinkPlan:
+    """Elastic jobs' replicas a shrink would remove (job, allocation) to make room on ``nodes``,
+    and when the room is free at the latest (the grace periods of those removed there)."""
+
+    shrunk: list[tuple[str, Alloc]]
+    nodes: tuple[int, ...]
+    ready: float
+
+
 @dataclass(slots=True)
 class RowHold:
     """A quota row held for an aged job its quota refuses, against its tenant's later jobs.
@@ -485,7 +495,10 @@ class PolicyPass:
 
     def make_room(self, want: Want) -> bool:
         """Step 4: shrink elastic jobs if that alone makes room, else preempt (within the pass's
-        budget of victim searches and preemptions)."""
+        budget of victim searches and preemptions). A job of the preemptor levels (inference)
+        takes whichever of the two frees its room sooner, each by its grace periods (a shrink
+        loses no work, so it wins a tie): a service waited 120 s for a shrink's grace period
+        where preempting a job with a 30-s grace period would have made the room."""
         cfg = self.cfg
         budget = (
             self.attempts < cfg.max_preemption_attempts
@@ -493,13 +506,48 @@ class PolicyPass:
         )
         if not (want.geo.req.count and cfg.preemption and budget):
             return False
-        if cfg.resizes and self.shrink_for(want):
+        shrink = self.plan_shrink(want) if cfg.resizes else None
+        if shrink is not None and self.may_preempt_for_priority(want.job):
+            self.undo_shrink(shrink)
+            plan = self.sooner_preemption(want, shrink.ready)
+            if plan is not None:
+                self.preempt(want, plan)
+                return True
+            self.redo_shrink(shrink)
+        if shrink is not None:
+            self.commit_shrink(want, shrink)
             return True
         plan = self.plan_preemption(want)
         if plan is None:
             return False
         self.preempt(want, plan)
         return True
+
+    def sooner_preemption(self, want: Want, shrink_ready: float) -> list[Victim] | None:
+        """The victims that would free the job's room before ``shrink_ready`` (when the shrink
+        found for it would), or None (the pass's hypothetical cluster is left as it was)."""
+        before = self.hypo  # (None: made after the shrink, if it is made, counting its replicas)
+        self.hypo = before.copy() if before is not None else self.s.new_hypo()
+        plan = self.plan_preemption(want)
+        if plan is not None and self.room_ready(plan, self.hypo.last_nodes) < shrink_ready:
+            return plan
+        self.hypo = before
+        return None
+
+    def room_ready(self, plan: list[Victim], nodes: tuple[int, ...]) -> float:
+        """When preempting ``plan`` has freed the room on ``nodes`` at the latest: its victims'
+        grace periods, and what is already leaving those nodes — a terminating job within its
+        grace period (when it was told to stop is not known here), a shrink's removed replicas
+        by their deadline."""
+        s, now = self.s, self.now
+        ready = now + max((v.grace for v in plan), default=0.0)
+        on = set(nodes)
+        for jid, run in s.running.items():
+            if (run.terminating or run.cancelled) and any(a.node in on for a in s.state.allocs.get(jid, ())):
+                ready = max(ready, now + run.job.grace_s)
+            if run.leaving and any(a.node in on for a in run.leaving):
+                ready = max(ready, run.leaving_until)
+        return ready
 
     def reserve(self, want: Want) -> bool:
         """Reserve nodes for it (backfill keeps them for it), if it is aged or the first job
@@ -616,21 +664,19 @@ class PolicyPass:
             )
         return f"reclaim: {job.tenant} needs its guarantee"
 
-    def shrink_for(self, want: Want) -> bool:
-        """Shrink elastic jobs behind the job (or borrowing) if that alone lets it start.
-
-        The replicas removed keep their GPUs until their processes have exited (invariant 8:
-        the driver's ``release_leaving``, at the latest after the shrunk job's grace period);
-        the room is held for the job meanwhile, as for a preemption, and it starts in a later
-        pass. A job whose shrink is under way is not shrunk again."""
-        s, cfg, job, geo, now = self.s, self.cfg, want.job, want.geo, self.now
+    def plan_shrink(self, want: Want) -> ShrinkPlan | None:
+        """Shrink elastic jobs behind the job (or borrowing) if that alone lets it start: the
+        plan, with the state shrunk (:meth:`commit_shrink` keeps it, :meth:`undo_shrink` puts it
+        back), or None (the state as it was). A job whose shrink is under way is not shrunk
+        again."""
+        s, job, geo, now = self.s, want.job, want.geo, self.now
         elastic = [
             jid
             for _r, jid, run, _v, _m in s.elastic
             if not run.terminating and not run.leaving and len(s.state.allocs.get(jid, ())) > run.geo.need
         ]
         if not elastic:
-            return False
+            return None
         eligible = {v.job_id for vs in s.victims(job, geo, now).values() for v in vs}
         shrunk: list[tuple[str, Alloc]] = []
         for jid in sorted(j for j in elastic if j in eligible):
@@ -640,16 +686,41 @@ class PolicyPass:
                 s.state.release_replica(jid, a)
                 shrunk.append((jid, a))
         if not shrunk:
-            return False
+            return None
         allocs, _ = s.try_place(job, geo, None)
+        plan = ShrinkPlan(shrunk, (), now)
         if not allocs:
-            for jid, a in reversed(shrunk):
-                s.state.take(jid, a.node, a.gpus, a.milli, a.cpu, a.mem, a.replica, a.tenant)
-            return False
-        # It fits once they have gone: the room it would take is held for it until then.
-        nodes = tuple(sorted({a.node for a in allocs}))
+            self.undo_shrink(plan)
+            return None
         for a in allocs:
             s.state.release_replica(job.id, a)
+        nodes = tuple(sorted({a.node for a in allocs}))
+        # it starts once the removed replicas on the nodes it would take have exited
+        slowest = max((s.running[j].job.grace_s for j, a in shrunk if a.node in nodes), default=0.0)
+        return ShrinkPlan(shrunk, nodes, now + slowest)
+
+    def undo_shrink(self, plan: ShrinkPlan) -> None:
+        """Give the shrunk jobs their removed replicas back."""
+        s = self.s
+        for jid, a in reversed(plan.shrunk):
+            s.state.take(jid, a.node, a.gpus, a.milli, a.cpu, a.mem, a.replica, a.tenant)
+
+    def redo_shrink(self, plan: ShrinkPlan) -> None:
+        """Remove the replicas :meth:`undo_shrink` gave back again."""
+        s = self.s
+        for jid, a in plan.shrunk:
+            s.state.release_replica(jid, next(b for b in s.state.allocs[jid] if b.replica == a.replica))
+
+    def commit_shrink(self, want: Want, plan: ShrinkPlan) -> None:
+        """Make the shrink :meth:`plan_shrink` found.
+
+        The replicas removed keep their GPUs until their processes have exited (invariant 8:
+        the driver's ``release_leaving``, at the latest after the shrunk job's grace period);
+        the room is held for the job meanwhile, as for a preemption, and it starts in a later
+        pass."""
+        s, cfg, job, now = self.s, self.cfg, want.job, self.now
+        shrunk, nodes = plan.shrunk, plan.nodes
+        # It fits once they have gone: the room it would take is held for it until then.
         # keep every shrink made (they are cheap to undo by growing later); the victims changed
         s.forget_victims()
         grace = 0.0
@@ -676,7 +747,6 @@ class PolicyPass:
             f"reserved: shrinking {n} elastic job(s) to make room; starts when their removed replicas exit",
             now + grace,
         )
-        return True
 
     # -- step 5: growing -------------------------------------------------------------------------
     def grow(self) -> None:

@@ -53,6 +53,15 @@ class Hypo:
             for a in allocs:
                 self.freed.setdefault(a.node, []).append(a)
 
+    def copy(self) -> Hypo:
+        """An independent copy: a search may commit to it and be dropped."""
+        other = Hypo(self.placer, [])
+        other.terminating = self.terminating
+        other.freed = {i: list(v) for i, v in self.freed.items()}
+        other.claims = {i: list(v) for i, v in self.claims.items()}
+        other.last_nodes = self.last_nodes
+        return other
+
     def nodes_of_interest(self) -> set[int]:
         return set(self.freed) | set(self.claims)
 
