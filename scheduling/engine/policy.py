@@ -720,8 +720,19 @@ class TesseraScheduler:
                     )
 
     def forget_victims(self) -> None:
-        """The running jobs changed (shrunk): the victims memoised this pass are stale."""
+        """The running jobs changed (shrunk): the victims memoised this pass are stale, and so are
+        the allocations (and lost work) of the shrunk victims, whose removed replicas are now
+        leaving (counted as coming free already: counted twice, a gang claimed one node twice)."""
         self._victim_memo.clear()
+        fresh = []
+        for rank, jid, run, v, models in self._eligible:
+            allocs = tuple(self.state.allocs.get(jid, ()))
+            if allocs != v.allocs:
+                old = sum(len(a.gpus) * a.milli for a in v.allocs)
+                new = sum(len(a.gpus) * a.milli for a in allocs)
+                v = replace(v, allocs=allocs, lost=v.lost * new / old if old else v.lost)
+            fresh.append((rank, jid, run, v, models))
+        self._eligible = fresh
 
     def victims(self, job: JobRequest, geo: Geometry, now: float) -> dict[int, list[Victim]]:
         """Eligible victims per node, cheapest first (see :mod:`.preemption`): jobs strictly
