@@ -21,8 +21,9 @@ per path and the ratios prepared ÷ client-side.
         nice -n 10 .venv/bin/python scripts/bench_pass_db.py [--passes 200]
 
 Another checkout's pass (``--paths prepared``: the default path alone), by its own interpreter,
-with this script: ``PYTHONPATH=OTHER OTHER/.venv/bin/python scripts/bench_pass_db.py --paths
-prepared`` (a checkout from before the prepared reads ignores the switch).
+with this script, from that checkout's directory (run from this one, it imported this one's
+``scheduling``): ``cd OTHER && PYTHONPATH=OTHER OTHER/.venv/bin/python THIS/scripts/bench_pass_db.py
+--paths prepared`` (a checkout from before the prepared reads ignores the switch).
 """
 
 from __future__ import annotations

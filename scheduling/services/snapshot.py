@@ -542,13 +542,16 @@ class _Runs:
         self._built: dict[tuple[Any, ...], FinishedRun] = {}
 
     def of(self, rows: Sequence[Sequence[Any]]) -> tuple[FinishedRun, ...]:
-        built, kept = self._built, {}
+        built = self._built
+        kept: dict[tuple[Any, ...], FinishedRun] = {}
+        runs: list[FinishedRun] = []
         for row in rows:
             key = tuple(row)
-            run = built.get(key)
-            kept[key] = run if run is not None else finished_run(key)
+            run = kept.get(key) or built.get(key) or finished_run(key)
+            kept[key] = run
+            runs.append(run)
         self._built = kept
-        return tuple(kept.values()) if len(kept) == len(rows) else tuple(kept[tuple(r)] for r in rows)
+        return tuple(runs)
 
 
 _runs = _Runs()
