@@ -7,6 +7,11 @@ connection, and reads the web process's CPU time (``/proc``) before and after ea
 worker runs: submitted jobs stay pending, and the passes they ask for stay queued. Prints one
 JSON line: milliseconds of web CPU per request, by kind; progress goes to stderr.
 
+``heartbeat_held`` is the steady heartbeat of a busy node: a second node (16 GPUs) holds
+:data:`HELD_JOBS` running jobs (the mix of ``bench_e2e``'s: single GPUs, a fraction, gangs;
+10 replicas), bound by a real pass run in this process, started through the agent API, and
+reported running in every heartbeat, so that nothing is started or stopped.
+
     .venv/bin/python scripts/bench_requests.py [--n 400]
 """
 
@@ -68,7 +73,7 @@ def main() -> int:
     procs = Processes(work)
     try:
         prepare(args.pg, args.db, args.redis, (broker_db, layer_db), env)
-        token, join = seed(8)
+        token, join = seed(24)  # the busy node's 16 GPUs and the first node's 8
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -81,6 +86,10 @@ def main() -> int:
         if status != 201:
             raise SystemExit(f"register answered {status}: {answer}")
         node = f"Node {answer['credential']}"
+        only = [k for k in args.only.split(",") if k]
+        held_node, held_running = "", list[dict[str, int]]()
+        if not only or "heartbeat_held" in only:
+            held_node, held_running = _busy_node(client, user, join)
         import random
 
         rng = random.Random(1)
@@ -91,6 +100,9 @@ def main() -> int:
             ),
             "job_list_page": lambda: client.call("GET", "/api/v1/jobs/?page_size=1", user),
             "heartbeat": lambda: client.call("POST", "/api/v1/agent/heartbeat", node, {"running": []}),
+            "heartbeat_held": lambda: client.call(
+                "POST", "/api/v1/agent/heartbeat", held_node, {"running": held_running}
+            ),
             "wait_timeout_0": lambda: client.call("GET", "/api/v1/agent/wait?timeout=0", node),
             "exits_stale": lambda: client.call(
                 "POST",
@@ -101,7 +113,6 @@ def main() -> int:
             "not_found": lambda: client.call("GET", "/api/v1/nothing-here", user),
         }
         out: dict[str, float] = {}
-        only = [k for k in args.only.split(",") if k]
         for name, call in kinds.items():
             if only and name not in only:
                 continue
@@ -127,18 +138,64 @@ def main() -> int:
         procs.stop_all()
 
 
-def _node_body() -> dict[str, Any]:
+# The busy node's jobs (gpus, replicas, topology): bench_e2e's mix, 16 GPUs in 10 replicas.
+HELD_JOBS = [(1, 1, "any")] * 3 + [(0.5, 1, "any")] * 2 + [(2, 2, "any"), (8, 2, "node"), (1, 1, "any")]
+
+
+def _busy_node(client: Client, user: str, join: str) -> tuple[str, list[dict[str, int]]]:
+    """Register the busy node, bind :data:`HELD_JOBS` to it with a real pass (this process, the
+    benchmark's database), start them through its heartbeats: (its credential, its ``running``)."""
+    status, answer = client.call(
+        "POST", "/api/v1/agent/register", f"Join {join}", _node_body("reqbench-held", 16, {"bench": "held"})
+    )
+    if status != 201:
+        raise SystemExit(f"register answered {status}: {answer}")
+    node = f"Node {answer['credential']}"
+    for i, (gpus, replicas, topology) in enumerate(HELD_JOBS):
+        body = {
+            "name": f"held-{i}",
+            "kind": "batch",
+            "command": ["sleep", "infinity"],
+            "env": {"BENCH": "x" * 64},
+            "gpus": gpus,
+            "replicas": replicas,
+            "topology": topology,
+            "node_selector": {"bench": "held"},
+        }
+        status, answer = client.call("POST", "/api/v1/jobs/", user, body)
+        if status != 201:
+            raise SystemExit(f"submit answered {status}: {answer}")
+    from scheduling.services import passes
+
+    result = passes.run_pass()
+    if result is None or len(result.bound) != len(HELD_JOBS):
+        raise SystemExit(f"the pass bound {result and result.bound}, not {len(HELD_JOBS)} jobs")
+    status, answer = client.call("POST", "/api/v1/agent/heartbeat", node, {"running": []})
+    running = [
+        {"job_id": b["job_id"], "attempt": b["attempt"], "replica": b["replica"], "pid": 1000 + n}
+        for n, b in enumerate(answer["start"])
+    ]
+    for _ in range(2):  # the first marks them running; the second must change nothing
+        status, answer = client.call("POST", "/api/v1/agent/heartbeat", node, {"running": running})
+    if status != 200 or answer["start"] or answer["stop"] or len(running) != sum(r for _, r, _ in HELD_JOBS):
+        raise SystemExit(f"the busy node is not steady: {status} {answer}")
+    return node, running
+
+
+def _node_body(
+    name: str = "reqbench-0", gpus: int = 8, labels: dict[str, str] | None = None
+) -> dict[str, Any]:
     return {
-        "name": "reqbench-0",
+        "name": name,
         "rack": "r0",
-        "labels": {},
+        "labels": labels or {},
         "kind": "gpu",
         "cpus": 8,
         "memory_gib": 64,
         "nvlink_domain": 4,
         "metrics_url": "",
         "devices": [
-            {"index": i, "uuid": f"GPU-reqbench-{i}", "model": "A100", "memory_gib": 80} for i in range(8)
+            {"index": i, "uuid": f"GPU-{name}-{i}", "model": "A100", "memory_gib": 80} for i in range(gpus)
         ],
     }
 

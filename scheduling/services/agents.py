@@ -18,6 +18,7 @@ job's current one are stale (:class:`Stale`) and the agent drops them.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -59,7 +60,7 @@ from scheduling.services.jobs import (
     settlement_reads,
 )
 from scheduling.services.rendezvous import Placed, rendezvous
-from scheduling.services.resizes import leave_alone, leaves_alone
+from scheduling.services.resizes import can_resize, leave_alone, leaves_alone
 from scheduling.services.snapshot import DEVICE_FIELDS, PreparedRead, read_together
 from scheduling.services.triggers import request_pass_on_commit
 from scheduling.services.utilisation import GpuReport, do_record_utilisation, reports_wanted
@@ -366,21 +367,21 @@ def do_heartbeat(
     held = _held_replicas(node)
     if utilisation:
         holders: dict[int, set[int]] = {}
-        for allocs in held.values():
-            for a in allocs:
-                if (index := _gpu(a)) is not None:
-                    holders.setdefault(index, set()).add(a.job_id)
+        for rep in held.values():
+            for index in rep.gpus:
+                holders.setdefault(index, set()).add(rep.job.pk)
         do_record_utilisation(node, utilisation, holders)
-    to_start: list[tuple[Job, int, int, list[Allocation]]] = []
+    to_start: list[tuple[int, int, HeldReplica]] = []
+    whole: dict[int, Job] = {}  # jobs locked on the way: read whole already
     stop: list[dict[str, Any]] = []
-    for (job_id, replica), allocs in sorted(held.items()):
-        job, attempt = allocs[0].job, allocs[0].attempt
+    for (job_id, replica), rep in sorted(held.items()):
+        job: HeldJob | Job = rep.job
+        attempt = rep.attempt
         is_running = (job_id, attempt, replica) in reported
-        leaving_at = allocs[0].leaving_at
-        if leaving_at is not None and job.state in HOLDING_STATES:
+        if rep.leaving_at is not None and job.state in HOLDING_STATES:
             # A shrink removed it: stopped within the job's grace, released once it has exited.
             if is_running:
-                deadline = leaving_at + timedelta(seconds=job.grace_seconds)
+                deadline = rep.leaving_at + timedelta(seconds=rep.job.grace_seconds)
                 stop.append(_stop_order(job_id, attempt, replica, "resize", deadline, now))
                 continue
             with transaction.atomic():
@@ -388,10 +389,10 @@ def do_heartbeat(
                 if locked.state in HOLDING_STATES and locked.attempts == attempt:
                     _settle_alone(locked, node.pk, replica, "", now)
             continue
-        if job.state in (JobState.SCHEDULED, JobState.RUNNING):
-            job = _check_started_and_time_limit(job, attempt, is_running, now)
+        if (checked := _check_started_and_time_limit(rep.job, attempt, is_running, now)) is not None:
+            job = whole[job_id] = checked
         if job.state in (JobState.SCHEDULED, JobState.RUNNING) and not is_running:
-            to_start.append((job, attempt, replica, allocs))
+            to_start.append((job_id, attempt, rep))
         elif job.state == JobState.TERMINATING and is_running:
             stop.append(_stop_order(job_id, attempt, replica, job.stop_reason, job.stop_deadline, now))
         elif job.state == JobState.TERMINATING:
@@ -402,50 +403,58 @@ def do_heartbeat(
                     _settle_alone(locked, node.pk, replica, "", now)
     for (job_id, attempt, replica), seen in sorted(reported.items()):
         bound = held.get((job_id, replica))
-        if bound is None or bound[0].attempt != attempt:
+        if bound is None or bound.attempt != attempt:
             # Not (or no longer) bound here: a stale attempt, a cancelled or a lost job. Stop now.
             stop.append(_stop_order(seen.job_id, seen.attempt, seen.replica, "not bound", now, now))
-    ends = _log_ends([job.pk for job, _, _, _ in to_start])  # one query for every binding
-    meets = _meetings([job.pk for job, _, _, _ in to_start])
+    told = _told_worlds(held, reported)
+    starting = sorted({job_id for job_id, _, _ in to_start})
+    # One query for the rendezvous of every binding and every world told (none if neither).
+    meets = _meetings(sorted({*starting, *(key[0] for key, _ in told)}))
+    ends = _log_ends(starting)  # one query for every binding
+    jobs = _whole_jobs(starting, whole)
     start = [
         _binding(
-            job, attempt, replica, allocs, ends.get((job.pk, replica), 0), meets[job.pk].get(replica, {})
+            jobs[job_id],
+            attempt,
+            rep.replica,
+            list(rep.gpus),
+            rep.share,
+            ends.get((job_id, rep.replica), 0),
+            meets[job_id].get(rep.replica, {}),
         )
-        for job, attempt, replica, allocs in to_start
+        for job_id, attempt, rep in to_start
+        if job_id in jobs
     ]
+    worlds = []
+    for (job_id, replica), attempt in told:
+        meet = meets.get(job_id, {}).get(replica)
+        if meet is not None:
+            worlds.append({"job_id": job_id, "attempt": attempt, "replica": replica, **meet})
     answer = {
         "node": node.name,
         "lease_seconds": settings.TESSERA["LEASE_S"],
         "report_utilisation": reports_wanted(),
         "start": start,
         "stop": stop,
-        "worlds": _worlds(held, reported),
+        "worlds": worlds,
     }
     if checkpoints:
         answer["checkpoints"] = checkpoint_jobs(node, checkpoints)
     return answer
 
 
-def _worlds(
-    held: dict[tuple[int, int], list[Allocation]], reported: dict[tuple[int, int, int], Reported]
-) -> list[dict[str, Any]]:
-    """The current world of each replica running here (its job's replicas now, its rank among
-    them): what a resize changes, told to the running replicas in place (docs/agent.md). One
-    query for the jobs of several replicas (none if none runs here)."""
-    running = {
-        (job_id, replica): allocs[0].attempt
-        for (job_id, replica), allocs in held.items()
-        if allocs[0].leaving_at is None and (job_id, allocs[0].attempt, replica) in reported
-    }
-    if not running:
-        return []
-    meets = _meetings(sorted({job_id for job_id, _ in running}))
-    out = []
-    for (job_id, replica), attempt in sorted(running.items()):
-        meet = meets.get(job_id, {}).get(replica)
-        if meet is not None:
-            out.append({"job_id": job_id, "attempt": attempt, "replica": replica, **meet})
-    return out
+def _told_worlds(
+    held: dict[tuple[int, int], HeldReplica], reported: dict[tuple[int, int, int], Reported]
+) -> list[tuple[tuple[int, int], int]]:
+    """The replicas running here whose world the answer tells ((job, replica), attempt), in order:
+    those of jobs that can change size (docs/agent.md, "Resizes"). Any other job's world is the
+    one its replicas started with (their binding's rendezvous), and stays so: it is not read
+    again every second."""
+    return [
+        ((job_id, replica), rep.attempt)
+        for (job_id, replica), rep in sorted(held.items())
+        if rep.job.resizable and rep.leaving_at is None and (job_id, rep.attempt, replica) in reported
+    ]
 
 
 def _spanning(allocs: list[Allocation]) -> set[int]:
@@ -478,22 +487,97 @@ def _meetings(job_ids: list[int]) -> dict[int, dict[int, dict[str, Any]]]:
     return {job_id: rendezvous(job_id, rows) for job_id, rows in placed.items()}
 
 
-def _held_replicas(node: Node) -> dict[tuple[int, int], list[Allocation]]:
-    held: dict[tuple[int, int], list[Allocation]] = {}
-    allocs = (
-        # A replica that already exited (its job's other replicas still run) is neither started
-        # again nor stopped: it only waits for its job to settle.
-        Allocation.objects.filter(node=node, released_at__isnull=True, exited_at__isnull=True)
-        .select_related("job", "device")
+@dataclass(frozen=True, slots=True)
+class HeldJob:
+    """What a heartbeat reads of a held replica's job: its state and limits, not its command,
+    environment and the rest (read whole, in one query, only for the replicas it starts)."""
+
+    pk: int
+    state: str
+    grace_seconds: int
+    time_limit_seconds: int | None
+    started_at: datetime | None
+    stop_reason: str
+    stop_deadline: datetime | None
+    resizable: bool  # its world can change while it runs (resizes.can_resize)
+
+
+@dataclass(frozen=True, slots=True)
+class HeldReplica:
+    """One replica bound to the node, not exited: its job, attempt, GPUs and share of each."""
+
+    job: HeldJob
+    replica: int
+    attempt: int
+    leaving_at: datetime | None
+    gpus: tuple[int, ...]  # device indices ((): CPU-only)
+    share: float  # of each GPU (1.0 for CPU-only, as a binding says)
+
+
+_HELD_JOB_COLUMNS = (
+    "state",
+    "grace_seconds",
+    "time_limit_seconds",
+    "started_at",
+    "stop_reason",
+    "stop_deadline",
+    "replicas",
+    "min_available",
+    "elastic_min_gpus",
+    "elastic_max_gpus",
+)
+# A node's replicas that are bound and not exited (one that exited while its job's other replicas
+# still run is neither started again nor stopped: it only waits for its job to settle), with the
+# columns of their jobs a heartbeat reads, its SQL built once (see PreparedRead).
+_HELD = PreparedRead(
+    lambda node_ids: (
+        Allocation.objects.filter(node_id__in=node_ids, released_at__isnull=True, exited_at__isnull=True)
         .order_by("job_id", "replica", "device__index")
+        .values_list(
+            "job_id",
+            "replica",
+            "attempt",
+            "leaving_at",
+            "share_milli",
+            "device__index",
+            *(f"job__{f}" for f in _HELD_JOB_COLUMNS),
+        )
     )
-    for a in allocs:
-        held.setdefault((a.job_id, a.replica), []).append(a)
+)
+
+
+def _held_replicas(node: Node) -> dict[tuple[int, int], HeldReplica]:
+    """The node's held replicas by (job, replica), in one query."""
+    rows: dict[tuple[int, int], list[Sequence[Any]]] = {}
+    for row in _HELD.rows([node.pk]):
+        rows.setdefault((row[0], row[1]), []).append(row)
+    jobs: dict[int, HeldJob] = {}
+    held: dict[tuple[int, int], HeldReplica] = {}
+    for (job_id, replica), group in rows.items():
+        _, _, attempt, leaving_at, share_milli, index, *job_columns = group[0]
+        job = jobs.get(job_id)
+        if job is None:
+            state, grace, limit, started, stop_reason, deadline, replicas, least, low, high = job_columns
+            resizable = can_resize(replicas, least, low, high)
+            job = jobs[job_id] = HeldJob(
+                job_id, state, grace, limit, started, stop_reason, deadline, resizable
+            )
+        gpus = tuple(row[5] for row in group if row[5] is not None)
+        share = share_milli / 1000 if index is not None else 1.0
+        held[(job_id, replica)] = HeldReplica(job, replica, attempt, leaving_at, gpus, share)
     return held
 
 
-def _check_started_and_time_limit(job: Job, attempt: int, is_running: bool, now: datetime) -> Job:
-    """Catch up a lost ``started`` report; stop a job its agent let run past its time limit."""
+def _whole_jobs(job_ids: list[int], whole: dict[int, Job]) -> dict[int, Job]:
+    """``job_ids`` read whole (what a binding says), in one query for those not in ``whole``."""
+    missing = [i for i in job_ids if i not in whole]
+    read = {job.pk: job for job in Job.objects.filter(pk__in=missing)} if missing else {}
+    return {i: whole[i] if i in whole else read[i] for i in job_ids if i in whole or i in read}
+
+
+def _check_started_and_time_limit(job: HeldJob, attempt: int, is_running: bool, now: datetime) -> Job | None:
+    """Catch up a lost ``started`` report; stop a job its agent let run past its time limit.
+    Returns the job, locked and read again, when it did either (None: nothing to do)."""
     late = (
         job.state == JobState.RUNNING
         and job.time_limit_seconds
@@ -501,7 +585,7 @@ def _check_started_and_time_limit(job: Job, attempt: int, is_running: bool, now:
         and now > job.started_at + timedelta(seconds=job.time_limit_seconds + TIME_LIMIT_SLACK_S)
     )
     if not (late or (is_running and job.state == JobState.SCHEDULED)):
-        return job
+        return None
     with transaction.atomic():
         locked = locked_jobs().get(pk=job.pk)
         if locked.attempts != attempt:
@@ -514,10 +598,17 @@ def _check_started_and_time_limit(job: Job, attempt: int, is_running: bool, now:
 
 
 def _binding(
-    job: Job, attempt: int, replica: int, allocs: list[Allocation], log_offset: int, meet: dict[str, Any]
+    job: Job,
+    attempt: int,
+    replica: int,
+    gpus: list[int],
+    share: float,
+    log_offset: int,
+    meet: dict[str, Any],
 ) -> dict[str, Any]:
-    """What the agent needs to start one replica (docs/agent.md, "binding"); ``meet``: its
-    rendezvous (:mod:`scheduling.services.rendezvous`)."""
+    """What the agent needs to start one replica (docs/agent.md, "binding"): ``gpus``, the device
+    indices it holds ([] for CPU-only), ``share`` of each; ``meet``: its rendezvous
+    (:mod:`scheduling.services.rendezvous`)."""
     return {
         "job_id": job.pk,
         "attempt": attempt,
@@ -526,8 +617,8 @@ def _binding(
         "name": job.name,
         "command": list(job.command),
         "env": dict(job.env or {}),
-        "gpus": [a.device.index for a in allocs if a.device is not None],  # [] for CPU-only
-        "share": allocs[0].share_milli / 1000 if allocs[0].device is not None else 1.0,
+        "gpus": gpus,
+        "share": share,
         "grace_seconds": job.grace_seconds,
         "time_limit_seconds": job.time_limit_seconds,
         "checkpoint_seconds": job.checkpoint_seconds,
@@ -563,9 +654,17 @@ def bindings_by_node(jobs: list[Job], allocs: list[Allocation]) -> dict[int, lis
     out: dict[int, list[dict[str, Any]]] = {}
     for (node_id, job_id, replica), rows in grouped.items():
         job = by_job[job_id]
+        gpus = [a.device.index for a in rows if a.device is not None]
+        share = rows[0].share_milli / 1000 if rows[0].device is not None else 1.0
         out.setdefault(node_id, []).append(
             _binding(
-                job, rows[0].attempt, replica, rows, ends.get((job_id, replica), 0), meets[job_id][replica]
+                job,
+                rows[0].attempt,
+                replica,
+                gpus,
+                share,
+                ends.get((job_id, replica), 0),
+                meets[job_id][replica],
             )
         )
     return out

@@ -17,10 +17,10 @@ already use, per replica (docs/agent.md):
   shrink of it is under way.
 
 Running replicas are told the new world in place, not restarted: every heartbeat answer carries
-each job's current world (``worlds``), which the agent writes to the job's
-``TESSERA_WORLD_FILE``. Ranks stay put (a shrink removes the highest replicas, a grow appends),
-so no work is lost to a resize (``resized`` events say ``lost_work_s: 0``), as the simulator
-counts it.
+the current world of each job that can change size (``worlds``; :func:`can_resize`), which the
+agent writes to the job's ``TESSERA_WORLD_FILE``. Ranks stay put (a shrink removes the highest
+replicas, a grow appends), so no work is lost to a resize (``resized`` events say
+``lost_work_s: 0``), as the simulator counts it.
 
 A running job below its full size says why in ``Job.size_reason``.
 """
@@ -62,6 +62,18 @@ class CannotShrink(Exception):
 def full_replicas(job: Job) -> int:
     """How many replicas the job runs at its full size (an elastic job: at its maximum)."""
     return geometry(job_request(job)).replicas
+
+
+def can_resize(
+    replicas: int, min_available: int | None, elastic_min_gpus: int | None, elastic_max_gpus: int | None
+) -> bool:
+    """Can a running job of this shape change size (its world: docs/agent.md, "Resizes")? An
+    elastic job is shrunk and grown; a gang that may start with ``min_available`` of its
+    ``replicas`` grows to them (the engine's ``geometry``: fewer needed than its most). Any other
+    job runs with the replicas it started with, all placed at once, until it ends: no resize
+    adds or removes one (``apply_resizes``, ``request_shrink``)."""
+    elastic = elastic_min_gpus is not None or elastic_max_gpus is not None
+    return elastic or (min_available or replicas) < replicas
 
 
 def _per_replica(job: Job) -> float:
