@@ -358,11 +358,14 @@ def do_heartbeat(
     node holds past their retention; the answer's ``checkpoints`` says which can still resume
     (:func:`checkpoint_jobs`)."""
     now = timezone.now()
-    with transaction.atomic():
-        Node.objects.filter(pk=node.pk).update(last_heartbeat=now)
-        if Node.objects.filter(pk=node.pk, state=NodeState.NOT_READY).update(state=NodeState.READY):
-            request_pass_on_commit()  # capacity came back
-            live.publish_nodes(pk=node.pk)
+    # A node that was ready renews its lease in one statement; one the sweep marked not ready
+    # (health.sweep_nodes) comes back in a transaction that also asks for a pass.
+    if not Node.objects.filter(pk=node.pk).exclude(state=NodeState.NOT_READY).update(last_heartbeat=now):
+        with transaction.atomic():
+            Node.objects.filter(pk=node.pk).update(last_heartbeat=now)
+            if Node.objects.filter(pk=node.pk, state=NodeState.NOT_READY).update(state=NodeState.READY):
+                request_pass_on_commit()  # capacity came back
+                live.publish_nodes(pk=node.pk)
     reported = {(r.job_id, r.attempt, r.replica): r for r in running}
     held = _held_replicas(node)
     if utilisation:
