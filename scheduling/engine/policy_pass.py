@@ -61,32 +61,49 @@ class ShrinkPlan:
 
 @dataclass(slots=True)
 class RowHold:
-    """A quota row held for an aged job its quota refuses, against its tenant's later jobs.
+    """A quota row held for an aged job, against its tenant's later jobs.
 
-    ``steady_only``: the job is non-preemptible and refused at the guarantee, so it waits for its
-    tenant's other non-preemptible work to end; preemptible jobs (which borrow) take nothing it
-    waits for and are not kept off (they were, and a tenant's borrowers waited days while GPUs
-    idled). ``frees_at``: when, by the running jobs' expected ends, enough of the row will have
-    freed for it; a later job expected to end by then delays it nothing and goes ahead (backfill
-    within the quota, as reservations allow on nodes). ``spare``: what the row frees by then
-    beyond the held job's need (milli-GPU); a later job charged no more than that delays it
-    nothing either, however long it runs (as EASY backfill lets a job run on the nodes a
-    reservation leaves over), and what it takes is spare no longer."""
+    Held for a job its quota refuses (:meth:`PolicyPass.refused_by_quota`) or for one its quota
+    admits but nodes do not yet (:meth:`PolicyPass.hold_aged_quota`). ``steady_only``: the job is
+    non-preemptible and refused at the guarantee, so it waits for its tenant's other
+    non-preemptible work to end; preemptible jobs (which borrow) take nothing it waits for and
+    are not kept off (they were, and a tenant's borrowers waited days while GPUs idled).
+    ``frees_at``: when it can start on the row at the earliest — by the running jobs' expected
+    ends for one its quota refuses, its reservation's start for one waiting for nodes; a later
+    job expected to end by then delays it nothing and goes ahead (backfill within the quota, as
+    reservations allow on nodes). ``spare``: what the row has then beyond the held job's need
+    (milli-GPU); a later job charged no more than that delays it nothing either, however long it
+    runs (as EASY backfill lets a job run on the nodes a reservation leaves over), and what it
+    takes is spare no longer. ``fixed_spare``: the same of the guarantee, for later
+    non-preemptible jobs, when the held job is non-preemptible and its quota admits it.
+    ``strict_level``: the held job starves (its reservation's level): a later job whose end is
+    only an estimate goes ahead on ``frees_at`` only if a job of that level could preempt it."""
 
     job_id: str
     steady_only: bool
     frees_at: float
     spare: int = 0
+    fixed_spare: int | None = None
+    strict_level: int | None = None
 
-    def keeps_off(self, job: JobRequest, ends: float, charge: int) -> bool:
+    def keeps_off(self, job: JobRequest, ends: float, charge: int, who: Removable) -> bool:
         if self.steady_only and job.preemptible:
             return False
-        return ends > self.frees_at and charge > self.spare
+        fixed_ok = job.preemptible or self.fixed_spare is None or charge <= self.fixed_spare
+        if charge <= self.spare and fixed_ok:
+            return False
+        removable_at, limited = who
+        strict = self.strict_level
+        if strict is not None and not limited and (removable_at is None or removable_at < strict):
+            return True
+        return ends > self.frees_at
 
     def take(self, job: JobRequest, ends: float, charge: int) -> None:
         """``job`` started on the row, charged ``charge``: past ``frees_at`` it uses the spare."""
         if ends > self.frees_at and not (self.steady_only and job.preemptible):
             self.spare -= charge
+            if self.fixed_spare is not None and not job.preemptible:
+                self.fixed_spare -= charge
 
 
 class PolicyPass:
@@ -179,9 +196,13 @@ class PolicyPass:
         return True
 
     def hold_aged_quota(self) -> None:
-        """What the aged job before this one needs stays charged to its tenant for the rest of
-        the pass, so its tenant's later jobs cannot take the quota it will start on (they could,
-        and a 64-GPU job near its tenant's limit never started). Undone with the other claims."""
+        """What the aged job before this one needs stays its tenant's for the rest of the pass,
+        so its tenant's later jobs cannot take the quota it will start on (they could, and a
+        64-GPU job near its tenant's limit never started). With a reservation starting later,
+        its rows are held (:class:`RowHold`): a later job that ends before that start, or takes
+        only what the row has beyond its need, goes ahead (charged outright, a 64-GPU gang
+        waiting hours for a rack kept its tenant's 8-GPU jobs off free GPUs all that time).
+        Else its need is charged, undone with the other claims."""
         if not self.hold:
             return
         job, geo = self.hold.pop()
@@ -190,11 +211,26 @@ class PolicyPass:
             return  # it started after all (shrinking made room)
         need = geo.charge * geo.need
         models, _ = s.models_for(job)
+        kept = next((r for r in self.res.items if r.job_id == job.id), None)
         for m in models:
             if s.quotas.row(job.tenant, m) is not None and s.admits(job, m, need):
+                row = s.quotas.row_key(job.tenant, m)
+                if kept is not None and kept.start > self.now and row not in self.held_rows:
+                    self.held_rows[row] = self.admitted_hold(job, need, row, kept)
+                    continue
                 s.quotas.add(job.tenant, m, need, job.preemptible)
                 self.claimed.append((job.tenant, m, need, job.preemptible))
                 s.quota_token = (*s.quota_token, job.id)  # placements failed before it may not now
+
+    def admitted_hold(self, job: JobRequest, need: int, row: tuple[str, str], kept: Reservation) -> RowHold:
+        """The hold of ``row`` for an aged job its quota admits, reserved to start at
+        ``kept.start``: what the row has beyond its need now is spare."""
+        q = self.s.quotas.rows[row[0]][row[1]]
+        spare = round(q.limit * MILLI) - self.s.quotas.usage.get(row, 0) - need
+        fixed = None
+        if not job.preemptible:
+            fixed = round(q.guaranteed * MILLI) - self.s.quotas.fixed.get(row, 0) - need
+        return RowHold(job.id, False, kept.start, spare, fixed, kept.strict_level)
 
     # -- steps 3-4, one job ----------------------------------------------------------------------
     def decide(self, job: JobRequest) -> None:
@@ -274,12 +310,15 @@ class PolicyPass:
 
     def quota_held_for_another(self, job: JobRequest, geo: Geometry, rows: list[tuple[str, str]]) -> bool:
         """Every quota row it could use is held against it for an aged job of its tenant ahead
-        of it (:class:`RowHold`)."""
+        of it (:class:`RowHold`). A job past the starvation bound is held off no longer: a hold
+        delays a job, never for ever (a 43-hour job waited 27 hours on free GPUs behind its
+        tenant's 64-GPU job, and a tenant's stream of such jobs could hold a row for days)."""
         holds = [self.held_rows[r] for r in rows if r in self.held_rows]
-        if not rows or len(holds) < len(rows):
+        if not rows or len(holds) < len(rows) or queues.starving(job, self.now, self.cfg):
             return False
         ends = self.expected_end(job, self.s.history.predict(job))
-        blocking = [h for h in holds if h.keeps_off(job, ends, geo.charge * geo.need)]
+        who = self.removable(job)
+        blocking = [h for h in holds if h.keeps_off(job, ends, geo.charge * geo.need, who)]
         if len(blocking) < len(rows):
             return False
         self.res.drop(job.id)  # its nodes held for it would idle: its quota does not admit it

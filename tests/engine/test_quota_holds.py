@@ -122,3 +122,75 @@ def test_a_job_its_quota_now_refuses_gives_up_its_reservation():
     d = s.decide(300.0)
     assert d.pending["y"].message == "quota: vision's quota is held for its job old, which has waited longest"
     assert "y" not in {r.job_id for r in s.last_reservations}
+
+
+def waiting_for_nodes() -> TesseraScheduler:
+    """vision (limit 6) runs v1 (2 GPUs, long) on b; nlp's n1 fills a until t=3600. big (4 on one
+    node) is admitted by vision's quota (2 + 4 ≤ 6) but no node has 4 free: aged, it reserves a
+    from t=3600, and what it needs of vision's quota stays its for the pass."""
+    s = TesseraScheduler(
+        [node("a", gpus=4, nvlink=4), node("b", gpus=4, nvlink=4)],
+        [QuotaSpec("vision", "*", guaranteed=4, limit=6), QuotaSpec("nlp", "*", guaranteed=4, limit=4)],
+        EngineConfig(aging_s=60),
+    )
+    s.submit(JobRequest("n1", "nlp", "training", 4, time_limit_s=3600))
+    s.submit(JobRequest("v1", "vision", "training", 2, time_limit_s=20000))
+    assert len(s.decide(0.0).bindings) == 2
+    s.submit(JobRequest("big", "vision", "training", 4, submitted_at=1, time_limit_s=3600))
+    assert s.decide(100.0).pending["big"].code == "reserved"
+    return s
+
+
+def test_a_job_ending_before_an_aged_jobs_reserved_start_takes_the_quota_it_will_use():
+    # short ends by t=1,900, before big can start at 3,600: taking big's quota meanwhile delays
+    # big nothing (charged outright, it waited on free GPUs for big's whole wait)
+    short = JobRequest("short", "vision", "batch", 2, submitted_at=50, time_limit_s=1800)
+    assert started(waiting_for_nodes(), short) == {"short": "started"}
+
+
+def test_a_job_running_past_that_start_waits_for_the_aged_job():
+    long = JobRequest("long", "vision", "batch", 2, submitted_at=50, time_limit_s=7200)
+    assert started(waiting_for_nodes(), long) == {
+        "long": "quota: vision's quota is held for its job big, which has waited longest"
+    }
+
+
+def test_a_starving_jobs_quota_is_backfilled_only_by_jobs_it_could_remove():
+    # big starves: on its reserved nodes only jobs it could preempt, or with a hard time limit,
+    # backfill on their expected end; its quota is held alike. est and spot are expected to run
+    # 600 s (their kinds' history), neither has a time limit; est cannot be preempted.
+    s = TesseraScheduler(
+        [node("a", gpus=4, nvlink=4), node("b", gpus=4, nvlink=4)],
+        [QuotaSpec("vision", "*", guaranteed=4, limit=6), QuotaSpec("nlp", "*", guaranteed=4, limit=4)],
+        EngineConfig(aging_s=10, starve_s=50, preemption=False),
+    )
+    s.submit(JobRequest("n1", "nlp", "training", 4, time_limit_s=3600))
+    s.submit(JobRequest("v1", "vision", "training", 2, time_limit_s=20000))
+    assert len(s.decide(0.0).bindings) == 2
+    for i in range(3):
+        s.history.record(JobRequest(f"old{i}", "vision", "batch", 1), 600.0, float(i))
+    s.submit(JobRequest("big", "vision", "training", 4, submitted_at=1, time_limit_s=3600))
+    assert s.decide(100.0).pending["big"].code == "reserved"
+    est = JobRequest("est", "vision", "batch", 2, preemptible=False, submitted_at=90)
+    assert started(s, est) == {
+        "est": "quota: vision's quota is held for its job big, which has waited longest"
+    }
+    s.cancel("est")
+    spot = JobRequest("spot", "vision", "batch", 2, submitted_at=90)
+    assert started(s, spot) == {"spot": "started"}
+
+
+def test_a_starving_job_is_not_kept_off_by_its_tenants_held_quota():
+    # long would keep big's row for longer than big waits, but it has itself waited past the
+    # starvation bound: a hold may delay a job, not for ever (a 43-hour job waited 27 hours on
+    # free GPUs behind a 64-GPU one)
+    s = TesseraScheduler(
+        [node("a", gpus=8, nvlink=8), node("b", gpus=8, nvlink=8)],
+        QUOTAS,
+        EngineConfig(aging_s=60, starve_s=90),
+    )
+    s.submit(steady("s1", 2, 0, 3600))
+    s.decide(0.0)
+    s.submit(steady("big", 4, 1, 3600))
+    assert s.decide(1.0).pending["big"].code == "borrow-limit"
+    assert started(s, steady("long", 1, 5, 7200)) == {"long": "started"}
