@@ -32,7 +32,8 @@ class EngineConfig:
     # A borrower is reclaimed only within this long after its last checkpoint (or its start), so
     # a reclaim throws away at most this much of its work; a job that never checkpoints may be
     # reclaimed at any time (waiting saves it nothing). 0 = at any time. Reclaim is not urgent
-    # (the owner has waited reclaim_after_s already); priority preemption ignores this.
+    # (the owner has waited reclaim_after_s already); seniority preemption keeps to it for one
+    # of the victim's checkpoint intervals (see starve_s); priority preemption ignores it.
     reclaim_checkpoint_window_s: float = 600.0
     # The room a preemption frees is held for the job it was made for, for the victims' grace
     # period plus this long: no other job (not even one ahead in the queue) may start there
@@ -47,7 +48,9 @@ class EngineConfig:
     # Starvation bound: a job that has waited this long (since submit) comes first among the
     # promoted jobs (oldest first), may preempt preemptible jobs of its own or a lower kind level
     # that were submitted after it (seniority: the victims can never preempt it back; least lost
-    # work first, sparing spare_ending_s) or that checkpoint and have run starve_s in their
+    # work first, sparing spare_ending_s; a victim that checkpoints, only within
+    # reclaim_checkpoint_window_s of a checkpoint until the starving job has waited one of its
+    # checkpoint intervals more) or that checkpoint and have run starve_s in their
     # current attempt (served: they have had their turn), may make quota room from such jobs of
     # its own tenant, may borrow even where owners wait, and once started is neither reclaimed
     # (its borrowing ends with it) nor preempted for seniority (no job it displaced takes its

@@ -267,6 +267,7 @@ def test_a_starving_gang_preempts_an_older_job_only_once_it_has_run_starve_s():
     assert len(s.decide(500.0).bindings) == 1
     s.submit(JobRequest("gang", "vision", "training", 8, replicas=2, submitted_at=10.0))
     assert not s.decide(3700.0).preemptions  # starving, but "old" has run 3200 s only
+    s.checkpoint("old", 4000.0)  # (preempted within the window after a checkpoint: see below)
     d = s.decide(4100.0)
     assert [p.job_id for p in d.preemptions] == ["old"]
     assert d.preemptions[0].reason.startswith("seniority:")
@@ -295,3 +296,31 @@ def test_an_aged_job_that_waits_for_nodes_keeps_its_quota_from_its_tenants_later
     assert not d.bindings and d.pending["small"].code == "quota"
     s.release("n1", 800.0)
     assert [b.job_id for b in s.decide(800.0).bindings] == ["gang"]
+
+
+def test_a_starving_gang_preempts_a_checkpointing_job_just_after_its_checkpoint():
+    # young checkpoints every 1,800 s: preempted long after its last checkpoint it would lose up
+    # to that much of its work. The starving gang waits for its next checkpoint (within the
+    # reclaim window after it), or, if none comes, one interval past the starvation bound.
+    cfg = EngineConfig(starve_s=3600.0, aging_s=600.0, backfill=False, reclaim_checkpoint_window_s=300.0)
+
+    def world() -> TesseraScheduler:
+        s = TesseraScheduler(_racks(1, 2), config=cfg)
+        s.submit(JobRequest("old", "nlp", "batch", 4, time_limit_s=10 * 3600.0, submitted_at=0.0))
+        s.decide(0.0)
+        s.submit(JobRequest("gang", "vision", "training", 8, replicas=2, submitted_at=10.0))
+        young = JobRequest("young", "speech", "batch", 4, submitted_at=20.0, checkpoint_s=1800.0)
+        s.submit(young)
+        s.decide(20.0)
+        s.release("old", 3000.0)
+        return s
+
+    s = world()
+    s.checkpoint("young", 1820.0)
+    assert not s.decide(3700.0).preemptions  # starving, but young's checkpoint is 1,880 s old
+    s.checkpoint("young", 3620.0)
+    assert [p.job_id for p in s.decide(3710.0).preemptions] == ["young"]  # 90 s of work lost
+
+    s = world()  # young never reports a checkpoint: preempted once the interval is over
+    assert not s.decide(5000.0).preemptions
+    assert [p.job_id for p in s.decide(5420.0).preemptions] == ["young"]
