@@ -29,7 +29,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +44,9 @@ MAX_LOOK_GAP_S = 2.0  # a PidClock's looks farther apart than this may have miss
 STARTUP_TIMEOUT_S = 60.0  # how long a starting agent waits for leftovers to die before it gives up
 PROGRESS_EVERY_S = 2.0
 ROUND_S = 0.05  # between two scans while processes die
+# A session's end reads its candidate pids one by one while there are at most this many (from
+# its leader's to the kernel's last); more, and it lists /proc instead.
+SPAN_MAX = 512
 
 
 @dataclass(frozen=True)
@@ -182,7 +185,9 @@ class PidClock:
     docs/benchmarks/e2e.md). The kernel's last pid (``ns_last_pid``) is looked at when the session
     begins and at every tick of its supervisor (4 a second): a wrap means it went down between two
     looks (a whole cycle between two looks would take ``pid_max`` forks in 0.25 s). When it cannot
-    be read, every process is read, as after a wrap.
+    be read, every process is read, as after a wrap. Until a wrap, no process of the session has a
+    pid above the last one handed out either: a short job's end reads the pids between the two,
+    without listing ``/proc`` (every process of the node, kernel threads included).
     """
 
     def __init__(self, leader: int):
@@ -206,6 +211,12 @@ class PidClock:
         self.observe()
         return None if self.wrapped else self.floor
 
+    def span(self) -> tuple[int, int] | None:
+        """The smallest pid a process of the session can have and the largest handed out so far
+        (looked at now); None: any pid (a wrap, or no look)."""
+        floor = self.newer_than_leader()
+        return None if floor is None or self.seen is None else (floor, self.seen)
+
 
 def _last_pid() -> int | None:
     try:
@@ -220,16 +231,58 @@ def _last_pid() -> int | None:
         os.close(fd)
 
 
-def _members(sessions: Iterable[Session], floor: int | None = None) -> list[tuple[Proc, Session]]:
+def _listed(floor: int | None = None) -> Iterator[int]:
+    """The pids ``/proc`` lists (``floor``: only those from it on)."""
+    pids = (int(e) for e in os.listdir("/proc") if e.isdigit())
+    return pids if floor is None else (pid for pid in pids if pid >= floor)
+
+
+def _spanned(floor: int, last: int) -> Iterator[int]:
+    """Every pid from ``floor`` to the kernel's last, which is looked at again once they are
+    read: the pids handed out meanwhile (a member's fork) are read too, until it stays put. So
+    nothing ``/proc`` would have listed is left out. Past :data:`SPAN_MAX` pids, or at a wrap,
+    the rest comes from ``/proc``'s listing."""
+    low = floor
+    while last - floor < SPAN_MAX:
+        yield from range(low, last + 1)
+        now = _last_pid()
+        if now == last:
+            return
+        if now is None or now < last:  # wrapped meanwhile (or unreadable): any pid at all
+            yield from _listed()
+            return
+        low, last = last + 1, now
+    yield from _listed(low)
+
+
+def _is_thread(pid: int) -> bool:
+    """Whether ``pid`` is a thread other than its process's first (``Tgid`` in its status)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"Tgid:"):
+                    return int(line.split()[1]) != pid
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def _members(
+    sessions: Iterable[Session], floor: int | None = None, last: int | None = None
+) -> list[tuple[Proc, Session]]:
     """The live (not zombie) processes of ``sessions``, with the session each belongs to
-    (``floor``: no process of theirs has a smaller pid, see :class:`PidClock`)."""
+    (``floor``: no process of theirs has a smaller pid, ``last``: the largest pid handed out,
+    looked at just before; see :class:`PidClock`)."""
     by_sid = {s.sid: s for s in sessions}
     if not by_sid:
         return []
-    pids = (int(e) for e in os.listdir("/proc") if e.isdigit())
-    if floor is not None:
-        pids = (pid for pid in pids if pid >= floor)
+    spanned = floor is not None and last is not None
+    pids = _spanned(floor, last) if floor is not None and last is not None else _listed(floor)
     procs = [p for pid in pids if (p := read_proc(pid)) is not None]
+    if spanned:
+        # A pid read directly may be a thread's (/proc lists processes only): as in the listing,
+        # a process is its thread group's leader.
+        procs = [p for p in procs if p.sid not in by_sid or not _is_thread(p.pid)]
     # A live process whose pid is a recorded session's id, leading a session but started at
     # another time, is a later session with that id: ours ended (its id was free to reuse).
     reused = {p.sid for p in procs if p.pid == p.sid and p.sid in by_sid and p.start != by_sid[p.sid].start}
@@ -283,7 +336,8 @@ def end_sessions(
     began = time.monotonic()
     next_progress = began + PROGRESS_EVERY_S
     while True:
-        members = _members(sessions, pids.newer_than_leader() if pids is not None else None)
+        span = pids.span() if pids is not None else None
+        members = _members(sessions, *span) if span is not None else _members(sessions)
         if not members:
             return list(killed.values()), []
         now = time.monotonic()

@@ -286,3 +286,38 @@ def test_only_a_wrap_lets_a_sessions_process_have_a_pid_below_its_leaders(spawne
     clock.wrapped = True
     killed, left = leftovers.end_sessions([session], 5.0, pids=clock)
     assert child in {p.pid for p in killed} and left == []
+
+
+def test_a_short_sessions_end_reads_its_pids_without_listing_proc(spawned, monkeypatch):
+    """Until a wrap, a session's processes have pids from its leader's to the kernel's last: a job
+    that ends soon is ended by reading those (a thread counted as its process, as in /proc's
+    listing), without listing every process of the node."""
+    threads = (
+        "import threading, time; threading.Thread(target=time.sleep, args=(300,)).start(); time.sleep(300)"
+    )
+    proc = spawned(f"python3 -c '{threads}' & sleep 300 & echo started; wait")
+    proc.stdout.readline()
+    session = leftovers.session_of(proc.pid)
+    assert fakes.wait_for(lambda: len(set(members_of(proc.pid))) == 3, 10), members_of(proc.pid)
+    expected = set(members_of(proc.pid))
+    clock = leftovers.PidClock(proc.pid)
+
+    def no_listing(path):
+        raise AssertionError(f"listed {path}")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(leftovers.os, "listdir", no_listing)
+        assert {p.pid for p, _ in leftovers._members([session], *clock.span())} == expected
+        killed, left = leftovers.end_sessions([session], 5.0, pids=clock)
+    assert {p.pid for p in killed} == expected and left == []
+
+
+def test_pids_handed_out_while_a_span_is_read_are_read_too(monkeypatch):
+    monkeypatch.setattr(leftovers, "_listed", lambda floor=None: iter([f"listed from {floor}"]))
+    looks = iter([108, 108])  # two pids handed out while 100-105 were read, then none
+    monkeypatch.setattr(leftovers, "_last_pid", lambda: next(looks))
+    assert list(leftovers._spanned(100, 105)) == list(range(100, 109))
+    looks = iter([90])  # wrapped meanwhile: any pid
+    assert list(leftovers._spanned(100, 105)) == [*range(100, 106), "listed from None"]
+    wide = leftovers.SPAN_MAX
+    assert list(leftovers._spanned(100, 100 + wide)) == ["listed from 100"]  # too many: listed
