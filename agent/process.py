@@ -413,7 +413,7 @@ class JobProcess:
             return subprocess.Popen(
                 [*prefix, *command],
                 cwd=self.workdir,
-                env=sandbox.CHAIN_ENV,
+                env=self.sandbox.env,
                 stdin=env_fd,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,

@@ -62,7 +62,12 @@ log = logging.getLogger("tessera.agent")
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 SYSTEM_PATH = f"{SAFE_PATH}:/usr/sbin:/sbin"
 PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm")
-CHAIN_ENV = {"PATH": SYSTEM_PATH, "LANG": "C.UTF-8"}  # the chain's whole environment, until setpriv
+# The chain's whole environment, until setpriv. No locale: each util-linux program of it loads the
+# one named (0.25 ms of CPU for setpriv, docs/benchmarks/e2e.md, Session 19) only to word its
+# errors; the job's own ``LANG`` comes with its environment (agent/process.py). The Landlock step
+# (Python) gets one: in the C locale Python would put ``LC_CTYPE`` into the job's environment.
+CHAIN_ENV = {"PATH": SYSTEM_PATH}
+SCOPED_CHAIN_ENV = {**CHAIN_ENV, "LANG": "C.UTF-8"}
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 BLOCKER = Path("/run/tessera-agent/no-access")
 # Where local services keep their unix sockets (PostgreSQL's is open to all by default: with
@@ -134,6 +139,7 @@ class Sandbox:
         self.namespaces = namespaces
         self.scoped = scoped
         self.node = node  # what the node has: a job's private tmpfs (memory) is sized by its share
+        self.env = SCOPED_CHAIN_ENV if scoped else CHAIN_ENV  # what the chain runs with
         # What a job attempt may fill (``--job-disk-mb``): each private tmpfs, any one file it
         # writes, and its own directories and private tmpfs together (summed by its supervisor,
         # agent/process.py).
@@ -197,7 +203,7 @@ class Sandbox:
         ``cgroup_procs``: the files the chain's first step joins the replica's cgroup by;
         ``tmpfs_mb``: the size of each private tmpfs (:meth:`tmpfs_mb`; None: ``--job-disk-mb``).
 
-        The chain runs as root until ``setpriv``: it gets a clean environment (``CHAIN_ENV``),
+        The chain runs as root until ``setpriv``: it gets a clean environment (:attr:`env`),
         never the job's, whose ``LD_PRELOAD`` or ``LD_LIBRARY_PATH`` would load a tenant's code
         into it. The job's environment reaches its command through its standard input (see
         :func:`env_fd`), read by a shell already running as the job's user, which then gives the
@@ -350,7 +356,7 @@ def scope_unavailable() -> str | None:
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
-            env=CHAIN_ENV,
+            env=SCOPED_CHAIN_ENV,
             timeout=20,
         )
     except (OSError, subprocess.SubprocessError) as exc:

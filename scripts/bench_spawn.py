@@ -29,11 +29,13 @@ from agent.identity import RunAs  # noqa: E402
 UID = 270002  # outside the default range (200000-265535): no agent hands it to a job
 
 
-def spawn(argv: list[str], stdin: int | None = None) -> tuple[float, float]:
+def spawn(
+    argv: list[str], stdin: int | None = None, env: dict[str, str] = sandbox.CHAIN_ENV
+) -> tuple[float, float]:
     """Wall and CPU seconds of one spawn of ``argv`` to its exit."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    subprocess.run(argv, stdin=stdin, env=sandbox.CHAIN_ENV, cwd="/", check=True)
+    subprocess.run(argv, stdin=stdin, env=env, cwd="/", check=True)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -60,7 +62,8 @@ def main() -> None:
         for name, argv in variants.items():  # by turns, so load changes hit each alike
             fd = sandbox.env_fd({})
             try:
-                samples[name].append(spawn(argv, stdin=fd))
+                env = sandbox.SCOPED_CHAIN_ENV if "landlock" in name else sandbox.CHAIN_ENV
+                samples[name].append(spawn(argv, stdin=fd, env=env))
             finally:
                 os.close(fd)
     print(f"{args.spawns} spawns each; namespaces: {namespaces}; load average: {os.getloadavg()[0]:.1f}")
