@@ -225,6 +225,34 @@ def _owned_dir(path: Path, run_as: RunAs) -> Path:
     return path
 
 
+def _new_workdir(path: Path, run_as: RunAs) -> None:
+    """The replica's working directory and its ``tmp`` (``TMPDIR``), made afresh: 0700, the job
+    user's. Both are made, with nothing to follow or walk (``mkdir`` refuses a path that is
+    there), before either is handed to the job user."""
+    tmp = path / "tmp"
+    for directory in (path, tmp):
+        os.mkdir(directory, 0o700)
+        os.chmod(directory, 0o700)  # whatever the agent's umask
+    if run_as.uid is not None:
+        gid = run_as.gid if run_as.gid is not None else run_as.uid
+        for directory in (tmp, path):
+            os.chown(directory, run_as.uid, gid, follow_symlinks=False)
+
+
+def _remove_workdir(path: Path) -> None:
+    """Remove the replica's working directory: as it was made (its ``tmp`` empty, at most the
+    world file beside it) by a few calls that follow no link (``rmdir`` and ``unlink`` do not
+    follow a path's last part, and ``path`` itself lies in the agent's own ``jobs``); anything
+    else the job left there by a walk that follows none either."""
+    try:
+        os.rmdir(path / "tmp")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path / WORLD_NAME)
+        os.rmdir(path)
+    except OSError:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def disk_used(top: Path) -> int:
     """Bytes the files under ``top`` take on disk (allocated blocks: a sparse file counts what
     it holds, not its length), links not followed; 0 if it is not there."""
@@ -346,8 +374,7 @@ class JobProcess:
         its limits and reports its exit."""
         try:
             self.run_as = run_as = self.users.take(self.job_id, self.attempt)
-            _owned_dir(self.workdir, run_as)
-            _owned_dir(self.workdir / "tmp", run_as)
+            _new_workdir(self.workdir, run_as)
             resumable = self.checkpoint_dir.is_dir()
             _owned_dir(self.checkpoint_dir, run_as)
             if self.binding.get("last_checkpoint_at") and not resumable:
@@ -771,7 +798,7 @@ class JobProcess:
                 if self._wake_fd is not None:
                     os.close(self._wake_fd)
                     self._wake_fd = None
-            shutil.rmtree(self.workdir, ignore_errors=True)
+            _remove_workdir(self.workdir)
             with contextlib.suppress(OSError):
                 os.utime(self.checkpoint_dir)  # its retention counts from the last use
             if self.cgroup is not None and self.cgroups is not None:

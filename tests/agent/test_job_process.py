@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from agent import process as process_module
 from agent import sandbox as sandbox_module
-from agent.identity import resolve_run_as
+from agent.identity import RunAs, resolve_run_as
 from agent.process import JobProcess, job_path
 from tests.agent import fakes
 from tests.agent.agent_process import alive
@@ -72,6 +73,8 @@ def test_the_job_sees_its_gpus_and_ids_but_never_the_agents_secrets(node):
     assert "join-secret-never-in-jobs" not in text and "node-credential-never-in-jobs" not in text
     assert not {k for k in job_env if "TOKEN" in k or "CREDENTIAL" in k}
     assert "DJANGO_SETTINGS_MODULE" not in job_env  # a clean environment, not the agent's
+    # Its locale is its own environment's (the chain before it runs without one).
+    assert job_env["LANG"] == "C.UTF-8" and not {k for k in job_env if k.startswith("LC_")}
 
 
 def test_the_job_cannot_override_its_gpus_or_ids(node):
@@ -138,17 +141,22 @@ def test_a_command_that_cannot_start_is_reported_as_exit_127_with_the_reason_in_
     assert b"could not start" in server.output(17) and b"No such file or directory" in server.output(17)
 
 
-def test_a_command_is_found_through_the_jobs_own_path_and_relative_to_its_directory(node):
+def test_a_command_is_found_through_the_jobs_own_path_and_relative_to_its_directory(node, monkeypatch):
     server, state_dir, run_as, path = node
     tools = state_dir / "tools"
     tools.mkdir(mode=0o755)
     (tools / "hello-tessera").write_text("#!/bin/sh\necho from-path\n")
     (tools / "hello-tessera").chmod(0o755)
     start(node, job_id=22, env={"PATH": f"{tools}:{path}"}, command=["hello-tessera"])
+    made = process_module._new_workdir
+
+    def with_script(workdir: Path, owner: RunAs) -> None:  # as if the job had put it there
+        made(workdir, owner)
+        (workdir / "run.sh").write_text("#!/bin/sh\necho from-workdir\n")
+        (workdir / "run.sh").chmod(0o755)
+
+    monkeypatch.setattr(process_module, "_new_workdir", with_script)
     process = JobProcess(fakes.binding(23, command=["./run.sh"]), server, state_dir, run_as, path)
-    process.workdir.mkdir(parents=True)  # its (random) name is known once it is made
-    (process.workdir / "run.sh").write_text("#!/bin/sh\necho from-workdir\n")
-    (process.workdir / "run.sh").chmod(0o755)
     process.start()
     assert server.exit_of(22)["exit_code"] == 0 and server.output(22) == b"from-path\n"
     assert server.exit_of(23)["exit_code"] == 0 and server.output(23) == b"from-workdir\n"
@@ -180,7 +188,7 @@ import sys, time
 from pathlib import Path
 sys.path.insert(0, {root!r})
 from agent import sandbox
-from agent.identity import resolve_run_as
+from agent.identity import RunAs, resolve_run_as
 from agent.process import JobProcess, job_path
 from tests.agent.fakes import FakeServer, binding
 if {fork!r}:
@@ -267,3 +275,17 @@ def test_a_start_the_server_refuses_is_stopped_at_once(node):
     process = JobProcess(fakes.binding(job_id=21, command=["sleep", "30"]), server, state_dir, run_as, path)
     process.start()
     assert server.exit_of(21, timeout=10)["reason"] == "stopped"
+
+
+def test_links_a_job_leaves_in_its_directory_are_removed_not_followed(node):
+    """A job owns its working directory: what it leaves there in place of its ``tmp`` and world
+    file (links to the node's files) goes with the directory, and what they point at stays."""
+    server, state_dir, run_as, path = node
+    kept = state_dir / "kept"
+    kept.mkdir(mode=0o755)
+    (kept / "file").write_text("the node's")
+    script = f'rmdir "$TMPDIR" && ln -s {kept} "$TMPDIR" && ln -s {kept}/file "$TESSERA_WORLD_FILE"'
+    process, server = start(node, job_id=31, command=["sh", "-c", script])
+    assert server.exit_of(31)["exit_code"] == 0, server.output(31)
+    assert fakes.wait_for(lambda: not process.workdir.exists(), 5)
+    assert (kept / "file").read_text() == "the node's"
