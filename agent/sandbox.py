@@ -62,12 +62,15 @@ log = logging.getLogger("tessera.agent")
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 SYSTEM_PATH = f"{SAFE_PATH}:/usr/sbin:/sbin"
 PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm")
-# The chain's whole environment, until setpriv. No locale: each util-linux program of it loads the
-# one named (0.25 ms of CPU for setpriv, docs/benchmarks/e2e.md, Session 19) only to word its
-# errors; the job's own ``LANG`` comes with its environment (agent/process.py). The Landlock step
-# (Python) gets one: in the C locale Python would put ``LC_CTYPE`` into the job's environment.
+# The chain's whole environment, until setpriv. No locale: each util-linux program of it (setpriv,
+# unshare, every mount of step 2) loads the one named only to word its errors, 0.25 ms of CPU
+# each (docs/benchmarks/e2e.md, Session 19); the job's own ``LANG`` comes with its environment
+# (agent/process.py). The Landlock step (Python) gets one (``SCOPED_LOCALE``: from step 2's
+# script when there is one, else from the start): in the C locale Python would put ``LC_CTYPE``
+# into the job's environment.
 CHAIN_ENV = {"PATH": SYSTEM_PATH}
-SCOPED_CHAIN_ENV = {**CHAIN_ENV, "LANG": "C.UTF-8"}
+SCOPED_LOCALE = "C.UTF-8"
+SCOPED_CHAIN_ENV = {**CHAIN_ENV, "LANG": SCOPED_LOCALE}
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 BLOCKER = Path("/run/tessera-agent/no-access")
 # Where local services keep their unix sockets (PostgreSQL's is open to all by default: with
@@ -139,7 +142,8 @@ class Sandbox:
         self.namespaces = namespaces
         self.scoped = scoped
         self.node = node  # what the node has: a job's private tmpfs (memory) is sized by its share
-        self.env = SCOPED_CHAIN_ENV if scoped else CHAIN_ENV  # what the chain runs with
+        # What the chain starts with (step 2's script gives the Landlock step its locale).
+        self.env = SCOPED_CHAIN_ENV if scoped and not namespaces else CHAIN_ENV
         # What a job attempt may fill (``--job-disk-mb``): each private tmpfs, any one file it
         # writes, and its own directories and private tmpfs together (summed by its supervisor,
         # agent/process.py).
@@ -275,7 +279,8 @@ class Sandbox:
         empty = f"{mount} -t tmpfs -o mode=0755,size=4k,nosuid,nodev tessera-hidden"
         steps += [f"{empty} {shlex.quote(p)}" for p in self.hide if os.path.isdir(p)]
         # The job's files: 0700 (umask 077); the directories made here for kept paths: 0755.
-        return "set -e\numask 022\n" + "\n".join(steps) + '\numask 077\nexec "$@"'
+        locale = f"export LANG={SCOPED_LOCALE}\n" if self.scoped else ""
+        return "set -e\numask 022\n" + "\n".join(steps) + f'\numask 077\n{locale}exec "$@"'
 
 
 def _join_script(cgroup_procs: Sequence[Path]) -> str:

@@ -57,12 +57,13 @@ def main() -> None:
         "chain": [*plain.prefix(job, []), true],
         "chain + landlock step": [*scoped.prefix(job, []), true],
     }
+    envs = {"true": sandbox.CHAIN_ENV, "chain": plain.env, "chain + landlock step": scoped.env}
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
     for _ in range(args.spawns):
         for name, argv in variants.items():  # by turns, so load changes hit each alike
             fd = sandbox.env_fd({})
             try:
-                env = sandbox.SCOPED_CHAIN_ENV if "landlock" in name else sandbox.CHAIN_ENV
+                env = sandbox.SCOPED_CHAIN_ENV if name.startswith("landlock") else envs[name]
                 samples[name].append(spawn(argv, stdin=fd, env=env))
             finally:
                 os.close(fd)

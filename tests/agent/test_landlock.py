@@ -105,3 +105,24 @@ def test_without_landlock_scopes_the_agent_says_so_at_its_start_and_jobs_are_not
         box = sandbox.detect()
     assert not box.scoped
     assert "abstract unix socket" in caplog.text and "Landlock ABI 4 has no scopes" in caplog.text
+
+
+@needs_scopes
+@pytest.mark.skipif(sandbox.namespaces_unavailable() is not None, reason="no mount namespaces here")
+def test_behind_the_whole_chain_the_job_gets_its_own_locale_and_no_other():
+    """The chain's util-linux steps run without a locale; the Landlock step (Python) gets one,
+    so that Python does not set ``LC_CTYPE`` for the job: the job's locale is its own."""
+    box = sandbox.Sandbox(True, max_tasks=64, scoped=True)
+    assert "LANG" not in box.env  # unshare and every mount: no locale to load
+    job = RunAs("tessera-test", 270003, 270003)
+    env_fd = sandbox.env_fd({"PATH": sandbox.SAFE_PATH, "LANG": "C", "MINE": "yes"})
+    try:
+        done = subprocess.run(
+            [*box.prefix(job, []), "env"], stdin=env_fd, env=box.env, cwd="/", capture_output=True, text=True
+        )
+    finally:
+        os.close(env_fd)
+    assert done.returncode == 0, done.stderr
+    seen = dict(line.split("=", 1) for line in done.stdout.splitlines())
+    assert (seen["LANG"], seen["MINE"]) == ("C", "yes")
+    assert not [name for name in seen if name.startswith("LC_")]
