@@ -566,9 +566,15 @@ def _held_replicas(node: Node) -> dict[tuple[int, int], HeldReplica]:
                 job_id, state, grace, limit, started, stop_reason, deadline, resizable
             )
         gpus = tuple(row[5] for row in group if row[5] is not None)
-        share = share_milli / 1000 if index is not None else 1.0
-        held[(job_id, replica)] = HeldReplica(job, replica, attempt, leaving_at, gpus, share)
+        held[(job_id, replica)] = HeldReplica(
+            job, replica, attempt, leaving_at, gpus, _share(share_milli, index is not None)
+        )
     return held
+
+
+def _share(share_milli: int, on_gpu: bool) -> float:
+    """What a binding says of a replica's share of each GPU (1.0 for a CPU-only replica)."""
+    return share_milli / 1000 if on_gpu else 1.0
 
 
 def _whole_jobs(job_ids: list[int], whole: dict[int, Job]) -> dict[int, Job]:
@@ -658,7 +664,7 @@ def bindings_by_node(jobs: list[Job], allocs: list[Allocation]) -> dict[int, lis
     for (node_id, job_id, replica), rows in grouped.items():
         job = by_job[job_id]
         gpus = [a.device.index for a in rows if a.device is not None]
-        share = rows[0].share_milli / 1000 if rows[0].device is not None else 1.0
+        share = _share(rows[0].share_milli, rows[0].device is not None)
         out.setdefault(node_id, []).append(
             _binding(
                 job,
