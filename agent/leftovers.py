@@ -255,13 +255,16 @@ def _spanned(floor: int, last: int) -> Iterator[int]:
     yield from _listed(low)
 
 
-def _is_thread(pid: int) -> bool:
-    """Whether ``pid`` is a thread other than its process's first (``Tgid`` in its status)."""
+def _leads_its_group(pid: int) -> bool:
+    """Whether ``pid`` is a process (its thread group's first thread: ``Tgid`` in its status), not
+    one of its other threads. A pid whose status cannot be read has ended since its ``stat`` was
+    read (a thread of a process being killed): it is not counted, as ``/proc``'s listing would not
+    list it either."""
     try:
         with open(f"/proc/{pid}/status", "rb") as status:
             for line in status:
                 if line.startswith(b"Tgid:"):
-                    return int(line.split()[1]) != pid
+                    return int(line.split()[1]) == pid
     except (OSError, ValueError, IndexError):
         pass
     return False
@@ -282,7 +285,7 @@ def _members(
     if spanned:
         # A pid read directly may be a thread's (/proc lists processes only): as in the listing,
         # a process is its thread group's leader.
-        procs = [p for p in procs if p.sid not in by_sid or not _is_thread(p.pid)]
+        procs = [p for p in procs if p.sid not in by_sid or _leads_its_group(p.pid)]
     # A live process whose pid is a recorded session's id, leading a session but started at
     # another time, is a later session with that id: ours ended (its id was free to reuse).
     reused = {p.sid for p in procs if p.pid == p.sid and p.sid in by_sid and p.start != by_sid[p.sid].start}

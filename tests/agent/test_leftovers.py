@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -321,3 +322,26 @@ def test_pids_handed_out_while_a_span_is_read_are_read_too(monkeypatch):
     assert list(leftovers._spanned(100, 105)) == [*range(100, 106), "listed from None"]
     wide = leftovers.SPAN_MAX
     assert list(leftovers._spanned(100, 100 + wide)) == ["listed from 100"]  # too many: listed
+
+
+def test_a_pid_read_directly_counts_only_as_a_live_process():
+    """A thread's pid (read directly, not listed) is not a process; nor is a pid that ended after
+    its ``stat`` was read, as a thread of a process being killed does (it was counted as killed)."""
+    ready, stop = threading.Event(), threading.Event()
+    tids: list[int] = []
+
+    def run() -> None:
+        tids.append(threading.get_native_id())
+        ready.set()
+        stop.wait(10)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    ready.wait(10)
+    try:
+        assert leftovers._leads_its_group(os.getpid())
+        assert not leftovers._leads_its_group(tids[0])
+    finally:
+        stop.set()
+        thread.join()
+    assert not leftovers._leads_its_group(tids[0])
