@@ -233,8 +233,12 @@ class Reservations:
             self._index(r)
         self._key = None
 
+    def of(self, job_id: str) -> Reservation | None:
+        """``job_id``'s reservation, if it holds one."""
+        return next((r for r in self.items if r.job_id == job_id), None)
+
     def holds(self, job_id: str) -> bool:
-        return any(r.job_id == job_id for r in self.items)
+        return self.of(job_id) is not None
 
     def slot_for(self, job_id: str, limit: int) -> bool:
         """May ``job_id`` reserve within ``limit`` reservations (its own, if held, is replaced)?"""

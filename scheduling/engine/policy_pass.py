@@ -211,7 +211,7 @@ class PolicyPass:
             return  # it started after all (shrinking made room)
         need = geo.charge * geo.need
         models, _ = s.models_for(job)
-        kept = next((r for r in self.res.items if r.job_id == job.id), None)
+        kept = self.res.of(job.id)
         for m in models:
             if s.quotas.row(job.tenant, m) is not None and s.admits(job, m, need):
                 row = s.quotas.row_key(job.tenant, m)
