@@ -44,14 +44,16 @@ Landlock domain then). Spawning this way (no ``preexec_fn``) lets Python use ``v
 from __future__ import annotations
 
 import functools
+import grp
 import logging
 import os
+import pwd
 import re
 import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,6 +116,56 @@ def setpriv() -> str | None:
     if path is None:
         return None
     return path if _runs([path, "--pdeathsig", "SIGKILL", "--", "true"]) else None
+
+
+def setpriv_ids(uid: int, gid: int) -> tuple[str, str]:
+    """What ``setpriv --reuid`` and ``--regid`` are given for ``uid`` and ``gid``: each one's name
+    where the node's user (group) database names it and that name stands for exactly that id now
+    (looked at again at each spawn: an entry changed since is never followed), else the number.
+
+    setpriv looks its argument up as a name first and reads it as a number only when no entry
+    bears that name: a number goes through every source ``nsswitch.conf`` lists (``files
+    systemd`` on Debian and Ubuntu: setpriv then loads the ``systemd`` module and its libraries
+    at every spawn, docs/benchmarks/e2e.md), a name held in ``/etc/passwd`` stops at the first.
+    Either way setpriv switches to the same ids."""
+    user, group = _user_name(uid), _group_name(gid)
+    if user is None or _lookup(pwd.getpwnam, user, "pw_uid") != uid:
+        user = str(uid)
+    if group is None or _lookup(grp.getgrnam, group, "gr_gid") != gid:
+        group = str(gid)
+    return user, group
+
+
+def _lookup(by_name: Callable[[str], object], name: str, field: str) -> int | None:
+    try:
+        return int(getattr(by_name(name), field))
+    except (KeyError, OSError):
+        return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _user_name(uid: int) -> str | None:
+    """``uid``'s name, if one that setpriv reads as a name (checked against the id at each use)."""
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except (KeyError, OSError):
+        return None
+    return name if _plain(name) else None
+
+
+@functools.lru_cache(maxsize=4096)
+def _group_name(gid: int) -> str | None:
+    """``gid``'s name, as :func:`_user_name`."""
+    try:
+        name = grp.getgrgid(gid).gr_name
+    except (KeyError, OSError):
+        return None
+    return name if _plain(name) else None
+
+
+def _plain(name: str) -> bool:
+    # Never what could read as an option, nor a name of digits (passed as the number instead).
+    return bool(name) and not name.startswith("-") and not name.isdigit()
 
 
 def _runs(argv: list[str]) -> bool:
@@ -218,7 +270,8 @@ class Sandbox:
         chain = [tool, "--pdeathsig", "SIGKILL"]
         if run_as.uid is not None:
             gid = run_as.gid if run_as.gid is not None else run_as.uid
-            chain += ["--reuid", str(run_as.uid), "--regid", str(gid), "--clear-groups", "--no-new-privs"]
+            user, group = setpriv_ids(run_as.uid, gid)
+            chain += ["--reuid", user, "--regid", group, "--clear-groups", "--no-new-privs"]
         limits = []
         if self.max_tasks and run_as.uid is not None:
             limits.append(f"--nproc={self.max_tasks}")
