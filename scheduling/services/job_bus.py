@@ -2,15 +2,16 @@
 so that they answer when something happens instead of polling the database.
 
 Every commit that changes jobs publishes their keys (``job:<id>``, ``tenant:<id>``, ``jobs``)
-once, after commit (``live.publish_jobs`` calls :func:`publish_on_commit`). A waiter registers its key with
+once, after commit (``live.publish_jobs``: with the Redis channel layer the live outlet sends them
+with the jobs' live updates; else :func:`publish`). A waiter registers its key with
 its event loop's :class:`Subscription` and is woken by an ``asyncio.Event``; it then reads the
 database, which stays the truth: a lost message costs a waiter its timeout, never a wrong answer.
 
 Across processes (``REDIS_URL`` set: passes in a Celery worker, several web processes) the keys
-go through one Redis pub/sub channel, sent by each process's publisher thread (the keys of
-commits made while it sends go together in its next message), and each event loop that has
-waiters holds one subscription. Without Redis (the embedded default: passes run in the web process) they go
-straight to this process's loops.
+go through one Redis pub/sub channel, sent by each process's live outlet or publisher thread
+(the keys of commits made while either sends go together in its next message), and each event
+loop that has waiters holds one subscription. Without Redis (the embedded default: passes run in
+the web process) they go straight to this process's loops.
 """
 
 from __future__ import annotations

@@ -11,18 +11,21 @@ With the Redis channel layer, messages leave from one thread per process (:class
 from the request or the pass that made them: the commit hook only queues the message, so a submit
 or a pass never waits on Redis, and the thread's one event loop reuses its Redis connections (an
 ``async_to_sync`` call per message from a plain thread made a new loop and a new connection each
-time: docs/benchmarks/e2e.md). Messages keep their order. The in-memory layer (the embedded
-default, and tests) lives inside this process and is fed at once, as before.
+time: docs/benchmarks/e2e.md). Messages keep their order. The thread also sends the job bus's
+message for the jobs that changed (``job_bus``), in its first round trip to Redis. The in-memory
+layer (the embedded default, and tests) lives inside this process and is fed at once, as before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import queue
 import threading
 import time
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from asgiref.sync import async_to_sync
@@ -41,41 +44,51 @@ Message = tuple[str, dict[str, Any]]  # (group, message)
 
 
 class Outlet:
-    """A thread with its own event loop that sends queued ``(group, message)`` pairs, in order.
+    """A thread with its own event loop that sends queued ``(group, message)`` pairs, in order,
+    and the job bus's keys queued with them.
 
     A transaction's messages are queued together (one item), so the thread takes them in one
     batch rather than the first few of them while the rest are still being queued."""
 
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[list[Message]] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[list[Message], Sequence[str]]] = queue.SimpleQueue()
         self._guard = threading.Lock()
         self._pid = 0  # the thread belongs to the process that started it (not to a fork)
 
-    def put(self, messages: list[Message]) -> None:
+    def put(self, messages: list[Message], changed: Sequence[str]) -> None:
         if self._pid != os.getpid():
             with self._guard:
                 if self._pid != os.getpid():
                     self._queue = queue.SimpleQueue()
                     threading.Thread(target=self._run, name="tessera-outlet", daemon=True).start()
                     self._pid = os.getpid()
-        self._queue.put(messages)
+        self._queue.put((messages, changed))
 
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
         pending = self._queue
         while True:
-            batch = list(pending.get())
+            messages, keys = pending.get()
+            batch, changed = list(messages), set(keys)
             while not pending.empty() and len(batch) < 500:
-                batch.extend(pending.get_nowait())
-            loop.run_until_complete(self._send_all(batch))
+                messages, keys = pending.get_nowait()
+                batch.extend(messages)
+                changed.update(keys)
+            loop.run_until_complete(self._send_all(batch, changed))
 
     @staticmethod
-    async def _send_all(batch: list[Message]) -> None:
+    async def _send_all(batch: list[Message], changed: Iterable[str] = ()) -> None:
+        """Send ``batch``; wake the job bus's waiters of the keys ``changed``."""
         layer = get_channel_layer()
         merged = _numbered(_merged(batch))
-        if isinstance(layer, RedisChannelLayer) and settings.TESSERA["LIVE_PIPELINE"]:
+        keys = sorted(set(changed))
+        pipelined = isinstance(layer, RedisChannelLayer) and settings.TESSERA["LIVE_PIPELINE"]
+        if keys and not (pipelined and job_bus.enabled()):
+            job_bus.publish(keys)  # its own way: its publisher thread, or this process's loops
+            keys = []
+        if pipelined:
             try:
-                await _group_send_all(layer, merged)
+                await _group_send_all(layer, merged, keys)
             except Exception:  # Redis down: live updates are best-effort, PostgreSQL keeps the truth
                 log.warning("%d live updates not delivered", len(merged), exc_info=True)
             return
@@ -104,10 +117,13 @@ _GROUP_SEND_LUA = """
 """
 
 
-async def _group_send_all(layer: RedisChannelLayer, batch: list[Message]) -> None:
+async def _group_send_all(
+    layer: RedisChannelLayer, batch: list[Message], changed: Sequence[str] = ()
+) -> None:
     """``layer.group_send`` of each message of ``batch``, in order, in two round trips per shard
     for the whole batch (``group_send`` takes four per message, one after the other: that, and
-    parsing their answers, was most of the outlet's CPU).
+    parsing their answers, was most of the outlet's CPU); the job bus's message for the keys
+    ``changed`` rides in the first (:func:`_members`).
 
     The same steps as ``group_send``, with the layer's own helpers: each group's expired members
     are dropped and the rest read (one pipeline); then each message is written to its members'
@@ -116,7 +132,7 @@ async def _group_send_all(layer: RedisChannelLayer, batch: list[Message]) -> Non
     message gets a later time than the one before, as one ``group_send`` after another would
     (a channel's messages are received in the order of their times).
     """
-    members = await _members(layer, {group for group, _ in batch})
+    members = await _members(layer, {group for group, _ in batch}, changed)
     pipes: dict[int, Any] = {}
     evals: list[tuple[int, int, str, int]] = []  # (shard, position in its pipeline, group, members)
     at = 0.0
@@ -148,21 +164,32 @@ async def _group_send_all(layer: RedisChannelLayer, batch: list[Message]) -> Non
             log.info("%s of %s channels over capacity in group %s", results[index][position], count, group)
 
 
-async def _members(layer: RedisChannelLayer, groups: set[str]) -> dict[str, list[str]]:
+async def _members(
+    layer: RedisChannelLayer, groups: set[str], changed: Sequence[str] = ()
+) -> dict[str, list[str]]:
     """Each group's member channels (its expired ones dropped, as ``group_send`` drops them):
-    one round trip per shard."""
+    one round trip per shard.
+
+    With keys ``changed``, the job bus's message for them goes first in shard 0's
+    pipeline: that shard is the Redis of ``REDIS_URL`` (settings.py), and a PUBLISH reaches every
+    subscriber of the server whatever database its connection uses. (From the job bus's own
+    thread it was a round trip more, and a thread woken, per commit: docs/benchmarks/requests.md.)"""
     oldest = int(time.time()) - layer.group_expiry
-    by_shard: dict[int, list[str]] = {}
+    by_shard: dict[int, list[str]] = {0: []} if changed else {}
     for group in sorted(groups):
         by_shard.setdefault(layer.consistent_hash(group), []).append(group)
     members: dict[str, list[str]] = {}
     for index, names in by_shard.items():
         pipe = layer.connection(index).pipeline(transaction=False)
+        if index == 0 and changed:
+            pipe.publish(job_bus.channel(), json.dumps(list(changed)))
         for group in names:
             key = layer._group_key(group)  # the layer's own name for the group's sorted set
             pipe.zremrangebyscore(key, min=0, max=oldest)
             pipe.zrange(key, 0, -1)
         answers = await pipe.execute()
+        if index == 0 and changed:
+            answers = answers[1:]  # the PUBLISH's: how many heard it
         for group, found in zip(names, answers[1::2], strict=True):
             members[group] = [name.decode("utf8") for name in found]
     return members
@@ -220,18 +247,20 @@ def _merged(batch: list[Message]) -> list[Message]:
 _outlet = Outlet()
 
 
-def _send(messages: list[Message]) -> None:
+def _send(messages: list[Message], changed: Sequence[str] = ()) -> None:
+    """Send ``messages`` and wake the job bus's waiters of the keys ``changed`` (after commit)."""
     layer = get_channel_layer()
-    if layer is None:
+    if layer is not None and not isinstance(layer, InMemoryChannelLayer):
+        _outlet.put(messages, changed)
         return
-    if not isinstance(layer, InMemoryChannelLayer):
-        _outlet.put(messages)
-        return
-    for group, message in _numbered(messages):
-        try:
-            async_to_sync(layer.group_send)(group, message)
-        except Exception:
-            log.warning("live update to %s not delivered", group, exc_info=True)
+    if layer is not None:
+        for group, message in _numbered(messages):
+            try:
+                async_to_sync(layer.group_send)(group, message)
+            except Exception:
+                log.warning("live update to %s not delivered", group, exc_info=True)
+    if changed:
+        job_bus.publish(list(changed))
 
 
 def publish_on_commit(*messages: Message) -> None:
@@ -269,10 +298,14 @@ def publish_job(job) -> None:
 
 
 def publish_jobs(jobs) -> None:
-    """Publish ``jobs`` after commit, in one commit hook; their API waiters are woken too."""
-    publish_on_commit(*(message for job in jobs for message in job_messages(job)))
+    """Publish ``jobs`` after commit, in one commit hook; their API waiters are woken too (by the
+    outlet, with the Redis layer: its one round trip carries both)."""
+    messages = [message for job in jobs for message in job_messages(job)]
+    if not messages:
+        return
     keys = {key for job in jobs for key in (job_bus.job_key(job.pk), job_bus.tenant_key(job.tenant_id))}
-    job_bus.publish_on_commit([*keys, job_bus.ALL_KEY] if keys else [])
+    changed = sorted({*keys, job_bus.ALL_KEY})
+    transaction.on_commit(lambda: _send(messages, changed))
 
 
 def job_messages(job) -> list[Message]:

@@ -10,7 +10,7 @@ import pytest
 from asgiref.sync import async_to_sync
 
 from controlplane.env import redis_db_url
-from scheduling.services import live
+from scheduling.services import job_bus, live, redis_flags
 from scheduling.services.live import _merged
 
 REDIS_WHY = "group membership and its expiry are the Redis channel layer's"
@@ -133,3 +133,31 @@ def test_a_group_whose_members_all_expired_has_none(redis_layer):
         return await live._members(redis_layer, {"gpus", "jobs.operators", "agent.9"})
 
     assert async_to_sync(scenario)() == {"gpus": ["dash.1"], "jobs.operators": [], "agent.9": []}
+
+
+@pytest.mark.redis(REDIS_WHY)
+def test_the_outlet_wakes_the_job_bus_waiters_of_the_keys_sent_with_its_batch(redis_layer, monkeypatch):
+    """The jobs' keys ride in the outlet's first round trip (its layer's connection, another
+    database than the job bus's subscribers use): every waiter of the server hears them."""
+    monkeypatch.setattr(live, "get_channel_layer", lambda: redis_layer)
+    listener = redis_flags.client().pubsub(ignore_subscribe_messages=True)
+    listener.subscribe(job_bus.channel())
+    try:
+        update = {"type": "job.update", "job": {"id": 4, "state": "running"}}
+        async_to_sync(live.Outlet._send_all)([("jobs.operators", update)], ["job:4", "jobs", "tenant:1"])
+        deadline, heard = time.monotonic() + 5, None
+        while heard is None and time.monotonic() < deadline:
+            heard = listener.get_message(timeout=0.5)
+    finally:
+        listener.close()
+    assert heard is not None and job_bus._keys(heard["data"]) == ["job:4", "jobs", "tenant:1"]
+
+
+@pytest.mark.redis(REDIS_WHY)
+def test_with_the_pipeline_switched_off_the_keys_go_through_the_job_bus(redis_layer, monkeypatch, settings):
+    settings.TESSERA = {**settings.TESSERA, "LIVE_PIPELINE": False}
+    monkeypatch.setattr(live, "get_channel_layer", lambda: redis_layer)
+    published: list[list[str]] = []
+    monkeypatch.setattr(job_bus, "publish", published.append)
+    async_to_sync(live.Outlet._send_all)([], {"jobs", "job:4"})
+    assert published == [["job:4", "jobs"]]
