@@ -3,7 +3,9 @@
 The cluster of ``make bench-e2e`` (16 nodes of 8 GPUs), mostly full: ``--running`` jobs hold
 GPUs (half of them half a GPU each), ``--waiting`` jobs wait for a GPU model no node has,
 ``--history`` jobs have finished (the runtime history the pass reads; ``--names`` job names
-across 8 users and 3 kinds: the more names, the more rows the history read returns). Then ``--passes`` rounds,
+across 8 users, ``--tenants`` tenants and ``--kinds`` kinds: the more of them, the more rows the
+history read returns; ``make bench-e2e`` has one tenant, one kind and a name per job: ``--tenants 1
+--kinds 1 --names 1000000``). Then ``--passes`` rounds,
 each run twice, once per code path, alternating which goes first
 (``TESSERA_SERVER_PREPARED_READS`` switched in process, the cleanest A/B): a pass after
 ``--bind`` new one-GPU jobs were submitted (it binds them, as after a submit in the e2e
@@ -59,6 +61,12 @@ def main() -> int:
     p.add_argument("--waiting", type=int, default=20)
     p.add_argument("--history", type=int, default=600)
     p.add_argument("--names", type=int, default=20, help="job names the history's runs are spread over")
+    p.add_argument(
+        "--tenants", type=int, default=4, help="tenants the jobs are spread over (1: as in make bench-e2e)"
+    )
+    p.add_argument(
+        "--kinds", type=int, default=3, help="job kinds the jobs are spread over (1: as in make bench-e2e)"
+    )
     p.add_argument("--bind", type=int, default=4, help="jobs submitted before each measured pass")
     p.add_argument(
         "--paths",
@@ -87,7 +95,7 @@ def main() -> int:
     call_command("migrate", verbosity=0)
     call_command("flush", interactive=False, verbosity=0)
     now = timezone.now()
-    tenants = [Tenant.objects.create(name=f"t{i}") for i in range(4)]
+    tenants = [Tenant.objects.create(name=f"t{i}") for i in range(args.tenants)]
     users = [get_user_model().objects.create(username=f"u{i}") for i in range(8)]
     nodes = [
         Node.objects.create(
@@ -108,10 +116,10 @@ def main() -> int:
 
     def job(i: int, **fields: Any) -> Job:
         return Job(
-            tenant=tenants[i % 4],
+            tenant=tenants[i % args.tenants],
             owner=users[i % 8],
             name=f"train-{i % args.names}",
-            kind=("training", "inference", "batch")[i % 3],
+            kind=("training", "inference", "batch")[i % args.kinds],
             command=["true"],
             preemptible=False,
             **fields,
