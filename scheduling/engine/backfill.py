@@ -46,11 +46,16 @@ class History:
 
     @classmethod
     def of(cls, runs: Iterable[FinishedRun], keep: int = 10) -> History:
-        """The history of ``runs`` (those that ended on their own: succeeded or failed)."""
-        h = cls(keep)
+        """The history of ``runs`` (those that ended on their own: succeeded or failed): the same
+        as :meth:`add` of each in turn, each key's runs sorted once."""
+        grouped: dict[tuple[str, str], list[tuple[float, str, float]]] = {}
         for r in runs:
             if r.outcome in PREDICTED_OUTCOMES:
-                h.add(r.tenant, r.kind, r.job_id, r.runtime_s, r.ended_at)
+                grouped.setdefault((r.tenant, r.kind), []).append(
+                    (r.ended_at, r.job_id, max(0.0, r.runtime_s))
+                )
+        h = cls(keep)
+        h.runs = {key: sorted(q)[-keep:] for key, q in grouped.items()}
         return h
 
     def record(self, job: JobRequest, runtime: float, ended_at: float) -> None:

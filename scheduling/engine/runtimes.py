@@ -46,10 +46,19 @@ class RecentRuns:
 
     @classmethod
     def of(cls, runs: Iterable[FinishedRun]) -> RecentRuns:
-        out = cls()
+        """The same as :meth:`add` of each run in turn (the latest :data:`KEEP` distinct runs of
+        each key), each key's runs sorted once: a pass builds this from its whole history read."""
+        named: dict[tuple[str, str], set[tuple[float, str, float]]] = {}
+        kinds: dict[tuple[str, str], set[tuple[float, str, float]]] = {}
         for r in runs:
             if r.outcome in PREDICTED_OUTCOMES:
-                out.add(r.tenant, r.kind, r.user, r.name, r.job_id, r.runtime_s, r.ended_at)
+                entry = (r.ended_at, r.job_id, max(0.0, r.runtime_s))
+                kinds.setdefault((r.tenant, r.kind), set()).add(entry)
+                if r.user and r.name:
+                    named.setdefault((r.user, r.name), set()).add(entry)
+        out = cls()
+        out.named = {key: sorted(q)[-KEEP:] for key, q in named.items()}
+        out.kinds = {key: sorted(q)[-KEEP:] for key, q in kinds.items()}
         return out
 
     def record(self, job: JobRequest, runtime: float, ended_at: float) -> None:
