@@ -61,6 +61,8 @@ class CannotShrink(Exception):
 
 def full_replicas(job: Job) -> int:
     """How many replicas the job runs at its full size (an elastic job: at its maximum)."""
+    if job.elastic_max_gpus is None:  # all its replicas, as geometry counts them (no request built)
+        return max(1, job.replicas)
     return geometry(job_request(job)).replicas
 
 
