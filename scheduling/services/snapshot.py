@@ -210,10 +210,15 @@ class PreparedRead:
     those values are all of its parameters, in order (any other SQL is built again for every
     read). On PostgreSQL their ``IN (%s, ...)`` becomes ``= ANY(%s)``, one array: one statement
     for any number of values. Elsewhere the SQL is built once per number of values.
+
+    ``kept``: each row is converted once while it stays in the read (:class:`KeptRows`), for a
+    read whose rows mostly stay the same from one read to the next and whose callers only read
+    the converted values (never change them: the next read hands out the same ones).
     """
 
-    def __init__(self, build: Callable[..., QuerySet]) -> None:
+    def __init__(self, build: Callable[..., QuerySet], kept: bool = False) -> None:
         self._build = build
+        self._kept = KeptRows() if kept else None
         # (vendor, number of values: -1 without, 0 for "any") -> (compiler, SQL, its parameters,
         # the fields' converters)
         self._compiled: dict[tuple[str, int], tuple[SQLCompiler, str, tuple, dict]] = {}
@@ -247,7 +252,7 @@ class PreparedRead:
             compiler, sql, params, converters = compiled
             if given is not None:
                 params = given
-        return Statement(sql, params, compiler, converters, form, self._inlined)
+        return Statement(sql, params, compiler, converters, form, self._inlined, self._kept)
 
     def _compile(
         self, values: tuple[Sequence[Any], ...], given: tuple[Any, ...] | None
@@ -287,15 +292,49 @@ class Statement:
     converters: dict
     form: str = ""
     inlined: server_prepared.Inlined | None = None
+    kept: KeptRows | None = None
 
     def convert(self, rows: list[Sequence[Any]]) -> list[Sequence[Any]]:
-        return list(self.compiler.apply_converters(rows, self.converters)) if self.converters else rows
+        if not self.converters:
+            return rows
+        if self.kept is not None:
+            return self.kept.of(rows, self._convert)
+        return self._convert(rows)
+
+    def _convert(self, rows: list[Sequence[Any]]) -> list[Sequence[Any]]:
+        return list(self.compiler.apply_converters(rows, self.converters))
 
     def server(self) -> server_prepared.ServerRead:
         """The read as the server runs it prepared (``form`` is FIXED or LISTED)."""
         if self.form == FIXED and self.inlined is not None:
             return server_prepared.ServerRead(self.inlined.sql(self.sql, self.params), None)
         return server_prepared.ServerRead(self.sql, self.params)
+
+
+class KeptRows:
+    """A read's rows, each converted (its JSON decoded) once while it stays in the read: the
+    running jobs a pass reads are the same as the last pass's but for the few that started or
+    ended since, and their JSON columns were decoded anew every pass (docs/benchmarks/e2e.md).
+    A row's values as read are its key, so a row that changed is converted again; holds only
+    the last read's rows."""
+
+    def __init__(self) -> None:
+        self._converted: dict[Sequence[Any], Sequence[Any]] = {}
+
+    def of(
+        self, rows: list[Sequence[Any]], convert: Callable[[list[Sequence[Any]]], list[Sequence[Any]]]
+    ) -> list[Sequence[Any]]:
+        last = self._converted
+        new = [row for row in rows if row not in last]
+        kept = dict(zip(new, convert(new), strict=True)) if new else {}
+        out = []
+        for row in rows:
+            got = kept.get(row)
+            if got is None:
+                got = kept[row] = last[row]
+            out.append(got)
+        self._converted = kept
+        return out
 
 
 def read_together(*reads: tuple[Any, ...], begin: bool = False) -> list[list[Sequence[Any]]]:
@@ -359,7 +398,10 @@ def _read_alone(read: Any, *values: Sequence[Any]) -> list[Sequence[Any]]:
 
 
 _PENDING = PreparedRead(lambda: Job.objects.filter(state=JobState.PENDING).values_list(*JOB_FIELDS))
-_HOLDING = PreparedRead(lambda: Job.objects.filter(state__in=HOLDING_STATES).values_list(*JOB_FIELDS))
+# The jobs holding GPUs: the same from pass to pass but for the few that started or ended.
+_HOLDING = PreparedRead(
+    lambda: Job.objects.filter(state__in=HOLDING_STATES).values_list(*JOB_FIELDS), kept=True
+)
 
 
 def pending_rows() -> list[dict[str, Any]]:
@@ -569,6 +611,8 @@ def _aware(value: datetime | str) -> datetime:
 
 def _placements(rows: list[tuple[int, str, int, int | None]]) -> tuple[Placement, ...]:
     """(replica, node name, share, GPU index) rows of one job → its placements, by replica."""
+    if not rows:  # most running jobs have no leaving replicas: nothing to group
+        return ()
     grouped: dict[tuple[int, str, int], list[int]] = defaultdict(list)
     for replica, node_name, share, index in rows:
         gpus = grouped[(replica, node_name, share)]
