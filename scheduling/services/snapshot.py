@@ -599,6 +599,32 @@ class _Runs:
 _runs = _Runs()
 
 
+class _HoldingJobs:
+    """Each holding row's fields and request, built once while the holding read hands out the
+    same row (``KeptRows``: the same object for a row that did not change). Holds only the last
+    read's rows, each with the row itself, so that no other object takes its id meanwhile."""
+
+    def __init__(self) -> None:
+        self._built: dict[int, tuple[Sequence[Any], dict[str, Any], JobRequest]] = {}
+
+    def of(self, rows: list[Sequence[Any]]) -> list[tuple[dict[str, Any], JobRequest]]:
+        built = self._built
+        kept: dict[int, tuple[Sequence[Any], dict[str, Any], JobRequest]] = {}
+        out = []
+        for row in rows:
+            got = built.get(id(row))
+            if got is None or got[0] is not row:
+                job = dict(zip(JOB_FIELDS, row, strict=True))
+                got = (row, job, request_of(job["tenant__name"], job))
+            kept[id(row)] = got
+            out.append((got[1], got[2]))
+        self._built = kept
+        return out
+
+
+_holding_jobs = _HoldingJobs()
+
+
 def _aware(value: datetime | str) -> datetime:
     """SQLite gives raw SQL's timestamps back as text (UTC); PostgreSQL as aware datetimes."""
     if isinstance(value, str):
@@ -640,7 +666,7 @@ def load_snapshot(now: datetime, pending: list[dict[str, Any]] | None = None) ->
     else:
         rows = read_together(*reads)
     holding, node_rows, device_rows, held, quotas, memory, history, knobs = rows
-    jobs = _job_rows(holding) + pending
+    jobs = _holding_jobs.of(holding) + [(job, request_of(job["tenant__name"], job)) for job in pending]
     nodes = [dict(zip(NODE_FIELDS, row, strict=True)) for row in node_rows]
     devices: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for node_id, *device in device_rows:
@@ -655,8 +681,7 @@ def load_snapshot(now: datetime, pending: list[dict[str, Any]] | None = None) ->
             leaving[job_id].append((replica, node_name, share, index))
             left_at[job_id] = max(leaving_at, left_at.get(job_id, leaving_at))
     running, waiting, reasons, estimates = [], [], {}, {}
-    for job in jobs:
-        request = request_of(job["tenant__name"], job)
+    for job, request in jobs:
         if job["state"] == JobState.PENDING:
             waiting.append(request)
             reasons[request.id] = (job["pending_code"], job["pending_reason"], job["estimated_start"])

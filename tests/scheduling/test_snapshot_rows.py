@@ -1,5 +1,6 @@
-"""The running jobs a pass reads are converted once while their rows stay the same
-(``snapshot.KeptRows``): a pass must still see every change to a running job's row."""
+"""The running jobs a pass reads are converted, and made requests, once while their rows stay
+the same (``snapshot.KeptRows``, ``snapshot._HoldingJobs``): a pass must still see every change
+to a running job's row."""
 
 from __future__ import annotations
 
@@ -31,6 +32,14 @@ def test_a_running_jobs_changed_json_column_is_read_anew(world):
     assert _request(job).prefer_labels == (("zone", "a"),)  # the row unchanged: as converted before
     Job.objects.filter(pk=job.pk).update(prefer_labels={"zone": "b", "disk": "ssd"})
     assert _request(job).prefer_labels == (("disk", "ssd"), ("zone", "b"))
+
+
+def test_a_running_jobs_changed_column_is_read_anew(world):
+    job = _running(world)
+    before = _request(job)
+    assert _request(job) == before
+    Job.objects.filter(pk=job.pk).update(priority=before.priority + 5)
+    assert _request(job).priority == before.priority + 5
 
 
 def test_an_elastic_jobs_new_size_cap_reaches_the_next_pass(world):
