@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -293,11 +295,14 @@ def test_a_short_sessions_end_reads_its_pids_without_listing_proc(spawned, monke
     """Until a wrap, a session's processes have pids from its leader's to the kernel's last: a job
     that ends soon is ended by reading those (a thread counted as its process, as in /proc's
     listing), without listing every process of the node."""
+    # This interpreter, not `python3` from PATH: that may be a wrapper script (pyenv's shim)
+    # whose own short-lived processes would join the session after the members were counted.
     threads = (
-        "import threading, time; threading.Thread(target=time.sleep, args=(300,)).start(); time.sleep(300)"
+        "import threading, time; threading.Thread(target=time.sleep, args=(300,)).start(); "
+        "print('started', flush=True); time.sleep(300)"
     )
-    proc = spawned(f"python3 -c '{threads}' & sleep 300 & echo started; wait")
-    proc.stdout.readline()
+    proc = spawned(f'{shlex.quote(sys.executable)} -c "{threads}" & sleep 300 & wait')
+    assert proc.stdout.readline() == b"started\n"  # its thread is running
     session = leftovers.session_of(proc.pid)
     assert fakes.wait_for(lambda: len(set(members_of(proc.pid))) == 3, 10), members_of(proc.pid)
     expected = set(members_of(proc.pid))
