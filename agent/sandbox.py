@@ -128,7 +128,7 @@ def setpriv_ids(uid: int, gid: int) -> tuple[str, str]:
     systemd`` on Debian and Ubuntu: setpriv then loads the ``systemd`` module and its libraries
     at every spawn, docs/benchmarks/e2e.md), a name held in ``/etc/passwd`` stops at the first.
     Either way setpriv switches to the same ids."""
-    user, group = _user_name(uid), _group_name(gid)
+    user, group = _name(pwd.getpwuid, "pw_name", uid), _name(grp.getgrgid, "gr_name", gid)
     if user is None or _lookup(pwd.getpwnam, user, "pw_uid") != uid:
         user = str(uid)
     if group is None or _lookup(grp.getgrnam, group, "gr_gid") != gid:
@@ -143,21 +143,12 @@ def _lookup(by_name: Callable[[str], object], name: str, field: str) -> int | No
         return None
 
 
-@functools.lru_cache(maxsize=4096)
-def _user_name(uid: int) -> str | None:
-    """``uid``'s name, if one that setpriv reads as a name (checked against the id at each use)."""
+@functools.lru_cache(maxsize=8192)
+def _name(by_id: Callable[[int], object], field: str, ident: int) -> str | None:
+    """The user's (group's) name of ``ident``, if one that setpriv reads as a name (checked
+    against the id at each use)."""
     try:
-        name = pwd.getpwuid(uid).pw_name
-    except (KeyError, OSError):
-        return None
-    return name if _plain(name) else None
-
-
-@functools.lru_cache(maxsize=4096)
-def _group_name(gid: int) -> str | None:
-    """``gid``'s name, as :func:`_user_name`."""
-    try:
-        name = grp.getgrgid(gid).gr_name
+        name = str(getattr(by_id(ident), field))
     except (KeyError, OSError):
         return None
     return name if _plain(name) else None
