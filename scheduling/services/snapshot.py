@@ -410,8 +410,18 @@ def pending_rows() -> list[dict[str, Any]]:
 
 
 def _job_rows(rows: list[Sequence[Any]]) -> list[dict[str, Any]]:
-    """``_PENDING`` or ``_HOLDING`` rows as dicts of ``JOB_FIELDS``."""
-    return [dict(zip(JOB_FIELDS, row, strict=True)) for row in rows]
+    """``_PENDING`` rows as dicts of ``JOB_FIELDS``."""
+    return [_job_row(row) for row in rows]
+
+
+def _job_row(row: Sequence[Any]) -> dict[str, Any]:
+    """A ``_PENDING`` or ``_HOLDING`` row as a dict of ``JOB_FIELDS``."""
+    return dict(zip(JOB_FIELDS, row, strict=True))
+
+
+def _requested(job: dict[str, Any]) -> tuple[dict[str, Any], JobRequest]:
+    """A job's ``JOB_FIELDS`` dict with its request."""
+    return job, request_of(job["tenant__name"], job)
 
 
 NODE_FIELDS = (
@@ -614,8 +624,7 @@ class _HoldingJobs:
         for row in rows:
             got = built.get(id(row))
             if got is None or got[0] is not row:
-                job = dict(zip(JOB_FIELDS, row, strict=True))
-                got = (row, job, request_of(job["tenant__name"], job))
+                got = (row, *_requested(_job_row(row)))
             kept[id(row)] = got
             out.append((got[1], got[2]))
         self._built = kept
@@ -666,7 +675,7 @@ def load_snapshot(now: datetime, pending: list[dict[str, Any]] | None = None) ->
     else:
         rows = read_together(*reads)
     holding, node_rows, device_rows, held, quotas, memory, history, knobs = rows
-    jobs = _holding_jobs.of(holding) + [(job, request_of(job["tenant__name"], job)) for job in pending]
+    jobs = _holding_jobs.of(holding) + [_requested(job) for job in pending]
     nodes = [dict(zip(NODE_FIELDS, row, strict=True)) for row in node_rows]
     devices: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for node_id, *device in device_rows:
