@@ -543,6 +543,7 @@ def run(args: argparse.Namespace) -> int:
         code = 3
     finally:
         agent.shutdown(args.shutdown_grace)
+        leftovers.tidy(state_dir)
         if walls is not None:
             walls.close()
         server.shutdown()

@@ -5,9 +5,14 @@ only the session's leader when the agent dies; whatever it forked (``sh -c "slee
 runs on. A restarted agent registers again and the server settles the old replicas as lost and
 frees their GPUs, so such a leftover would share its GPUs with the next job, or run a job twice.
 
-So each running replica's session is recorded in ``STATE/sessions/<job>-<attempt>-<replica>``
-(written atomically, removed once the session is empty), and an agent that starts kills every
-process of a recorded session before it registers (:func:`kill_leftovers`). A session is named by
+So each running replica's session is recorded as ``<job>-<attempt>-<replica>`` (written
+atomically, removed once the session is empty), and an agent that starts kills every process of a
+recorded session before it registers (:func:`kill_leftovers`). A record means something only
+until the next boot, so it lives in ``/run`` (a tmpfs: making and removing a file there costs a
+few microseconds, where a file system's inodes, made and deleted at the rate of short jobs, cost
+more): ``/run/tessera-agent/sessions/<state directory's name>-<digest of its path>/``, one
+directory per agent on the node. An agent that may not write there (not root) records in
+``STATE/sessions``; both places are read at the start. A session is named by
 its id and its leader's start time (``/proc/<pid>/stat`` field 22, clock ticks since boot) and
 the boot it belongs to: a process counts as the session's only when its session id matches and
 it started at or after the leader (a session id reused by a later session, after every process
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -37,7 +43,8 @@ from agent import identity
 
 log = logging.getLogger("tessera.agent")
 
-SESSIONS_DIR = "sessions"
+SESSIONS_DIR = "sessions"  # STATE/sessions: where an agent records when it may not write RUN_SESSIONS
+RUN_SESSIONS = Path("/run/tessera-agent/sessions")  # one directory per agent (its state directory)
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 LAST_PID = "/proc/sys/kernel/ns_last_pid"
 MAX_LOOK_GAP_S = 2.0  # a PidClock's looks farther apart than this may have missed a wrap
@@ -115,7 +122,7 @@ def session_of(pid: int) -> Session | None:
 
 def record(state_dir: Path, name: str, session: Session) -> None:
     """Record ``session`` as replica ``name``'s (temp file and rename: never half written)."""
-    directory = _sessions_dir(str(state_dir))
+    directory = records_dir(state_dir)
     tmp = f"{directory}/.{name}.tmp"
     fields: dict[str, object] = {"sid": session.sid, "start": session.start, "boot_id": session.boot_id}
     if session.uid is not None:
@@ -124,8 +131,7 @@ def record(state_dir: Path, name: str, session: Session) -> None:
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     except FileNotFoundError:  # the directory was removed meanwhile: make it again
-        _made.discard(directory)
-        directory = _sessions_dir(str(state_dir))
+        os.makedirs(directory, mode=0o700, exist_ok=True)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         os.write(fd, body.encode())
@@ -134,41 +140,84 @@ def record(state_dir: Path, name: str, session: Session) -> None:
     os.replace(tmp, f"{directory}/{name}")
 
 
-_made: set[str] = set()
+def records_dir(state_dir: Path) -> str:
+    """Where this agent records its sessions: its directory under :data:`RUN_SESSIONS`, made on
+    first use (0700, the agent's alone: a job must not edit what gets killed), else
+    ``STATE/sessions``."""
+    return _records_dir(str(state_dir), str(RUN_SESSIONS))
 
 
-def _sessions_dir(state_dir: str) -> str:
-    """``STATE/sessions``, made on first use (once per agent: a record is written per job)."""
-    directory = os.path.join(state_dir, SESSIONS_DIR)
-    if directory not in _made:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        _made.add(directory)
-    return directory
+@functools.cache  # once per agent (and per place, for tests that move RUN_SESSIONS)
+def _records_dir(state_dir: str, run_sessions: str) -> str:
+    directory = _run_dir(state_dir, run_sessions)
+    try:
+        os.makedirs(run_sessions, mode=0o700, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(directory, 0o700)
+        os.chmod(directory, 0o700)
+        if os.stat(directory).st_uid != os.geteuid():
+            raise PermissionError(f"{directory} is not this agent's")
+        return directory
+    except OSError as exc:
+        legacy = os.path.join(state_dir, SESSIONS_DIR)
+        log.info("recording job sessions in %s (%s: %s)", legacy, directory, exc.strerror or exc)
+        os.makedirs(legacy, mode=0o700, exist_ok=True)
+        return legacy
+
+
+def _run_dir(state_dir: str, run_sessions: str) -> str:
+    """The state directory's own under ``run_sessions``: its name (for the reader) and a digest
+    of its whole path (two agents' state directories may share a name)."""
+    path = os.path.realpath(state_dir)
+    digest = hashlib.sha256(path.encode()).hexdigest()[:16]
+    return os.path.join(run_sessions, f"{os.path.basename(path) or 'root'}-{digest}")
+
+
+def _record_dirs(state_dir: Path) -> list[str]:
+    """Every place a record of this agent may be: its :func:`records_dir`, then (an earlier
+    version's, or a run that could not write ``/run``) ``STATE/sessions``."""
+    here = records_dir(state_dir)
+    legacy = os.path.join(str(state_dir), SESSIONS_DIR)
+    return [here] if here == legacy else [here, legacy]
 
 
 def forget(state_dir: Path, name: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        (state_dir / SESSIONS_DIR / name).unlink()
+    """Remove replica ``name``'s record, wherever it is (this agent's own place first)."""
+    for directory in _record_dirs(state_dir):
+        try:
+            os.unlink(f"{directory}/{name}")
+            return
+        except FileNotFoundError:
+            continue
+
+
+def tidy(state_dir: Path) -> None:
+    """At the agent's end: its directory under ``/run`` goes if no record is left in it."""
+    directory = records_dir(state_dir)
+    if directory != os.path.join(str(state_dir), SESSIONS_DIR):
+        with contextlib.suppress(OSError):  # not empty: a record the next start needs
+            os.rmdir(directory)
 
 
 def recorded(state_dir: Path) -> dict[str, Session]:
     """The recorded sessions by replica name; an unreadable record is dropped (and said so)."""
     found: dict[str, Session] = {}
-    directory = state_dir / SESSIONS_DIR
-    try:
-        names = sorted(n for n in os.listdir(directory) if not n.startswith("."))
-    except FileNotFoundError:
-        return found
-    for name in names:
+    for directory in reversed(_record_dirs(state_dir)):  # this agent's own place wins
         try:
-            body = json.loads((directory / name).read_text())
-            uid = body.get("uid")
-            found[name] = Session(
-                int(body["sid"]), int(body["start"]), str(body["boot_id"]), None if uid is None else int(uid)
-            )
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            log.warning("ignoring the unreadable session record %s: %s", directory / name, exc)
-            forget(state_dir, name)
+            names = sorted(n for n in os.listdir(directory) if not n.startswith("."))
+        except FileNotFoundError:
+            continue
+        for name in names:
+            path = os.path.join(directory, name)
+            try:
+                with open(path) as f:
+                    body = json.load(f)
+                uid = None if body.get("uid") is None else int(body["uid"])
+                found[name] = Session(int(body["sid"]), int(body["start"]), str(body["boot_id"]), uid)
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("ignoring the unreadable session record %s: %s", path, exc)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
     return found
 
 

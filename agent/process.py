@@ -129,10 +129,11 @@ def job_environment(
             "TESSERA_REPLICAS": str(binding.get("replicas", 1)),
             "TESSERA_CHECKPOINT_DIR": str(checkpoint_dir),
             "TESSERA_CHECKPOINT_MARKER": str(workdir / MARKER_NAME),
-            "TESSERA_WORLD_FILE": str(workdir / WORLD_NAME),
             "TMPDIR": str(workdir / "tmp"),
         }
     )
+    if binding.get("resizable", True):  # (a server before the field: every job had a world file)
+        env["TESSERA_WORLD_FILE"] = str(workdir / WORLD_NAME)
     share = float(binding.get("share", 1.0))
     if share < 1.0:
         env["TESSERA_GPU_SHARE"] = f"{share:g}"
@@ -340,6 +341,8 @@ class JobProcess:
         self.marker: MarkerWatch | None = None  # watched once the process runs
         self._term_at: float | None = None  # SIGTERM deferred while a checkpoint is awaited
         self.world: dict[str, Any] = {}  # what its world file says
+        # Only a job that can change size has a world file; any other's world is its environment.
+        self.resizable = bool(binding.get("resizable", True))
         self._checkpoints_before_stop = 0
         self._disk_check_at = 0.0  # when its directories are summed next (``--job-disk-mb``)
 
@@ -579,7 +582,7 @@ class JobProcess:
             # The server left the port to this agent (a job on this node alone without a whole
             # GPU): the one the replica started with, which the agent chose.
             world["master_port"] = (self.binding.get("rendezvous") or {}).get("master_port")
-        if not world or world == self.world or self.run_as is None:
+        if not self.resizable or not world or world == self.world or self.run_as is None:
             return
         try:
             write_world(self.workdir, world, self.run_as)

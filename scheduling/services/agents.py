@@ -639,6 +639,8 @@ def _binding(
         # Whether an earlier attempt checkpointed: an agent without its checkpoint says so.
         "last_checkpoint_at": job.last_checkpoint_at.timestamp() if job.last_checkpoint_at else None,
         "rendezvous": meet,
+        # Whether its world can change while it runs: only then does the agent keep a world file.
+        "resizable": can_resize(job.replicas, job.min_available, job.elastic_min_gpus, job.elastic_max_gpus),
     }
 
 

@@ -226,6 +226,7 @@ def test_a_job_goes_from_binding_to_success_through_the_agents_reports(world, jo
     assert binding["command"] == ["python", "-c", "print(1)"] and binding["env"] == {"MODE": "x"}
     assert binding["time_limit_seconds"] == 60 and binding["grace_seconds"] == 30
     assert binding["log_offset"] == 0 and binding["share"] == 1.0
+    assert binding["resizable"] is False  # one replica of fixed size: no world file on the node
 
     assert h.report(node, job.pk, "started", attempt=0, replica=0, pid=42).status_code == 200
     running = [{"job_id": job.pk, "attempt": 0, "replica": 0, "pid": 42}]

@@ -5,6 +5,7 @@ These run real processes; only the control plane is replaced by a recording fake
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -289,3 +290,23 @@ def test_links_a_job_leaves_in_its_directory_are_removed_not_followed(node):
     assert server.exit_of(31)["exit_code"] == 0, server.output(31)
     assert fakes.wait_for(lambda: not process.workdir.exists(), 5)
     assert (kept / "file").read_text() == "the node's"
+
+
+MEET = {"master_addr": "127.0.0.1", "master_port": 29511, "world_size": 1, "rank": 0, "local_rank": 0}
+
+
+def test_only_a_job_that_can_change_size_has_a_world_file(node):
+    """A job of fixed size learns its world from its environment alone; one that can change size
+    also finds it in ``TESSERA_WORLD_FILE`` from its start (docs/agent.md, "Resizes")."""
+    script = 'echo "file=${TESSERA_WORLD_FILE:-none}"; ls -A; cat "${TESSERA_WORLD_FILE:-/dev/null}"'
+    fixed, server = start(node, job_id=41, command=["sh", "-c", script], rendezvous=MEET, resizable=False)
+    assert server.exit_of(41)["exit_code"] == 0, server.output(41)
+    assert server.output(41).decode().split("\n")[:2] == ["file=none", "tmp"]
+    fixed.tell_world({**MEET, "world_size": 2})  # a world told anyway (a stale answer) writes nothing
+    assert fixed.world == {}
+
+    elastic, server = start(node, job_id=42, command=["sh", "-c", script], rendezvous=MEET, resizable=True)
+    assert server.exit_of(42)["exit_code"] == 0, server.output(42)
+    lines = server.output(42).decode().split("\n")
+    assert lines[0] == f"file={elastic.workdir / 'world.json'}" and lines[1:3] == ["tmp", "world.json"]
+    assert json.loads(lines[3]) == MEET

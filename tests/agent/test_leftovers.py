@@ -66,13 +66,65 @@ def members_of(sid: int) -> list[int]:
 def test_a_session_record_is_written_whole_private_and_forgotten(state_dir):
     session = leftovers.Session(4242, 1234567, "boot")
     leftovers.record(state_dir, "7-0-1", session)
-    path = state_dir / "sessions" / "7-0-1"
+    directory = Path(leftovers.records_dir(state_dir))
+    path = directory / "7-0-1"
     assert json.loads(path.read_text()) == {"sid": 4242, "start": 1234567, "boot_id": "boot"}
     assert path.stat().st_mode & 0o777 == 0o600
-    assert os.listdir(state_dir / "sessions") == ["7-0-1"]  # no temp file left behind
+    assert directory.stat().st_mode & 0o777 == 0o700  # the agent's alone: a job must not edit it
+    assert os.listdir(directory) == ["7-0-1"]  # no temp file left behind
     assert leftovers.recorded(state_dir) == {"7-0-1": session}
     leftovers.forget(state_dir, "7-0-1")
     assert leftovers.recorded(state_dir) == {}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root may write /run/tessera-agent")
+def test_a_root_agent_records_in_run_one_directory_per_state_directory(tmp_path):
+    """Records last one boot: they go to /run (a tmpfs), not the state directory's file system,
+    and two agents whose state directories share a name keep apart."""
+    first, second = tmp_path / "a" / "node", tmp_path / "b" / "node"
+    for state in (first, second):
+        state.mkdir(parents=True)
+        leftovers.record(state, "1-0-0", leftovers.Session(os.getpid(), 1, "boot"))
+    dirs = {Path(leftovers.records_dir(state)) for state in (first, second)}
+    assert len(dirs) == 2
+    assert all(d.parent == leftovers.RUN_SESSIONS and d.name.startswith("node-") for d in dirs)
+    assert not (first / "sessions").exists()
+    leftovers.tidy(first)  # an agent's end leaves a directory with a record in it
+    assert all(d.is_dir() for d in dirs)
+    for state in (first, second):
+        leftovers.forget(state, "1-0-0")
+        assert leftovers.recorded(state) == {}
+        leftovers.tidy(state)  # and removes it once empty
+    assert not any(d.exists() for d in dirs)
+    leftovers.record(first, "2-0-0", leftovers.Session(os.getpid(), 1, "boot"))  # made again
+    assert list(leftovers.recorded(first)) == ["2-0-0"]
+    leftovers.forget(first, "2-0-0")
+    leftovers.tidy(first)
+
+
+def test_an_agent_that_may_not_write_run_records_in_its_state_directory(state_dir, tmp_path, monkeypatch):
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setattr(leftovers, "RUN_SESSIONS", tmp_path / "a-file" / "sessions")  # cannot be made
+    session = leftovers.Session(4242, 1234567, "boot")
+    leftovers.record(state_dir, "7-0-1", session)
+    assert os.listdir(state_dir / "sessions") == ["7-0-1"]
+    assert leftovers.recorded(state_dir) == {"7-0-1": session}
+    leftovers.forget(state_dir, "7-0-1")
+    assert os.listdir(state_dir / "sessions") == []
+
+
+def test_a_record_an_earlier_version_left_in_the_state_directory_is_still_killed(state_dir, spawned):
+    job = spawned("sleep 300 & echo started; wait")
+    job.stdout.readline()
+    session = leftovers.session_of(job.pid)
+    (state_dir / "sessions").mkdir(mode=0o700, exist_ok=True)
+    (state_dir / "sessions" / "5-0-0").write_text(
+        json.dumps({"sid": session.sid, "start": session.start, "boot_id": session.boot_id})
+    )
+    ours = members_of(job.pid)
+    assert len(ours) == 2
+    assert sorted(p.pid for p in leftovers.kill_leftovers(state_dir)) == ours
+    assert leftovers.recorded(state_dir) == {} and os.listdir(state_dir / "sessions") == []
 
 
 def test_a_starting_agent_kills_every_process_of_a_recorded_session_and_forgets_it(state_dir, spawned):

@@ -119,6 +119,7 @@ def test_a_running_job_below_its_full_size_grows_when_capacity_frees(world):
     assert gang.events.get(type="resized").reason == "grown from 2 to 4 replicas"
     answer = do_heartbeat(node, [Reported(gang.pk, 0, r, 10 + r) for r in (0, 1)])
     starts = {b["replica"]: b["rendezvous"] for b in answer["start"]}
+    assert all(b["resizable"] for b in answer["start"])  # the grown replicas keep a world file
     assert sorted(starts) == [2, 3] and {m["world_size"] for m in starts.values()} == {4}
     assert [w["world_size"] for w in answer["worlds"]] == [4, 4]
     # A replica that fails to join is a failed replica
