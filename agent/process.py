@@ -14,7 +14,6 @@ import contextlib
 import ctypes
 import dataclasses
 import errno
-import hashlib
 import hmac
 import json
 import logging
@@ -273,9 +272,9 @@ def checkpoint_dir(state_dir: Path, job_id: int, root: Path | None = None) -> Pa
     another node finds its checkpoint."""
     if root is not None:
         key = state.checkpoint_key(root, name=".checkpoint-key")
-        return root / f"{job_id}-{hmac.new(key, str(job_id).encode(), hashlib.sha256).hexdigest()[:32]}"
-    tag = hmac.new(state.checkpoint_key(state_dir), str(job_id).encode(), hashlib.sha256).hexdigest()[:32]
-    return state_dir / "checkpoints" / f"{job_id}-{tag}"
+        return Path(f"{root}/{job_id}-{hmac.digest(key, str(job_id).encode(), 'sha256').hex()[:32]}")
+    tag = hmac.digest(state.checkpoint_key(state_dir), str(job_id).encode(), "sha256").hex()[:32]
+    return Path(f"{state_dir}/checkpoints/{job_id}-{tag}")
 
 
 class JobProcess:
@@ -335,7 +334,7 @@ class JobProcess:
         self._started_pending = True
         self._session_over = False  # its session has no process left (its record may go)
         # Random: a job cannot guess another's directory (nor could it enter it: 0700, another uid).
-        self.workdir = state_dir / "jobs" / f"{self.name}-{secrets.token_hex(8)}"
+        self.workdir = Path(f"{state_dir}/jobs/{self.name}-{secrets.token_hex(8)}")
         self.checkpoint_dir = checkpoint_dir(state_dir, self.job_id, checkpoint_root)
         self.checkpoint_signal = checkpoint_signal
         self.marker: MarkerWatch | None = None  # watched once the process runs
