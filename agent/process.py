@@ -110,9 +110,10 @@ def job_environment(
     binding: dict[str, Any], run_as: RunAs, path: str, workdir: Path, checkpoint_dir: Path
 ) -> dict[str, str]:
     """The job's whole environment: its own ``env``, then what Tessera sets (which wins)."""
+    home = str(workdir)  # joined as text: pathlib's joins cost more than the rest of this
     env: dict[str, str] = {
         "PATH": path,
-        "HOME": str(workdir),
+        "HOME": home,
         "USER": run_as.name,
         "LOGNAME": run_as.name,
         "LANG": "C.UTF-8",
@@ -121,18 +122,18 @@ def job_environment(
     env.update({str(k): str(v) for k, v in (binding.get("env") or {}).items()})
     env.update(
         {
-            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in binding.get("gpus", [])),
+            "CUDA_VISIBLE_DEVICES": ",".join(map(str, binding.get("gpus", []))),
             "TESSERA_JOB_ID": str(binding["job_id"]),
             "TESSERA_ATTEMPT": str(binding["attempt"]),
             "TESSERA_REPLICA": str(binding.get("replica", 0)),
             "TESSERA_REPLICAS": str(binding.get("replicas", 1)),
             "TESSERA_CHECKPOINT_DIR": str(checkpoint_dir),
-            "TESSERA_CHECKPOINT_MARKER": str(workdir / MARKER_NAME),
-            "TMPDIR": str(workdir / "tmp"),
+            "TESSERA_CHECKPOINT_MARKER": f"{home}/{MARKER_NAME}",
+            "TMPDIR": f"{home}/tmp",
         }
     )
     if binding.get("resizable", True):  # (a server before the field: every job had a world file)
-        env["TESSERA_WORLD_FILE"] = str(workdir / WORLD_NAME)
+        env["TESSERA_WORLD_FILE"] = f"{home}/{WORLD_NAME}"
     share = float(binding.get("share", 1.0))
     if share < 1.0:
         env["TESSERA_GPU_SHARE"] = f"{share:g}"
@@ -399,7 +400,7 @@ class JobProcess:
         else:
             self.started_wall = time.time()
             self._output_open = True
-            self.marker = MarkerWatch(str(self.workdir / MARKER_NAME), self.job_id, run_as.uid)
+            self.marker = MarkerWatch(env["TESSERA_CHECKPOINT_MARKER"], self.job_id, run_as.uid)
             # Nothing has waited for it yet: the pid is still the job's (a zombie at worst). Its
             # record is written by its supervisor, off the path of the next binding's start.
             self.session = leftovers.session_of(self.proc.pid)
