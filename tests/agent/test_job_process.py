@@ -310,3 +310,34 @@ def test_only_a_job_that_can_change_size_has_a_world_file(node):
     lines = server.output(42).decode().split("\n")
     assert lines[0] == f"file={elastic.workdir / 'world.json'}" and lines[1:3] == ["tmp", "world.json"]
     assert json.loads(lines[3]) == MEET
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="handing a directory to another user needs root")
+def test_a_checkpoint_directory_is_made_or_taken_over_as_the_job_users_alone(tmp_path):
+    owned_dir = process_module._owned_dir
+    run_as = RunAs("nobody", 65534, 65533)
+    fresh = tmp_path / "fresh"
+    assert owned_dir(fresh, run_as) is False  # made now: nothing to resume from
+    st = fresh.stat()
+    assert (st.st_mode & 0o7777, st.st_uid, st.st_gid) == (0o700, 65534, 65533)
+    assert owned_dir(fresh, run_as) is True  # there, as it should be
+
+    # Left by an earlier attempt under another uid, opened up: taken back, and what is in it too.
+    (fresh / "steps").mkdir()
+    (fresh / "steps" / "0").write_text("x")
+    (fresh / "link").symlink_to("/etc/passwd")
+    os.chmod(fresh, 0o755)
+    os.chown(fresh, 270001, 270001)
+    assert owned_dir(fresh, run_as) is True
+    for path in (fresh, fresh / "steps", fresh / "steps" / "0"):
+        assert (path.stat().st_uid, path.stat().st_gid) == (65534, 65533), path
+    assert fresh.stat().st_mode & 0o7777 == 0o700
+    assert (fresh / "link").lstat().st_uid == 65534 and Path("/etc/passwd").stat().st_uid == 0
+
+    # A shared root not made yet: made with its parents.
+    assert owned_dir(tmp_path / "root" / "1-abc", run_as) is False
+    assert (tmp_path / "root" / "1-abc").stat().st_uid == 65534
+    # Not a directory: refused, as ever.
+    (tmp_path / "file").write_text("")
+    with pytest.raises(FileExistsError):
+        owned_dir(tmp_path / "file", run_as)
