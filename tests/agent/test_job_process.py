@@ -63,7 +63,6 @@ def test_the_job_sees_its_gpus_and_ids_but_never_the_agents_secrets(node):
         command=["python", "-c", script],
     )
     assert server.exit_of(11)["exit_code"] == 0
-    import json
 
     job_env = json.loads(server.output(11))
     assert job_env["CUDA_VISIBLE_DEVICES"] == "3,5"
@@ -88,6 +87,24 @@ def test_the_job_cannot_override_its_gpus_or_ids(node):
     )
     server.exit_of(12)
     assert server.output(12) == b"1 12\n"
+
+
+ODD_VALUES = {
+    "QUOTES": "it's \"quoted\" and '' and '\\''",
+    "SHELL": "$HOME ${PATH} $(id) `id` ; exit 3 & | > /tmp/x",
+    "LINES": "first\n  second\t\\n\n",
+    "TEXT": "héllo ✓",
+    "EMPTY": "",
+}
+
+
+def test_the_jobs_own_environment_arrives_as_given_whatever_its_text(node):
+    # Behind setpriv the job's shell sources it (agent/sandbox.py, step 5): quoting must keep it.
+    names = sorted(ODD_VALUES)
+    script = f"import os, json; print(json.dumps({{k: os.environ.get(k) for k in {names!r}}}))"
+    process, server = start(node, job_id=19, env=ODD_VALUES, command=["python", "-c", script])
+    assert server.exit_of(19)["exit_code"] == 0, server.output(19)
+    assert json.loads(server.output(19)) == ODD_VALUES
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="dropping privileges needs an agent running as root")
