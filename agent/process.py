@@ -295,10 +295,19 @@ def disk_used(top: Path) -> int:
     """Bytes the files under ``top`` take on disk (allocated blocks: a sparse file counts what
     it holds, not its length), links not followed; 0 if it is not there."""
     total = 0
-    for root, _dirs, files in os.walk(top):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+    folders: list[str | Path] = [top]
+    while folders:
+        try:
+            entries = os.scandir(folders.pop())
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:
+                with contextlib.suppress(OSError):
+                    if entry.is_dir(follow_symlinks=False):
+                        folders.append(entry.path)
+                    else:  # a file, or a link (its own blocks, as a long target has)
+                        total += entry.stat(follow_symlinks=False).st_blocks * 512
     return total
 
 

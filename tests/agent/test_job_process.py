@@ -358,3 +358,19 @@ def test_a_checkpoint_directory_is_made_or_taken_over_as_the_job_users_alone(tmp
     (tmp_path / "file").write_text("")
     with pytest.raises(FileExistsError):
         owned_dir(tmp_path / "file", run_as)
+
+
+def test_a_jobs_directories_are_summed_by_the_blocks_they_hold_links_not_followed(tmp_path):
+    disk_used = process_module.disk_used
+    top, outside = tmp_path / "job", tmp_path / "outside"
+    (top / "a" / "b").mkdir(parents=True)
+    outside.mkdir()
+    (top / "a" / "b" / "deep").write_bytes(os.urandom(1 << 20))
+    with open(top / "sparse", "wb") as sparse:
+        sparse.truncate(1 << 30)  # a GiB long, nothing in it
+    (outside / "big").write_bytes(os.urandom(4 << 20))
+    (top / "to-file").symlink_to(outside / "big")
+    (top / "to-dir").symlink_to(outside)
+    used = disk_used(top)
+    assert (1 << 20) <= used < (1 << 20) + (64 << 10), used
+    assert disk_used(tmp_path / "missing") == 0
