@@ -5,8 +5,10 @@ file) through :class:`agent.process.JobProcess` one replica after another, again
 answers at once, and prints the agent process's CPU (its threads) and its children's (the spawn
 chain and the job) per replica. The sandbox is the one this machine allows, as the agent would
 detect it; ``--single-tenant`` (as ``make bench-e2e`` runs its agents) every job as ``nobody``.
-``--pieces`` adds the thread CPU of the steps, per replica. Run as root; to compare two checkouts,
-run each with its own code, by turns::
+The main thread's share (``JobProcess(...)`` and ``start()``: every replica of an agent starts
+there, one after another) is printed as user and system time. ``--pieces`` adds the thread CPU
+of the steps, per replica. Run as root; to compare two checkouts, run each with its own code, by
+turns::
 
     PYTHONPATH=<checkout> <checkout>/.venv/bin/python <checkout>/scripts/bench_replica.py --single-tenant
 """
@@ -119,15 +121,22 @@ def main() -> None:
         timed(pieces, shutil, "rmtree", "shutil.rmtree")
         timed(pieces, leftovers, "end_sessions", "leftovers.end_sessions")
 
+    starting = [0.0, 0.0]  # the main thread's user and system CPU in JobProcess(...) and start()
+
     def run(replicas: list[dict[str, Any]]) -> None:
         for binding in replicas:
+            before = resource.getrusage(resource.RUSAGE_THREAD)
             job = process.JobProcess(binding, Server(), state_dir, users, path, limits, box)
             job.start()
+            after = resource.getrusage(resource.RUSAGE_THREAD)
+            starting[0] += after.ru_utime - before.ru_utime
+            starting[1] += after.ru_stime - before.ru_stime
             job.done.wait()
 
     try:
         run(bindings(5, random.Random(2), first_job=10**6))  # warm: imports, caches, the probes
         pieces.clear()
+        starting[:] = [0.0, 0.0]
         replicas = bindings(args.replicas, random.Random(1))
         own, children = (resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
         began = time.perf_counter()
@@ -153,6 +162,8 @@ def main() -> None:
         f"per replica: agent {agent_ms:.2f} ms, children {children_ms:.2f} ms, "
         f"total {agent_ms + children_ms:.2f} ms CPU; wall {wall * 1000 / n:.1f} ms"
     )
+    user_ms, sys_ms = (t * 1000 / n for t in starting)
+    print(f"  of the agent's: its main thread starting it {user_ms:.3f} ms user, {sys_ms:.3f} ms system")
     for label, seconds in sorted(measured.items(), key=lambda kv: -kv[1]):
         print(f"  {label:32} {seconds * 1000 / n:7.3f} ms")
 
