@@ -32,6 +32,11 @@ NodeOk = Callable[[int], bool]
 # For the backfill rule on a starving job's nodes: the kind level at and above which a starving
 # job could preempt the job (None: not preemptible), and whether its runtime is a hard limit.
 Removable = tuple[int | None, bool]
+# The pending codes of a job left waiting for nodes (its quota admitted it): its models are
+# contested (PolicyPass.off_contested).
+WAITING_FOR_NODES = frozenset(
+    {"capacity", "model", "node-selector", "topology", "fragmentation", "gang", "reserved"}
+)
 
 
 def _minutes(seconds: float) -> str:
@@ -131,6 +136,11 @@ class PolicyPass:
         self.hypo: Hypo | None = None  # the cluster as preemptions will leave it
         self.attempts = 0  # victim searches made
         self.preempt_failed: set[tuple[object, ...]] = set()  # requests no preemption can help
+        self.contested: set[str] = set()  # models the jobs blocked for nodes so far could use
+        # the jobs the last pass left waiting for nodes, not yet reached by this one: their
+        # models (those their quota admits them on), and per model how many such jobs use it
+        self.waited: dict[str, tuple[str, ...]] = {}
+        self.waited_on: dict[str, int] = {}
 
     def run(self) -> Decisions:
         self.begin()
@@ -156,6 +166,7 @@ class PolicyPass:
         s.begin_pass(now)
         s.note_owed(now)
         s.quotas.frozen = {}
+        self.seed_contested()
         # Nodes reserved last pass: no preemption is planned on another job's (see plan_victims).
         s.prev_reserved = {i: r.job_id for r in s.last_reservations for i in r.nodes}
         for jid, (nodes, until) in list(s.room.items()):
@@ -166,6 +177,30 @@ class PolicyPass:
         for r in s.last_reservations:
             if r.job_id in s.pending and r.job_id not in s.room:
                 self.res.add(r)
+
+    def seed_contested(self) -> None:
+        """The models of every GPU job the last pass left waiting for nodes (``last_codes``),
+        where its quota admits it now, are contested from the start of this pass until the
+        job's turn comes: flexible jobs ahead of it in the queue are placed off them too, not
+        only those after it (docs/benchmarks/eval-matrix.md, 2026-12-06)."""
+        s, now = self.s, self.now
+        for jid, code in s.last_codes.items():
+            job = s.pending.get(jid)
+            if code not in WAITING_FOR_NODES or job is None or job.held or job.not_before > now:
+                continue
+            geo = s.geo(job)
+            if not geo.req.count:
+                continue
+            need = geo.charge * geo.need
+            models = tuple(m for m in s.models_for(job)[0] if s.admits(job, m, need))
+            self.waited[jid] = models
+            for m in models:
+                self.waited_on[m] = self.waited_on.get(m, 0) + 1
+
+    def reached_turn(self, job_id: str) -> None:
+        """A seeded job's turn: from here it contests its models only if blocked again."""
+        for m in self.waited.pop(job_id, ()):
+            self.waited_on[m] -= 1
 
     def in_turn(self) -> Iterator[JobRequest]:
         """Queue order; with a deadline that names the jobs the last pass did not reach, those
@@ -236,6 +271,8 @@ class PolicyPass:
     def decide(self, job: JobRequest) -> None:
         """Steps 3-4 for ``job``: each step settles it (a start, a reason, a reservation) or
         hands it on to the next; the jobs none settles get their reason in step 6."""
+        if self.waited:
+            self.reached_turn(job.id)
         if self.not_yet(job):
             return
         geo = self.s.geo(job)
@@ -255,6 +292,8 @@ class PolicyPass:
         if self.s.quotas.enabled and geo.req.count and queues.is_aged(job, self.now, self.cfg):
             self.hold.append((job, geo))
         want = self.admitted(want)
+        if geo.req.count:
+            self.contested.update(self.s.models_for(want.job)[0])
         held_back = self.held_back_by_reservations(want)
         if held_back and not self.may_preempt_for_priority(job):
             return
@@ -365,9 +404,51 @@ class PolicyPass:
         if s.clear_racks and not job.preemptible and geo.req.count:
             allocs, refusal = s.try_place(job, geo, self.off_clear(want.node_ok))
         if not allocs and refusal is None:
+            allocs = self.off_contested(want)
+        if not allocs and refusal is None:
             token = (self.res.key(), want.runtime, job.id if job.id in s.room else None, want.who)
             allocs, refusal = s.try_place(job, geo, want.node_ok, token=token)
         return allocs, refusal
+
+    def off_contested(self, want: Want) -> list[Alloc] | None:
+        """A job that accepts several models, placed first off the models a job waiting for
+        nodes needs (where that job's quota admits it), if it fits there: a job blocked earlier
+        in this pass, or one the last pass left waiting that this pass has not reached yet.
+        Before, it took its preferred model's free GPUs while a job that could use only that
+        model waited for them and the other models idled (docs/scheduler.md). It is never moved
+        onto a model whose quota row is held against it for its tenant's aged job (``RowHold``):
+        there it would take the quota that job waits for."""
+        s, job, geo = self.s, want.job, want.geo
+        contested = self.contested
+        if self.waited:
+            contested = contested | {m for m, n in self.waited_on.items() if n}
+        if not contested or not geo.req.count:
+            return None
+        models = s.models_for(job)[0]
+        if len(models) < 2 or contested.isdisjoint(models):
+            return None
+        avoid = contested | self.held_against(want, models) if self.held_rows else contested
+        if avoid.issuperset(models):
+            return None
+        nodes, inner = s.state.nodes, want.node_ok
+
+        def node_ok(i: int) -> bool:
+            return nodes[i].spec.model not in avoid and (inner is None or inner(i))
+
+        allocs, _ = s.try_place(job, geo, node_ok)
+        return allocs
+
+    def held_against(self, want: Want, models: tuple[str, ...]) -> set[str]:
+        """Those of ``models`` whose quota row is held against ``want``'s job (:class:`RowHold`)."""
+        s, job, geo = self.s, want.job, want.geo
+        ends = self.expected_end(job, want.runtime)
+        charge = geo.charge * geo.need
+        held = set()
+        for m in models:
+            hold = self.held_rows.get(s.quotas.row_key(job.tenant, m))
+            if hold is not None and hold.keeps_off(job, ends, charge, want.who):
+                held.add(m)
+        return held
 
     def start(self, want: Want, allocs: list[Alloc]) -> None:
         """Bind it where it fits, unless a model it prefers frees soon enough to wait for (γ)."""
