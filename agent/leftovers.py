@@ -159,7 +159,7 @@ def _records_dir(state_dir: str, run_sessions: str) -> str:
             raise PermissionError(f"{directory} is not this agent's")
         return directory
     except OSError as exc:
-        legacy = os.path.join(state_dir, SESSIONS_DIR)
+        legacy = _legacy_dir(state_dir)
         log.info("recording job sessions in %s (%s: %s)", legacy, directory, exc.strerror or exc)
         os.makedirs(legacy, mode=0o700, exist_ok=True)
         return legacy
@@ -173,11 +173,15 @@ def _run_dir(state_dir: str, run_sessions: str) -> str:
     return os.path.join(run_sessions, f"{os.path.basename(path) or 'root'}-{digest}")
 
 
+def _legacy_dir(state_dir: str | Path) -> str:
+    """``STATE/sessions``: an earlier version's place, and a run's that could not write ``/run``."""
+    return os.path.join(str(state_dir), SESSIONS_DIR)
+
+
 def _record_dirs(state_dir: Path) -> list[str]:
-    """Every place a record of this agent may be: its :func:`records_dir`, then (an earlier
-    version's, or a run that could not write ``/run``) ``STATE/sessions``."""
-    here = records_dir(state_dir)
-    legacy = os.path.join(str(state_dir), SESSIONS_DIR)
+    """Every place a record of this agent may be: its :func:`records_dir`, then
+    :func:`_legacy_dir` (when that is another)."""
+    here, legacy = records_dir(state_dir), _legacy_dir(state_dir)
     return [here] if here == legacy else [here, legacy]
 
 
@@ -193,10 +197,10 @@ def forget(state_dir: Path, name: str) -> None:
 
 def tidy(state_dir: Path) -> None:
     """At the agent's end: its directory under ``/run`` goes if no record is left in it."""
-    directory = records_dir(state_dir)
-    if directory != os.path.join(str(state_dir), SESSIONS_DIR):
+    here, *legacy = _record_dirs(state_dir)
+    if legacy:
         with contextlib.suppress(OSError):  # not empty: a record the next start needs
-            os.rmdir(directory)
+            os.rmdir(here)
 
 
 def recorded(state_dir: Path) -> dict[str, Session]:
