@@ -21,6 +21,7 @@ moves it into a pipe and re-executes itself without it (:func:`agent.cli.main`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import secrets
@@ -55,22 +56,13 @@ def prepare_state_dir(path: Path) -> Path:
     return path
 
 
-# The keys read so far, by file: a key never changes once made, so each replica's start (which
-# names its checkpoint directory) need not read it again (docs/benchmarks/e2e.md, Session 21).
-_keys: dict[tuple[Path, str], bytes] = {}
-
-
+# Cached: a key never changes once made, so each replica's start (which names its checkpoint
+# directory) need not read it again (docs/benchmarks/e2e.md, Session 21).
+@functools.cache
 def checkpoint_key(state_dir: Path, name: str = CHECKPOINT_KEY) -> bytes:
     """The node's key for checkpoint directory names (made, 0600, on first use); ``name``: the
     file's name in ``state_dir`` (a shared checkpoint root keeps one for all its nodes). Read
     once per process: the key this process has used stays the one it uses."""
-    known = _keys.get((state_dir, name))
-    if known is None:
-        known = _keys[state_dir, name] = _read_or_make_key(state_dir, name)
-    return known
-
-
-def _read_or_make_key(state_dir: Path, name: str) -> bytes:
     key = state_dir / name
     try:
         return key.read_bytes()
