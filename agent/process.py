@@ -318,10 +318,11 @@ def checkpoint_dir(state_dir: Path, job_id: int, root: Path | None = None) -> Pa
     (``ROOT/.checkpoint-key``), the same on every node that mounts it, so a job requeued onto
     another node finds its checkpoint."""
     if root is not None:
-        key = state.checkpoint_key(root, name=".checkpoint-key")
-        return Path(f"{root}/{job_id}-{hmac.digest(key, str(job_id).encode(), 'sha256').hex()[:32]}")
-    tag = hmac.digest(state.checkpoint_key(state_dir), str(job_id).encode(), "sha256").hex()[:32]
-    return Path(f"{state_dir}/checkpoints/{job_id}-{tag}")
+        key, parent = state.checkpoint_key(root, name=".checkpoint-key"), str(root)
+    else:
+        key, parent = state.checkpoint_key(state_dir), f"{state_dir}/checkpoints"
+    tag = hmac.digest(key, str(job_id).encode(), "sha256").hex()[:32]
+    return Path(f"{parent}/{job_id}-{tag}")
 
 
 class JobProcess:
