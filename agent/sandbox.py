@@ -74,7 +74,6 @@ CHAIN_ENV = {"PATH": SYSTEM_PATH}
 SCOPED_LOCALE = "C.UTF-8"
 SCOPED_CHAIN_ENV = {**CHAIN_ENV, "LANG": SCOPED_LOCALE}
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_QUOTE, _QUOTED = "'", "'\\''"  # a quote inside a single-quoted shell word: close, \', reopen
 BLOCKER = Path("/run/tessera-agent/no-access")
 # Where local services keep their unix sockets (PostgreSQL's is open to all by default: with
 # "trust" authentication for local connections, as on many small installs, that is the whole
@@ -336,13 +335,8 @@ def _join_script(cgroup_procs: Sequence[Path]) -> str:
 
 
 def env_script(env: Mapping[str, str]) -> bytes:
-    """``env`` as ``export`` lines a POSIX shell sources: every value between single quotes, in
-    which the shell reads nothing but the closing quote, each of its own quotes closed, escaped
-    and reopened (``'\\''``): any text is safe. (``shlex.quote`` quotes only where needed, at
-    twice the CPU: it searches each value for characters that need quoting first.)"""
-    return "".join(
-        [f"export {k}='{v.replace(_QUOTE, _QUOTED)}'\n" for k, v in env.items() if NAME.fullmatch(k)]
-    ).encode()
+    """``env`` as ``export`` lines a POSIX shell sources (every value quoted: any text is safe)."""
+    return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items() if NAME.fullmatch(k)).encode()
 
 
 def env_fd(env: Mapping[str, str]) -> int:
