@@ -397,27 +397,57 @@ class PolicyPass:
 
     def place(self, want: Want) -> tuple[list[Alloc] | None, tuple[str, str] | None]:
         """Where it fits now, honouring the reservations (non-preemptible work off the racks
-        kept clear for rack gangs first); else the quota reason that refused it, if one did."""
+        kept clear for rack gangs first) and never on a model whose quota row is held against
+        it (:meth:`held_off`); else the quota reason that refused it, if one did."""
         s, job, geo = self.s, want.job, want.geo
         allocs: list[Alloc] | None = None
         refusal: tuple[str, str] | None = None
+        held = self.held_off(want)
         if s.clear_racks and not job.preemptible and geo.req.count:
-            allocs, refusal = s.try_place(job, geo, self.off_clear(want.node_ok))
+            allocs, refusal = s.try_place(job, geo, self.off_models(held, self.off_clear(want.node_ok)))
         if not allocs and refusal is None:
-            allocs = self.off_contested(want)
+            allocs = self.off_contested(want, held)
         if not allocs and refusal is None:
-            token = (self.res.key(), want.runtime, job.id if job.id in s.room else None, want.who)
-            allocs, refusal = s.try_place(job, geo, want.node_ok, token=token)
+            token = (self.res.key(), want.runtime, job.id if job.id in s.room else None, want.who, held)
+            allocs, refusal = s.try_place(job, geo, self.off_models(held, want.node_ok), token=token)
         return allocs, refusal
 
-    def off_contested(self, want: Want) -> list[Alloc] | None:
+    def off_models(self, models: frozenset[str], inner: NodeOk | None) -> NodeOk | None:
+        """``inner`` (None: every node) less the nodes of ``models``."""
+        if not models:
+            return inner
+        nodes = self.s.state.nodes
+
+        def node_ok(i: int) -> bool:
+            return nodes[i].spec.model not in models and (inner is None or inner(i))
+
+        return node_ok
+
+    def held_off(self, want: Want) -> frozenset[str]:
+        """The models ``want``'s job may not start on because their quota rows are held against
+        it for its tenant's aged job (:class:`RowHold`), unless it starves itself. Before, a
+        hold kept off only a job all of whose rows were held: one that accepts several models
+        took the held row's quota on its preferred model and the aged job waited on
+        (docs/benchmarks/eval-matrix.md)."""
+        s, job, geo = self.s, want.job, want.geo
+        if not self.held_rows or not geo.req.count or queues.starving(job, self.now, self.cfg):
+            return frozenset()
+        ends = self.expected_end(job, want.runtime)
+        charge = geo.charge * geo.need
+        held = set()
+        for m in s.models_for(job)[0]:
+            hold = self.held_rows.get(s.quotas.row_key(job.tenant, m))
+            if hold is not None and hold.keeps_off(job, ends, charge, want.who):
+                held.add(m)
+        return frozenset(held)
+
+    def off_contested(self, want: Want, held: frozenset[str]) -> list[Alloc] | None:
         """A job that accepts several models, placed first off the models a job waiting for
         nodes needs (where that job's quota admits it), if it fits there: a job blocked earlier
         in this pass, or one the last pass left waiting that this pass has not reached yet.
         Before, it took its preferred model's free GPUs while a job that could use only that
-        model waited for them and the other models idled (docs/scheduler.md). It is never moved
-        onto a model whose quota row is held against it for its tenant's aged job (``RowHold``):
-        there it would take the quota that job waits for."""
+        model waited for them and the other models idled (docs/scheduler.md). ``held``: the
+        models it may not use at all (:meth:`held_off`)."""
         s, job, geo = self.s, want.job, want.geo
         contested = self.contested
         if self.waited:
@@ -427,28 +457,11 @@ class PolicyPass:
         models = s.models_for(job)[0]
         if len(models) < 2 or contested.isdisjoint(models):
             return None
-        avoid = contested | self.held_against(want, models) if self.held_rows else contested
+        avoid = contested | held
         if avoid.issuperset(models):
             return None
-        nodes, inner = s.state.nodes, want.node_ok
-
-        def node_ok(i: int) -> bool:
-            return nodes[i].spec.model not in avoid and (inner is None or inner(i))
-
-        allocs, _ = s.try_place(job, geo, node_ok)
+        allocs, _ = s.try_place(job, geo, self.off_models(frozenset(avoid), want.node_ok))
         return allocs
-
-    def held_against(self, want: Want, models: tuple[str, ...]) -> set[str]:
-        """Those of ``models`` whose quota row is held against ``want``'s job (:class:`RowHold`)."""
-        s, job, geo = self.s, want.job, want.geo
-        ends = self.expected_end(job, want.runtime)
-        charge = geo.charge * geo.need
-        held = set()
-        for m in models:
-            hold = self.held_rows.get(s.quotas.row_key(job.tenant, m))
-            if hold is not None and hold.keeps_off(job, ends, charge, want.who):
-                held.add(m)
-        return held
 
     def start(self, want: Want, allocs: list[Alloc]) -> None:
         """Bind it where it fits, unless a model it prefers frees soon enough to wait for (γ)."""

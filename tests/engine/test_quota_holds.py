@@ -194,3 +194,27 @@ def test_a_starving_job_is_not_kept_off_by_its_tenants_held_quota():
     s.submit(steady("big", 4, 1, 3600))
     assert s.decide(1.0).pending["big"].code == "borrow-limit"
     assert started(s, steady("long", 1, 5, 7200)) == {"long": "started"}
+
+
+def test_a_job_that_accepts_another_model_starts_there_not_on_the_held_row():
+    # vision's H100 row (guarantee 4, limit 4) runs s1 (2 until t=3600); big (4, H100 only) is
+    # refused there and, aged, holds the row (and reserves h1 from t=3600). flex accepts H100 or
+    # A100 and runs past t=3600: on h2 it would take 2 of the 4 GPUs big waits for (it did, and
+    # big waited until flex ended), so it starts on A100, where nothing is held.
+    s = TesseraScheduler(
+        [node("h1", "H100"), node("h2", "H100"), node("a", "A100")],
+        [QuotaSpec("vision", "H100", 4, 4), QuotaSpec("vision", "A100", 4, 8)],
+        EngineConfig(aging_s=60),
+    )
+    s.submit(replace(steady("s1", 2, 0, 3600), accelerators=("H100",)))
+    assert [b.job_id for b in s.decide(0.0).bindings] == ["s1"]
+    s.submit(replace(steady("big", 4, 1, 3600), accelerators=("H100",)))
+    assert s.decide(1.0).pending["big"].code == "quota"
+    flex = replace(steady("flex", 2, 50, 7200), accelerators=("H100", "A100"))
+    s.submit(flex)
+    d = s.decide(100.0)
+    assert [(b.job_id, b.placements[0].node) for b in d.bindings] == [("flex", "a")]
+    assert d.pending["big"].message == "quota: vision uses 2 of 4 H100 (limit)"
+    # a job that accepts only the held model still waits, as before
+    s.submit(replace(steady("only", 2, 60, 7200), accelerators=("H100",)))
+    assert s.decide(150.0).pending["only"].code == "quota"
