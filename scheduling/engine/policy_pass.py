@@ -279,10 +279,11 @@ class PolicyPass:
         if self.never_now(job, geo):
             return
         rows = self.quota_rows(job, geo)
-        if self.quota_held_for_another(job, geo, rows):
-            return
         want = self.want(job, geo)
-        allocs, refusal = self.place(want)
+        held = self.held_off(want)
+        if held and self.quota_held_for_another(want, rows, held):
+            return
+        allocs, refusal = self.place(want, held)
         if allocs:
             self.start(want, allocs)
             return
@@ -347,23 +348,20 @@ class PolicyPass:
             rows = self.rows_of[key] = sorted({s.quotas.row_key(job.tenant, m) for m in models})
         return rows
 
-    def quota_held_for_another(self, job: JobRequest, geo: Geometry, rows: list[tuple[str, str]]) -> bool:
-        """Every quota row it could use is held against it for an aged job of its tenant ahead
-        of it (:class:`RowHold`). A job past the starvation bound is held off no longer: a hold
-        delays a job, never for ever (a 43-hour job waited 27 hours on free GPUs behind its
-        tenant's 64-GPU job, and a tenant's stream of such jobs could hold a row for days)."""
-        holds = [self.held_rows[r] for r in rows if r in self.held_rows]
-        if not rows or len(holds) < len(rows) or queues.starving(job, self.now, self.cfg):
-            return False
-        ends = self.expected_end(job, self.s.history.predict(job))
-        who = self.removable(job)
-        blocking = [h for h in holds if h.keeps_off(job, ends, geo.charge * geo.need, who)]
-        if len(blocking) < len(rows):
+    def quota_held_for_another(self, want: Want, rows: list[tuple[str, str]], held: frozenset[str]) -> bool:
+        """Every quota row it could use is held against it (``held``, :meth:`held_off`: every
+        model it accepts) for an aged job of its tenant ahead of it (:class:`RowHold`). A job past
+        the starvation bound is held off no longer: a hold delays a job, never for ever (a
+        43-hour job waited 27 hours on free GPUs behind its tenant's 64-GPU job, and a tenant's
+        stream of such jobs could hold a row for days)."""
+        job = want.job
+        if not held.issuperset(self.s.models_for(job)[0]):
             return False
         self.res.drop(job.id)  # its nodes held for it would idle: its quota does not admit it
         self.d.pending[job.id] = PendingReason(
             "quota",
-            f"quota: {job.tenant}'s quota is held for its job {blocking[0].job_id}, which has waited longest",
+            f"quota: {job.tenant}'s quota is held for its job {self.held_rows[rows[0]].job_id}, "
+            "which has waited longest",
         )
         return True
 
@@ -395,14 +393,13 @@ class PolicyPass:
         holders = s.holders(self.now).get(node, [])
         return leaves_room(s.state, node, held, res.start_by_node[node], holders, geo.req, geo.replicas)
 
-    def place(self, want: Want) -> tuple[list[Alloc] | None, tuple[str, str] | None]:
+    def place(self, want: Want, held: frozenset[str]) -> tuple[list[Alloc] | None, tuple[str, str] | None]:
         """Where it fits now, honouring the reservations (non-preemptible work off the racks
-        kept clear for rack gangs first) and never on a model whose quota row is held against
-        it (:meth:`held_off`); else the quota reason that refused it, if one did."""
+        kept clear for rack gangs first) and never on ``held``, the models whose quota rows are
+        held against it (:meth:`held_off`); else the quota reason that refused it, if one did."""
         s, job, geo = self.s, want.job, want.geo
         allocs: list[Alloc] | None = None
         refusal: tuple[str, str] | None = None
-        held = self.held_off(want)
         if s.clear_racks and not job.preemptible and geo.req.count:
             allocs, refusal = s.try_place(job, geo, self.off_models(held, self.off_clear(want.node_ok)))
         if not allocs and refusal is None:
