@@ -16,6 +16,9 @@ rests on, and its place in the queue. The estimate:
 Played with the typical runtimes it gives the estimate; with the low and high ones, the band.
 What it does not see (jobs submitted later that go ahead, preemptions and reclaims, GPU-level
 fragmentation inside a node) is what falls outside the band.
+
+3. The band's latest start moved as late as the engine's own first estimates of jobs like it
+   turned out (:mod:`.eta_learnt`), once enough of them have started.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from . import forward
 from .backfill import gang_shape
+from .eta_learnt import class_of
 from .runtimes import MIN_RUNTIME_S, WHICH, Predictor, RecentRuns
 from .types import MILLI, Decisions, Estimate, JobRequest, NodeSpec
 
@@ -193,6 +197,7 @@ def estimate(
     whole queue is played all the same: a job behind may take a gap before one ahead of it."""
     quotas = s.quotas
     state_nodes = s.state.nodes
+    s.eta_learnt.observe(s.pending, {job_id: run.started_at for job_id, run in s.running.items()})
     holdings = []
     for job_id, run in s.running.items():
         per_node: dict[int, float] = {}
@@ -232,7 +237,17 @@ def estimate(
     caps = {(t, m): (q.limit, q.guaranteed) for t, rows in quotas.rows.items() for m, q in rows.items()}
     predictor = Predictor(s.recent_runs, s.config.default_runtime_s)
     specs = [n.spec for n in state_nodes]
-    return plan(specs, holdings, queue, caps if quotas.enabled else {}, predictor, now, s.config.aging_s)
+    out = plan(specs, holdings, queue, caps if quotas.enabled else {}, predictor, now, s.config.aging_s)
+    largest: dict[str, float] = {}
+    for n in specs:
+        largest[n.model] = max(largest.get(n.model, 0.0), float(n.gpus))
+    for want in queue:
+        est = out.get(want.job.id)
+        if est is not None:
+            whole = want.per >= max((largest.get(m, 0.0) for m in want.models), default=0.0)
+            cls = class_of(want.replicas, whole, est.start - now)
+            out[want.job.id] = s.eta_learnt.correct(want.job.id, cls, est, now)
+    return out
 
 
 __all__ = ["Holding", "RecentRuns", "Want", "estimate", "plan"]

@@ -68,7 +68,10 @@ class EngineMemory:
     many were counted since the model was last built; ``frag_typical`` the model's typical
     requests (None: not built yet). ``noted_at`` and ``noted_ids``: the latest submission time
     counted, and the jobs submitted at that very time that were counted (a job is counted once,
-    at the first pass that sees it).
+    at the first pass that sees it). ``eta_first`` and ``eta_seen``: the start estimates' memory
+    (:mod:`.eta_learnt`), each waiting job's first estimate (job, made at, played wait, class)
+    and the ratios learnt per class, oldest first; a document without them (written before
+    they were kept) reads as none learnt yet.
     """
 
     reservations: tuple[HeldReservation, ...] = ()
@@ -81,6 +84,8 @@ class EngineMemory:
     frag_typical: tuple[TypicalRequest, ...] | None = None
     noted_at: float = -math.inf
     noted_ids: tuple[str, ...] = ()
+    eta_first: tuple[tuple[str, float, float, str], ...] = ()
+    eta_seen: tuple[tuple[str, tuple[float, ...]], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """A JSON document (floats round-trip exactly through Python's ``json``)."""
@@ -101,6 +106,8 @@ class EngineMemory:
             else [[t.cpu, t.milli, t.count, list(t.models), t.p] for t in self.frag_typical],
             "noted_at": None if self.noted_at == -math.inf else self.noted_at,
             "noted_ids": list(self.noted_ids),
+            "eta_first": [[j, t, w, c] for j, t, w, c in self.eta_first],
+            "eta_seen": [[c, list(q)] for c, q in self.eta_seen],
         }
 
     @classmethod
@@ -131,6 +138,8 @@ class EngineMemory:
                 ),
                 noted_at=-math.inf if noted_at is None else _f(noted_at),
                 noted_ids=tuple(_s(j) for j in doc["noted_ids"]),
+                eta_first=tuple((_s(j), _f(t), _f(w), _s(c)) for j, t, w, c in doc.get("eta_first", ())),
+                eta_seen=tuple((_s(c), tuple(_f(x) for x in q)) for c, q in doc.get("eta_seen", ())),
             )
         except BadMemory:
             raise

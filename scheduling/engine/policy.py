@@ -48,6 +48,7 @@ from .backfill import (
 )
 from .buddy import order_for
 from .config import EngineConfig
+from .eta_learnt import Learnt
 from .fragmentation import FragmentationModel, Shape, shape_of, to_milli
 from .geometry import Geometry, constraints, geometry, static_check
 from .memory import EngineMemory, HeldReservation, HeldRoom
@@ -112,6 +113,7 @@ class TesseraScheduler:
         self.running: dict[str, Running] = {}
         self.history = History()
         self.recent_runs = RecentRuns()  # the start estimates' runtime history (:mod:`.runtimes`)
+        self.eta_learnt = Learnt()  # how its first start estimates turned out (:mod:`.eta_learnt`)
         self.recent: deque[Shape] = deque(maxlen=self.config.frag_window)
         self._recent_changes = 0
         self._static: dict[tuple[Any, ...], tuple[str, str] | None] = {}
@@ -214,6 +216,7 @@ class TesseraScheduler:
             self.state.set_frag(FragmentationModel(memory.frag_typical))
             self.placer = Placer(self.state, self.config.alpha, self.config.beta, self.config.delta)
         self._noted_at, self._noted_ids = memory.noted_at, set(memory.noted_ids)
+        self.eta_learnt = Learnt.of(memory.eta_first, memory.eta_seen)
 
     def memory(self) -> EngineMemory:
         """What the next pass needs of this one's (see :mod:`.memory`)."""
@@ -222,6 +225,7 @@ class TesseraScheduler:
             return tuple(self.nodes[i].name for i in nodes)
 
         typical = self.state.frag.typical
+        eta_first, eta_seen = self.eta_learnt.to_data()
         return EngineMemory(
             reservations=tuple(
                 HeldReservation(r.job_id, names(r.nodes), r.start, r.strict_level)
@@ -236,6 +240,8 @@ class TesseraScheduler:
             frag_typical=typical if typical else None,
             noted_at=self._noted_at,
             noted_ids=tuple(sorted(self._noted_ids)),
+            eta_first=eta_first,
+            eta_seen=eta_seen,
         )
 
     def adopt(

@@ -13,7 +13,7 @@ any difference in a decision is something the engine remembers that the memory d
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from scheduling.engine.config import EngineConfig
@@ -22,6 +22,7 @@ from scheduling.engine.policy import TesseraScheduler
 from scheduling.engine.runtimes import KEEP
 from scheduling.engine.types import (
     Decisions,
+    Estimate,
     FinishedRun,
     JobRequest,
     NodeSpec,
@@ -67,6 +68,7 @@ class PerPassScheduler:
         self.running: dict[str, _Run] = {}
         self.history: dict[tuple[str, str, str], list[FinishedRun]] = {}
         self.stored: str | None = None  # the engine's memory, as the live pass stores it
+        self._engine: TesseraScheduler | None = None  # the last pass's, for its estimates
         self.passes = 0
 
     def submit(self, job: JobRequest) -> None:
@@ -143,9 +145,21 @@ class PerPassScheduler:
         engine = TesseraScheduler.from_snapshot(self.snapshot(now), self.config, memory)
         d = engine.decide(now)
         self.stored = json.dumps(engine.memory().to_json())
+        self._engine = engine
         self.passes += 1
         self.apply(d, now)
         return d
+
+    def estimate(
+        self, d: Decisions, now: float, wanted: Collection[str] | None = None
+    ) -> dict[str, Estimate]:
+        """The last pass's start estimates, as the live pass makes them: by that pass's engine,
+        its memory stored again after (what the estimates learnt is kept with it)."""
+        if self._engine is None:
+            return {}
+        got = self._engine.estimate(d, now, wanted)
+        self.stored = json.dumps(self._engine.memory().to_json())
+        return got
 
     def apply(self, d: Decisions, now: float) -> None:
         """What the live pass writes of a pass's decisions, in the jobs kept here."""

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from scheduling.engine import forward
 from scheduling.engine.config import EngineConfig
+from scheduling.engine.eta_learnt import MIN_SEEN, Learnt
 from scheduling.engine.policy import TesseraScheduler
 from scheduling.engine.runtimes import Predictor, RecentRuns
-from scheduling.engine.types import JobRequest, QuotaSpec
+from scheduling.engine.types import Estimate, JobRequest, QuotaSpec
 from tests.engine.engine_cases import node
 
 
@@ -214,3 +216,30 @@ def test_every_estimate_lies_inside_its_band_and_the_plan_is_deterministic(sizes
         assert est.earliest <= est.start <= est.latest
         assert est.start >= 50.0
         assert est.ahead == est.position - 1 and est.basis
+
+
+def test_bands_reach_as_late_as_the_first_estimates_turned_out_once_enough_jobs_started():
+    learnt = Learnt()
+    played = Estimate(1000.0, 100.0, 2000.0, "b", 1, 0)  # played: a wait of 1,000 s from 0
+    for i in range(MIN_SEEN):
+        assert learnt.correct(f"j{i}", "node/1", played, 0.0) == played  # too few seen: as played
+        # one in ten waited 1,000 s as played, the rest 3,000 s: three times the played wait
+        learnt.observe(pending=set(), started={f"j{i}": 1000.0 if i % 10 == 0 else 3000.0})
+        assert f"j{i}" not in learnt.first  # learnt once, then forgotten
+    got = learnt.correct("next", "node/1", played, 0.0)
+    assert got.start == 1000.0 and got.earliest == 100.0  # the estimate stays the played one
+    assert got.latest == pytest.approx(3000.0, rel=1e-3)  # the band reaches the late starts seen
+    assert got.basis == "b; the latest start from how the last 20 such estimates turned out"
+    # a band already as late as that is left as played
+    wide = Estimate(1000.0, 100.0, 9000.0, "b", 1, 0)
+    assert learnt.correct("wide", "node/1", wide, 0.0) == wide
+    # a job of another class, none of its own seen yet: widened by all the ratios
+    assert learnt.correct("other", "gang/2", played, 0.0).latest == pytest.approx(3000.0, rel=1e-3)
+
+
+def test_a_job_that_left_the_queue_without_starting_teaches_nothing():
+    learnt = Learnt()
+    learnt.correct("gone", "part/0", Estimate(100.0, 60.0, 200.0, "b", 1, 0), 0.0)
+    learnt.correct("waits", "part/0", Estimate(100.0, 60.0, 200.0, "b", 2, 1), 0.0)
+    learnt.observe(pending={"waits"}, started={})
+    assert set(learnt.first) == {"waits"} and learnt.seen == {}

@@ -10,9 +10,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from scheduling.engine import eta_learnt
 from scheduling.engine.config import EngineConfig
 from scheduling.engine.fragmentation import TypicalRequest
 from scheduling.engine.memory import BadMemory, EngineMemory, HeldReservation, HeldRoom
@@ -161,10 +162,12 @@ memories = st.builds(
     ).map(tuple),
     noted_at=st.just(-math.inf) | finite,
     noted_ids=st.lists(names).map(tuple),
+    eta_first=st.lists(st.tuples(names, finite, finite, names), max_size=3).map(tuple),
+    eta_seen=st.lists(st.tuples(names, st.lists(finite, max_size=3).map(tuple)), max_size=2).map(tuple),
 )
 
 
-@settings(max_examples=50)
+@settings(max_examples=50, suppress_health_check=[HealthCheck.too_slow])  # a busy machine: slow draws
 @given(memories)
 def test_memory_survives_its_json_document_exactly(memory: EngineMemory) -> None:
     assert EngineMemory.from_json(json.loads(json.dumps(memory.to_json()))) == memory
@@ -191,6 +194,24 @@ def test_the_request_mix_is_written_as_runs_of_equal_shapes() -> None:
         [0, 500, 1, [], 3],
         [0, 1000, 1, ["A100"], 2],
     ]
+
+
+def test_a_memory_stored_before_estimates_were_learnt_reads_as_none_learnt() -> None:
+    doc = EngineMemory(noted_ids=("j1",)).to_json()
+    del doc["eta_first"], doc["eta_seen"]
+    assert EngineMemory.from_json(doc) == EngineMemory(noted_ids=("j1",))
+
+
+def test_start_estimates_learnt_across_passes_are_those_one_long_lived_engine_learns(
+    trace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(eta_learnt, "MIN_SEEN", 3)  # the small trace corrects from its 4th start on
+    nodes, jobs, quotas = trace
+    engine = TesseraScheduler(tuple(nodes), tuple(quotas))
+    long_lived = replay(nodes, jobs, engine, estimates=True)
+    rebuilt = replay(nodes, jobs, PerPassScheduler(nodes, quotas), estimates=True)
+    assert len(engine.eta_learnt.seen[eta_learnt.ALL]) > 3  # learnt, and corrected estimates after
+    assert rebuilt.first_estimates == long_lived.first_estimates
 
 
 @pytest.mark.parametrize(
