@@ -15,8 +15,9 @@ from scheduling.engine.config import EngineConfig
 from scheduling.engine.memory import VERSION
 from scheduling.engine.policy import TesseraScheduler
 from scheduling.engine.types import Decisions
-from scheduling.models import EngineMemoryRecord, Job
+from scheduling.models import EngineMemoryRecord, Job, Node
 from scheduling.services import passes
+from scheduling.services.agents import do_report_exit, do_report_started
 from scheduling.services.memory import store_memory
 from scheduling.services.snapshot import _MEMORY, HISTORY_KEEP, StoredMemory, load_snapshot
 from scheduling.sim.generate import generate
@@ -179,3 +180,30 @@ def test_the_history_gives_each_runs_length_and_end_to_the_microsecond(world, fu
         run = history[str(job.pk)]
         assert run.runtime_s == (job.finished_at - job.started_at).total_seconds()
         assert run.ended_at == job.finished_at.timestamp()
+
+
+def test_the_live_pass_keeps_first_estimates_and_learns_from_them_once_the_jobs_start(
+    world, full_node, settings
+):
+    """The start estimates' record (engine/eta_learnt.py) rides in the stored memory: a waiting
+    job's first estimate is kept from pass to pass, and once the job runs, how it turned out."""
+    settings.TESSERA = {**settings.TESSERA, "ETA_EVERY_S": 0.0}  # every pass plans them
+    first = helpers.submit(world.alice, world.vision, name="next", gpus=8)
+    second = helpers.submit(world.alice, world.vision, name="after", gpus=8)
+    passes.run_pass()
+    memory = EngineMemoryRecord.objects.get().memory
+    kept = {row[0]: row for row in memory["eta_first"]}
+    assert set(kept) == {str(first.pk), str(second.pk)} and memory["eta_seen"] == []
+    passes.run_pass()  # a pass later: the first estimates are still the ones first made
+    assert {row[0]: row for row in EngineMemoryRecord.objects.get().memory["eta_first"]} == kept
+    node = Node.objects.get(name="a100-01")
+    full_node.refresh_from_db()
+    do_report_exit(node, full_node.pk, full_node.attempts, 0, 0)  # the running job ends
+    passes.run_pass()  # "next" is bound to the freed node
+    first.refresh_from_db()
+    do_report_started(node, first.pk, first.attempts, 0)
+    passes.run_pass()
+    memory = EngineMemoryRecord.objects.get().memory
+    assert [row[0] for row in memory["eta_first"]] == [str(second.pk)]
+    learnt = dict(memory["eta_seen"])
+    assert set(learnt) == {kept[str(first.pk)][3], "all"} and all(len(r) == 1 for r in learnt.values())
