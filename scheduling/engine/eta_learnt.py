@@ -1,4 +1,4 @@
-"""Start estimates corrected by how the engine's own past estimates turned out.
+"""Start estimates' bands widened to how the engine's own past estimates turned out.
 
 The queue played forward (:mod:`.eta`) misses in known directions: it sees no job submitted
 later, so a job that needs a whole node or a gang is overtaken and starts later than played, and
@@ -14,8 +14,9 @@ band reaches at least as late as the played wait times their :data:`LATEST_Q` qu
 is meant to hold the start about four times in five (its earliest end, the start if everything
 ahead runs short, is rarely passed), and what the play cannot see (later submissions going
 ahead, preemptions) makes the played latest start too early for a quarter to a third of the
-jobs that wait. The estimate itself stays the played one (scaled by the median ratio it was no
-closer on workloads kept back). With too few ratios the played band stands.
+jobs that wait. The estimate itself stays the played one (scaled by the median ratio, it came
+no closer on workloads kept back: docs/benchmarks/eta.md, 2026-12-03). With too few ratios the
+played band stands.
 
 The simulator's long-lived engine keeps this in itself; the live pass carries it from pass to
 pass in the engine's memory (:mod:`.memory`, ``eta_first`` and ``eta_seen``), so both learn the
@@ -32,7 +33,7 @@ from dataclasses import replace
 from .types import Estimate
 
 KEEP = 200  # ratios kept per class
-MIN_SEEN = 20  # ratios needed before a class (else all of them) corrects an estimate
+MIN_SEEN = 20  # ratios needed before a class (else all of them) widens a band
 LATEST_Q = 0.9  # the band's latest start: at least the played wait times this quantile of the ratios
 OFFSET_S = 60.0  # added to both waits, so that a wait played as "now" still has a ratio
 ALL = "all"
@@ -40,7 +41,7 @@ First = tuple[str, float, float, str]  # (job, made at, played wait, class)
 
 
 def class_of(replicas: int, whole_node: bool, played_wait: float) -> str:
-    """The class a job's estimate is corrected by: its shape and its played wait's order."""
+    """The class whose ratios widen a job's band: its shape and its played wait's order."""
     shape = "gang" if replicas > 1 else "node" if whole_node else "part"
     order = min(int(math.log2(max(played_wait, OFFSET_S) / OFFSET_S)) // 3, 2)
     return f"{shape}/{order}"
