@@ -40,10 +40,13 @@ def _answers(url: str, default_port: int) -> bool:
 
 @pytest.fixture(autouse=True)
 def _fresh_rate_limits():
-    """Every test starts with full request budgets (user ids repeat between tests on SQLite)."""
+    """Every test starts with full request budgets and no node asked for a utilisation report
+    yet (user and node ids repeat between tests on SQLite)."""
     from scheduling.api.throttling import forget_counts
+    from scheduling.services.utilisation import forget_asked
 
     forget_counts()
+    forget_asked()
 
 
 # The fixture that reaches each service, and the mark that must say why a test needs it.

@@ -436,7 +436,7 @@ def do_heartbeat(
     answer = {
         "node": node.name,
         "lease_seconds": settings.TESSERA["LEASE_S"],
-        "report_utilisation": reports_wanted(),
+        "report_utilisation": reports_wanted(node.pk),
         "start": start,
         "stop": stop,
         "worlds": worlds,

@@ -1,16 +1,17 @@
 """The agents' own utilisation reports: how busy each GPU is, where no Prometheus scrapes them.
 
-Each heartbeat carries, for every GPU a job holds on the node, its jobs and how busy it is at that
-moment (``sm_active`` 0..1 where the driver has it, else ``util`` percent). The server keeps, per
+A heartbeat the server asked for one (:func:`reports_wanted`) carries, for every GPU a job holds
+on the node, its jobs and how busy it is at that moment (``sm_active`` 0..1 where the driver has
+it, else ``util`` percent). The server keeps, per
 (job, GPU), the highest value in each policy step (``TESSERA_IDLE_STEP_S``) over the policy's
 window — the same per-step maxima the adjustment pass reads from Prometheus
 (``max_over_time(...[step])``), so the policy sees one shape from either source
 (``monitoring/adjust.py``).
 
-Where it is kept, and why not in PostgreSQL: 8,000 GPUs reporting every 5 s are 1,600 values a
+Where it is kept, and why not in PostgreSQL: 8,000 GPUs reporting every 15 s are 530 values a
 second, almost all of which only raise or keep a step's maximum. A row per sample (or an upsert
 per step) would be that many writes on the database every job's transition waits on. So the
-maxima live in Redis when it is configured (one ``EVAL`` per heartbeat, one hash per (job, GPU)
+maxima live in Redis when it is configured (one ``EVAL`` per report, one hash per (job, GPU)
 with a field per step, expiring after the window: every web process writes and the Celery worker
 reads the same data), else in this process's memory (the embedded default: the web process both
 takes the heartbeats and runs the pass). The trade-off: the window is lost when Redis (or the
@@ -63,9 +64,36 @@ class UtilisationUnreadable(RuntimeError):
     """The store of reports cannot be read (Redis down)."""
 
 
-def reports_wanted() -> bool:
-    """Whether the adjustment pass reads the agents' reports (no Prometheus configured)."""
-    return not getattr(settings, "PROMETHEUS_URL", "")
+# A node is asked for a report at most this many times a policy step: the points a 15 s
+# Prometheus scrape gives a 60 s step. More would only raise or keep the same maxima, at a
+# report's cost on every heartbeat of every node (docs/benchmarks/e2e.md, Session 23).
+REPORTS_PER_STEP = 4
+_asked: dict[int, float] = {}  # node id -> when this process last asked it (monotonic seconds)
+_asked_lock = threading.Lock()
+
+
+def reports_wanted(node_id: int, now: float | None = None) -> bool:
+    """Whether a heartbeat's answer asks the node to send a utilisation report with its next
+    heartbeat: only where the adjustment pass reads the agents' reports (no Prometheus
+    configured), and at most :data:`REPORTS_PER_STEP` times a step, whatever the node's
+    heartbeat rate. Each web process counts for itself, so a node whose heartbeats reach several
+    is asked a little more often; a step's points stay well inside the gap that would end an
+    idle span (two steps)."""
+    if getattr(settings, "PROMETHEUS_URL", ""):
+        return False
+    at = time.monotonic() if now is None else now
+    with _asked_lock:
+        last = _asked.get(node_id)
+        if last is not None and at - last < _step_s() / REPORTS_PER_STEP:
+            return False
+        _asked[node_id] = at
+        return True
+
+
+def forget_asked() -> None:
+    """Forget when nodes were last asked (tests: node ids repeat between tests on SQLite)."""
+    with _asked_lock:
+        _asked.clear()
 
 
 def _step_s() -> float:

@@ -16,6 +16,7 @@ import uuid
 import pytest
 
 from monitoring.adjust import reports_reader
+from scheduling.models import Node
 from scheduling.services import utilisation
 from scheduling.services.adjust import HeldGpus
 from tests.agent import helpers as h
@@ -44,6 +45,20 @@ def test_a_heartbeat_asks_for_reports_only_without_prometheus(node, settings) ->
     assert h.heartbeat(node)["report_utilisation"] is True
     settings.PROMETHEUS_URL = "http://127.0.0.1:9"
     assert h.heartbeat(node)["report_utilisation"] is False
+
+
+def test_a_node_is_asked_for_a_report_at_most_four_times_a_step_however_often_it_beats(
+    node, settings
+) -> None:
+    node, name = node
+    assert h.heartbeat(node)["report_utilisation"] is True
+    assert h.heartbeat(node)["report_utilisation"] is False  # asked a moment ago
+    node_id = Node.objects.get(name=name).pk
+    t0 = 1_000_000.0
+    asked = [t for t in range(240) if utilisation.reports_wanted(node_id, now=t0 + t)]  # a beat a second
+    assert asked == [0, 15, 30, 45, 60, 75, 90, 105, 120, 135, 150, 165, 180, 195, 210, 225]
+    settings.TESSERA = {**settings.TESSERA, "IDLE_STEP_S": 4.0}  # a demo's short step: every beat
+    assert all(utilisation.reports_wanted(node_id, now=t0 + 240 + t) for t in range(5))
 
 
 def test_reports_for_held_gpus_become_per_step_maxima_and_others_are_ignored(world, node, caplog) -> None:
