@@ -98,7 +98,7 @@ def main() -> int:
             "submit": lambda: client.call(
                 "POST", "/api/v1/jobs/", user, job_body(0, rng), **{"Idempotency-Key": f"k{next(counter)}"}
             ),
-            "job_list_page": lambda: client.call("GET", "/api/v1/jobs/?page_size=1", user),
+            "job_list_page": lambda: client.call("GET", "/api/v1/jobs/?limit=1", user),
             "heartbeat": lambda: client.call("POST", "/api/v1/agent/heartbeat", node, {"running": []}),
             "heartbeat_held": lambda: client.call(
                 "POST", "/api/v1/agent/heartbeat", held_node, {"running": held_running}
