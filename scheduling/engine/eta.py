@@ -246,7 +246,7 @@ def estimate(
         if est is not None:
             whole = want.per >= max((largest.get(m, 0.0) for m in want.models), default=0.0)
             cls = class_of(want.replicas, whole, est.start - now)
-            out[want.job.id] = s.eta_learnt.correct(want.job.id, cls, est, now)
+            out[want.job.id] = s.eta_learnt.widen(want.job.id, cls, est, now)
     return out
 
 

@@ -71,7 +71,7 @@ class Learnt:
             elif job_id not in pending:
                 del self.first[job_id]
 
-    def correct(self, job_id: str, cls: str, est: Estimate, now: float) -> Estimate:
+    def widen(self, job_id: str, cls: str, est: Estimate, now: float) -> Estimate:
         """Remember ``est`` if it is the job's first, and widen its band by what was learnt."""
         played = round(max(0.0, est.start - now), 1)
         self.first.setdefault(job_id, (now, played, cls))

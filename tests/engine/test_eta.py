@@ -222,24 +222,24 @@ def test_bands_reach_as_late_as_the_first_estimates_turned_out_once_enough_jobs_
     learnt = Learnt()
     played = Estimate(1000.0, 100.0, 2000.0, "b", 1, 0)  # played: a wait of 1,000 s from 0
     for i in range(MIN_SEEN):
-        assert learnt.correct(f"j{i}", "node/1", played, 0.0) == played  # too few seen: as played
+        assert learnt.widen(f"j{i}", "node/1", played, 0.0) == played  # too few seen: as played
         # one in ten waited 1,000 s as played, the rest 3,000 s: three times the played wait
         learnt.observe(pending=set(), started={f"j{i}": 1000.0 if i % 10 == 0 else 3000.0})
         assert f"j{i}" not in learnt.first  # learnt once, then forgotten
-    got = learnt.correct("next", "node/1", played, 0.0)
+    got = learnt.widen("next", "node/1", played, 0.0)
     assert got.start == 1000.0 and got.earliest == 100.0  # the estimate stays the played one
     assert got.latest == pytest.approx(3000.0, rel=1e-3)  # the band reaches the late starts seen
     assert got.basis == "b; the latest start from how the last 20 such estimates turned out"
     # a band already as late as that is left as played
     wide = Estimate(1000.0, 100.0, 9000.0, "b", 1, 0)
-    assert learnt.correct("wide", "node/1", wide, 0.0) == wide
+    assert learnt.widen("wide", "node/1", wide, 0.0) == wide
     # a job of another class, none of its own seen yet: widened by all the ratios
-    assert learnt.correct("other", "gang/2", played, 0.0).latest == pytest.approx(3000.0, rel=1e-3)
+    assert learnt.widen("other", "gang/2", played, 0.0).latest == pytest.approx(3000.0, rel=1e-3)
 
 
 def test_a_job_that_left_the_queue_without_starting_teaches_nothing():
     learnt = Learnt()
-    learnt.correct("gone", "part/0", Estimate(100.0, 60.0, 200.0, "b", 1, 0), 0.0)
-    learnt.correct("waits", "part/0", Estimate(100.0, 60.0, 200.0, "b", 2, 1), 0.0)
+    learnt.widen("gone", "part/0", Estimate(100.0, 60.0, 200.0, "b", 1, 0), 0.0)
+    learnt.widen("waits", "part/0", Estimate(100.0, 60.0, 200.0, "b", 2, 1), 0.0)
     learnt.observe(pending={"waits"}, started={})
     assert set(learnt.first) == {"waits"} and learnt.seen == {}

@@ -205,12 +205,12 @@ def test_a_memory_stored_before_estimates_were_learnt_reads_as_none_learnt() -> 
 def test_start_estimates_learnt_across_passes_are_those_one_long_lived_engine_learns(
     trace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(eta_learnt, "MIN_SEEN", 3)  # the small trace corrects from its 4th start on
+    monkeypatch.setattr(eta_learnt, "MIN_SEEN", 3)  # the small trace widens bands from its 4th start on
     nodes, jobs, quotas = trace
     engine = TesseraScheduler(tuple(nodes), tuple(quotas))
     long_lived = replay(nodes, jobs, engine, estimates=True)
     rebuilt = replay(nodes, jobs, PerPassScheduler(nodes, quotas), estimates=True)
-    assert len(engine.eta_learnt.seen[eta_learnt.ALL]) > 3  # learnt, and corrected estimates after
+    assert len(engine.eta_learnt.seen[eta_learnt.ALL]) > 3  # learnt, and bands widened after
     assert rebuilt.first_estimates == long_lived.first_estimates
 
 
