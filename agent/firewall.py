@@ -13,8 +13,16 @@ How, for TCP, where the kernel does not say who listens when a connection opens:
 connection to a local address is let through and marked (its conntrack entry, with the job's uid
 in a set); its first answer, the SYN-ACK, is sent by the listening socket, whose owner the
 ``output`` hook sees: not the same uid, the answer is dropped, so the connection never opens (the
-job's ``connect`` times out) and the listener's application never sees it. Other protocols (UDP,
+job's ``connect`` times out) and the listener's application never sees it; a reset sent to the
+listener in its place removes the half-open connection there at once. Other protocols (UDP,
 which has no answer to wait for) to a local address are rejected outright, DNS apart.
+
+The kernel's record of that connection outlives it (for a minute, while the listener retried its
+answer), and it is keyed by the addresses and ports alone: the next connection from the same port
+to the same service — the kernel hands ports out again, and a job may bind one on purpose, or all
+of them — would find it, still marked as the job's, and have its answers dropped too. So a packet
+sent on such a record by a uid that did not open it clears the mark: the node's own client
+connects as if nothing had been there, and another job's uid is judged afresh, as a new connection.
 
 Traffic that leaves the node (the internet, the replicas of a job on other nodes) is not touched,
 and neither are connections from the node to a job.
@@ -76,22 +84,29 @@ def common_rules(ids: UidRange) -> str:
     harmless; the per-agent chains and the map's elements are left as they are."""
     t = f"inet {table_name(ids)}"
     mark_pending = "add @pending { ct id . meta skuid }"
+    not_its_opener = f"ct mark {PENDING_MARK:#x} ct id . meta skuid != @pending"
     return f"""add table {t}
 add set {t} pending {{ typeof ct id . meta skuid; flags dynamic,timeout; timeout 5m; size 262144; }}
 add map {t} agents {{ typeof meta skuid : verdict; }}
 add chain {t} output {{ type filter hook output priority filter; policy accept; }}
 add chain {t} from_job
 add chain {t} answer_to_job
+add chain {t} reused
 flush chain {t} output
 flush chain {t} from_job
 flush chain {t} answer_to_job
+flush chain {t} reused
 add rule {t} output oifname "lo" meta skuid {ids.first}-{ids.last} ct state new jump from_job
+add rule {t} output oifname "lo" ct direction original {not_its_opener} jump reused
 add rule {t} output oifname "lo" ct direction reply ct mark {PENDING_MARK:#x} jump answer_to_job
 add rule {t} from_job meta l4proto {{ tcp, udp }} th dport 53 accept
 add rule {t} from_job meta skuid vmap @agents
 add rule {t} from_job meta l4proto tcp ct mark set {PENDING_MARK:#x} {mark_pending} accept
 add rule {t} from_job reject
+add rule {t} reused ct mark set 0
+add rule {t} reused meta skuid {ids.first}-{ids.last} jump from_job
 add rule {t} answer_to_job ct id . meta skuid @pending ct mark set {SEEN_MARK:#x} accept
+add rule {t} answer_to_job meta l4proto tcp reject with tcp reset
 add rule {t} answer_to_job drop
 """
 

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -685,6 +686,48 @@ def check_what_a_job_reaches(node, service: int, allowed: int) -> None:
     Path(alice.workdir, "done").touch()
     assert server.exit_of(18)["exit_code"] == 0
     assert b"served someone" not in server.output(18)  # the connection never reached her server
+
+
+PROBE_FROM_A_PORT = r"""
+import json, socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 0))
+s.settimeout(1.0)
+try:
+    s.connect(("127.0.0.1", int(sys.argv[1])))
+    said = "connected"
+except OSError as exc:
+    said = type(exc).__name__
+print(json.dumps({"port": s.getsockname()[1], "said": said}), flush=True)
+s.close()
+"""
+
+
+def test_a_jobs_refused_connection_leaves_nothing_that_blocks_the_node_from_its_own_service(
+    node, root_servers
+):
+    """A job's connection to a node service is refused by dropping the answer; the connection's
+    kernel record outlived it, still marked as the job's, so the node's own next connection
+    from the same port (the kernel hands ports out again; a job may pick one on purpose, and
+    a hostile one could cover them all) had its answers dropped too: a minute of timeouts for
+    whatever the node runs, PostgreSQL's clients included. The refusal now also resets the
+    listener's half-open connection, so nothing of it is left for the port's next user."""
+    server = node[0]
+    service, _allowed = root_servers
+    with loopback_rules(node[2], []):
+        start(node, 21, ["python", "-c", PROBE_FROM_A_PORT, str(service)])
+        assert server.exit_of(21)["exit_code"] == 0, server.output(21)
+        probe = json.loads(first_line(server, 21))
+        assert probe["said"] == "TimeoutError"  # refused: the job never reached the service
+        began = time.monotonic()
+        with socket.socket() as own:  # the node's own client (root), from the port the job used
+            own.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            own.bind(("127.0.0.1", probe["port"]))
+            own.settimeout(10.0)
+            own.connect(("127.0.0.1", service))
+            assert own.recv(64) == b"node"
+        assert time.monotonic() - began < 3.0
 
 
 def test_a_fork_bomb_stops_at_its_uids_limit_and_harms_only_its_own_job(node):
