@@ -10,18 +10,22 @@ alike. A job's uid (agent/identity.py) may use it only
 - to the ports the operator allows (``--allow-local-port``).
 
 How, for TCP, where the kernel does not say who listens when a connection opens: a job's new
-connection to a local address is let through and marked (its conntrack entry, with the job's uid
-in a set); its first answer, the SYN-ACK, is sent by the listening socket, whose owner the
-``output`` hook sees: not the same uid, the answer is dropped, so the connection never opens (the
-job's ``connect`` times out) and the listener's application never sees it; a reset sent to the
-listener in its place removes the half-open connection there at once. Other protocols (UDP,
-which has no answer to wait for) to a local address are rejected outright, DNS apart.
+connection to a local address is let through and marked with the job's uid (its conntrack
+entry's mark); its first answer, the SYN-ACK, is sent by the listening socket, whose owner the
+``output`` hook sees: not the uid of the mark, the answer is dropped, so the connection never opens
+(the job's ``connect`` times out) and the listener's application never sees it; a reset sent to
+the listener in its place removes the half-open connection there at once. Other protocols (UDP,
+which has no answer to wait for) to a local address are rejected outright, DNS apart. The rules
+keep nothing per connection but the mark (an earlier version kept each pending connection in a
+set of 262,144: a job opening connections faster than about 900 a second could fill it, and then
+every job of the node was refused its own local connections, a ``torchrun`` rendezvous's among
+them).
 
 The kernel's record of that connection outlives it (for a minute, while the listener retried its
 answer), and it is keyed by the addresses and ports alone: the next connection from the same port
 to the same service — the kernel hands ports out again, and a job may bind one on purpose, or all
 of them — would find it, still marked as the job's, and have its answers dropped too. So a packet
-sent on such a record by a uid that did not open it clears the mark: the node's own client
+sent on such a record by a uid other than the mark's clears the mark: the node's own client
 connects as if nothing had been there, and another job's uid is judged afresh, as a new connection.
 
 Traffic that leaves the node (the internet, the replicas of a job on other nodes) is not touched,
@@ -55,8 +59,9 @@ from agent.sandbox import SYSTEM_PATH
 
 log = logging.getLogger("tessera.agent")
 
-PENDING_MARK = 0x7E550001  # a job's connection to a local address, not yet answered
-SEEN_MARK = 0x7E550002  # answered by a socket of the job's own uid
+SEEN_MARK = 0x7E550002  # a job's connection to a local address, answered by a socket of its uid
+MAX_UIDS = 1 << 18  # the largest range the rules take: two elements per uid, loaded at once
+LOADED = "uids_loaded"  # the empty chain that says the uid elements are in the table
 
 
 class Unavailable(Exception):
@@ -81,12 +86,18 @@ def _start_time(pid: int) -> str | None:
 
 def common_rules(ids: UidRange) -> str:
     """The nft script of the range's common part: the same for every agent, so rewriting it is
-    harmless; the per-agent chains and the map's elements are left as they are."""
+    harmless; the per-agent chains and the maps' elements are left as they are.
+
+    A job's new connection to a local address carries its uid as the connection's mark (through
+    ``mark_of``: nft copies no uid into a mark directly); the answer is let through only when its
+    sender's uid and the mark are a pair of ``same``. Both hold one element per uid of the range,
+    loaded once (:func:`uid_elements`): no state per connection that a job's attempts could fill."""
     t = f"inet {table_name(ids)}"
-    mark_pending = "add @pending { ct id . meta skuid }"
-    not_its_opener = f"ct mark {PENDING_MARK:#x} ct id . meta skuid != @pending"
+    pending = f"ct mark {ids.first}-{ids.last}"  # a job's connection, not yet answered
+    size = len(ids)
     return f"""add table {t}
-add set {t} pending {{ typeof ct id . meta skuid; flags dynamic,timeout; timeout 5m; size 262144; }}
+add set {t} same {{ typeof meta skuid . ct mark; size {size}; }}
+add map {t} mark_of {{ typeof meta skuid : ct mark; size {size}; }}
 add map {t} agents {{ typeof meta skuid : verdict; }}
 add chain {t} output {{ type filter hook output priority filter; policy accept; }}
 add chain {t} from_job
@@ -97,18 +108,30 @@ flush chain {t} from_job
 flush chain {t} answer_to_job
 flush chain {t} reused
 add rule {t} output oifname "lo" meta skuid {ids.first}-{ids.last} ct state new jump from_job
-add rule {t} output oifname "lo" ct direction original {not_its_opener} jump reused
-add rule {t} output oifname "lo" ct direction reply ct mark {PENDING_MARK:#x} jump answer_to_job
+add rule {t} output oifname "lo" ct direction original {pending} meta skuid . ct mark != @same jump reused
+add rule {t} output oifname "lo" ct direction reply {pending} jump answer_to_job
 add rule {t} from_job meta l4proto {{ tcp, udp }} th dport 53 accept
 add rule {t} from_job meta skuid vmap @agents
-add rule {t} from_job meta l4proto tcp ct mark set {PENDING_MARK:#x} {mark_pending} accept
+add rule {t} from_job meta l4proto tcp ct mark set meta skuid map @mark_of accept
 add rule {t} from_job reject
 add rule {t} reused ct mark set 0
 add rule {t} reused meta skuid {ids.first}-{ids.last} jump from_job
-add rule {t} answer_to_job ct id . meta skuid @pending ct mark set {SEEN_MARK:#x} accept
+add rule {t} answer_to_job meta skuid . ct mark @same ct mark set {SEEN_MARK:#x} accept
 add rule {t} answer_to_job meta l4proto tcp reject with tcp reset
 add rule {t} answer_to_job drop
 """
+
+
+def uid_elements(ids: UidRange) -> str:
+    """The nft script that fills ``same`` and ``mark_of``, with the empty chain that says it ran
+    (one transaction: the chain exists only with every element): 65,536 uids load in about 2 s."""
+    t = f"inet {table_name(ids)}"
+    uids = range(ids.first, ids.last + 1)
+    return (
+        f"add element {t} same {{ {', '.join(f'{u} . {u}' for u in uids)} }}\n"
+        f"add element {t} mark_of {{ {', '.join(f'{u} : {u}' for u in uids)} }}\n"
+        f"add chain {t} {LOADED}\n"
+    )
 
 
 class LoopbackRules:
@@ -135,34 +158,47 @@ class LoopbackRules:
         if self.ports:
             ports = ", ".join(map(str, self.ports))
             own += f"add rule {self.table} {self.chain} tcp dport {{ {ports} }} accept\n"
+        if len(self.ids) > MAX_UIDS or SEEN_MARK in self.ids:
+            raise Unavailable(
+                f"job uids {self.ids}: the loopback rules take a range of at most {MAX_UIDS} uids, "
+                f"without {SEEN_MARK}"
+            )
         error = self._run(common_rules(self.ids) + own)
+        if error is None and not self._loaded():
+            error = self._run(uid_elements(self.ids))
+            if error is not None and self._loaded():  # another agent's start loaded them first
+                error = None
         if error is not None:
             raise Unavailable(f"nft refused the rules: {error}")
         self._sweep()
 
-    def _sweep(self) -> None:
-        """Remove the chains of dead agents that no uid points to any more (a uid pointing to
-        one is pointed elsewhere by the next agent that claims it)."""
+    def _chains(self) -> list[str]:
+        """The names of the chains of the range's table (listing chains, not rules, reads no set:
+        a few milliseconds, where listing one chain's rules takes the sets' 131,072 elements)."""
         try:
             listed = subprocess.run(
                 [self.nft, "-j", "list", "chains", "inet"], capture_output=True, text=True, timeout=30
             )
             entries = json.loads(listed.stdout)["nftables"]
         except (OSError, subprocess.SubprocessError, ValueError, KeyError, TypeError):
-            return
+            return []
         table = table_name(self.ids)
-        for entry in entries:
-            chain = entry.get("chain", {}) if isinstance(entry, dict) else {}
-            parts = str(chain.get("name", "")).split("_")
-            if (
-                chain.get("table") != table
-                or len(parts) != 4
-                or parts[0] != "agent"
-                or not parts[1].isdigit()
-            ):
+        chains = [e.get("chain", {}) for e in entries if isinstance(e, dict)]
+        return [str(c.get("name", "")) for c in chains if c.get("table") == table]
+
+    def _loaded(self) -> bool:
+        """Whether the range's uid elements are in its table (their marker chain is)."""
+        return LOADED in self._chains()
+
+    def _sweep(self) -> None:
+        """Remove the chains of dead agents that no uid points to any more (a uid pointing to
+        one is pointed elsewhere by the next agent that claims it)."""
+        for name in self._chains():
+            parts = name.split("_")
+            if len(parts) != 4 or parts[0] != "agent" or not parts[1].isdigit():
                 continue
             if _start_time(int(parts[1])) != parts[2]:  # its agent is dead
-                self._run(f"delete chain {self.table} {chain['name']}\n")  # refused while a uid points to it
+                self._run(f"delete chain {self.table} {name}\n")  # refused while a uid points to it
 
     def claimed(self, uid: int, stale: bool = True) -> None:
         """Point ``uid`` at this agent's chain (before its job is spawned). ``stale``: the uid's

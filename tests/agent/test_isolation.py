@@ -730,6 +730,46 @@ def test_a_jobs_refused_connection_leaves_nothing_that_blocks_the_node_from_its_
         assert time.monotonic() - began < 3.0
 
 
+FLOOD = r"""
+import socket, sys
+port, n = int(sys.argv[1]), int(sys.argv[2])
+for _ in range(n):
+    s = socket.socket()
+    s.setblocking(False)
+    try:
+        s.connect(("127.0.0.1", port))
+    except BlockingIOError:
+        pass
+    s.close()
+print("tried", n, flush=True)
+"""
+
+
+def table_state(ids: UidRange) -> list[dict]:
+    """The range's table as nft lists it (rules, sets and maps with their elements)."""
+    listed = subprocess.run(
+        ["nft", "-j", "list", "table", "inet", firewall.table_name(ids)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(listed.stdout)["nftables"]
+
+
+def test_a_jobs_flood_of_refused_connections_leaves_no_state_that_could_fill_up(node, root_servers):
+    """Refused connections are judged by their mark alone: nothing per connection is kept in
+    the rules, so no number of attempts fills anything that other jobs' connections need (a
+    set of pending connections, once full, had every job of the node refused its own)."""
+    server = node[0]
+    service, allowed = root_servers
+    with loopback_rules(node[2], [allowed]):
+        before = table_state(node[2].ids)
+        start(node, 22, ["python", "-c", FLOOD, str(service), "2000"])
+        assert server.exit_of(22)["exit_code"] == 0, server.output(22)
+        assert table_state(node[2].ids) == before
+        check_what_a_job_reaches(node, service, allowed)
+
+
 def test_a_fork_bomb_stops_at_its_uids_limit_and_harms_only_its_own_job(node):
     server, state_dir, pool, box, path = node
     bounded = sandbox.Sandbox(box.namespaces, keep=box.keep, max_tasks=30)
