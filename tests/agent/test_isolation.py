@@ -711,8 +711,9 @@ def test_a_jobs_refused_connection_leaves_nothing_that_blocks_the_node_from_its_
     kernel record outlived it, still marked as the job's, so the node's own next connection
     from the same port (the kernel hands ports out again; a job may pick one on purpose, and
     a hostile one could cover them all) had its answers dropped too: a minute of timeouts for
-    whatever the node runs, PostgreSQL's clients included. The refusal now also resets the
-    listener's half-open connection, so nothing of it is left for the port's next user."""
+    whatever the node runs, PostgreSQL's clients included. Now the first packet another uid
+    sends on that record clears the job's mark (and the refusal resets the listener's half-open
+    connection): the node's client connects at once."""
     server = node[0]
     service, _allowed = root_servers
     with loopback_rules(node[2], []):
