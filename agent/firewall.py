@@ -54,13 +54,12 @@ import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 
-from agent.identity import UidRange
+from agent.identity import MAX_RANGE, UidRange
 from agent.sandbox import SYSTEM_PATH
 
 log = logging.getLogger("tessera.agent")
 
 SEEN_MARK = 0x7E550002  # a job's connection to a local address, answered by a socket of its uid
-MAX_UIDS = 1 << 18  # the largest range the rules take: two elements per uid, loaded at once
 LOADED = "uids_loaded"  # the empty chain that says the uid elements are in the table
 
 
@@ -158,9 +157,9 @@ class LoopbackRules:
         if self.ports:
             ports = ", ".join(map(str, self.ports))
             own += f"add rule {self.table} {self.chain} tcp dport {{ {ports} }} accept\n"
-        if len(self.ids) > MAX_UIDS or SEEN_MARK in self.ids:
+        if len(self.ids) > MAX_RANGE or SEEN_MARK in self.ids:
             raise Unavailable(
-                f"job uids {self.ids}: the loopback rules take a range of at most {MAX_UIDS} uids, "
+                f"job uids {self.ids}: the loopback rules take a range of at most {MAX_RANGE} uids, "
                 f"without {SEEN_MARK}"
             )
         error = self._run(common_rules(self.ids) + own)

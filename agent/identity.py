@@ -44,6 +44,7 @@ DEFAULT_LOCK_DIR = Path("/run/tessera-agent/uids")
 KILL_TIMEOUT_S = 10.0
 ROUND_S = 0.02
 MIN_FREE_UID = 1000  # below: system users, never a job's
+MAX_RANGE = 1 << 18  # uids in a range at most: the loopback rules load two elements per uid
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,8 @@ def parse_range(text: str) -> UidRange:
         raise ValueError(f"job uids {text!r}: expected FIRST-LAST with FIRST <= LAST")
     if low < MIN_FREE_UID or high >= 2**32 - 1:
         raise ValueError(f"job uids {text!r}: must lie within {MIN_FREE_UID}-{2**32 - 2}")
+    if high - low + 1 > MAX_RANGE:
+        raise ValueError(f"job uids {text!r}: at most {MAX_RANGE} uids (one per job running at once)")
     return UidRange(low, high)
 
 

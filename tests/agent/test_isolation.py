@@ -465,6 +465,8 @@ def test_a_range_that_holds_a_user_of_the_machine_is_refused_naming_it():
         identity.parse_range("lots")
     with pytest.raises(ValueError, match="within"):
         identity.parse_range("0-70000")
+    with pytest.raises(ValueError, match="at most 262144 uids"):
+        identity.parse_range("200000-600000")
 
 
 def test_the_agent_refuses_a_bad_uid_range_before_it_registers(tmp_path):
