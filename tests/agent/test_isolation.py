@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -261,7 +262,10 @@ def test_a_job_spreading_its_fill_over_its_private_tmp_and_shm_is_stopped_at_its
     JobProcess(binding, server, state_dir, pool, path, sandbox=bounded).start()
     ended = server.exit_of(27, timeout=30)
     assert ended["reason"] == "disk-limit", server.output(27)
-    assert "disk limit of 8 MB passed (10 MB" in server.output(27).decode()
+    # What it held when the agent looked: past 8 MB, so both mounts counted (5 MB each at most);
+    # the second file may still be being written then (seen at 8 MB in a CI run), so not always 10.
+    said = re.search(r"disk limit of 8 MB passed \((\d+) MB", server.output(27).decode())
+    assert said is not None and 8 <= int(said[1]) <= 10, server.output(27)
 
 
 ESCAPE = r"""
