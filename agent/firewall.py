@@ -163,13 +163,14 @@ class LoopbackRules:
                 f"without {SEEN_MARK}"
             )
         error = self._run(common_rules(self.ids) + own)
-        if error is None and not self._loaded():
+        chains = self._chains() if error is None else []
+        if error is None and LOADED not in chains:  # the uid elements, once per range
             error = self._run(uid_elements(self.ids))
-            if error is not None and self._loaded():  # another agent's start loaded them first
+            if error is not None and LOADED in self._chains():  # another agent's start loaded them
                 error = None
         if error is not None:
             raise Unavailable(f"nft refused the rules: {error}")
-        self._sweep()
+        self._sweep(chains)
 
     def _chains(self) -> list[str]:
         """The names of the chains of the range's table (listing chains, not rules, reads no set:
@@ -185,14 +186,10 @@ class LoopbackRules:
         chains = [e.get("chain", {}) for e in entries if isinstance(e, dict)]
         return [str(c.get("name", "")) for c in chains if c.get("table") == table]
 
-    def _loaded(self) -> bool:
-        """Whether the range's uid elements are in its table (their marker chain is)."""
-        return LOADED in self._chains()
-
-    def _sweep(self) -> None:
-        """Remove the chains of dead agents that no uid points to any more (a uid pointing to
-        one is pointed elsewhere by the next agent that claims it)."""
-        for name in self._chains():
+    def _sweep(self, chains: list[str]) -> None:
+        """Remove, of the table's ``chains``, those of dead agents that no uid points to any more
+        (a uid pointing to one is pointed elsewhere by the next agent that claims it)."""
+        for name in chains:
             parts = name.split("_")
             if len(parts) != 4 or parts[0] != "agent" or not parts[1].isdigit():
                 continue
