@@ -35,7 +35,12 @@ alive = processes.alive
 
 @pytest.fixture
 def spawned():
-    """Start processes in sessions of their own, as the agent starts jobs; all killed at the end."""
+    """Start processes in sessions of their own, as the agent starts jobs; all killed at the end.
+
+    Each one's whole process group at once (the scripts never leave it), so that a child the shell
+    forks while it is being killed dies too: a scan of the session and then a kill miss a child
+    forked in between (``sh -c "sleep 300"`` forks its ``sleep``, and a test may end within
+    milliseconds of the spawn), which would run on, orphaned, after the suite."""
     started: list[subprocess.Popen] = []
 
     def spawn(script: str) -> subprocess.Popen:
@@ -45,9 +50,7 @@ def spawned():
 
     yield spawn
     for proc in started:
-        for pid in members_of(proc.pid):
-            os.kill(pid, signal.SIGKILL)
-        proc.kill()
+        os.killpg(proc.pid, signal.SIGKILL)  # its group: unreaped, the leader's pid is still ours
         proc.wait(5)
         proc.stdout.close()
 
