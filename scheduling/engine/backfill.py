@@ -58,6 +58,11 @@ class History:
         h.runs = {key: sorted(q)[-keep:] for key, q in grouped.items()}
         return h
 
+    def copy(self) -> History:
+        h = History(self.keep)
+        h.runs = {key: list(q) for key, q in self.runs.items()}
+        return h
+
     def record(self, job: JobRequest, runtime: float, ended_at: float) -> None:
         self.add(job.tenant, job.kind, job.id, runtime, ended_at)
 

@@ -51,6 +51,7 @@ from .config import EngineConfig
 from .eta_learnt import Learnt
 from .fragmentation import FragmentationModel, Shape, shape_of, to_milli
 from .geometry import Geometry, constraints, geometry, static_check
+from .kept_history import KeptHistory
 from .memory import EngineMemory, HeldReservation, HeldRoom
 from .placement import Constraints, Placer
 from .policy_pass import PolicyPass
@@ -113,6 +114,9 @@ class TesseraScheduler:
         self.running: dict[str, Running] = {}
         self.history = History()
         self.recent_runs = RecentRuns()  # the start estimates' runtime history (:mod:`.runtimes`)
+        # Whether the two histories are shared with other engines (:mod:`.kept_history`): a run
+        # is then recorded into copies of this engine's own.
+        self._histories_shared = False
         self.eta_learnt = Learnt()  # how its first start estimates turned out (:mod:`.eta_learnt`)
         self.recent: deque[Shape] = deque(maxlen=self.config.frag_window)
         self._recent_changes = 0
@@ -159,14 +163,24 @@ class TesseraScheduler:
     # -- the driver's calls -----------------------------------------------------------------------
     @classmethod
     def from_snapshot(
-        cls, snapshot: Snapshot, config: EngineConfig | None = None, memory: EngineMemory | None = None
+        cls,
+        snapshot: Snapshot,
+        config: EngineConfig | None = None,
+        memory: EngineMemory | None = None,
+        kept: KeptHistory | None = None,
     ) -> TesseraScheduler:
         """A scheduler for one pass over ``snapshot``. With ``memory`` (what the last pass's
         :meth:`memory` gave), it decides as the scheduler that made that pass would have, had
         it lived on and been told of every change since; without, as a first pass: every job in
-        the snapshot counts in the request mix and nothing was reserved before."""
+        the snapshot counts in the request mix and nothing was reserved before. With ``kept``,
+        the runtime histories are the last pass's updated to the snapshot's (the same tables,
+        built for less)."""
         s = cls(snapshot.nodes, snapshot.quotas, config)
-        if snapshot.history:
+        if kept is not None:
+            runtimes = kept.of(snapshot.history)
+            s.history, s.recent_runs = runtimes.history, runtimes.recent
+            s._histories_shared = True
+        elif snapshot.history:
             s.history = History.of(snapshot.history)
             s.recent_runs = RecentRuns.of(snapshot.history)
         if memory is None:
@@ -315,6 +329,9 @@ class TesseraScheduler:
         for model, milli in [*run.charged, *run.leaving_charged]:
             self.quotas.add(run.job.tenant, model, -milli, run.job.preemptible)
         if not run.terminating and not run.cancelled:
+            if self._histories_shared:
+                self.history, self.recent_runs = self.history.copy(), self.recent_runs.copy()
+                self._histories_shared = False
             self.history.record(run.job, now - run.started_at, now)
             self.recent_runs.record(run.job, now - run.started_at, now)
 

@@ -61,6 +61,12 @@ class RecentRuns:
         out.kinds = {key: sorted(q)[-KEEP:] for key, q in kinds.items()}
         return out
 
+    def copy(self) -> RecentRuns:
+        out = RecentRuns()
+        out.named = {key: list(q) for key, q in self.named.items()}
+        out.kinds = {key: list(q) for key, q in self.kinds.items()}
+        return out
+
     def record(self, job: JobRequest, runtime: float, ended_at: float) -> None:
         self.add(job.tenant, job.kind, job.user, job.name, job.id, runtime, ended_at)
 

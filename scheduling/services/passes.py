@@ -28,6 +28,7 @@ from django.utils import timezone
 from scheduling.choices import EventType, JobState
 from scheduling.engine.collector import collector_paused
 from scheduling.engine.config import EngineConfig, KnobError, configure
+from scheduling.engine.kept_history import KeptHistory
 from scheduling.engine.policy import TesseraScheduler
 from scheduling.engine.types import Binding, Deadline, Decisions, Estimate
 from scheduling.models import Allocation, Device, Job, Node, SchedulerState
@@ -165,11 +166,18 @@ def run_pass(now: datetime | None = None, max_rounds: int = 3) -> PassResult | N
     return result
 
 
+# The runtime histories of this process's last pass, updated by the runs that came and went
+# since rather than built again (engine/kept_history.py; docs/benchmarks/scheduling-pass.md).
+_kept_history = KeptHistory()
+
+
 def make_policy(loaded: LoadedSnapshot) -> TesseraScheduler:
     """The engine for one pass: the snapshot, and what the last pass's engine left (its
     reservations, held rooms, request mix: ``engine/memory.py``), so that it decides as one
     engine living through every pass would."""
-    return TesseraScheduler.from_snapshot(loaded.snapshot, engine_config(loaded.knobs), loaded.stored.memory)
+    return TesseraScheduler.from_snapshot(
+        loaded.snapshot, engine_config(loaded.knobs), loaded.stored.memory, _kept_history
+    )
 
 
 def engine_config(knobs: Mapping[str, Any] | None = None) -> EngineConfig:
