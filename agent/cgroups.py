@@ -4,11 +4,11 @@ Each replica with a ``cpus`` or ``memory_gib`` request gets its own cgroup,
 ``<root>/tessera/<job>-<attempt>-<replica>-<random>`` (the random part: several agents on one
 machine never share one), with ``cpu.max`` (``cpus`` × the 100 ms period) and ``memory.max`` (a
 process past it is killed by the kernel's OOM killer, and the job fails with its signal). The
-cgroup is made before the process is spawned, and the first step of its spawn chain, still root,
-writes its own pid into ``cgroup.procs`` before anything of the job runs (agent/sandbox.py): the
-job's first instruction, and every process it forks, already run under its limits. (Only an agent
-without a usable ``setpriv``, which forks and switches the user itself, moves the process from
-outside right after the spawn: a process it forks in that first instant may stay outside.)
+cgroup is made before the process is spawned, and the agent writes its pid into ``cgroup.procs``
+while its spawn chain waits for the job's environment, before anything of the job runs
+(agent/sandbox.py): the job's first instruction, and every process it forks, already run under
+its limits. (Only an agent without a usable ``setpriv``, which forks and switches the user itself,
+moves a process that already runs the job: one it forks in that first instant may stay outside.)
 
 On a cgroups v1 machine (a hierarchy per controller, writable: a root agent) the same limits go
 to ``cpu/tessera/<name>`` (``cpu.cfs_quota_us``) and ``memory/tessera/<name>``

@@ -344,8 +344,8 @@ class JobProcess:
         self.binding = binding
         self.cgroups = cgroups
         self.cgroup: Path | None = None
-        # The cgroup.procs files the spawn chain's first step joined, before anything of the job
-        # ran: every process of the job is in them (none can leave: the cgroups are root's).
+        # The cgroup.procs files the spawn chain joined, before anything of the job ran: every
+        # process of the job is in them (none can leave: the cgroups are root's).
         self.joined: list[Path] = []
         self.job_id = int(binding["job_id"])
         self.attempt = int(binding["attempt"])
@@ -454,19 +454,15 @@ class JobProcess:
         threading.Thread(target=self._supervise, name=f"job-{self.job_id}", daemon=True).start()
 
     def _spawn(self, run_as: RunAs, command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-        """Behind the sandbox's chain (its environment through an anonymous file), or, without
-        ``setpriv``, by a fork that switches the user itself."""
-        procs = (
-            self.cgroups.procs(self.cgroup) if self.cgroups is not None and self.cgroup is not None else []
-        )
+        """Behind the sandbox's chain (its environment through a pipe, written once the chain is in
+        the replica's cgroup), or, without ``setpriv``, by a fork that switches the user itself."""
         tmpfs_mb = self.sandbox.tmpfs_mb(
             len(self.gpus),
             self.share,
             float(self.binding.get("cpus") or 0),
             float(self.binding.get("memory_gib") or 0),
         )
-        prefix = self.sandbox.prefix(run_as, self.gpus, procs, tmpfs_mb)
-        self.joined = list(procs) if prefix else []
+        prefix = self.sandbox.prefix(run_as, self.gpus, tmpfs_mb)
         if not prefix:
             proc = subprocess.Popen(
                 command,
@@ -484,21 +480,46 @@ class JobProcess:
             self._move_into_cgroup(proc.pid)
             return proc
         _check_executable(command[0], env["PATH"], self.workdir)
-        env_fd = sandbox.env_fd(env)
+        script = sandbox.env_script(env)
+        env_in, env_out = sandbox.env_pipe(len(script))
         try:
-            return subprocess.Popen(
+            proc = subprocess.Popen(
                 [*prefix, *command],
                 cwd=self.workdir,
                 env=self.sandbox.env,
-                stdin=env_fd,
+                stdin=env_in,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 close_fds=True,
                 umask=JOB_UMASK,
             )
+            try:
+                self._join_cgroup(proc.pid)
+                sandbox.send_env(env_in, env_out, script, run_as)
+            except OSError:
+                # Nothing of the job has run: the chain waits for its environment.
+                with contextlib.suppress(OSError):
+                    os.killpg(proc.pid, signal.SIGKILL)  # its group: a mount it forked too
+                proc.wait()
+                if proc.stdout is not None:
+                    proc.stdout.close()
+                raise
         finally:
-            os.close(env_fd)
+            os.close(env_in)
+            os.close(env_out)
+        return proc
+
+    def _join_cgroup(self, pid: int) -> None:
+        """Move the spawned chain into the replica's cgroup while it waits for the job's
+        environment, before anything of the job runs: every process of the job is inside."""
+        if self.cgroups is None or self.cgroup is None:
+            return
+        try:
+            self.cgroups.add(self.cgroup, pid)
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot join the job's cgroup ({exc.strerror})", exc.filename) from exc
+        self.joined = self.cgroups.procs(self.cgroup)
 
     @property
     def name(self) -> str:
@@ -566,8 +587,9 @@ class JobProcess:
 
     def _make_cgroup(self) -> None:
         """The replica's own cgroup with its CPU and memory limits, before its spawn: the spawn
-        chain's first step joins it (agent/sandbox.py). Named after its working directory, whose
-        random part keeps two agents of one machine out of each other's cgroups."""
+        chain joins it before anything of the job runs (:meth:`_join_cgroup`). Named after its
+        working directory, whose random part keeps two agents of one machine out of each other's
+        cgroups."""
         cpus = float(self.binding.get("cpus") or 0)
         memory = float(self.binding.get("memory_gib") or 0)
         if self.cgroups is None or (cpus <= 0 and memory <= 0):

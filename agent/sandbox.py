@@ -1,11 +1,13 @@
 """How a job's process is spawned: the user switch, and a private view of the node where possible.
 
 A job's command runs behind a chain of small programs that each ``exec`` the next, so its pid is
-the one the agent spawned (the agent's child: the parent-death signal and the session hold):
+the one the agent spawned (the agent's child: the parent-death signal and the session hold). The
+job's environment comes last, through a pipe the agent writes once the pid is in the replica's
+cgroup (agent/cgroups.py), when it has one: the chain's last step, as the job's user, waits for
+it before it runs anything of the job, so nothing of the job runs outside its CPU and memory
+limits (a failed move ends the spawn: the job never runs unlimited by accident); only the
+``mount`` programs of step 2, root's own and done before the job's, may run outside them.
 
-- ``/bin/sh -c`` writing its own pid into the replica's cgroup (agent/cgroups.py), when it has
-  one, so that nothing of the job runs outside its CPU and memory limits (a failed write ends the
-  spawn, exit 125, saying so: the job never runs unlimited by accident);
 0. ``prlimit --nproc=N --fsize=B`` (util-linux): at most N processes and threads of the job's
    uid (``--job-max-tasks``), no file it writes larger than ``--job-disk-mb`` (without a uid of
    the job's own, as with ``--single-tenant``, there is no process bound, and step 5 sets the
@@ -30,9 +32,10 @@ the one the agent spawned (the agent's child: the parent-death signal and the se
 4. ``setpriv --pdeathsig SIGKILL --reuid U --regid G --clear-groups --no-new-privs``: the job's own
    uid and gid, no supplementary group, no way back up through a setuid program (``sudo``,
    ``ping``), and SIGKILL when the agent dies (set after the user switch, which clears it);
-5. ``/bin/sh``, already as the job's user, sourcing the job's environment from an anonymous file
+5. ``/bin/sh``, already as the job's user, sourcing the job's environment from its standard input
    (until here the chain runs with a clean one: a job's ``LD_PRELOAD`` or ``LD_LIBRARY_PATH``
-   must never reach a program running as root), which ``exec``s
+   must never reach a program running as root), whose last line ``exec``s (:func:`env_script`:
+   a script cut short by the agent's death runs nothing of the job)
 6. the job's command.
 
 Without namespaces the chain skips 1-2, without Landlock scopes it skips 3 (the agent says so at
@@ -43,6 +46,8 @@ Landlock domain then). Spawning this way (no ``preexec_fn``) lets Python use ``v
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import grp
 import logging
@@ -92,6 +97,14 @@ HIDDEN = (
     "/run/dbus",
     "/run/tessera-agent",
 )
+# The chain's last step (step 5), as the job's user: waits for its cue on its standard input, then
+# sources the rest of it, the job's environment and the line that runs its command
+# (:func:`env_script`); what comes short of that line ends here.
+JOB_SHELL = (
+    "read -r _ && . /dev/stdin\n"
+    'echo "tessera-agent: the job\'s environment did not arrive whole" >&2; exit 125'
+)
+PIPE_PAGE = 4096  # what any pipe holds
 HOLD = Path("/run/tessera-agent/hold")  # where kept directories wait while /tmp is replaced
 LANDLOCK_STEP = Path(__file__).with_name("landlock.py")
 
@@ -239,22 +252,15 @@ class Sandbox:
             mb = self.disk_mb
         return None if mb is None else max(1, mb)
 
-    def prefix(
-        self,
-        run_as: RunAs,
-        gpus: Sequence[int],
-        cgroup_procs: Sequence[Path] = (),
-        tmpfs_mb: int | None = None,
-    ) -> list[str]:
+    def prefix(self, run_as: RunAs, gpus: Sequence[int], tmpfs_mb: int | None = None) -> list[str]:
         """The argv before the job's command; [] when there is no setpriv (fork and switch).
-        ``cgroup_procs``: the files the chain's first step joins the replica's cgroup by;
         ``tmpfs_mb``: the size of each private tmpfs (:meth:`tmpfs_mb`; None: ``--job-disk-mb``).
 
         The chain runs as root until ``setpriv``: it gets a clean environment (:attr:`env`),
         never the job's, whose ``LD_PRELOAD`` or ``LD_LIBRARY_PATH`` would load a tenant's code
         into it. The job's environment reaches its command through its standard input (see
-        :func:`env_fd`), read by a shell already running as the job's user, which then gives the
-        command ``/dev/null`` as its standard input."""
+        :func:`env_script`), read by a shell already running as the job's user, which then gives
+        the command ``/dev/null`` as its standard input."""
         tool = setpriv()
         if tool is None:
             return []
@@ -266,14 +272,14 @@ class Sandbox:
         limits = []
         if self.max_tasks and run_as.uid is not None:
             limits.append(f"--nproc={self.max_tasks}")
-        job = '. /dev/stdin && exec "$@" </dev/null'
+        job = JOB_SHELL
         if self.disk_mb:
             if limits and self.prlimit:
                 limits.append(f"--fsize={self.disk_mb << 20}")
             else:
                 # Nothing else for prlimit to set (--single-tenant): the job's shell sets the same
                 # limit (POSIX ulimit -f, in 512-byte blocks), one exec fewer per spawn.
-                job = f"ulimit -f {self.disk_mb << 11} && {job}"
+                job = f"ulimit -f {self.disk_mb << 11} || exit 125\n{job}"
         chain += ["--", "/bin/sh", "-c", job, "tessera-job"]
         if self.scoped:
             chain = [*landlock_step(), *chain]
@@ -281,8 +287,6 @@ class Sandbox:
             chain = [self.prlimit, *limits, "--", *chain]
         if self.namespaces:
             chain = self._namespaced(run_as, gpus, chain, tmpfs_mb or self.disk_mb)
-        if cgroup_procs:
-            chain = ["/bin/sh", "-c", _join_script(cgroup_procs), "tessera-cgroup", *chain]
         return chain
 
     def _namespaced(
@@ -327,28 +331,42 @@ class Sandbox:
         return "set -e\numask 022\n" + "\n".join(steps) + f'\numask 077\n{locale}exec "$@"'
 
 
-def _join_script(cgroup_procs: Sequence[Path]) -> str:
-    """Join the cgroup (``$$``: the spawned pid, as every step ``exec``s the next), then go on."""
-    writes = " && ".join(f"echo $$ >{shlex.quote(str(p))}" for p in cgroup_procs)
-    failed = 'echo "tessera-agent: cannot join the job\'s cgroup" >&2; exit 125'
-    return f'{{ {writes}; }} 2>/dev/null || {{ {failed}; }}\nexec "$@"'
-
-
 def env_script(env: Mapping[str, str]) -> bytes:
-    """``env`` as ``export`` lines a POSIX shell sources (every value quoted: any text is safe)."""
-    return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items() if NAME.fullmatch(k)).encode()
+    """What the chain's last step reads (:data:`JOB_SHELL`): an empty line, its cue to go on, then
+    ``env`` as ``export`` lines a POSIX shell sources (every value quoted: any text is safe) and
+    the line that ``exec``s the job's command (a script cut short by the agent's death runs
+    nothing of the job)."""
+    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items() if NAME.fullmatch(k))
+    return f'\n{exports}exec "$@" </dev/null\n'.encode()
 
 
-def env_fd(env: Mapping[str, str]) -> int:
-    """An anonymous file (memfd) holding :func:`env_script` of ``env``, at its start; the caller
-    closes it once the job is spawned."""
-    fd = os.memfd_create("tessera-job-env", os.MFD_CLOEXEC)
+def env_pipe(size: int) -> tuple[int, int]:
+    """A pipe (read end, write end; close-on-exec) that holds ``size`` bytes, so that writing
+    them never waits for the reader (a pipe holds 64 KiB by default, a page at least)."""
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
     try:
-        os.pwrite(fd, env_script(env), 0)  # the file's offset stays at its start: no seek
-    except OSError:
-        os.close(fd)
-        raise
-    return fd
+        if size > PIPE_PAGE and size > fcntl.fcntl(write_end, fcntl.F_GETPIPE_SZ):
+            fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, size)
+    except OSError as exc:
+        os.close(read_end)
+        os.close(write_end)
+        raise OSError(exc.errno, f"the job's environment ({size} bytes) does not fit a pipe") from exc
+    return read_end, write_end
+
+
+def send_env(read_end: int, write_end: int, script: bytes, run_as: RunAs) -> None:
+    """Hand :func:`env_script`'s ``script`` over through the pipe of :func:`env_pipe`, the chain's
+    standard input. Until now the pipe was root's: the chain's last step, already the job's user,
+    waited on its cue reading the descriptor it inherited, which needs no permission, while no
+    process of the job's uid could open the pipe (``/proc/PID/fd/0``) to write into it; now it
+    becomes the job user's, as its shell opens it again to source it (``/dev/stdin``). A chain
+    already gone takes nothing: its exit says what happened."""
+    if run_as.uid is not None:
+        os.fchown(read_end, run_as.uid, run_as.gid if run_as.gid is not None else run_as.uid)
+    view = memoryview(script)
+    with contextlib.suppress(BrokenPipeError):
+        while view:
+            view = view[os.write(write_end, view) :]
 
 
 def _make_blocker() -> None:

@@ -61,7 +61,10 @@ def main() -> None:
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
     for _ in range(args.spawns):
         for name, argv in variants.items():  # by turns, so load changes hit each alike
-            fd = sandbox.env_fd({})
+            script = sandbox.env_script({})
+            fd, write_end = sandbox.env_pipe(len(script))
+            sandbox.send_env(fd, write_end, script, job)
+            os.close(write_end)
             try:
                 env = sandbox.SCOPED_CHAIN_ENV if name.startswith("landlock") else envs[name]
                 samples[name].append(spawn(argv, stdin=fd, env=env))

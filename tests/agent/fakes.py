@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import threading
@@ -11,8 +12,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from agent import sandbox
 from agent.client import Rejected
-from agent.identity import resolve_run_as
+from agent.identity import RunAs, resolve_run_as
 from agent.inventory import simulated_inventory
 from agent.node import Agent
 from agent.process import job_path
@@ -228,6 +230,17 @@ def attempt(action):
         return type(exc).__name__
     return "succeeded"
 """
+
+
+def env_stdin(env: dict[str, str], run_as: RunAs) -> int:
+    """The spawn chain's standard input as the agent hands it over to ``run_as``'s chain: the job's
+    environment and the line that runs its command, whole (the write end closed); the caller
+    closes it."""
+    script = sandbox.env_script(env)
+    read_end, write_end = sandbox.env_pipe(len(script))
+    sandbox.send_env(read_end, write_end, script, run_as)
+    os.close(write_end)
+    return read_end
 
 
 def wait_for(check: Callable[[], Any], timeout: float = 20.0, every: float = 0.05) -> Any:

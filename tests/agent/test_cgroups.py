@@ -58,8 +58,8 @@ def test_a_replicas_cgroup_carries_its_cpu_and_memory_limits(fake_root):
 
 
 def test_a_job_with_limits_joins_its_cgroup_before_it_runs_which_goes_away_after_it(fake_root):
-    """The spawn chain's first step writes its own pid, which becomes the job's, into its cgroup:
-    the job is inside before its first instruction (the agent moves nothing afterwards)."""
+    """The agent writes the spawned pid, which becomes the job's, into its cgroup while the chain
+    waits for the job's environment: the job is inside before its first instruction."""
     cg = cgroups.detect(fake_root)
     with fakes.job_user_state_dir() as state_dir:
         run_as = resolve_run_as("nobody")
@@ -83,13 +83,22 @@ def test_a_job_with_limits_joins_its_cgroup_before_it_runs_which_goes_away_after
             real_remove(path)
 
         cg.remove = remove
-        cg.add = lambda path, pid: pytest.fail("moved from outside, after the spawn")
+        moved: list[tuple[int, str]] = []  # each pid moved, and the program it ran then
+        real_add = cg.add
+
+        def add(path: Path, pid: int) -> None:
+            moved.append((pid, Path(f"/proc/{pid}/comm").read_text().strip()))
+            real_add(path, pid)
+
+        cg.add = add
         node.apply({"start": [fakes.binding(job_id=9, command=["sleep", "0.2"], cpus=2, memory_gib=1)]})
         pid = node.running_reports()[0]["pid"]
         assert server.exit_of(9)["exit_code"] == 0
         assert fakes.wait_for(lambda: joined, 5)
         [(name, member)] = joined
         assert member == pid and name.startswith("9-0-0-")
+        [(moved_pid, running)] = moved
+        assert moved_pid == pid and running != "sleep"  # still the chain: the job had not begun
         assert not (fake_root / "tessera" / name).exists()
         node.shutdown(0.5)
 
@@ -108,10 +117,10 @@ def test_a_job_whose_cgroup_cannot_be_joined_never_runs_and_its_log_says_why(fak
     with fakes.job_user_state_dir() as state_dir:
         run_as = resolve_run_as("nobody")
         server = fakes.FakeServer()
-        job = fakes.binding(5, command=["sh", "-c", "echo ran"], cpus=1)
+        job = fakes.binding(5, command=["sh", "-c", "echo ran | tr a-z A-Z"], cpus=1)
         JobProcess(job, server, state_dir, run_as, job_path(state_dir, run_as), cg).start()
-        assert server.exit_of(5)["exit_code"] == 125
-        assert b"cannot join the job's cgroup" in server.output(5) and b"ran" not in server.output(5)
+        assert server.exit_of(5)["reason"] == "spawn-failed"
+        assert b"cannot join the job's cgroup" in server.output(5) and b"RAN" not in server.output(5)
 
 
 def test_this_machines_answer_matches_its_cgroup_filesystem():

@@ -115,7 +115,7 @@ def test_behind_the_whole_chain_the_job_gets_its_own_locale_and_no_other():
     box = sandbox.Sandbox(True, max_tasks=64, scoped=True)
     assert "LANG" not in box.env  # unshare and every mount: no locale to load
     job = RunAs("tessera-test", 270003, 270003)
-    env_fd = sandbox.env_fd({"PATH": sandbox.SAFE_PATH, "LANG": "C", "MINE": "yes"})
+    env_fd = fakes.env_stdin({"PATH": sandbox.SAFE_PATH, "LANG": "C", "MINE": "yes"}, job)
     try:
         done = subprocess.run(
             [*box.prefix(job, []), "env"], stdin=env_fd, env=box.env, cwd="/", capture_output=True, text=True

@@ -10,11 +10,13 @@ import grp
 import os
 import pwd
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from agent import sandbox
 from agent.identity import RunAs
+from tests.agent import fakes
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root"),
@@ -33,7 +35,7 @@ def nobody() -> pwd.struct_passwd:
 def ids_behind_the_chain(job: RunAs) -> tuple[list[str], list[str]]:
     """The chain's argv for ``job``, and what ``id`` says behind it (uid, gid, groups)."""
     prefix = sandbox.Sandbox(False).prefix(job, [])
-    env_fd = sandbox.env_fd({"PATH": sandbox.SAFE_PATH})
+    env_fd = fakes.env_stdin({"PATH": sandbox.SAFE_PATH}, job)
     try:
         done = subprocess.run(
             [*prefix, "sh", "-c", "id -u; id -g; id -G"],
@@ -78,3 +80,70 @@ def test_a_name_that_no_longer_stands_for_its_id_is_never_followed(monkeypatch, 
     prefix, seen = ids_behind_the_chain(job)
     assert prefix[prefix.index("--reuid") + 1] == str(nobody.pw_uid)
     assert seen[0] == str(nobody.pw_uid)
+
+
+@pytest.mark.parametrize("sent", ["nothing", "its environment without the last line"])
+def test_a_chain_whose_environment_never_comes_whole_runs_nothing_of_the_job(nobody, sent):
+    """The agent died before or while handing the environment over: its pipe ends early, and the
+    job's shell stops there (exit 125, saying so) instead of running the job without it."""
+    job = RunAs("nobody", nobody.pw_uid, nobody.pw_gid)
+    script = sandbox.env_script({"PATH": sandbox.SAFE_PATH})
+    script = b"" if sent == "nothing" else script[: script.rstrip(b"\n").rindex(b"\n") + 1]
+    read_end, write_end = sandbox.env_pipe(len(script))
+    sandbox.send_env(read_end, write_end, script, job)
+    os.close(write_end)
+    try:
+        done = subprocess.run(
+            [*sandbox.Sandbox(False).prefix(job, []), "echo", "RAN"],
+            stdin=read_end,
+            env=sandbox.CHAIN_ENV,
+            cwd="/",
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    finally:
+        os.close(read_end)
+    assert done.returncode == 125 and done.stdout == ""
+    assert "environment did not arrive whole" in done.stderr
+
+
+def test_no_process_of_the_jobs_uid_can_write_into_the_chains_input_before_the_agent_does(nobody):
+    """Until the agent hands the environment over (after the chain joined the job's cgroup), the
+    pipe the chain waits on is root's: another process of the job's uid cannot open it through
+    ``/proc`` to feed the chain a command of its own."""
+    job = RunAs("nobody", nobody.pw_uid, nobody.pw_gid)
+    script = sandbox.env_script({"PATH": sandbox.SAFE_PATH})
+    read_end, write_end = sandbox.env_pipe(len(script))
+    chain = subprocess.Popen(
+        [*sandbox.Sandbox(False).prefix(job, []), "echo", "RAN"],
+        stdin=read_end,
+        stdout=subprocess.PIPE,
+        env=sandbox.CHAIN_ENV,
+        cwd="/",
+    )
+    try:
+        comm = Path(f"/proc/{chain.pid}/comm")
+        waiting = fakes.wait_for(lambda: comm.read_text().strip() == "sh", 10)
+        assert waiting, "the chain did not reach its last step"
+        feed = f"printf '\\nexec echo INJECTED\\n' >/proc/{chain.pid}/fd/0"
+        intruder_in = fakes.env_stdin({"PATH": sandbox.SAFE_PATH}, job)
+        try:
+            intruder = subprocess.run(
+                [*sandbox.Sandbox(False).prefix(job, []), "sh", "-c", feed],
+                stdin=intruder_in,
+                env=sandbox.CHAIN_ENV,
+                cwd="/",
+                capture_output=True,
+                text=True,
+                timeout=20,
+            )
+        finally:
+            os.close(intruder_in)
+        assert intruder.returncode != 0 and "Permission denied" in intruder.stderr
+        sandbox.send_env(read_end, write_end, script, job)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    out, _ = chain.communicate(timeout=20)
+    assert (chain.returncode, out) == (0, b"RAN\n")
