@@ -56,13 +56,15 @@ class Server(AgentClient):
         return {}
 
 
-def bindings(n: int, rng: random.Random, first_job: int = 1) -> list[dict[str, Any]]:
-    """``n`` replicas of the e2e benchmark's mix (scripts/bench_e2e.py's ``job_body``)."""
+def bindings(n: int, rng: random.Random, first_job: int = 1, cpus: float = 0.0) -> list[dict[str, Any]]:
+    """``n`` replicas of the e2e benchmark's mix (scripts/bench_e2e.py's ``job_body``), each asking
+    for ``cpus`` (a cgroup of its own when more than 0)."""
     out: list[dict[str, Any]] = []
     job = first_job
     while len(out) < n:
         roll = rng.random()
         base = {"job_id": job, "attempt": 1, "command": ["true"], "env": {}, "time_limit_seconds": 3600}
+        base["cpus"] = cpus
         job += 1
         if roll < 0.6:
             out.append({**base, "gpus": [0], "share": 1.0})
@@ -97,6 +99,9 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, default=300, help="replicas measured (default 300)")
     parser.add_argument("--single-tenant", action="store_true", help="every job as nobody, no sandbox")
     parser.add_argument("--pieces", action="store_true", help="the thread CPU of each step too")
+    parser.add_argument(
+        "--cpus", type=float, default=0.0, help="CPUs each replica asks for: a cgroup each (default 0: none)"
+    )
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root, as the agent runs")
@@ -134,10 +139,11 @@ def main() -> None:
             job.done.wait()
 
     try:
-        run(bindings(5, random.Random(2), first_job=10**6))  # warm: imports, caches, the probes
+        # Warm: imports, caches, the probes.
+        run(bindings(5, random.Random(2), first_job=10**6, cpus=args.cpus))
         pieces.clear()
         starting[:] = [0.0, 0.0]
-        replicas = bindings(args.replicas, random.Random(1))
+        replicas = bindings(args.replicas, random.Random(1), cpus=args.cpus)
         own, children = (resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
         began = time.perf_counter()
         run(replicas)
@@ -155,7 +161,8 @@ def main() -> None:
 
     agent_ms, children_ms = ms(own, own_after), ms(children, children_after)
     print(
-        f"{n} replicas; namespaces {box.namespaces}, Landlock {box.scoped}, uid per job {users.isolated}; "
+        f"{n} replicas; namespaces {box.namespaces}, Landlock {box.scoped}, uid per job {users.isolated}, "
+        f"cgroups {limits is not None and args.cpus > 0}; "
         f"load {os.getloadavg()[0]:.1f}; threads {threading.active_count()}"
     )
     print(
