@@ -77,6 +77,14 @@ def test_the_job_sees_its_gpus_and_ids_but_never_the_agents_secrets(node):
     assert job_env["LANG"] == "C.UTF-8" and not {k for k in job_env if k.startswith("LC_")}
 
 
+def test_an_environment_larger_than_a_pipe_holds_by_default_reaches_the_job_whole(node):
+    """Behind the chain it comes through a pipe, written at once: one past 64 KiB too."""
+    env = {f"BIG{i}": f"{i}" * 60_000 for i in range(3)}
+    process, server = start(node, job_id=19, env=env, command=["sh", "-c", 'echo "$BIG0$BIG1$BIG2" | wc -c'])
+    assert server.exit_of(19)["exit_code"] == 0, server.output(19)
+    assert server.output(19).strip() == b"180001"
+
+
 def test_the_job_cannot_override_its_gpus_or_ids(node):
     process, server = start(
         node,
