@@ -30,7 +30,7 @@ from frontend.redaction import viewer_for
 from frontend.sparklines import sparklines
 from monitoring.adjust import job_utilisation
 from scheduling.api.fields import text_problem
-from scheduling.api.job_serializers import JobSubmitSerializer
+from scheduling.api.job_serializers import model_fields, validated_submit
 from scheduling.api.jobs import submit_tenant
 from scheduling.choices import TERMINAL_STATES, JobKind, JobState
 from scheduling.models import Job, LogChunk, Tenant
@@ -345,11 +345,10 @@ def job_new(request: HttpRequest) -> HttpResponse:
     body = form.body() if form.is_valid() else None
     if body is None:
         return render(request, "frontend/jobs/new.html", context, status=400)
-    serializer = JobSubmitSerializer(data=body)
     try:
-        serializer.is_valid(raise_exception=True)
-        tenant = submit_tenant(request.user, serializer.validated_data.get("tenant"))
-        cleaned = serializer.model_fields()
+        validated = validated_submit(body)
+        tenant = submit_tenant(request.user, validated.get("tenant"))
+        cleaned = model_fields(validated)
         if "dry_run" in request.POST:
             context["dry_run"] = dry_run(tenant, cleaned)
             context["body_json"] = body_as_json(body)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from django.conf import settings
 from rest_framework import serializers
@@ -48,6 +48,32 @@ def _shallow_copy(field: serializers.Field) -> serializers.Field:
     twin = object.__new__(type(field))
     twin.__dict__.update(field.__dict__)
     return twin
+
+
+S = TypeVar("S", bound=serializers.BaseSerializer)
+
+
+def kept(serializer_class: type[S]) -> S:
+    """One instance of ``serializer_class`` per process, made without data or instance, its fields
+    bound once: for ``to_representation(obj)`` (what ``.data`` gives) and ``run_validation(body)``
+    (``validated_data``, or the ``ValidationError`` that ``is_valid(raise_exception=True)`` would
+    raise), called from any thread.
+
+    Each serializer instance binds a copy of every field to itself: for a job, that is most of
+    the cost of rendering it or checking a submitted one (docs/benchmarks/requests.md). One
+    instance may serve every request because neither call keeps anything on the serializer or its
+    fields: they read their argument and return. Only for serializers whose fields and methods
+    keep no state between calls and read no ``context``.
+    """
+    serializer = _kept.get(serializer_class)
+    if serializer is None:
+        serializer = serializer_class()
+        serializer.fields  # type: ignore[attr-defined]  # noqa: B018 - bound now, before threads share it
+        serializer = _kept.setdefault(serializer_class, serializer)  # two threads at once: one wins
+    return cast(S, serializer)
+
+
+_kept: dict[type[serializers.BaseSerializer], serializers.BaseSerializer] = {}
 
 
 # What ``printable`` refuses, as a character class that Python and JSON Schema (ECMA-262) read

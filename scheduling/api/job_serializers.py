@@ -26,6 +26,7 @@ from scheduling.api.fields import (
     StringMapField,
     is_json_int,
     json_safe,
+    kept,
 )
 from scheduling.choices import IdleMode, JobKind, Topology
 from scheduling.models import Allocation, Job, JobEvent
@@ -83,7 +84,8 @@ class ElasticField(serializers.Field):
 
 
 class JobSubmitSerializer(RejectsUnknownFields, FieldTemplates, serializers.Serializer):
-    """Validates a submitted job body; ``model_fields()`` gives the values to store."""
+    """Validates a submitted job body (:func:`validated_submit`); :func:`model_fields` gives the
+    values to store."""
 
     tenant = StrictCharField(
         required=False,
@@ -184,25 +186,32 @@ class JobSubmitSerializer(RejectsUnknownFields, FieldTemplates, serializers.Seri
             raise serializers.ValidationError({"idle_reclaim": ["an interactive job is never judged idle"]})
         return attrs
 
-    def model_fields(self) -> dict[str, Any]:
-        """The validated body as ``Job`` field values (defaults filled in)."""
-        data = dict(self.validated_data)
-        data.pop("tenant", None)
-        elastic = data.pop("elastic", None)
-        kind = data["kind"]
-        data.setdefault("preemptible", kind != JobKind.INFERENCE)
-        for key in ("accelerators",):
-            data.setdefault(key, [])
-        for key in ("env", "node_selector", "prefer_labels"):
-            data.setdefault(key, {})
-        if data["gpus"] == 0 and not data.get("cpus"):
-            # A CPU-only job asking for no CPUs would be bounded by nothing on its node.
-            data["cpus"] = settings.TESSERA["CPU_JOB_CPUS"] * data["replicas"]
-        data["elastic_min_gpus"] = elastic["min_gpus"] if elastic else None
-        data["elastic_max_gpus"] = elastic["max_gpus"] if elastic else None
-        interactive, reclaim = data.pop("interactive", False), data.pop("idle_reclaim", IdleMode.NEVER)
-        data["idle_mode"] = IdleMode.INTERACTIVE if interactive else reclaim
-        return data
+
+def validated_submit(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` checked by ``JobSubmitSerializer`` (its ``validated_data``), or the
+    ``ValidationError`` (400, naming each field at fault) that ``is_valid`` would raise."""
+    return kept(JobSubmitSerializer).run_validation(body)
+
+
+def model_fields(validated: dict[str, Any]) -> dict[str, Any]:
+    """A validated body (:func:`validated_submit`) as ``Job`` field values (defaults filled in)."""
+    data = dict(validated)
+    data.pop("tenant", None)
+    elastic = data.pop("elastic", None)
+    kind = data["kind"]
+    data.setdefault("preemptible", kind != JobKind.INFERENCE)
+    for key in ("accelerators",):
+        data.setdefault(key, [])
+    for key in ("env", "node_selector", "prefer_labels"):
+        data.setdefault(key, {})
+    if data["gpus"] == 0 and not data.get("cpus"):
+        # A CPU-only job asking for no CPUs would be bounded by nothing on its node.
+        data["cpus"] = settings.TESSERA["CPU_JOB_CPUS"] * data["replicas"]
+    data["elastic_min_gpus"] = elastic["min_gpus"] if elastic else None
+    data["elastic_max_gpus"] = elastic["max_gpus"] if elastic else None
+    interactive, reclaim = data.pop("interactive", False), data.pop("idle_reclaim", IdleMode.NEVER)
+    data["idle_mode"] = IdleMode.INTERACTIVE if interactive else reclaim
+    return data
 
 
 ALLOCATIONS_SCHEMA = {
@@ -382,6 +391,11 @@ class JobSerializer(FieldTemplates, serializers.ModelSerializer):
         if job.elastic_min_gpus is None:
             return None
         return {"min_gpus": job.elastic_min_gpus, "max_gpus": job.elastic_max_gpus}
+
+
+def job_data(job: Job) -> dict[str, Any]:
+    """The job as the API returns it: ``JobSerializer(job).data``, by one kept serializer."""
+    return kept(JobSerializer).to_representation(job)
 
 
 class JobEventSerializer(FieldTemplates, serializers.ModelSerializer):

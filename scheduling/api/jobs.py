@@ -40,6 +40,9 @@ from scheduling.api.job_serializers import (
     JobSerializer,
     JobSubmitSerializer,
     LogPageSerializer,
+    job_data,
+    model_fields,
+    validated_submit,
 )
 from scheduling.api.logs import MAX_OFFSET, read_log
 from scheduling.api.lookups import ID_PARAMETER, parse_nonnegative, parse_pk
@@ -129,11 +132,11 @@ class JobViewSet(viewsets.GenericViewSet):
         return job
 
     def list(self, request: Request) -> Response:
-        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
-        return self.get_paginated_response(JobSerializer(page, many=True).data)
+        page = cast(list[Job], self.paginate_queryset(self.filter_queryset(self.get_queryset())))
+        return self.get_paginated_response([job_data(job) for job in page])
 
     def retrieve(self, request: Request, pk: str) -> Response:
-        return Response(JobSerializer(self.get_object()).data)
+        return Response(job_data(self.get_object()))
 
     @extend_schema(
         summary="Submit a job",
@@ -166,15 +169,15 @@ class JobViewSet(viewsets.GenericViewSet):
         },
     )
     def create(self, request: Request) -> Response:
-        body = request.data  # parsed by StrictJSONParser: 400/413 for what is not a JSON object
+        # parsed by StrictJSONParser: 400/413 for what is not a JSON object
+        body = cast(dict[str, Any], request.data)
         if request.stream is None:  # no body at all: DRF would hand us an empty dict
             raise ParseError("Request body is empty; a JSON object is expected.")
         dry = dry_run_asked(request)
         key = idempotency_key(request)
-        submit = JobSubmitSerializer(data=body)
-        submit.is_valid(raise_exception=True)
-        tenant = submit_tenant(request.user, submit.validated_data.get("tenant"))
-        cleaned = submit.model_fields()
+        validated = validated_submit(body)
+        tenant = submit_tenant(request.user, validated.get("tenant"))
+        cleaned = model_fields(validated)
         if dry:
             try:
                 return Response(DryRunSerializer(dry_run(tenant, cleaned)).data)
@@ -185,7 +188,7 @@ class JobViewSet(viewsets.GenericViewSet):
                 request.user,
                 tenant,
                 cleaned,
-                cast(dict[str, Any], body),
+                body,
                 idempotency_key=key,
                 check_quota=True,
             )
@@ -198,9 +201,7 @@ class JobViewSet(viewsets.GenericViewSet):
             job.all_allocations, job.ending_events = [], []  # type: ignore[attr-defined]
         else:
             job = self.get_queryset().get(pk=job.pk)  # the first submit's job, as it is now
-        return Response(
-            JobSerializer(job).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
-        )
+        return Response(job_data(job), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
     @extend_schema(
         summary="Cancel a job",
@@ -216,7 +217,7 @@ class JobViewSet(viewsets.GenericViewSet):
     def cancel(self, request: Request, pk: str) -> Response:
         job = self.get_object()
         do_cancel_job(job.pk, by=request.user)
-        return Response(JobSerializer(self.get_object()).data)
+        return Response(job_data(self.get_object()))
 
     @extend_schema(
         summary="Hold a waiting job",
@@ -230,7 +231,7 @@ class JobViewSet(viewsets.GenericViewSet):
     @action(detail=True, methods=["post"])
     def hold(self, request: Request, pk: str) -> Response:
         do_hold_job(self.get_object().pk)
-        return Response(JobSerializer(self.get_object()).data)
+        return Response(job_data(self.get_object()))
 
     @extend_schema(
         summary="Release a held job",
@@ -243,7 +244,7 @@ class JobViewSet(viewsets.GenericViewSet):
     @action(detail=True, methods=["post"])
     def release(self, request: Request, pk: str) -> Response:
         do_release_job(self.get_object().pk)
-        return Response(JobSerializer(self.get_object()).data)
+        return Response(job_data(self.get_object()))
 
     @extend_schema(
         summary="A job's history, in order",

@@ -54,12 +54,10 @@ def make_node(name: str, model: str, gpus: int, rack: str = "r1", nvlink: int = 
 
 def submit(user, tenant, **overrides: Any) -> Job:
     """Submit through the service, with the API's defaults filled in."""
-    from scheduling.api.job_serializers import JobSubmitSerializer
+    from scheduling.api.job_serializers import model_fields, validated_submit
 
     body = valid_body(**overrides)
-    serializer = JobSubmitSerializer(data=body)
-    serializer.is_valid(raise_exception=True)
-    job, _ = do_submit_job(user, tenant, serializer.model_fields(), body)
+    job, _ = do_submit_job(user, tenant, model_fields(validated_submit(body)), body)
     return job
 
 
