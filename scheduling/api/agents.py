@@ -35,6 +35,7 @@ from scheduling.api.fields import (
     StrictCharField,
     StrictFloatField,
     StrictIntegerField,
+    kept,
 )
 from scheduling.services import agents as svc
 from scheduling.services.utilisation import GpuReport
@@ -179,9 +180,8 @@ class LogsIn(ReplicaIn):
 
 
 def _valid(serializer_class, request: Request) -> dict[str, Any]:
-    serializer = serializer_class(data=request.data)
-    serializer.is_valid(raise_exception=True)
-    return serializer.validated_data
+    """The body checked (a JSON object, StrictJSONParser): ``validated_data``, or the 400."""
+    return kept(serializer_class).run_validation(request.data)
 
 
 class AgentView(APIView):

@@ -1,6 +1,6 @@
-"""The job API's kept serializers (``scheduling.api.fields.kept``): one instance per process
-renders every job and checks every submitted body, exactly as a fresh serializer per request
-would, from many threads at once (the web's pooled request threads)."""
+"""The API's kept serializers (``scheduling.api.fields.kept``): one instance per process renders
+every job and checks every submitted job and agent body, exactly as a fresh serializer per
+request would, from many threads at once (the web's pooled request threads)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 from rest_framework.exceptions import ValidationError
 
+from scheduling.api.agents import CheckpointedIn, ExitedIn, HeartbeatIn, LogsIn, RegisterIn
+from scheduling.api.fields import kept
 from scheduling.api.job_serializers import JobSerializer, JobSubmitSerializer, job_data, validated_submit
 from scheduling.models import Job
 from scheduling.services.history import with_history
@@ -54,6 +56,34 @@ def test_bodies_checked_from_many_threads_at_once_get_their_own_answers():
     with ThreadPoolExecutor(8) as pool:
         for _ in range(5):
             assert list(pool.map(kept_check, BODIES)) == expected
+
+
+RUNNING = {"job_id": 3, "attempt": 0, "replica": 1, "pid": 42}
+DEVICE = {"index": 0, "uuid": "GPU-0", "model": "H100", "memory_gib": 80}
+AGENT_BODIES: list[tuple[type, dict[str, Any]]] = [
+    (HeartbeatIn, {}),
+    (HeartbeatIn, {"running": [RUNNING, {**RUNNING, "replica": 2}], "checkpoints": [7]}),
+    (HeartbeatIn, {"running": [{**RUNNING, "job_id": "3"}, {"attempt": -1}], "checkpoints": [0]}),
+    (HeartbeatIn, {"utilisation": [{"gpu": 0, "job_ids": [3], "util": 50.5}, {"gpu": 0, "util": 101}]}),
+    (HeartbeatIn, {"running": None, "utilisation": "x"}),
+    (RegisterIn, {"name": "n01", "devices": [DEVICE, {**DEVICE, "index": 1, "uuid": "GPU-1"}]}),
+    (RegisterIn, {"name": "-bad", "labels": {"a": 1}, "devices": [DEVICE, DEVICE]}),
+    (CheckpointedIn, {"attempt": 0, "at": 1.5, "line": "  step 10  "}),
+    (ExitedIn, {"attempt": 0, "exit_code": 300, "reason": "nope"}),
+    (LogsIn, {"attempt": 0, "offset": 0, "data": "aGVsbG8="}),
+    (LogsIn, {"attempt": 0, "offset": -1, "data": "not base64!"}),
+]
+
+
+@pytest.mark.parametrize(("serializer_class", "body"), AGENT_BODIES)
+def test_an_agents_body_is_checked_as_a_fresh_serializer_checks_it(serializer_class, body):
+    serializer = serializer_class(data=body)
+    ok = serializer.is_valid()
+    try:
+        kept_answer = True, _plain(kept(serializer_class).run_validation(body))
+    except ValidationError as invalid:
+        kept_answer = False, _plain(invalid.detail)
+    assert kept_answer == (ok, _plain(serializer.validated_data if ok else serializer.errors))
 
 
 @pytest.fixture
