@@ -63,8 +63,11 @@ def kept(serializer_class: type[S]) -> S:
     the cost of rendering it or checking a submitted one (docs/benchmarks/requests.md). One
     instance may serve every request because neither call keeps anything on the serializer or its
     fields: they read their argument and return. Only for serializers whose fields and methods
-    keep no state between calls and read no ``context``.
+    keep no state between calls and read no ``context``. Off with the field templates
+    (``TESSERA_FIELD_TEMPLATES=0``): a fresh instance per call.
     """
+    if not settings.TESSERA["FIELD_TEMPLATES"]:  # off with the field templates: DRF's way
+        return serializer_class()
     serializer = _kept.get(serializer_class)
     if serializer is None:
         serializer = serializer_class()

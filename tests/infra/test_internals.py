@@ -195,6 +195,15 @@ def test_with_field_templates_off_a_submit_validates_exactly_as_with_them(settin
     assert validate() == with_templates
 
 
+def test_with_field_templates_off_every_body_is_checked_by_a_serializer_of_its_own(settings):
+    from scheduling.api.fields import kept
+    from scheduling.api.job_serializers import JobSubmitSerializer
+
+    assert kept(JobSubmitSerializer) is kept(JobSubmitSerializer)
+    settings.TESSERA = {**settings.TESSERA, "FIELD_TEMPLATES": False}
+    assert kept(JobSubmitSerializer) is not kept(JobSubmitSerializer)
+
+
 def test_with_prepared_reads_off_reads_give_the_same_rows_through_the_orm(db, settings):
     from scheduling.services.snapshot import PreparedRead, read_together
     from tests.api.helpers import make_node
