@@ -32,20 +32,25 @@ def nobody() -> pwd.struct_passwd:
         pytest.skip("no user nobody here")
 
 
+def behind_the_chain(job: RunAs, command: list[str], stdin: int) -> subprocess.CompletedProcess[str]:
+    """``command`` run behind the chain for ``job``, its input (the environment's pipe) ``stdin``."""
+    return subprocess.run(
+        [*sandbox.Sandbox(False).prefix(job, []), *command],
+        stdin=stdin,
+        env=sandbox.CHAIN_ENV,
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+
+
 def ids_behind_the_chain(job: RunAs) -> tuple[list[str], list[str]]:
     """The chain's argv for ``job``, and what ``id`` says behind it (uid, gid, groups)."""
     prefix = sandbox.Sandbox(False).prefix(job, [])
     env_fd = fakes.env_stdin({"PATH": sandbox.SAFE_PATH}, job)
     try:
-        done = subprocess.run(
-            [*prefix, "sh", "-c", "id -u; id -g; id -G"],
-            stdin=env_fd,
-            env=sandbox.CHAIN_ENV,
-            cwd="/",
-            capture_output=True,
-            text=True,
-            timeout=20,
-        )
+        done = behind_the_chain(job, ["sh", "-c", "id -u; id -g; id -G"], env_fd)
     finally:
         os.close(env_fd)
     assert done.returncode == 0, done.stderr
@@ -93,15 +98,7 @@ def test_a_chain_whose_environment_never_comes_whole_runs_nothing_of_the_job(nob
     sandbox.send_env(read_end, write_end, script, job)
     os.close(write_end)
     try:
-        done = subprocess.run(
-            [*sandbox.Sandbox(False).prefix(job, []), "echo", "RAN"],
-            stdin=read_end,
-            env=sandbox.CHAIN_ENV,
-            cwd="/",
-            capture_output=True,
-            text=True,
-            timeout=20,
-        )
+        done = behind_the_chain(job, ["echo", "RAN"], read_end)
     finally:
         os.close(read_end)
     assert done.returncode == 125 and done.stdout == ""
@@ -129,15 +126,7 @@ def test_no_process_of_the_jobs_uid_can_write_into_the_chains_input_before_the_a
         feed = f"printf '\\nexec echo INJECTED\\n' >/proc/{chain.pid}/fd/0"
         intruder_in = fakes.env_stdin({"PATH": sandbox.SAFE_PATH}, job)
         try:
-            intruder = subprocess.run(
-                [*sandbox.Sandbox(False).prefix(job, []), "sh", "-c", feed],
-                stdin=intruder_in,
-                env=sandbox.CHAIN_ENV,
-                cwd="/",
-                capture_output=True,
-                text=True,
-                timeout=20,
-            )
+            intruder = behind_the_chain(job, ["sh", "-c", feed], intruder_in)
         finally:
             os.close(intruder_in)
         assert intruder.returncode != 0 and "Permission denied" in intruder.stderr
