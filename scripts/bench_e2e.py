@@ -19,7 +19,7 @@ than it asks for. Pass durations come from the worker's log (one line per pass).
 Every process it starts is stopped at the end (also on Ctrl-C or an error).
 
     .venv/bin/python scripts/bench_e2e.py [--jobs 2000] [--rate 50] [--paced 1000] [--agents 16]
-        [--agent-args '--single-tenant']
+        [--agent-args '--single-tenant'] [--host-cpu]
 """
 
 from __future__ import annotations
@@ -274,6 +274,28 @@ def pass_durations(worker_log: str) -> list[tuple[float, float]]:
     return out
 
 
+def host_cpu(redis_port: int) -> dict[str, float]:
+    """CPU seconds so far: the machine's busy and idle time (every core, ``/proc/stat``), and
+    PostgreSQL's and the benchmark's Redis server's, which the children's counts leave out (every
+    ``postgres`` process; the postmaster's reaped backends are in its children's fields)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    cpu = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    idle = cpu[3] + cpu[4]  # idle, iowait
+    out = {"host_busy": (sum(cpu) - idle) / tick, "host_idle": idle / tick, "postgres": 0.0, "redis": 0.0}
+    for proc in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            comm = (proc / "comm").read_text().strip()
+            if comm == "postgres":
+                key = "postgres"
+            elif comm == "redis-server" and f":{redis_port}" in (proc / "cmdline").read_text():
+                key = "redis"
+            else:
+                continue
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            out[key] += sum(int(f) for f in fields[11:15]) / tick
+    return out
+
+
 def between(passes: list[tuple[float, float]], start: float, end: float) -> list[float]:
     return [ms for when, ms in passes if start <= when < end]
 
@@ -296,6 +318,12 @@ def main() -> int:  # noqa: PLR0915 - one linear script, read top to bottom
     p.add_argument("--redis-dbs", default="13,14", help="Redis databases of the broker and the channel layer")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--keep", action="store_true", help="keep the logs directory")
+    p.add_argument(
+        "--host-cpu",
+        action="store_true",
+        help="also report, for the burst, the machine's busy and idle CPU seconds, PostgreSQL's and "
+        "Redis's (this machine's servers), and this client's",
+    )
     p.add_argument(
         "--agent-args",
         default="",
@@ -369,10 +397,16 @@ def main() -> int:  # noqa: PLR0915 - one linear script, read top to bottom
         burst = Submitter(base, token, args.threads, args.reconnect_every)
         say(f"throughput phase: {args.jobs - args.paced} jobs, {args.threads} client threads")
         cpu_before = procs.cpu_seconds()
+        redis_port = urlsplit(args.redis).port or 6379
+        host_before = (host_cpu(redis_port), sum(os.times()[:2])) if args.host_cpu else None
         burst_start = time.time()
         burst.run([(i, bodies[i], None) for i in range(args.paced, args.jobs)])
         burst_end = max((r["done"] for r in burst.results.values()), default=time.time())
         cpu_burst = {k: round(v - cpu_before.get(k, 0.0), 1) for k, v in procs.cpu_seconds().items()}
+        if host_before is not None:
+            host, client = host_cpu(redis_port), sum(os.times()[:2])
+            cpu_burst.update({k: round(v - host_before[0][k], 2) for k, v in host.items()})
+            cpu_burst["bench_client"] = round(client - host_before[1], 2)
         say("waiting for every job to finish")
         all_results = {**paced.results, **burst.results}
         ids = [r["id"] for r in all_results.values() if r["id"]]
