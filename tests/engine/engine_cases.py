@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from scheduling.engine.types import JobRequest, NodeSpec, QuotaSpec
+from scheduling.engine.runtimes import KEEP
+from scheduling.engine.types import FinishedRun, JobRequest, NodeSpec, QuotaSpec
 
 MODELS = ("H100", "A100", "T4")
 
@@ -99,3 +100,21 @@ def quota_sets(draw) -> list[QuotaSpec]:
         g = draw(st.integers(0, 8))
         out.append(QuotaSpec(t, "*", g, g + draw(st.integers(0, 16)), 1.0))
     return out
+
+
+# Few values of each field, so that keys share runs, runs tie on their end, and the same run
+# comes twice (a live read overlapping what was recorded).
+finished_runs = st.lists(
+    st.builds(
+        FinishedRun,
+        job_id=st.sampled_from([f"j{i}" for i in range(6)]),
+        tenant=st.sampled_from(["a", "b"]),
+        kind=st.sampled_from(["batch", "training"]),
+        runtime_s=st.sampled_from([-5.0, 0.0, 30.0, 60.0, 600.0, 7200.0]),
+        ended_at=st.sampled_from([0.0, 1.0, 2.0, 50.0]),
+        outcome=st.sampled_from(["succeeded", "failed", "preempted", "cancelled"]),
+        user=st.sampled_from(["", "u1", "u2"]),
+        name=st.sampled_from(["", "train"]),
+    ),
+    max_size=3 * KEEP,
+)

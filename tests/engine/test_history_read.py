@@ -13,27 +13,11 @@ from hypothesis import strategies as st
 from scheduling.engine.backfill import History
 from scheduling.engine.runtimes import KEEP, RecentRuns
 from scheduling.engine.types import FinishedRun
-
-# Few values of each field, so that keys share runs, runs tie on their end, and the same run
-# comes twice (a live read overlapping what was recorded).
-_runs = st.lists(
-    st.builds(
-        FinishedRun,
-        job_id=st.sampled_from([f"j{i}" for i in range(6)]),
-        tenant=st.sampled_from(["a", "b"]),
-        kind=st.sampled_from(["batch", "training"]),
-        runtime_s=st.sampled_from([-5.0, 0.0, 30.0, 60.0, 600.0, 7200.0]),
-        ended_at=st.sampled_from([0.0, 1.0, 2.0, 50.0]),
-        outcome=st.sampled_from(["succeeded", "failed", "preempted", "cancelled"]),
-        user=st.sampled_from(["", "u1", "u2"]),
-        name=st.sampled_from(["", "train"]),
-    ),
-    max_size=3 * KEEP,
-)
+from tests.engine.engine_cases import finished_runs
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(runs=_runs, keep=st.integers(1, 4))
+@given(runs=finished_runs, keep=st.integers(1, 4))
 def test_the_backfill_history_read_at_once_keeps_what_one_run_at_a_time_keeps(runs, keep):
     one_by_one = History(keep)
     for r in runs:
@@ -43,7 +27,7 @@ def test_the_backfill_history_read_at_once_keeps_what_one_run_at_a_time_keeps(ru
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(runs=_runs)
+@given(runs=finished_runs)
 def test_the_recent_runs_read_at_once_keep_what_one_run_at_a_time_keeps(runs):
     one_by_one = RecentRuns()
     for r in runs:

@@ -18,8 +18,7 @@ from scheduling.engine.kept_history import KeptHistory, Runtimes
 from scheduling.engine.policy import TesseraScheduler
 from scheduling.engine.runtimes import RecentRuns
 from scheduling.engine.types import FinishedRun, JobRequest, Placement, RunningJob, Snapshot
-from tests.engine.engine_cases import node
-from tests.engine.test_history_read import _runs
+from tests.engine.engine_cases import finished_runs, node
 
 # A read: runs of the pool (the same objects from read to read, as the services' row memo gives
 # them), some read afresh (equal, not the same object), some given twice.
@@ -38,7 +37,7 @@ def _same(a: Runtimes, b: Runtimes) -> None:
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(pool=_runs, reads=_reads)
+@given(pool=finished_runs, reads=_reads)
 def test_the_kept_histories_are_those_built_afresh_from_each_read(pool, reads):
     if not pool:
         return
