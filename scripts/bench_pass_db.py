@@ -157,7 +157,7 @@ def main() -> int:
         backend = cur.fetchone()[0]
 
     executes = [0]
-    # Older checkouts' passes read the pending jobs first without being told a pass was asked.
+    # Checkouts between 509bd9a and the queue-first read took whether a pass was asked for.
     asked = {"expect_pending": True} if "expect_pending" in passes._one_pass.__code__.co_varnames else {}
 
     def count(execute, sql, params, many, context):

@@ -149,9 +149,9 @@ def run_pass(now: datetime | None = None, max_rounds: int = 3) -> PassResult | N
                 return None
         unlocked = False
         try:
-            asked = triggers.take_again()
+            triggers.take_again()
             at = now or timezone.now()
-            result = _one_pass(at, expect_pending=asked)
+            result = _one_pass(at)
             if result.undecided:
                 triggers.set_again()  # the rest are decided by the next round (or, after max_rounds, task)
             # The pass's record and the lock's release: one round trip where they can share it.
@@ -197,22 +197,18 @@ def engine_config(knobs: Mapping[str, Any] | None = None) -> EngineConfig:
         return base
 
 
-def _one_pass(now: datetime, expect_pending: bool = False) -> PassResult:
+def _one_pass(now: datetime) -> PassResult:
     """Decide and apply, at ``now`` (recorded by the caller, :func:`record_pass`).
 
-    ``expect_pending``: a pass was asked for, which is done only while a job is pending
-    (``triggers.request_pass``): the pending jobs are then read with the rest of the cluster,
-    one round trip, rather than first on their own (what a pass that finds none reads)."""
+    The queue, and whether a running job can grow, are read first (one round trip); the rest of
+    the cluster only if there is something to decide. A pass is asked for only while a job is
+    pending, but many find it bound already, by the pass that ran as it was asked for (a submit's
+    and an exit's request for one job, say): under ``make bench-e2e`` a quarter of the passes.
+    Reading the queue with the cluster in one round trip made each of those read the whole
+    cluster for nothing (docs/benchmarks/e2e.md)."""
     started = clock()
-    loaded: LoadedSnapshot | None = None
-    if expect_pending:
-        loaded = load_snapshot(now)
-        if not loaded.snapshot.pending and not resizes.growable():
-            loaded = None
-    else:
-        pending = pending_rows()
-        if pending or resizes.growable():
-            loaded = load_snapshot(now, pending)
+    pending, growable = pending_rows(resizes.GROWABLE)
+    loaded = load_snapshot(now, pending) if pending or growable else None
     if loaded is not None:
         # The time budget bounds the deciding (a slow snapshot read must not leave it no time:
         # it would then decide nothing, pass after pass). What a cut-short pass did not reach is

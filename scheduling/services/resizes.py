@@ -32,7 +32,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Sum
+from django.db.models import QuerySet, Sum
 from django.utils import timezone
 
 from scheduling.choices import EventType, JobState
@@ -49,7 +49,7 @@ from scheduling.services.jobs import (
     record_event,
     release_allocations,
 )
-from scheduling.services.snapshot import LoadedSnapshot, job_request
+from scheduling.services.snapshot import LoadedSnapshot, PreparedRead, job_request
 from scheduling.services.triggers import request_pass_on_commit
 
 log = logging.getLogger("tessera.resizes")
@@ -116,11 +116,15 @@ def bound_sizes(jobs: list[Job], allocs: list[Allocation]) -> Write | None:
 _WRITE_SIZE_REASONS = RowsUpdate(Job, ("size_reason",))
 
 
-def growable() -> bool:
-    """Is a running job below its full size with no shrink under way (a pass may grow it)?"""
+def _growable() -> QuerySet:
     below = Job.objects.filter(state=JobState.RUNNING).exclude(size_reason="")
     leaving = Allocation.objects.filter(released_at__isnull=True, leaving_at__isnull=False)
-    return below.exclude(pk__in=leaving.values("job_id")).exists()
+    return below.exclude(pk__in=leaving.values("job_id")).order_by().values_list("id")[:1]
+
+
+# A running job below its full size with no shrink under way (a pass may grow it): one id, or
+# none. Read by every pass with the queue, in one round trip (``passes._one_pass``).
+GROWABLE = PreparedRead(_growable)
 
 
 def _replicas(allocs: list[Allocation]) -> set[int]:

@@ -404,9 +404,11 @@ _HOLDING = PreparedRead(
 )
 
 
-def pending_rows() -> list[dict[str, Any]]:
-    """The pending jobs, as ``JOB_FIELDS`` rows (none: the pass has nothing to decide)."""
-    return _job_rows(_PENDING.rows())
+def pending_rows(also: PreparedRead) -> tuple[list[dict[str, Any]], list[Sequence[Any]]]:
+    """The pending jobs, as ``JOB_FIELDS`` rows (none: the pass has nothing to decide), and the
+    rows of ``also``, in one round trip."""
+    queued, rows = read_together((_PENDING,), (also,))
+    return _job_rows(queued), rows
 
 
 def _job_rows(rows: list[Sequence[Any]]) -> list[dict[str, Any]]:

@@ -416,7 +416,7 @@ def test_an_elastic_job_grows_when_capacity_frees_and_shrinks_instead_of_being_p
         name="server", kind="inference", command=server, gpus=2, node_selector={"host": "e2e-b"}
     )
     stack.wait("the service to run", lambda: stack.job(service)["state"] == "running")
-    assert _sizes(stack, elastic) == [("grown", 2, 4), ("shrunk", 4, 2)]
+    assert _sizes(stack, elastic) == [("grown", 2, 4), ("shrunk", 4, 2)], stack.events(elastic)
     job = stack.finished(elastic)
     assert job["state"] == "succeeded", f"{job}\n{stack.procs.report()}"
     assert job["attempts"] == 0  # never restarted
