@@ -17,7 +17,7 @@ from django.db import connection
 from scheduling.engine.memory import EngineMemory
 from scheduling.models import EngineMemoryRecord
 from scheduling.services.bulk import Write, column_of, field_of, statements_together, write_together
-from scheduling.services.snapshot import StoredMemory
+from scheduling.services.snapshot import StoredMemory, remember_written
 
 
 def memory_write(
@@ -28,6 +28,7 @@ def memory_write(
     it in between. A pass that binds sends it with its first chunk's writes (``passes.py``: one
     transaction, no round trip of its own); :func:`store_memory` sends it alone."""
     doc = memory.to_json()
+    remember_written(doc, memory)
     ids = sorted(not_reached)
     if before.same(doc, ids):
         return None

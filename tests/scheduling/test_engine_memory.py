@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from scheduling.choices import JobState
 from scheduling.engine.config import EngineConfig
-from scheduling.engine.memory import VERSION
+from scheduling.engine.memory import VERSION, EngineMemory
 from scheduling.engine.policy import TesseraScheduler
 from scheduling.engine.types import Decisions
 from scheduling.models import EngineMemoryRecord, Job, Node
@@ -122,6 +122,27 @@ def test_a_pass_stores_what_its_engine_left_and_memory_unchanged_is_not_written_
     stored = load_snapshot(timezone.now()).stored
     store_memory(stored.memory, sorted(stored.not_reached), stored, timezone.now() + timedelta(hours=1))
     assert EngineMemoryRecord.objects.get().updated_at == row.updated_at
+
+
+def test_a_pass_takes_the_memory_it_stored_as_it_was_and_decodes_another_writers(
+    world, full_node, monkeypatch
+):
+    helpers.submit(world.alice, world.vision, name="next", gpus=8)
+    passes.run_pass()
+    decoded: list[object] = []
+    real = EngineMemory.from_json
+    monkeypatch.setattr(
+        EngineMemory, "from_json", classmethod(lambda cls, doc: decoded.append(doc) or real(doc))
+    )
+    stored = load_snapshot(timezone.now()).stored
+    assert decoded == [] and [r.job_id for r in stored.memory.reservations] == [
+        str(Job.objects.get(name="next").pk)
+    ]
+    # Another process wrote the row since: its document is decoded, not taken for this one's
+    doc = {**EngineMemoryRecord.objects.get().memory, "rack_gang_gpus": 16.0}
+    EngineMemoryRecord.objects.filter(pk=1).update(memory=doc)
+    stored = load_snapshot(timezone.now()).stored
+    assert len(decoded) == 1 and stored.memory.rack_gang_gpus == 16.0
 
 
 def test_a_memory_this_engine_cannot_read_is_set_aside_with_a_warning(world, full_node, caplog):
