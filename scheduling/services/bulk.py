@@ -162,8 +162,27 @@ class RowsUpdate:
             return Write("", [], lambda: rows.bulk_update(objs, self.names))
         sql, fields = self._statement(len(objs) == 1)
         values = [[f.get_db_prep_save(getattr(o, f.attname), connection) for f in fields] for o in objs]
+        return self._write(sql, values)
+
+    def write_values(self, rows: Sequence[Sequence[Any]]) -> Write | None:
+        """:meth:`write` for rows given as values, each (primary key, then one value per name, in
+        order), already as the database takes them (str, int, an aware datetime, None): no model
+        object is made per row on PostgreSQL (a pass rewrites hundreds of waiting jobs' reasons;
+        making a ``Job`` for each and preparing its fields took ~0.1 ms a row,
+        docs/benchmarks/e2e.md)."""
+        if not rows:
+            return None
+        if connection.vendor != "postgresql":
+            pk = self.model._meta.pk.attname
+            return self.write(
+                [self.model(**{pk: row[0], **dict(zip(self.names, row[1:], strict=True))}) for row in rows]
+            )
+        sql, _fields = self._statement(len(rows) == 1)
+        return self._write(sql, [list(row) for row in rows])
+
+    def _write(self, sql: str, values: list[list[Any]]) -> Write:
         also = [self.where[1]] if self.where else []
-        params = [*values[0][1:], values[0][0]] if len(objs) == 1 else _by_column(values)
+        params = [*values[0][1:], values[0][0]] if len(values) == 1 else _by_column(values)
         return Write(sql, [*params, *also])
 
     def run(self, objs: Sequence[Model]) -> None:

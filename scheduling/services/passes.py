@@ -605,8 +605,8 @@ def _store_pending_reasons(
     after pass). A job with an estimate gets its start, band, basis and place in the queue; one
     without, the reason's own estimated start (a backoff's end) and none of the rest. Without
     ``estimates`` (not planned this pass) the stored ones stay."""
-    kept: list[Job] = []  # a new reason, the stored estimate kept
-    rows: list[Job] = []  # a new reason with a new estimate, or with none (cleared)
+    kept: list[ReasonRow] = []  # a new reason, the stored estimate kept
+    rows: list[ReasonRow] = []  # a new reason with a new estimate, or with none (cleared)
     for job_id, reason in decisions.pending.items():
         stored = loaded.reasons.get(job_id)  # None: not pending when the snapshot was read
         if stored is None:
@@ -642,22 +642,22 @@ def _store_pending_reasons(
     with nullcontext() if together else transaction.atomic():
         write_together(
             Write(_NO_FLUSH, []) if connection.vendor == "postgresql" else None,
-            _WRITE_REASONS.write(kept),
-            _WRITE_ESTIMATES.write(rows),
+            _WRITE_REASONS.write_values(kept),
+            _WRITE_ESTIMATES.write_values(rows),
         )
-        changed = sorted(job.pk for job in (*kept, *rows))
+        changed = sorted(row[0] for row in (*kept, *rows))
         jobs = [job for job in jobs_from_rows(_JOBS.rows(changed)) if job.state == JobState.PENDING]
         live.publish_jobs(jobs)
 
 
-def _reason_row(job_id: str, reason: StoredReason, band: StoredEstimate | None = None) -> Job:
+# A job's row for :data:`_WRITE_REASONS` or :data:`_WRITE_ESTIMATES`: its primary key, then the
+# columns' values in their order.
+ReasonRow = tuple[Any, ...]
+
+
+def _reason_row(job_id: str, reason: StoredReason, band: StoredEstimate | None = None) -> ReasonRow:
     """A job's new reason (code, message, estimated start) and, unless None, estimate band."""
-    fields: dict[str, Any] = dict(
-        zip(("pending_code", "pending_reason", "estimated_start"), reason, strict=True)
-    )
-    if band is not None:
-        fields.update(zip(ESTIMATE_FIELDS, band, strict=True))
-    return Job(pk=int(job_id), **fields)
+    return (int(job_id), *reason) if band is None else (int(job_id), *reason, *band)
 
 
 def _at(t: float | None) -> datetime | None:
