@@ -49,6 +49,42 @@ def test_an_agents_wakes_are_merged_into_one_carrying_every_binding():
     ]
 
 
+def test_the_in_memory_layer_delivers_a_batch_in_order_past_a_failed_send(monkeypatch):
+    """The embedded default's layer gets a whole batch in one trip to an event loop: every member
+    of each group receives its messages in the batch's order, and a send that fails loses only
+    its own message."""
+    from channels.layers import InMemoryChannelLayer
+
+    class Flaky(InMemoryChannelLayer):
+        async def group_send(self, group, message):
+            if message.get("fail"):
+                raise RuntimeError("full")
+            await super().group_send(group, message)
+
+    layer = Flaky()
+    monkeypatch.setattr(live, "get_channel_layer", lambda: layer)
+    a, b = async_to_sync(layer.new_channel)(), async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)("jobs.tenant.1", a)
+    async_to_sync(layer.group_add)("jobs.operators", a)
+    async_to_sync(layer.group_add)("jobs.operators", b)
+    batch = [
+        ("jobs.tenant.1", _job(1, "pending")),
+        ("jobs.operators", _job(1, "pending")),
+        ("jobs.operators", {**_job(2, "pending"), "fail": True}),
+        ("jobs.tenant.1", _job(3, "running")),
+        ("jobs.operators", _job(3, "running")),
+    ]
+    live._send(batch)
+
+    def received(channel: str, n: int) -> list[tuple[int, str]]:
+        out = [async_to_sync(layer.receive)(channel) for _ in range(n)]
+        assert not layer.channels.get(channel)  # nothing more was sent to it
+        return [(m["job"]["id"], m["job"]["state"]) for m in out]
+
+    assert received(a, 4) == [(1, "pending"), (1, "pending"), (3, "running"), (3, "running")]
+    assert received(b, 2) == [(1, "pending"), (3, "running")]
+
+
 @pytest.fixture
 def redis_layer(redis_url):
     """channels_redis's layer on the test run's layer database, under a prefix of its own."""
