@@ -341,11 +341,12 @@ LOCK_JOBS = PreparedRead(
 )
 
 
-def jobs_from_rows(rows) -> list[Job]:
-    """Jobs from ``JOB_COLUMNS`` rows followed by their tenant's name (the tenant built from it)."""
+def jobs_from_rows(rows, columns: tuple[str, ...] = JOB_COLUMNS) -> list[Job]:
+    """Jobs from rows of ``columns`` (the rest deferred) followed by their tenant's name (the
+    tenant built from it)."""
     jobs = []
     for row in rows:
-        job = Job.from_db("default", JOB_COLUMNS, row[:-1])
+        job = Job.from_db("default", columns, row[:-1])
         job.tenant = Tenant(id=job.tenant_id, name=row[-1])
         jobs.append(job)
     return jobs

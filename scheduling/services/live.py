@@ -279,6 +279,27 @@ def publish_on_commit(*messages: Message) -> None:
         transaction.on_commit(lambda: _send(list(messages)))
 
 
+# The job's columns :func:`job_payload` reads (besides its tenant's name).
+PAYLOAD_FIELDS = frozenset(
+    {
+        "id",
+        "name",
+        "tenant_id",
+        "kind",
+        "state",
+        "gpus",
+        "queue_level",
+        "priority",
+        "pending_reason",
+        "pending_code",
+        "submitted_at",
+        "started_at",
+        "finished_at",
+        "exit_code",
+    }
+)
+
+
 def job_payload(job) -> dict[str, Any]:
     """What a dashboard shows of a job (the tenant's own users and operators only)."""
     return {

@@ -48,7 +48,6 @@ from scheduling.services.bulk import (
 )
 from scheduling.services.inventory import HOLDERS, Holder, device_rows, holders_of
 from scheduling.services.jobs import (
-    JOB_COLUMNS,
     LOCK_JOBS,
     allocations_payload,
     begin_stop,
@@ -362,8 +361,12 @@ def _add_pass(state: SchedulerState, result: PassResult, now: datetime) -> dict[
     return fields
 
 
-_JOBS = PreparedRead(
-    lambda ids: Job.objects.filter(pk__in=ids).order_by("pk").values_list(*JOB_COLUMNS, "tenant__name")
+# What a waiting job's live update shows (``live.job_payload``), in the model's order (as the
+# prepared read's rows come): reading whole rows, their JSON columns decoded, cost more than the
+# write of the changed reasons itself (docs/benchmarks/scheduling-pass.md).
+_PAYLOAD_COLUMNS = tuple(f.attname for f in Job._meta.concrete_fields if f.attname in live.PAYLOAD_FIELDS)
+_PENDING_PAYLOADS = PreparedRead(
+    lambda ids: Job.objects.filter(pk__in=ids).order_by("pk").values_list(*_PAYLOAD_COLUMNS, "tenant__name")
 )
 # In the model's order: the prepared read's rows come in that order, whatever values_list asks.
 _NODE_COLUMNS = tuple(
@@ -646,7 +649,8 @@ def _store_pending_reasons(
             _WRITE_ESTIMATES.write_values(rows),
         )
         changed = sorted(row[0] for row in (*kept, *rows))
-        jobs = [job for job in jobs_from_rows(_JOBS.rows(changed)) if job.state == JobState.PENDING]
+        rows = _PENDING_PAYLOADS.rows(changed)
+        jobs = [job for job in jobs_from_rows(rows, _PAYLOAD_COLUMNS) if job.state == JobState.PENDING]
         live.publish_jobs(jobs)
 
 

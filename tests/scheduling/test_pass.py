@@ -6,7 +6,7 @@ import pytest
 from django.utils import timezone
 
 from scheduling.choices import EventType, JobState
-from scheduling.engine.types import Binding, Decisions, Placement
+from scheduling.engine.types import Binding, Decisions, PendingReason, Placement
 from scheduling.models import Allocation, Node
 from scheduling.services import passes, triggers
 from scheduling.services.snapshot import load_snapshot
@@ -240,3 +240,29 @@ def test_a_reason_is_rewritten_when_its_text_changes_or_its_estimate_moves_a_min
     assert reason_changed((*reserved, None), (*reserved, t))
     assert reason_changed((*reserved, t), (*reserved, None))
     assert not reason_changed(("quota", "quota: full", None), ("quota", "quota: full", None))
+
+
+def test_a_changed_reason_reaches_dashboards_with_the_jobs_whole_payload(
+    world, two_nodes, monkeypatch, django_capture_on_commit_callbacks, django_assert_max_num_queries
+):
+    """The pass reads back only the columns a dashboard's job update shows; the update is the same
+    as one built from the whole row, and reading it back costs no query per job."""
+    from scheduling.models import Job
+    from scheduling.services import live
+
+    jobs = [helpers.submit(world.alice, world.vision, gpus=8, priority=p) for p in (1, 2, 3, 4)]
+    passes.run_pass()  # two run, two wait
+    sent: list = []
+    monkeypatch.setattr(live, "_send", lambda messages, changed=(): sent.extend(messages))
+    loaded = load_snapshot(timezone.now())
+    decisions = Decisions()
+    for job in loaded.snapshot.pending:
+        decisions.pending[job.id] = PendingReason("capacity", f"capacity: job {job.id} still waits")
+    with django_capture_on_commit_callbacks(execute=True), django_assert_max_num_queries(4):
+        passes._store_pending_reasons(decisions, loaded, None)
+    waiting = Job.objects.select_related("tenant").filter(pk__in=[j.pk for j in jobs], state=JobState.PENDING)
+    expected = {(f"jobs.tenant.{j.tenant_id}", j.pk): live.job_payload(j) for j in waiting}
+    assert len(expected) == 2
+    got = {(group, m["job"]["id"]): m["job"] for group, m in sent if group.startswith("jobs.tenant.")}
+    assert got == expected
+    assert all(p["pending_reason"] == f"capacity: job {p['id']} still waits" for p in got.values())
