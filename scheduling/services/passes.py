@@ -649,8 +649,8 @@ def _store_pending_reasons(
             _WRITE_ESTIMATES.write_values(rows),
         )
         changed = sorted(row[0] for row in (*kept, *rows))
-        rows = _PENDING_PAYLOADS.rows(changed)
-        jobs = [job for job in jobs_from_rows(rows, _PAYLOAD_COLUMNS) if job.state == JobState.PENDING]
+        shown = jobs_from_rows(_PENDING_PAYLOADS.rows(changed), _PAYLOAD_COLUMNS)
+        jobs = [job for job in shown if job.state == JobState.PENDING]
         live.publish_jobs(jobs)
 
 
