@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -22,21 +23,48 @@ class Geometry:
 
 
 def geometry(job: JobRequest, min_split: int = 1) -> Geometry:
-    replicas = max(1, job.replicas)
-    per = job.gpus / replicas
-    cpu = to_milli(job.cpus / replicas)
-    mem = int(round(job.memory_gib * 1024 / replicas))
+    return _geometry(
+        job.replicas,
+        job.gpus,
+        job.cpus,
+        job.memory_gib,
+        job.topology == "nvlink",
+        job.min_available,
+        job.elastic_max_gpus,
+        job.elastic_min_gpus,
+        min_split,
+    )
+
+
+# Jobs share a few shapes: a pass laying thousands of running jobs on the cluster asks for the
+# same ones again and again (docs/benchmarks/scheduling-pass.md).
+@functools.lru_cache(maxsize=4096)
+def _geometry(
+    replicas: int,
+    gpus: float,
+    cpus: float,
+    memory_gib: float,
+    nvlink: bool,
+    min_available: int | None,
+    elastic_max_gpus: int | None,
+    elastic_min_gpus: int | None,
+    min_split: int,
+) -> Geometry:
+    replicas = max(1, replicas)
+    per = gpus / replicas
+    cpu = to_milli(cpus / replicas)
+    mem = int(round(memory_gib * 1024 / replicas))
     if per <= 0:
         req = ReplicaReq(0, 0, cpu, mem)
     elif per < 1:
         req = ReplicaReq(to_milli(per), 1, cpu, mem)
     else:
-        req = ReplicaReq(MILLI, int(round(per)), cpu, mem, job.topology == "nvlink")
-    top, need = replicas, job.min_available or replicas
-    if job.elastic_max_gpus and per > 0:
-        top = max(1, int(job.elastic_max_gpus // per))
-        if job.min_available is None and job.elastic_min_gpus:
-            need = max(1, -(-int(job.elastic_min_gpus) // max(1, int(round(per)))))
+        req = ReplicaReq(MILLI, int(round(per)), cpu, mem, nvlink)
+    top, need = replicas, min_available or replicas
+    if elastic_max_gpus and per > 0:
+        top = max(1, int(elastic_max_gpus // per))
+        if min_available is None and elastic_min_gpus:
+            need = max(1, -(-int(elastic_min_gpus) // max(1, int(round(per)))))
     need = max(1, min(need, top))
     if req.milli >= MILLI and req.count:
         charge = MILLI * max(1 << order_for(req.count), min_split)

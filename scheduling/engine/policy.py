@@ -186,9 +186,10 @@ class TesseraScheduler:
         if memory is None:
             for job in snapshot.pending:
                 s.submit(job)
-            for run in snapshot.running:
-                s.adopt(run.job, run.placements, run.started_at, run.last_checkpoint_at, run.terminating)
-                s.adopt_leaving(run.job.id, run.leaving, run.leaving_until)
+            with s.state.batched():
+                for run in snapshot.running:
+                    s.adopt(run.job, run.placements, run.started_at, run.last_checkpoint_at, run.terminating)
+                    s.adopt_leaving(run.job.id, run.leaving, run.leaving_until)
             return s
         s.restore(memory)
         jobs = [*snapshot.pending, *(r.job for r in snapshot.running)]
@@ -196,11 +197,11 @@ class TesseraScheduler:
             s._note(job)
         for job in snapshot.pending:
             s.submit(job, note=False)
-        for run in snapshot.running:
-            s.adopt(
-                run.job, run.placements, run.started_at, run.last_checkpoint_at, run.terminating, note=False
-            )
-            s.adopt_leaving(run.job.id, run.leaving, run.leaving_until)
+        with s.state.batched():  # one leave and join of its group per node, not per replica
+            for run in snapshot.running:
+                checkpoint, terminating = run.last_checkpoint_at, run.terminating
+                s.adopt(run.job, run.placements, run.started_at, checkpoint, terminating, note=False)
+                s.adopt_leaving(run.job.id, run.leaving, run.leaving_until)
         return s
 
     def restore(self, memory: EngineMemory) -> None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import bisect
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -191,6 +193,7 @@ class ClusterState:
         # (node, GPU) -> tenant -> fractions it holds there; kept only with exclusive GPU
         # shares (:meth:`keep_share_tenants`), None otherwise (nothing kept, nothing slower).
         self.share_tenants: dict[tuple[int, int], dict[str, int]] | None = None
+        self._batch: dict[int, None] | None = None  # nodes taken from in a batch (:meth:`batched`)
         for n in self.nodes:
             self._join(n)
 
@@ -357,10 +360,16 @@ class ClusterState:
         tenant: str = "",
     ) -> Alloc:
         n = self.nodes[node]
-        self._leave(n)
+        batch = self._batch
+        if batch is None:
+            self._leave(n)
+        elif node not in batch:
+            self._leave(n)
+            batch[node] = None
         for g in gpus:
             if n.free[g] < milli:
-                self._join(n)
+                if batch is None:
+                    self._join(n)
                 raise ValueError(f"GPU {g} of {n.spec.name} has {n.free[g]} milli free, not {milli}")
             if n.free[g] == MILLI:
                 self._island(n, g).take(g)
@@ -369,7 +378,8 @@ class ClusterState:
             n.cpu -= cpu
         if n.mem < UNTRACKED:
             n.mem -= mem
-        self._join(n)
+        if batch is None:
+            self._join(n)
         self.version += 1
         alloc = Alloc(node, tuple(gpus), milli, cpu, mem, replica, tenant)
         self.allocs.setdefault(job_id, []).append(alloc)
@@ -379,7 +389,24 @@ class ClusterState:
                 held[tenant] = held.get(tenant, 0) + 1
         return alloc
 
+    @contextmanager
+    def batched(self) -> Iterator[None]:
+        """Takes without the groups kept current: each node taken from leaves its group at its
+        first take and joins the group of its final state at the end (how a snapshot's running
+        jobs are laid on a fresh state: one leave and join per node, not per replica). Nothing
+        may read the groups, histograms or sums meanwhile; the nodes' capacities, islands and
+        holders are the same as after the same takes one by one."""
+        assert self._batch is None, "batches do not nest"
+        self._batch = {}
+        try:
+            yield
+        finally:
+            touched, self._batch = self._batch, None
+            for node in touched:
+                self._join(self.nodes[node])
+
     def give(self, alloc: Alloc) -> None:
+        assert self._batch is None, "a batch only takes"
         n = self.nodes[alloc.node]
         self._leave(n)
         for g in alloc.gpus:
