@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
-import django
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # after PYTHONPATH (scripts/bench_db.py)
+from scripts.bench_db import fresh_postgres  # noqa: E402
 
 
 def main() -> int:
@@ -35,13 +36,9 @@ def main() -> int:
     p.add_argument("--webhook", action="store_true")
     p.add_argument("--pending", action="store_true")
     args = p.parse_args()
-    if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
-        print("DATABASE_URL must name a PostgreSQL database", file=sys.stderr)
+    if not fresh_postgres():
         return 2
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
-    django.setup()
 
-    from django.core.management import call_command
     from django.utils import timezone
 
     from scheduling.choices import JobState
@@ -51,8 +48,6 @@ def main() -> int:
 
     print(f"code: {agents.__file__}", file=sys.stderr)
 
-    call_command("migrate", verbosity=0)
-    call_command("flush", interactive=False, verbosity=0)
     tenant = Tenant.objects.create(name="bench")
     node = Node.objects.create(name="bench-01", rack="r1", nvlink_domain=4, cpus=64, memory_gib=512)
     devices = [

@@ -37,9 +37,11 @@ import statistics
 import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
-import django
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # after PYTHONPATH (scripts/bench_db.py)
+from scripts.bench_db import fresh_postgres  # noqa: E402
 
 PATHS = {"prepared": True, "client": False}
 
@@ -75,15 +77,11 @@ def main() -> int:
         "to compare with another checkout's, PYTHONPATH=<checkout>)",
     )
     args = p.parse_args()
-    if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
-        print("DATABASE_URL must name a PostgreSQL database", file=sys.stderr)
+    if not fresh_postgres():
         return 2
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
-    django.setup()
 
     from django.conf import settings
     from django.contrib.auth import get_user_model
-    from django.core.management import call_command
     from django.db import connection
     from django.utils import timezone
 
@@ -92,8 +90,6 @@ def main() -> int:
     from scheduling.services import passes
     from scheduling.services.snapshot import load_snapshot
 
-    call_command("migrate", verbosity=0)
-    call_command("flush", interactive=False, verbosity=0)
     now = timezone.now()
     tenants = [Tenant.objects.create(name=f"t{i}") for i in range(args.tenants)]
     users = [get_user_model().objects.create(username=f"u{i}") for i in range(8)]

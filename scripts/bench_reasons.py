@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
-import django
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # after PYTHONPATH (scripts/bench_db.py)
+from scripts.bench_db import fresh_postgres  # noqa: E402
 
 
 def main() -> int:
@@ -33,15 +34,11 @@ def main() -> int:
     p.add_argument("--jobs", type=int, default=300, help="pending jobs, each with a new reason per round")
     p.add_argument("--rounds", type=int, default=40, help="measured rounds (after 5 unmeasured)")
     args = p.parse_args()
-    if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
-        print("DATABASE_URL must name a PostgreSQL database", file=sys.stderr)
+    if not fresh_postgres():
         return 2
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
-    django.setup()
 
     from channels.layers import get_channel_layer
     from django.contrib.auth import get_user_model
-    from django.core.management import call_command
     from django.utils import timezone
 
     from scheduling.choices import JobState
@@ -50,8 +47,6 @@ def main() -> int:
     from scheduling.services import passes
     from scheduling.services.snapshot import load_snapshot
 
-    call_command("migrate", verbosity=0)
-    call_command("flush", interactive=False, verbosity=0)
     tenant = Tenant.objects.create(name="t0")
     owner = get_user_model().objects.create(username="u0")
     Job.objects.bulk_create(
