@@ -362,8 +362,8 @@ def _add_pass(state: SchedulerState, result: PassResult, now: datetime) -> dict[
 
 
 # What a waiting job's live update shows (``live.job_payload``), in the model's order (as the
-# prepared read's rows come): reading whole rows, their JSON columns decoded, cost more than the
-# write of the changed reasons itself (docs/benchmarks/scheduling-pass.md).
+# prepared read's rows come): whole rows, their JSON columns decoded, made storing changed
+# reasons ~15% dearer (docs/benchmarks/scheduling-pass.md).
 _PAYLOAD_COLUMNS = tuple(f.attname for f in Job._meta.concrete_fields if f.attname in live.PAYLOAD_FIELDS)
 _PENDING_PAYLOADS = PreparedRead(
     lambda ids: Job.objects.filter(pk__in=ids).order_by("pk").values_list(*_PAYLOAD_COLUMNS, "tenant__name")
