@@ -391,6 +391,9 @@ class JobProcess:
         # Only a job that can change size has a world file; any other's world is its environment.
         self.resizable = bool(binding.get("resizable", True))
         self._checkpoints_before_stop = 0
+        # A checkpoint a stop asked for is seen and not yet taken by the server: sent at every
+        # tick until it is (not held back by the once-a-minute bound), and before the exit report.
+        self._owed_checkpoint = False
         self._disk_check_at = 0.0  # when its directories are summed next (``--job-disk-mb``)
 
     @property
@@ -825,21 +828,27 @@ class JobProcess:
             self.stop("not bound", 0)
         self._started_pending = False
 
-    def _report_checkpoint(self, force: bool = False) -> None:
-        """Report the marker's newest line, if one is due (at most one a minute; ``force``: now)."""
+    def _report_checkpoint(self, force: bool = False) -> bool:
+        """Report the marker's newest line, if one is due (at most one a minute; ``force`` or a
+        checkpoint a stop asked for: now). False when the server could not be reached (the
+        report is due again)."""
         if self.marker is None or self.silent:
-            return
+            return True
         now = time.monotonic()
+        force = force or self._owed_checkpoint
         due: Checkpoint | None = self.marker.unreported if force else self.marker.due(now)
         if due is None:
-            return
+            self._owed_checkpoint = False
+            return True
         try:
             self.client.checkpointed(self.job_id, self.attempt, self.replica, due.at, due.line)
         except ServerError:
-            return  # next tick
+            return False  # next tick
         except Rejected as exc:
             log.info("job %s: checkpoint report refused (%s)", self.job_id, exc)
         self.marker.reported(due, now)
+        self._owed_checkpoint = False
+        return True
 
     def _supervise(self) -> None:
         try:
@@ -911,7 +920,7 @@ class JobProcess:
             if self.pids is not None:
                 self.pids.observe()  # at every tick: a wrap of the pid numbers is seen
             if self.marker is not None and self.marker.look() and self._term_at is not None:
-                self._report_checkpoint(force=True)  # the checkpoint a stop asked for: at once
+                self._owed_checkpoint = True  # the checkpoint a stop asked for: at once
             if not self.silent:
                 self._report_checkpoint()
                 if now >= self._ship_at:
@@ -943,10 +952,11 @@ class JobProcess:
     def _finish(self) -> None:
         if self.marker is not None:
             self.marker.look()  # a line written just before the exit counts too
-            self._report_checkpoint(force=True)
+            self._owed_checkpoint = True  # any line not yet reported goes before the exit
         delay = 0.5
         while not self.silent:
-            if not self._ship_logs():
+            # Before the exit report: the server takes a checkpoint only from a running attempt.
+            if not self._report_checkpoint() or not self._ship_logs():
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue

@@ -48,6 +48,7 @@ class FakeServer:
         self.exits: list[dict[str, Any]] = []
         self.orders: list[dict[str, Any]] = []
         self.refuse_started = False
+        self.unreachable_checkpoints = 0  # the next this many checkpoint reports fail (no answer)
         self.report_utilisation = False  # what the heartbeat answers ask of the agent
         self.ended: dict[int, float] = {}  # jobs that ended (epoch seconds): the rest may resume
         self.woken = threading.Event()
@@ -120,6 +121,14 @@ class FakeServer:
         return {"stored": len(data), "next_offset": offset + len(data), "truncated": False}
 
     def checkpointed(self, job_id: int, attempt: int, replica: int, at: float, line: str) -> dict[str, Any]:
+        with self.lock:
+            unreachable = self.unreachable_checkpoints > 0
+            self.unreachable_checkpoints -= unreachable
+        if unreachable:
+            from agent.client import ServerError
+
+            self._record("checkpoint-unanswered", job_id=job_id, line=line)
+            raise ServerError("checkpointed: ConnectionRefusedError")
         self._record("checkpointed", job_id=job_id, attempt=attempt, replica=replica, at=at, line=line)
         return {"state": "running"}
 

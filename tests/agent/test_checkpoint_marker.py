@@ -143,6 +143,22 @@ def test_a_preempted_job_that_checkpoints_is_asked_to_checkpoint_now_and_then_te
     assert took < 5, f"SIGTERM waited {took:.1f}s: it should follow the new marker line"
 
 
+def test_the_checkpoint_a_stop_asked_for_is_sent_again_until_the_server_takes_it(node):
+    # The server does not answer the first three reports of it: the agent keeps sending it (not
+    # held back by the once-a-minute bound), and only then reports the exit, after which the
+    # server would refuse it (that attempt no longer runs) and the requeue would resume the job
+    # from its older checkpoint.
+    process, server = _start(node, ["python", "-c", CHECKPOINTS_ON_SIGNAL], job_id=24, grace_seconds=20)
+    fakes.wait_for(lambda: server.checkpoints(24), timeout=5)
+    server.unreachable_checkpoints = 3
+    process.stop("preempted: for a test", 20)
+    assert server.exit_of(24)["exit_code"] == 0
+    assert server.checkpoints(24) == ["step 100", "step 150 (asked)"]
+    whats = [what for what, body in server.calls if body.get("job_id") == 24]
+    assert whats.count("checkpoint-unanswered") == 3
+    assert whats.index("exited") > whats.index("checkpointed", whats.index("checkpoint-unanswered"))
+
+
 def test_a_preempted_job_that_never_wrote_its_marker_is_not_sent_the_checkpoint_signal(node):
     # SIGUSR1's default action would kill a job that does not handle it: such a job gets SIGTERM
     command = [

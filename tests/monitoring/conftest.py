@@ -171,6 +171,12 @@ class IdleJobs:
     def of_type(self, job_id: int, kind: str) -> list[dict[str, Any]]:
         return [e for e in self.events(job_id) if e["type"] == kind]
 
+    def story(self, job_id: int) -> str:
+        """The job's events and its output with the agent's notes, for a failure's message."""
+        log = self.world.client("alice").get(f"/api/v1/jobs/{job_id}/logs/").json()
+        events = "\n".join(f"{e['at']} {e['type']}: {e['reason']}" for e in self.events(job_id))
+        return f"events:\n{events}\noutput:\n{log.get('data', log)}"
+
     def settle(self) -> None:
         """Run the adjustment pass, and the scheduling pass after it, once a second until the
         batch job is requeued, the elastic job's shrink done and the waiting job placed."""
@@ -202,7 +208,8 @@ class IdleJobs:
         assert gpu["gpu"].startswith(f"{node}/")
         assert gpu["idle_s"] >= 18 and gpu["max_util"] < 0.05 and gpu["points"] >= 9
         after = [e for e in self.events(self.batch) if e["at"] >= reclaim["at"]]
-        assert [e["reason"] for e in after if e["type"] == "checkpointed"][:1] == ["now"]
+        checkpoints = [e["reason"] for e in after if e["type"] == "checkpointed"]
+        assert checkpoints[:1] == ["now"], self.story(self.batch)
         requeued = [e for e in after if e["type"] == "requeued"][0]["reason"]
         assert requeued == "from its last checkpoint if its next nodes can reach it, else from the start"
 
