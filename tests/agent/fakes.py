@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import sandbox
-from agent.client import Rejected
+from agent.client import Rejected, ServerError
 from agent.identity import RunAs, resolve_run_as
 from agent.inventory import simulated_inventory
 from agent.node import Agent
@@ -125,8 +125,6 @@ class FakeServer:
             unreachable = self.unreachable_checkpoints > 0
             self.unreachable_checkpoints -= unreachable
         if unreachable:
-            from agent.client import ServerError
-
             self._record("checkpoint-unanswered", job_id=job_id, line=line)
             raise ServerError("checkpointed: ConnectionRefusedError")
         self._record("checkpointed", job_id=job_id, attempt=attempt, replica=replica, at=at, line=line)
@@ -216,8 +214,6 @@ class FakeStream:
         message = self.inbox.get()
         if message is None:
             self.closed = True
-            from agent.client import ServerError
-
             raise ServerError("stream: closed by the server")
         return message
 
