@@ -828,15 +828,14 @@ class JobProcess:
             self.stop("not bound", 0)
         self._started_pending = False
 
-    def _report_checkpoint(self, force: bool = False) -> bool:
-        """Report the marker's newest line, if one is due (at most one a minute; ``force`` or a
-        checkpoint a stop asked for: now). False when the server could not be reached (the
-        report is due again)."""
+    def _report_checkpoint(self) -> bool:
+        """Report the marker's newest line, if one is due (at most one a minute; an owed one:
+        now). False when the server could not be reached (the report is due again)."""
         if self.marker is None or self.silent:
             return True
         now = time.monotonic()
-        force = force or self._owed_checkpoint
-        due: Checkpoint | None = self.marker.unreported if force else self.marker.due(now)
+        owed = self._owed_checkpoint
+        due: Checkpoint | None = self.marker.unreported if owed else self.marker.due(now)
         if due is None:
             self._owed_checkpoint = False
             return True
