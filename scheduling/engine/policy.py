@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -70,6 +70,7 @@ from .types import (
     NodeSpec,
     Placement,
     QuotaSpec,
+    RunningJob,
     Snapshot,
 )
 
@@ -186,10 +187,7 @@ class TesseraScheduler:
         if memory is None:
             for job in snapshot.pending:
                 s.submit(job)
-            with s.state.batched():
-                for run in snapshot.running:
-                    s.adopt(run.job, run.placements, run.started_at, run.last_checkpoint_at, run.terminating)
-                    s.adopt_leaving(run.job.id, run.leaving, run.leaving_until)
+            s.adopt_all(snapshot.running)
             return s
         s.restore(memory)
         jobs = [*snapshot.pending, *(r.job for r in snapshot.running)]
@@ -197,11 +195,7 @@ class TesseraScheduler:
             s._note(job)
         for job in snapshot.pending:
             s.submit(job, note=False)
-        with s.state.batched():  # one leave and join of its group per node, not per replica
-            for run in snapshot.running:
-                checkpoint, terminating = run.last_checkpoint_at, run.terminating
-                s.adopt(run.job, run.placements, run.started_at, checkpoint, terminating, note=False)
-                s.adopt_leaving(run.job.id, run.leaving, run.leaving_until)
+        s.adopt_all(snapshot.running, note=False)
         return s
 
     def restore(self, memory: EngineMemory) -> None:
@@ -258,6 +252,15 @@ class TesseraScheduler:
             eta_first=eta_first,
             eta_seen=eta_seen,
         )
+
+    def adopt_all(self, running: Sequence[RunningJob], note: bool = True) -> None:
+        """:meth:`adopt` a snapshot's running jobs, and what of them is leaving, in one batch of
+        takes (one leave and join of its group per node, not per replica)."""
+        with self.state.batched():
+            for run in running:
+                checkpoint, terminating = run.last_checkpoint_at, run.terminating
+                self.adopt(run.job, run.placements, run.started_at, checkpoint, terminating, note=note)
+                self.adopt_leaving(run.job.id, run.leaving, run.leaving_until)
 
     def adopt(
         self,
