@@ -11,7 +11,8 @@ rests on, and its place in the queue. The estimate:
    time GPUs free, the waiting jobs in the pass's order, each starting once its replicas fit on
    the nodes it may use and its quota row has room. A job that does not fit holds back no one
    behind it unless it holds a reservation (the pass's, or the one it gets on ageing), as in
-   the pass: a small job behind a large gang starts in the first gap, the gang waits.
+   the pass: a small job behind a large gang starts in the first gap, the gang waits. A job
+   the pass kept off its quota row for its tenant's aged job starts no earlier than that job.
 
 Played with the typical runtimes it gives the estimate; with the low and high ones, the band.
 What it does not see (jobs submitted later that go ahead, preemptions and reclaims, GPU-level
@@ -64,6 +65,8 @@ class Want:
     rows: dict[str, Row | None]
     earliest: float  # not before (a retry's backoff)
     reserved: tuple[int, ...] = ()  # the nodes the pass reserved for it
+    after: str | None = None  # the aged job whose quota hold keeps it waiting (Decisions.held_for)
+    after_until: float = math.inf  # when that hold stops keeping it: it starves
 
 
 def plan(
@@ -92,6 +95,8 @@ def plan(
         if candidates is None:
             candidates = shapes[shape] = _candidates(nodes, by_model, want)
         groups.append(candidates)
+    index = {want.job.id: k for k, want in enumerate(queue)}
+    after = [index.get(want.after, -1) if want.after is not None else -1 for want in queue]
     starts: dict[str, list[float]] = {}
     where: list[list[int]] = []
     for which in WHICH:
@@ -106,7 +111,7 @@ def plan(
                 want.per, want.replicas, want.charge, want.job.preemptible, groups[k], want.rows,
                 predictor.predict(want.job).of(which), want.earliest,
                 math.inf if want.reserved or aging_s <= 0 else want.job.submitted_at + aging_s,
-                want.reserved,
+                want.reserved, after[k], want.after_until,
             )
             for k, want in enumerate(queue)
         ]  # fmt: skip
@@ -223,11 +228,14 @@ def estimate(
         req, replicas = gang_shape(geo.req, geo.need, job.topology)
         per = req.count if req.milli >= MILLI else req.milli / MILLI
         charged = {m: quotas.row_key(job.tenant, m) if quotas.row(job.tenant, m) else None for m in models}
+        holder = d.held_for.get(job_id)
+        starve = s.config.starve_s
+        starves_at = job.submitted_at + starve if starve > 0 else math.inf
         queue.append(
             Want(
                 job, float(per), replicas, job.topology == "rack" and replicas > 1,
                 geo.charge * geo.need / MILLI, tuple(models), charged, job.not_before,
-                reserved.get(job_id, ()),
+                reserved.get(job_id, ()), holder, starves_at,
             )
         )  # fmt: skip
         if len(queue) >= s.config.eta_max_jobs:

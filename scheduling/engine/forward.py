@@ -7,7 +7,9 @@ its limit and, if not preemptible, within its guarantee). A job that does not fi
 the jobs behind it back — as in the pass, where only reserved jobs do — unless it holds a
 reservation: the pass's own (its reserved nodes are kept for it until it starts), or one it gets
 on reaching the aging bound (``aging_s``: the pass reserves for aged jobs), on the nodes of its
-models with the most GPUs free then. Jobs submitted later are not in it; a job the pass has just
+models with the most GPUs free then. A job the pass kept off its quota row for an aged job of its
+tenant (``after``: the pass's quota hold) starts no earlier than that job, until it starves
+itself (``after_until``), as in the pass. Jobs submitted later are not in it; a job the pass has just
 left waiting does not start before some GPUs of one of its models free (or its retry backoff
 ends): what the pass saw at ``now`` is what the pass decided on.
 """
@@ -37,6 +39,8 @@ class Job:
     not_before: float  # retry backoff
     ages_at: float  # when it reaches the aging bound (inf: never, or reserved already)
     reserved: tuple[int, ...] = ()
+    after: int = -1  # the job (index) whose quota hold keeps it waiting until that one starts
+    after_until: float = math.inf  # when that hold stops keeping it (it starves)
     start: float = math.inf
     nodes: list[int] = field(default_factory=list)
 
@@ -70,12 +74,15 @@ def play(
         ends.append((on_nodes, rows, preemptible))
         push(max(end, now), len(ends) - 1)
     held: dict[int, int] = {}  # node -> the job whose reservation holds it
+    behind: dict[int, list[int]] = {}  # a job -> the jobs its quota hold keeps waiting
     for k, job in enumerate(jobs):
         for i in job.reserved:
             held.setdefault(i, k)
-        for at in (job.not_before, job.ages_at):
+        for at in (job.not_before, job.ages_at, job.after_until):
             if now < at < math.inf:
                 push(at, -1 - k)
+        if job.after >= 0:
+            behind.setdefault(job.after, []).append(k)
     waiting = list(range(len(jobs)))
     models_of: list[frozenset[str]] = [frozenset(j.groups) for j in jobs]
     rooms = _Rooms(free, held, model_of)
@@ -100,6 +107,9 @@ def play(
             if job.not_before > t + EPS or not (k in woke or changed & models_of[k]):
                 still.append(k)
                 continue
+            if job.after >= 0 and math.isinf(jobs[job.after].start) and job.after_until > t + EPS:
+                still.append(k)  # the hold keeps it off its row until that job starts
+                continue
             got = _fit(job, rooms, limit_used, steady_used, quota_caps, model_of)
             if got is None:
                 if job.ages_at <= t + EPS and not job.reserved:
@@ -121,6 +131,8 @@ def play(
             rooms.changed({model})
             ends.append((on_nodes, rows, job.preemptible))
             push(t + job.length, len(ends) - 1)
+            for h in behind.get(k, ()):
+                push(t, -1 - h)  # its hold is over: the jobs it kept waiting may start
         waiting = still
 
 

@@ -358,11 +358,11 @@ class PolicyPass:
         if not held.issuperset(self.s.models_for(job)[0]):
             return False
         self.res.drop(job.id)  # its nodes held for it would idle: its quota does not admit it
+        holder = self.held_rows[rows[0]].job_id
         self.d.pending[job.id] = PendingReason(
-            "quota",
-            f"quota: {job.tenant}'s quota is held for its job {self.held_rows[rows[0]].job_id}, "
-            "which has waited longest",
+            "quota", f"quota: {job.tenant}'s quota is held for its job {holder}, which has waited longest"
         )
+        self.d.held_for[job.id] = holder
         return True
 
     def want(self, job: JobRequest, geo: Geometry) -> Want:

@@ -227,6 +227,9 @@ class Decisions:
     # Pending jobs the pass did not reach before its deadline (each has a "priority" reason
     # saying so); empty when it decided every one.
     not_reached: list[str] = field(default_factory=list)
+    # Pending jobs a quota row held for an aged job of their tenant keeps waiting: job id -> that
+    # job's id (PolicyPass.quota_held_for_another); the start estimates play them behind it.
+    held_for: dict[str, str] = field(default_factory=dict)
 
     @property
     def undecided(self) -> int:

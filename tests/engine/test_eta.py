@@ -243,3 +243,42 @@ def test_a_job_that_left_the_queue_without_starting_teaches_nothing():
     learnt.widen("waits", "part/0", Estimate(100.0, 60.0, 200.0, "b", 2, 1), 0.0)
     learnt.observe(pending={"waits"}, started={})
     assert set(learnt.first) == {"waits"} and learnt.seen == {}
+
+
+def test_a_job_kept_off_its_quota_row_for_an_aged_job_is_played_after_that_job():
+    # vision's guarantee is 4: s0 (1 GPU) ends first, s1 (2) later; "big" (4, aged) waits for both,
+    # so the pass keeps "long" (1) off the row for it. Played without that hold, "long" would take
+    # the GPU s0 frees, before "big"; the pass does not let it.
+    def steady(job_id: str, gpus: int, at: float, limit_s: float) -> JobRequest:
+        return JobRequest(
+            job_id, "vision", "training", gpus, preemptible=False, submitted_at=at, time_limit_s=limit_s
+        )
+
+    s = TesseraScheduler(
+        [node("a", gpus=8, nvlink=8), node("b", gpus=8, nvlink=8)],
+        [QuotaSpec("vision", "*", guaranteed=4, limit=8)],
+        EngineConfig(aging_s=60),
+    )
+    s.submit(steady("s0", 1, 0, 1000))
+    s.submit(steady("s1", 2, 0, 3600))
+    s.decide(0.0)
+    s.submit(steady("big", 4, 1, 3600))
+    s.decide(1.0)
+    s.submit(steady("long", 1, 50, 7200))
+    d = s.decide(100.0)
+    assert d.held_for == {"long": "big"}
+    est = s.estimate(d, 100.0)
+    assert est["big"].start == 1800  # s1's typical end: half its limit
+    assert est["long"].start >= est["big"].start + 1800  # after big: the guarantee is big's till then
+    assert est["long"].earliest >= est["big"].earliest
+
+
+def test_the_play_holds_a_job_behind_its_holder_only_until_it_starves():
+    caps = [8.0]
+    running = [(100.0, [(0, 4.0)], [], True)]
+    never = forward.Job(16, 1, 16, True, {"H100": [[0]]}, {}, 50.0, 0.0, math.inf)  # fits no node
+    held = forward.Job(2, 1, 2, True, {"H100": [[0]]}, {}, 50.0, 0.0, math.inf, after=0, after_until=300.0)
+    free = forward.Job(2, 1, 2, True, {"H100": [[0]]}, {}, 50.0, 0.0, math.inf)
+    forward.play(caps, ["H100"], running, [never, held, free], {}, 0.0)
+    assert math.isinf(never.start)
+    assert (free.start, held.start) == (100.0, 300.0)  # held back while "never" waits, till it starves
