@@ -66,7 +66,8 @@ class Want:
     earliest: float  # not before (a retry's backoff)
     reserved: tuple[int, ...] = ()  # the nodes the pass reserved for it
     after: str | None = None  # the aged job whose quota hold keeps it waiting (Decisions.held_for)
-    after_until: float = math.inf  # when that hold stops keeping it: it starves
+    starves_at: float = math.inf  # past the starvation bound: no hold keeps it off its row then
+    owed_bound: bool = False  # the pass refused it as a borrower of a model owed to others
 
 
 def plan(
@@ -77,6 +78,7 @@ def plan(
     predictor: Predictor,
     now: float,
     aging_s: float = 0.0,
+    owed_to: dict[str, list[str]] | None = None,  # model -> tenants the pass found it owed to
 ) -> dict[str, Estimate]:
     """Step 2, played with the low, typical and high runtimes; estimates by job id."""
     caps = [float(n.gpus - len(n.unhealthy_gpus)) if n.schedulable else 0.0 for n in nodes]
@@ -97,6 +99,10 @@ def plan(
         groups.append(candidates)
     index = {want.job.id: k for k, want in enumerate(queue)}
     after = [index.get(want.after, -1) if want.after is not None else -1 for want in queue]
+    owed: dict[str, list[int]] = {}
+    for m, tenants in (owed_to or {}).items():
+        ks = [k for k, want in enumerate(queue) if want.job.tenant in tenants and m in want.models]
+        owed[m] = sorted(ks, key=lambda k: queue[k].per * queue[k].replicas)
     starts: dict[str, list[float]] = {}
     where: list[list[int]] = []
     for which in WHICH:
@@ -111,11 +117,11 @@ def plan(
                 want.per, want.replicas, want.charge, want.job.preemptible, groups[k], want.rows,
                 predictor.predict(want.job).of(which), want.earliest,
                 math.inf if want.reserved or aging_s <= 0 else want.job.submitted_at + aging_s,
-                want.reserved, after[k], want.after_until,
+                want.reserved, after[k], want.starves_at, want.owed_bound,
             )
             for k, want in enumerate(queue)
         ]  # fmt: skip
-        forward.play(caps, model_of, running, jobs, quota_caps, now)
+        forward.play(caps, model_of, running, jobs, quota_caps, now, owed=owed)
         starts[which] = [j.start for j in jobs]
         if which == "typical":
             where = [j.nodes for j in jobs]
@@ -236,6 +242,7 @@ def estimate(
                 job, float(per), replicas, job.topology == "rack" and replicas > 1,
                 geo.charge * geo.need / MILLI, tuple(models), charged, job.not_before,
                 reserved.get(job_id, ()), holder, starves_at,
+                reason.code == "borrow-limit" and job.preemptible,
             )
         )  # fmt: skip
         if len(queue) >= s.config.eta_max_jobs:
@@ -245,7 +252,9 @@ def estimate(
     caps = {(t, m): (q.limit, q.guaranteed) for t, rows in quotas.rows.items() for m, q in rows.items()}
     predictor = Predictor(s.recent_runs, s.config.default_runtime_s)
     specs = [n.spec for n in state_nodes]
-    out = plan(specs, holdings, queue, caps if quotas.enabled else {}, predictor, now, s.config.aging_s)
+    out = plan(
+        specs, holdings, queue, caps if quotas.enabled else {}, predictor, now, s.config.aging_s, s.owed_to()
+    )
     largest: dict[str, float] = {}
     for n in specs:
         largest[n.model] = max(largest.get(n.model, 0.0), float(n.gpus))

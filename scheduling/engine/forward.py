@@ -9,9 +9,12 @@ reservation: the pass's own (its reserved nodes are kept for it until it starts)
 on reaching the aging bound (``aging_s``: the pass reserves for aged jobs), on the nodes of its
 models with the most GPUs free then. A job the pass kept off its quota row for an aged job of its
 tenant (``after``: the pass's quota hold) starts no earlier than that job, until it starves
-itself (``after_until``), as in the pass. Jobs submitted later are not in it; a job the pass has just
-left waiting does not start before some GPUs of one of its models free (or its retry backoff
-ends): what the pass saw at ``now`` is what the pass decided on.
+itself (``starves_at``), as in the pass. A job the pass refused as a borrower of a model owed
+to another tenant (``owed_bound``) does not borrow it while a job of such a tenant still waits
+within its guarantee and the model's free GPUs could hold it (:class:`_Owed`). Jobs submitted
+later are not in it; a job the pass has just left waiting does not start before some GPUs of one
+of its models free (or its retry backoff ends): what the pass saw at ``now`` is what the pass
+decided on.
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ class Job:
     ages_at: float  # when it reaches the aging bound (inf: never, or reserved already)
     reserved: tuple[int, ...] = ()
     after: int = -1  # the job (index) whose quota hold keeps it waiting until that one starts
-    after_until: float = math.inf  # when that hold stops keeping it (it starves)
+    starves_at: float = math.inf  # past the starvation bound: no hold keeps it off its row then
+    owed_bound: bool = False  # the pass refused it as a borrower of a model owed to others
     start: float = math.inf
     nodes: list[int] = field(default_factory=list)
 
@@ -53,10 +57,12 @@ def play(
     quota_caps: dict[Row, tuple[float, float]],
     now: float,
     limit_events: int = 200_000,
+    owed: dict[str, list[int]] | None = None,
 ) -> None:
     """Sets each job's ``start`` (inf: not within the simulation) and ``nodes``.
 
-    ``running``: (predicted end, GPUs per node, charge per quota row, preemptible) each."""
+    ``running``: (predicted end, GPUs per node, charge per quota row, preemptible) each;
+    ``owed``: per model, the waiting jobs (indices) of the tenants the pass found it owed to."""
     free = list(caps)
     limit_used: dict[Row, float] = dict.fromkeys(quota_caps, 0.0)
     steady_used: dict[Row, float] = dict.fromkeys(quota_caps, 0.0)
@@ -78,7 +84,7 @@ def play(
     for k, job in enumerate(jobs):
         for i in job.reserved:
             held.setdefault(i, k)
-        for at in (job.not_before, job.ages_at, job.after_until):
+        for at in (job.not_before, job.ages_at, job.starves_at if job.after >= 0 else math.inf):
             if now < at < math.inf:
                 push(at, -1 - k)
         if job.after >= 0:
@@ -86,6 +92,9 @@ def play(
     waiting = list(range(len(jobs)))
     models_of: list[frozenset[str]] = [frozenset(j.groups) for j in jobs]
     rooms = _Rooms(free, held, model_of)
+    rule = (
+        _Owed(owed, jobs, rooms, limit_used, steady_used, quota_caps) if owed and any(owed.values()) else None
+    )
     count = 0
     while events and waiting and count < limit_events:
         t = events[0][0]
@@ -101,16 +110,18 @@ def play(
             _take(free, limit_used, steady_used, on_nodes, rows, preemptible, 1.0)
             changed.update(model_of[i] for i, _ in on_nodes)
         rooms.changed(changed)
+        if rule is not None:
+            rule.stamp += 1
         still: list[int] = []
         for k in waiting:
             job = jobs[k]
             if job.not_before > t + EPS or not (k in woke or changed & models_of[k]):
                 still.append(k)
                 continue
-            if job.after >= 0 and math.isinf(jobs[job.after].start) and job.after_until > t + EPS:
+            if job.after >= 0 and math.isinf(jobs[job.after].start) and job.starves_at > t + EPS:
                 still.append(k)  # the hold keeps it off its row until that job starts
                 continue
-            got = _fit(job, rooms, limit_used, steady_used, quota_caps, model_of)
+            got = _fit(job, rooms, limit_used, steady_used, quota_caps, model_of, (rule, t) if rule else None)
             if got is None:
                 if job.ages_at <= t + EPS and not job.reserved:
                     job.reserved = _reserve(job, k, free, held)
@@ -133,6 +144,8 @@ def play(
             push(t + job.length, len(ends) - 1)
             for h in behind.get(k, ()):
                 push(t, -1 - h)  # its hold is over: the jobs it kept waiting may start
+            if rule is not None:
+                rule.stamp += 1
         waiting = still
 
 
@@ -166,20 +179,29 @@ class _Rooms:
             self.nodes.setdefault(m, []).append(i)
         self.version: dict[str, int] = {}
         self.memo: dict[tuple[int, float], tuple[int, list[int]]] = {}
-        self.top: dict[str, tuple[int, float]] = {}
+        self.top: dict[str, tuple[int, float, float]] = {}  # model -> (version, most, total)
 
     def changed(self, models: set[str]) -> None:
         for m in models:
             self.version[m] = self.version.get(m, 0) + 1
 
     def most(self, model: str) -> float:
+        """The most GPUs free on one of the model's nodes that no reservation holds."""
+        return self._unheld(model)[0]
+
+    def total(self, model: str) -> float:
+        """The GPUs free on the model's nodes that no reservation holds."""
+        return self._unheld(model)[1]
+
+    def _unheld(self, model: str) -> tuple[float, float]:
         version = self.version.get(model, 0)
         hit = self.top.get(model)
         if hit is not None and hit[0] == version:
-            return hit[1]
+            return hit[1], hit[2]
         free, held = self.free, self.held
-        got = max((free[i] for i in self.nodes.get(model, ()) if i not in held), default=0.0)
-        self.top[model] = (version, got)
+        room = [free[i] for i in self.nodes.get(model, ()) if i not in held]
+        got = (max(room, default=0.0), sum(room))
+        self.top[model] = (version, *got)
         return got
 
     def of(self, model: str, group: list[int], per: float) -> list[int]:
@@ -196,6 +218,56 @@ class _Rooms:
         return got
 
 
+class _Owed:
+    """The pass's owed rule (``TesseraScheduler.refusal``) in the play: a borrower (above its
+    tenant's guarantee on a model, not starving) does not start there while one of the jobs the
+    model was owed to at the pass (``owed``, per model smallest first) is of another tenant,
+    still waits, would stay within its tenant's guarantee and has the model's free GPUs (held
+    nodes aside) to start on (``TesseraScheduler.note_owed``). Who the model is owed to is
+    found once per model until the cluster changes (``stamp``: a time's ends, or a start)."""
+
+    def __init__(
+        self,
+        owed: dict[str, list[int]],
+        jobs: Sequence[Job],
+        rooms: _Rooms,
+        limit_used: dict[Row, float],
+        steady_used: dict[Row, float],
+        quota_caps: dict[Row, tuple[float, float]],
+    ) -> None:
+        self.owed, self.jobs, self.rooms = owed, jobs, rooms
+        self.limit_used, self.steady_used, self.quota_caps = limit_used, steady_used, quota_caps
+        self.stamp = 0
+        self.seen: dict[str, tuple[int, set[str]]] = {}
+
+    def tenants(self, model: str, t: float) -> set[str]:
+        hit = self.seen.get(model)
+        if hit is not None and hit[0] == self.stamp:
+            return hit[1]
+        free = self.rooms.total(model) + EPS
+        got: set[str] = set()
+        for k in self.owed.get(model, ()):
+            other = self.jobs[k]
+            if other.per * other.replicas > free:
+                break
+            row = other.rows.get(model)
+            if not math.isinf(other.start) or row is None or row not in self.quota_caps:
+                continue
+            if other.not_before > t + EPS or row[0] in got:
+                continue
+            spent = self.limit_used[row] if other.preemptible else self.steady_used[row]
+            if spent + other.charge <= self.quota_caps[row][1] + EPS:
+                got.add(row[0])
+        self.seen[model] = (self.stamp, got)
+        return got
+
+    def keeps_off(self, job: Job, model: str, row: Row, used: float, guaranteed: float, t: float) -> bool:
+        if used + job.charge <= guaranteed + EPS or job.starves_at <= t + EPS:
+            return False
+        owners = self.tenants(model, t)
+        return bool(owners) and (len(owners) > 1 or row[0] not in owners)
+
+
 def _fit(
     job: Job,
     rooms: _Rooms,
@@ -203,9 +275,11 @@ def _fit(
     steady_used: dict[Row, float],
     quota_caps: dict[Row, tuple[float, float]],
     model_of: Sequence[str],
+    owed: tuple[_Owed, float] | None = None,
 ) -> tuple[str, list[int]] | None:
     """Where the job starts now, if it fits: its reserved nodes once each has room for a replica
-    (if it holds a reservation), else its first model with room, the fullest nodes."""
+    (if it holds a reservation), else its first model with room, the fullest nodes; ``owed``: the
+    pass's rule for borrowers while a model is owed to others."""
     need, per = job.replicas, job.per - EPS
     if job.reserved:
         at = list(job.reserved[:need])
@@ -221,6 +295,12 @@ def _fit(
             if limit_used[row] + job.charge > limit + EPS:
                 continue
             if not job.preemptible and steady_used[row] + job.charge > steady + EPS:
+                continue
+            if (
+                job.owed_bound
+                and owed is not None
+                and owed[0].keeps_off(job, model, row, limit_used[row], steady, owed[1])
+            ):
                 continue
         if job.reserved:
             return model, list(job.reserved[:need])

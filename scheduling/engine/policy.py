@@ -600,6 +600,10 @@ class TesseraScheduler:
         self._geo_cache[job.id] = (job, geo)
         return geo
 
+    def owed_to(self) -> dict[str, list[str]]:
+        """Per model, the tenants this pass found it owed to (:meth:`note_owed`)."""
+        return self._owed
+
     def note_owed(self, now: float) -> None:
         """Per pass: models on which a tenant under its guarantee has a GPU job waiting that
         the model's free capacity could start (jobs that quotas hold back themselves do not

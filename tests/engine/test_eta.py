@@ -277,8 +277,37 @@ def test_the_play_holds_a_job_behind_its_holder_only_until_it_starves():
     caps = [8.0]
     running = [(100.0, [(0, 4.0)], [], True)]
     never = forward.Job(16, 1, 16, True, {"H100": [[0]]}, {}, 50.0, 0.0, math.inf)  # fits no node
-    held = forward.Job(2, 1, 2, True, {"H100": [[0]]}, {}, 50.0, 0.0, math.inf, after=0, after_until=300.0)
+    held = forward.Job(2, 1, 2, True, {"H100": [[0]]}, {}, 50.0, 0.0, math.inf, after=0, starves_at=300.0)
     free = forward.Job(2, 1, 2, True, {"H100": [[0]]}, {}, 50.0, 0.0, math.inf)
     forward.play(caps, ["H100"], running, [never, held, free], {}, 0.0)
     assert math.isinf(never.start)
     assert (free.start, held.start) == (100.0, 300.0)  # held back while "never" waits, till it starves
+
+
+def test_a_borrower_the_pass_refused_for_an_owed_model_waits_in_the_play_until_it_is_owed_no_more():
+    # Two 8-GPU nodes; vision holds its guarantee (8): 4 on node 0 till 1000, 3 + 1 on node 1,
+    # the 3 till 100. nlp's 8-GPU job is within nlp's guarantee and, from 100, the model has 11
+    # GPUs free, but no node 8: the model is owed to nlp until that job starts (at 1000, on
+    # node 0). vision's 4-GPU borrower, refused for it by the pass, waits as long; another
+    # borrower the pass did not refuse is played as before.
+    vision, nlp = ("vision", "*"), ("nlp", "*")
+    caps = {vision: (16.0, 8.0), nlp: (16.0, 8.0)}
+    running = [
+        (1000.0, [(0, 4.0)], [(vision, 4.0)], True),
+        (100.0, [(1, 3.0)], [(vision, 3.0)], True),
+        (5000.0, [(1, 1.0)], [(vision, 1.0)], True),
+    ]
+
+    def jobs(bound: bool) -> list[forward.Job]:
+        owed_to = forward.Job(8, 1, 8, True, {"H100": [[0, 1]]}, {"H100": nlp}, 500.0, 0.0, math.inf)
+        borrower = forward.Job(
+            4, 1, 4, True, {"H100": [[0, 1]]}, {"H100": vision}, 500.0, 0.0, math.inf, owed_bound=bound
+        )
+        return [owed_to, borrower]
+
+    refused = jobs(True)
+    forward.play([8.0, 8.0], ["H100", "H100"], running, refused, caps, 0.0, owed={"H100": [0]})
+    assert [j.start for j in refused] == [1000.0, 1000.0]
+    other = jobs(False)
+    forward.play([8.0, 8.0], ["H100", "H100"], running, other, caps, 0.0, owed={"H100": [0]})
+    assert [j.start for j in other] == [1000.0, 100.0]
