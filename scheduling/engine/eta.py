@@ -100,9 +100,10 @@ def plan(
     index = {want.job.id: k for k, want in enumerate(queue)}
     after = [index.get(want.after, -1) if want.after is not None else -1 for want in queue]
     owed: dict[str, list[int]] = {}
-    for m, tenants in (owed_to or {}).items():
-        ks = [k for k, want in enumerate(queue) if want.job.tenant in tenants and m in want.models]
-        owed[m] = sorted(ks, key=lambda k: queue[k].per * queue[k].replicas)
+    if any(want.owed_bound for want in queue):  # only the jobs the pass refused by the rule ask
+        for m, tenants in (owed_to or {}).items():
+            ks = [k for k, want in enumerate(queue) if want.job.tenant in tenants and m in want.models]
+            owed[m] = sorted(ks, key=lambda k: queue[k].per * queue[k].replicas)
     starts: dict[str, list[float]] = {}
     where: list[list[int]] = []
     for which in WHICH:
@@ -225,6 +226,7 @@ def estimate(
         holdings.append(Holding(run.job, run.started_at, tuple(per_node.items()), rows))
     reserved = {r.job_id: tuple(r.nodes) for r in s.last_reservations}
     queue = []
+    starve = s.config.starve_s  # 0: no job ever starves
     for job_id, reason in d.pending.items():
         job = s.pending.get(job_id)
         if job is None or job.held or reason.code == "held" or job.gpus <= 0:
@@ -235,7 +237,6 @@ def estimate(
         per = req.count if req.milli >= MILLI else req.milli / MILLI
         charged = {m: quotas.row_key(job.tenant, m) if quotas.row(job.tenant, m) else None for m in models}
         holder = d.held_for.get(job_id)
-        starve = s.config.starve_s
         starves_at = job.submitted_at + starve if starve > 0 else math.inf
         queue.append(
             Want(

@@ -112,6 +112,7 @@ def play(
         rooms.changed(changed)
         if rule is not None:
             rule.stamp += 1
+            rule.now = t
         still: list[int] = []
         for k in waiting:
             job = jobs[k]
@@ -121,7 +122,7 @@ def play(
             if job.after >= 0 and math.isinf(jobs[job.after].start) and job.starves_at > t + EPS:
                 still.append(k)  # the hold keeps it off its row until that job starts
                 continue
-            got = _fit(job, rooms, limit_used, steady_used, quota_caps, model_of, (rule, t) if rule else None)
+            got = _fit(job, rooms, limit_used, steady_used, quota_caps, model_of, rule)
             if got is None:
                 if job.ages_at <= t + EPS and not job.reserved:
                     job.reserved = _reserve(job, k, free, held)
@@ -223,8 +224,9 @@ class _Owed:
     tenant's guarantee on a model, not starving) does not start there while one of the jobs the
     model was owed to at the pass (``owed``, per model smallest first) is of another tenant,
     still waits, would stay within its tenant's guarantee and has the model's free GPUs (held
-    nodes aside) to start on (``TesseraScheduler.note_owed``). Who the model is owed to is
-    found once per model until the cluster changes (``stamp``: a time's ends, or a start)."""
+    nodes aside) to start on (``TesseraScheduler.note_owed``), at the play's time ``now``. Who
+    the model is owed to is found once per model until the cluster changes (``stamp``: a time's
+    ends, or a start)."""
 
     def __init__(
         self,
@@ -238,9 +240,10 @@ class _Owed:
         self.owed, self.jobs, self.rooms = owed, jobs, rooms
         self.limit_used, self.steady_used, self.quota_caps = limit_used, steady_used, quota_caps
         self.stamp = 0
+        self.now = 0.0
         self.seen: dict[str, tuple[int, set[str]]] = {}
 
-    def tenants(self, model: str, t: float) -> set[str]:
+    def tenants(self, model: str) -> set[str]:
         hit = self.seen.get(model)
         if hit is not None and hit[0] == self.stamp:
             return hit[1]
@@ -253,7 +256,7 @@ class _Owed:
             row = other.rows.get(model)
             if not math.isinf(other.start) or row is None or row not in self.quota_caps:
                 continue
-            if other.not_before > t + EPS or row[0] in got:
+            if other.not_before > self.now + EPS or row[0] in got:
                 continue
             spent = self.limit_used[row] if other.preemptible else self.steady_used[row]
             if spent + other.charge <= self.quota_caps[row][1] + EPS:
@@ -261,10 +264,10 @@ class _Owed:
         self.seen[model] = (self.stamp, got)
         return got
 
-    def keeps_off(self, job: Job, model: str, row: Row, used: float, guaranteed: float, t: float) -> bool:
-        if used + job.charge <= guaranteed + EPS or job.starves_at <= t + EPS:
+    def keeps_off(self, job: Job, model: str, row: Row, used: float, guaranteed: float) -> bool:
+        if used + job.charge <= guaranteed + EPS or job.starves_at <= self.now + EPS:
             return False
-        owners = self.tenants(model, t)
+        owners = self.tenants(model)
         return bool(owners) and (len(owners) > 1 or row[0] not in owners)
 
 
@@ -275,7 +278,7 @@ def _fit(
     steady_used: dict[Row, float],
     quota_caps: dict[Row, tuple[float, float]],
     model_of: Sequence[str],
-    owed: tuple[_Owed, float] | None = None,
+    owed: _Owed | None = None,
 ) -> tuple[str, list[int]] | None:
     """Where the job starts now, if it fits: its reserved nodes once each has room for a replica
     (if it holds a reservation), else its first model with room, the fullest nodes; ``owed``: the
@@ -299,7 +302,7 @@ def _fit(
             if (
                 job.owed_bound
                 and owed is not None
-                and owed[0].keeps_off(job, model, row, limit_used[row], steady, owed[1])
+                and owed.keeps_off(job, model, row, limit_used[row], steady)
             ):
                 continue
         if job.reserved:
