@@ -10,9 +10,10 @@ rests on, and its place in the queue. The estimate:
 2. The queue played forward (:mod:`.forward`) from the running jobs' predicted ends: at each
    time GPUs free, the waiting jobs in the pass's order, each starting once its replicas fit on
    the nodes it may use and its quota row has room. A job that does not fit holds back no one
-   behind it unless it holds a reservation (the pass's, or the one it gets on ageing), as in
-   the pass: a small job behind a large gang starts in the first gap, the gang waits. A job
-   the pass kept off its quota row for its tenant's aged job starts no earlier than that job.
+   behind it unless it holds a reservation (the pass's, or the one it gets on ageing once its
+   quota admits it, within the pass's number of reservations), as in the pass: a small job
+   behind a large gang starts in the first gap, the gang waits. A job the pass kept off its
+   quota row for its tenant's aged job starts no earlier than that job.
 
 Played with the typical runtimes it gives the estimate; with the low and high ones, the band.
 What it does not see (jobs submitted later that go ahead, preemptions and reclaims, GPU-level
@@ -79,6 +80,7 @@ def plan(
     now: float,
     aging_s: float = 0.0,
     owed_to: dict[str, list[str]] | None = None,  # model -> tenants the pass found it owed to
+    max_reservations: int | None = None,  # the most jobs holding reserved nodes at once
 ) -> dict[str, Estimate]:
     """Step 2, played with the low, typical and high runtimes; estimates by job id."""
     caps = [float(n.gpus - len(n.unhealthy_gpus)) if n.schedulable else 0.0 for n in nodes]
@@ -122,7 +124,9 @@ def plan(
             )
             for k, want in enumerate(queue)
         ]  # fmt: skip
-        forward.play(caps, model_of, running, jobs, quota_caps, now, owed=owed)
+        forward.play(
+            caps, model_of, running, jobs, quota_caps, now, owed=owed, max_reservations=max_reservations
+        )
         starts[which] = [j.start for j in jobs]
         if which == "typical":
             where = [j.nodes for j in jobs]
@@ -254,7 +258,15 @@ def estimate(
     predictor = Predictor(s.recent_runs, s.config.default_runtime_s)
     specs = [n.spec for n in state_nodes]
     out = plan(
-        specs, holdings, queue, caps if quotas.enabled else {}, predictor, now, s.config.aging_s, s.owed_to()
+        specs,
+        holdings,
+        queue,
+        caps if quotas.enabled else {},
+        predictor,
+        now,
+        s.config.aging_s,
+        s.owed_to(),
+        s.config.max_reservations if s.config.backfill else 0,
     )
     largest: dict[str, float] = {}
     for n in specs:

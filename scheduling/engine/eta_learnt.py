@@ -10,13 +10,14 @@ memory stays small). A class is the job's shape (one replica of less than a node
 a gang) and the played wait's order (under 8 min, under about an hour, longer).
 
 Once :data:`MIN_SEEN` ratios of its class (else of all classes) are known, a new estimate's
-band reaches at least as late as the played wait times their :data:`LATEST_Q` quantile: the band
-is meant to hold the start about four times in five (its earliest end, the start if everything
-ahead runs short, is rarely passed), and what the play cannot see (later submissions going
-ahead, preemptions) makes the played latest start too early for a quarter to a third of the
-jobs that wait. The estimate itself stays the played one (scaled by the median ratio, it came
-no closer on workloads kept back: docs/benchmarks/eta.md, 2026-12-03). With too few ratios the
-played band stands.
+band reaches at least as late as the played wait times their :data:`LATEST_Q` quantile (the
+jobs of the class still waiting counted as having at least the ratio reached so far:
+:func:`latest_ratio`): the band is meant to hold the start about four times in five (its
+earliest end, the start if everything ahead runs short, is rarely passed), and what the play
+cannot see (later submissions going ahead, preemptions) makes the played latest start too early
+for a quarter to a third of the jobs that wait. The estimate itself stays the played one
+(scaled by the median ratio, it came no closer on workloads kept back: docs/benchmarks/eta.md,
+2026-12-03). With too few ratios the played band stands.
 
 The simulator's long-lived engine keeps this in itself; the live pass carries it from pass to
 pass in the engine's memory (:mod:`.memory`, ``eta_first`` and ``eta_seen``), so both learn the
@@ -47,19 +48,41 @@ def class_of(replicas: int, whole_node: bool, played_wait: float) -> str:
     return f"{shape}/{order}"
 
 
+def latest_ratio(seen: Iterable[float], waiting: Iterable[float], q: float = LATEST_Q) -> float:
+    """The ``q`` quantile of the ratios, the jobs still waiting counted as at least what they
+    have waited so far (right-censored: the Kaplan-Meier estimate). Without them, a queue that
+    grows would be judged only by the jobs that started soon, and its bands would fall short of
+    the rest. Where the waiting leave the quantile unknown (fewer than ``1 - q`` of the jobs
+    could still start later), the largest ratio known, started or waiting."""
+    points = sorted([(r, 0) for r in seen] + [(r, 1) for r in waiting])  # a start before a wait
+    at_risk, survive, i = len(points), 1.0, 0
+    while i < len(points):
+        value, starts, j = points[i][0], 0, i
+        while j < len(points) and points[j][0] == value:
+            starts += points[j][1] == 0
+            j += 1
+        if starts:
+            survive *= 1.0 - starts / at_risk
+            if survive < 1.0 - q - 1e-9:  # past it (as the sorted list's int(q n)-th, untied)
+                return value
+        at_risk -= j - i
+        i = j
+    return points[-1][0]
+
+
 class Learnt:
     """The first estimate of each job still waiting, and the ratios learnt per class."""
 
     def __init__(self) -> None:
         self.first: dict[str, tuple[float, float, str]] = {}  # job -> (made at, played wait, class)
         self.seen: dict[str, deque[float]] = {}  # class -> the latest ratios, oldest first
-        self._sorted: dict[str, list[float]] = {}
+        self._quantiles: dict[str, tuple[float, int]] = {}  # class -> (its ratio, jobs waiting), a pass
 
     def observe(self, pending: Container[str], started: Mapping[str, float]) -> None:
         """Learn from the jobs whose first estimate is kept and that have started since (their
         start in ``started``); forget those neither waiting nor started (cancelled, or gone
         before a pass saw them running)."""
-        self._sorted.clear()
+        self._quantiles.clear()
         for job_id, (made_at, played, cls) in list(self.first.items()):
             at = started.get(job_id)
             if at is not None and at >= made_at:
@@ -76,17 +99,30 @@ class Learnt:
         played = round(max(0.0, est.start - now), 1)
         self.first.setdefault(job_id, (now, played, cls))
         key = cls if len(self.seen.get(cls, ())) >= MIN_SEEN else ALL
-        if len(self.seen.get(key, ())) < MIN_SEEN:
+        seen = self.seen.get(key, ())
+        if len(seen) < MIN_SEEN:
             return est
-        ordered = self._sorted.get(key)
-        if ordered is None:
-            ordered = self._sorted[key] = sorted(self.seen[key])
-        ratio = ordered[min(len(ordered) - 1, int(LATEST_Q * len(ordered)))]
+        got = self._quantiles.get(key)
+        if got is None:
+            waiting = self._waiting(key, now)
+            got = self._quantiles[key] = (latest_ratio(seen, waiting), len(waiting))
+        ratio, waits = got
         latest = now + max(0.0, (played + OFFSET_S) * math.exp(ratio) - OFFSET_S)
         if latest <= est.latest:
             return est
-        why = f"{est.basis}; the latest start from how the last {len(ordered)} such estimates turned out"
+        why = f"{est.basis}; the latest start from how the last {len(seen)} such estimates turned out"
+        if waits:
+            why += f" and how long {waits} still waiting have waited"
         return replace(est, latest=latest, basis=why)
+
+    def _waiting(self, key: str, now: float) -> list[float]:
+        """The ratios the jobs of class ``key`` (every class: :data:`ALL`) still waiting since
+        an earlier pass have so far: each a lower bound of the ratio it will have."""
+        return [
+            math.log((now - made_at + OFFSET_S) / (played + OFFSET_S))
+            for made_at, played, cls in self.first.values()
+            if made_at < now and (key == ALL or cls == key)
+        ]
 
     # -- as plain data, for the engine's memory ------------------------------------------------
     def to_data(self) -> tuple[tuple[First, ...], tuple[tuple[str, tuple[float, ...]], ...]]:

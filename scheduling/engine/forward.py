@@ -7,7 +7,9 @@ its limit and, if not preemptible, within its guarantee). A job that does not fi
 the jobs behind it back — as in the pass, where only reserved jobs do — unless it holds a
 reservation: the pass's own (its reserved nodes are kept for it until it starts), or one it gets
 on reaching the aging bound (``aging_s``: the pass reserves for aged jobs), on the nodes of its
-models with the most GPUs free then. A job the pass kept off its quota row for an aged job of its
+models with the most GPUs free then — once its quota admits it (a job waiting for its quota
+drains no nodes) and while fewer jobs hold reserved nodes than the pass may reserve for
+(``max_reservations``). A job the pass kept off its quota row for an aged job of its
 tenant (``after``: the pass's quota hold) starts no earlier than that job, until it starves
 itself (``starves_at``), as in the pass. A job the pass refused as a borrower of a model owed
 to another tenant (``owed_bound``) does not borrow it while a job of such a tenant still waits
@@ -58,11 +60,14 @@ def play(
     now: float,
     limit_events: int = 200_000,
     owed: dict[str, list[int]] | None = None,
+    max_reservations: int | None = None,
 ) -> None:
     """Sets each job's ``start`` (inf: not within the simulation) and ``nodes``.
 
     ``running``: (predicted end, GPUs per node, charge per quota row, preemptible) each;
-    ``owed``: per model, the waiting jobs (indices) of the tenants the pass found it owed to."""
+    ``owed``: per model, the waiting jobs (indices) of the tenants the pass found it owed to;
+    ``max_reservations``: the most jobs holding reserved nodes at once (the pass's bound; None:
+    no bound)."""
     free = list(caps)
     limit_used: dict[Row, float] = dict.fromkeys(quota_caps, 0.0)
     steady_used: dict[Row, float] = dict.fromkeys(quota_caps, 0.0)
@@ -90,6 +95,8 @@ def play(
         if job.after >= 0:
             behind.setdefault(job.after, []).append(k)
     waiting = list(range(len(jobs)))
+    holding = sum(1 for job in jobs if job.reserved)  # jobs holding reserved nodes now
+    room_for = math.inf if max_reservations is None else max_reservations
     models_of: list[frozenset[str]] = [frozenset(j.groups) for j in jobs]
     rooms = _Rooms(free, held, model_of)
     rule = (
@@ -124,8 +131,14 @@ def play(
                 continue
             got = _fit(job, rooms, limit_used, steady_used, quota_caps, model_of, rule)
             if got is None:
-                if job.ages_at <= t + EPS and not job.reserved:
+                if (
+                    job.ages_at <= t + EPS
+                    and not job.reserved
+                    and holding < room_for
+                    and _admitted(job, limit_used, steady_used, quota_caps)
+                ):
                     job.reserved = _reserve(job, k, free, held)
+                    holding += bool(job.reserved)
                     for i in job.reserved:
                         held.setdefault(i, k)
                     rooms.changed({model_of[i] for i in job.reserved})
@@ -137,6 +150,7 @@ def play(
             row = job.rows.get(model)
             rows = [(row, job.charge)] if row is not None and row in quota_caps else []
             _take(free, limit_used, steady_used, on_nodes, rows, job.preemptible, -1.0)
+            holding -= bool(job.reserved)
             for i in job.reserved:
                 if held.get(i) == k:
                     del held[i]
@@ -314,6 +328,26 @@ def _fit(
             if len(room) >= need:
                 return model, room[:need]
     return None
+
+
+def _admitted(
+    job: Job,
+    limit_used: dict[Row, float],
+    steady_used: dict[Row, float],
+    quota_caps: dict[Row, tuple[float, float]],
+) -> bool:
+    """Does the quota of one of its models admit the job now? (The pass drains no nodes for a
+    job its quota refuses while that lasts: it waits for its quota, not for nodes.)"""
+    for model in job.groups:
+        row = job.rows.get(model)
+        if row is None or row not in quota_caps:
+            return True
+        limit, steady = quota_caps[row]
+        if limit_used[row] + job.charge <= limit + EPS and (
+            job.preemptible or steady_used[row] + job.charge <= steady + EPS
+        ):
+            return True
+    return False
 
 
 def _reserve(job: Job, k: int, free: list[float], held: dict[int, int]) -> tuple[int, ...]:

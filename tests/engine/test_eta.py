@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from scheduling.engine import forward
 from scheduling.engine.config import EngineConfig
-from scheduling.engine.eta_learnt import MIN_SEEN, Learnt
+from scheduling.engine.eta_learnt import MIN_SEEN, Learnt, latest_ratio
 from scheduling.engine.policy import TesseraScheduler
 from scheduling.engine.runtimes import Predictor, RecentRuns
 from scheduling.engine.types import Estimate, JobRequest, QuotaSpec
@@ -237,6 +237,34 @@ def test_bands_reach_as_late_as_the_first_estimates_turned_out_once_enough_jobs_
     assert learnt.widen("other", "gang/2", played, 0.0).latest == pytest.approx(3000.0, rel=1e-3)
 
 
+def test_bands_reach_as_late_as_the_jobs_still_waiting_have_waited_already():
+    # 20 jobs started as played (a wait of 1,000 s); 20 more, estimated alike, still wait 10,000 s
+    # on. Judged by the started ones alone, bands would stay as played; the waiting ones' waits so
+    # far are lower bounds of theirs, and the band reaches at least as late.
+    learnt = Learnt()
+    played = Estimate(1000.0, 100.0, 2000.0, "b", 1, 0)
+    for i in range(MIN_SEEN):
+        learnt.widen(f"s{i}", "node/1", played, 0.0)
+        learnt.widen(f"w{i}", "node/1", played, 0.0)
+    waiting = {f"w{i}" for i in range(MIN_SEEN)}
+    learnt.observe(pending=waiting, started={f"s{i}": 1000.0 for i in range(MIN_SEEN)})
+    now = 10_000.0
+    later = Estimate(now + 1000.0, now + 100.0, now + 2000.0, "b", 1, 0)
+    assert learnt.widen("next", "node/1", later, now).latest >= now + 10_000.0
+    # with none of them waiting any more (they left), the started ones say "as played"
+    learnt.observe(pending=set(), started={})
+    assert learnt.widen("again", "node/1", later, now) == later
+
+
+def test_the_latest_ratio_is_the_started_ones_quantile_when_nothing_waits():
+    ratios = [0.1 * i for i in range(30)]
+    assert latest_ratio(ratios, []) == sorted(ratios)[int(0.9 * 30)]
+    # jobs still waiting past every start: the quantile is at least the longest wait so far
+    assert latest_ratio(ratios[:20], [5.0] * 20) == 5.0
+    # waits shorter than every start change nothing
+    assert latest_ratio(ratios[5:25], [0.0] * 10) == latest_ratio(ratios[5:25], [])
+
+
 def test_a_job_that_left_the_queue_without_starting_teaches_nothing():
     learnt = Learnt()
     learnt.widen("gone", "part/0", Estimate(100.0, 60.0, 200.0, "b", 1, 0), 0.0)
@@ -311,3 +339,35 @@ def test_a_borrower_the_pass_refused_for_an_owed_model_waits_in_the_play_until_i
     other = jobs(False)
     forward.play([8.0, 8.0], ["H100", "H100"], running, other, caps, 0.0, owed={"H100": [0]})
     assert [j.start for j in other] == [1000.0, 100.0]
+
+
+def test_an_aged_job_its_quota_refuses_drains_no_nodes_in_the_play():
+    # vision (guarantee and limit 8) runs 8 GPUs on node 0 till 5000; its aged 8-GPU job waits
+    # for its quota, not for nodes. Node 1 frees at 100: the pass drains nothing for a job its
+    # quota refuses, so nlp's 8-GPU job starts there at 100, and vision's at 5000.
+    vision = ("vision", "*")
+    running = [(5000.0, [(0, 8.0)], [(vision, 8.0)], False), (100.0, [(1, 4.0)], [], True)]
+    aged = forward.Job(8, 1, 8, False, {"H100": [[0, 1]]}, {"H100": vision}, 500.0, 0.0, 0.0)
+    other = forward.Job(8, 1, 8, True, {"H100": [[0, 1]]}, {}, 500.0, 0.0, math.inf)
+    forward.play([8.0, 8.0], ["H100", "H100"], running, [aged, other], {vision: (8.0, 8.0)}, 0.0)
+    assert (other.start, other.nodes) == (100.0, [1])
+    assert aged.start == 5000.0 and aged.reserved == ()
+
+
+@pytest.mark.parametrize("bound, small_starts", [(1, 10.0), (2, 3000.0), (None, 3000.0)])
+def test_no_more_jobs_hold_reserved_nodes_in_the_play_than_the_pass_may_reserve_for(bound, small_starts):
+    # Node 0 has 4 GPUs free from 10 (till 1000), node 1 has 4 (till 2000), node 2 none (till
+    # 3000). Two aged 8-GPU jobs fit nowhere at 10: the first reserves node 0; the second
+    # reserves node 1 only if the pass may hold two reservations, and the 4-GPU job behind them
+    # then waits for node 2 instead of starting on node 1 at once.
+    running = [
+        (1000.0, [(0, 4.0)], [], True),
+        (10.0, [(0, 1.0)], [], True),
+        (2000.0, [(1, 4.0)], [], True),
+        (3000.0, [(2, 8.0)], [], True),
+    ]
+    aged = [forward.Job(8, 1, 8, True, {"H100": [[0, 1, 2]]}, {}, 5000.0, 0.0, 0.0) for _ in range(2)]
+    small = forward.Job(4, 1, 4, True, {"H100": [[0, 1, 2]]}, {}, 500.0, 0.0, math.inf)
+    forward.play([8.0] * 3, ["H100"] * 3, running, [*aged, small], {}, 0.0, max_reservations=bound)
+    assert aged[0].start == 1000.0 and aged[0].nodes == [0]
+    assert small.start == small_starts
