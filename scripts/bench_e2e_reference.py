@@ -9,6 +9,8 @@ the code differs), then runs each tree's own ``scripts/bench_e2e.py`` (this chec
 the machine's load falls on both. Arguments after ``--`` go to every run (``--db``, ``--redis``,
 ``--jobs``...); ``--tree-args`` go to the tree's runs only. It prints every run's figures as
 they come, then the medians of each side and the ratios tree ÷ reference, and, last, one JSON line with them.
+``--runs-out FILE`` appends each run's whole JSON line (``cpu_seconds`` per process and the rest)
+to FILE, with its round and code.
 
 The default reference is b7f674b, the commit before the engine's memory was kept across passes
 (issue 16: "no slower" is the median of 5 runs interleaved with the code before that work).
@@ -85,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         help="more bench_e2e.py arguments for the tree's runs only (an option the reference lacks: "
         "--agent-args '--single-tenant' leaves the node isolation, newer than b7f674b, out)",
     )
+    p.add_argument("--runs-out", type=Path, help="write every run's whole JSON line here (one per line)")
     args = p.parse_args(argv)
     trees = {"reference": checkout(args.ref), "tree": checkout(args.tree) if args.tree else ROOT}
     runs: dict[str, list[dict[str, Any]]] = {"reference": [], "tree": []}
@@ -96,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"error: round {i + 1}: the {label}'s run could not be made", file=sys.stderr)
                 return 2
             runs[label].append(result)
+            if args.runs_out:
+                with args.runs_out.open("a", encoding="utf-8") as fh:
+                    fh.write(json.dumps({"round": i + 1, "code": label, **result}) + "\n")
             shown = ", ".join(f"{f} {result.get(f)}" for f in FIGURES)
             load = result.get("load_avg_1m")
             print(f"round {i + 1}/{args.rounds} {label}: {shown}, load {load}", flush=True)
