@@ -52,8 +52,9 @@ def latest_ratio(seen: Iterable[float], waiting: Iterable[float], q: float = LAT
     """The ``q`` quantile of the ratios, the jobs still waiting counted as at least what they
     have waited so far (right-censored: the Kaplan-Meier estimate). Without them, a queue that
     grows would be judged only by the jobs that started soon, and its bands would fall short of
-    the rest. Where the waiting leave the quantile unknown (fewer than ``1 - q`` of the jobs
-    could still start later), the largest ratio known, started or waiting."""
+    the rest. Where the quantile is past every start seen (more than ``1 - q`` of the jobs still
+    waiting beyond the largest ratio a start had), the largest ratio known, started or waiting:
+    a lower bound of it."""
     points = sorted([(r, 0) for r in seen] + [(r, 1) for r in waiting])  # a start before a wait
     at_risk, survive, i = len(points), 1.0, 0
     while i < len(points):

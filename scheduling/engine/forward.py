@@ -308,15 +308,12 @@ def _fit(
     for model, groups in models.items():
         row = job.rows.get(model)
         if row is not None and row in quota_caps:
-            limit, steady = quota_caps[row]
-            if limit_used[row] + job.charge > limit + EPS:
-                continue
-            if not job.preemptible and steady_used[row] + job.charge > steady + EPS:
+            if not _row_admits(job, row, limit_used, steady_used, quota_caps):
                 continue
             if (
                 job.owed_bound
                 and owed is not None
-                and owed.keeps_off(job, model, row, limit_used[row], steady)
+                and owed.keeps_off(job, model, row, limit_used[row], quota_caps[row][1])
             ):
                 continue
         if job.reserved:
@@ -342,12 +339,23 @@ def _admitted(
         row = job.rows.get(model)
         if row is None or row not in quota_caps:
             return True
-        limit, steady = quota_caps[row]
-        if limit_used[row] + job.charge <= limit + EPS and (
-            job.preemptible or steady_used[row] + job.charge <= steady + EPS
-        ):
+        if _row_admits(job, row, limit_used, steady_used, quota_caps):
             return True
     return False
+
+
+def _row_admits(
+    job: Job,
+    row: Row,
+    limit_used: dict[Row, float],
+    steady_used: dict[Row, float],
+    quota_caps: dict[Row, tuple[float, float]],
+) -> bool:
+    """Within the row's limit, and within its guarantee if not preemptible."""
+    limit, steady = quota_caps[row]
+    if limit_used[row] + job.charge > limit + EPS:
+        return False
+    return job.preemptible or steady_used[row] + job.charge <= steady + EPS
 
 
 def _reserve(job: Job, k: int, free: list[float], held: dict[int, int]) -> tuple[int, ...]:
