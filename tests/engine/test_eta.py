@@ -265,6 +265,19 @@ def test_the_latest_ratio_is_the_started_ones_quantile_when_nothing_waits():
     assert latest_ratio(ratios[5:25], [0.0] * 10) == latest_ratio(ratios[5:25], [])
 
 
+@given(
+    st.lists(st.floats(-3, 5, allow_nan=False), min_size=1, max_size=60),
+    st.lists(st.floats(-3, 5, allow_nan=False), max_size=60),
+)
+def test_counting_the_jobs_still_waiting_never_pulls_a_band_in(seen, waiting):
+    # right-censored waits only add to the jobs that could still start later: the quantile, and
+    # so the band's latest start, is never earlier than the started jobs' own
+    alone = latest_ratio(seen, [])
+    assert alone == sorted(seen)[int(0.9 * len(seen))]
+    assert latest_ratio(seen, waiting) >= alone
+    assert latest_ratio(seen, waiting) <= max(seen + waiting)
+
+
 def test_a_job_that_left_the_queue_without_starting_teaches_nothing():
     learnt = Learnt()
     learnt.widen("gone", "part/0", Estimate(100.0, 60.0, 200.0, "b", 1, 0), 0.0)
