@@ -77,7 +77,8 @@ class Learnt:
     def __init__(self) -> None:
         self.first: dict[str, tuple[float, float, str]] = {}  # job -> (made at, played wait, class)
         self.seen: dict[str, deque[float]] = {}  # class -> the latest ratios, oldest first
-        self._quantiles: dict[str, tuple[float, int]] = {}  # class -> (its ratio, jobs waiting), a pass
+        # (class, now) -> (its ratio, jobs waiting); the waits so far depend on ``now``
+        self._quantiles: dict[tuple[str, float], tuple[float, int]] = {}
 
     def observe(self, pending: Container[str], started: Mapping[str, float]) -> None:
         """Learn from the jobs whose first estimate is kept and that have started since (their
@@ -103,10 +104,10 @@ class Learnt:
         seen = self.seen.get(key, ())
         if len(seen) < MIN_SEEN:
             return est
-        got = self._quantiles.get(key)
+        got = self._quantiles.get((key, now))
         if got is None:
             waiting = self._waiting(key, now)
-            got = self._quantiles[key] = (latest_ratio(seen, waiting), len(waiting))
+            got = self._quantiles[(key, now)] = (latest_ratio(seen, waiting), len(waiting))
         ratio, waits = got
         latest = now + max(0.0, (played + OFFSET_S) * math.exp(ratio) - OFFSET_S)
         if latest <= est.latest:
