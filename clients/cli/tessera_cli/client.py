@@ -1,6 +1,10 @@
 """The REST API over HTTP: one session, retries with backoff on transient faults, errors as
 :class:`~tessera_cli.errors.CliError` with the exit code they deserve.
 
+A 2xx answer must be the API's JSON, of the shape the call expects (an object, unless told
+otherwise): anything else (a proxy's sign-in page, the portal at a wrong ``TESSERA_URL``, a body cut
+short) is the server failing (exit 202), never printed as if it were the answer.
+
 Retried: connection errors, timeouts, 502/503/504 and 429 (after its ``Retry-After``). Never
 retried: any other 4xx (the request itself is wrong: repeating it changes nothing) and a POST
 that may have reached the server, unless it carries an ``Idempotency-Key`` (then the server
@@ -49,8 +53,10 @@ class Client:
         headers: dict[str, str] | None = None,
         timeout: float = TIMEOUT_S,
         safe_to_repeat: bool | None = None,
+        expect: type | tuple[type, ...] = dict,
     ) -> tuple[int, Any]:
-        """``(status, body)`` of a 2xx answer; a :class:`CliError` for anything else."""
+        """``(status, body)`` of a 2xx answer whose JSON body is an ``expect`` (204: None); a
+        :class:`CliError` for anything else."""
         if safe_to_repeat is None:
             safe_to_repeat = method in ("GET", "HEAD") or bool(headers and headers.get("Idempotency-Key"))
         attempt = 0
@@ -74,7 +80,7 @@ class Client:
                 status = response.status_code
                 retry = (status in TRANSIENT and safe_to_repeat) or status == 429
                 if not retry or attempt >= self.retries:
-                    return status, _answer(response)
+                    return status, _answer(response, expect)
                 wait = _retry_after(response)
                 if wait is not None:
                     self.sleep(min(wait, BACKOFF_MAX_S * 4))
@@ -98,16 +104,21 @@ class Client:
         params.setdefault("offset", 0)
         seen = 0
         while True:
-            body = self.get(path, params=params)
-            if isinstance(body, list):  # an unpaginated list
-                yield from body[:limit] if limit is not None else body
-                return
-            results = body.get("results", []) if isinstance(body, dict) else []
+            body = self.get(path, params=params, expect=(dict, list))
+            results = body if isinstance(body, list) else body.get("results")  # a list: unpaginated
+            if not isinstance(results, list) or not all(isinstance(item, dict) for item in results):
+                raise CliError(
+                    f"the answer of {self.url(path)} is not a page of the API's objects: is TESSERA_URL"
+                    " the Tessera server?",
+                    outcome.UNREACHABLE,
+                )
             for item in results:
                 yield item
                 seen += 1
                 if limit is not None and seen >= limit:
                     return
+            if isinstance(body, list):
+                return
             if not body.get("next") or not results:
                 return
             params["offset"] = int(params["offset"]) + len(results)
@@ -142,7 +153,7 @@ def read_events(client: Client, path: str, last_id: str | None, params: dict[str
         if response.status_code != 200:
             if response.status_code in TRANSIENT or response.status_code == 429:
                 raise StreamBroken(f"HTTP {response.status_code}")
-            _answer(response)  # raises the CliError it deserves
+            _answer(response, object)  # raises the CliError it deserves
         response.encoding = "utf-8"  # what Server-Sent Events always are
         event, id_ = "message", None
         data: list[str] = []
@@ -175,14 +186,21 @@ def _json(text: str) -> Any:
         return text
 
 
-def _answer(response: requests.Response) -> Any:
+def _answer(response: requests.Response, expect: type | tuple[type, ...]) -> Any:
+    status = response.status_code
+    if status == 204:
+        return None
     try:
         body = response.json()
     except ValueError:
+        if 200 <= status < 300:
+            raise CliError(_not_the_api(response, "is not JSON"), outcome.UNREACHABLE) from None
         body = response.text
-    if 200 <= response.status_code < 300:
+    if 200 <= status < 300:
+        if not isinstance(body, expect):
+            shape = f"is JSON of another shape ({type(body).__name__})"
+            raise CliError(_not_the_api(response, shape), outcome.UNREACHABLE)
         return body
-    status = response.status_code
     message = describe_api_error(status, body)
     if status in (401, 403):
         raise CliError(f"{message} (HTTP {status})", outcome.AUTH, body)
@@ -191,6 +209,14 @@ def _answer(response: requests.Response) -> Any:
     if status in (400, 413):
         raise CliError(message, outcome.BAD_INPUT, body)
     raise CliError(f"the server answered HTTP {status}: {message}", outcome.UNREACHABLE, body)
+
+
+def _not_the_api(response: requests.Response, what: str) -> str:
+    kind = response.headers.get("Content-Type", "no content type").split(";")[0]
+    return (
+        f"the answer of {response.url} (HTTP {response.status_code}, {kind}) {what}, not the API's:"
+        " is TESSERA_URL the Tessera server, with no sign-in page in front?"
+    )
 
 
 def _retry_after(response: requests.Response) -> float | None:

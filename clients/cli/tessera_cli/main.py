@@ -224,8 +224,7 @@ def _wait_and_report(client: Client, job_id: int, timeout: float | None, follow:
         else:
             click.echo(f"job {job_id} is still {timed_out.job['state']} after --wait-timeout", err=True)
         return outcome.WAIT_TIMEOUT
-    events = client.get(f"jobs/{job_id}/events/")
-    ended = outcome.outcome_of(job, events if isinstance(events, list) else events.get("results", []))
+    ended = outcome.outcome_of(job, _events(client, job_id))
     if fmt == "table":
         code = f", exit code {ended.exit_code}" if ended.exit_code is not None else ""
         click.echo(f"job {job_id} {ended.name}{code}", err=True)
@@ -346,9 +345,12 @@ EVENT_COLUMNS: list[output.Column] = [
 def events(ctx: Context, job_id, fmt):
     """A job's history, in order."""
     (jid,) = job_ids((job_id,))
-    answer = ctx.client.get(f"jobs/{jid}/events/")
-    rows = answer if isinstance(answer, list) else answer.get("results", [])
-    output.emit(rows, fmt, EVENT_COLUMNS)
+    output.emit(_events(ctx.client, jid), fmt, EVENT_COLUMNS)
+
+
+def _events(client: Client, job_id: int) -> list[dict[str, Any]]:
+    """A job's events: a plain list (an older server: a page of them)."""
+    return list(client.pages(f"jobs/{job_id}/events/", {}))
 
 
 # --- changing ----------------------------------------------------------------------------------

@@ -9,7 +9,8 @@ code   meaning
 =====  ==========================================================================================
 200    bad input: a malformed job file, an unknown option or field, a value the server refused
 201    authentication failed: no token, or the server refused it (401, 403)
-202    the server could not be reached, or kept failing (after retries with backoff)
+202    the server could not be reached, or kept failing (after retries with backoff), or answered
+       with something other than the API's JSON (a sign-in page in front, a wrong URL)
 203    the server refused the request for the object's state: not found (404), conflict (409, 422)
 204    ``--wait-timeout`` passed before the job ended (the job goes on)
 210    the job was cancelled
@@ -45,7 +46,10 @@ TABLE = [
     (1, "…255 except the reserved codes: the job's own exit code (a gang: the first failing replica's)"),
     (BAD_INPUT, "bad input: malformed job file, unknown option or field, a value the server refused"),
     (AUTH, "authentication failed (no token, or the server refused it)"),
-    (UNREACHABLE, "the server could not be reached or kept failing, after retries"),
+    (
+        UNREACHABLE,
+        "the server could not be reached or kept failing, after retries, or answered other than JSON",
+    ),
     (REFUSED_STATE, "not found, or refused for the object's state (404, 409, 422)"),
     (WAIT_TIMEOUT, "--wait-timeout passed before the job ended (the job goes on)"),
     (CANCELLED, "the job was cancelled"),
