@@ -5,7 +5,7 @@ passes it over (the engine reads ``held``), and a pass that decided on a snapsho
 the hold does not bind it (``passes.py`` reads the job again under its lock). Only a waiting job
 can be held: one that is already bound or running is the cancel's business (409). Both are
 idempotent: holding a held job, or releasing one that is not held, changes nothing and records
-nothing.
+nothing. Cancelling a held job lets go of the hold with it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,13 @@ from django.db import transaction
 from scheduling.choices import EventType, JobState, PendingCode
 from scheduling.models import Job
 from scheduling.services import live
-from scheduling.services.jobs import clear_estimate, locked_jobs, record_event, request_pass_on_commit
+from scheduling.services.jobs import (
+    AWAITING_PASS,
+    clear_estimate,
+    locked_jobs,
+    record_event,
+    request_pass_on_commit,
+)
 from scheduling.services.snapshot import ESTIMATE_FIELDS
 from scheduling.states import InvalidTransition
 
@@ -43,14 +49,16 @@ def do_hold_job(job_id: int) -> Job:
 
 
 def do_release_job(job_id: int) -> Job:
-    """Let a held job start again; the next pass (asked for now) places it or says why it waits."""
+    """Let a held job start again; the next pass (asked for now) places it or says why it waits,
+    and until then it says it waits for that pass. A job that no longer waits is returned as it
+    is: nothing is recorded after its end."""
     with transaction.atomic():
         job = locked_jobs().get(pk=job_id)
-        if not job.held:
+        if not job.held or job.state != JobState.PENDING:
             return job
         job.held = False
         if job.pending_code == PendingCode.HELD:
-            job.pending_code = job.pending_reason = None
+            job.pending_code, job.pending_reason = AWAITING_PASS
         job.save(update_fields=["held", "pending_code", "pending_reason"])
         record_event(job, EventType.RELEASED)
         live.publish_job(job)

@@ -116,6 +116,10 @@ def _moved(job: Job, target: str, fields: dict[str, Any]) -> None:
         clear_estimate(job)
 
 
+# What a waiting job says until a pass has judged it (submitted, or released from a hold).
+AWAITING_PASS = ("priority", "waiting for the next scheduling pass")
+
+
 def clear_estimate(job: Job) -> None:
     """``job`` no longer has a start estimate's band, basis or place in the queue (in memory)."""
     for name, value in zip(ESTIMATE_FIELDS, NO_ESTIMATE, strict=True):
@@ -254,8 +258,8 @@ def _store_new(
         tenant=tenant,
         owner=user,
         queue_level=QUEUE_LEVELS.get(cleaned["kind"], 2),
-        pending_code="priority",
-        pending_reason="waiting for the next scheduling pass",
+        pending_code=AWAITING_PASS[0],
+        pending_reason=AWAITING_PASS[1],
         **cleaned,
     )
     key = IdempotencyKey(user=user, key=idempotency_key, body_hash=digest) if idempotency_key else None
@@ -379,8 +383,13 @@ def do_cancel_job(job_id: int, by: Any = None) -> Job:
         ):
             return job
         if job.state == JobState.PENDING:
-            do_transition(
-                job, JobState.CANCELLED, EventType.CANCELLED, "cancelled by user", finished_at=timezone.now()
+            do_transition(  # a held job is let go with its end: nothing holds it back any more
+                job,
+                JobState.CANCELLED,
+                EventType.CANCELLED,
+                "cancelled by user",
+                finished_at=timezone.now(),
+                held=False,
             )
             request_pass_on_commit()  # it may have held a reservation or the head of its queue
             return job

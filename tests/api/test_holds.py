@@ -75,3 +75,24 @@ def test_bob_can_neither_hold_nor_release_alices_job(world, cluster):
     do_hold_job(job.pk)
     assert hold(world, "bob", job, "release").status_code == 404
     assert Job.objects.get(pk=job.pk).held is True
+
+
+def test_a_released_job_says_why_it_waits_until_the_next_pass(world, cluster):
+    job = submit(world.alice, world.vision, gpus=1)
+    hold(world, "alice", job)
+    answer = hold(world, "alice", job, "release").json()
+    assert answer["state"] == "pending"
+    assert (answer["pending_code"], answer["pending_reason"]) == (
+        "priority",
+        "waiting for the next scheduling pass",
+    )
+
+
+def test_a_held_job_cancelled_is_no_longer_held_and_cannot_be_released_after_its_end(world, cluster):
+    job = submit(world.alice, world.vision, gpus=1)
+    hold(world, "alice", job)
+    cancelled = world.client("alice").post(f"/api/v1/jobs/{job.pk}/cancel/").json()
+    assert (cancelled["state"], cancelled["held"]) == ("cancelled", False)
+    answer = hold(world, "alice", job, "release")
+    assert answer.status_code == 200 and answer.json()["state"] == "cancelled"
+    assert event_types(job) == ["submitted", "held", "cancelled"]  # nothing after its end
