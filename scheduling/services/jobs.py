@@ -376,12 +376,12 @@ def do_cancel_job(job_id: int, by: Any = None) -> Job:
     """
     with transaction.atomic():
         job = locked_jobs().get(pk=job_id)
-        if by is not None and getattr(by, "pk", None) != job.owner_id and job.state not in TERMINAL_STATES:
-            audit.record("job.cancel", job, by=by, before={"state": job.state}, note=f"owner {job.owner_id}")
         if job.state == JobState.CANCELLED or (
             job.state == JobState.TERMINATING and job.stop_reason == "cancelled"
         ):
-            return job
+            return job  # a repeat changes nothing, and is not logged again
+        if by is not None and getattr(by, "pk", None) != job.owner_id and job.state not in TERMINAL_STATES:
+            audit.record("job.cancel", job, by=by, before={"state": job.state}, note=f"owner {job.owner_id}")
         if job.state == JobState.PENDING:
             do_transition(  # a held job is let go with its end: nothing holds it back any more
                 job,

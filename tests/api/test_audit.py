@@ -114,6 +114,13 @@ def test_a_cancel_by_a_teammate_is_logged_and_the_owners_own_is_not(world, alice
     assert entry["actor"] == "user carol" and entry["before"] == {"state": "running"}
 
 
+def test_a_teammates_repeated_cancel_changes_nothing_and_is_logged_once(world, alice_job):
+    for _ in range(3):  # the job is terminating after the first: the others change nothing
+        assert world.client("carol").post(f"/api/v1/jobs/{alice_job.pk}/cancel/").status_code == 200
+    (entry,) = entries(action="job.cancel")
+    assert entry["before"] == {"state": "running"}
+
+
 @pytest.mark.parametrize("who", ["alice", "carol", "bob"])
 def test_only_operators_read_the_audit_log(world, who):
     assert world.client(who).get(AUDIT).status_code == 403
