@@ -14,6 +14,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from scheduling.api.fields import StrictFloatField
 from scheduling.api.lookups import ID_PARAMETER, parse_pk
 from scheduling.api.pagination import BoundedLimitOffsetPagination
 from scheduling.api.permissions import OperatorWritesOnly
@@ -49,12 +50,12 @@ class TenantViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
 
 
 class IdlePolicySerializer(serializers.Serializer):
-    """A tenant's idle-policy overrides: each field a number inside the operator's bounds, or
-    null for the operator's default (docs/api.md)."""
+    """A tenant's idle-policy overrides: each field a JSON number (not a string, not a boolean)
+    inside the operator's bounds, or null for the operator's default (docs/api.md)."""
 
-    threshold = serializers.FloatField(required=False, allow_null=True)
-    exempt_s = serializers.FloatField(required=False, allow_null=True)
-    act_after_s = serializers.FloatField(required=False, allow_null=True)
+    threshold = StrictFloatField(required=False, allow_null=True)
+    exempt_s = StrictFloatField(required=False, allow_null=True)
+    act_after_s = StrictFloatField(required=False, allow_null=True)
 
 
 def _idle_policy_body(tenant: Tenant) -> dict[str, Any]:

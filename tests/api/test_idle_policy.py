@@ -51,6 +51,20 @@ def test_an_override_outside_the_operators_bounds_is_a_400_naming_the_field(worl
     assert not AuditEntry.objects.filter(action="tenant.idle_policy").exists()
 
 
+@pytest.mark.parametrize(
+    "body",
+    [{"exempt_s": "600"}, {"threshold": "0.1"}, {"act_after_s": "3600"}, {"exempt_s": True}],
+    ids=["exempt-string", "threshold-string", "act-string", "exempt-bool"],
+)
+def test_an_override_that_is_not_a_json_number_is_a_400_even_inside_the_bounds(world, body) -> None:
+    answer = world.client("admin").put(URL.format(world.vision.pk), body, format="json")
+    assert answer.status_code == 400, answer.json()
+    assert answer.json() == {next(iter(body)): ["must be a number"]}
+    world.vision.refresh_from_db()
+    assert not world.vision.idle_policy
+    assert not AuditEntry.objects.filter(action="tenant.idle_policy").exists()
+
+
 def test_the_pass_judges_a_tenants_jobs_by_its_overrides(world, settings) -> None:
     from scheduling.models import Tenant
     from scheduling.services import idle_policy
