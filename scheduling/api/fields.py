@@ -307,6 +307,7 @@ class GpuCountField(serializers.Field):  # its schema: scheduling.api.schema.Gpu
                 )
             if data < 1 and not 1 <= round(data * 1000) <= 999:
                 raise serializers.ValidationError("a fraction must be between 0.001 and 0.999")
+            return round(data * 1000) / 1000  # the allocation's unit: what the job is given
         return float(data)
 
     def to_representation(self, value: float) -> int | float:

@@ -76,6 +76,13 @@ def test_a_fractional_gpu_and_a_cpu_only_job_are_valid(world):
     assert post_json(client, JOBS, valid_body(gpus=0)).json()["gpus"] == 0
 
 
+@pytest.mark.parametrize(("sent", "kept"), [(0.0014, 0.001), (0.2506, 0.251), (0.9994, 0.999)])
+def test_a_fraction_of_a_gpu_is_kept_to_thousandths_the_unit_it_is_allocated_in(world, sent, kept):
+    answer = post_json(world.client("alice"), JOBS, valid_body(gpus=sent, kind="inference"))
+    assert answer.status_code == 201 and answer.json()["gpus"] == kept
+    assert Job.objects.get(pk=answer.json()["id"]).gpus == kept
+
+
 def test_an_operator_submits_for_the_tenant_named_in_the_body(world):
     client = world.client("admin")
     response = post_json(client, JOBS, valid_body())
