@@ -194,6 +194,11 @@ def _basis(
         ]
         if last:
             _, _, h = max(last, key=lambda e: e[:2])
+            if h.job.tenant != want.job.tenant:  # neither its id nor its history: not theirs to see
+                return (
+                    "nodes reserved for it free when another tenant's job ends; "
+                    f"its own runtime from {runtime}"
+                )
             why = predictor.predict(h.job).basis
             return (
                 f"nodes reserved for it free when job {h.job.id} ends (its runtime from {why}); "

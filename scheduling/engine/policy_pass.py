@@ -23,7 +23,7 @@ from .preference import wait_for_preferred
 from .reasons import ClassSummary, diagnose_job
 from .state import Alloc, leaving_key, placements_of
 from .topology import place_gang
-from .types import MILLI, Deadline, Decisions, JobRequest, PendingReason, Preemption, Resize
+from .types import MILLI, Deadline, Decisions, JobRequest, PendingReason, Preemption, Resize, job_named
 
 if TYPE_CHECKING:
     from .policy import Running, TesseraScheduler
@@ -610,9 +610,11 @@ class PolicyPass:
         for a in probe:
             s.state.release_replica(job.id, a)
         owner = next((r for r in self.res.items), None)
+        holder = s.pending.get(owner.job_id) if owner else None
+        held_for = job_named(owner.job_id, holder.tenant if holder else None, job.tenant) if owner else ""
         self.d.pending[job.id] = PendingReason(
             "reserved",
-            f"reserved: the free room is held for job {owner.job_id}, expected to start "
+            f"reserved: the free room is held for {held_for}, expected to start "
             f"in {_minutes(owner.start - self.now)}"
             if owner
             else "reserved",
@@ -785,13 +787,12 @@ class PolicyPass:
     def why(self, job: JobRequest, victim: str, may_rank: bool) -> str:
         """The reason a victim is given: which of the preemption rules chose it."""
         s = self.s
+        named = job_named(job.id, job.tenant, s.running[victim].job.tenant)
         if may_rank and queues.rank(s.running[victim].job, s.config) > queues.rank(job, s.config):
-            return f"priority: for job {job.id}"
+            return f"priority: for {named}"
         if s.starving(job, self.now):
-            return (
-                f"seniority: job {job.id} has waited {(self.now - job.submitted_at) / 3600:.0f} h "
-                "(starvation bound)"
-            )
+            waited = (self.now - job.submitted_at) / 3600
+            return f"seniority: {named} has waited {waited:.0f} h (starvation bound)"
         return f"reclaim: {job.tenant} needs its guarantee"
 
     def plan_shrink(self, want: Want) -> ShrinkPlan | None:
@@ -867,7 +868,7 @@ class PolicyPass:
                     run.leaving_charged.append(run.charged.pop())
             run.leaving_until = now + run.job.grace_s
             grace = max(grace, run.job.grace_s)
-            why = f"shrunk to make room for job {job.id}"
+            why = f"shrunk to make room for {job_named(job.id, job.tenant, run.job.tenant)}"
             self.d.resizes.append(Resize(jid, placements_of(s.state.allocs.get(jid, []), s.state), why))
         s.room[job.id] = (nodes, now + grace + cfg.room_hold_s)
         self.res.add(Reservation(job.id, nodes, now))

@@ -180,6 +180,13 @@ class Resize:
     reason: str = ""  # why, in words (``shrunk to make room for job 12``)
 
 
+def job_named(job_id: str, tenant: str | None, told: str) -> str:
+    """Job ``job_id`` (of ``tenant``) as a reason given to a job of ``told`` names it: by its id
+    when it is the same tenant's; else only as another tenant's, whose jobs (their ids, names and
+    runtimes) a tenant may not learn of (docs/api.md, "Who sees what")."""
+    return f"job {job_id}" if tenant == told else "another tenant's job"
+
+
 @dataclass(frozen=True, slots=True)
 class PendingReason:
     code: str  # one of PENDING_CODES

@@ -325,3 +325,22 @@ def test_a_wrong_token_is_a_401(world, objects, endpoint):
 def test_bobs_cancel_leaves_alices_job_running(world, objects):
     request(world.client("bob"), "POST", reverse("job-cancel", kwargs={"pk": objects.job.pk}), None)
     assert Job.objects.get(pk=objects.job.pk).state == "running"
+
+
+def test_bobs_waiting_job_is_not_told_of_the_alice_job_whose_end_it_waits_for(world, cluster):
+    import re
+
+    from scheduling.services import passes
+    from tests.api.helpers import bind, run, submit
+
+    alices = submit(world.alice, world.vision, name="alice-secret-run", gpus=8, time_limit_seconds=3600)
+    bind(alices, cluster["n01"], list(range(8)))
+    run(alices)
+    bobs = submit(world.bob, world.nlp, name="bobs", gpus=8, accelerators=["H100"])
+    passes.run_pass()
+    job = world.client("bob").get(reverse("job-detail", kwargs={"pk": bobs.pk})).json()
+    assert job["pending_code"] == "reserved" and job["estimated_start"] and job["queue_position"] == 1
+    said = " ".join(str(job[k]) for k in ("pending_reason", "estimate_basis", "size_reason"))
+    assert "another tenant's job" in job["estimate_basis"], said
+    assert not re.search(rf"\bjob {alices.pk}\b", said) and "alice-secret-run" not in said, said
+    assert "time limit of 1 h" not in said, said  # alice's job's, not bob's (it has none)

@@ -143,3 +143,49 @@ def test_an_inference_job_kept_off_a_reserved_node_says_so_not_capacity():
     assert d.pending["j005"].code == "reserved"
     why = d.pending["j006"]
     assert why.code == "reserved" and "held for job j005" in why.message, why
+
+
+# --- what a reason tells one tenant of another's jobs: nothing (docs/api.md, "Who sees what") ---
+
+
+def _names_a_job(text: str, job_id: str) -> bool:
+    return re.search(rf"\b{re.escape(job_id)}\b", text) is not None
+
+
+def test_room_held_for_another_tenants_job_is_said_without_naming_it():
+    node_ = NodeSpec(name="n00", rack="r0", model="H100", gpus=4, nvlink_domain=1, cpus=0, memory_gib=512)
+    s = TesseraScheduler([node_], [])
+    for t, g in enumerate([0.25, 0.25, 0.25, 1, 1]):  # vision's running jobs leave 1.25 GPUs
+        s.submit(JobRequest(f"j{t:03}", "vision", "inference", gpus=g, preemptible=False, submitted_at=t))
+    assert len(s.decide(0.0).bindings) == 5
+    s.submit(JobRequest("j005", "nlp", "inference", gpus=2, preemptible=False, submitted_at=5))
+    s.submit(JobRequest("j006", "vision", "inference", gpus=1, preemptible=False, submitted_at=6))
+    d = s.decide(10.0)
+    assert d.pending["j005"].code == "reserved"
+    why = d.pending["j006"]
+    assert why.code == "reserved" and "another tenant's job" in why.message, why
+    assert not _names_a_job(why.message, "j005"), why
+
+
+def test_a_reserved_job_waiting_on_another_tenants_job_is_told_neither_its_id_nor_its_history():
+    s = TesseraScheduler([node("a")])
+    s.submit(JobRequest("secret-run", "nlp", "training", 8, submitted_at=0, time_limit_s=4000))
+    s.decide(0.0)
+    s.submit(JobRequest("mine", "vision", "training", 8, submitted_at=1, time_limit_s=100))
+    d = s.decide(10.0)
+    assert [r.job_id for r in s.last_reservations] == ["mine"]
+    basis = s.estimate(d, 10.0)["mine"].basis
+    assert "free when another tenant's job ends" in basis, basis
+    assert not _names_a_job(basis, "secret-run") and "1.11 h" not in basis
+
+
+def test_a_job_preempted_for_another_tenants_job_is_not_told_its_id():
+    s = TesseraScheduler([node("a", gpus=4, nvlink=4)])
+    s.submit(JobRequest("batchy", "nlp", "batch", 4, submitted_at=0))
+    s.decide(0.0)
+    s.submit(JobRequest("serve", "vision", "inference", 4, preemptible=False, submitted_at=950))
+    d = s.decide(1000.0)
+    (pre,) = d.preemptions
+    assert pre.job_id == "batchy" and pre.for_job == "serve"
+    assert not _names_a_job(pre.reason, "serve"), pre
+    assert pre.reason.startswith("priority: for another tenant's job"), pre
