@@ -74,6 +74,10 @@ class Client:
                     raise CliError(
                         f"{self.base} did not answer in {timeout:g} s", outcome.UNREACHABLE
                     ) from None
+            except requests.exceptions.InvalidJSONError:  # before sending: the body is ours
+                raise CliError(
+                    "the request's body has a number JSON cannot carry (NaN or infinity)", outcome.BAD_INPUT
+                ) from None
             except requests.RequestException as exc:
                 raise CliError(f"request to {self.base} failed: {_short(exc)}", outcome.UNREACHABLE) from None
             else:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import click
 
 from tessera_cli import config, outcome, output
@@ -19,6 +22,24 @@ def output_option(command):
         show_default=True,
         help="How to print the answer.",
     )(command)
+
+
+class Seconds(click.ParamType):
+    """A positive, finite number of seconds (``nan`` and ``inf`` are floats, but no duration)."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not math.isfinite(seconds) or seconds <= 0:
+            self.fail(f"{value!r}: expected a positive, finite number of seconds", param, ctx)
+        return seconds
+
+
+SECONDS = Seconds()
 
 
 def job_ids(ids: tuple[str, ...], what: str = "job") -> list[int]:

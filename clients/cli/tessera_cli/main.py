@@ -7,6 +7,7 @@ exit code (``tessera --help``), never a traceback.
 from __future__ import annotations
 
 import getpass
+import math
 import os
 import socket
 import sys
@@ -17,7 +18,7 @@ import click
 
 from tessera_cli import __version__, config, idempotency, jobfile, outcome, output, watch, webhooks
 from tessera_cli.client import RETRIES, Client
-from tessera_cli.context import Context, job_ids, output_option, pass_ctx
+from tessera_cli.context import SECONDS, Context, job_ids, output_option, pass_ctx
 from tessera_cli.errors import CliError
 from tessera_cli.waiting import WaitTimeout, follow_logs, wait_for_end
 
@@ -87,6 +88,8 @@ def _number(text: str, option: str) -> int | float:
         value = float(text)
     except ValueError:
         raise CliError(f"{option} {text!r}: expected a number", outcome.BAD_INPUT) from None
+    if not math.isfinite(value):  # JSON has no NaN or infinity
+        raise CliError(f"{option} {text!r}: expected a finite number", outcome.BAD_INPUT)
     return int(value) if value.is_integer() else value
 
 
@@ -147,7 +150,7 @@ def build_body(job_file: str | None, command: tuple[str, ...], options: dict[str
 @click.option("--env", "-e", multiple=True, help="KEY=VALUE for the job's environment (repeat).")
 @click.option("--tenant", help="Operators only: the tenant to submit for.")
 @click.option("--wait", "wait", is_flag=True, help="Wait for the job's end and exit with its exit code.")
-@click.option("--wait-timeout", type=float, help="With --wait: give up after this many seconds (exit 204).")
+@click.option("--wait-timeout", type=SECONDS, help="With --wait: give up after this many seconds (exit 204).")
 @click.option("--follow", "-f", is_flag=True, help="Stream the job's output while waiting (implies --wait).")
 @click.option(
     "--dry-run", is_flag=True, help="Ask the server whether and where it would start; submit nothing."
@@ -169,7 +172,7 @@ def submit(ctx: Context, words, fmt, wait, wait_timeout, follow, dry_run, idempo
     job_file, command = split_words(words, ctx.argv)
     body = build_body(job_file, command, options)
     wait = wait or follow
-    if wait_timeout is not None and (wait_timeout <= 0 or not wait):
+    if wait_timeout is not None and not wait:
         raise CliError("--wait-timeout takes a positive number of seconds, with --wait", outcome.BAD_INPUT)
     client = ctx.client
     if dry_run:

@@ -16,7 +16,7 @@ import yaml
 
 from tessera_cli import outcome, output
 from tessera_cli.client import StreamBroken, read_events
-from tessera_cli.context import Context, output_option, pass_ctx
+from tessera_cli.context import SECONDS, Context, output_option, pass_ctx
 from tessera_cli.errors import CliError
 
 IDLE_S = 40.0  # no byte for this long (the server sends a keepalive every 15 s): reconnect
@@ -35,7 +35,7 @@ EVENT_COLUMNS: list[output.Column] = [
 @click.option("--since", "since", help="Only events after this event id (where an earlier watch stopped).")
 @click.option("--job", "job_filter", type=click.IntRange(1), help="Only this job's events.")
 @click.option("--count", "-n", type=click.IntRange(1), help="Stop after this many events.")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), help="Stop after this many seconds.")
+@click.option("--timeout", type=SECONDS, help="Stop after this many seconds.")
 @output_option
 @pass_ctx
 def watch(ctx: Context, since, job_filter, count, timeout, fmt):
