@@ -1,0 +1,81 @@
+"""Fixtures for the ``tessera`` command's tests that need no real server: a server with a canned
+answer, and the command run as a process of its own from this checkout's ``clients/cli``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+CLIENT = Path(__file__).resolve().parents[2] / "clients" / "cli"
+
+
+@dataclass
+class Canned:
+    """What the canned server answers every request with (tests change it as they go)."""
+
+    status: int = 200
+    body: bytes = b"{}"
+    content_type: str = "application/json"
+
+
+@pytest.fixture
+def canned_server() -> Iterator[tuple[str, Canned]]:
+    """A server at the URL it yields answering every request with the :class:`Canned` it yields."""
+    canned = Canned()
+
+    class Handler(BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(canned.status)
+            self.send_header("Content-Type", canned.content_type)
+            self.send_header("Content-Length", str(len(canned.body)))
+            self.end_headers()
+            self.wfile.write(canned.body)
+
+        do_GET = do_POST = do_DELETE = _answer
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", canned
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def run_tessera(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """``run_tessera(url, *args, stdin="")``: the command against ``url``, with a token, no
+    retries, no CI variables and a config file of the test's own."""
+
+    def run(url: str, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("TESSERA_", "GITHUB_", "CI_"))}
+        env.update(
+            TESSERA_URL=url,
+            TESSERA_TOKEN="tsr_test",
+            TESSERA_RETRIES="0",
+            TESSERA_CONFIG=str(tmp_path / "config.json"),
+            PYTHONPATH=str(CLIENT),  # this checkout's client, wherever the installed one came from
+        )
+        code = "import sys; from tessera_cli.main import main; sys.exit(main(sys.argv[1:]))"
+        return subprocess.run(
+            [sys.executable, "-c", code, *args],
+            env=env,
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    return run
