@@ -186,10 +186,7 @@ def submit(ctx: Context, words, fmt, wait, wait_timeout, follow, dry_run, idempo
     except CliError as exc:
         if _refused_by_quota(exc):
             exc.code = outcome.UNSCHEDULABLE
-            if fmt != "table":
-                output.emit(
-                    {"job": None, "outcome": "refused", "error": exc.body, "cli_exit_code": exc.code}, fmt
-                )
+        _emit_failure(None, exc, fmt, "refused" if exc.code == outcome.UNSCHEDULABLE else "error")
         raise
     if not wait:
         output.emit(job, fmt, JOB_COLUMNS, [job])
@@ -197,7 +194,20 @@ def submit(ctx: Context, words, fmt, wait, wait_timeout, follow, dry_run, idempo
     if fmt == "table":
         verb = "submitted" if status == 201 else "already submitted (same idempotency key)"
         click.echo(f"job {job['id']} {verb}; waiting for its end", err=True)
-    raise SystemExit(_wait_and_report(client, job["id"], wait_timeout, follow, fmt))
+    try:
+        code = _wait_and_report(client, job["id"], wait_timeout, follow, fmt)
+    except CliError as exc:
+        _emit_failure(job, exc, fmt, "error")
+        raise
+    raise SystemExit(code)
+
+
+def _emit_failure(job: dict[str, Any] | None, exc: CliError, fmt: str, name: str) -> None:
+    """For ``-o json|yaml``: the outcome of a submit that failed (``job`` null if none was made),
+    so that what a script keeps of it is always the outcome, never an empty file."""
+    if fmt != "table":
+        error = exc.body if isinstance(exc.body, dict) else exc.message
+        output.emit({"job": job, "outcome": name, "error": error, "cli_exit_code": exc.code}, fmt)
 
 
 def _refused_by_quota(exc: CliError) -> bool:
