@@ -288,6 +288,18 @@ def test_bob_cannot_see_or_cancel_alices_job(cli):
     assert Job.objects.get(pk=job.pk).state == "pending"
 
 
+@SYNC_SERVED_STREAM
+def test_watching_a_job_bob_cannot_see_is_a_203_not_a_silent_wait(cli):
+    cli("submit", "--", "python", "x.py")
+    job = newest_job()
+    started = time.monotonic()
+    for jid in (str(job.pk), "999999"):  # alice's, and one that does not exist: the same answer
+        result = cli("watch", "--job", jid, "--timeout", "20", who="bob")
+        assert result.returncode == 203, (jid, result.stdout, result.stderr)
+        assert "no such job" in result.stderr.lower() and result.stdout == ""
+    assert time.monotonic() - started < 15  # at once, not at the end of --timeout
+
+
 @pytest.mark.parametrize(
     "args", [("status", "abc"), ("submit", "--gpus", "two", "--", "x"), ("ls", "--nope")]
 )

@@ -44,6 +44,8 @@ def watch(ctx: Context, since, job_filter, count, timeout, fmt):
     if since is not None and (not since.isdigit() or len(since) > 18):
         raise CliError(f"--since {since!r}: expected an event id (a positive integer)", outcome.BAD_INPUT)
     client = ctx.client
+    if job_filter is not None:  # a job the caller cannot see is a 404 (203), not a wait for nothing
+        client.get(f"jobs/{job_filter}/")
     deadline = None if timeout is None else time.monotonic() + timeout
     last, printed, failures = since, 0, 0
     first_row = True
