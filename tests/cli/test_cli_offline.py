@@ -133,3 +133,21 @@ def test_api_errors_read_as_one_line_naming_each_field():
     assert describe_api_error(404, {"detail": "No such job."}) == "No such job."
     assert describe_api_error(400, {"elastic": {"min_gpus": ["bad"]}}) == "elastic: min_gpus: bad"
     assert describe_api_error(502, "<html>\nBad gateway") == "<html>"
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("name: 2024-01-01\n", "name"),
+        ("env: {BUILT: 2024-01-01 10:00:00}\n", "env.BUILT"),
+        ("command: [run, !!binary aGk=]\n", "command[1]"),
+        ("name: j\n1: x\n", "1"),
+        ("cpus: .nan\n", "cpus"),
+        ("env: {A: [1, .inf]}\n", "env.A[1]"),
+    ],
+)
+def test_a_job_file_value_json_cannot_carry_is_refused_naming_where_it_is(text, field):
+    with pytest.raises(CliError) as refused:
+        jobfile.parse(text.encode(), "job.yaml")
+    assert refused.value.code == outcome.BAD_INPUT
+    assert refused.value.message.startswith(f"job.yaml: {field}: "), refused.value.message

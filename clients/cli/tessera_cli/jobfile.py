@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,30 @@ def parse(raw: bytes, name: str = "job file") -> dict[str, Any]:
         raise CliError(f"{name}: malformed YAML: {exc}", outcome.BAD_INPUT) from None
     if not isinstance(data, dict):
         raise CliError(f"{name}: a job file is a mapping of the job's fields", outcome.BAD_INPUT)
+    _check_json(data, name, "")
     return translate(data, name)
+
+
+def _check_json(value: Any, name: str, where: str) -> None:
+    """Refuse, naming where it is, what YAML reads but a JSON body cannot carry: a date or time
+    (``name: 2024-01-01``, unquoted), ``!!binary``, a key that is not text, NaN or infinity."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise CliError(f"{name}: {where}{key}: a key must be text; quote it", outcome.BAD_INPUT)
+            _check_json(item, name, f"{where}{key}.")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_json(item, name, f"{where.removesuffix('.')}[{index}].")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise CliError(f"{name}: {where.removesuffix('.')}: must be a finite number", outcome.BAD_INPUT)
+    elif value is not None and not isinstance(value, str | int | float):  # bool is an int
+        what = type(value).__name__
+        raise CliError(
+            f"{name}: {where.removesuffix('.')}: YAML read a {what} ({value!r:.40}), which JSON has not; "
+            "quote it to send it as text",
+            outcome.BAD_INPUT,
+        )
 
 
 def translate(data: dict[str, Any], name: str = "job file") -> dict[str, Any]:
