@@ -1,5 +1,5 @@
 """Fixtures for the ``tessera`` command's tests that need no real server: a server with a canned
-answer, and the command run as a process of its own from this checkout's ``clients/cli``."""
+answer, and the command run as a process of its own; both from this checkout's ``clients/cli``."""
 
 from __future__ import annotations
 
@@ -15,6 +15,11 @@ from pathlib import Path
 import pytest
 
 CLIENT = Path(__file__).resolve().parents[2] / "clients" / "cli"
+
+# This checkout's client, first, in the tests and in the commands they start: the environment's
+# `tessera-cli` may be installed (editable) from another checkout of the repository.
+sys.path.insert(0, str(CLIENT))
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(CLIENT), os.environ.get("PYTHONPATH")) if p)
 
 
 @dataclass
@@ -66,7 +71,6 @@ def run_tessera(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str
             TESSERA_TOKEN="tsr_test",
             TESSERA_RETRIES="0",
             TESSERA_CONFIG=str(tmp_path / "config.json"),
-            PYTHONPATH=str(CLIENT),  # this checkout's client, wherever the installed one came from
         )
         code = "import sys; from tessera_cli.main import main; sys.exit(main(sys.argv[1:]))"
         return subprocess.run(
