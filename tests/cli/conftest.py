@@ -29,6 +29,7 @@ class Canned:
     status: int = 200
     body: bytes = b"{}"
     content_type: str = "application/json"
+    redirect_writes_to: str | None = None  # a POST or DELETE answered 301 to this path
 
 
 @pytest.fixture
@@ -39,6 +40,12 @@ def canned_server() -> Iterator[tuple[str, Canned]]:
     class Handler(BaseHTTPRequestHandler):
         def _answer(self) -> None:
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if canned.redirect_writes_to is not None and self.command != "GET":
+                self.send_response(301)
+                self.send_header("Location", canned.redirect_writes_to)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             self.send_response(canned.status)
             self.send_header("Content-Type", canned.content_type)
             self.send_header("Content-Length", str(len(canned.body)))

@@ -70,3 +70,17 @@ def test_a_delete_answered_204_without_a_body_is_still_a_success(canned_server, 
     canned.status, canned.body = 204, b""  # what the API answers a DELETE: no content
     result = run_tessera(url, "webhooks", "rm", "1")
     assert result.returncode == 0, (result.stdout, result.stderr)
+
+
+@pytest.mark.parametrize(
+    "args", [["submit", "--", "true"], ["cancel", "1"], ["webhooks", "rm", "1"], ["login", "--token-stdin"]]
+)
+def test_a_write_the_server_redirects_is_refused_not_replayed_as_a_read(canned_server, run_tessera, args):
+    """An http:// URL redirected to https:// (or a moved server): following the 301 would turn the
+    POST into a GET of the list, which the command would take as the job it submitted."""
+    url, canned = canned_server
+    canned.redirect_writes_to = "/api/v1/jobs/"
+    canned.body = b'{"count": 0, "next": null, "previous": null, "results": []}'
+    result = run_tessera(url, *args, stdin="tsr_test\n")
+    assert result.returncode == outcome.UNREACHABLE, (result.stdout, result.stderr)
+    assert "redirect" in result.stderr and result.stderr.count("\n") == 1, result.stderr

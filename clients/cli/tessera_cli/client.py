@@ -1,9 +1,11 @@
 """The REST API over HTTP: one session, retries with backoff on transient faults, errors as
 :class:`~tessera_cli.errors.CliError` with the exit code they deserve.
 
-A 2xx answer must be the API's JSON, of the shape the call expects (an object, unless told
-otherwise): anything else (a proxy's sign-in page, the portal at a wrong ``TESSERA_URL``, a body cut
-short) is the server failing (exit 202), never printed as if it were the answer.
+A write the server redirects (an ``http://`` URL sent on to ``https://``) is an error, not
+followed: following it would turn a POST into a GET of the list. A 2xx answer must be the API's
+JSON, of the shape the call expects (an object, unless told otherwise): anything else (a proxy's
+sign-in page, the portal at a wrong ``TESSERA_URL``, a body cut short) is the server failing (exit
+202), never printed as if it were the answer.
 
 Retried: connection errors, timeouts, 502/503/504 and 429 (after its ``Retry-After``). Never
 retried: any other 4xx (the request itself is wrong: repeating it changes nothing) and a POST
@@ -63,7 +65,13 @@ class Client:
         while True:
             try:
                 response = self.session.request(
-                    method, self.url(path), json=json, params=params, headers=headers, timeout=timeout
+                    method,
+                    self.url(path),
+                    json=json,
+                    params=params,
+                    headers=headers,
+                    timeout=timeout,
+                    allow_redirects=method in ("GET", "HEAD"),  # a redirected POST becomes a GET
                 )
             except requests.ConnectionError as exc:
                 sent = not _refused_before_sending(exc)
@@ -82,6 +90,8 @@ class Client:
                 raise CliError(f"request to {self.base} failed: {_short(exc)}", outcome.UNREACHABLE) from None
             else:
                 status = response.status_code
+                if response.is_redirect:
+                    raise CliError(_redirected(response, method), outcome.UNREACHABLE)
                 retry = (status in TRANSIENT and safe_to_repeat) or status == 429
                 if not retry or attempt >= self.retries:
                     return status, _answer(response, expect)
@@ -213,6 +223,14 @@ def _answer(response: requests.Response, expect: type | tuple[type, ...]) -> Any
     if status in (400, 413):
         raise CliError(message, outcome.BAD_INPUT, body)
     raise CliError(f"the server answered HTTP {status}: {message}", outcome.UNREACHABLE, body)
+
+
+def _redirected(response: requests.Response, method: str) -> str:
+    where = response.headers.get("Location", "elsewhere")
+    return (
+        f"{response.url} redirected the {method} to {where}, which would not repeat it:"
+        " set TESSERA_URL to where the server is (https://, its own host)"
+    )
 
 
 def _not_the_api(response: requests.Response, what: str) -> str:
