@@ -327,12 +327,13 @@ def test_bobs_cancel_leaves_alices_job_running(world, objects):
     assert Job.objects.get(pk=objects.job.pk).state == "running"
 
 
-def test_bobs_waiting_job_is_not_told_of_the_alice_job_whose_end_it_waits_for(world, cluster):
+def test_bobs_waiting_job_is_not_told_of_the_alice_job_whose_end_it_waits_for(world, cluster, settings):
     import re
 
     from scheduling.services import passes
     from tests.api.helpers import bind, run, submit
 
+    settings.TESSERA = {**settings.TESSERA, "ETA_EVERY_S": 0.0}  # this pass plans the estimates
     alices = submit(world.alice, world.vision, name="alice-secret-run", gpus=8, time_limit_seconds=3600)
     bind(alices, cluster["n01"], list(range(8)))
     run(alices)
