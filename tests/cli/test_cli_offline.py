@@ -151,3 +151,12 @@ def test_a_job_file_value_json_cannot_carry_is_refused_naming_where_it_is(text, 
         jobfile.parse(text.encode(), "job.yaml")
     assert refused.value.code == outcome.BAD_INPUT
     assert refused.value.message.startswith(f"job.yaml: {field}: "), refused.value.message
+
+
+@pytest.mark.parametrize("raw", ["²", "١", "1²", "０"])
+def test_a_job_id_is_ascii_digits_only(raw):
+    from tessera_cli.context import job_ids
+
+    with pytest.raises(CliError) as refused:
+        job_ids((raw,))
+    assert refused.value.code == outcome.BAD_INPUT and "is not a job id" in refused.value.message

@@ -45,7 +45,7 @@ SECONDS = Seconds()
 def job_ids(ids: tuple[str, ...], what: str = "job") -> list[int]:
     out = []
     for raw in ids:
-        if not raw.isdigit() or len(raw) > 18:
+        if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:  # "²".isdigit(), int("²") fails
             raise CliError(f"{raw!r} is not a {what} id (a positive integer)", outcome.BAD_INPUT)
         out.append(int(raw))
     return out

@@ -41,7 +41,7 @@ EVENT_COLUMNS: list[output.Column] = [
 def watch(ctx: Context, since, job_filter, count, timeout, fmt):
     """Print the events of your tenant's jobs (operators: every job's) from the first one, or
     from --since, as they happen, until interrupted, --count or --timeout."""
-    if since is not None and (not since.isdigit() or len(since) > 18):
+    if since is not None and (not (since.isascii() and since.isdigit()) or len(since) > 18):
         raise CliError(f"--since {since!r}: expected an event id (a positive integer)", outcome.BAD_INPUT)
     client = ctx.client
     if job_filter is not None:  # a job the caller cannot see is a 404 (203), not a wait for nothing
