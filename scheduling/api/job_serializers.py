@@ -137,6 +137,12 @@ class JobSubmitSerializer(RejectsUnknownFields, FieldTemplates, serializers.Seri
         "have been idle for the policy's window (default `never`: it is only warned).",
     )
 
+    def validate_command(self, value: list[str]) -> list[str]:
+        # The program, run as is: blank, no node could ever start it (its arguments may be "").
+        if not value[0].strip():
+            raise serializers.ValidationError("item 0, the program to run, must not be blank")
+        return value
+
     def validate_prefer_labels(self, value: dict[str, str]) -> dict[str, str]:
         # Nodes alike share a placement group across racks, so the placer scores labels per
         # node class, and the rack is not part of it: refused rather than silently ignored.
