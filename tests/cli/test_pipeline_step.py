@@ -242,6 +242,7 @@ def test_watch_prints_the_tenants_events_resumes_and_survives_a_cutting_proxy(st
     seen = [json.loads(line) for line in first.stdout.splitlines()]
     assert [e["type"] for e in seen] == ["submitted", "scheduled", "started", "succeeded"]
     assert {e["job"] for e in seen} == {job.pk}
+    assert f"resume with: tessera watch --since {seen[3]['id']}" in first.stderr  # stdout: JSON only
 
     resumed = watch(stack, world, "-o", "json", "--since", str(seen[1]["id"]), "--count", "1")
     assert [json.loads(line)["type"] for line in resumed.stdout.splitlines()] == ["started"]

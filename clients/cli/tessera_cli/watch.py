@@ -74,7 +74,7 @@ def watch(ctx: Context, since, job_filter, count, timeout, fmt):
                     raise CliError("the tenant's event stream kept breaking", outcome.UNREACHABLE) from None
                 time.sleep(min(0.5 * 2 ** (failures - 1), 8.0))
     finally:
-        if last is not None and fmt == "table":
+        if last is not None:  # on stderr: -o json's standard output stays one object a line
             click.echo(f"resume with: tessera watch --since {last}", err=True)
 
 
