@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Mapping
@@ -179,10 +180,10 @@ def configure(base: EngineConfig, values: Mapping[str, Any]) -> EngineConfig:
 
 def _parse(knob: str, raw: Any, base: EngineConfig) -> Any:
     if isinstance(raw, str) and knob in ("kind_accelerators", "preemptor_levels"):
-        try:
+        # The environment's text, read as JSON; a text that is none (or a JSON string, as the
+        # admin's JSON field gives "x") stays text and is refused below for what it must be.
+        with contextlib.suppress(ValueError):
             raw = json.loads(raw)
-        except ValueError:
-            raise KnobError(knob, f"{raw!r} is not JSON") from None
     if knob in _NUMBERS:
         value = _number(knob, raw)
         least, strict = _NUMBERS[knob]

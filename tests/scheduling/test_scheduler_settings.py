@@ -65,6 +65,8 @@ def test_kind_accelerators_steer_a_kind_to_the_models_named_for_it(world):
         ("min_split_gpus", 3, "power of two"),
         ("kind_accelerators", {"gpu": ["T4"]}, "not a job kind"),
         ("preemptor_levels", [7], "not a queue level"),
+        ("preemptor_levels", "x", "must be a list of queue levels"),  # the JSON string "x"
+        ("kind_accelerators", "x", "must map job kinds to models"),
     ],
 )
 def test_a_bad_knob_is_refused_with_its_name_and_nothing_is_saved(world, knob, value, words):
