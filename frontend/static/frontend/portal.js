@@ -42,6 +42,16 @@
     connect();
   }
 
+  /* The session has ended (signed out in another tab, or expired): a fragment's fetch was sent
+   * to the sign-in page, or the API refused. Go there, to come back to this page after signing
+   * in, rather than paste the sign-in page into the box (as the dashboard does on a 401). */
+  function signedOut(response) {
+    const toLogin = response.redirected && new URL(response.url).pathname === "/login/";
+    if (!toLogin && response.status !== 401) return false;
+    window.location.assign("/login/?next=" + encodeURIComponent(window.location.pathname + window.location.search));
+    return true;
+  }
+
   /* Fetch url's HTML into box, at most once per `gap` ms (changes in a burst cost one fetch). */
   function refresher(box, url, gap, after) {
     let timer = null, running = false, again = false;
@@ -51,6 +61,7 @@
       running = true;
       try {
         const response = await fetch(url(), { credentials: "same-origin", headers: { Accept: "text/html" } });
+        if (signedOut(response)) return;
         if (response.status === 404) { box.textContent = "This job is no longer visible."; return; }
         if (response.ok) {
           const focused = document.activeElement && box.contains(document.activeElement) ? document.activeElement.id : null;
@@ -120,6 +131,7 @@
         for (;;) { // read on at once while pages come full: more may be waiting
           const url = page.dataset.logUrl + "?offset=" + offset + "&replica=" + replica;
           const response = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
+          if (signedOut(response)) return;
           if (!response.ok) { note.textContent = "Output unavailable (" + response.status + ")."; wait = 5000; break; }
           const chunk = await response.json();
           if (!started && (chunk.data || chunk.eof)) { out.textContent = ""; started = true; }

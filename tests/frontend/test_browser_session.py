@@ -1,0 +1,58 @@
+"""A portal page left open after its session ends, in a real browser (Debian's headless Chromium,
+Playwright, daphne over its own SQLite file: ``tests/frontend/browser.py``).
+
+alice follows a job's page, then signs out in another tab of the same browser. When her job next
+changes, the page must not paste the sign-in page into the job's status box (the fragment's fetch
+is redirected to ``/login/``): it goes to the sign-in page, which brings her back once she has
+signed in again.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+import requests
+
+from tests.frontend.browser import CHROMIUM, CHROMIUM_ARGS, need_chromium, submit
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+def test_a_job_page_open_at_sign_out_goes_to_the_sign_in_page(server: dict[str, Any]) -> None:
+    need_chromium()
+    from playwright.sync_api import sync_playwright
+
+    job = submit(server, "alice", name="left-open", gpus=64)  # too big: it waits
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            context = browser.new_context(bypass_csp=True)  # bypass_csp: as sign_in, for the probes
+            alice = context.new_page()
+            alice.goto(f"{server['url']}/jobs/{job}/")
+            alice.fill("#id_username", "alice")
+            alice.fill("#id_password", server["users"]["alice"]["password"])
+            alice.click("button[type=submit]")
+            alice.wait_for_url(f"{server['url']}/jobs/{job}/")
+            alice.wait_for_selector("#live.live-on", timeout=10_000)
+            alice.wait_for_function("window.TESSERA_PORTAL.refreshes > 0", timeout=10_000)
+
+            other = context.new_page()  # another tab: the same session cookie
+            other.goto(server["url"] + "/")
+            other.click("text=Sign out")
+            other.wait_for_url(re.compile(r".*/login/.*"))
+
+            # The job changes after the session ended (a client with her token cancels it).
+            cancelled = requests.post(
+                f"{server['url']}/api/v1/jobs/{job}/cancel/",
+                headers={"Authorization": f"Token {server['users']['alice']['token']}"},
+                timeout=10,
+            )
+            assert cancelled.status_code == 200, cancelled.text
+            alice.wait_for_url(re.compile(r".*/login/\?next=.*"), timeout=15_000)
+            assert f"/jobs/{job}/" in requests.utils.unquote(alice.url)
+            assert alice.locator("#id_username").count() == 1  # one sign-in form, the page's own
+            assert alice.locator("#job-status").count() == 0
+        finally:
+            browser.close()
