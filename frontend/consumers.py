@@ -5,18 +5,24 @@ at the handshake; a tenant's user joins ``jobs.tenant.<its tenant id>`` and ``gp
 ``jobs.operators`` and ``gpus``. ``gpu.update`` rows are redacted for the viewer before they leave,
 and a ``job.update`` whose tenant is not the viewer's is dropped even if it reached the group, so
 another tenant's job never reaches a tenant's socket.
+
+A socket reads its session once, at the handshake; each socket also joins its session's group, so
+that signing out (``user_logged_out``: :func:`end_session_sockets`) closes that session's sockets
+with the refused handshake's code, and a tab left open stops receiving the team's jobs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from typing import Any
 
-from asgiref.sync import sync_to_async
+from asgiref.sync import async_to_sync, sync_to_async
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from channels.layers import get_channel_layer
 
 from frontend.redaction import Viewer, redact_device, viewer_for
 from scheduling.services import live_seq
@@ -24,8 +30,28 @@ from scheduling.services import live_seq
 log = logging.getLogger("tessera.ws")
 
 GPU_GROUP = "gpus"
-# Close code for a refused handshake (4000–4999 are the application's own).
+# Close code for a refused handshake (4000–4999 are the application's own), and for a socket
+# whose session has ended.
 CLOSE_UNAUTHENTICATED = 4401
+
+
+def session_group(session_key: str) -> str:
+    """The group of one session's sockets, named by a digest of its key (never the key itself,
+    which would then sit in the channel layer's group names)."""
+    return "session." + hashlib.sha256(session_key.encode()).hexdigest()[:40]
+
+
+def end_session_sockets(sender: Any, request: Any = None, **kwargs: Any) -> None:
+    """``user_logged_out``'s receiver: close the sockets of the session being ended (the signal
+    comes before the session is flushed). Best effort, as every live message: a channel layer
+    that does not answer does not stop the sign-out."""
+    key = getattr(getattr(request, "session", None), "session_key", None)
+    if not key:
+        return
+    try:
+        async_to_sync(get_channel_layer().group_send)(session_group(key), {"type": "session.end"})
+    except Exception:
+        log.warning("could not close the sockets of a session being signed out", exc_info=True)
 
 
 class GpuFrames:
@@ -98,7 +124,9 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
         self.viewer = await database_sync_to_async(viewer_for)(user)
-        for group in [*self.viewer.job_groups(), GPU_GROUP]:
+        key = getattr(self.scope.get("session"), "session_key", None)
+        sessions = [session_group(key)] if key else []
+        for group in [*sessions, *self.viewer.job_groups(), GPU_GROUP]:
             await self.channel_layer.group_add(group, self.channel_name)
             self.joined.append(group)
         self.joined_seq = await sync_to_async(live_seq.current)()
@@ -113,6 +141,10 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         for group in self.joined:
             await self.channel_layer.group_discard(group, self.channel_name)
         self.joined = []
+
+    async def session_end(self, event: dict[str, Any]) -> None:
+        """Its session was signed out: nothing more for this socket (the page goes to sign-in)."""
+        await self.close(code=CLOSE_UNAUTHENTICATED)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         # The socket is push-only; a client's "ping" gets a "pong" so it can check liveness.

@@ -1,10 +1,11 @@
 """A portal page left open after its session ends, in a real browser (Debian's headless Chromium,
 Playwright, daphne over its own SQLite file: ``tests/frontend/browser.py``).
 
-alice follows a job's page, then signs out in another tab of the same browser. When her job next
-changes, the page must not paste the sign-in page into the job's status box (the fragment's fetch
+alice follows a job's page, and her session ends without a sign-out (it expired). When her job
+next changes, the page must not paste the sign-in page into the job's status box (the fragment's fetch
 is redirected to ``/login/``): it goes to the sign-in page, which brings her back once she has
-signed in again.
+signed in again. An open dashboard goes there too as she signs out in another tab (the server
+closes that session's sockets), and receives nothing of her team's jobs after.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from tests.frontend.browser import CHROMIUM, CHROMIUM_ARGS, need_chromium, submi
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
-def test_a_job_page_open_at_sign_out_goes_to_the_sign_in_page(server: dict[str, Any]) -> None:
+def test_a_job_page_whose_session_ended_goes_to_the_sign_in_page(server: dict[str, Any]) -> None:
     need_chromium()
     from playwright.sync_api import sync_playwright
 
@@ -38,10 +39,9 @@ def test_a_job_page_open_at_sign_out_goes_to_the_sign_in_page(server: dict[str, 
             alice.wait_for_selector("#live.live-on", timeout=10_000)
             alice.wait_for_function("window.TESSERA_PORTAL.refreshes > 0", timeout=10_000)
 
-            other = context.new_page()  # another tab: the same session cookie
-            other.goto(server["url"] + "/")
-            other.click("text=Sign out")
-            other.wait_for_url(re.compile(r".*/login/.*"))
+            # The session ends with no sign-out (it expired): its socket, authenticated at the
+            # handshake, stays open, and the page's next fetches go without a session.
+            context.clear_cookies()
 
             # The job changes after the session ended (a client with her token cancels it).
             cancelled = requests.post(
@@ -54,5 +54,36 @@ def test_a_job_page_open_at_sign_out_goes_to_the_sign_in_page(server: dict[str, 
             assert f"/jobs/{job}/" in requests.utils.unquote(alice.url)
             assert alice.locator("#id_username").count() == 1  # one sign-in form, the page's own
             assert alice.locator("#job-status").count() == 0
+        finally:
+            browser.close()
+
+
+def test_signing_out_sends_an_open_dashboard_to_sign_in_and_stops_its_updates(server: dict[str, Any]) -> None:
+    need_chromium()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            context = browser.new_context(bypass_csp=True)  # bypass_csp: as sign_in, for the probes
+            alice = context.new_page()
+            frames: list[str] = []
+            alice.on("websocket", lambda ws: ws.on("framereceived", lambda f: frames.append(str(f))))
+            alice.goto(server["url"] + "/")
+            alice.fill("#id_username", "alice")
+            alice.fill("#id_password", server["users"]["alice"]["password"])
+            alice.click("button[type=submit]")
+            alice.wait_for_url(server["url"] + "/")
+            alice.wait_for_selector("#live.live-on", timeout=10_000)
+
+            other = context.new_page()
+            other.goto(server["url"] + "/team/")
+            other.click("text=Sign out")
+            other.wait_for_url(re.compile(r".*/login/.*"))
+
+            alice.wait_for_url(re.compile(r".*/login/\?next=.*"), timeout=15_000)
+            submit(server, "alice", name="after-sign-out", gpus=1)
+            alice.wait_for_timeout(2000)
+            assert not any("after-sign-out" in f for f in frames)
         finally:
             browser.close()

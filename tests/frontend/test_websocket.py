@@ -335,3 +335,33 @@ def test_garbage_from_a_client_is_ignored_and_the_socket_keeps_answering(world: 
         return answer
 
     assert async_to_sync(scenario)() == {"type": "pong"}
+
+
+def test_signing_out_closes_that_sessions_sockets_and_no_other(world: Any) -> None:
+    """A socket authenticated its session once, at the handshake: signing out must end it (close
+    code 4401, as a refused handshake), or a tab left open keeps receiving the team's jobs."""
+    from django.test import Client
+
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
+        cookie = await sync_to_async(session_cookie)(world.alice)
+        comm = communicator(cookie)
+        assert (await comm.connect(timeout=5))[0]
+        assert (await comm.receive_json_from(timeout=5))["type"] == "ready"
+        other = await open_socket(world.alice)  # alice signed in elsewhere: another session
+
+        def sign_out() -> int:
+            client = Client()
+            name, _, value = cookie.partition("=")
+            client.cookies[name] = value
+            return client.post("/logout/").status_code
+
+        assert await sync_to_async(sign_out)() == 302
+        closed = await comm.receive_output(timeout=5)
+        await other.send_json_to({"type": "ping"})
+        answer = await other.receive_json_from(timeout=5)
+        await other.disconnect()
+        return closed, answer
+
+    closed, answer = async_to_sync(scenario)()
+    assert closed == {"type": "websocket.close", "code": 4401}
+    assert answer == {"type": "pong"}  # her other session's socket is left open

@@ -210,7 +210,9 @@
       noteChange(msg);
       scheduleRender();
     };
-    socket.onclose = function () {
+    socket.onclose = function (event) {
+      // 4401: the session was signed out (in another tab): the server closed its sockets.
+      if (event.code === 4401) { window.location.assign("/login/?next=/"); return; }
       setLive(false, "reconnecting…");
       window.setTimeout(connect, retryMs);
       retryMs = Math.min(retryMs * 2, 15000);

@@ -33,7 +33,9 @@
         if (msg.type === "ready") { retryMs = 500; setLive(true, "live"); onReady(); }
         else if (msg.type === "job.update" && msg.job) onJob(msg.job);
       };
-      socket.onclose = function () {
+      socket.onclose = function (event) {
+        // 4401: the session was signed out (in another tab): the server closed its sockets.
+        if (event.code === 4401) { toSignIn(); return; }
         setLive(false, "reconnecting…");
         window.setTimeout(connect, retryMs);
         retryMs = Math.min(retryMs * 2, 15000);
@@ -48,8 +50,12 @@
   function signedOut(response) {
     const toLogin = response.redirected && new URL(response.url).pathname === "/login/";
     if (!toLogin && response.status !== 401) return false;
-    window.location.assign("/login/?next=" + encodeURIComponent(window.location.pathname + window.location.search));
+    toSignIn();
     return true;
+  }
+
+  function toSignIn() {
+    window.location.assign("/login/?next=" + encodeURIComponent(window.location.pathname + window.location.search));
   }
 
   /* Fetch url's HTML into box, at most once per `gap` ms (changes in a burst cost one fetch). */
