@@ -332,6 +332,8 @@ def job_new(request: HttpRequest) -> HttpResponse:
             copied = visible_job(request, int(source))
             initial = initial_from_job(copied)
             initial["name"] = copied.name
+            if viewer.operator:  # an operator submits for a team: the copy's is the job's own
+                initial["tenant"] = copied.tenant.name
             context["copied"] = copied
         preset = request.GET.get("preset", "")
         if preset in PRESETS:

@@ -194,6 +194,15 @@ def test_resubmit_copies_a_teammates_job_but_bob_gets_404(world: Any) -> None:
     assert signed_in(world.bob).get(f"/jobs/new/?from={job_id}").status_code == 404
 
 
+def test_an_operators_copy_of_a_job_keeps_its_team(world: Any, cluster: Any) -> None:
+    """An operator submits for a team (the form's Team): a copy of a team's job must have that
+    team chosen, or submitting the copy unchanged is refused ("operators belong to no tenant")."""
+    job_id = submit(world, "bob", name="nlp-run", gpus=1)
+    page = signed_in(world.admin).get(f"/jobs/new/?from={job_id}").content.decode()
+    assert '<option value="nlp" selected>' in page
+    assert '<option value="vision" selected>' not in page
+
+
 def test_bob_cannot_open_or_act_on_alices_job(world: Any) -> None:
     job_id = submit(world, "alice", name="alice-secret")
     bob = signed_in(world.bob)
