@@ -66,6 +66,8 @@ LIST_COLUMNS = (
     "estimate_basis",
     "queue_position",
 )
+# What the previous and the next page hold, in each sort's words (by name or state: just order).
+PAGER_WORDS = {"newest": ("newer", "older"), "oldest": ("older", "newer")}
 SINCE_HOURS = {"1h": 1, "24h": 24, "7d": 24 * 7}
 CANCELLABLE = {JobState.PENDING, JobState.SCHEDULED, JobState.RUNNING, JobState.TERMINATING}
 
@@ -143,6 +145,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
         "states": ["active", *JobState.values],
         "kinds": JobKind.values,
         "sorts": list(SORTS),
+        "pager_words": PAGER_WORDS.get(chosen["sort"], ("previous", "next")),
         "since_choices": list(SINCE_HOURS),
         "cancellable": {str(s) for s in CANCELLABLE},
         "capped": paginator.count > LIST_CAP,

@@ -286,6 +286,23 @@ def test_the_list_filters_by_owner_state_kind_and_name_and_pages(world: Any) -> 
     assert alice.get("/jobs/?state=nonsense&kind=%00&page=zz&sort=evil&name=%00").status_code == 200
 
 
+def test_the_lists_page_links_say_where_they_go_in_its_sort(world: Any, monkeypatch: Any) -> None:
+    """Sorted oldest first, the next page holds newer jobs: its link must not say "older"."""
+    monkeypatch.setattr("frontend.jobs.PAGE_SIZE", 2)
+    for i in range(5):
+        submit(world, "alice", name=f"paged-{i}")
+    alice = signed_in(world.alice)
+
+    def pager(query: str) -> str:
+        page = alice.get(f"/jobs/?{query}").content.decode()
+        return re.sub(r"\s+", " ", page[page.index('class="pager"') :].split("</nav>")[0])
+
+    assert ">older →<" in pager("sort=newest&page=2") and ">← newer<" in pager("sort=newest&page=2")
+    assert ">newer →<" in pager("sort=oldest&page=2") and ">← older<" in pager("sort=oldest&page=2")
+    by_name = pager("sort=name&page=2")
+    assert ">next →<" in by_name and ">← previous<" in by_name
+
+
 def test_the_list_keeps_failed_and_finished_jobs_with_their_outcome(world: Any, cluster: Any) -> None:
     from tests.api.helpers import bind, finish, run
 
