@@ -1,6 +1,8 @@
 """Pages for people (session login); the REST API lives under /api/v1/."""
 
+from django.templatetags.static import static
 from django.urls import path
+from django.views.generic import RedirectView
 
 from frontend import jobs, tokens, views
 
@@ -20,5 +22,7 @@ urlpatterns = [
     path("team/", views.team, name="team"),
     path("tokens/", tokens.tokens, name="tokens"),
     path("tokens/<int:pk>/revoke/", tokens.token_revoke, name="token-revoke"),
+    # Browsers ask for it on pages that name no icon (the admin's, the API docs'): not a 404.
+    path("favicon.ico", RedirectView.as_view(url=static("frontend/favicon.svg"), permanent=True)),
     path("", views.dashboard, name="dashboard"),
 ]
