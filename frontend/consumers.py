@@ -8,7 +8,9 @@ another tenant's job never reaches a tenant's socket.
 
 A socket reads its session once, at the handshake; each socket also joins its session's group, so
 that signing out (``user_logged_out``: :func:`end_session_sockets`) closes that session's sockets
-with the refused handshake's code, and a tab left open stops receiving the team's jobs.
+with the refused handshake's code, and a tab left open stops receiving the team's jobs. It picks
+its groups (its viewer) once too, so a change of its user's team or role (:func:`viewer_changed`)
+closes its user's sockets with :data:`CLOSE_REJOIN`: the page reconnects as the new viewer.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from asgiref.sync import async_to_sync, sync_to_async
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.layers import get_channel_layer
+from django.db import transaction
 
 from frontend.redaction import Viewer, redact_device, viewer_for
+from scheduling.models import Membership
 from scheduling.services import live_seq
 
 log = logging.getLogger("tessera.ws")
@@ -33,6 +37,11 @@ GPU_GROUP = "gpus"
 # Close code for a refused handshake (4000–4999 are the application's own), and for a socket
 # whose session has ended.
 CLOSE_UNAUTHENTICATED = 4401
+# Close code for a socket whose user's team or role changed: the page reconnects at once, and the
+# new socket joins the groups of the user as it is now.
+CLOSE_REJOIN = 4409
+# A user's fields that make another viewer (``viewer_for``); a sign-in saves ``last_login`` only.
+VIEWER_FIELDS = frozenset({"is_staff", "is_active"})
 
 
 def session_group(session_key: str) -> str:
@@ -48,10 +57,32 @@ def end_session_sockets(sender: Any, request: Any = None, **kwargs: Any) -> None
     key = getattr(getattr(request, "session", None), "session_key", None)
     if not key:
         return
+    send_now(session_group(key), {"type": "session.end"})
+
+
+def user_group(user_id: int) -> str:
+    return f"user.{user_id}"
+
+
+def viewer_changed(sender: Any, instance: Any, update_fields: Any = None, **kwargs: Any) -> None:
+    """``post_save``/``post_delete`` of a ``Membership`` or a user: once committed, close that
+    user's sockets so that they rejoin as the viewer the user is now (another team's groups, or
+    an operator's, or none)."""
+    if sender is Membership:
+        user_id = instance.user_id
+    elif update_fields is not None and not VIEWER_FIELDS & set(update_fields):
+        return  # e.g. a sign-in's last_login
+    else:
+        user_id = instance.pk
+    transaction.on_commit(lambda: send_now(user_group(user_id), {"type": "viewer.changed"}))
+
+
+def send_now(group: str, message: dict[str, Any]) -> None:
+    """Best effort, as every live message: a channel layer that does not answer stops nothing."""
     try:
-        async_to_sync(get_channel_layer().group_send)(session_group(key), {"type": "session.end"})
+        async_to_sync(get_channel_layer().group_send)(group, message)
     except Exception:
-        log.warning("could not close the sockets of a session being signed out", exc_info=True)
+        log.warning("could not send %s to %s", message.get("type"), group, exc_info=True)
 
 
 class GpuFrames:
@@ -126,7 +157,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         self.viewer = await database_sync_to_async(viewer_for)(user)
         key = getattr(self.scope.get("session"), "session_key", None)
         sessions = [session_group(key)] if key else []
-        for group in [*sessions, *self.viewer.job_groups(), GPU_GROUP]:
+        for group in [*sessions, user_group(user.pk), *self.viewer.job_groups(), GPU_GROUP]:
             await self.channel_layer.group_add(group, self.channel_name)
             self.joined.append(group)
         self.joined_seq = await sync_to_async(live_seq.current)()
@@ -145,6 +176,10 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
     async def session_end(self, event: dict[str, Any]) -> None:
         """Its session was signed out: nothing more for this socket (the page goes to sign-in)."""
         await self.close(code=CLOSE_UNAUTHENTICATED)
+
+    async def viewer_changed(self, event: dict[str, Any]) -> None:
+        """Its user's team or role changed: this socket's groups are stale (the page reconnects)."""
+        await self.close(code=CLOSE_REJOIN)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         # The socket is push-only; a client's "ping" gets a "pong" so it can check liveness.

@@ -365,3 +365,36 @@ def test_signing_out_closes_that_sessions_sockets_and_no_other(world: Any) -> No
     closed, answer = async_to_sync(scenario)()
     assert closed == {"type": "websocket.close", "code": 4401}
     assert answer == {"type": "pong"}  # her other session's socket is left open
+
+
+def test_a_socket_is_closed_when_its_users_team_changes_and_rejoins_as_the_new_viewer(
+    world: Any, cluster: Any
+) -> None:
+    """A socket picks its groups (its viewer's tenant) once, when it joins: moving bob from nlp to
+    vision must end his socket (it reconnects as a member of vision), or it goes on receiving
+    nlp's jobs. The close code is not 4401: the page reconnects rather than signing out."""
+    from scheduling.models import Membership, Tenant
+
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+        bob = await open_socket(world.bob)
+        alice = await open_socket(world.alice)
+
+        def move_bob() -> None:
+            membership = Membership.objects.get(user=world.bob)
+            membership.tenant = Tenant.objects.get(name="vision")
+            membership.save()
+
+        await sync_to_async(move_bob)()
+        closed = await bob.receive_output(timeout=5)
+        again = await open_socket(world.bob)
+        alice_left = await drain(alice)  # alice's membership did not change: her socket stays
+        await alice.disconnect()
+        job_id = await sync_to_async(submit)(world, "bob", name="bob-now-in-vision")
+        frames = await drain(again)
+        await again.disconnect()
+        return closed, {"job": job_id, "alice": alice_left}, frames
+
+    closed, seen, frames = async_to_sync(scenario)()
+    assert closed["type"] == "websocket.close" and closed["code"] not in (None, 1000, 4401)
+    assert seen["alice"] == []
+    assert any(f["type"] == "job.update" and f["job"]["id"] == seen["job"] for f in frames)
