@@ -187,6 +187,28 @@ def test_presets_fill_the_form_for_each_kind(world: Any) -> None:
     assert 'value="600"' in page  # checkpoint every 10 minutes
 
 
+def test_each_refused_field_points_a_screen_reader_at_its_own_message(world: Any) -> None:
+    """Django marks a refused field ``aria-invalid`` and ``aria-describedby="<id>_error"``: the
+    message beside it must carry that id, or assistive technology reads the field with no reason
+    (the operator's Team select and the tokens form, written by hand, as well)."""
+    pages = {
+        "job form": signed_in(world.alice).post("/jobs/new/", form(gpus="many", kind="nope", name="")),
+        "operator's team": signed_in(world.admin).post("/jobs/new/", form()),
+        "tokens": signed_in(world.alice).post("/tokens/", {"name": "\x00"}),
+    }
+    for what, response in pages.items():
+        assert response.status_code in (400, 403), what
+        page = response.content.decode()
+        invalid = re.findall(r'<(?:input|select|textarea)\b[^>]*aria-invalid="true"[^>]*>', page)
+        assert invalid, what
+        for tag in invalid:
+            described = re.search(r'aria-describedby="([^"]+)"', tag)
+            assert described, (what, tag)
+            for ref in described.group(1).split():
+                message = re.search(rf'<[^>]*\bid="{ref}"[^>]*>(.*?)</', page, re.S)
+                assert message and message.group(1).strip(), (what, tag, ref)
+
+
 def test_resubmit_copies_a_teammates_job_but_bob_gets_404(world: Any) -> None:
     job_id = submit(world, "alice", name="copy-me", gpus=4, env={"K": "v"}, command=["python", "a b.py"])
     page = signed_in(world.carol).get(f"/jobs/new/?from={job_id}").content.decode()
