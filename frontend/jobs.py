@@ -245,6 +245,7 @@ def job_cancel(request: HttpRequest, pk: int) -> HttpResponse:
             f"it is {job.state}, so there was nothing to cancel.",
         )
     else:
+        before = job.state  # what the cancel found: the cancel itself changes it
         try:
             job = do_cancel_job(job.pk, by=request.user)
         except InvalidTransition:
@@ -253,7 +254,7 @@ def job_cancel(request: HttpRequest, pk: int) -> HttpResponse:
         else:
             changed = (
                 f" (it changed meanwhile: it was {seen} when you looked)"
-                if seen and seen != job.state
+                if seen and seen != before
                 else ""
             )
             ending = (

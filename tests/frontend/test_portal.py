@@ -274,6 +274,26 @@ def test_cancel_from_the_job_page_goes_through_the_service_and_says_so(world: An
     assert JobEvent.objects.filter(job_id=job_id, type="cancelled").count() == 1
 
 
+def test_cancelling_a_running_job_as_seen_does_not_say_it_changed_meanwhile(world: Any, cluster: Any) -> None:
+    """The cancel itself moves a running job to terminating: "it changed meanwhile" is for a job
+    that was in another state than the one its page showed, before the cancel."""
+    from tests.api.helpers import bind, run
+
+    job = Job.objects.get(pk=submit(world, "alice"))
+    bind(job, cluster[0], [0])
+    run(job)
+    client = signed_in(world.carol)
+    page = client.post(f"/jobs/{job.pk}/cancel/", {"seen_state": "running"}, follow=True).content.decode()
+    assert Job.objects.get(pk=job.pk).state == "terminating"
+    assert "stopping" in page and "meanwhile" not in page
+
+    other = Job.objects.get(pk=submit(world, "alice", name="seen-pending"))
+    bind(other, cluster[0], [1])
+    run(other)  # it started after the page was drawn
+    page = client.post(f"/jobs/{other.pk}/cancel/", {"seen_state": "pending"}, follow=True).content.decode()
+    assert "it changed meanwhile: it was pending when you looked" in page
+
+
 def test_cancelling_a_job_that_ended_meanwhile_says_so(world: Any, cluster: Any) -> None:
     from tests.api.helpers import bind, finish, run
 
