@@ -253,9 +253,7 @@ def job_cancel(request: HttpRequest, pk: int) -> HttpResponse:
             messages.warning(request, f"Job #{job.pk} ended meanwhile ({job.state}): nothing was cancelled.")
         else:
             changed = (
-                f" (it changed meanwhile: it was {seen} when you looked)"
-                if seen and seen != before
-                else ""
+                f" (it changed meanwhile: it was {seen} when you looked)" if seen and seen != before else ""
             )
             ending = (
                 "cancelled" if job.state == JobState.CANCELLED else "stopping: it ends once its process exits"

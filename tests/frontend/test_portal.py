@@ -209,6 +209,19 @@ def test_each_refused_field_points_a_screen_reader_at_its_own_message(world: Any
                 assert message and message.group(1).strip(), (what, tag, ref)
 
 
+def test_why_a_job_waits_names_its_code_once(world: Any) -> None:
+    """The scheduler's sentence mostly begins with its code ("quota: vision uses …"): the page
+    shows the code as a chip and must not repeat it before the sentence."""
+    job_id = submit(world, "alice", name="over-quota")
+    reason = "quota: vision uses 64 of 64 H100 (limit)"
+    Job.objects.filter(pk=job_id).update(pending_code="quota", pending_reason=reason)
+    page = signed_in(world.alice).get(f"/jobs/{job_id}/").content.decode()
+    why = re.search(r'id="why-pending">.*?<p><span class="code">(.*?)</span>(.*?)</p>', page, re.S)
+    assert why, page
+    assert (why.group(1), why.group(2).strip()) == ("quota", "vision uses 64 of 64 H100 (limit)")
+    assert "over-quota" in page
+
+
 def test_resubmit_copies_a_teammates_job_but_bob_gets_404(world: Any) -> None:
     job_id = submit(world, "alice", name="copy-me", gpus=4, env={"K": "v"}, command=["python", "a b.py"])
     page = signed_in(world.carol).get(f"/jobs/new/?from={job_id}").content.decode()

@@ -697,7 +697,10 @@
     }
     const children = [head, el("div", { class: "job-meta muted", text: meta.join(" · ") })];
     if (job.state === "pending" && job.pending_reason) {
-      children.push(el("div", { class: "job-reason", text: (job.pending_code ? job.pending_code + ": " : "") + job.pending_reason }));
+      // The scheduler's sentence mostly begins with its code already: say the code once.
+      const code = job.pending_code ? job.pending_code + ": " : "";
+      const said = code && job.pending_reason.indexOf(job.pending_code + ":") === 0;
+      children.push(el("div", { class: "job-reason", text: (said ? "" : code) + job.pending_reason }));
     }
     return el("li", { class: "job", "data-job-id": String(job.id), "data-state": job.state }, children);
   }
