@@ -127,19 +127,24 @@
     const replicaBox = document.getElementById("log-replica");
     const download = document.getElementById("log-download");
     let offset = 0, replica = 0, timer = null, busy = false, started = false;
+    // Bumped when another replica is chosen: a read begun for the one before is then dropped.
+    let generation = 0;
 
     async function poll() {
       timer = null;
       if (busy) return;
       busy = true;
+      const gen = generation;
       let eof = false, wait = 1000;
       try {
         for (;;) { // read on at once while pages come full: more may be waiting
           const url = page.dataset.logUrl + "?offset=" + offset + "&replica=" + replica;
           const response = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
+          if (gen !== generation) break; // another replica was chosen meanwhile
           if (signedOut(response)) return;
           if (!response.ok) { note.textContent = "Output unavailable (" + response.status + ")."; wait = 5000; break; }
           const chunk = await response.json();
+          if (gen !== generation) break;
           if (!started && (chunk.data || chunk.eof)) { out.textContent = ""; started = true; }
           if (chunk.data) {
             out.appendChild(document.createTextNode(chunk.data)); // text, never HTML
@@ -153,11 +158,11 @@
           if (eof || !chunk.data) break;
         }
       } catch (e) {
-        note.textContent = "Output: connection lost, retrying…";
-        wait = 3000;
+        if (gen === generation) { note.textContent = "Output: connection lost, retrying…"; wait = 3000; }
       } finally {
         busy = false;
       }
+      if (gen !== generation) { poll(); return; } // read the chosen replica from its start
       P.logPolls = (P.logPolls || 0) + 1;
       if (!eof && follow.checked && timer === null) timer = window.setTimeout(poll, currentState() === "pending" ? 2 * wait : wait);
     }
@@ -165,6 +170,7 @@
     follow.addEventListener("change", function () { if (follow.checked) wake(); });
     if (replicaBox) replicaBox.addEventListener("change", function () {
       replica = Number(replicaBox.value);
+      generation += 1;
       offset = 0; started = false;
       out.textContent = "";
       download.href = download.href.replace(/replica=\d+/, "replica=" + replica);
