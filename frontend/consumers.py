@@ -21,15 +21,13 @@ import logging
 import time
 from typing import Any
 
-from asgiref.sync import async_to_sync, sync_to_async
+from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
-from channels.layers import get_channel_layer
-from django.db import transaction
 
 from frontend.redaction import Viewer, redact_device, viewer_for
 from scheduling.models import Membership
-from scheduling.services import live_seq
+from scheduling.services import live, live_seq
 
 log = logging.getLogger("tessera.ws")
 
@@ -52,12 +50,12 @@ def session_group(session_key: str) -> str:
 
 def end_session_sockets(sender: Any, request: Any = None, **kwargs: Any) -> None:
     """``user_logged_out``'s receiver: close the sockets of the session being ended (the signal
-    comes before the session is flushed). Best effort, as every live message: a channel layer
-    that does not answer does not stop the sign-out."""
+    comes before the session is flushed). Through the live outlet, best effort as every live
+    message: a channel layer that does not answer does not stop the sign-out."""
     key = getattr(getattr(request, "session", None), "session_key", None)
     if not key:
         return
-    send_now(session_group(key), {"type": "session.end"})
+    live.publish_on_commit((session_group(key), {"type": "session.end"}))
 
 
 def user_group(user_id: int) -> str:
@@ -74,15 +72,7 @@ def viewer_changed(sender: Any, instance: Any, update_fields: Any = None, **kwar
         return  # e.g. a sign-in's last_login
     else:
         user_id = instance.pk
-    transaction.on_commit(lambda: send_now(user_group(user_id), {"type": "viewer.changed"}))
-
-
-def send_now(group: str, message: dict[str, Any]) -> None:
-    """Best effort, as every live message: a channel layer that does not answer stops nothing."""
-    try:
-        async_to_sync(get_channel_layer().group_send)(group, message)
-    except Exception:
-        log.warning("could not send %s to %s", message.get("type"), group, exc_info=True)
+    live.publish_on_commit((user_group(user_id), {"type": "viewer.changed"}))
 
 
 class GpuFrames:
