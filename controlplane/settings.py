@@ -205,6 +205,8 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
 LOGIN_URL = "/login/"
+# A stale form (signed in again in another tab) answers in the portal's layout, with a way back.
+CSRF_FAILURE_VIEW = "frontend.views.csrf_failure"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/login/"
 

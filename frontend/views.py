@@ -7,10 +7,13 @@ then applies the deltas pushed over ``/ws/dashboard/``.
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
+from django.urls import reverse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
@@ -18,6 +21,17 @@ from frontend.redaction import viewer_for
 from frontend.state import dashboard_state, team_usage, utilisation_problem
 from scheduling.models import Job, Tenant
 from scheduling.services.queue_order import queue_order
+
+
+def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
+    """``CSRF_FAILURE_VIEW``: a form posted with a stale token (signed in again in another tab,
+    which rotates it) answers 403 in the portal's layout, with a way back to the page it came
+    from (a path of this site only), rather than Django's bare "Request aborted"."""
+    referer = urlsplit(request.META.get("HTTP_REFERER", ""))
+    same_site = referer.netloc == request.get_host() and referer.path.startswith("/")
+    back = referer.path if same_site and "//" not in referer.path else reverse("dashboard")
+    viewer = viewer_for(request.user) if request.user.is_authenticated else None
+    return render(request, "frontend/csrf_failure.html", {"back": back, "viewer": viewer}, status=403)
 
 
 class LoginView(auth_views.LoginView):

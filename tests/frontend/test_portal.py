@@ -307,6 +307,28 @@ def test_cancelling_a_running_job_as_seen_does_not_say_it_changed_meanwhile(worl
     assert "it changed meanwhile: it was pending when you looked" in page
 
 
+def test_a_form_whose_csrf_token_went_stale_says_so_in_the_portal_and_does_nothing(world: Any) -> None:
+    """Signing in again in another tab rotates the CSRF token: a page left open then posts a stale
+    one. The answer is a 403 in the portal's own layout that says what happened and leads back to
+    the page, not Django's bare "CSRF verification failed. Request aborted." dead end."""
+    job_id = submit(world, "alice")
+    client = signed_in(world.alice, csrf=True)
+    client.get(f"/jobs/{job_id}/")  # the page, with its form and a CSRF cookie
+    response = client.post(
+        f"/jobs/{job_id}/cancel/",
+        {"seen_state": "pending", "csrfmiddlewaretoken": "stale" * 8},
+        HTTP_REFERER=f"http://testserver/jobs/{job_id}/",
+    )
+    page = response.content.decode()
+    assert response.status_code == 403
+    assert 'class="topbar"' in page and "Request aborted" not in page
+    assert "nothing was done" in page.lower()
+    assert f'href="/jobs/{job_id}/"' in page  # back to the page it came from
+    assert Job.objects.get(pk=job_id).state == "pending"
+    elsewhere = client.post("/jobs/cancel/", {"job": [str(job_id)]}, HTTP_REFERER="https://evil.example/x")
+    assert elsewhere.status_code == 403 and "evil.example" not in elsewhere.content.decode()
+
+
 def test_cancelling_a_job_that_ended_meanwhile_says_so(world: Any, cluster: Any) -> None:
     from tests.api.helpers import bind, finish, run
 
