@@ -40,7 +40,7 @@ from .placement import Constraints, class_allows, frag_delta, sigmoid_score
 from .quota import Quotas
 from .reasons import diagnose
 from .state import Alloc, ClusterState, NodeState, ReplicaReq, fits_state, placements_of
-from .types import MILLI, Binding, Decisions, JobRequest, NodeSpec, PendingReason, QuotaSpec
+from .types import HELD_REASON, MILLI, Binding, Decisions, JobRequest, NodeSpec, PendingReason, QuotaSpec
 
 BASELINES = ("fcfs-node", "fcfs-device", "random", "best-fit", "fgd", "greedy", "greedy-quota")
 GREEDY = ("greedy", "greedy-quota")
@@ -121,7 +121,7 @@ class BaselineScheduler:
         no_room: dict[tuple[Any, ...], PendingReason] = {}
         for job in sorted(self.pending.values(), key=self._greedy_key if greedy else _arrival):
             if job.held:
-                d.pending[job.id] = PendingReason("held", "held: released by its owner or an operator")
+                d.pending[job.id] = PendingReason("held", HELD_REASON)
                 continue
             if job.not_before > now:
                 d.pending[job.id] = PendingReason("backoff", "backoff: waiting to retry", job.not_before)

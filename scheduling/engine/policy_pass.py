@@ -23,7 +23,17 @@ from .preference import wait_for_preferred
 from .reasons import ClassSummary, diagnose_job
 from .state import Alloc, leaving_key, placements_of
 from .topology import place_gang
-from .types import MILLI, Deadline, Decisions, JobRequest, PendingReason, Preemption, Resize, job_named
+from .types import (
+    HELD_REASON,
+    MILLI,
+    Deadline,
+    Decisions,
+    JobRequest,
+    PendingReason,
+    Preemption,
+    Resize,
+    job_named,
+)
 
 if TYPE_CHECKING:
     from .policy import Running, TesseraScheduler
@@ -307,7 +317,7 @@ class PolicyPass:
     def not_yet(self, job: JobRequest) -> bool:
         """Held, or in its retry backoff: pending whatever the cluster does."""
         if job.held:
-            self.d.pending[job.id] = PendingReason("held", "held: released by its owner or an operator")
+            self.d.pending[job.id] = PendingReason("held", HELD_REASON)
             return True
         if job.not_before > self.now:
             self.d.pending[job.id] = PendingReason(

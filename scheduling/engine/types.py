@@ -187,6 +187,10 @@ def job_named(job_id: str, tenant: str | None, told: str) -> str:
     return f"job {job_id}" if tenant == told else "another tenant's job"
 
 
+# A held job's reason, from the pass and from the hold itself (scheduling/services/holds.py).
+HELD_REASON = "held: until its owner or an operator releases it"
+
+
 @dataclass(frozen=True, slots=True)
 class PendingReason:
     code: str  # one of PENDING_CODES

@@ -13,6 +13,7 @@ from __future__ import annotations
 from django.db import transaction
 
 from scheduling.choices import EventType, JobState, PendingCode
+from scheduling.engine.types import HELD_REASON
 from scheduling.models import Job
 from scheduling.services import live
 from scheduling.services.jobs import (
@@ -24,8 +25,6 @@ from scheduling.services.jobs import (
 )
 from scheduling.services.snapshot import ESTIMATE_FIELDS
 from scheduling.states import InvalidTransition
-
-HELD_REASON = "held: released by its owner or an operator"
 
 
 def do_hold_job(job_id: int) -> Job:

@@ -2,7 +2,7 @@
 its own SQLite file: ``tests/frontend/browser.py``).
 
 A waiting job's line says why it waits: its code, then the scheduler's sentence. Most sentences
-begin with their code already ("held: released by its owner or an operator", "quota: vision uses
+begin with their code already ("held: until its owner or an operator releases it", "quota: vision uses
 …"), and the code must then not be said twice.
 """
 
@@ -35,6 +35,6 @@ def test_a_waiting_jobs_reason_names_its_code_once(server: dict[str, Any]) -> No
             alice = sign_in(browser, server, "alice")
             line = f".job[data-job-id='{job}'] .job-reason"
             alice.wait_for_selector(line, timeout=10_000)
-            assert alice.inner_text(line) == "held: released by its owner or an operator"
+            assert alice.inner_text(line) == "held: until its owner or an operator releases it"
         finally:
             browser.close()
