@@ -10,7 +10,9 @@ A socket reads its session once, at the handshake; each socket also joins its se
 that signing out (``user_logged_out``: :func:`end_session_sockets`) closes that session's sockets
 with the refused handshake's code, and a tab left open stops receiving the team's jobs. It picks
 its groups (its viewer) once too, so a change of its user's team or role (:func:`viewer_changed`)
-closes its user's sockets with :data:`CLOSE_REJOIN`: the page reconnects as the new viewer.
+closes its user's sockets with :data:`CLOSE_REJOIN`: the page reconnects as the new viewer. A
+session that expires without a sign-out ends its sockets too (:func:`session_left_s`, looked at
+when it is due to expire and at least every :data:`SESSION_CHECK_S`).
 """
 
 from __future__ import annotations
@@ -19,11 +21,14 @@ import asyncio
 import hashlib
 import logging
 import time
+from importlib import import_module
 from typing import Any
 
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
+from django.contrib.auth import SESSION_KEY
 
 from frontend.redaction import Viewer, redact_device, viewer_for
 from scheduling.models import Membership
@@ -38,6 +43,8 @@ CLOSE_UNAUTHENTICATED = 4401
 # Close code for a socket whose user's team or role changed: the page reconnects at once, and the
 # new socket joins the groups of the user as it is now.
 CLOSE_REJOIN = 4409
+# The longest a socket goes without looking whether its session still stands (one read of it).
+SESSION_CHECK_S = 300.0
 # A user's fields that make another viewer (``viewer_for``); a sign-in saves ``last_login`` only.
 VIEWER_FIELDS = frozenset({"is_staff", "is_active"})
 
@@ -56,6 +63,16 @@ def end_session_sockets(sender: Any, request: Any = None, **kwargs: Any) -> None
     if not key:
         return
     live.publish_on_commit((session_group(key), {"type": "session.end"}))
+
+
+def session_left_s(session_key: str, user_id: int) -> float:
+    """Seconds until the session ``session_key`` of ``user_id`` expires; 0 once it has (expired,
+    flushed, or now another user's). Read afresh from the session store: the session may have
+    been prolonged since the socket joined."""
+    store = import_module(settings.SESSION_ENGINE).SessionStore(session_key=session_key)
+    if str(store.load().get(SESSION_KEY)) != str(user_id):
+        return 0.0
+    return max(0.0, float(store.get_expiry_age()))
 
 
 def user_group(user_id: int) -> str:
@@ -133,6 +150,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
     viewer: Viewer | None = None
     joined: list[str]
     flusher: asyncio.Future[None] | None = None
+    expiry: asyncio.Future[None] | None = None
     # The live sequence number once joined: messages numbered at most that may have missed this
     # socket, and any snapshot numbered at least that shows them (``live_seq``).
     joined_seq = 0
@@ -155,10 +173,20 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         # Joined: from here on no delta is missed. A snapshot numbered at least ``seq`` shows
         # everything before (the page may have asked for one already); older ones are fetched again.
         await self.send_json({"type": "ready", "viewer": self.viewer.as_json(), "seq": self.joined_seq})
+        if key:
+            self.expiry = asyncio.ensure_future(self.end_with_session(key, user.pk))
+
+    async def end_with_session(self, key: str, user_id: int) -> None:
+        """Close the socket (as a refused handshake) once its session has expired, with no
+        sign-out to say so: a tab left open must not receive the team's jobs for ever."""
+        while (left := await database_sync_to_async(session_left_s)(key, user_id)) > 0:
+            await asyncio.sleep(min(left + 0.5, SESSION_CHECK_S))
+        await self.close(code=CLOSE_UNAUTHENTICATED)
 
     async def disconnect(self, code: int) -> None:
-        if self.flusher is not None:
-            self.flusher.cancel()
+        for task in (self.flusher, self.expiry):
+            if task is not None:
+                task.cancel()
         for group in self.joined:
             await self.channel_layer.group_discard(group, self.channel_name)
         self.joined = []

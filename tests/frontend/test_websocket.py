@@ -367,6 +367,37 @@ def test_signing_out_closes_that_sessions_sockets_and_no_other(world: Any) -> No
     assert answer == {"type": "pong"}  # her other session's socket is left open
 
 
+def test_a_socket_ends_when_its_session_expires_without_a_sign_out(world: Any) -> None:
+    """A tab left open past its session's expiry (no sign-out to tell the socket) must stop
+    receiving the team's jobs: the socket is closed as a refused handshake (4401), and a socket
+    of a session that still stands is left open."""
+    from django.conf import settings
+    from django.test import Client
+
+    def short_session() -> str:
+        client = Client()
+        client.force_login(world.alice)
+        session = client.session
+        session.set_expiry(2)
+        session.save()
+        return f"{settings.SESSION_COOKIE_NAME}={session.session_key}"
+
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
+        comm = communicator(await sync_to_async(short_session)())
+        assert (await comm.connect(timeout=5))[0]
+        assert (await comm.receive_json_from(timeout=5))["type"] == "ready"
+        lasting = await open_socket(world.alice)
+        closed = await comm.receive_output(timeout=10)
+        await lasting.send_json_to({"type": "ping"})
+        answer = await lasting.receive_json_from(timeout=5)
+        await lasting.disconnect()
+        return closed, answer
+
+    closed, answer = async_to_sync(scenario)()
+    assert closed == {"type": "websocket.close", "code": 4401}
+    assert answer == {"type": "pong"}
+
+
 def test_a_socket_is_closed_when_its_users_team_changes_and_rejoins_as_the_new_viewer(
     world: Any, cluster: Any
 ) -> None:
