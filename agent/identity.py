@@ -32,6 +32,7 @@ import random
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -191,7 +192,7 @@ class JobUsers(Protocol):
 
     def take(self, job_id: int, attempt: int) -> RunAs: ...
 
-    def give_back(self, job_id: int, attempt: int) -> int: ...
+    def give_back(self, job_id: int, attempt: int, ended: Callable[[int], None] | None = None) -> int: ...
 
     def probe(self) -> RunAs: ...
 
@@ -208,7 +209,7 @@ class SharedUser:
     def take(self, job_id: int, attempt: int) -> RunAs:
         return self.run_as
 
-    def give_back(self, job_id: int, attempt: int) -> int:
+    def give_back(self, job_id: int, attempt: int, ended: Callable[[int], None] | None = None) -> int:
         return 0
 
     def probe(self) -> RunAs:
@@ -252,10 +253,13 @@ class UidPool:
                 self.watcher.claimed(uid, stale)
         return _job_user(uid)
 
-    def give_back(self, job_id: int, attempt: int) -> int:
+    def give_back(self, job_id: int, attempt: int, ended: Callable[[int], None] | None = None) -> int:
         """One replica of the attempt ended; after the last, kill what is left of its uid, wait
-        until it is gone and free the uid. Returns the processes killed; raises :class:`UidsLeft`
-        (the uid then stays held by this agent, never handed out again in its life)."""
+        until it is gone and free the uid. ``ended`` is called with the uid in between: no
+        process of it is left, and no other job can have it yet (what the attempt kept, its
+        checkpoint, is taken back from the uid there). Returns the processes killed; raises
+        :class:`UidsLeft` (the uid then stays held by this agent, never handed out again in its
+        life)."""
         key = (job_id, attempt)
         with self._lock:
             held = self._held.get(key)
@@ -267,6 +271,8 @@ class UidPool:
                 return 0
             del self._held[key]
         killed = kill_uid(uid)  # raises UidsLeft: the fd stays open, the uid held for good
+        if ended is not None:
+            ended(uid)
         if self.watcher is not None and not self.watcher.released(uid):
             os.close(fd)  # not clean: its next claim treats it as a dead holder's
             return killed

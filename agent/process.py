@@ -578,7 +578,7 @@ class JobProcess:
         if self.run_as is None:
             return
         try:
-            killed = self.users.give_back(self.job_id, self.attempt)
+            killed = self.users.give_back(self.job_id, self.attempt, ended=self._disown_checkpoint)
         except UidsLeft as exc:
             log.error("job %s: %s; the uid stays held", self.job_id, exc)
             return
@@ -587,6 +587,21 @@ class JobProcess:
         if self._session_over:
             with contextlib.suppress(OSError):
                 leftovers.forget(self.state_dir, self.name)
+
+    def _disown_checkpoint(self, uid: int) -> None:
+        """The attempt's uid has no process left and is about to be handed out again: its
+        checkpoint directory becomes the agent's (0700), so the next job given the uid — another
+        tenant's, once the range has come round — owns nothing of it. The job's next attempt
+        takes it over as ever (:func:`_owned_dir`)."""
+        try:
+            state.disown(self.checkpoint_dir, uid)
+        except OSError as exc:
+            log.warning(
+                "job %s: its checkpoint directory stays uid %d's, who may be another job's next: %s",
+                self.job_id,
+                uid,
+                exc,
+            )
 
     def _make_cgroup(self) -> None:
         """The replica's own cgroup with its CPU and memory limits, before its spawn: the spawn

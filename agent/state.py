@@ -84,15 +84,40 @@ def checkpoint_key(state_dir: Path, name: str = CHECKPOINT_KEY) -> bytes:
 
 
 def clean_jobs(state_dir: Path) -> int:
-    """Remove every working directory (at the start, once no process of a job is left: what an
-    agent that was killed left behind). Returns how many."""
+    """Remove every working directory and take every checkpoint directory back (at the start,
+    once no process of a job is left: what an agent that was killed left behind, its running
+    attempts' checkpoints still their uids', which later jobs will get). Returns how many
+    working directories were removed."""
     jobs = state_dir / "jobs"
     names = os.listdir(jobs)
     for name in names:
         shutil.rmtree(jobs / name, ignore_errors=True)
     if names:
         log.info("removed %d working director(ies) left by a previous run", len(names))
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.scandir(state_dir / "checkpoints"):
+            with contextlib.suppress(OSError):
+                owner = entry.stat(follow_symlinks=False).st_uid
+                if entry.is_dir(follow_symlinks=False) and owner != os.geteuid():
+                    disown(Path(entry.path), owner)
     return len(names)
+
+
+def disown(path: Path, uid: int) -> None:
+    """Make the directory ``path`` the agent's (0700) if ``uid`` owns it, as when an attempt's
+    uid is given back (its checkpoint): its files stay as they are, out of reach behind it, so
+    the next job given the uid owns nothing of it. Opened without following a link; a directory
+    another attempt has taken over meanwhile is left alone."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    try:
+        if os.fstat(fd).st_uid == uid:
+            os.fchown(fd, os.geteuid(), os.getegid())
+            os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
 
 
 def stale_checkpoints(

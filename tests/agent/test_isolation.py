@@ -351,11 +351,15 @@ def test_a_restarted_agent_kills_what_escaped_its_killed_predecessors_job_and_re
         agent.wait(10)
         time.sleep(0.3)  # the job's main process dies with the agent; its setsid grandchild not
         assert identity.processes_of({session.uid}), "nothing escaped: the test proves nothing"
+        (checkpoint,) = (state_dir / "checkpoints").iterdir()
+        assert checkpoint.stat().st_uid == session.uid  # its attempt never ended: still the uid's
         leftovers.kill_leftovers(state_dir, timeout=10)
         state.clean_jobs(state_dir)
         assert identity.processes_of({session.uid}) == {}
         assert leftovers.recorded(state_dir) == {}
         assert not workdir.exists() and os.listdir(state_dir / "jobs") == []
+        # kept, but no longer the uid's, which later jobs will get
+        assert (checkpoint.stat().st_uid, checkpoint.stat().st_mode & 0o777) == (0, 0o700)
     finally:
         if agent.poll() is None:
             agent.kill()
@@ -518,6 +522,67 @@ def test_a_retry_resumes_from_the_checkpoint_its_earlier_attempt_left_under_anot
     (first_uid, first_saw), (second_uid, second_saw) = map(json.loads, server.output(14).splitlines())
     assert first_saw == [] and second_saw == ["0"]
     assert first_uid != second_uid  # each attempt its own uid, the checkpoint handed on
+
+
+KEEPS = r"""
+import os, pathlib
+pathlib.Path(os.environ["TESSERA_CHECKPOINT_DIR"], "model.ckpt").write_text("alice-weights")
+print(os.getuid(), os.environ["TESSERA_CHECKPOINT_DIR"], flush=True)
+"""
+
+TAKES_OVER = (
+    fakes.ATTEMPT
+    + r"""
+import json, os, sys
+ck = sys.argv[1]
+
+def write(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+
+print(json.dumps({
+    "uid": os.getuid(),
+    "list it": attempt(lambda: os.listdir(ck)),
+    "read it": attempt(lambda: open(os.path.join(ck, "model.ckpt")).read()),
+    "overwrite it": attempt(lambda: write(os.path.join(ck, "model.ckpt"), "poison")),
+    "plant a file": attempt(lambda: write(os.path.join(ck, "planted.ckpt"), "poison")),
+}))
+"""
+)
+
+
+def test_a_later_job_given_the_same_uid_finds_nothing_of_an_ended_jobs_kept_checkpoint(node, tmp_path):
+    """A checkpoint outlives its attempt (a week by default), and a uid is handed out again once
+    its attempt has ended: the job that gets it next (another tenant's, after the range came
+    round) owned alice's checkpoint, and knowing its path (a name no longer secret: a log, a
+    shared file system's listing) read her weights and poisoned her next attempt's resume. The
+    agent takes the directory back once no process of the uid is left; her retry gets it again."""
+    server, state_dir, _, box, path = node
+    lonely = UidPool(UidRange(270017, 270017), lock_dir=tmp_path)  # the range comes round at once
+
+    def run(job_id: int, command: list[str], users: UidPool = lonely, **binding) -> None:
+        process = JobProcess(
+            fakes.binding(job_id, command=command, **binding), server, state_dir, users, path, sandbox=box
+        )
+        process.start()
+        assert fakes.wait_for(process.done.is_set, 20)
+        assert server.exits[-1]["exit_code"] == 0, server.output(job_id)
+
+    run(40, ["python", "-c", KEEPS])
+    uid, checkpoint = server.output(40).decode().split()
+    run(41, ["python", "-c", TAKES_OVER, checkpoint])
+    results = json.loads(server.output(41))
+    assert results.pop("uid") == int(uid)  # the same uid: the test proves something
+    assert {attack: result for attack, result in results.items() if result == "succeeded"} == {}
+    run(40, ["python", "-c", RESUME_READS], users=node[2], attempt=1, log_offset=1000)
+    assert server.output(40).decode().splitlines()[1] == "alice-weights ['model.ckpt']"
+
+
+RESUME_READS = r"""
+import os, pathlib
+ck = pathlib.Path(os.environ["TESSERA_CHECKPOINT_DIR"])
+print((ck / "model.ckpt").read_text(), sorted(os.listdir(ck)), flush=True)
+"""
 
 
 def test_a_retry_whose_checkpoint_is_not_on_its_node_is_told_it_starts_from_the_beginning(node):
