@@ -258,9 +258,15 @@ def _owned_dir_made(path: Path, run_as: RunAs) -> bool:
 
 
 def _chown_inside(path: Path, uid: int, gid: int) -> None:
-    for root, dirs, files in os.walk(path):
+    """Give everything under ``path`` to ``uid``: walked through directories held open
+    (``os.fwalk``), each entry chowned by its name in one of them, never through a path. A
+    process of the old uid (one still alive: an orphan of a dead agent's job on a shared root)
+    may swap a directory for a link while the walk goes on: the walk neither enters the link nor
+    chowns through it, so nothing outside is ever given away (``/etc``'s files, to the job)."""
+    for _, dirs, files, dir_fd in os.fwalk(path, follow_symlinks=False):
         for name in dirs + files:
-            os.chown(os.path.join(root, name), uid, gid, follow_symlinks=False)
+            with contextlib.suppress(FileNotFoundError):  # removed meanwhile: nothing to give
+                os.chown(name, uid, gid, dir_fd=dir_fd, follow_symlinks=False)
 
 
 def _new_workdir(path: Path, run_as: RunAs) -> None:

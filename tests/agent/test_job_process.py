@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -366,6 +368,68 @@ def test_a_checkpoint_directory_is_made_or_taken_over_as_the_job_users_alone(tmp
     (tmp_path / "file").write_text("")
     with pytest.raises(FileExistsError):
         owned_dir(tmp_path / "file", run_as)
+
+
+SWAPS_A_DIRECTORY_FOR_A_LINK = r"""
+import ctypes, os, sys, time
+checkpoint, target = sys.argv[1:]
+sub, link = os.path.join(checkpoint, "sub"), os.path.join(checkpoint, "sub-was-here")
+os.symlink(target, link)
+with os.scandir(sub) as entries:  # the order the agent's walk reads them in too
+    first = os.path.join(sub, next(entries).name)
+mine = os.stat(first).st_uid
+print("ready", flush=True)
+deadline = time.monotonic() + 20
+while os.stat(first).st_uid == mine:  # the agent is handing over what is in "sub"
+    if time.monotonic() > deadline:
+        sys.exit("the walk never came")
+libc = ctypes.CDLL(None, use_errno=True)
+AT_FDCWD, RENAME_EXCHANGE = -100, 2  # the two names swapped at once: "sub" is never missing
+if libc.renameat2(AT_FDCWD, sub.encode(), AT_FDCWD, link.encode(), RENAME_EXCHANGE) != 0:
+    sys.exit(os.strerror(ctypes.get_errno()))
+print("swapped", flush=True)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="handing a directory to another user needs root")
+def test_a_checkpoint_taken_over_while_its_old_uid_swaps_a_directory_for_a_link_gives_away_nothing_else():
+    """An earlier attempt's uid still runs while the next attempt takes the checkpoint over (its
+    node's agent died and never came back, and the checkpoint lies on a shared root): once the
+    agent's walk has begun handing over what is in a directory of it, it puts a link to a
+    directory of root's in its place, whose files' names it knows (``/etc``'s). The walk chowned
+    by paths, through the link: root's files became the new attempt's uid's (root for the job)."""
+    old, new = RunAs("job-270003", 270003, 270003), RunAs("job-270004", 270004, 270004)
+    names = [f"conf-{i}" for i in range(3000)]  # a while to hand over: the swap comes within it
+    with fakes.job_user_state_dir() as state_dir:
+        checkpoint, roots = state_dir / "checkpoints" / "1-abc", state_dir / "roots"
+        (checkpoint / "sub").mkdir(parents=True)
+        roots.mkdir(mode=0o700)
+        for name in names:
+            (checkpoint / "sub" / name).write_text("x")
+            (roots / name).write_text("root's")
+        process_module._owned_dir(checkpoint, old)
+        python = shutil.which("python3", path=sandbox_module.SAFE_PATH)  # one the old uid can run
+        assert python is not None
+        swapper = subprocess.Popen(
+            [python, "-c", SWAPS_A_DIRECTORY_FOR_A_LINK, str(checkpoint), str(roots)],
+            stdout=subprocess.PIPE,
+            text=True,
+            user=old.uid,
+            group=old.gid,
+            extra_groups=[],
+        )
+        try:
+            assert swapper.stdout.readline() == "ready\n"
+            assert process_module._owned_dir(checkpoint, new) is True
+            assert swapper.wait(20) == 0 and swapper.stdout.read() == "swapped\n"
+        finally:
+            if swapper.poll() is None:
+                swapper.kill()
+            swapper.wait()
+            swapper.stdout.close()
+        assert (checkpoint / "sub").is_symlink()  # the swap came while the agent handed it over
+        assert {(roots / name).stat().st_uid for name in names} == {0}
+        assert {p.stat().st_uid for p in (checkpoint / "sub-was-here").iterdir()} == {new.uid}
 
 
 def test_a_jobs_directories_are_summed_by_the_blocks_they_hold_links_not_followed(tmp_path):
