@@ -15,7 +15,10 @@ entry's mark); its first answer, the SYN-ACK, is sent by the listening socket, w
 ``output`` hook sees: not the uid of the mark, the answer is dropped, so the connection never opens
 (the job's ``connect`` times out) and the listener's application never sees it; a reset sent to
 the listener in its place removes the half-open connection there at once. Other protocols (UDP,
-which has no answer to wait for) to a local address are rejected outright, DNS apart. The rules
+which has no answer to wait for) to a local address are rejected outright, DNS apart. So is a
+connection to a local address that destination NAT sends elsewhere (a port Docker publishes on the
+node's addresses for a container, a Kubernetes hostPort): it still leaves on "lo" in the output
+hook, but its answer comes from another interface and never passes there to be judged. The rules
 keep nothing per connection but the mark (an earlier version kept each pending connection in a
 set of 262,144: a job opening connections faster than about 900 a second could fill it, and then
 every job of the node was refused its own local connections, a ``torchrun`` rendezvous's among
@@ -111,6 +114,7 @@ add rule {t} output oifname "lo" ct direction original {pending} meta skuid . ct
 add rule {t} output oifname "lo" ct direction reply {pending} jump answer_to_job
 add rule {t} from_job meta l4proto {{ tcp, udp }} th dport 53 accept
 add rule {t} from_job meta skuid vmap @agents
+add rule {t} from_job fib daddr type != local reject
 add rule {t} from_job meta l4proto tcp ct mark set meta skuid map @mark_of accept
 add rule {t} from_job reject
 add rule {t} reused ct mark set 0

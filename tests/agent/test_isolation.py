@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -713,6 +714,84 @@ def uids_with_a_rule(ids: UidRange) -> set[int]:
     )
     (entry,) = [e["map"] for e in json.loads(listed.stdout)["nftables"] if "map" in e]
     return {key for key, _verdict in entry.get("elem", [])}
+
+
+FORWARDED = r"""
+import json, subprocess, sys
+sys.path.insert(0, sys.argv[1])
+from agent import firewall, identity
+node, service, port, uid, python, probe = sys.argv[2:]
+firewall.install(identity.UidRange(int(uid), int(uid)), [])
+# As Docker publishes a container's port (and Kubernetes a hostPort): the node's own address,
+# and its loopback (Docker without its userland proxy), forwarded to a service elsewhere.
+subprocess.run(["sysctl", "-q", "-w", "net.ipv4.conf.all.route_localnet=1"], check=True)
+nat = f'''table ip tessera_test_nat {{
+  chain output {{ type nat hook output priority -100;
+    ip daddr {node} tcp dport 7001 dnat to {service}:{port}
+    ip daddr 127.0.0.1 tcp dport 7002 dnat to {service}:{port}
+  }}
+  chain postrouting {{ type nat hook postrouting priority 100; ip saddr 127.0.0.0/8 masquerade; }}
+}}'''
+subprocess.run(["nft", "-f", "-"], input=nat, text=True, check=True)
+targets = {"the node's address, forwarded": [node, 7001], "its loopback, forwarded": ["127.0.0.1", 7002],
+           "the service's own address": [service, int(port)]}
+done = subprocess.run([python, "-c", probe, json.dumps(targets)], capture_output=True, text=True,
+                      user=int(uid), group=int(uid), extra_groups=[], timeout=30)
+print(done.stdout or done.stderr)
+"""
+
+PROBES = r"""
+import json, socket, sys
+def connect(address, port):
+    try:
+        with socket.create_connection((address, port), timeout=2.0) as s:
+            return "connected: " + s.recv(16).decode()
+    except OSError as exc:
+        return type(exc).__name__
+print(json.dumps({name: connect(*target) for name, target in json.loads(sys.argv[1]).items()}))
+"""
+
+
+def test_a_nodes_port_forwarded_elsewhere_is_as_far_out_of_a_jobs_reach_as_its_loopback():
+    """A service published on the node's own addresses by destination NAT (Docker's published
+    ports, the control plane's database in a container on a small install; a Kubernetes
+    hostPort) was a job's for the asking: the connection to a local address was let through
+    (it still leaves on "lo" in the output hook) and its answer, from the service elsewhere,
+    never passes there to be judged. Now a job's connection that NAT sent off the node is
+    refused; the service's own address is traffic leaving the node, untouched."""
+    import socketserver
+    import threading
+
+    from tests import netns
+
+    class Hello(socketserver.BaseRequestHandler):
+        def handle(self):
+            self.request.sendall(b"db")
+
+    try:
+        net = netns.Network.create(["node"])
+    except netns.Unavailable as exc:
+        pytest.skip(str(exc))
+    # The container's service: outside the node's namespace, reached over the network.
+    db = socketserver.ThreadingTCPServer((net.server_address, 0), Hello)
+    threading.Thread(target=db.serve_forever, daemon=True).start()
+    service = db.server_address[1]
+    try:
+        python = shutil.which("python3", path=sandbox.SAFE_PATH)  # one a job's uid can run
+        assert python is not None
+        helper = [sys.executable, "-c", FORWARDED, str(ROOT), net.addresses["node"], net.server_address]
+        helper += [str(service), "270031", python, PROBES]
+        done = subprocess.run(net.argv("node", helper), capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == {
+            "the node's address, forwarded": "ConnectionRefusedError",
+            "its loopback, forwarded": "ConnectionRefusedError",
+            "the service's own address": "connected: db",
+        }
+    finally:
+        db.shutdown()
+        db.server_close()
+        net.close()
 
 
 def test_an_agent_allowing_no_port_adds_no_rule_and_clears_a_dead_agents_from_its_uid(tmp_path):
