@@ -2,8 +2,9 @@
 
 Each replica with a ``cpus`` or ``memory_gib`` request gets its own cgroup,
 ``<root>/tessera/<job>-<attempt>-<replica>-<random>`` (the random part: several agents on one
-machine never share one), with ``cpu.max`` (``cpus`` × the 100 ms period) and ``memory.max`` (a
-process past it is killed by the kernel's OOM killer, and the job fails with its signal). The
+machine never share one; ``tessera`` is 0711, so no job lists the others' names and pids), with
+``cpu.max`` (``cpus`` × the 100 ms period) and ``memory.max`` (a process past it is killed by the
+kernel's OOM killer, and the job fails with its signal). The
 cgroup is made before the process is spawned, and the agent writes its pid into ``cgroup.procs``
 while its spawn chain waits for the job's environment, before anything of the job runs
 (agent/sandbox.py): the job's first instruction, and every process it forks, already run under
@@ -58,7 +59,7 @@ class Cgroups:
     def prepare(self) -> None:
         """Delegate cpu and memory to ``tessera`` and below (raises OSError if refused)."""
         _enable(self.root)
-        self.parent.mkdir(exist_ok=True)
+        _parent(self.parent)
         _enable(self.parent)
 
     def create(self, name: str, cpus: float, memory_gib: float) -> Path | None:
@@ -103,7 +104,7 @@ class CgroupsV1:
 
     def prepare(self) -> None:
         for controller in NEEDED:
-            (self.root / controller / "tessera").mkdir(exist_ok=True)
+            _parent(self.root / controller / "tessera")
 
     def create(self, name: str, cpus: float, memory_gib: float) -> Path | None:
         if cpus <= 0 and memory_gib <= 0:
@@ -142,6 +143,15 @@ def v1_unavailable_reason(root: Path = DEFAULT_ROOT) -> str | None:
 
 
 AnyCgroups = Cgroups | CgroupsV1
+
+
+def _parent(path: Path) -> None:
+    """The replicas' cgroups' parent, 0711: each is named after its working directory (whose
+    random part keeps that path unguessable) and lists its pids (which a job's private ``/proc``
+    hides), so no job may list them; a job still reaches its own, by the path
+    ``/proc/self/cgroup`` names (a runtime reading its limits)."""
+    path.mkdir(exist_ok=True)
+    os.chmod(path, 0o711)
 
 
 def _enable(path: Path) -> None:

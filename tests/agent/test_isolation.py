@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import firewall, identity, leftovers, sandbox, state
+from agent import cgroups, firewall, identity, leftovers, sandbox, state
 from agent.identity import UidPool, UidRange
 from agent.process import JobProcess, job_path
 from tests.agent import fakes
@@ -584,6 +584,58 @@ import os, pathlib
 ck = pathlib.Path(os.environ["TESSERA_CHECKPOINT_DIR"])
 print((ck / "model.ckpt").read_text(), sorted(os.listdir(ck)), flush=True)
 """
+
+
+CGROUPS = (
+    fakes.ATTEMPT
+    + r"""
+import json, os, sys
+root = sys.argv[1]
+parents = [os.path.join(root, c, "tessera") for c in ("", "cpu", "memory")]
+parents = [p.rstrip("/") for p in parents if os.path.isdir(p)]
+seen = {}
+def look(parent):
+    seen[parent] = {n: open(os.path.join(parent, n, "cgroup.procs")).read().split()
+                    for n in os.listdir(parent) if os.path.isdir(os.path.join(parent, n))}
+results = {f"list {p}": attempt(lambda p=p: look(p)) for p in parents}
+# its own cgroup (a runtime reading its limits) stays in reach: named in /proc/self/cgroup
+own = {}
+for line in open("/proc/self/cgroup").read().splitlines():
+    _, controllers, path = line.split(":", 2)
+    for c in (controllers.split(",") if controllers else [""]):
+        if path.startswith("/tessera/"):
+            own[c] = os.path.exists(os.path.join(root, c, path.lstrip("/"), "cgroup.procs"))
+print(json.dumps({"results": results, "seen": seen, "own": own}))
+"""
+)
+
+
+def test_a_job_cannot_list_the_nodes_job_cgroups_to_learn_other_jobs_names_and_pids(node):
+    """Every replica with limits has a cgroup named after its working directory (the random part
+    that keeps the directory's path unguessable), and each cgroup's ``cgroup.procs`` lists its
+    pids: readable by all, a job listed every other job's working directory and processes, which
+    its private ``/proc`` hides. Now the jobs' cgroups' parent is 0711: a job reaches its own
+    cgroup (by the path ``/proc/self/cgroup`` names) and lists none."""
+    server, state_dir, pool, box, path = node
+    found = cgroups.detect()
+    if found is None:
+        pytest.skip("no usable cgroups on this machine")
+
+    def run(job_id: int, command: list[str]) -> JobProcess:
+        binding = fakes.binding(job_id, command=command, cpus=1, memory_gib=1)
+        process = JobProcess(binding, server, state_dir, pool, path, sandbox=box, cgroups=found)
+        process.start()
+        return process
+
+    alice = run(50, ["python", "-c", ALICE_SERVES])
+    first_line(server, 50)
+    run(51, ["python", "-c", CGROUPS, str(cgroups.DEFAULT_ROOT)])
+    assert server.exit_of(51)["exit_code"] == 0, server.output(51)
+    said = json.loads(server.output(51))
+    assert said["results"] and set(said["results"].values()) == {"PermissionError"}, said
+    assert said["own"] and all(said["own"].values()), said
+    Path(alice.workdir, "done").touch()
+    assert server.exit_of(50)["exit_code"] == 0
 
 
 def test_a_retry_whose_checkpoint_is_not_on_its_node_is_told_it_starts_from_the_beginning(node):
