@@ -236,7 +236,7 @@ def _owned_dir(path: Path, run_as: RunAs) -> bool:
         return not made
     uid, gid = run_as.uid, run_as.gid if run_as.gid is not None else run_as.uid
     if not made and st.st_uid != uid:
-        _chown_inside(path, uid, gid)
+        state.chown_tree(path, uid, gid)
     if st.st_uid != uid or st.st_gid != gid:
         os.chown(path, uid, gid, follow_symlinks=False)
     return not made
@@ -252,21 +252,9 @@ def _owned_dir_made(path: Path, run_as: RunAs) -> bool:
         return existed
     uid, gid = run_as.uid, run_as.gid if run_as.gid is not None else run_as.uid
     if os.lstat(path).st_uid != uid:
-        _chown_inside(path, uid, gid)
+        state.chown_tree(path, uid, gid)
     os.chown(path, uid, gid, follow_symlinks=False)
     return existed
-
-
-def _chown_inside(path: Path, uid: int, gid: int) -> None:
-    """Give everything under ``path`` to ``uid``: walked through directories held open
-    (``os.fwalk``), each entry chowned by its name in one of them, never through a path. A
-    process of the old uid (one still alive: an orphan of a dead agent's job on a shared root)
-    may swap a directory for a link while the walk goes on: the walk neither enters the link nor
-    chowns through it, so nothing outside is ever given away (``/etc``'s files, to the job)."""
-    for _, dirs, files, dir_fd in os.fwalk(path, follow_symlinks=False):
-        for name in dirs + files:
-            with contextlib.suppress(FileNotFoundError):  # removed meanwhile: nothing to give
-                os.chown(name, uid, gid, dir_fd=dir_fd, follow_symlinks=False)
 
 
 def _new_workdir(path: Path, run_as: RunAs) -> None:
@@ -294,7 +282,7 @@ def _remove_workdir(path: Path) -> None:
             os.unlink(path / WORLD_NAME)
         os.rmdir(path)
     except OSError:
-        shutil.rmtree(path, ignore_errors=True)
+        state.remove_tree(path)
 
 
 def disk_used(top: Path) -> int:

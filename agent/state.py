@@ -26,6 +26,7 @@ import logging
 import os
 import secrets
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -33,6 +34,7 @@ log = logging.getLogger("tessera.agent")
 
 CREDENTIAL_FILE = "credential"
 CHECKPOINT_KEY = "checkpoint-key"
+TOOLS_PATH = "/usr/bin:/bin"  # coreutils' rm and chown
 
 
 def default_state_dir(name: str) -> Path:
@@ -91,7 +93,7 @@ def clean_jobs(state_dir: Path) -> int:
     jobs = state_dir / "jobs"
     names = os.listdir(jobs)
     for name in names:
-        shutil.rmtree(jobs / name, ignore_errors=True)
+        remove_tree(jobs / name)
     if names:
         log.info("removed %d working director(ies) left by a previous run", len(names))
     with contextlib.suppress(FileNotFoundError):
@@ -101,6 +103,50 @@ def clean_jobs(state_dir: Path) -> int:
                 if entry.is_dir(follow_symlinks=False) and owner != os.geteuid():
                     disown(Path(entry.path), owner)
     return len(names)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove ``path`` and all that is in it, however deep, following no link, errors ignored:
+    coreutils' ``rm -rf`` (fts: the tree walked through directory descriptors, without
+    recursion). ``shutil.rmtree`` recurses once per level: a job's tree a few thousand levels
+    deep (a loop of mkdir and chdir) raised RecursionError where the agent removes it. Within
+    ``path``'s own file system only (``--one-file-system``)."""
+    rm = shutil.which("rm", path=TOOLS_PATH)
+    if rm is None:  # pragma: no cover - coreutils is on every node
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run(
+            [rm, "-rf", "--one-file-system", "--", str(path)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={"PATH": TOOLS_PATH},
+            timeout=600,
+        )
+
+
+def chown_tree(path: Path, uid: int, gid: int) -> None:
+    """Give ``path`` and all that is in it, however deep, to ``uid``:``gid``, following no link,
+    not even one that a process of the old owner swaps in for a directory while the walk goes on:
+    coreutils' ``chown -R -P -h`` (fts: each directory entered through a descriptor opened
+    without following a link, each entry changed by its name in it; no recursion, where
+    ``os.walk`` and ``os.fwalk`` recurse once per level and raised RecursionError for a job's
+    tree a few thousand levels deep). Raises OSError saying why when it fails."""
+    chown = shutil.which("chown", path=TOOLS_PATH)
+    if chown is None:  # pragma: no cover - coreutils is on every node
+        raise OSError(f"no chown (coreutils) in {TOOLS_PATH}")
+    done = subprocess.run(
+        [chown, "-R", "-P", "-h", f"{uid}:{gid}", "--", str(path)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env={"PATH": TOOLS_PATH},
+        timeout=600,
+    )
+    if done.returncode != 0:
+        said = done.stderr.strip().splitlines()
+        raise OSError(f"cannot hand {path} over: {said[-1] if said else f'chown exited {done.returncode}'}")
 
 
 def disown(path: Path, uid: int) -> None:
@@ -168,7 +214,7 @@ def sweep_checkpoints(
                 with contextlib.suppress(OSError):
                     os.utime(path, None if end is None else (end, end))
                 continue
-            shutil.rmtree(path, ignore_errors=True)
+            remove_tree(path)
             removed.append(job)
     if removed:
         log.info(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 import threading
 import time
@@ -282,14 +281,14 @@ def binding(job_id: int = 1, command: list[str] | None = None, **overrides: Any)
 def job_user_state_dir() -> Iterator[Path]:
     """A state dir the job user can reach (pytest's tmp_path is private to root)."""
     from agent.leftovers import tidy
-    from agent.state import prepare_state_dir
+    from agent.state import prepare_state_dir, remove_tree
 
     path = Path(tempfile.mkdtemp(prefix="tessera-agent-test-", dir="/tmp"))
     try:
         yield prepare_state_dir(path)
     finally:
         tidy(path)  # its session records' directory under /run, once empty
-        shutil.rmtree(path, ignore_errors=True)
+        remove_tree(path)  # however deep a job's tree in it (the agent's own way)
 
 
 @contextmanager

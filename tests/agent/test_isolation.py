@@ -638,6 +638,55 @@ def test_a_job_cannot_list_the_nodes_job_cgroups_to_learn_other_jobs_names_and_p
     assert server.exit_of(50)["exit_code"] == 0
 
 
+DEEP = r"""
+import os
+for top in (os.getcwd(), os.environ["TESSERA_CHECKPOINT_DIR"]):
+    os.chdir(top)
+    for _ in range(3000):  # each mkdir a short path: no limit of the kernel's is near
+        os.mkdir("d")
+        os.chdir("d")
+print("deep", flush=True)
+"""
+
+
+def deep_tree(top: Path, levels: int = 3000) -> None:
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(levels):
+            os.mkdir("d", dir_fd=fd)
+            fd, parent = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd), fd
+            os.close(parent)
+    finally:
+        os.close(fd)
+
+
+def test_a_tree_thousands_of_levels_deep_is_removed_and_handed_over_like_any_other(node):
+    """A job makes a directory tree 3,000 levels deep in its working directory and its checkpoint
+    (a loop of mkdir and chdir). The agent's walks recursed once per level: the supervisor died
+    of RecursionError removing the working directory (the replica never ended in the agent's
+    books, its cgroup and directory stayed), the retry's start raised it out of the agent's main
+    loop, and so did the next agent's start cleaning up and the checkpoints' sweep: a node that
+    crashes at every start until someone removes the tree by hand."""
+    server, state_dir = node[0], node[1]
+    first = start(node, 60, ["python", "-c", DEEP])
+    assert server.exit_of(60)["exit_code"] == 0, server.output(60)
+    assert fakes.wait_for(first.done.is_set, 30), "its supervisor died before the end"
+    assert not first.workdir.exists()
+    retry = start(node, 60, ["python", "-c", "print('resumed')"], attempt=1, log_offset=1000)
+    assert fakes.wait_for(retry.done.is_set, 30)
+    assert server.exits[-1]["exit_code"] == 0 and server.output(60).endswith(b"resumed\n")
+    # what a killed agent leaves: its next start cleans it up, and the sweep takes the checkpoint
+    left = state_dir / "jobs" / "61-0-0-0123456789abcdef"
+    left.mkdir()
+    deep_tree(left)
+    state.clean_jobs(state_dir)
+    assert os.listdir(state_dir / "jobs") == []
+    old = time.time() - 3 * 3600
+    os.utime(retry.checkpoint_dir, (old, old))
+    assert state.sweep_checkpoints(state_dir, retention_s=3600, ended={60: old}) == [60]
+    assert not retry.checkpoint_dir.exists()
+
+
 def test_a_retry_whose_checkpoint_is_not_on_its_node_is_told_it_starts_from_the_beginning(node):
     # The earlier attempt checkpointed elsewhere; checkpoints are node-local (no --checkpoint-root)
     server = node[0]
