@@ -287,22 +287,64 @@ def _remove_workdir(path: Path) -> None:
 
 def disk_used(top: Path) -> int:
     """Bytes the files under ``top`` take on disk (allocated blocks: a sparse file counts what
-    it holds, not its length), links not followed; 0 if it is not there."""
+    it holds, not its length), links not followed; 0 if it is not there.
+
+    Walked through directory descriptors, each subdirectory opened by its name in its parent
+    without following a link: no path is ever built, so no depth hides anything (a path past the
+    kernel's 4,096 bytes cannot be opened: what a job put a few thousand levels deep went
+    uncounted), and a directory the job swaps for a link meanwhile leads nowhere else. One
+    descriptor per level: a tree deeper than the agent may open is summed by ``du`` instead."""
+    try:
+        fd = os.open(top, _DIRECTORY_FLAGS)
+    except OSError:
+        return 0
     total = 0
-    folders: list[str | Path] = [top]
-    while folders:
-        try:
-            entries = os.scandir(folders.pop())
-        except OSError:
-            continue
-        with entries:
-            for entry in entries:
-                with contextlib.suppress(OSError):
-                    if entry.is_dir(follow_symlinks=False):
-                        folders.append(entry.path)
-                    else:  # a file, or a link (its own blocks, as a long target has)
-                        total += entry.stat(follow_symlinks=False).st_blocks * 512
-    return total
+    try:
+        levels = [(fd, _entries(fd))]  # each directory being read, with what is left of it
+    except OSError:
+        os.close(fd)
+        return state.tree_size(top)
+    too_deep = False
+    try:
+        while levels and not too_deep:
+            parent, left = levels[-1]
+            if not left:
+                os.close(parent)
+                levels.pop()
+                continue
+            entry = left.pop()
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    child = os.open(entry.name, _DIRECTORY_FLAGS, dir_fd=parent)
+                    try:
+                        listing = _entries(child)
+                    except OSError:
+                        os.close(child)
+                        raise
+                    levels.append((child, listing))
+                else:  # a file, or a link (its own blocks, as a long target has)
+                    total += entry.stat(follow_symlinks=False).st_blocks * 512
+            except OSError as exc:  # gone meanwhile, or a link now: nothing of it to count
+                too_deep = exc.errno in (errno.EMFILE, errno.ENFILE)
+    finally:
+        for fd, _ in levels:
+            os.close(fd)
+    return state.tree_size(top) if too_deep else total
+
+
+_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _entries(fd: int) -> list[os.DirEntry[str]]:
+    """What the directory ``fd`` holds (its listing closed at once: a descriptor per level only);
+    nothing when it cannot be read, but OSError when the agent is out of descriptors."""
+    try:
+        with os.scandir(fd) as entries:
+            return list(entries)
+    except OSError as exc:
+        if exc.errno in (errno.EMFILE, errno.ENFILE):
+            raise
+        return []
 
 
 def checkpoint_dir(state_dir: Path, job_id: int, root: Path | None = None) -> Path:

@@ -34,7 +34,7 @@ log = logging.getLogger("tessera.agent")
 
 CREDENTIAL_FILE = "credential"
 CHECKPOINT_KEY = "checkpoint-key"
-TOOLS_PATH = "/usr/bin:/bin"  # coreutils' rm and chown
+TOOLS_PATH = "/usr/bin:/bin"  # coreutils' rm, chown and du
 
 
 def default_state_dir(name: str) -> Path:
@@ -124,6 +124,26 @@ def remove_tree(path: Path) -> None:
             env={"PATH": TOOLS_PATH},
             timeout=600,
         )
+
+
+def tree_size(path: Path) -> int:
+    """Bytes ``path`` and all in it take on disk, however deep, following no link: coreutils'
+    ``du`` (fts), for a tree deeper than the agent's own walk may open; 0 when it fails."""
+    du = shutil.which("du", path=TOOLS_PATH)
+    if du is None:  # pragma: no cover - coreutils is on every node
+        return 0
+    try:
+        done = subprocess.run(
+            [du, "-s", "-B1", "-P", "--one-file-system", "--", str(path)],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            env={"PATH": TOOLS_PATH},
+            timeout=600,
+        )
+        return int(done.stdout.split()[0])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return 0
 
 
 def chown_tree(path: Path, uid: int, gid: int) -> None:
