@@ -293,7 +293,9 @@ def disk_used(top: Path) -> int:
     without following a link: no path is ever built, so no depth hides anything (a path past the
     kernel's 4,096 bytes cannot be opened: what a job put a few thousand levels deep went
     uncounted), and a directory the job swaps for a link meanwhile leads nowhere else. One
-    descriptor per level: a tree deeper than the agent may open is summed by ``du`` instead."""
+    descriptor per level, at most :data:`MAX_HELD_LEVELS` (a deep tree must not leave the agent's
+    other threads, other jobs' spawns and its connections, without descriptors): a deeper tree is
+    summed by ``du`` instead."""
     try:
         fd = os.open(top, _DIRECTORY_FLAGS)
     except OSError:
@@ -315,6 +317,9 @@ def disk_used(top: Path) -> int:
             entry = left.pop()
             try:
                 if entry.is_dir(follow_symlinks=False):
+                    if len(levels) >= MAX_HELD_LEVELS:
+                        too_deep = True
+                        break
                     child = os.open(entry.name, _DIRECTORY_FLAGS, dir_fd=parent)
                     try:
                         listing = _entries(child)
@@ -333,6 +338,7 @@ def disk_used(top: Path) -> int:
 
 
 _DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+MAX_HELD_LEVELS = 64  # directories open at once in disk_used's walk; deeper: du
 
 
 def _entries(fd: int) -> list[os.DirEntry[str]]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import resource
 import shutil
 import subprocess
 import time
@@ -450,20 +449,24 @@ def test_a_jobs_directories_are_summed_by_the_blocks_they_hold_links_not_followe
     assert disk_used(tmp_path / "missing") == 0
 
 
-@pytest.mark.parametrize("descriptors", [None, 512], ids=["walked", "past-the-agents-descriptors"])
-def test_what_a_job_hides_thousands_of_levels_deep_is_summed_too(tmp_path, descriptors):
+@pytest.mark.parametrize(
+    ("levels", "name"), [(40, "d" * 200), (2500, "d")], ids=["walked", "deeper-than-the-walk-holds"]
+)
+def test_what_a_job_hides_thousands_of_levels_deep_is_summed_too(tmp_path, levels, name):
     """A job's directories are summed against ``--job-disk-mb``; the sum went by paths, and a
     path past the kernel's 4,096 bytes cannot be opened: what a job put 2,500 levels deep (a
-    loop of mkdir and chdir, each path short) was never counted, so it filled the node's disk
-    unstopped. Links stay unfollowed, a directory swapped for one included."""
+    loop of mkdir and chdir, each path short), or 40 levels of long names, was never counted, so
+    it filled the node's disk unstopped. The walk holds a descriptor per level up to
+    ``MAX_HELD_LEVELS`` (a deeper tree: ``du``). Links stay unfollowed."""
     disk_used = process_module.disk_used
+    assert levels * (len(name) + 1) > 4096  # the file's path is too long to open
     top = tmp_path / "job"
     top.mkdir()
     fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        for _ in range(2500):
-            os.mkdir("d", dir_fd=fd)
-            fd, parent = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd), fd
+        for _ in range(levels):
+            os.mkdir(name, dir_fd=fd)
+            fd, parent = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd), fd
             os.close(parent)
         hidden = os.open("hidden", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd)
         os.write(hidden, os.urandom(4 << 20))
@@ -471,12 +474,8 @@ def test_what_a_job_hides_thousands_of_levels_deep_is_summed_too(tmp_path, descr
         os.symlink("/usr", "to-usr", dir_fd=fd)
     finally:
         os.close(fd)
-    limit = resource.getrlimit(resource.RLIMIT_NOFILE)
     try:
-        if descriptors:  # fewer than the levels: the walk hands over to du
-            resource.setrlimit(resource.RLIMIT_NOFILE, (descriptors, limit[1]))
         used = disk_used(top)
     finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, limit)
         state_module.remove_tree(top)  # pytest's own removal recurses once per level too
     assert (4 << 20) <= used < (4 << 20) + (16 << 20), used
