@@ -17,7 +17,8 @@ limits (a failed move ends the spawn: the job never runs unlimited by accident);
    and POSIX message queues of its own (gone with its last process, so a later job of the same
    uid finds nothing);
 2. ``/bin/sh -c`` mounting, in that namespace only: a private tmpfs on ``/tmp``, ``/var/tmp``
-   and ``/dev/shm`` (0700, owned by the job's uid, each at most :meth:`Sandbox.tmpfs_mb`), a fresh
+   and ``/dev/shm`` (0700, owned by the job's uid, each at most :meth:`Sandbox.tmpfs_mb`) and
+   on ``/run/lock`` (the same, 1 MB: ``/var/lock``), a fresh
    ``/proc`` with ``hidepid=invisible`` (the job sees only its own processes), an empty
    directory over each local service's socket directory (:data:`HIDDEN`), and over each GPU
    device file that is not the job's an unreadable file (``open`` fails with EACCES; the job
@@ -69,6 +70,11 @@ log = logging.getLogger("tessera.agent")
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 SYSTEM_PATH = f"{SAFE_PATH}:/usr/sbin:/sbin"
 PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm")
+# World-writable lock directories (``/var/lock`` links to ``/run/lock``): private to the job too,
+# or a file one job leaves there (on the root disk where ``/run`` is no tmpfs) stays, its uid's,
+# for another job to read or a later holder of the uid to own. Lock files are empty: 1 MB each.
+PRIVATE_LOCKS = ("/run/lock",)
+LOCKS_MB = 1
 # The chain's whole environment, until setpriv. No locale: each util-linux program of it (setpriv,
 # unshare, every mount of step 2) loads the one named only to word its errors, 0.25 ms of CPU
 # each (docs/benchmarks/e2e.md, Session 19); the job's own ``LANG`` comes with its environment
@@ -215,6 +221,7 @@ class Sandbox:
         self.mount = shutil.which("mount", path=SYSTEM_PATH) or "mount"
         self.mkdir = shutil.which("mkdir", path=SYSTEM_PATH) or "mkdir"
         self.private = [p for p in PRIVATE_TMP if os.path.isdir(p)]
+        self.locks = [p for p in PRIVATE_LOCKS if os.path.isdir(p) and not os.path.islink(p)]
         # Host directories jobs need (the state directory, the PATH's Python) that lie under a
         # private path (a state directory in /tmp): put back on top of the private tmpfs. The
         # Landlock step runs inside the namespace too: its interpreter and script (an agent
@@ -316,6 +323,8 @@ class Sandbox:
         for kept, held in zip(self.keep, hold, strict=True):
             steps += [f"{mkdir} {held}", f"{mount} --rbind {shlex.quote(kept)} {held}"]
         steps += [f"{mount} -t tmpfs -o {options} tessera-tmp {shlex.quote(p)}" for p in self.private]
+        locks = f"{owner}size={LOCKS_MB}m,mode=0700,nosuid,nodev,noexec"
+        steps += [f"{mount} -t tmpfs -o {locks} tessera-lock {shlex.quote(p)}" for p in self.locks]
         for kept, held in zip(self.keep, hold, strict=True):
             steps += [f"{mkdir} -p {shlex.quote(kept)}", f"{mount} --move {held} {shlex.quote(kept)}"]
         steps.append(f"{mount} -t proc -o hidepid=invisible,nosuid,nodev,noexec proc /proc")
@@ -485,7 +494,10 @@ def detect(
         )
     reason = namespaces_unavailable() if enabled else "--single-tenant"
     if reason is None:
-        log.info("jobs get private /tmp, /var/tmp, /dev/shm, /proc and IPC, and only their own GPUs' devices")
+        log.info(
+            "jobs get private /tmp, /var/tmp, /dev/shm, /run/lock, /proc and IPC, "
+            "and only their own GPUs' devices"
+        )
         return Sandbox(True, devices, keep, max_tasks, hide, disk_mb, scoped=unscoped is None, node=node)
     log.warning(
         "jobs share /tmp, /dev/shm and IPC, see every process and can open every GPU's device file: %s",

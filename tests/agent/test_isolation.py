@@ -134,7 +134,7 @@ def test_each_job_attempt_runs_as_its_own_uid_and_gid_with_no_other_group_and_a_
 TMP_AND_SHM = r"""
 import os, pathlib, sys
 who = sys.argv[1]
-for d in ("/tmp", "/dev/shm", os.environ["TMPDIR"]):
+for d in ("/tmp", "/dev/shm", os.environ["TMPDIR"], *sys.argv[2:]):
     print(d, oct(os.stat(d).st_mode & 0o777), sorted(os.listdir(d)))
     pathlib.Path(d, who).write_text(who)
 """
@@ -170,8 +170,9 @@ def test_a_jobs_temporary_directories_are_its_own_and_go_with_it(node):
     if not box.namespaces:
         pytest.skip("a private /tmp and /dev/shm need a mount namespace")
     host_tmp = set(os.listdir("/tmp"))
+    host_locks = {d: set(os.listdir(d)) for d in box.locks}  # /run/lock, where the node has one
     for job_id, who in ((5, "alice"), (6, "bob")):
-        process = start(node, job_id, ["python", "-c", TMP_AND_SHM, who])
+        process = start(node, job_id, ["python", "-c", TMP_AND_SHM, who, *box.locks])
         assert server.exit_of(job_id)["exit_code"] == 0
         lines = server.output(job_id).decode().splitlines()
         # each starts empty, 0700: nothing of the job before it, nothing of the host's but what
@@ -179,10 +180,13 @@ def test_a_jobs_temporary_directories_are_its_own_and_go_with_it(node):
         # own interpreter and Landlock step when this checkout lies in /tmp too
         kept = sorted({Path(k).relative_to("/tmp").parts[0] for k in box.keep if k.startswith("/tmp/")})
         assert state_dir.name in kept
-        assert [line.split(" ", 1)[1] for line in lines] == [f"0o700 {kept!r}", "0o700 []", "0o700 []"], lines
+        empty = ["0o700 []"] * (2 + len(box.locks))
+        assert [line.split(" ", 1)[1] for line in lines] == [f"0o700 {kept!r}", *empty], lines
         assert fakes.wait_for(lambda process=process: not process.workdir.exists(), 5)
     assert not {"alice", "bob"} & set(os.listdir("/tmp")) - host_tmp
     assert not {"alice", "bob"} & set(os.listdir("/dev/shm"))
+    for d, before in host_locks.items():
+        assert set(os.listdir(d)) == before, d
 
 
 FILLS = r"""
