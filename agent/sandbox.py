@@ -465,6 +465,31 @@ def default_disk_mb(state_dir: Path) -> int:
     return max(1, min(100 << 10, half))
 
 
+SYSCTL = Path("/proc/sys")
+
+
+def user_namespaces_open(sysctl: Path | None = None) -> bool:
+    """Whether a job's uid may make user namespaces of its own (``unshare -U``): a large part
+    of the kernel opened to it, and a way to move out of its agent's view of its private mounts.
+    Closed by ``user.max_user_namespaces = 0``, Debian's ``kernel.unprivileged_userns_clone = 0``
+    or Ubuntu's ``kernel.apparmor_restrict_unprivileged_userns = 1``: the node's operator's call,
+    since it closes them for every user of the node."""
+
+    root = SYSCTL if sysctl is None else sysctl
+
+    def read(name: str) -> int | None:
+        try:
+            return int((root / name).read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    return not (
+        read("user/max_user_namespaces") == 0
+        or read("kernel/unprivileged_userns_clone") == 0
+        or read("kernel/apparmor_restrict_unprivileged_userns") == 1
+    )
+
+
 def detect(
     devices: Mapping[int, str] | None = None,
     enabled: bool = True,
@@ -491,6 +516,12 @@ def detect(
             "jobs can connect to every abstract unix socket on this node (another job's, a service's) "
             "and signal processes of their uid outside their replica: %s",
             unscoped,
+        )
+    if enabled and user_namespaces_open():
+        log.warning(
+            "jobs may make user namespaces of their own (unshare -U): on a node shared by tenants "
+            "that do not trust each other, close them (sysctl user.max_user_namespaces=0; "
+            "docs/agent.md, 'Not guaranteed')"
         )
     reason = namespaces_unavailable() if enabled else "--single-tenant"
     if reason is None:
