@@ -31,11 +31,12 @@ from scheduling.services.webhooks import (
 
 # What a webhook's URL looks like, as the schema declares it: http(s), a host name or IPv4 address
 # (an IPv6 one in brackets is refused: its syntax is more than a pattern should hold; name the
-# host) with no user or password, a port up to 65535, printable characters and no spaces. Where it
-# may point (public addresses) is checked when it is made (services.webhooks.check_target).
+# host) with no user or password, a port from 1 to 65535 (no leading zero), printable characters
+# and no spaces. Where it may point (public addresses) is checked when it is made
+# (services.webhooks.check_target).
 _CHAR = f"[^{NOT_PRINTABLE} ]"
 _HOST = f"[^{NOT_PRINTABLE} /?#@\\[\\]:]+"
-_PORT = "(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4})"
+_PORT = "(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"
 URL_RE = f"^https?://{_HOST}(:{_PORT})?([/?#]{_CHAR}*)?\\Z"
 
 

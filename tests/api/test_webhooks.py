@@ -155,6 +155,15 @@ def test_private_loopback_and_link_local_targets_are_refused_without_the_allowli
     assert answer.status_code == 400 and list(answer.json()) == ["url"], answer.content
 
 
+@pytest.mark.parametrize("port", ["0", "00", "0443", "65536"])
+def test_a_url_whose_port_no_request_can_go_to_is_refused_even_where_its_host_is_allowed(
+    world, receiver, port
+):
+    answer = register(world, "alice", f"http://127.0.0.1:{port}/hook")
+    assert answer.status_code == 400 and list(answer.json()) == ["url"], answer.content
+    assert register(world, "alice", "http://127.0.0.1:65535/hook").status_code == 201
+
+
 def test_a_target_that_turned_private_after_registration_is_not_called(world, receiver, settings):
     register(world, "alice", receiver.url)
     settings.TESSERA = {**settings.TESSERA, "WEBHOOK_ALLOWLIST": []}  # the operator withdrew it
