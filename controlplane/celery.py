@@ -9,6 +9,7 @@ from celery import Celery
 from celery.signals import worker_ready
 from django.conf import settings
 
+from controlplane.env import env_float
 from controlplane.gc_tuning import tune_for_server
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
@@ -20,11 +21,11 @@ app.autodiscover_tasks()
 app.conf.beat_schedule = {
     "scheduling-safety-pass": {
         "task": "scheduling.tasks.scheduling_pass",
-        "schedule": float(os.environ.get("TESSERA_PASS_INTERVAL_S", "5") or 5),
+        "schedule": env_float("TESSERA_PASS_INTERVAL_S", 5.0, minimum=0.1),  # as settings.py
     },
     "adjustment-pass": {
         "task": "monitoring.tasks.adjustment_pass",
-        "schedule": float(os.environ.get("TESSERA_ADJUST_INTERVAL_S", "30") or 30),
+        "schedule": env_float("TESSERA_ADJUST_INTERVAL_S", 30.0, minimum=0.5),
     },
     "node-health-sweep": {
         "task": "scheduling.tasks.node_health_sweep",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 from typing import Any
@@ -12,8 +13,17 @@ import dj_database_url
 from scheduling.engine.config import KNOBS, EngineConfig, KnobError, configure
 
 
-class ImproperlyConfiguredEnv(RuntimeError):
-    """A setting's environment variable holds a value that cannot be used."""
+class ImproperlyConfiguredEnv(SystemExit):
+    """A setting's environment variable holds a value that cannot be used.
+
+    A ``SystemExit``: raised while the settings load (manage.py, daphne, the Celery worker and
+    beat), it stops the process with its message on stderr and status 1, and no traceback. An
+    ordinary exception printed a page of traceback with the message on its last line, and the
+    Celery CLI wrapped it in "Couldn't import 'controlplane'" and exited 2. Nothing but the
+    settings calls these helpers, so it never stops a running process."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)  # ``code``: printed by the interpreter, which exits 1
 
 
 def env_str(name: str, default: str = "") -> str:
@@ -53,9 +63,32 @@ def env_float(name: str, default: float, minimum: float | None = None) -> float:
         value = float(raw)
     except ValueError:
         raise ImproperlyConfiguredEnv(f"{name}={raw!r}: expected a number") from None
-    if value != value or (minimum is not None and value < minimum):
-        raise ImproperlyConfiguredEnv(f"{name}={raw!r}: must be a number >= {minimum}")
+    if not math.isfinite(value) or (minimum is not None and value < minimum):
+        at_least = f" >= {minimum}" if minimum is not None else ""
+        raise ImproperlyConfiguredEnv(f"{name}={raw!r}: must be a finite number{at_least}")
     return value
+
+
+def env_floats(name: str, default: list[float], minimum: float | None = None) -> list[float]:
+    """A comma-separated list of finite numbers (``900,2700``), each at least ``minimum``."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    values: list[float] = []
+    for item in (item.strip() for item in raw.split(",")):
+        if not item:
+            continue
+        try:
+            value = float(item)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or (minimum is not None and value < minimum):
+            at_least = f" >= {minimum}" if minimum is not None else ""
+            raise ImproperlyConfiguredEnv(
+                f"{name}={raw!r}: expected comma-separated finite numbers{at_least}, not {item!r}"
+            )
+        values.append(value)
+    return values
 
 
 def env_list(name: str, default: list[str]) -> list[str]:
@@ -75,6 +108,10 @@ def env_url(name: str, schemes: tuple[str, ...]) -> str:
         raise ImproperlyConfiguredEnv(
             f"{name}={raw!r}: expected a URL starting with {' or '.join(s + '://' for s in schemes)}"
         )
+    try:
+        parsed.port  # noqa: B018 - parsing it is the check: "host:abc" or a port past 65535
+    except ValueError:
+        raise ImproperlyConfiguredEnv(f"{name}={raw!r}: the port is not a number from 0 to 65535") from None
     return raw
 
 

@@ -20,6 +20,7 @@ from controlplane.env import (
     env_bool,
     env_engine_knobs,
     env_float,
+    env_floats,
     env_int,
     env_list,
     env_rate,
@@ -340,16 +341,16 @@ TESSERA: dict[str, Any] = {
     "ADJUST_INTERVAL_S": env_float("TESSERA_ADJUST_INTERVAL_S", 30.0, minimum=0.5),
     "IDLE_THRESHOLD": env_float("TESSERA_IDLE_THRESHOLD", 0.05, minimum=0.0),
     "IDLE_EXEMPT_S": env_float("TESSERA_IDLE_EXEMPT_S", 600.0, minimum=0.0),
-    "IDLE_WARN_S": [float(w) for w in env_list("TESSERA_IDLE_WARN_S", ["900", "2700"])],
+    "IDLE_WARN_S": env_floats("TESSERA_IDLE_WARN_S", [900.0, 2700.0], minimum=0.0),
     "IDLE_ACT_S": env_float("TESSERA_IDLE_ACT_S", 3600.0, minimum=1.0),
     "IDLE_STEP_S": env_float("TESSERA_IDLE_STEP_S", 60.0, minimum=1.0),
     # What tenants may set for themselves (low,high each): scheduling/services/idle_policy.py.
     "IDLE_BOUNDS": {
-        name: [float(v) for v in env_list(f"TESSERA_IDLE_BOUNDS_{name.upper()}", default)]
+        name: env_floats(f"TESSERA_IDLE_BOUNDS_{name.upper()}", default, minimum=0.0)
         for name, default in (
-            ("threshold", ["0.01", "0.2"]),
-            ("exempt_s", ["300", "7200"]),
-            ("act_after_s", ["1800", "14400"]),
+            ("threshold", [0.01, 0.2]),
+            ("exempt_s", [300.0, 7200.0]),
+            ("act_after_s", [1800.0, 14400.0]),
         )
     },
     # The scheduler's knobs from TESSERA_ENGINE_<KNOB> (engine/config.py's KNOBS), as text:

@@ -1,0 +1,58 @@
+"""A misconfigured environment at start-up: every process (manage.py, daphne, the Celery worker)
+stops with a message naming the variable and its value, exit status 1, and no traceback — the
+README's promise ("a bad value stops the process with a message naming the variable")."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+BAD = [
+    ("TESSERA_LEASE_S", "-1"),  # an env_float below its minimum
+    ("TESSERA_LEASE_S", "inf"),  # a lease that never ends is no lease
+    ("TESSERA_PASS_INTERVAL_S", "abc"),  # also read by the Celery app for beat's schedule
+    ("TESSERA_ADJUST_INTERVAL_S", "5s"),
+    ("TESSERA_IDLE_WARN_S", "900,abc"),  # a list of numbers
+    ("TESSERA_IDLE_BOUNDS_THRESHOLD", "0.01,high"),
+    ("REDIS_URL", "redis://127.0.0.1:notaport/0"),
+]
+
+PROCESSES = {
+    "manage.py": [sys.executable, "manage.py", "check"],
+    "daphne": [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", "0", "controlplane.asgi:application"],
+    "celery": [str(BIN / "celery"), "-A", "controlplane", "worker", "--pool", "solo"],
+}
+
+
+def start(argv: list[str], name: str, value: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TESSERA_", "PYTEST_"))}
+    env.update(DJANGO_SETTINGS_MODULE="controlplane.settings", **{name: value})
+    if "celery" in argv[0]:
+        env.setdefault("REDIS_URL", "redis://127.0.0.1:1/0")  # never reached: it stops first
+    return subprocess.run(
+        argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=90, stdin=subprocess.DEVNULL
+    )
+
+
+@pytest.mark.parametrize(("name", "value"), BAD, ids=[f"{n}={v}" for n, v in BAD])
+def test_manage_py_stops_naming_the_variable_without_a_traceback(name, value):
+    done = start(PROCESSES["manage.py"], name, value)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert name in done.stderr and repr(value) in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+@pytest.mark.parametrize("process", ["daphne", "celery"])
+def test_servers_stop_naming_the_variable_without_a_traceback(process):
+    done = start(PROCESSES[process], "TESSERA_PASS_INTERVAL_S", "abc")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "TESSERA_PASS_INTERVAL_S='abc'" in done.stderr, done.stderr
