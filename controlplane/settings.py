@@ -108,6 +108,7 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 WEB_THREADS = env_int(
     "TESSERA_WEB_THREADS", 8 if ON_POSTGRES and not os.environ.get("PYTEST_VERSION") else 0, minimum=0
 )
+DB_POOL_TIMEOUT_S = env_float("TESSERA_DB_POOL_TIMEOUT_S", 3.0, minimum=0.1)
 if ON_POSTGRES and env_bool("TESSERA_DB_POOL", not os.environ.get("PYTEST_VERSION")):
     # A connection pool per process (psycopg_pool): without it every request opens a new
     # PostgreSQL connection (Django runs each request's sync code in a thread of its own, so
@@ -116,10 +117,18 @@ if ON_POSTGRES and env_bool("TESSERA_DB_POOL", not os.environ.get("PYTEST_VERSIO
     DATABASES["default"]["OPTIONS"] = {
         **DATABASES["default"].get("OPTIONS", {}),
         # The view threads, Django's own thread and the long-poll's lookups.
+        # A request waits at most TESSERA_DB_POOL_TIMEOUT_S for a connection, then answers 503
+        # (controlplane/errors.py): with a connection per thread and spare ones, only a
+        # database out of reach makes it wait. It was 20 s: during an outage every request
+        # and every agent's heartbeat held a web thread that long, and /metrics outlasted
+        # Prometheus's scrape timeout. A reconnection gives up after as long, and the next
+        # request starts another at once: psycopg_pool's own backoff doubled up to 5 minutes,
+        # so the web answered errors for up to a minute after the database was back.
         "pool": {
             "min_size": 1,
             "max_size": env_int("TESSERA_DB_POOL_MAX", WEB_THREADS + 4, minimum=1),
-            "timeout": 20,
+            "timeout": DB_POOL_TIMEOUT_S,
+            "reconnect_timeout": DB_POOL_TIMEOUT_S,
         },
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

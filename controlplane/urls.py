@@ -15,3 +15,5 @@ urlpatterns = [
     path("", include("monitoring.urls")),
     path("", include("frontend.urls")),
 ]
+
+handler500 = "controlplane.errors.server_error"  # a database out of reach: 503, not a 500 page
