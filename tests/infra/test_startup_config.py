@@ -5,6 +5,7 @@ README's promise ("a bad value stops the process with a message naming the varia
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -56,3 +57,18 @@ def test_servers_stop_naming_the_variable_without_a_traceback(process):
     assert done.returncode == 1, done.stdout + done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     assert "TESSERA_PASS_INTERVAL_S='abc'" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("command", [["create_join_token"], ["export_trace", "{tmp}/trace"]])
+def test_an_operator_command_without_its_database_says_so_without_a_traceback(command, tmp_path):
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+    port = closed.getsockname()[1]
+    argv = [sys.executable, "manage.py", *(a.format(tmp=tmp_path) for a in command)]
+    try:
+        done = start(argv, "DATABASE_URL", f"postgres://postgres@127.0.0.1:{port}/tessera")
+    finally:
+        closed.close()
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert f"the database at 127.0.0.1:{port}/tessera cannot be reached" in done.stderr, done.stderr
