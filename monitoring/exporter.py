@@ -21,6 +21,7 @@ each one in ``SchedulerState``, and the histogram and counters are read from the
 | ``tessera_adjustment_metrics_available`` | | 0 while the adjustment pass cannot read utilisation |
 | ``tessera_gpus_idle_allocated`` | | allocated GPUs idle past the first warning's window |
 | ``tessera_adjustment_last_pass_timestamp_seconds`` | | when the last adjustment pass ran |
+| ``tessera_cluster_metrics_available`` | | 0 when the scrape could not read the database (the rest absent) |
 
 Queue levels, wait and start latency percentiles, fragmentation, per-tenant usage against
 guarantees, lost GPU-seconds, failures by cause and heartbeat ages: ``monitoring/job_metrics.py``.
@@ -54,12 +55,21 @@ class ClusterCollector(Collector):
         return []
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
+        families: list[GaugeMetricFamily] = []
         try:
-            families = _cluster_families()
-        except Exception:  # a scrape must never take the web process down; the gap shows in Grafana
+            families, read = _cluster_families(), True
+        except Exception:  # a scrape must never take the web process down
             log.warning("cluster metrics unavailable", exc_info=True)
-            return
+            read = False
+        # Always there, unlike the families it vouches for: when they vanish (the database out
+        # of reach) every alert on them goes quiet, and this says why (deploy/alerts.yml).
+        available = GaugeMetricFamily(
+            "tessera_cluster_metrics_available",
+            "1 when this scrape read the cluster's state from the database; 0 when it could not.",
+        )
+        available.add_metric([], 1 if read else 0)
         yield from families
+        yield available
 
 
 def _cluster_families() -> list[GaugeMetricFamily]:

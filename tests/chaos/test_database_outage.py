@@ -5,9 +5,10 @@ While it is cut, users and scrapers get clean answers: the API a 503 with a JSON
 ``Retry-After`` (not Django's HTML "Server Error (500)" page), within a few seconds (not after the
 pool's 20 s wait, which tied up every web thread and every agent's heartbeat); ``/metrics`` its
 process metrics within the deployed scrape timeout (``deploy/prometheus.yml``: 5 s), as
-docs/metrics.md promises. Once it is back, the API answers again within seconds: the pool's
-reconnection backoff (doubling up to 5 minutes) no longer leaves the web answering errors long
-after the database returned.
+docs/metrics.md promises, with ``tessera_cluster_metrics_available 0``: the cluster gauges are
+gone, and without it every alert on them went quiet with nothing saying why. Once it is back,
+the API answers again within seconds: the pool's reconnection backoff (doubling up to 5
+minutes) no longer leaves the web answering errors long after the database returned.
 """
 
 from __future__ import annotations
@@ -120,6 +121,7 @@ def test_api_answers_503_json_while_the_database_is_away_and_recovers_when_it_is
     alice.headers["Authorization"] = f"Token {world.tokens['alice']}"
     body = {"name": "db-away", "kind": "batch", "command": ["true"], "gpus": 1}
     assert alice.get(base + "/api/v1/jobs/", timeout=10).status_code == 200
+    assert "\ntessera_cluster_metrics_available 1.0\n" in requests.get(base + "/metrics", timeout=10).text
 
     proxy.cut()
     for method, path, kwargs in (("GET", "/api/v1/jobs/", {}), ("POST", "/api/v1/jobs/", {"json": body})):
@@ -136,6 +138,9 @@ def test_api_answers_503_json_while_the_database_is_away_and_recovers_when_it_is
     scrape = requests.get(base + "/metrics", timeout=30)
     assert time.monotonic() - began < SCRAPE_TIMEOUT_S, "the scrape outlasts Prometheus's timeout"
     assert scrape.status_code == 200 and "process_cpu_seconds_total" in scrape.text
+    # the cluster gauges are gone, and the scrape says why (deploy/alerts.yml alerts on it)
+    assert "tessera_jobs{" not in scrape.text
+    assert "\ntessera_cluster_metrics_available 0.0\n" in scrape.text
 
     time.sleep(12)  # an outage long enough for the pool's reconnection backoff to grow
     proxy.restore()
