@@ -217,11 +217,15 @@ def env_engine_knobs() -> dict[str, str]:
     ``TESSERA_ENGINE_ALPHA=0.5``, ``TESSERA_ENGINE_KIND_ACCELERATORS='{"inference": ["T4"]}'``):
     the defaults the scheduler-settings record's fields override. Checked here, whole, so a bad
     value stops the process with the variable's name."""
-    raw = {
-        k: os.environ[f"TESSERA_ENGINE_{k.upper()}"]
-        for k in KNOBS
-        if os.environ.get(f"TESSERA_ENGINE_{k.upper()}")
-    }
+    prefix = "TESSERA_ENGINE_"
+    for name in sorted(os.environ):
+        # A misspelt knob (TESSERA_ENGINE_PREEMPT=off) was ignored: the operator believed it set.
+        if name.startswith(prefix) and name[len(prefix) :].lower() not in KNOBS:
+            raise ImproperlyConfiguredEnv(
+                f"{name}={os.environ[name]!r}: not a scheduler knob; "
+                f"{prefix}<KNOB> is one of {', '.join(prefix + k.upper() for k in KNOBS)}"
+            )
+    raw = {k: os.environ[f"{prefix}{k.upper()}"] for k in KNOBS if os.environ.get(f"{prefix}{k.upper()}")}
     try:
         configure(EngineConfig(), raw)
     except KnobError as exc:

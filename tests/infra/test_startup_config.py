@@ -23,6 +23,7 @@ BAD = [
     ("TESSERA_IDLE_WARN_S", "900,abc"),  # a list of numbers
     ("TESSERA_IDLE_BOUNDS_THRESHOLD", "0.01,high"),
     ("REDIS_URL", "redis://127.0.0.1:notaport/0"),
+    ("TESSERA_ENGINE_PREEMPT", "off"),  # a misspelt knob (preemption) must not be ignored
 ]
 
 PROCESSES = {
