@@ -20,6 +20,7 @@ import socket
 import sys
 import threading
 import time
+import urllib.parse
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -406,6 +407,10 @@ def checkpoint_root_name(name: str, root: Path | None) -> str:
 def run(args: argparse.Namespace) -> int:
     if not args.server:
         raise Fatal("--server URL is required (or set $TESSERA_SERVER)")
+    server = urllib.parse.urlsplit(args.server)
+    if server.scheme not in ("http", "https") or not server.hostname:
+        # Not a server that is down: retrying it for --register-timeout only hid the typo.
+        raise Fatal(f"--server {args.server!r}: expected http://HOST[:PORT] or https://HOST[:PORT]")
     if not 0.01 <= args.poll_interval <= 60 or args.util_speed <= 0 or not 0 <= args.metrics_port < 65536:
         raise Fatal("--poll-interval must be 0.01..60, --util-speed > 0, --metrics-port 0..65535")
     if not 0 <= args.wait_timeout <= 55:

@@ -100,3 +100,18 @@ def test_an_agent_with_a_refused_join_token_exits_2_saying_so(live_server, db, s
     assert "refused to register 'cli-node'" in output
     assert "Invalid, expired, revoked or used-up join token" in output
     assert "not-a-real-token" not in output
+
+
+@pytest.mark.parametrize("server", ["notaurl", "ftp://gpu-ctl:21", "http://", "127.0.0.1:8000"])
+def test_an_agent_given_a_server_that_is_no_http_url_exits_2_at_once_naming_it(server, state_dir):
+    # It used to take it as a server "not answering yet" and retry for --register-timeout
+    # (120 s), then say it "could not reach the server": a typo looked like an outage.
+    agent = start_agent(server, state_dir, env={"TESSERA_JOIN_TOKEN": "unused"})
+    try:
+        output = agent.communicate(timeout=30)[0]
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait(10)
+    assert agent.returncode == 2, output
+    assert f"--server {server!r}" in output and "not answering" not in output
