@@ -12,6 +12,7 @@ from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.utils import timezone
 
 from scheduling.choices import JobState, NodeState
@@ -142,6 +143,15 @@ def test_create_join_token_is_single_use_unless_told_and_keeps_its_patterns(db):
     assert (token.max_nodes, token.names) == (1, "gpu-*") and "1 node(s)" in err.getvalue()
     call_command("create_join_token", "--max-nodes", "0", stdout=io.StringIO(), stderr=io.StringIO())
     assert JoinToken.objects.order_by("-pk").first().max_nodes is None
+
+
+@pytest.mark.parametrize("names", [",", " ", " , "])
+def test_create_join_token_refuses_names_that_hold_no_pattern(db, names):
+    # Taken, they made a token for *any* new name while its line said "names ,": an operator
+    # who meant to restrict it got the widest token there is.
+    with pytest.raises(CommandError, match="--names"):
+        call_command("create_join_token", "--names", names, stdout=io.StringIO(), stderr=io.StringIO())
+    assert not JoinToken.objects.exists()
 
 
 def test_a_restarted_agent_uses_its_credential_and_the_join_token_only_when_the_server_forgot_it(

@@ -49,6 +49,9 @@ class Command(BaseCommand):
             raise CommandError("--max-nodes must be 0 (any number) to 1000000")
         if len(names) > 256 or not names.isprintable():
             raise CommandError("--names must be at most 256 printable characters")
+        if names and not any(p.strip() for p in names.split(",")):
+            # An empty list of patterns is the token for *any* new name: not what was asked.
+            raise CommandError(f"--names {names!r} holds no pattern (leave it out for any new name)")
         token, raw = do_create_join_token(name, expires_hours, max_nodes or None, names)
         self.stdout.write(raw)
         when = f"expires {token.expires_at:%Y-%m-%d %H:%M} UTC" if token.expires_at else "never expires"
