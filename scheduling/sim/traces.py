@@ -6,6 +6,7 @@ Bad rows raise :class:`TraceError` naming the file, the line and the column, so 
 from __future__ import annotations
 
 import csv
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,8 +96,11 @@ def parse_labels(text: str) -> tuple[tuple[str, str], ...]:
 
 
 def _rows(path: Path, required: Iterable[str]) -> Iterable[tuple[int, dict[str, str]]]:
-    with open(path, newline="", encoding="utf-8") as fh:
+    # utf-8-sig: a byte order mark (spreadsheets write one) is not part of the first column's name
+    with open(path, newline="", encoding="utf-8-sig") as fh:
         reader = csv.DictReader(fh)
+        if reader.fieldnames:  # surrounding spaces are trimmed, in the header as in the values
+            reader.fieldnames = [name.strip() for name in reader.fieldnames]
         header = reader.fieldnames or []
         missing = [c for c in required if c not in header]
         if missing:
@@ -128,7 +132,9 @@ class _Field:
             value = float(raw)
         except ValueError:
             raise self.fail(column, "not a number") from None
-        if value != value or value < minimum:
+        if not math.isfinite(value):  # nan, inf and what overflows (1e400) mean nothing here
+            raise self.fail(column, "must be a finite number")
+        if value < minimum:
             raise self.fail(column, f"must be >= {minimum:g}")
         return value
 
