@@ -13,7 +13,7 @@ from pathlib import Path
 
 from agent import profiles
 from scheduling.engine.adjust import IDLE_RECLAIM
-from scheduling.engine.types import KINDS, TOPOLOGIES, JobRequest, NodeSpec, QuotaSpec
+from scheduling.engine.types import KINDS, MILLI, TOPOLOGIES, JobRequest, NodeSpec, QuotaSpec
 
 NODE_COLUMNS = [
     "node",
@@ -212,15 +212,7 @@ def read_jobs(path: str | Path) -> list[TraceJob]:
         topology = f.text("topology", "any")
         if topology not in TOPOLOGIES:
             raise f.fail("topology", f"must be one of {', '.join(TOPOLOGIES)}")
-        gpus = f.number("gpus", 1.0)
-        replicas = f.integer("replicas", default=1, minimum=1)
-        if 0 < gpus < 1 and replicas != 1:
-            raise f.fail("replicas", "a fractional job has exactly one replica")
-        if gpus >= 1 and gpus != int(gpus):
-            raise f.fail("gpus", "above 1 a GPU count is a whole number")
-        min_gpus = f.optional("min_gpus")
-        max_gpus = f.optional("max_gpus")
-        min_available = f.optional("min_available")
+        gpus, replicas, min_available, min_gpus, max_gpus = _shape(f)
         prefer = f.labels(JOB_PREFER)
         if any(k == "rack" for k, _ in prefer):
             raise f.fail(JOB_PREFER, "may not name rack (use node_selector or topology)")
@@ -230,7 +222,7 @@ def read_jobs(path: str | Path) -> list[TraceJob]:
             kind=kind,
             gpus=gpus,
             replicas=replicas,
-            min_available=int(min_available) if min_available is not None else None,
+            min_available=min_available,
             accelerators=tuple(m for m in f.text("model").split("|") if m),
             topology=topology,
             priority=f.integer("priority", default=0, minimum=-(10**9)),
@@ -242,8 +234,8 @@ def read_jobs(path: str | Path) -> list[TraceJob]:
             memory_gib=f.number("memory_gib", 0.0),
             node_selector=f.labels("node_selector"),
             prefer_labels=prefer,
-            elastic_min_gpus=int(min_gpus) if min_gpus is not None else None,
-            elastic_max_gpus=int(max_gpus) if max_gpus is not None else None,
+            elastic_min_gpus=min_gpus,
+            elastic_max_gpus=max_gpus,
             submitted_at=f.number("submit_s", 0.0),
             user=f.text("user"),
             name=f.text("name"),
@@ -265,6 +257,46 @@ def read_jobs(path: str | Path) -> list[TraceJob]:
             )
         )
     return jobs
+
+
+def _optional_integer(f: _Field, column: str, minimum: int) -> int | None:
+    return None if f.row.get(column, "") == "" else f.integer(column, minimum=minimum)
+
+
+def _shape(f: _Field) -> tuple[float, int, int | None, int | None, int | None]:
+    """``gpus``, ``replicas``, ``min_available``, ``min_gpus``, ``max_gpus`` under the API's rules
+    (scheduling/api/job_serializers.py): what the live cluster refuses, a replay would run wrong."""
+    gpus = f.number("gpus", 1.0)
+    replicas = f.integer("replicas", default=1, minimum=1)
+    if 0 < gpus < 1:
+        milli = round(gpus * MILLI)  # fractions are allocated in thousandths, as the API keeps them
+        if not 1 <= milli <= MILLI - 1:
+            raise f.fail("gpus", "a fraction must be between 0.001 and 0.999")
+        gpus = milli / MILLI
+        if replicas != 1:
+            raise f.fail("replicas", "a fractional job has exactly one replica")
+    elif gpus != int(gpus):
+        raise f.fail("gpus", "above 1 a GPU count is a whole number")
+    elif int(gpus) % replicas:
+        raise f.fail("replicas", "must divide gpus (each replica gets gpus / replicas GPUs)")
+    min_available = _optional_integer(f, "min_available", 1)
+    min_gpus = _optional_integer(f, "min_gpus", 1)
+    max_gpus = _optional_integer(f, "max_gpus", 1)
+    if (min_gpus is None) != (max_gpus is None):
+        raise f.fail("max_gpus" if max_gpus is None else "min_gpus", "give min_gpus and max_gpus both or neither")
+    if min_gpus is not None and max_gpus is not None:
+        if gpus < 1:
+            raise f.fail("min_gpus", "an elastic job needs gpus of at least 1")
+        if not min_gpus <= gpus <= max_gpus:
+            raise f.fail("min_gpus", f"min_gpus <= gpus <= max_gpus must hold (gpus {gpus:g}, max_gpus {max_gpus})")
+        per = int(gpus) // replicas
+        if min_gpus % per or max_gpus % per:
+            raise f.fail("min_gpus", f"min_gpus and max_gpus must be multiples of the per-replica size {per}")
+        if min_available is not None and min_available != min_gpus // per:
+            raise f.fail("min_available", f"disagrees with min_gpus / per-replica size = {min_gpus // per}")
+    if min_available is not None and min_available > replicas:
+        raise f.fail("min_available", "must be at most replicas")
+    return gpus, replicas, min_available, min_gpus, max_gpus
 
 
 def read_quotas(path: str | Path) -> list[QuotaSpec]:

@@ -86,3 +86,52 @@ def test_a_byte_order_mark_and_padded_header_names_are_read(
     quotas = "\ufeff" + QUOTAS_HEADER + "t,*,1,1,1\n"
     assert check_inputs(tmp_path, jobs, nodes=nodes, quotas=quotas, events=events) == 0
     assert "check: 1 jobs, 3 events: OK" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("row", "column", "why"),
+    [
+        ("j1,t,batch,0,10,1e-12,1,,0,true,,0,0,,,", "gpus", "between 0.001 and 0.999"),
+        ("j1,t,batch,0,10,0.9996,1,,0,true,,0,0,,,", "gpus", "between 0.001 and 0.999"),
+        ("j1,t,batch,0,10,8,3,,0,true,,0,0,,,", "replicas", "must divide gpus"),
+        ("j1,t,batch,0,10,2,4,,0,true,,0,0,,,", "replicas", "must divide gpus"),
+        ("j1,t,batch,0,10,4,2,,0,true,,0,0,,,5", "min_available", "at most replicas"),
+        ("j1,t,batch,0,10,4,2,,0,true,,0,0,,,0", "min_available", ">= 1"),
+        ("j1,t,batch,0,10,4,2,,0,true,,0,0,,,1.5", "min_available", "whole number"),
+        ("j1,t,batch,0,10,8,1,,0,true,,0,0,16,4,", "min_gpus", "min_gpus <= gpus <= max_gpus"),
+        ("j1,t,batch,0,10,8,1,,0,true,,0,0,1,4,", "min_gpus", "min_gpus <= gpus <= max_gpus"),
+        ("j1,t,batch,0,10,8,1,,0,true,,0,0,0,8,", "min_gpus", ">= 1"),
+        ("j1,t,batch,0,10,8,1,,0,true,,0,0,2.5,8,", "min_gpus", "whole number"),
+        ("j1,t,batch,0,10,8,1,,0,true,,0,0,4,,", "max_gpus", "both or neither"),
+        ("j1,t,batch,0,10,8,2,,0,true,,0,0,3,8,", "min_gpus", "multiples of the per-replica size 4"),
+        ("j1,t,batch,0,10,0.5,1,,0,true,,0,0,1,1,", "min_gpus", "needs gpus of at least 1"),
+        ("j1,t,batch,0,10,8,4,,0,true,,0,0,4,8,4", "min_available", "disagrees with min_gpus"),
+    ],
+)
+def test_a_job_shape_the_api_refuses_is_refused_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], row: str, column: str, why: str
+) -> None:
+    assert check_inputs(tmp_path, f"{ELASTIC_HEADER}\n{row}\n") == 2
+    err = capsys.readouterr().err
+    assert f"jobs.csv:2: column {column!r}" in err and why in err
+
+
+def test_a_fraction_is_taken_to_thousandths_as_it_is_allocated(tmp_path: Path) -> None:
+    jobs = f"{JOBS_HEADER}\nj1,t,batch,0,10,0.1234,1,,0,true,,0,0\nj2,t,batch,0,10,0.46,1,,0,true,,0,0\n"
+    out = tmp_path / "out"
+    args = ["replay", "--quiet", "--nodes", write(tmp_path, "nodes.csv", NODES)]
+    assert main([*args, "--jobs", write(tmp_path, "jobs.csv", jobs), "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["check"] == {"ok": True, "violations": 0} and summary["finished"] == 2
+    shares = [
+        a["share"]
+        for line in (out / "events.jsonl").read_text().splitlines()
+        for a in json.loads(line).get("allocations", [])
+    ]
+    assert shares == [0.123, 0.46]
+
+
+def test_an_elastic_job_within_the_api_rules_is_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    jobs = f"{ELASTIC_HEADER}\nj1,t,batch,0,10,8,2,,0,true,,0,0,4,16,1\nj2,t,batch,0,10,8,2,,0,true,,0,0,4,8,\n"
+    assert check_inputs(tmp_path, jobs) == 1  # read; the empty events leave both jobs unfinished
+    assert "never ends" in capsys.readouterr().out
