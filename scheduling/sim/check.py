@@ -94,7 +94,9 @@ class Checker:
         self.nodes = {n.name: n for n in nodes}
         self.node_list = list(nodes)
         self.jobs = {tj.request.id: _JobState(tj) for tj in jobs}
-        self.quotas = list(quotas) if quotas is not None else None
+        # No rows is no quotas, as the engine reads them (quota.Quotas.enabled): every tenant
+        # unlimited, not every use of a GPU "without a quota row".
+        self.quotas = list(quotas) if quotas else None
         self.report = CheckReport(jobs=len(self.jobs))
         self.gpu: dict[tuple[str, int], dict[str, float]] = defaultdict(dict)
         self.cpu: dict[str, float] = defaultdict(float)

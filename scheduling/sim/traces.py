@@ -302,16 +302,23 @@ def _shape(f: _Field) -> tuple[float, int, int | None, int | None, int | None]:
 def read_quotas(path: str | Path) -> list[QuotaSpec]:
     path = Path(path)
     quotas: list[QuotaSpec] = []
+    seen: set[tuple[str, str]] = set()
     for lineno, row in _rows(path, QUOTA_COLUMNS):
         f = _Field(path, lineno, row)
+        tenant, model = f.text("tenant"), f.text("model", "*")
+        if not tenant:
+            raise f.fail("tenant", "a tenant is required")
+        if (tenant, model) in seen:  # which of the two would hold is anyone's guess: refuse both
+            raise f.fail("model", f"duplicate quota row for tenant {tenant!r}, model {model!r}")
+        seen.add((tenant, model))
         guaranteed = f.number("guaranteed", 0.0)
         limit = f.number("limit", guaranteed)
         if limit < guaranteed:
             raise f.fail("limit", "must be at least the guaranteed amount")
         quotas.append(
             QuotaSpec(
-                tenant=f.text("tenant"),
-                model=f.text("model", "*"),
+                tenant=tenant,
+                model=model,
                 guaranteed=guaranteed,
                 limit=limit,
                 weight=f.number("weight", 1.0),

@@ -135,3 +135,28 @@ def test_an_elastic_job_within_the_api_rules_is_read(tmp_path: Path, capsys: pyt
     jobs = f"{ELASTIC_HEADER}\nj1,t,batch,0,10,8,2,,0,true,,0,0,4,16,1\nj2,t,batch,0,10,8,2,,0,true,,0,0,4,8,\n"
     assert check_inputs(tmp_path, jobs) == 1  # read; the empty events leave both jobs unfinished
     assert "never ends" in capsys.readouterr().out
+
+
+def test_a_quotas_file_without_rows_is_no_quotas_in_the_replay_and_its_check(tmp_path: Path) -> None:
+    jobs = f"{JOBS_HEADER}\nj1,t,batch,0,10,1,1,,0,true,,0,0\n"
+    out = tmp_path / "out"
+    args = ["replay", "--quiet", "--nodes", write(tmp_path, "nodes.csv", NODES), "--out", str(out)]
+    quotas = write(tmp_path, "quotas.csv", QUOTAS_HEADER)
+    assert main([*args, "--jobs", write(tmp_path, "jobs.csv", jobs), "--quotas", quotas]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["finished"] == 1 and summary["check"] == {"ok": True, "violations": 0}
+
+
+@pytest.mark.parametrize(
+    ("rows", "column", "why"),
+    [
+        (",*,1,2,1\n", "tenant", "a tenant is required"),
+        ("t,*,1,2,1\nt,,2,2,1\n", "model", "duplicate quota row for tenant 't', model '*'"),
+    ],
+)
+def test_an_ambiguous_quota_row_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], rows: str, column: str, why: str
+) -> None:
+    assert check_inputs(tmp_path, f"{JOBS_HEADER}\n", quotas=QUOTAS_HEADER + rows) == 2
+    err = capsys.readouterr().err
+    assert f"quotas.csv:{1 + rows.count(chr(10))}: column {column!r}" in err and why in err
