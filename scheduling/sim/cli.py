@@ -20,6 +20,7 @@ from scheduling.sim import plots, policies, runner
 from scheduling.sim.check import check
 from scheduling.sim.events import EventsError, read_events
 from scheduling.sim.generate import Scenario, generate
+from scheduling.sim.pack import PackError
 from scheduling.sim.replay import ReplayError
 from scheduling.sim.traces import TraceError, read_jobs, read_nodes, read_quotas
 
@@ -256,6 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         TraceError,
         EventsError,
         ReplayError,
+        PackError,
         policies.PolicyError,
         plots.PlotsUnavailable,
         csv.Error,

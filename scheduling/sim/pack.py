@@ -340,8 +340,16 @@ def build_pods(jobs_csv: str | Path) -> list[Pod]:
     return pods
 
 
+class PackError(ValueError):
+    """Inputs the benchmark cannot measure (no GPUs in the cluster, none asked for)."""
+
+
 def workload(pods: list[Pod], capacity: int, seed: int) -> list[Pod]:
     """Shuffle by the seed, then tune up with draws with replacement to 130% of ``capacity``."""
+    if not pods:
+        raise PackError("the pod list is empty")
+    if not any(p.demand > 0 for p in pods):  # the top-up to 130% would draw for ever
+        raise PackError("no pod asks for a GPU: the benchmark tops the pods up to 130% of the cluster's GPUs")
     rng = random.Random(seed)
     order = list(pods)
     rng.shuffle(order)
@@ -386,6 +394,8 @@ def run_seed(nodes: list[NodeSpec], pods: list[Pod], policy: str, seed: int) -> 
         for r, i in enumerate(perm):
             rank[i] = r
     cl = PackCluster(nodes, rank, frag)
+    if cl.capacity <= 0:
+        raise PackError("the cluster has no GPUs: the benchmark measures their allocation")
     finder = BestGroups(cl, _Scorer(policy, frag, set(cl.full)))
     order = workload(pods, cl.capacity, seed)
     rng = random.Random(seed * 7_919 + 3)

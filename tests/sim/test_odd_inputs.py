@@ -160,3 +160,22 @@ def test_an_ambiguous_quota_row_is_refused(
     assert check_inputs(tmp_path, f"{JOBS_HEADER}\n", quotas=QUOTAS_HEADER + rows) == 2
     err = capsys.readouterr().err
     assert f"quotas.csv:{1 + rows.count(chr(10))}: column {column!r}" in err and why in err
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("nodes", "pods", "why"),
+    [
+        (NODES, "", "the pod list is empty"),
+        (NODES, "p1,t,batch,0,,0,1,,0,true,,1,1\n", "no pod asks for a GPU"),
+        (NODES_HEADER, "p1,t,batch,0,,1,1,,0,true,,1,1\n", "the cluster has no GPUs"),
+        (NODES_HEADER + "n1,r1,0,,0,1,64,512,0\n", "p1,t,batch,0,,1,1,,0,true,,1,1\n", "the cluster has no GPUs"),
+    ],
+)
+def test_pack_refuses_what_it_cannot_measure(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], nodes: str, pods: str, why: str
+) -> None:
+    args = ["pack", "--quiet", "--seeds", "1", "--processes", "1", "--out", str(tmp_path / "out")]
+    args += ["--nodes", write(tmp_path, "nodes.csv", nodes), "--jobs", write(tmp_path, "jobs.csv", f"{JOBS_HEADER}\n{pods}")]
+    assert main(args) == 2
+    assert why in capsys.readouterr().err
