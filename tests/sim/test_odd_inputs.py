@@ -179,3 +179,24 @@ def test_pack_refuses_what_it_cannot_measure(
     args += ["--nodes", write(tmp_path, "nodes.csv", nodes), "--jobs", write(tmp_path, "jobs.csv", f"{JOBS_HEADER}\n{pods}")]
     assert main(args) == 2
     assert why in capsys.readouterr().err
+
+
+def test_a_gang_no_empty_cluster_could_hold_may_stay_pending(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # 3 replicas of 8 GPUs on a cluster of 8: each replica fits a node, the gang never does. The
+    # policies keep it pending with a 'capacity' reason, as live; the checker may not call that a fault.
+    jobs = f"{JOBS_HEADER}\nbig,t,batch,0,10,24,3,,0,true,,0,0\nj1,t,batch,0,10,1,1,,0,true,,0,0\n"
+    start = {"node": "n1", "gpus": [0], "share": 1.0, "replica": 0}
+    events = "".join(
+        json.dumps(e) + "\n"
+        for e in (
+            {"t": 0, "event": "submit", "job": "big"},
+            {"t": 0, "event": "submit", "job": "j1"},
+            {"t": 0, "event": "start", "job": "j1", "allocations": [start]},
+            {"t": 10, "event": "finish", "job": "j1"},
+        )
+    )
+    assert check_inputs(tmp_path, jobs, events=events) == 0
+    assert "check: 2 jobs, 4 events: OK" in capsys.readouterr().out
+    # one the empty cluster could hold is still a job that never ends
+    assert check_inputs(tmp_path, jobs.replace(",24,3,", ",8,1,"), events=events) == 1
+    assert "job big: never ends (still pending after the last event)" in capsys.readouterr().out
