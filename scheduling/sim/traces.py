@@ -63,6 +63,10 @@ QUOTA_COLUMNS = ["tenant", "model", "guaranteed", "limit", "weight"]
 # How the ``reason`` of a ``start`` begins when the job starts over, its checkpoint out of its new
 # nodes' reach (``export_trace``: services/checkpoints.py): ``check`` then takes all its work lost.
 START_FROM_SCRATCH = "starts from the beginning"
+# The largest time a column may hold, in seconds (~31,700 years; epoch times, ~1.7e9, are well
+# within): beyond it a float's step passes the checker's millisecond, and at 1e300 adding a job's
+# work to its start changes nothing at all.
+MAX_SECONDS = 1e12
 
 
 class TraceError(ValueError):
@@ -122,7 +126,14 @@ class _Field:
     def text(self, column: str, default: str = "") -> str:
         return self.row.get(column, "") or default
 
-    def number(self, column: str, default: float | None = None, minimum: float = 0.0) -> float:
+    def number(
+        self,
+        column: str,
+        default: float | None = None,
+        minimum: float = 0.0,
+        maximum: float = math.inf,
+        unit: str = "",
+    ) -> float:
         raw = self.row.get(column, "")
         if raw == "":
             if default is None:
@@ -136,10 +147,15 @@ class _Field:
             raise self.fail(column, "must be a finite number")
         if value < minimum:
             raise self.fail(column, f"must be >= {minimum:g}")
+        if value > maximum:
+            raise self.fail(column, f"must be at most {maximum:g}{unit}")
         return value
 
-    def optional(self, column: str) -> float | None:
-        return None if self.row.get(column, "") == "" else self.number(column)
+    def seconds(self, column: str, default: float) -> float:
+        return self.number(column, default, maximum=MAX_SECONDS, unit=" s")
+
+    def optional_seconds(self, column: str) -> float | None:
+        return None if self.row.get(column, "") == "" else self.seconds(column, 0.0)
 
     def integer(self, column: str, default: int | None = None, minimum: int = 0) -> int:
         value = self.number(column, None if default is None else float(default), minimum)
@@ -227,16 +243,16 @@ def read_jobs(path: str | Path) -> list[TraceJob]:
             topology=topology,
             priority=f.integer("priority", default=0, minimum=-(10**9)),
             preemptible=f.boolean("preemptible", kind != "inference"),
-            grace_s=f.number("grace_s", 30.0),
-            checkpoint_s=f.optional("checkpoint_s"),
-            time_limit_s=f.optional("time_limit_s"),
+            grace_s=f.seconds("grace_s", 30.0),
+            checkpoint_s=f.optional_seconds("checkpoint_s"),
+            time_limit_s=f.optional_seconds("time_limit_s"),
             cpus=f.number("cpus", 0.0),
             memory_gib=f.number("memory_gib", 0.0),
             node_selector=f.labels("node_selector"),
             prefer_labels=prefer,
             elastic_min_gpus=min_gpus,
             elastic_max_gpus=max_gpus,
-            submitted_at=f.number("submit_s", 0.0),
+            submitted_at=f.seconds("submit_s", 0.0),
             user=f.text("user"),
             name=f.text("name"),
         )
@@ -250,7 +266,7 @@ def read_jobs(path: str | Path) -> list[TraceJob]:
             TraceJob(
                 request,
                 request.submitted_at,
-                f.optional("duration_s"),
+                f.optional_seconds("duration_s"),
                 profile,
                 reclaim,
                 f.boolean("interactive", False),
@@ -283,12 +299,16 @@ def _shape(f: _Field) -> tuple[float, int, int | None, int | None, int | None]:
     min_gpus = _optional_integer(f, "min_gpus", 1)
     max_gpus = _optional_integer(f, "max_gpus", 1)
     if (min_gpus is None) != (max_gpus is None):
-        raise f.fail("max_gpus" if max_gpus is None else "min_gpus", "give min_gpus and max_gpus both or neither")
+        raise f.fail(
+            "max_gpus" if max_gpus is None else "min_gpus", "give min_gpus and max_gpus both or neither"
+        )
     if min_gpus is not None and max_gpus is not None:
         if gpus < 1:
             raise f.fail("min_gpus", "an elastic job needs gpus of at least 1")
         if not min_gpus <= gpus <= max_gpus:
-            raise f.fail("min_gpus", f"min_gpus <= gpus <= max_gpus must hold (gpus {gpus:g}, max_gpus {max_gpus})")
+            raise f.fail(
+                "min_gpus", f"min_gpus <= gpus <= max_gpus must hold (gpus {gpus:g}, max_gpus {max_gpus})"
+            )
         per = int(gpus) // replicas
         if min_gpus % per or max_gpus % per:
             raise f.fail("min_gpus", f"min_gpus and max_gpus must be multiples of the per-replica size {per}")

@@ -131,8 +131,12 @@ def test_a_fraction_is_taken_to_thousandths_as_it_is_allocated(tmp_path: Path) -
     assert shares == [0.123, 0.46]
 
 
-def test_an_elastic_job_within_the_api_rules_is_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    jobs = f"{ELASTIC_HEADER}\nj1,t,batch,0,10,8,2,,0,true,,0,0,4,16,1\nj2,t,batch,0,10,8,2,,0,true,,0,0,4,8,\n"
+def test_an_elastic_job_within_the_api_rules_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    jobs = (
+        f"{ELASTIC_HEADER}\nj1,t,batch,0,10,8,2,,0,true,,0,0,4,16,1\nj2,t,batch,0,10,8,2,,0,true,,0,0,4,8,\n"
+    )
     assert check_inputs(tmp_path, jobs) == 1  # read; the empty events leave both jobs unfinished
     assert "never ends" in capsys.readouterr().out
 
@@ -169,19 +173,30 @@ def test_an_ambiguous_quota_row_is_refused(
         (NODES, "", "the pod list is empty"),
         (NODES, "p1,t,batch,0,,0,1,,0,true,,1,1\n", "no pod asks for a GPU"),
         (NODES_HEADER, "p1,t,batch,0,,1,1,,0,true,,1,1\n", "the cluster has no GPUs"),
-        (NODES_HEADER + "n1,r1,0,,0,1,64,512,0\n", "p1,t,batch,0,,1,1,,0,true,,1,1\n", "the cluster has no GPUs"),
+        (
+            NODES_HEADER + "n1,r1,0,,0,1,64,512,0\n",
+            "p1,t,batch,0,,1,1,,0,true,,1,1\n",
+            "the cluster has no GPUs",
+        ),
     ],
 )
 def test_pack_refuses_what_it_cannot_measure(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], nodes: str, pods: str, why: str
 ) -> None:
     args = ["pack", "--quiet", "--seeds", "1", "--processes", "1", "--out", str(tmp_path / "out")]
-    args += ["--nodes", write(tmp_path, "nodes.csv", nodes), "--jobs", write(tmp_path, "jobs.csv", f"{JOBS_HEADER}\n{pods}")]
+    args += [
+        "--nodes",
+        write(tmp_path, "nodes.csv", nodes),
+        "--jobs",
+        write(tmp_path, "jobs.csv", f"{JOBS_HEADER}\n{pods}"),
+    ]
     assert main(args) == 2
     assert why in capsys.readouterr().err
 
 
-def test_a_gang_no_empty_cluster_could_hold_may_stay_pending(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_gang_no_empty_cluster_could_hold_may_stay_pending(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # 3 replicas of 8 GPUs on a cluster of 8: each replica fits a node, the gang never does. The
     # policies keep it pending with a 'capacity' reason, as live; the checker may not call that a fault.
     jobs = f"{JOBS_HEADER}\nbig,t,batch,0,10,24,3,,0,true,,0,0\nj1,t,batch,0,10,1,1,,0,true,,0,0\n"
@@ -200,3 +215,33 @@ def test_a_gang_no_empty_cluster_could_hold_may_stay_pending(tmp_path: Path, cap
     # one the empty cluster could hold is still a job that never ends
     assert check_inputs(tmp_path, jobs.replace(",24,3,", ",8,1,"), events=events) == 1
     assert "job big: never ends (still pending after the last event)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("column", "row"),
+    [
+        ("submit_s", "j1,t,batch,1e300,10,1,1,,0,true,,0,0,,"),
+        ("duration_s", "j1,t,batch,0,1e13,1,1,,0,true,,0,0,,"),
+        ("time_limit_s", "j1,t,batch,0,10,1,1,,0,true,1e20,0,0,,"),
+        ("checkpoint_s", "j1,t,batch,0,10,1,1,,0,true,,0,0,1e20,"),
+        ("grace_s", "j1,t,batch,0,10,1,1,,0,true,,0,0,,1e20"),
+    ],
+)
+def test_a_time_beyond_what_seconds_resolve_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], column: str, row: str
+) -> None:
+    # at 1e300 s, 10 s more is the same float: the job 'finished' before its work was done
+    assert check_inputs(tmp_path, f"{JOBS_HEADER},checkpoint_s,grace_s\n{row}\n") == 2
+    err = capsys.readouterr().err
+    assert f"jobs.csv:2: column {column!r}" in err and "must be at most 1e+12 s" in err
+
+
+def test_epoch_seconds_are_times_like_any_other(tmp_path: Path) -> None:
+    jobs = (
+        f"{JOBS_HEADER}\nj1,t,batch,1.7e9,10,1,1,,0,true,,0,0\nj2,t,batch,1700000001,0.5,1,1,,0,true,,0,0\n"
+    )
+    out = tmp_path / "out"
+    args = ["replay", "--quiet", "--nodes", write(tmp_path, "nodes.csv", NODES), "--out", str(out)]
+    assert main([*args, "--jobs", write(tmp_path, "jobs.csv", jobs)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["finished"] == 2 and summary["check"]["ok"]
