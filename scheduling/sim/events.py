@@ -8,6 +8,7 @@ naming the file, the line and, for bad JSON, the column.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ def _bad(path: Path, lineno: int, why: str) -> EventsError:
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and value == value
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _check_allocations(path: Path, lineno: int, allocs: Any) -> None:

@@ -245,3 +245,12 @@ def test_epoch_seconds_are_times_like_any_other(tmp_path: Path) -> None:
     assert main([*args, "--jobs", write(tmp_path, "jobs.csv", jobs)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["finished"] == 2 and summary["check"]["ok"]
+
+
+@pytest.mark.parametrize("t", ["Infinity", "-Infinity", "NaN", "1e400"])
+def test_an_event_time_that_is_not_finite_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], t: str
+) -> None:
+    events = f'{{"t":{t},"event":"submit","job":"j1"}}\n'
+    assert check_inputs(tmp_path, f"{JOBS_HEADER}\nj1,t,batch,0,10,1,1,,0,true,,0,0\n", events=events) == 2
+    assert "events.jsonl:1: 't' must be a number" in capsys.readouterr().err
