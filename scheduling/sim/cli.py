@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import re
 import sys
 from collections import Counter
@@ -35,6 +36,8 @@ def _positive(kind: type) -> Callable[[str], Any]:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+        if not math.isfinite(value):  # inf would draw jobs for ever
+            raise argparse.ArgumentTypeError(f"{text!r} must be a finite number")
         if not value > 0:
             raise argparse.ArgumentTypeError(f"{text!r} must be positive")
         return value

@@ -309,7 +309,13 @@ def generate_workload(
         job.tenant = "prod" if job.kind == "inference" and rng.random() < 0.5 else str(tenant)
     if scenario.recurring:
         _recur(knobs, jobs, scenario.recurring)
-    scale = load / realised_load(jobs, cluster.gpus)
+    realised = realised_load(jobs, cluster.gpus)
+    if not math.isfinite(realised):  # no span to measure a load over, nor to scale durations to
+        raise ValueError(
+            "every job would arrive at one instant (no span between the first and last submit); "
+            "lower --burst or raise --days"
+        )
+    scale = load / realised
     for job in jobs:
         job.duration = min(7 * DAY, max(1.0, round(job.duration * scale, 1)))
         job.limit = _time_limit(rng, job, scenario.limit_over)

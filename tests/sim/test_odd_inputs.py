@@ -254,3 +254,30 @@ def test_an_event_time_that_is_not_finite_is_refused(
     events = f'{{"t":{t},"event":"submit","job":"j1"}}\n'
     assert check_inputs(tmp_path, f"{JOBS_HEADER}\nj1,t,batch,0,10,1,1,,0,true,,0,0\n", events=events) == 2
     assert "events.jsonl:1: 't' must be a number" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("flag", "value"), [("--days", "inf"), ("--load", "inf"), ("--load", "1e400")])
+def test_generate_refuses_an_endless_span_or_load(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str
+) -> None:
+    args = {"--days": "0.01", "--load": "1", flag: value}
+    with pytest.raises(SystemExit) as exc:
+        main(["generate", "--out", str(tmp_path), "--seed", "1", *(x for kv in args.items() for x in kv)])
+    assert exc.value.code == 2
+    assert f"{value!r} must be a finite number" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra", [["--burst", "1"], ["--days", "1e-7", "--load", "10000"]])
+def test_generate_refuses_a_workload_that_arrives_in_one_instant(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str]
+) -> None:
+    # no span between the first and last submit: no load to scale the durations to (it was inf,
+    # every job shrank to 1 s and stdout said "load": Infinity, which is not JSON)
+    args = {"--days": "0.01", "--load": "1"}
+    args.update(zip(extra[::2], extra[1::2], strict=True))
+    assert (
+        main(["generate", "--out", str(tmp_path), "--seed", "1", *(x for kv in args.items() for x in kv)])
+        == 2
+    )
+    assert "arrive at one instant" in capsys.readouterr().err
