@@ -35,7 +35,7 @@ from typing import Any
 
 from .config import EngineConfig
 from .fragmentation import UNTRACKED, FragmentationModel, Shape, shape_of
-from .geometry import Geometry, constraints, geometry, static_check
+from .geometry import Geometry, constraints, geometry, replica_holders, static_check
 from .placement import Constraints, class_allows, frag_delta, sigmoid_score
 from .quota import Quotas
 from .reasons import diagnose
@@ -132,8 +132,9 @@ class BaselineScheduler:
                     d.rejections[job.id] = static[1]
                     del self.pending[job.id]
                 else:
+                    # Larger than the cluster: it waits for nodes to join, but it does not hold
+                    # the queue behind it (nothing this cluster frees will ever start it).
                     d.pending[job.id] = PendingReason("capacity", static[1])
-                    head = None if greedy else head or job.id
                 continue
             if head is not None:
                 d.pending[job.id] = PendingReason(
@@ -204,6 +205,11 @@ class BaselineScheduler:
         if static is not None and static_check(self.state, self.quotas, job, least, self._static) is None:
             # too big at its asked size for the cluster or quota: run at its elastic minimum
             geo, static = replace(least, replicas=least.need), None
+        if static is None and self.name == "fcfs-node" and geo.req.count:
+            holders = replica_holders(self.state, job, geo)
+            if holders < geo.replicas:  # a whole node each: fewer nodes than replicas, ever
+                why = f"capacity: {geo.replicas} replicas need a whole node each; {holders} could hold one"
+                static = ("capacity", why)
         self._shapes[job.id] = (job, geo, static)
         return geo, static
 

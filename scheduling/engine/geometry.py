@@ -140,6 +140,11 @@ def static_check(
     return result
 
 
+def replica_holders(state: ClusterState, job: JobRequest, geo: Geometry) -> int:
+    """How many nodes could ever hold one replica of ``job`` (all of a ``node``/``nvlink`` job)."""
+    return _holders(state, job, geo)[0]
+
+
 def _holders(state: ClusterState, job: JobRequest, geo: Geometry) -> tuple[int, int, tuple[str, ...]]:
     """Nodes that could ever hold one replica (all of a ``node``/``nvlink`` job), the milli-GPU
     they have, and their models."""

@@ -281,3 +281,32 @@ def test_generate_refuses_a_workload_that_arrives_in_one_instant(
         == 2
     )
     assert "arrive at one instant" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("policy", "big", "clean"),
+    [
+        ("fcfs-device", "big,t,batch,0,10,24,3,,0,true,,0,0", True),  # 24 GPUs on a cluster of 8
+        # A whole node per replica (fcfs-node's own rule), one node: another policy could run it,
+        # so the checker still says it never ends; the job behind it runs all the same.
+        ("fcfs-node", "big,t,batch,0,10,2,2,,0,true,,0,0", False),
+    ],
+)
+def test_a_first_come_first_served_queue_does_not_wait_behind_a_job_the_cluster_never_holds(
+    tmp_path: Path, policy: str, big: str, clean: bool
+) -> None:
+    # The big job stays pending ('capacity': nodes may join, as live), but nothing this cluster
+    # frees will ever start it: the job behind it must not wait for ever.
+    nodes = write(tmp_path, "nodes.csv", NODES)
+    jobs = write(tmp_path, "jobs.csv", f"{JOBS_HEADER}\n{big}\nj1,t,batch,1,10,1,1,,0,true,,0,0\n")
+    out = tmp_path / "out"
+    assert (
+        main(["replay", "--nodes", nodes, "--jobs", jobs, "--policy", policy, "--out", str(out), "--quiet"])
+        == 0
+    )
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    assert [(e["event"], e["job"]) for e in events if e["event"] in ("start", "finish")] == [
+        ("start", "j1"),
+        ("finish", "j1"),
+    ]
+    assert main(["check", nodes, jobs, str(out / "events.jsonl")]) == (0 if clean else 1)
