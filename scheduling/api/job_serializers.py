@@ -95,7 +95,12 @@ class JobSubmitSerializer(RejectsUnknownFields, FieldTemplates, serializers.Seri
     )
     name = StrictCharField(min_length=1, max_length=128, printable=True)
     kind = StrictCharField(choices=tuple(JobKind.values))
-    command = StringListField(min_items=1, max_items=4096, max_bytes=256 * 1024)
+    command = StringListField(
+        min_items=1,
+        max_items=4096,
+        max_bytes=256 * 1024,
+        help_text="The program, then its arguments, run as is (no shell); the program may not be blank.",
+    )
     gpus = GpuCountField(required=False)
     replicas = StrictIntegerField(required=False, min_value=1, max_value=MAX_REPLICAS)
     min_available = StrictIntegerField(required=False, min_value=1, max_value=MAX_REPLICAS)

@@ -8,8 +8,9 @@ world. Generation is derandomized, so a run is the same every time (CI is not fl
 here reproduces on any machine.
 
 The schema cannot say everything the API checks: OpenAPI 3.0 cannot state a rule across fields
-(``replicas`` must divide ``gpus``), across a list's items (distinct device indices) or on an
-object's keys (``propertyNames`` is 3.1's). The ``filter_case`` hooks below leave out the valid
+(``replicas`` must divide ``gpus``), across a list's items (distinct device indices), on one item
+of a list (a command's first, the program, is not blank) or on an object's keys (``propertyNames``
+is 3.1's). The ``filter_case`` hooks below leave out the valid
 (positive) bodies that break such a rule, each rule named, and nothing else: an answer that differs
 from the schema in any other way fails this test.
 """
@@ -101,6 +102,8 @@ def valid_jobs_keep_the_rules_across_fields(context: Any, case: Any) -> bool:
     maps = {"env": (1024, 64 * 1024), "node_selector": (253, 16 * 1024), "prefer_labels": (253, 16 * 1024)}
     if any(bad_keys(body.get(name, {}), *bounds) for name, bounds in maps.items()):
         return False
+    if not body["command"][0].strip():
+        return False  # the program, the first item, is not blank (a rule on one item's place)
     lists = {"command": 256 * 1024, "accelerators": 64 * 64}  # at most so many bytes in all
     if any(
         len("".join(body.get(name, [])).encode("utf-8", "surrogatepass")) > most
