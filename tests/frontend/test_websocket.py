@@ -337,6 +337,17 @@ def test_garbage_from_a_client_is_ignored_and_the_socket_keeps_answering(world: 
     assert async_to_sync(scenario)() == {"type": "pong"}
 
 
+async def closed_while_the_other_answers(
+    comm: WebsocketCommunicator, other: WebsocketCommunicator, timeout: float = 5
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What ``comm`` is sent next (its close, if closed) and ``other``'s answer to a ping."""
+    closed = await comm.receive_output(timeout=timeout)
+    await other.send_json_to({"type": "ping"})
+    answer = await other.receive_json_from(timeout=5)
+    await other.disconnect()
+    return closed, answer
+
+
 def test_signing_out_closes_that_sessions_sockets_and_no_other(world: Any) -> None:
     """A socket authenticated its session once, at the handshake: signing out must end it (close
     code 4401, as a refused handshake), or a tab left open keeps receiving the team's jobs."""
@@ -356,11 +367,7 @@ def test_signing_out_closes_that_sessions_sockets_and_no_other(world: Any) -> No
             return client.post("/logout/").status_code
 
         assert await sync_to_async(sign_out)() == 302
-        closed = await comm.receive_output(timeout=5)
-        await other.send_json_to({"type": "ping"})
-        answer = await other.receive_json_from(timeout=5)
-        await other.disconnect()
-        return closed, answer
+        return await closed_while_the_other_answers(comm, other)
 
     closed, answer = async_to_sync(scenario)()
     assert closed == {"type": "websocket.close", "code": 4401}
@@ -387,11 +394,7 @@ def test_a_socket_ends_when_its_session_expires_without_a_sign_out(world: Any) -
         assert (await comm.connect(timeout=5))[0]
         assert (await comm.receive_json_from(timeout=5))["type"] == "ready"
         lasting = await open_socket(world.alice)
-        closed = await comm.receive_output(timeout=10)
-        await lasting.send_json_to({"type": "ping"})
-        answer = await lasting.receive_json_from(timeout=5)
-        await lasting.disconnect()
-        return closed, answer
+        return await closed_while_the_other_answers(comm, lasting, timeout=10)
 
     closed, answer = async_to_sync(scenario)()
     assert closed == {"type": "websocket.close", "code": 4401}
