@@ -5,10 +5,15 @@ Without this, a request that could not reach PostgreSQL (a connection refused, d
 free in the pool in time) got Django's HTML "Server Error (500)" page — the API's clients (the
 CLI, pipelines, agents) a 500 they treat as a failure of the request rather than a moment to
 retry. Now: 503 with ``Retry-After``, as JSON (``{"detail": ...}``, the API's error shape) under
-``/api/``, a short page elsewhere. Any other error keeps Django's own 500."""
+``/api/``, a short page elsewhere. Any other error keeps Django's own 500.
+
+Django logs each such request as an error with its traceback: with every agent heartbeating
+that was a page of traceback per request for as long as the database was away.
+:class:`DatabaseUnreachableFilter` (on ``django.request``, settings.LOGGING) makes it one line."""
 
 from __future__ import annotations
 
+import logging
 import sys
 
 from django.db import InterfaceError, OperationalError
@@ -40,3 +45,17 @@ def server_error(request: HttpRequest) -> HttpResponse:
         response = HttpResponse(page, status=503)
     response["Retry-After"] = str(RETRY_AFTER_S)
     return response
+
+
+class DatabaseUnreachableFilter(logging.Filter):
+    """A request that could not reach the database, as ``django.request`` logs it: one line
+    that says so, without the traceback (the outage is the news, not where it surfaced)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if database_unreachable(exc):
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            record.msg = f"{record.getMessage()} (the database is unreachable: {first})"
+            record.args = ()
+            record.exc_info = record.exc_text = None
+        return True

@@ -279,9 +279,12 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"database_unreachable": {"()": "controlplane.errors.DatabaseUnreachableFilter"}},
     "root": {"handlers": ["console"], "level": "WARNING"},
     "loggers": {
-        "tessera": {"level": os.environ.get("TESSERA_LOG_LEVEL") or ("INFO" if DEBUG else "WARNING")}
+        "tessera": {"level": os.environ.get("TESSERA_LOG_LEVEL") or ("INFO" if DEBUG else "WARNING")},
+        # A request that could not reach the database: one line each, not a traceback.
+        "django.request": {"filters": ["database_unreachable"]},
     },
 }
 

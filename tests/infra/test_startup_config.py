@@ -4,6 +4,7 @@ README's promise ("a bad value stops the process with a message naming the varia
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
@@ -73,3 +74,26 @@ def test_an_operator_command_without_its_database_says_so_without_a_traceback(co
     assert done.returncode == 1, done.stdout + done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     assert f"the database at 127.0.0.1:{port}/tessera cannot be reached" in done.stderr, done.stderr
+
+
+def test_a_request_that_cannot_reach_the_database_is_one_503_and_one_log_line(world, monkeypatch, caplog):
+    """While PostgreSQL is away every request fails alike: each answers 503 (handler500) and
+    is logged by django.request in one line that says why, not a page of traceback each."""
+    from django.db import OperationalError
+    from rest_framework.test import APIClient
+
+    from scheduling.api.jobs import JobViewSet
+
+    def away(*args, **kwargs):
+        raise OperationalError('connection failed: connection to server at "127.0.0.1", port 5432 refused')
+
+    monkeypatch.setattr(JobViewSet, "list", away)
+    client = APIClient(raise_request_exception=False)
+    client.credentials(HTTP_AUTHORIZATION=f"Token {world.tokens['alice']}")
+    with caplog.at_level(logging.ERROR, logger="django.request"):
+        answer = client.get("/api/v1/jobs/")
+    assert answer.status_code == 503 and "detail" in answer.json()
+    logged = [r for r in caplog.records if r.name == "django.request"]
+    assert len(logged) == 1 and logged[0].exc_info is None, logged
+    assert "/api/v1/jobs/" in logged[0].getMessage()
+    assert "the database is unreachable: connection failed" in logged[0].getMessage()
