@@ -9,10 +9,11 @@ def database_unreachable(exc: BaseException) -> str:
     """An operator's one line for a command that could not reach its database."""
     from django.conf import settings
 
+    from controlplane.errors import first_line
+
     db = settings.DATABASES["default"]
     where = f"{db.get('HOST') or 'localhost'}:{db.get('PORT') or 5432}/{db['NAME']}"
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    return f"{' '.join(sys.argv[:2])}: the database at {where} cannot be reached: {first}"
+    return f"{' '.join(sys.argv[:2])}: the database at {where} cannot be reached: {first_line(exc)}"
 
 
 def main() -> None:

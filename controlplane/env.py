@@ -63,10 +63,17 @@ def env_float(name: str, default: float, minimum: float | None = None) -> float:
         value = float(raw)
     except ValueError:
         raise ImproperlyConfiguredEnv(f"{name}={raw!r}: expected a number") from None
-    if not math.isfinite(value) or (minimum is not None and value < minimum):
-        at_least = f" >= {minimum}" if minimum is not None else ""
-        raise ImproperlyConfiguredEnv(f"{name}={raw!r}: must be a finite number{at_least}")
+    if not _finite_from(value, minimum):
+        raise ImproperlyConfiguredEnv(f"{name}={raw!r}: must be a finite number{_at_least(minimum)}")
     return value
+
+
+def _finite_from(value: float, minimum: float | None) -> bool:
+    return math.isfinite(value) and (minimum is None or value >= minimum)
+
+
+def _at_least(minimum: float | None) -> str:
+    return f" >= {minimum}" if minimum is not None else ""
 
 
 def env_floats(name: str, default: list[float], minimum: float | None = None) -> list[float]:
@@ -82,10 +89,9 @@ def env_floats(name: str, default: list[float], minimum: float | None = None) ->
             value = float(item)
         except ValueError:
             value = math.nan
-        if not math.isfinite(value) or (minimum is not None and value < minimum):
-            at_least = f" >= {minimum}" if minimum is not None else ""
+        if not _finite_from(value, minimum):
             raise ImproperlyConfiguredEnv(
-                f"{name}={raw!r}: expected comma-separated finite numbers{at_least}, not {item!r}"
+                f"{name}={raw!r}: expected comma-separated finite numbers{_at_least(minimum)}, not {item!r}"
             )
         values.append(value)
     return values

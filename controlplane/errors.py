@@ -33,6 +33,11 @@ def database_unreachable(exc: BaseException | None) -> bool:
     return False
 
 
+def first_line(exc: BaseException) -> str:
+    """What an operator needs of ``exc`` in one line: its message's first line, else its type."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
 def server_error(request: HttpRequest) -> HttpResponse:
     """``handler500``: Django calls it while handling the exception, so ``sys.exc_info`` holds it."""
     if not database_unreachable(sys.exc_info()[1]):
@@ -53,9 +58,8 @@ class DatabaseUnreachableFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        if database_unreachable(exc):
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            record.msg = f"{record.getMessage()} (the database is unreachable: {first})"
+        if exc is not None and database_unreachable(exc):
+            record.msg = f"{record.getMessage()} (the database is unreachable: {first_line(exc)})"
             record.args = ()
             record.exc_info = record.exc_text = None
         return True
