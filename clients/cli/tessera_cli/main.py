@@ -308,20 +308,27 @@ def why(ctx: Context, job_id, fmt):
 @click.argument("job_id")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing output as it comes, until the job ends.")
 @click.option("--replica", type=click.IntRange(0), default=0, show_default=True)
+@click.option(
+    "--raw",
+    is_flag=True,
+    help="Print the output's control characters as the job wrote them (colours, and whatever "
+    "else it sends your terminal), not written out as \\xNN.",
+)
 @output_option
 @pass_ctx
-def logs(ctx: Context, job_id, follow, replica, fmt):
+def logs(ctx: Context, job_id, follow, replica, raw, fmt):
     """A job's output (one replica's): as it is (table), or with where it ended (json, yaml)."""
     (jid,) = job_ids((job_id,))
+    shown = (lambda text: text) if raw else output.visible
     if follow:
-        follow_logs(ctx.client, jid, replica)
+        follow_logs(ctx.client, jid, replica, write=_write if raw else None)
         return
     offset, pieces, page = 0, [], {}
     while True:
         page = ctx.client.get(f"jobs/{jid}/logs/", params={"offset": offset, "replica": replica})
         pieces.append(page.get("data", ""))
         if fmt == "table":
-            sys.stdout.write(pieces.pop())
+            sys.stdout.write(shown(pieces.pop()))
         if page.get("next_offset", offset) == offset:
             break
         offset = page["next_offset"]
@@ -335,6 +342,12 @@ def logs(ctx: Context, job_id, follow, replica, fmt):
         "truncated": page.get("truncated"),
     }
     output.emit(answer, fmt)
+
+
+def _write(text: str) -> None:
+    """A job's output as it is (``logs -f --raw``)."""
+    sys.stdout.write(text)
+    sys.stdout.flush()
 
 
 EVENT_COLUMNS: list[output.Column] = [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -12,6 +13,17 @@ import yaml
 FORMATS = ("table", "json", "yaml")
 
 Column = tuple[str, Callable[[dict[str, Any]], Any]]
+
+# What a job's output may not send to the terminal of whoever reads it (its owner, an operator):
+# every control character but a newline, a tab and a carriage return. ESC starts the sequences
+# that set the window's title, write the clipboard (OSC 52), move the cursor, clear the screen or
+# answer back into the terminal's input; C1's CSI (U+009B) does the same on some terminals.
+CONTROLS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def visible(text: str) -> str:
+    """``text`` with each control character a terminal would act on written out (``\\x1b``)."""
+    return CONTROLS.sub(lambda found: f"\\x{ord(found.group()):02x}", text)
 
 
 def emit(

@@ -17,6 +17,7 @@ from tessera_cli import outcome
 from tessera_cli.client import Client, StreamBroken, read_events
 from tessera_cli.errors import CliError
 from tessera_cli.outcome import TERMINAL
+from tessera_cli.output import visible
 
 LONG_POLL_S = 50  # below the server's bound (55 s) and common proxies' 60 s idle limit
 MIN_ROUND_S = 1.0  # an answer quicker than this with nothing changed: pause before the next
@@ -104,5 +105,6 @@ def _read_timeout(deadline: float | None) -> float:
 
 
 def _stdout(text: str) -> None:
-    sys.stdout.write(text)
+    """A job's output, to the terminal: its control characters written out (output.visible)."""
+    sys.stdout.write(visible(text))
     sys.stdout.flush()
