@@ -156,6 +156,16 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: 100 GiB or half the state directory's free space, whichever is less)",
     )
     p.add_argument(
+        "--job-max-files",
+        type=int,
+        metavar="N",
+        help="files (inodes: directories and links too) a job attempt may make: each of its "
+        "private /tmp, /var/tmp and /dev/shm holds at most this many, and a job whose own "
+        "directories and private /tmp, /var/tmp and /dev/shm hold more together is stopped, "
+        "failing with reason disk-limit (default: a million, or half the state directory's free "
+        "inodes, whichever is less)",
+    )
+    p.add_argument(
         "--require-isolation",
         action="store_true",
         help="refuse to start unless jobs get their own uids, private mounts, the loopback rules and "
@@ -426,6 +436,8 @@ def run(args: argparse.Namespace) -> int:
         raise Fatal("--job-max-tasks must be at least 16")
     if args.job_disk_mb is not None and args.job_disk_mb < 1:
         raise Fatal("--job-disk-mb must be at least 1")
+    if args.job_max_files is not None and args.job_max_files < 100:
+        raise Fatal("--job-max-files must be at least 100")
     if args.job_log_buffer_mb < 1:
         raise Fatal("--job-log-buffer-mb must be at least 1")
     token = join_token(args)
@@ -465,7 +477,8 @@ def run(args: argparse.Namespace) -> int:
     kept: list[str | Path] = [state_dir, *path.split(":"), *([checkpoint_root] if checkpoint_root else [])]
     disk_mb = args.job_disk_mb or sandbox.default_disk_mb(state_dir)
     size = sandbox.NodeSize(int(inventory.memory_gib * 1024), len(inventory.devices), inventory.cpus)
-    box = sandbox.detect(devices, users.isolated, kept, max_tasks, hide, disk_mb, size)
+    max_files = args.job_max_files or sandbox.default_max_files(state_dir)
+    box = sandbox.detect(devices, users.isolated, kept, max_tasks, hide, disk_mb, size, max_files)
     walls = firewall.detect(users.ids, args.allow_local_port) if isinstance(users, identity.UidPool) else None
     if isinstance(users, identity.UidPool):
         users.watcher = walls

@@ -15,6 +15,7 @@ import ctypes
 import dataclasses
 import errno
 import hmac
+import itertools
 import json
 import logging
 import os
@@ -28,7 +29,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from agent import leftovers, sandbox, state
 from agent.cgroups import AnyCgroups
@@ -48,6 +49,7 @@ MAX_BUFFER_BYTES = 32 * 1024 * 1024
 LOG_RETRY_S = 1.0  # after a failed send of output, the next try (the process's exit: sooner)
 TICK_S = 0.25
 DISK_CHECK_S = 5.0  # between sums of a job's directories (a fifth of it past half the bound)
+SUM_SHARE = 5  # a sum that took T seconds puts the next off by at least SUM_SHARE × T
 # A process that ends this soon after its start is reported once: its exit report carries its
 # start (one request instead of two; the start time is the spawn's either way).
 QUICK_EXIT_S = 0.05
@@ -285,9 +287,26 @@ def _remove_workdir(path: Path) -> None:
         state.remove_tree(path)
 
 
+class DiskUsage(NamedTuple):
+    """What a job's files take: bytes on disk (allocated blocks), and files (inodes: each file,
+    directory and link, empty or not)."""
+
+    bytes: int
+    files: int
+
+
 def disk_used(top: Path) -> int:
+    """Bytes the files under ``top`` take on disk (:func:`disk_usage`)."""
+    return disk_usage(top).bytes
+
+
+def disk_usage(top: Path, most_files: int | None = None) -> DiskUsage:
     """Bytes the files under ``top`` take on disk (allocated blocks: a sparse file counts what
-    it holds, not its length), links not followed; 0 if it is not there.
+    it holds, not its length), and how many there are (each entry, directories and links too:
+    an empty file holds no block but one of the file system's inodes), links not followed;
+    nothing if it is not there. ``most_files``: the walk stops once it has seen more than that
+    (the job is over its bound then), so neither its time nor the agent's memory grows with
+    what a job makes past it (a directory of millions of entries is listed only that far).
 
     Walked through directory descriptors, each subdirectory opened by its name in its parent
     without following a link: no path is ever built, so no depth hides anything (a path past the
@@ -299,13 +318,13 @@ def disk_used(top: Path) -> int:
     try:
         fd = os.open(top, _DIRECTORY_FLAGS)
     except OSError:
-        return 0
-    total = 0
+        return DiskUsage(0, 0)
+    total = files = 0
     try:
-        levels = [(fd, _entries(fd))]  # each directory being read, with what is left of it
+        levels = [(fd, _entries(fd, most_files))]  # each directory being read, with what is left of it
     except OSError:
         os.close(fd)
-        return state.tree_size(top)
+        return DiskUsage(state.tree_size(top), state.tree_files(top))
     too_deep = False
     try:
         while levels and not too_deep:
@@ -315,6 +334,9 @@ def disk_used(top: Path) -> int:
                 levels.pop()
                 continue
             entry = left.pop()
+            files += 1
+            if most_files is not None and files > most_files:
+                break
             try:
                 if entry.is_dir(follow_symlinks=False):
                     if len(levels) >= MAX_HELD_LEVELS:
@@ -322,7 +344,7 @@ def disk_used(top: Path) -> int:
                         break
                     child = os.open(entry.name, _DIRECTORY_FLAGS, dir_fd=parent)
                     try:
-                        listing = _entries(child)
+                        listing = _entries(child, None if most_files is None else most_files - files)
                     except OSError:
                         os.close(child)
                         raise
@@ -334,19 +356,20 @@ def disk_used(top: Path) -> int:
     finally:
         for fd, _ in levels:
             os.close(fd)
-    return state.tree_size(top) if too_deep else total
+    return DiskUsage(state.tree_size(top), state.tree_files(top)) if too_deep else DiskUsage(total, files)
 
 
 _DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-MAX_HELD_LEVELS = 64  # directories open at once in disk_used's walk; deeper: du
+MAX_HELD_LEVELS = 64  # directories open at once in disk_usage's walk; deeper: du
 
 
-def _entries(fd: int) -> list[os.DirEntry[str]]:
-    """What the directory ``fd`` holds (its listing closed at once: a descriptor per level only);
-    nothing when it cannot be read, but OSError when the agent is out of descriptors."""
+def _entries(fd: int, most: int | None = None) -> list[os.DirEntry[str]]:
+    """What the directory ``fd`` holds (its listing closed at once: a descriptor per level only),
+    at most ``most`` + 1 entries; nothing when it cannot be read, but OSError when the agent is
+    out of descriptors."""
     try:
         with os.scandir(fd) as entries:
-            return list(entries)
+            return list(entries) if most is None else list(itertools.islice(entries, max(0, most) + 1))
     except OSError as exc:
         if exc.errno in (errno.EMFILE, errno.ENFILE):
             raise
@@ -758,29 +781,44 @@ class JobProcess:
 
     def _bound_disk(self, now: float) -> None:
         """Every ``DISK_CHECK_S`` (more often past half the bound): the job's own directories and
-        its private tmpfs mounts summed; over ``--job-disk-mb``, it is stopped at once (reason
-        ``disk-limit``, no retry)."""
-        bound = self.sandbox.disk_mb
-        if not bound or self.stop_reason is not None or now < self._disk_check_at:
+        its private tmpfs mounts summed, in bytes and in files; over ``--job-disk-mb`` or
+        ``--job-max-files``, it is stopped at once (reason ``disk-limit``, no retry). A sum that
+        took long (many files) puts the next one off in proportion: at most a fifth of the time
+        goes to summing, whatever a job makes."""
+        bound, most = self.sandbox.disk_mb, self.sandbox.max_files
+        if not (bound or most) or self.stop_reason is not None or now < self._disk_check_at:
             return
-        used = sum(disk_used(d) for d in (self.workdir, self.checkpoint_dir)) + self._private_used()
-        limit = bound << 20
-        self._disk_check_at = now + (DISK_CHECK_S if used < limit // 2 else DISK_CHECK_S / 5)
-        if used > limit:
+        began = time.monotonic()
+        used, files = self._private_used()
+        for directory in (self.workdir, self.checkpoint_dir):
+            held = disk_usage(directory, None if most is None else max(0, most - files))
+            used, files = used + held.bytes, files + held.files
+        limit = (bound << 20) if bound else None
+        past_half = (limit is not None and used >= limit // 2) or (most is not None and files >= most // 2)
+        spent = time.monotonic() - began
+        self._disk_check_at = now + max(DISK_CHECK_S / 5 if past_half else DISK_CHECK_S, spent * SUM_SHARE)
+        if limit is not None and used > limit:
             self._note(
                 f"disk limit of {bound} MB passed ({used >> 20} MB in its directories and private /tmp, "
                 "/var/tmp and /dev/shm)"
             )
             self.stop("disk-limit", 0.0)
+        elif most is not None and files > most:
+            self._note(
+                f"file limit of {most} files passed (more in its directories and private /tmp, "
+                "/var/tmp and /dev/shm)"
+            )
+            self.stop("disk-limit", 0.0)
 
-    def _private_used(self) -> int:
-        """Bytes its private ``/tmp``, ``/var/tmp`` and ``/dev/shm`` hold (tmpfs: the node's
-        memory), seen through its process's root in ``/proc``, i.e. in its mount namespace; 0
-        without one (they are the node's own then) or once the process has exited. A path still
-        on the node's own file system (the spawn chain has not mounted it yet) is not counted."""
+    def _private_used(self) -> DiskUsage:
+        """Bytes and files its private ``/tmp``, ``/var/tmp`` and ``/dev/shm`` hold (tmpfs: the
+        node's memory), seen through its process's root in ``/proc``, i.e. in its mount
+        namespace; nothing without one (they are the node's own then) or once the process has
+        exited. A path still on the node's own file system (the spawn chain has not mounted it
+        yet) is not counted."""
         if not self.sandbox.namespaces or self.proc is None or self.proc.poll() is not None:
-            return 0
-        total = 0
+            return DiskUsage(0, 0)
+        total = files = 0
         for mount in self.sandbox.private:
             seen = f"/proc/{self.proc.pid}/root{mount}"
             with contextlib.suppress(OSError):
@@ -788,7 +826,8 @@ class JobProcess:
                     continue
                 st = os.statvfs(seen)
                 total += (st.f_blocks - st.f_bfree) * st.f_frsize
-        return total
+                files += max(0, st.f_files - st.f_ffree - 1)  # not its root directory
+        return DiskUsage(total, files)
 
     # --- output --------------------------------------------------------------------------------
 

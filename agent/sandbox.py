@@ -17,7 +17,8 @@ limits (a failed move ends the spawn: the job never runs unlimited by accident);
    and POSIX message queues of its own (gone with its last process, so a later job of the same
    uid finds nothing);
 2. ``/bin/sh -c`` mounting, in that namespace only: a private tmpfs on ``/tmp``, ``/var/tmp``
-   and ``/dev/shm`` (0700, owned by the job's uid, each at most :meth:`Sandbox.tmpfs_mb`) and
+   and ``/dev/shm`` (0700, owned by the job's uid, each at most :meth:`Sandbox.tmpfs_mb` and
+   ``--job-max-files`` files) and
    on ``/run/lock`` (the same, 1 MB: ``/var/lock``), a fresh
    ``/proc`` with ``hidepid=invisible`` (the job sees only its own processes), an empty
    directory over each local service's socket directory (:data:`HIDDEN`), and over each GPU
@@ -75,6 +76,7 @@ PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm")
 # for another job to read or a later holder of the uid to own. Lock files are empty: 1 MB each.
 PRIVATE_LOCKS = ("/run/lock",)
 LOCKS_MB = 1
+LOCKS_FILES = 1024  # files (inodes) in a job's private /run/lock: its size bounds no empty file
 # The chain's whole environment, until setpriv. No locale: each util-linux program of it (setpriv,
 # unshare, every mount of step 2) loads the one named only to word its errors, 0.25 ms of CPU
 # each (docs/benchmarks/e2e.md, Session 19); the job's own ``LANG`` comes with its environment
@@ -200,6 +202,7 @@ class Sandbox:
         disk_mb: int | None = None,
         scoped: bool = False,
         node: NodeSize | None = None,
+        max_files: int | None = None,
     ):
         self.namespaces = namespaces
         self.scoped = scoped
@@ -210,6 +213,11 @@ class Sandbox:
         # writes, and its own directories and private tmpfs together (summed by its supervisor,
         # agent/process.py).
         self.disk_mb = disk_mb
+        # Files (inodes) a job attempt may make (``--job-max-files``): in each private tmpfs
+        # (``nr_inodes``: an empty file holds no byte of its size, but kernel memory), and in its
+        # own directories and private tmpfs together (summed with the bytes). The node's file
+        # system has so many inodes, and empty files fill none of ``--job-disk-mb``.
+        self.max_files = max_files
         # The node's services reached through the file system (unix sockets), out of sight.
         self.hide = sorted({os.path.realpath(p) for p in hide if os.path.lexists(p)})
         # RLIMIT_NPROC of a job uid's processes (threads count): a fork bomb stops there, and
@@ -317,13 +325,14 @@ class Sandbox:
         owner = f"uid={run_as.uid},gid={run_as.gid}," if run_as.uid is not None else ""
         mount, mkdir = shlex.quote(self.mount), shlex.quote(self.mkdir)
         size = f"size={tmpfs_mb}m," if tmpfs_mb else ""
-        options = f"{owner}{size}mode=0700,nosuid,nodev"
+        inodes = f"nr_inodes={self.max_files}," if self.max_files else ""
+        options = f"{owner}{size}{inodes}mode=0700,nosuid,nodev"
         hold = [f"{HOLD}/{i}" for i in range(len(self.keep))]
         steps = [f"{mount} -t tmpfs -o mode=0700 tessera-hold {HOLD}"] if self.keep else []
         for kept, held in zip(self.keep, hold, strict=True):
             steps += [f"{mkdir} {held}", f"{mount} --rbind {shlex.quote(kept)} {held}"]
         steps += [f"{mount} -t tmpfs -o {options} tessera-tmp {shlex.quote(p)}" for p in self.private]
-        locks = f"{owner}size={LOCKS_MB}m,mode=0700,nosuid,nodev,noexec"
+        locks = f"{owner}size={LOCKS_MB}m,nr_inodes={LOCKS_FILES},mode=0700,nosuid,nodev,noexec"
         steps += [f"{mount} -t tmpfs -o {locks} tessera-lock {shlex.quote(p)}" for p in self.locks]
         for kept, held in zip(self.keep, hold, strict=True):
             steps += [f"{mkdir} -p {shlex.quote(kept)}", f"{mount} --move {held} {shlex.quote(kept)}"]
@@ -465,6 +474,22 @@ def default_disk_mb(state_dir: Path) -> int:
     return max(1, min(100 << 10, half))
 
 
+MAX_FILES = 1_000_000
+
+
+def default_max_files(state_dir: Path) -> int:
+    """What a job may make by default: a million files (inodes), or half the state directory's
+    file system's free ones, whichever is less (a file system that reports no fixed number of
+    inodes, as btrfs: a million)."""
+    try:
+        st = os.statvfs(state_dir)
+    except OSError:
+        return MAX_FILES
+    if st.f_files <= 0:
+        return MAX_FILES
+    return max(1, min(MAX_FILES, st.f_favail // 2))
+
+
 SYSCTL = Path("/proc/sys")
 
 
@@ -498,6 +523,7 @@ def detect(
     hide: Sequence[str | Path] = HIDDEN,
     disk_mb: int | None = None,
     node: NodeSize | None = None,
+    max_files: int | None = None,
 ) -> Sandbox:
     """The sandbox this machine allows (said at the start: what jobs get, and what not).
     ``keep``: host directories jobs need, e.g. the state directory."""
@@ -529,10 +555,22 @@ def detect(
             "jobs get private /tmp, /var/tmp, /dev/shm, /run/lock, /proc and IPC, "
             "and only their own GPUs' devices"
         )
-        return Sandbox(True, devices, keep, max_tasks, hide, disk_mb, scoped=unscoped is None, node=node)
+        return Sandbox(
+            True,
+            devices,
+            keep,
+            max_tasks,
+            hide,
+            disk_mb,
+            scoped=unscoped is None,
+            node=node,
+            max_files=max_files,
+        )
     log.warning(
         "jobs share /tmp, /dev/shm and IPC, see every process and can open every GPU's device file: %s",
         reason,
     )
     max_tasks = max_tasks if enabled else None
-    return Sandbox(False, devices, max_tasks=max_tasks, disk_mb=disk_mb, scoped=unscoped is None)
+    return Sandbox(
+        False, devices, max_tasks=max_tasks, disk_mb=disk_mb, scoped=unscoped is None, max_files=max_files
+    )

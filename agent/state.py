@@ -146,6 +146,26 @@ def tree_size(path: Path) -> int:
         return 0
 
 
+def tree_files(path: Path) -> int:
+    """How many files (inodes: directories and links too) ``path`` holds, however deep, following
+    no link: ``du --inodes``, as :func:`tree_size`; 0 when it fails."""
+    du = shutil.which("du", path=TOOLS_PATH)
+    if du is None:  # pragma: no cover - coreutils is on every node
+        return 0
+    try:
+        done = subprocess.run(
+            [du, "-s", "--inodes", "-P", "--one-file-system", "--", str(path)],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            env={"PATH": TOOLS_PATH},
+            timeout=600,
+        )
+        return max(0, int(done.stdout.split()[0]) - 1)  # not ``path`` itself
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return 0
+
+
 def chown_tree(path: Path, uid: int, gid: int) -> None:
     """Give ``path`` and all that is in it, however deep, to ``uid``:``gid``, following no link,
     not even one that a process of the old owner swaps in for a directory while the walk goes on:

@@ -9,6 +9,7 @@ attempt its own uid whoever submitted it) and fails; alice's job ends as it woul
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -271,6 +272,48 @@ def test_a_job_spreading_its_fill_over_its_private_tmp_and_shm_is_stopped_at_its
     # the second file may still be being written then (seen at 8 MB in a CI run), so not always 10.
     said = re.search(r"disk limit of 8 MB passed \((\d+) MB", server.output(27).decode())
     assert said is not None and 8 <= int(said[1]) <= 10, server.output(27)
+
+
+EMPTY_FILES = r"""
+import json, os, sys, time
+made, refused = {}, {}
+for d in sys.argv[1:]:
+    os.makedirs(d, exist_ok=True)
+    made[d] = 0
+    try:
+        for i in range(3000):  # empty: not one byte of --job-disk-mb, but an inode each
+            os.close(os.open(os.path.join(d, str(i)), os.O_CREAT | os.O_WRONLY, 0o600))
+            made[d] += 1
+    except OSError as exc:
+        refused[d] = exc.errno
+print(json.dumps({"made": made, "refused": refused}), flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_job_making_empty_files_by_the_thousand_is_stopped_at_its_file_bound(node):
+    """An empty file holds no block, so ``--job-disk-mb`` never saw a job that fills the node's
+    file system's inodes (or a tmpfs's: kernel memory) with empty files: 200,000 of them summed
+    to 0 bytes, and at tens of thousands a second a job used up the root file system's inodes,
+    the agent's and every job's. ``--job-max-files 2000``: each private tmpfs takes at most 2,000
+    (ENOSPC), and a job whose directories and private tmpfs hold more in all is stopped, with
+    reason disk-limit."""
+    server, state_dir, pool, box, path = node
+    bounded = sandbox.Sandbox(box.namespaces, keep=box.keep, disk_mb=64, max_files=2000)
+    if box.namespaces:
+        binding = fakes.binding(28, command=["python", "-c", EMPTY_FILES, "/dev/shm/many"])
+        JobProcess(binding, server, state_dir, pool, path, sandbox=bounded).start()
+        said = json.loads(first_line(server, 28))
+        assert said["refused"] == {"/dev/shm/many": errno.ENOSPC}, said
+        assert 1990 <= said["made"]["/dev/shm/many"] < 2000, said
+        ended = server.exit_of(28, timeout=30)
+        assert ended["reason"] == "disk-limit", server.output(28)
+    binding = fakes.binding(29, command=["python", "-c", EMPTY_FILES, "a", "b"])
+    JobProcess(binding, server, state_dir, pool, path, sandbox=bounded).start()
+    assert json.loads(first_line(server, 29))["made"] == {"a": 3000, "b": 3000}
+    ended = server.exit_of(29, timeout=30)
+    assert ended["reason"] == "disk-limit", server.output(29)
+    assert "file limit of 2000 files passed" in server.output(29).decode()
 
 
 ESCAPE = r"""

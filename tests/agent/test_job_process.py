@@ -449,6 +449,19 @@ def test_a_jobs_directories_are_summed_by_the_blocks_they_hold_links_not_followe
     assert disk_used(tmp_path / "missing") == 0
 
 
+def test_a_jobs_directories_count_their_files_empty_ones_too_and_the_walk_stops_past_the_bound(tmp_path):
+    """An empty file takes no block but an inode: counted, with the directories and links. Past
+    ``most_files`` the walk stops (a directory of millions is listed no further)."""
+    top = tmp_path / "job"
+    (top / "d").mkdir(parents=True)
+    for i in range(500):
+        (top / "d" / str(i)).touch()
+    (top / "link").symlink_to("/usr")
+    assert process_module.disk_usage(top) == (0, 502)
+    assert process_module.disk_usage(top, most_files=100).files == 101
+    assert process_module.disk_usage(tmp_path / "missing") == (0, 0)
+
+
 @pytest.mark.parametrize(
     ("levels", "name"), [(40, "d" * 200), (2500, "d")], ids=["walked", "deeper-than-the-walk-holds"]
 )
