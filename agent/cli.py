@@ -31,7 +31,7 @@ from agent.client import AgentClient, Rejected, ServerError
 from agent.inventory import Inventory, ModelMap, NoGPUs, nvml_inventory, simulated_inventory
 from agent.metrics import GpuCollector, UtilProfiles, make_registry, nvml_reader, serve
 from agent.node import Agent, CredentialRevoked
-from agent.process import job_path, runs_as
+from agent.process import job_path, protect_from_oom, runs_as
 from agent.spec import SpecError, parse_labels, parse_spec
 
 log = logging.getLogger("tessera.agent")
@@ -477,6 +477,12 @@ def run(args: argparse.Namespace) -> int:
     kept: list[str | Path] = [state_dir, *path.split(":"), *([checkpoint_root] if checkpoint_root else [])]
     disk_mb = args.job_disk_mb or sandbox.default_disk_mb(state_dir)
     size = sandbox.NodeSize(int(inventory.memory_gib * 1024), len(inventory.devices), inventory.cpus)
+    if users.isolated and (why := protect_from_oom()) is not None:
+        log.warning(
+            "the kernel's OOM killer may pick the agent (and so end every job) when a job fills "
+            "the node's memory: cannot lower its oom_score_adj: %s",
+            why,
+        )
     max_files = args.job_max_files or sandbox.default_max_files(state_dir)
     box = sandbox.detect(devices, users.isolated, kept, max_tasks, hide, disk_mb, size, max_files)
     walls = firewall.detect(users.ids, args.allow_local_port) if isinstance(users, identity.UidPool) else None

@@ -58,6 +58,15 @@ QUICK_EXIT_S = 0.05
 SESSION_END_S = 10.0
 PR_SET_PDEATHSIG = 1
 JOB_UMASK = 0o077
+# The kernel's OOM killer, when the node runs out of memory, kills the process with the highest
+# score (its memory, plus its oom_score_adj in thousandths of the machine's): the agent last (its
+# death ends every job on the node), a job whose memory no cgroup bounds (no ``memory_gib``:
+# nothing else stops it) first, then one that asked for memory. Set by the agent (root) on each
+# job's spawned process before anything of the job runs, which also keeps the job from lowering
+# it (agent/cli.py lowers the agent's own).
+AGENT_OOM_SCORE_ADJ = -999
+UNBOUNDED_JOB_OOM_SCORE_ADJ = 1000
+BOUNDED_JOB_OOM_SCORE_ADJ = 500
 
 
 def run_as_kwargs(run_as: RunAs) -> dict[str, Any]:
@@ -152,6 +161,17 @@ def job_environment(
             }
         )
     return env
+
+
+def protect_from_oom() -> str | None:
+    """Put the agent last in the OOM killer's order (:data:`AGENT_OOM_SCORE_ADJ`): a job that
+    fills the node's memory must not get the agent killed, and every job with it. None when
+    done, else why not (not root, a container without ``CAP_SYS_RESOURCE``)."""
+    try:
+        Path("/proc/self/oom_score_adj").write_text(f"{AGENT_OOM_SCORE_ADJ}\n")
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
 
 
 def _die_with_agent() -> None:
@@ -546,6 +566,7 @@ class JobProcess:
                 **run_as_kwargs(run_as),
             )
             self._move_into_cgroup(proc.pid)
+            self._rank_for_oom(proc.pid)
             return proc
         _check_executable(command[0], env["PATH"], self.workdir)
         script = sandbox.env_script(env)
@@ -564,6 +585,7 @@ class JobProcess:
             )
             try:
                 self._join_cgroup(proc.pid)
+                self._rank_for_oom(proc.pid)
                 sandbox.send_env(env_in, env_out, script, run_as)
             except OSError:
                 # Nothing of the job has run: the chain waits for its environment.
@@ -577,6 +599,21 @@ class JobProcess:
             os.close(env_in)
             os.close(env_out)
         return proc
+
+    def _rank_for_oom(self, pid: int) -> None:
+        """The spawned process's ``oom_score_adj`` (:data:`UNBOUNDED_JOB_OOM_SCORE_ADJ`, or
+        :data:`BOUNDED_JOB_OOM_SCORE_ADJ` in a memory-bounded cgroup), written by the agent while
+        the chain waits for the job's environment: everything the job forks inherits it, and as
+        root wrote it, no process of the job may set it lower (the kernel's floor for the process
+        is what a privileged writer last set). Otherwise the job inherited the agent's
+        :data:`AGENT_OOM_SCORE_ADJ`, and could set itself as low. Where it cannot be written (not
+        root), the job keeps the agent's."""
+        bounded = self.cgroup is not None and float(self.binding.get("memory_gib") or 0) > 0
+        score = BOUNDED_JOB_OOM_SCORE_ADJ if bounded else UNBOUNDED_JOB_OOM_SCORE_ADJ
+        try:
+            Path(f"/proc/{pid}/oom_score_adj").write_text(f"{score}\n")
+        except OSError as exc:
+            log.debug("job %s: its oom_score_adj stays the agent's: %s", self.job_id, exc)
 
     def _join_cgroup(self, pid: int) -> None:
         """Move the spawned chain into the replica's cgroup while it waits for the job's

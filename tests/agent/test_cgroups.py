@@ -240,3 +240,27 @@ def test_on_this_machine_a_job_in_its_cgroup_ends_with_its_leftovers_killed_and_
         JobProcess(clean, server, state_dir, run_as, path, cg).start()
         assert server.exit_of(52)["exit_code"] == 0
         assert scans == [1]  # no scan for the job that left nothing
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="cgroups are the root agent's")
+def test_on_this_machine_a_job_bounded_by_its_memory_cgroup_goes_after_an_unbounded_one_for_the_oom_killer():
+    """The OOM killer's order (agent/process.py): a job whose memory nothing bounds at 1000, one
+    with ``memory_gib`` (its cgroup's bound) at 500, one with only ``cpus`` at 1000."""
+    cg = cgroups.detect()
+    if cg is None:
+        pytest.skip("no writable cgroups here: limits are not enforced (and the agent says so)")
+    with fakes.job_user_state_dir() as state_dir:
+        run_as = resolve_run_as("nobody")
+        path = job_path(state_dir, run_as)
+        server = fakes.FakeServer()
+        asks = {51: {}, 52: {"memory_gib": 0.5}, 53: {"cpus": 0.5}}
+        for job_id, ask in asks.items():
+            command = ["cat", "/proc/self/oom_score_adj"]
+            JobProcess(
+                fakes.binding(job_id, command=command, **ask), server, state_dir, run_as, path, cg
+            ).start()
+        scores = {}
+        for job_id in asks:
+            assert server.exit_of(job_id)["exit_code"] == 0, server.output(job_id)
+            scores[job_id] = server.output(job_id).decode().strip()
+        assert scores == {51: "1000", 52: "500", 53: "1000"}

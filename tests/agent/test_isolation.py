@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from agent import cgroups, firewall, identity, leftovers, sandbox, state
+from agent import process as process_module
 from agent.identity import UidPool, UidRange
 from agent.process import JobProcess, job_path
 from tests.agent import fakes
@@ -314,6 +315,55 @@ def test_a_job_making_empty_files_by_the_thousand_is_stopped_at_its_file_bound(n
     ended = server.exit_of(29, timeout=30)
     assert ended["reason"] == "disk-limit", server.output(29)
     assert "file limit of 2000 files passed" in server.output(29).decode()
+
+
+OOM_RANK = r"""
+import json, os, subprocess, sys
+def lower(score):
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write(str(score))
+        return "succeeded"
+    except OSError as exc:
+        return type(exc).__name__
+agent = int(sys.argv[1])
+child = subprocess.run(["cat", "/proc/self/oom_score_adj"], capture_output=True, text=True).stdout
+print(json.dumps({"score": open("/proc/self/oom_score_adj").read().strip(), "child": child.strip(),
+                  "to the agent's": lower(agent), "below the agent's": lower(agent - 1)}), flush=True)
+"""
+
+
+@pytest.fixture
+def agent_oom_score():
+    """This process (the agent here) put last in the OOM killer's order, as agent/cli.py does:
+    its score then, -999, or its own where it may not lower it (no ``CAP_SYS_RESOURCE``)."""
+    before = Path("/proc/self/oom_score_adj").read_text()
+    process_module.protect_from_oom()
+    yield int(Path("/proc/self/oom_score_adj").read_text())
+    with contextlib.suppress(OSError):
+        Path("/proc/self/oom_score_adj").write_text(before)
+
+
+def test_a_job_comes_before_the_agent_in_the_oom_killers_order_and_cannot_move_itself_back(
+    node, agent_oom_score
+):
+    """A job that fills the node's memory must not get the agent killed (and every job on the
+    node with it): the agent runs at oom_score_adj -999, and each job's process, which inherited
+    that (and the right to set itself as low), is set to 1000 by the agent before the job runs
+    (500 with a memory-bounded cgroup: a job that asked for memory goes after one nothing
+    bounds). The job and its children cannot set it below the agent's; where the agent could
+    lower its own (root with ``CAP_SYS_RESOURCE``) not even as low."""
+    server = node[0]
+    start(node, 30, ["python", "-c", OOM_RANK, str(agent_oom_score)])
+    assert server.exit_of(30)["exit_code"] == 0, server.output(30)
+    said = json.loads(first_line(server, 30))
+    protected = agent_oom_score == process_module.AGENT_OOM_SCORE_ADJ
+    assert said == {
+        "score": "1000",
+        "child": "1000",
+        "to the agent's": "PermissionError" if protected else "succeeded",
+        "below the agent's": "PermissionError",
+    }, said
 
 
 ESCAPE = r"""
