@@ -29,7 +29,9 @@ import logging
 import os
 import pwd
 import random
+import shutil
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -169,6 +171,64 @@ def kill_uid(uid: int, timeout: float = KILL_TIMEOUT_S) -> int:
         time.sleep(ROUND_S)
 
 
+SYSVIPC = Path("/proc/sysvipc")
+TOOLS_PATH = "/usr/bin:/bin"  # util-linux's ipcrm
+# /proc/sysvipc's file, its id column, and ipcrm's option for each kind of System V IPC object.
+IPC_KINDS = (("shm", "shmid", "-m"), ("sem", "semid", "-s"), ("msg", "msqid", "-q"))
+
+
+def ipc_of(uid: int, sysvipc: Path = SYSVIPC) -> list[tuple[str, int]]:
+    """The System V IPC objects (shared memory segments, semaphore sets, message queues) of the
+    agent's IPC namespace that ``uid`` created or owns, as (ipcrm's option, id)."""
+    found = []
+    for name, id_column, option in IPC_KINDS:
+        try:
+            rows = (sysvipc / name).read_text().splitlines()
+        except OSError:
+            continue
+        if not rows:
+            continue
+        header = rows[0].split()
+        try:
+            at_id, at_uid, at_cuid = header.index(id_column), header.index("uid"), header.index("cuid")
+        except ValueError:
+            continue
+        for row in rows[1:]:
+            cells = row.split()
+            with contextlib.suppress(IndexError, ValueError):
+                if uid in (int(cells[at_uid]), int(cells[at_cuid])):
+                    found.append((option, int(cells[at_id])))
+    return found
+
+
+def remove_ipc(uid: int, sysvipc: Path = SYSVIPC) -> int:
+    """Remove the System V IPC objects ``uid`` created or owns (:func:`ipc_of`), once no process
+    of it is left: unlike its files, they hold the node's memory (a segment lives on after its
+    last process, until removed) and outlive the job, for the next job given the uid to attach
+    to and read. Where jobs have an IPC namespace each there are none here (theirs went with
+    their last process). How many were removed; a failure is logged."""
+    found = ipc_of(uid, sysvipc)
+    ipcrm = shutil.which("ipcrm", path=TOOLS_PATH)
+    if not found or ipcrm is None:
+        return 0
+    argv = [ipcrm, *(arg for option, ident in found for arg in (option, str(ident)))]
+    try:
+        done = subprocess.run(
+            argv,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            env={"PATH": TOOLS_PATH},
+            timeout=20,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("uid %d: its System V IPC objects not removed: %s", uid, exc)
+        return 0
+    if done.returncode != 0:
+        log.warning("uid %d: its System V IPC objects not all removed: %s", uid, done.stderr.strip())
+    return len(found)
+
+
 def _kill_all_as(uid: int) -> None:
     # A child that becomes ``uid`` and sends kill(-1, SIGKILL): Python's own fork, so nothing
     # but this module is needed on the node (no setpriv, no kill binary).
@@ -271,6 +331,7 @@ class UidPool:
                 return 0
             del self._held[key]
         killed = kill_uid(uid)  # raises UidsLeft: the fd stays open, the uid held for good
+        remove_ipc(uid)
         if ended is not None:
             ended(uid)
         if self.watcher is not None and not self.watcher.released(uid):
@@ -309,6 +370,7 @@ class UidPool:
                 stale = bool(os.read(fd, 64))
                 if stale:
                     kill_uid(uid)  # its holder died: what it left of the uid goes first
+                    remove_ipc(uid)
                 os.lseek(fd, 0, os.SEEK_SET)
                 os.ftruncate(fd, 0)
                 os.write(fd, f"{os.getpid()}\n".encode())

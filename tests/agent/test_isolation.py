@@ -366,6 +366,40 @@ def test_a_job_comes_before_the_agent_in_the_oom_killers_order_and_cannot_move_i
     }, said
 
 
+SYSV_IPC = r"""
+import ctypes, json, os
+libc = ctypes.CDLL(None, use_errno=True)
+IPC_PRIVATE, IPC_CREAT = 0, 0o1000
+libc.shmat.restype = ctypes.c_void_p
+shm = libc.shmget(IPC_PRIVATE, 1 << 20, IPC_CREAT | 0o600)  # a MiB of the node's memory
+at = libc.shmat(shm, None, 0)
+ctypes.memmove(at, b"alice-secret", 12)
+libc.shmdt(ctypes.c_void_p(at))  # detached: the segment lives on, its job gone
+sem = libc.semget(IPC_PRIVATE, 1, IPC_CREAT | 0o600)
+msg = libc.msgget(IPC_PRIVATE, IPC_CREAT | 0o600)
+print(json.dumps({"shm": shm, "sem": sem, "msg": msg, "uid": os.getuid()}), flush=True)
+"""
+
+
+def test_a_jobs_system_v_ipc_objects_go_with_it_never_left_holding_memory_for_the_uids_next_job(node):
+    """A shared memory segment outlives its last process until it is removed: a job left a MiB
+    (or all the node's memory, segment by segment) of System V shared memory, a semaphore set
+    and a message queue behind, holding the node's memory after its end, and the next job given
+    its uid could attach the segment and read what it held. Without namespaces (where IPC is the
+    node's) they are removed with the uid's processes; with them, the job's IPC namespace takes
+    them along, and nothing of the job is in the node's."""
+    server = node[0]
+    start(node, 31, ["python", "-c", SYSV_IPC])
+    assert server.exit_of(31)["exit_code"] == 0, server.output(31)
+    made = json.loads(first_line(server, 31))
+    assert -1 not in (made["shm"], made["sem"], made["msg"]), made
+    left = identity.ipc_of(made["uid"])
+    with contextlib.suppress(OSError):  # never leave this machine holding them, whatever happened
+        for option, ident in left:
+            subprocess.run(["ipcrm", option, str(ident)], check=False, capture_output=True)
+    assert left == []
+
+
 ESCAPE = r"""
 import os, sys, time
 if os.fork() == 0:
