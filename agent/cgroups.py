@@ -1,10 +1,15 @@
 """CPU and memory limits for job processes, with cgroups (v2, or v1) where the machine allows it.
 
-Each replica with a ``cpus`` or ``memory_gib`` request gets its own cgroup,
+Each replica gets its own cgroup,
 ``<root>/tessera/<job>-<attempt>-<replica>-<random>`` (the random part: several agents on one
 machine never share one; ``tessera`` is 0711, so no job lists the others' names and pids), with
-``cpu.max`` (``cpus`` × the 100 ms period) and ``memory.max`` (a process past it is killed by the
-kernel's OOM killer, and the job fails with its signal). The
+``cpu.max`` (``cpus`` × the 100 ms period) when it asks for CPUs and ``memory.max`` (a process
+past it is killed by the kernel's OOM killer, and the job fails with its signal) when it asks for
+memory. One that asks for neither gets its cgroup all the same: its processes then share the
+CPU as one group under ``tessera``, beside the agent, instead of each as the agent's equal in
+the agent's own cgroup (a job spinning thousands of threads there left the agent a
+thousandth of the CPU: a heartbeat's milliseconds of work took seconds, and its lease ran out).
+The
 cgroup is made before the process is spawned, and the agent writes its pid into ``cgroup.procs``
 while its spawn chain waits for the job's environment, before anything of the job runs
 (agent/sandbox.py): the job's first instruction, and every process it forks, already run under
@@ -62,10 +67,8 @@ class Cgroups:
         _parent(self.parent)
         _enable(self.parent)
 
-    def create(self, name: str, cpus: float, memory_gib: float) -> Path | None:
-        """The replica's cgroup with its limits; None when it asks for neither."""
-        if cpus <= 0 and memory_gib <= 0:
-            return None
+    def create(self, name: str, cpus: float, memory_gib: float) -> Path:
+        """The replica's cgroup with its limits (none when it asks for none)."""
         path = self.parent / name
         path.mkdir(exist_ok=True)
         if cpus > 0:
@@ -106,9 +109,7 @@ class CgroupsV1:
         for controller in NEEDED:
             _parent(self.root / controller / "tessera")
 
-    def create(self, name: str, cpus: float, memory_gib: float) -> Path | None:
-        if cpus <= 0 and memory_gib <= 0:
-            return None
+    def create(self, name: str, cpus: float, memory_gib: float) -> Path:
         cpu, memory = self._dirs(name)
         cpu.mkdir(exist_ok=True)
         memory.mkdir(exist_ok=True)

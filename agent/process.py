@@ -709,15 +709,17 @@ class JobProcess:
         """The replica's own cgroup with its CPU and memory limits, before its spawn: the spawn
         chain joins it before anything of the job runs (:meth:`_join_cgroup`). Named after its
         working directory, whose random part keeps two agents of one machine out of each other's
-        cgroups."""
+        cgroups. A replica that asks for no limit gets one too: its processes share the CPU as one
+        group, not each as the agent's equal (agent/cgroups.py)."""
+        if self.cgroups is None:
+            return
         cpus = float(self.binding.get("cpus") or 0)
         memory = float(self.binding.get("memory_gib") or 0)
-        if self.cgroups is None or (cpus <= 0 and memory <= 0):
-            return
         try:
             self.cgroup = self.cgroups.create(self.workdir.name, cpus, memory)
         except OSError as exc:
-            self._note(f"CPU and memory limits not applied: {exc}")
+            asked = "CPU and memory limits not applied" if cpus > 0 or memory > 0 else "no cgroup of its own"
+            self._note(f"{asked}: {exc}")
 
     def _move_into_cgroup(self, pid: int) -> None:
         """Without the spawn chain (no setpriv): move the process from outside, after its spawn
