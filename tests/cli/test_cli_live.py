@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -444,6 +445,23 @@ def test_logs_write_out_the_control_characters_a_job_would_send_the_readers_term
     assert cli("logs", "--raw", str(job.pk)).stdout == HOSTILE_OUTPUT.decode()
     assert cli("logs", "-f", "--raw", str(job.pk)).stdout == HOSTILE_OUTPUT.decode()
     assert json.loads(cli("logs", str(job.pk), "-o", "json").stdout)["data"] == HOSTILE_OUTPUT.decode()
+
+
+def test_status_writes_out_the_control_characters_a_tenant_put_in_its_jobs_fields(cli, tmp_path):
+    """A job's command and env are the tenant's text: C1's CSI (U+009B, ESC [ on terminals that
+    honour C1), DEL and a carriage return came through ``status``'s table and ``-o json`` raw
+    (JSON escapes ESC and the rest of C0 itself), onto the operator's terminal."""
+    body = {"command": ["python", "-c", "\x9b2J\x7f"], "env": {"NOTE": "\x9b]0;pwned\x07"}, "gpus": 0}
+    (tmp_path / "job.json").write_text(json.dumps({"name": "odd", "kind": "batch", **body}))
+    submitted = cli("submit", str(tmp_path / "job.json"))
+    assert submitted.returncode == 0, submitted.stderr
+    job = newest_job()
+    assert job.command[2] == "\x9b2J\x7f"
+    for args in (("status", str(job.pk)), ("status", str(job.pk), "-o", "json")):
+        shown = cli(*args).stdout
+        assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]", shown), (args, shown)
+    said = json.loads(cli("status", str(job.pk), "-o", "json").stdout)
+    assert said["command"][2] == "\x9b2J\x7f" and said["env"] == {"NOTE": "\x9b]0;pwned\x07"}
 
 
 def test_why_and_status_show_the_start_estimate_its_band_basis_and_place_in_the_queue(cli):

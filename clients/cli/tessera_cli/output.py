@@ -21,9 +21,21 @@ Column = tuple[str, Callable[[dict[str, Any]], Any]]
 CONTROLS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 
+# In a table's cell: every control character (a carriage return or a tab would move the cursor
+# over the table). JSON escapes C0 in its strings itself, not DEL and C1.
+CELL_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+JSON_CONTROLS = re.compile(r"[\x7f-\x9f]")
+
+
 def visible(text: str) -> str:
     """``text`` with each control character a terminal would act on written out (``\\x1b``)."""
     return CONTROLS.sub(lambda found: f"\\x{ord(found.group()):02x}", text)
+
+
+def as_json(data: Any, indent: int | None = None) -> str:
+    """JSON with no control character left raw (DEL and C1 as ``\\u00XX``: the same JSON)."""
+    text = json.dumps(data, indent=indent, ensure_ascii=False)
+    return JSON_CONTROLS.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
 
 
 def emit(
@@ -32,7 +44,7 @@ def emit(
     """Print ``data`` as JSON or YAML; as a table, print ``rows`` (default: ``data``) by
     ``columns``, or ``data``'s keys and values when there are no columns."""
     if fmt == "json":
-        click.echo(json.dumps(data, indent=2, ensure_ascii=False))
+        click.echo(as_json(data, indent=2))
     elif fmt == "yaml":
         click.echo(yaml.safe_dump(data, sort_keys=False, allow_unicode=True).rstrip())
     elif columns is not None:
@@ -47,8 +59,9 @@ def cell(value: Any) -> str:
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     if isinstance(value, list | dict):
-        return json.dumps(value, ensure_ascii=False)
-    return str(value).replace("\n", " ")
+        return as_json(value)
+    text = str(value).replace("\n", " ")
+    return CELL_CONTROLS.sub(lambda found: f"\\x{ord(found.group()):02x}", text)
 
 
 def table(rows: list[dict[str, Any]], columns: Sequence[Column]) -> str:

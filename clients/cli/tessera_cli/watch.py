@@ -7,7 +7,6 @@ earlier watch stopped (it prints the id to resume from when it ends).
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -80,7 +79,7 @@ def watch(ctx: Context, since, job_filter, count, timeout, fmt):
 
 def _print(event: dict[str, Any], fmt: str, header: bool) -> None:
     if fmt == "json":
-        click.echo(json.dumps(event, ensure_ascii=False))
+        click.echo(output.as_json(event))
     elif fmt == "yaml":
         click.echo("---\n" + yaml.safe_dump(event, sort_keys=False, allow_unicode=True).rstrip())
     else:
