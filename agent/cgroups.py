@@ -5,11 +5,14 @@ Each replica gets its own cgroup,
 machine never share one; ``tessera`` is 0711, so no job lists the others' names and pids), with
 ``cpu.max`` (``cpus`` × the 100 ms period) when it asks for CPUs and ``memory.max`` (a process
 past it is killed by the kernel's OOM killer, and the job fails with its signal) when it asks for
-memory. One that asks for neither gets its cgroup all the same: its processes then share the
-CPU as one group under ``tessera``, beside the agent, instead of each as the agent's equal in
-the agent's own cgroup (a job spinning thousands of threads there left the agent a
-thousandth of the CPU: a heartbeat's milliseconds of work took seconds, and its lease ran out).
-The
+memory, with no swap beside it where the kernel accounts swap (``memory.swap.max`` 0; v1:
+``memory.memsw.limit_in_bytes``, memory and swap together, the same bound): else a job pushed
+what passed its bound out to the node's swap, and held N times its memory, the node's swap
+that every other job and service counts on. One that asks for neither gets its cgroup all the
+same: its processes then share the CPU as one group under ``tessera``, beside the agent, instead
+of each as the agent's equal in the agent's own cgroup (a job spinning thousands of threads
+there left the agent a thousandth of the CPU: a heartbeat's milliseconds of work took seconds,
+and its lease ran out). The
 cgroup is made before the process is spawned, and the agent writes its pid into ``cgroup.procs``
 while its spawn chain waits for the job's environment, before anything of the job runs
 (agent/sandbox.py): the job's first instruction, and every process it forks, already run under
@@ -75,6 +78,8 @@ class Cgroups:
             (path / "cpu.max").write_text(f"{max(1000, round(cpus * PERIOD_US))} {PERIOD_US}\n")
         if memory_gib > 0:
             (path / "memory.max").write_text(f"{int(memory_gib * 2**30)}\n")
+            if (path / "memory.swap.max").exists():  # the kernel accounts swap: none for the job
+                (path / "memory.swap.max").write_text("0\n")
         return path
 
     @staticmethod
@@ -118,6 +123,8 @@ class CgroupsV1:
             (cpu / "cpu.cfs_quota_us").write_text(f"{max(1000, round(cpus * PERIOD_US))}\n")
         if memory_gib > 0:
             (memory / "memory.limit_in_bytes").write_text(f"{int(memory_gib * 2**30)}\n")
+            if (memory / "memory.memsw.limit_in_bytes").exists():  # memory and swap together
+                (memory / "memory.memsw.limit_in_bytes").write_text(f"{int(memory_gib * 2**30)}\n")
         return cpu
 
     def procs(self, path: Path) -> list[Path]:

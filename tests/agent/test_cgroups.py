@@ -59,6 +59,38 @@ def test_a_replicas_cgroup_carries_its_cpu_and_memory_limits(fake_root):
     assert not (unlimited / "cpu.max").exists() and not (unlimited / "memory.max").exists()
 
 
+def test_a_replicas_memory_bound_leaves_it_no_swap_where_the_kernel_accounts_swap(fake_root):
+    """Past memory.max a job's pages went to the node's swap (memory.swap.max is "max" by
+    default): it held what it liked, in the swap every other job counts on."""
+    cg = cgroups.detect(fake_root)
+    (fake_root / "tessera" / "7-0-3").mkdir()
+    (fake_root / "tessera" / "7-0-3" / "memory.swap.max").write_text("max\n")
+    path = cg.create("7-0-3", cpus=0, memory_gib=1)
+    assert (path / "memory.swap.max").read_text() == "0\n"
+    assert not (cg.create("7-0-4", cpus=0, memory_gib=1) / "memory.swap.max").exists()  # no accounting
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="cgroups are the root agent's")
+def test_on_this_machine_a_replicas_memory_bound_holds_its_swap_too():
+    cg = cgroups.detect()
+    if cg is None:
+        pytest.skip("no writable cgroups here: limits are not enforced (and the agent says so)")
+    path = cg.create(f"swap-{os.getpid()}", cpus=0, memory_gib=0.25)
+    try:
+        if isinstance(cg, cgroups.CgroupsV1):
+            memory = cg.root / "memory" / "tessera" / path.name
+            limits = [memory / "memory.limit_in_bytes", memory / "memory.memsw.limit_in_bytes"]
+            if not limits[1].exists():
+                pytest.skip("this kernel does not account swap (no memory.memsw)")
+            assert [int(f.read_text()) for f in limits] == [2**28, 2**28]
+        else:
+            if not (path / "memory.swap.max").exists():
+                pytest.skip("this kernel does not account swap (no memory.swap.max)")
+            assert (path / "memory.swap.max").read_text().strip() == "0"
+    finally:
+        cg.remove(path)
+
+
 def test_a_job_with_limits_joins_its_cgroup_before_it_runs_which_goes_away_after_it(fake_root):
     """The agent writes the spawned pid, which becomes the job's, into its cgroup while the chain
     waits for the job's environment: the job is inside before its first instruction."""
