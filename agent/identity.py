@@ -109,7 +109,8 @@ def check_range(ids: UidRange) -> None:
 
 def processes_of(uids: UidRange | set[int]) -> dict[int, list[int]]:
     """uid → the pids of live processes that have it as any of their four uids (real, effective,
-    saved, filesystem). Zombies hold nothing and are not counted."""
+    saved, filesystem). Zombies hold nothing and are not counted (a process whose first thread
+    exited while others run reads as one, and is counted: :func:`_uids_of`)."""
     found: dict[int, list[int]] = {}
     me = os.getpid()
     for entry in os.listdir("/proc"):
@@ -127,6 +128,11 @@ def processes_of(uids: UidRange | set[int]) -> dict[int, list[int]]:
 def _uids_of(pid: int) -> tuple[int, ...] | None:
     """The four uids of ``pid`` from ``/proc/<pid>/status``; None when gone or a zombie.
 
+    A zombie is a process with no thread left. One whose first thread called ``pthread_exit``
+    reads as a zombie too (its state is its first thread's) while its other threads run on, as
+    its uid: counted, and killed, or a job could outlive its end that way and keep its uid,
+    files and GPU after its exit was reported.
+
     Read with ``os.open``/``os.read`` and two searches, not a file object and a split into lines:
     a scan reads every process of the node at each job's end, and this way costs a fifth
     (docs/benchmarks/e2e.md, "The agent's share")."""
@@ -142,7 +148,10 @@ def _uids_of(pid: int) -> tuple[int, ...] | None:
         os.close(fd)
     state = text.find(b"\nState:\t")
     if state >= 0 and text[state + 8 : state + 9] in (b"Z", b"X"):
-        return None
+        threads = text.find(b"\nThreads:\t")
+        end = text.find(b"\n", threads + 1)
+        if threads < 0 or int(text[threads + 10 : end if end >= 0 else len(text)] or b"0") <= 1:
+            return None
     at = text.find(b"\nUid:\t")
     if at < 0:
         return None

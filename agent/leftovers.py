@@ -74,6 +74,14 @@ class Proc:
     ppid: int
     sid: int
     start: int
+    threads: int = 1  # field 20: a "zombie" whose other threads still run is alive
+
+    @property
+    def dead(self) -> bool:
+        """Exited, waiting for whoever inherited it to reap it: a zombie (or dying) with no
+        thread left. Not a process whose first thread exited (``pthread_exit``) while its others
+        run on: its pid reads as a zombie all the same, and it could outlive its job that way."""
+        return self.state in ("Z", "X") and self.threads <= 1
 
 
 class LeftoversRemain(Exception):
@@ -106,7 +114,9 @@ def read_proc(pid: int) -> Proc | None:
     if len(fields) < 20:
         return None
     name = head.partition(b"(")[2].decode("utf-8", "replace")
-    return Proc(pid, name, fields[0].decode(), int(fields[1]), int(fields[3]), int(fields[19]))
+    return Proc(
+        pid, name, fields[0].decode(), int(fields[1]), int(fields[3]), int(fields[19]), int(fields[17])
+    )
 
 
 def session_of(pid: int) -> Session | None:
@@ -349,7 +359,7 @@ def _members(
         if p.sid in by_sid
         and p.sid not in reused
         and p.start >= by_sid[p.sid].start
-        and p.state not in ("Z", "X")  # dead, waiting for whoever inherited it to reap it
+        and not p.dead
         and p.pid not in (1, me)
     ]
 

@@ -75,9 +75,11 @@ def registered(state_dir: Path, name: str = "cli-node", timeout: float = 30) -> 
 
 
 def alive(pid: int) -> bool:
-    """Running (not gone, not a zombie waiting for whoever inherited it)."""
+    """Running (not gone, not a zombie waiting for whoever inherited it): a process whose first
+    thread exited while its others run reads as a zombie, and is alive."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    fields = stat.rsplit(")", 1)[1].split()
+    return fields[0] not in ("Z", "X") or int(fields[17]) > 1

@@ -400,6 +400,38 @@ def test_a_jobs_system_v_ipc_objects_go_with_it_never_left_holding_memory_for_th
     assert left == []
 
 
+HEADLESS = r"""
+import ctypes, os, threading, time
+read_end, write_end = os.pipe()
+if os.fork() == 0:
+    os.setsid()
+    def work():  # the job's work, on after its process's first thread is gone
+        while True:
+            time.sleep(0.1)
+    threading.Thread(target=work).start()
+    os.write(write_end, f"{os.getpid()}\n".encode())
+    ctypes.CDLL(None).pthread_exit(None)  # its pid now reads as a zombie (State: Z)
+print(os.read(read_end, 64).decode().strip(), flush=True)
+"""
+
+
+def test_a_job_process_whose_first_thread_exited_is_killed_with_the_job_not_taken_for_a_zombie(node):
+    """A process whose first thread calls ``pthread_exit`` while another runs on reads as a
+    zombie in ``/proc`` (its state is its first thread's); the agent took it for one, dead: the
+    job's exit was reported and its uid given back while it ran on as that uid, its GPU freed for
+    another job. It is counted by its threads, and killed with the job's uid."""
+    server = node[0]
+    start(node, 32, ["python", "-c", HEADLESS])
+    assert server.exit_of(32)["exit_code"] == 0, server.output(32)
+    pid = int(first_line(server, 32))
+    try:
+        assert not alive(pid), Path(f"/proc/{pid}/status").read_text()
+        assert b"killed 1 process(es) the job left running under its uid" in server.output(32)
+    finally:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
 ESCAPE = r"""
 import os, sys, time
 if os.fork() == 0:
