@@ -23,6 +23,7 @@ it runs, an agent restarted mid-job included.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import grp
 import logging
@@ -238,6 +239,61 @@ def remove_ipc(uid: int, sysvipc: Path = SYSVIPC) -> int:
     return len(found)
 
 
+KEY_USERS = Path("/proc/key-users")
+# keyctl(2): its number (glibc has no wrapper; x86_64's and aarch64's), and what is used of it.
+SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}.get(os.uname().machine)
+KEYCTL_GET_PERSISTENT, KEYCTL_CLEAR = 22, 7
+KEY_SPEC_PROCESS_KEYRING, KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING = -2, -4, -5
+
+
+def has_keys(uid: int, key_users: Path = KEY_USERS) -> bool:
+    """Whether the kernel holds keys of ``uid`` (``/proc/key-users``: a line per uid that has)."""
+    try:
+        lines = key_users.read_text().splitlines()
+    except OSError:
+        return False
+    return any(line.split(":", 1)[0].strip() == str(uid) for line in lines)
+
+
+def clear_keys(uid: int, key_users: Path = KEY_USERS) -> bool:
+    """Empty ``uid``'s keyrings in the kernel (its user, user-session and persistent keyrings)
+    once no process of it is left: unlike its processes they outlive it (the user keyring as long
+    as the machine runs, the persistent one for days), so a secret a job kept there (a Kerberos
+    ticket in ``KEYRING:persistent``, an API key with ``keyctl add``) was the next job's given
+    the uid. Done as ``uid`` (a forked child, as :func:`_kill_all_as`): the keyrings are its
+    own; only when ``/proc/key-users`` says it has keys, so a job that made none costs no fork.
+    Whether they were cleared."""
+    if SYS_KEYCTL is None or not has_keys(uid, key_users):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)  # loaded before the fork: the child only calls it
+    keyctl = libc.syscall
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child exits at once
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            keyctl(SYS_KEYCTL, KEYCTL_CLEAR, KEY_SPEC_USER_KEYRING)
+            keyctl(SYS_KEYCTL, KEYCTL_CLEAR, KEY_SPEC_USER_SESSION_KEYRING)
+            persistent = keyctl(SYS_KEYCTL, KEYCTL_GET_PERSISTENT, -1, KEY_SPEC_PROCESS_KEYRING)
+            if persistent > 0:
+                keyctl(SYS_KEYCTL, KEYCTL_CLEAR, persistent)
+        except BaseException:
+            os._exit(1)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    if status != 0:
+        log.warning("uid %d: its keyrings could not be cleared", uid)
+    return status == 0
+
+
+def clean_uid(uid: int) -> None:
+    """What a uid keeps in the kernel once its processes are gone, removed before it goes to
+    another job: its System V IPC objects and its keys."""
+    remove_ipc(uid)
+    clear_keys(uid)
+
+
 def _kill_all_as(uid: int) -> None:
     # A child that becomes ``uid`` and sends kill(-1, SIGKILL): Python's own fork, so nothing
     # but this module is needed on the node (no setpriv, no kill binary).
@@ -340,7 +396,7 @@ class UidPool:
                 return 0
             del self._held[key]
         killed = kill_uid(uid)  # raises UidsLeft: the fd stays open, the uid held for good
-        remove_ipc(uid)
+        clean_uid(uid)
         if ended is not None:
             ended(uid)
         if self.watcher is not None and not self.watcher.released(uid):
@@ -379,7 +435,7 @@ class UidPool:
                 stale = bool(os.read(fd, 64))
                 if stale:
                     kill_uid(uid)  # its holder died: what it left of the uid goes first
-                    remove_ipc(uid)
+                    clean_uid(uid)
                 os.lseek(fd, 0, os.SEEK_SET)
                 os.ftruncate(fd, 0)
                 os.write(fd, f"{os.getpid()}\n".encode())

@@ -432,6 +432,47 @@ def test_a_job_process_whose_first_thread_exited_is_killed_with_the_job_not_take
             os.kill(pid, signal.SIGKILL)
 
 
+# add_key(2) and request_key(2) (x86_64's, aarch64's numbers: glibc has no wrapper)
+KEY_SYSCALLS = {"x86_64": (248, 249), "aarch64": (217, 218)}
+KEEPS_A_KEY = r"""
+import ctypes, os, sys
+add_key, request_key = int(sys.argv[1]), int(sys.argv[2])
+libc = ctypes.CDLL(None, use_errno=True)
+if sys.argv[3] == "add":  # as keyctl add user alice-token ... @u, or a Kerberos KEYRING ccache
+    print(libc.syscall(add_key, b"user", b"alice-token", b"alice-secret", 12, -4), os.getuid())
+else:
+    print(libc.syscall(request_key, b"user", b"alice-token", None, 0), ctypes.get_errno())
+"""
+
+
+def test_a_key_a_job_keeps_in_its_uids_keyring_is_gone_before_the_uid_goes_to_another_job(node):
+    """The kernel keeps a uid's user keyring while the machine runs (its persistent keyring for
+    days), not while its processes do: a secret a job put there (``keyctl add ... @u``, a
+    Kerberos ticket) was found by the next process of that uid, another tenant's job once the
+    range came round. The agent empties the uid's keyrings when it gives the uid back."""
+    server, _, _, _, path = node
+    if os.uname().machine not in KEY_SYSCALLS:
+        pytest.skip("add_key's number on this architecture is not in the test")
+    numbers = [str(n) for n in KEY_SYSCALLS[os.uname().machine]]
+    start(node, 33, ["python", "-c", KEEPS_A_KEY, *numbers, "add"])
+    assert server.exit_of(33)["exit_code"] == 0, server.output(33)
+    serial, uid = (int(v) for v in first_line(server, 33).split())
+    assert serial > 0, server.output(33)
+    later = subprocess.run(  # the uid's next process, as the next job given it would be
+        ["python", "-c", KEEPS_A_KEY, *numbers, "find"],
+        env={"PATH": path},
+        cwd="/",
+        capture_output=True,
+        text=True,
+        user=uid,
+        group=uid,
+        extra_groups=[],
+        timeout=30,
+    )
+    found, error = (int(v) for v in later.stdout.split())
+    assert (found, error) == (-1, errno.ENOKEY), later
+
+
 ESCAPE = r"""
 import os, sys, time
 if os.fork() == 0:
