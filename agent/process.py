@@ -183,20 +183,51 @@ def _die_with_agent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _check_executable(program: str, path: str, cwd: Path) -> None:
+def _check_executable(program: str, path: str, cwd: Path, run_as: RunAs) -> None:
     """Raise what executing ``program`` would, as far as the agent can tell: behind ``setpriv``,
     a command that cannot start is then still reported as ``spawn-failed`` before any spawn.
-    (One only the job user cannot run gets ``setpriv``'s own exit, 126 or 127, and message.)"""
+    (One only the job user cannot run gets ``setpriv``'s own exit, 126 or 127, and message.)
+
+    The agent looks as root, so it looks only where the job's user could look too (every
+    directory on the way searchable by it: :func:`_public`): else a command such as
+    ``/proc/<pid>/root/tmp/<name>`` or ``/root/.ssh/id_rsa`` said, by ``spawn-failed`` "No such
+    file" against a permission error, whether a path the job may not see exists — another job's
+    private files by their names. Where any place the command may be is not the job's to see,
+    the agent says nothing and the job's own ``exec`` reports, as its user."""
     target = os.path.join(cwd, program) if "/" in program else program
+    places = [target] if "/" in program else [os.path.join(d, program) for d in path.split(os.pathsep) if d]
+    if not all(_public(place, run_as) for place in places):
+        return
     if shutil.which(target, path=path) is not None:
         return
-    found = (
-        os.path.isfile(target)
-        if "/" in program
-        else any(os.path.isfile(os.path.join(d, program)) for d in path.split(os.pathsep) if d)
-    )
+    found = any(os.path.isfile(place) for place in places)
     code = errno.EACCES if found else errno.ENOENT
     raise OSError(code, os.strerror(code), program)
+
+
+def _public(place: str, run_as: RunAs) -> bool:
+    """Whether the job's user may search every directory on the way to ``place`` (links
+    resolved, as root resolves them), from the root down: each one searchable by others, or by
+    the user as its owner or group; one that does not exist ends the way (the user sees that as
+    well). Unsure (a directory root cannot read): no."""
+    if run_as.uid is None:  # the agent is not root: it sees what the job's user sees
+        return True
+    real = Path(os.path.realpath(place))
+    for directory in reversed(real.parents):
+        try:
+            st = os.stat(directory)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        if st.st_mode & 0o001:
+            continue
+        if st.st_uid == run_as.uid and st.st_mode & 0o100:
+            continue
+        if run_as.gid is not None and st.st_gid == run_as.gid and st.st_mode & 0o010:
+            continue
+        return False
+    return True
 
 
 def _empty(procs: list[Path]) -> bool:
@@ -568,7 +599,7 @@ class JobProcess:
             self._move_into_cgroup(proc.pid)
             self._rank_for_oom(proc.pid)
             return proc
-        _check_executable(command[0], env["PATH"], self.workdir)
+        _check_executable(command[0], env["PATH"], self.workdir, run_as)
         script = sandbox.env_script(env)
         env_in, env_out = sandbox.env_pipe(len(script))
         try:

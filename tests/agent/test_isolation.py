@@ -1424,3 +1424,17 @@ def test_a_local_services_unix_socket_is_out_of_a_jobs_sight(node):
     finally:
         service.shutdown()
         service.server_close()
+
+
+def test_a_jobs_command_tells_it_nothing_of_whether_a_path_it_may_not_see_exists(node, tmp_path):
+    server = node[0]
+    private = tmp_path / "root-only"
+    private.mkdir(mode=0o700)  # root's, as /root, or another job's private /tmp seen through /proc
+    (private / "id_rsa").write_text("secret\n")
+    (private / "id_rsa").chmod(0o600)
+    start(node, 60, [str(private / "id_rsa")])
+    start(node, 61, [str(private / "no-such-file")])
+    there, absent = server.exit_of(60), server.exit_of(61)
+    assert (there["exit_code"], there["reason"]) == (absent["exit_code"], absent["reason"])
+    assert there["reason"] != "spawn-failed"  # its own exec, as its user, said why
+    assert b"No such file" not in server.output(61)
