@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import secrets
@@ -201,6 +202,18 @@ CHANNEL_LAYER_SOCKET_TIMEOUT_S = 20.0
 def channel_layer_host(url: str) -> dict[str, object]:
     """channels_redis's host entry for the Redis at ``url``."""
     return {"address": url, "socket_timeout": CHANNEL_LAYER_SOCKET_TIMEOUT_S}
+
+
+def env_log_level(name: str, default: str) -> str:
+    """A logging level's name, in any case (``debug``, ``INFO``): its upper-case form. Read raw,
+    ``debug`` or ``verbose`` reached ``dictConfig`` as it was, which stopped every process with a
+    page of "ValueError: Unable to configure logger" traceback."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    if raw.upper() not in logging.getLevelNamesMapping():
+        raise ImproperlyConfiguredEnv(f"{name}={raw!r}: expected DEBUG, INFO, WARNING, ERROR or CRITICAL")
+    return raw.upper()
 
 
 RATE_PERIODS = {"s": 1, "m": 60, "h": 3600}

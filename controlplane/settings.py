@@ -23,6 +23,7 @@ from controlplane.env import (
     env_floats,
     env_int,
     env_list,
+    env_log_level,
     env_rate,
     env_secret,
     env_url,
@@ -282,7 +283,7 @@ LOGGING = {
     "filters": {"database_unreachable": {"()": "controlplane.errors.DatabaseUnreachableFilter"}},
     "root": {"handlers": ["console"], "level": "WARNING"},
     "loggers": {
-        "tessera": {"level": os.environ.get("TESSERA_LOG_LEVEL") or ("INFO" if DEBUG else "WARNING")},
+        "tessera": {"level": env_log_level("TESSERA_LOG_LEVEL", "INFO" if DEBUG else "WARNING")},
         # A request that could not reach the database: one line each, not a traceback.
         "django.request": {"filters": ["database_unreachable"]},
     },

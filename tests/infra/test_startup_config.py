@@ -25,6 +25,7 @@ BAD = [
     ("TESSERA_IDLE_BOUNDS_THRESHOLD", "0.01,high"),
     ("REDIS_URL", "redis://127.0.0.1:notaport/0"),
     ("TESSERA_ENGINE_PREEMPT", "off"),  # a misspelt knob (preemption) must not be ignored
+    ("TESSERA_LOG_LEVEL", "verbose"),  # reached logging's dictConfig raw: a page of traceback
 ]
 
 PROCESSES = {
@@ -59,6 +60,12 @@ def test_servers_stop_naming_the_variable_without_a_traceback(process):
     assert done.returncode == 1, done.stdout + done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     assert "TESSERA_PASS_INTERVAL_S='abc'" in done.stderr, done.stderr
+
+
+def test_a_log_level_in_lower_case_is_taken_as_its_name():
+    done = start([*PROCESSES["manage.py"], "--fail-level", "ERROR"], "TESSERA_LOG_LEVEL", "debug")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize("command", [["create_join_token"], ["export_trace", "{tmp}/trace"]])
