@@ -107,3 +107,9 @@ def test_every_variable_in_the_readmes_configuration_table_is_read_by_the_code()
         if name not in names and not any(name.startswith(p) for p in prefixes) and "<" not in name
     ]
     assert unread == []
+
+
+def test_every_alert_of_deploy_alerts_yml_is_named_in_docs_metrics_md():
+    alerts = re.findall(r"^\s*- alert: (\w+)", (ROOT / "deploy" / "alerts.yml").read_text(), re.M)
+    page = (ROOT / "docs" / "metrics.md").read_text()
+    assert alerts and [a for a in alerts if f"`{a}`" not in page] == []
