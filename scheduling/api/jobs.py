@@ -57,8 +57,9 @@ from scheduling.services.jobs import IdempotencyConflict, NotAdmissible, do_canc
 MAX_IDEMPOTENCY_KEY = 255
 
 
-def submit_tenant(user, named: str | None) -> Tenant:
-    """The tenant a submission is for: the user's own, or, for operators, the one they name."""
+def submit_tenant(user, named: str | None, verb: str = "submit", made: str = "job") -> Tenant:
+    """The tenant a submission is for: the user's own, or, for operators, the one they name.
+    ``verb`` and ``made`` word the refusals: a webhook's tenant is chosen here too."""
     if is_operator(user) and named is not None:
         tenant = Tenant.objects.visible_to(user).filter(name=named).first()
         if tenant is None:
@@ -68,11 +69,11 @@ def submit_tenant(user, named: str | None) -> Tenant:
     if own is None:
         if is_operator(user):
             raise ValidationError(
-                {"tenant": ["operators belong to no tenant: name the tenant to submit the job for"]}
+                {"tenant": [f"operators belong to no tenant: name the tenant to {verb} the {made} for"]}
             )
         raise PermissionDenied("You belong to no tenant; ask an operator to add you to one.")
     if named is not None and named != own.name:
-        raise PermissionDenied("You may submit jobs only for your own tenant.")
+        raise PermissionDenied(f"You may {verb} {made}s only for your own tenant.")
     return own
 
 

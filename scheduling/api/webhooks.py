@@ -127,7 +127,7 @@ class WebhookViewSet(viewsets.GenericViewSet):
         body = WebhookCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
-        tenant = submit_tenant(request.user, data.get("tenant"))
+        tenant = submit_tenant(request.user, data.get("tenant"), verb="register", made="webhook")
         try:
             hook, secret = do_create_webhook(tenant, data["url"], list(data.get("events", [])), request.user)
         except TargetRefused as refused:

@@ -197,3 +197,14 @@ def test_bob_cannot_see_or_delete_alices_webhook_and_the_secret_is_shown_once(wo
 def test_bad_webhook_bodies_are_400s_naming_the_field(world, body, field):
     answer = world.client("alice").post("/api/v1/webhooks/", body, format="json")
     assert answer.status_code == 400 and field in answer.json()
+
+
+def test_a_webhook_for_another_tenant_is_refused_in_words_about_webhooks(world, receiver):
+    answer = register(world, "alice", receiver.url, tenant="nlp")
+    assert answer.status_code == 403
+    assert answer.json() == {"detail": "You may register webhooks only for your own tenant."}
+    unnamed = register(world, "admin", receiver.url)
+    assert unnamed.status_code == 400
+    assert unnamed.json() == {
+        "tenant": ["operators belong to no tenant: name the tenant to register the webhook for"]
+    }
