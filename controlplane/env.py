@@ -98,6 +98,20 @@ def env_floats(name: str, default: list[float], minimum: float | None = None) ->
     return values
 
 
+def env_bounds(name: str, default: list[float]) -> list[float]:
+    """Two numbers ``low,high`` (``0.01,0.2``), each finite and at least 0, low not above high.
+    Read as any list of numbers, ``0.5`` or ``7200,300`` started the process and then failed
+    each request that read the bounds (an IndexError: 500), or refused every override."""
+    if not os.environ.get(name, "").strip():
+        return default
+    values = env_floats(name, default, minimum=0.0)
+    if len(values) != 2 or values[0] > values[1]:
+        raise ImproperlyConfiguredEnv(
+            f"{name}={os.environ.get(name)!r}: expected two numbers low,high with low <= high"
+        )
+    return values
+
+
 def env_list(name: str, default: list[str]) -> list[str]:
     raw = os.environ.get(name)
     if raw is None:

@@ -18,6 +18,7 @@ from controlplane.env import (
     channel_layer_host,
     database_from_url,
     env_bool,
+    env_bounds,
     env_engine_knobs,
     env_float,
     env_floats,
@@ -359,7 +360,7 @@ TESSERA: dict[str, Any] = {
     "IDLE_STEP_S": env_float("TESSERA_IDLE_STEP_S", 60.0, minimum=1.0),
     # What tenants may set for themselves (low,high each): scheduling/services/idle_policy.py.
     "IDLE_BOUNDS": {
-        name: env_floats(f"TESSERA_IDLE_BOUNDS_{name.upper()}", default, minimum=0.0)
+        name: env_bounds(f"TESSERA_IDLE_BOUNDS_{name.upper()}", default)
         for name, default in (
             ("threshold", [0.01, 0.2]),
             ("exempt_s", [300.0, 7200.0]),

@@ -23,6 +23,8 @@ BAD = [
     ("TESSERA_ADJUST_INTERVAL_S", "5s"),
     ("TESSERA_IDLE_WARN_S", "900,abc"),  # a list of numbers
     ("TESSERA_IDLE_BOUNDS_THRESHOLD", "0.01,high"),
+    ("TESSERA_IDLE_BOUNDS_THRESHOLD", "0.5"),  # one number: every read of the bounds was a 500
+    ("TESSERA_IDLE_BOUNDS_EXEMPT_S", "7200,300"),  # low above high: every override refused
     ("REDIS_URL", "redis://127.0.0.1:notaport/0"),
     ("TESSERA_ENGINE_PREEMPT", "off"),  # a misspelt knob (preemption) must not be ignored
     ("TESSERA_LOG_LEVEL", "verbose"),  # reached logging's dictConfig raw: a page of traceback
