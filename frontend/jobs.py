@@ -8,6 +8,7 @@ API's own messages. Forms are POSTs under Django's CSRF check.
 
 from __future__ import annotations
 
+import math
 import shlex
 from datetime import timedelta
 from typing import Any, cast
@@ -32,6 +33,7 @@ from monitoring.adjust import job_utilisation
 from scheduling.api.fields import text_problem
 from scheduling.api.job_serializers import model_fields, validated_submit
 from scheduling.api.jobs import submit_tenant
+from scheduling.api.throttling import over_limit
 from scheduling.choices import TERMINAL_STATES, JobKind, JobState
 from scheduling.models import Job, LogChunk, Tenant
 from scheduling.services.dryrun import dry_run
@@ -346,6 +348,12 @@ def job_new(request: HttpRequest) -> HttpResponse:
 
     form = JobForm(request.POST, request.FILES)
     context["form"] = form
+    retry_after = over_limit(request.user, ["submit"])  # the API's submit budget, shared
+    if retry_after is not None:
+        form.add_error(None, f"Too many submissions: try again in {math.ceil(retry_after)} s.")
+        response = render(request, "frontend/jobs/new.html", context, status=429)
+        response["Retry-After"] = str(math.ceil(retry_after))
+        return response
     body = form.body() if form.is_valid() else None
     if body is None:
         return render(request, "frontend/jobs/new.html", context, status=400)

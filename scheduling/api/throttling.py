@@ -2,7 +2,8 @@
 
 Two budgets per user, each a fixed window counted where every web process sees it (Redis when the
 cluster has one; in process for the embedded default): ``api`` for every request of the user API,
-and ``submit`` for job submissions (views that say ``throttle_scope = "jobs"``, action ``create``).
+and ``submit`` for job submissions (views that say ``throttle_scope = "jobs"``, action ``create``,
+and the portal's submit form).
 Operators are limited like everyone. Agents are not people: their credentials are never limited
 here (their request rate is bounded by the agent protocol itself).
 
@@ -78,6 +79,24 @@ def _hit(key: str, window: int, period: int) -> int:
         return 0
 
 
+def over_limit(user, scopes: list[str]) -> float | None:
+    """Count one request of ``user`` against each budget of ``scopes``: None while within them,
+    else the seconds until the exceeded budget's window ends (its ``Retry-After``). The API's
+    throttle and the portal's submit form both count here, so the form is no way around the
+    ``submit`` budget."""
+    limits = settings.TESSERA_RATE_LIMITS
+    now = time.time()
+    for scope in scopes:
+        rate = limits.get(scope)
+        if rate is None:
+            continue
+        count, period = rate
+        window = int(now // period)
+        if _hit(f"{scope}:{user.pk}", window, period) > count:
+            return max(1.0, (window + 1) * period - now)
+    return None
+
+
 class UserRateLimit(BaseThrottle):
     """The ``api`` budget for every user request, and ``submit`` for job submissions."""
 
@@ -91,18 +110,8 @@ class UserRateLimit(BaseThrottle):
         scopes = ["api"]
         if getattr(view, "throttle_scope", None) == "jobs" and getattr(view, "action", None) == "create":
             scopes.append("submit")
-        limits = settings.TESSERA_RATE_LIMITS
-        now = time.time()
-        for scope in scopes:
-            rate = limits.get(scope)
-            if rate is None:
-                continue
-            count, period = rate
-            window = int(now // period)
-            if _hit(f"{scope}:{user.pk}", window, period) > count:
-                self.retry_after = max(1.0, (window + 1) * period - now)
-                return False
-        return True
+        self.retry_after = over_limit(user, scopes)
+        return self.retry_after is None
 
     def wait(self) -> float | None:
         return self.retry_after

@@ -18,6 +18,7 @@ from scheduling.models import Job, JobEvent
 from tests.api.bad_bodies import CASES
 from tests.frontend.helpers import make_node
 
+API_BODY = {"name": "t", "kind": "batch", "command": ["true"], "gpus": 1}
 HOSTILE = '<script>alert("x")</script><img src=x onerror=alert(1)>'
 
 
@@ -523,3 +524,15 @@ def test_holding_a_job_that_started_meanwhile_says_so(world: Any, cluster: Any) 
     response = signed_in(world.alice).post(f"/jobs/{job.pk}/hold/", follow=True)
     assert "only a waiting job can be held" in response.content.decode()
     assert not Job.objects.get(pk=job.pk).held
+
+
+def test_the_submit_form_counts_against_the_apis_submit_limit(world: Any, settings: Any) -> None:
+    settings.TESSERA_RATE_LIMITS = {"submit": (2, 60), "api": None}
+    client = signed_in(world.alice)
+    assert [client.post("/jobs/new/", form()).status_code for _ in range(2)] == [302, 302]
+    refused = client.post("/jobs/new/", form())
+    assert refused.status_code == 429 and 1 <= int(refused["Retry-After"]) <= 60
+    assert "Too many submissions" in refused.content.decode()
+    assert world.client("alice").post("/api/v1/jobs/", API_BODY, format="json").status_code == 429
+    assert Job.objects.count() == 2  # the refused ones were not kept
+    assert signed_in(world.bob).post("/jobs/new/", form()).status_code == 302  # per user
