@@ -37,6 +37,7 @@ if settings.TESSERA["PASS_LOOP"]:
     start_embedded_loop()
     start_adjust_loop()
 
+from controlplane.body_limit import BodyLimit  # noqa: E402
 from controlplane.daphne_requests import skip_form_parsing  # noqa: E402
 from controlplane.gc_tuning import tune_for_server  # noqa: E402
 from scheduling.api.agent_stream import STREAM_PATH, AgentStream  # noqa: E402
@@ -52,7 +53,9 @@ async def websockets(scope, receive, send):
     return await app(scope, receive, send)
 
 
-application = ProtocolTypeRouter({"http": ASGIStaticFilesHandler(django_asgi_app), "websocket": websockets})
+# Bodies past TESSERA_MAX_BODY_BYTES are refused before Django reads them (controlplane/body_limit.py).
+http = BodyLimit(ASGIStaticFilesHandler(django_asgi_app), settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
+application = ProtocolTypeRouter({"http": http, "websocket": websockets})
 if settings.TESSERA["SKIP_FORM_PARSING"]:
     skip_form_parsing()
 if settings.TESSERA["GC_TUNING"]:

@@ -1,0 +1,81 @@
+"""Request bodies past ``TESSERA_MAX_BODY_BYTES`` refused before they are read: 413.
+
+Django's ASGI handler reads a request's whole body into a temporary file (in memory, then on
+disk) before any middleware, authentication or view runs; ``DATA_UPLOAD_MAX_MEMORY_SIZE`` is
+checked only when a view reads the body. So any client, signed in or not, could make a web
+process write as much as it sent to its temporary directory, and got its 401 or 413 only once
+all of it was stored (a 64 MiB anonymous POST: every byte read, then 401). This wrapper refuses a
+declared ``Content-Length`` over the limit at once, reading nothing, and stops reading a body
+sent without one (chunked) as soon as it passes the limit.
+
+Under daphne this saves Django's copy, not Twisted's: daphne calls the application only once
+Twisted has received the whole request (into memory, or a temporary file past 100 kB). A server
+that streams bodies (uvicorn) stops at the limit; behind daphne, a proxy's body limit does.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+App = Callable[[dict[str, Any], Receive, Send], Awaitable[None]]
+
+TOO_LARGE = json.dumps({"detail": "Request body is too large."}).encode()
+
+
+def declared_length(scope: dict[str, Any]) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name.lower() == b"content-length":
+            return int(value) if value.isdigit() else None
+    return None
+
+
+async def refuse(send: Send) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(TOO_LARGE)).encode())]
+    await send({"type": "http.response.start", "status": 413, "headers": headers})
+    await send({"type": "http.response.body", "body": TOO_LARGE})
+
+
+class BodyLimit:
+    """ASGI middleware: HTTP requests whose body is larger than ``limit`` bytes get 413."""
+
+    def __init__(self, app: App, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = declared_length(scope)
+        if declared is not None and declared > self.limit:
+            await refuse(send)
+            return
+        read = 0
+        over = False
+        started = False
+
+        async def limited_receive() -> Message:
+            nonlocal read, over
+            if over:
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message["type"] == "http.request":
+                read += len(message.get("body", b""))
+                if read > self.limit:
+                    over = True  # Django's handler stops reading at a disconnect, answering nothing
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def tracked_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        await self.app(scope, limited_receive, tracked_send)
+        if over and not started:
+            await refuse(send)
