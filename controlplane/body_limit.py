@@ -22,7 +22,7 @@ from typing import Any
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
-App = Callable[[dict[str, Any], Receive, Send], Awaitable[None]]
+App = Callable[..., Awaitable[None]]  # an ASGI application (Django's handlers type their own scope)
 
 TOO_LARGE = json.dumps({"detail": "Request body is too large."}).encode()
 
