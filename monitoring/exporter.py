@@ -22,6 +22,7 @@ each one in ``SchedulerState``, and the histogram and counters are read from the
 | ``tessera_gpus_idle_allocated`` | | allocated GPUs idle past the first warning's window |
 | ``tessera_adjustment_last_pass_timestamp_seconds`` | | when the last adjustment pass ran |
 | ``tessera_cluster_metrics_available`` | | 0 when the scrape could not read the database (the rest absent) |
+| ``tessera_redis_available`` | | 0 when Redis does not answer this web process (absent without Redis) |
 
 Queue levels, wait and start latency percentiles, fragmentation, per-tenant usage against
 guarantees, lost GPU-seconds, failures by cause and heartbeat ages: ``monitoring/job_metrics.py``.
@@ -33,6 +34,7 @@ import logging
 import threading
 from collections.abc import Iterator
 
+from django.conf import settings
 from django.db.models import Count, Sum
 from prometheus_client import REGISTRY
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -42,6 +44,7 @@ from prometheus_client.utils import floatToGoString
 from monitoring.job_metrics import job_families
 from scheduling.choices import JobKind, JobState, NodeState
 from scheduling.models import Allocation, Device, Job, Node, SchedulerState
+from scheduling.services import redis_flags
 from scheduling.services.passes import PASS_BUCKETS_S
 
 log = logging.getLogger("tessera.metrics")
@@ -70,6 +73,19 @@ class ClusterCollector(Collector):
         available.add_metric([], 1 if read else 0)
         yield from families
         yield available
+        if settings.REDIS_URL:
+            yield _redis_family()
+
+
+def _redis_family() -> GaugeMetricFamily:
+    """Whether Redis answers now. Its outage loses no job (PostgreSQL keeps the truth) but stops
+    triggered passes, live updates and rate limits until it is back (docs/operations.md):
+    without this, nothing on /metrics said so (deploy/alerts.yml)."""
+    available = GaugeMetricFamily(
+        "tessera_redis_available", "1 when Redis answered this scrape's PING; 0 when it did not."
+    )
+    available.add_metric([], 1 if redis_flags.answers() else 0)
+    return available
 
 
 def _cluster_families() -> list[GaugeMetricFamily]:

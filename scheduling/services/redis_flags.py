@@ -11,6 +11,8 @@ import logging
 
 import redis
 from django.conf import settings
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from controlplane.env import redis_db_url
 
@@ -24,6 +26,29 @@ def key(name: str) -> str:
 @functools.lru_cache(maxsize=1)
 def client() -> redis.Redis:
     return redis.Redis.from_url(redis_db_url(settings.REDIS_URL, 2), socket_timeout=2)
+
+
+# A scrape (docs/metrics.md, ``tessera_redis_available``) must answer within Prometheus's timeout
+# even when Redis's host drops packets: one second to connect and to read, never a retry.
+PROBE_TIMEOUT_S = 1.0
+
+
+@functools.lru_cache(maxsize=2)
+def _probe_client(url: str) -> redis.Redis:
+    return redis.Redis.from_url(
+        redis_db_url(url, 2),
+        socket_timeout=PROBE_TIMEOUT_S,
+        socket_connect_timeout=PROBE_TIMEOUT_S,
+        retry=Retry(NoBackoff(), 0),
+    )
+
+
+def answers() -> bool:
+    """Whether Redis answers a PING now (within :data:`PROBE_TIMEOUT_S`)."""
+    try:
+        return bool(_probe_client(settings.REDIS_URL).ping())
+    except redis.RedisError:
+        return False
 
 
 def set_flag(name: str, ttl_s: int = 60) -> None:

@@ -129,6 +129,19 @@ def test_promtool_accepts_the_alert_rules_and_they_fire_when_their_tests_say():
     assert tested.returncode == 0, tested.stdout + tested.stderr
 
 
+def test_every_tessera_metric_an_alert_reads_is_one_docs_metrics_lists():
+    """promtool checks the rules' syntax, not their names: an alert on a misspelt or removed
+    metric never fires. Every one of them reads a metric the web exports (docs/metrics.md's
+    table; tests/monitoring/test_metrics.py holds the exporter to its rows)."""
+    import re
+
+    documented = set(re.findall(r"^\| `(tessera_[a-z_]+)`", (ROOT / "docs" / "metrics.md").read_text(), re.M))
+    documented |= set(re.findall(r"`, `(tessera_[a-z_]+)`", (ROOT / "docs" / "metrics.md").read_text()))
+    rules = yaml.safe_load((PROMETHEUS.parent / "alerts.yml").read_text())["groups"][0]["rules"]
+    read = {name for rule in rules for name in re.findall(r"\b(tessera_[a-z_]+)", rule["expr"])}
+    assert read and read <= documented, read - documented
+
+
 def test_compose_mounts_the_alert_rules_the_prometheus_config_loads():
     assert yaml.safe_load(PROMETHEUS.read_text())["rule_files"] == ["alerts.yml"]
     volumes = compose_config()["services"]["prometheus"]["volumes"]

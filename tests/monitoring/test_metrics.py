@@ -12,6 +12,7 @@ from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.frontend.helpers import make_node
+from tests.support import free_port
 
 
 def scrape(client: Client | None = None) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -172,3 +173,48 @@ def test_queue_latency_fragmentation_tenants_lost_work_failures_and_heartbeats(b
     assert got[("tessera_job_failures_total", (("cause", "exit-code"),))] == 1
     assert got[("tessera_job_failures_total", (("cause", "time-limit"),))] == 0
     assert got[("tessera_gpus_free_fragmented", (("model", "H100"),))] == 0
+
+
+def test_a_scrape_says_redis_does_not_answer_within_the_scrape_timeout(db: Any, settings: Any) -> None:
+    """Redis away stops triggered passes, live updates and rate limits (docs/operations.md): the
+    scrape says so (deploy/alerts.yml), and a silent host costs it a second, not the scrape."""
+    import socket
+    import time
+
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    assert scrape()[("tessera_redis_available", ())] == 0
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts, never answers
+        settings.REDIS_URL = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
+        began = time.monotonic()
+        assert scrape()[("tessera_redis_available", ())] == 0
+        assert time.monotonic() - began < 3
+    settings.REDIS_URL = ""  # the embedded default has no Redis to report on
+    assert not [name for name, _ in scrape() if name == "tessera_redis_available"]
+
+
+@pytest.mark.redis("the scrape's PING to a Redis that answers")
+def test_a_scrape_says_redis_answers(db: Any, settings: Any, redis_url: str) -> None:
+    settings.REDIS_URL = redis_url
+    assert scrape()[("tessera_redis_available", ())] == 1
+
+
+def test_every_metric_docs_metrics_lists_is_exported(busy_cluster: Any, settings: Any) -> None:
+    """docs/metrics.md's table is what an operator builds alerts and dashboards on: each row is
+    on /metrics (the latency quantiles once a job has started)."""
+    import re
+    from pathlib import Path
+
+    from django.db import transaction
+    from django.utils import timezone
+
+    from scheduling.models import Job
+    from scheduling.services.jobs import do_mark_running
+
+    with transaction.atomic():
+        do_mark_running(Job.objects.select_for_update().get(state="scheduled", gpus=2), at=timezone.now())
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
+    table = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    documented = set(re.findall(r"^\| `(tessera_[a-z_]+)`", table, re.M))
+    documented |= set(re.findall(r"`, `(tessera_[a-z_]+)`", table))
+    exported = {name.removesuffix("_bucket") for name, _ in scrape()}
+    assert len(documented) > 20 and documented <= exported, documented - exported
