@@ -18,6 +18,8 @@ app = Celery("controlplane")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
+# One line per broker outage in beat's log, not a traceback per tick (controlplane/beat.py).
+app.conf.beat_scheduler = "controlplane.beat:OutageScheduler"
 app.conf.beat_schedule = {
     "scheduling-safety-pass": {
         "task": "scheduling.tasks.scheduling_pass",

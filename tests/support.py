@@ -300,3 +300,51 @@ class SharedServers:
     def stop_agents(self) -> None:
         for key in [k for k in self.procs.children if k.startswith("agent")]:
             self.procs.stop(key)
+
+
+class RedisServer:
+    """A redis-server of a test's own, on a free port, without persistence: it may stop and
+    restart it without touching anyone else's Redis."""
+
+    def __init__(self, work: Path):
+        self.port = free_port()
+        self.work = work
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.work),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), 0.2),
+            ):
+                return
+            time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(5)
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(5)

@@ -24,7 +24,6 @@ import os
 import random
 import shutil
 import signal
-import subprocess
 import tempfile
 import threading
 import time
@@ -36,6 +35,7 @@ import requests
 
 from tests.support import (
     Processes,
+    RedisServer,
     agent_argv,
     agent_env,
     beat_argv,
@@ -96,53 +96,6 @@ def job_body(i: int, rng: random.Random) -> dict[str, Any]:
     if rng.random() < 0.3:
         body["max_retries"] = 2
     return body
-
-
-class RedisServer:
-    """A redis-server of this test's own, on a free port, without persistence."""
-
-    def __init__(self, work: Path):
-        self.port = free_port()
-        self.work = work
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.work),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with (
-                contextlib.suppress(OSError),
-                __import__("socket").create_connection(("127.0.0.1", self.port), 0.2),
-            ):
-                return
-            time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(5)
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait(5)
 
 
 class Submitter(threading.Thread):

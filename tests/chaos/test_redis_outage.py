@@ -1,0 +1,68 @@
+"""Redis away for a while under real processes, against a redis-server of the test's own.
+
+PostgreSQL keeps the truth, so nothing accepted is lost (docs/operations.md, "What happens when
+something fails"); what these tests hold is what an operator sees meanwhile: each process says
+the outage once in its log, in one line, and once more when Redis is back, rather than a
+traceback per tick or per request that buries when it began and ended.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support import Processes, RedisServer, beat_argv, database_url_of, stack_env, wait_until
+
+pytestmark = [
+    pytest.mark.services,
+    pytest.mark.timeout(120),
+    pytest.mark.postgresql("beat and the web read their settings and state from the database"),
+]
+
+
+@pytest.fixture
+def own_redis() -> RedisServer:
+    if not shutil.which("redis-server"):
+        pytest.fail("redis-server is needed for a Redis of the test's own")
+    work = Path(tempfile.mkdtemp(prefix="tessera-redisout-", dir="/tmp"))
+    redis = RedisServer(work)
+    redis.start()
+    yield redis
+    redis.stop()
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def test_beat_logs_a_broker_outage_once_and_its_end_once(
+    require_postgres, transactional_db, settings, own_redis
+):
+    procs = Processes(own_redis.work)
+    env = stack_env(
+        database_url_of(settings), f"redis://127.0.0.1:{own_redis.port}/0", TESSERA_PASS_INTERVAL_S="0.5"
+    )
+    try:
+        procs.start("beat", [*beat_argv(own_redis.work / "celerybeat-schedule"), "-l", "INFO"], env)
+        wait_until(
+            "beat",
+            lambda: "Sending due task scheduling-safety-pass" in procs.output("beat"),
+            procs,
+            time.monotonic() + 60,
+        )
+        own_redis.stop()
+        time.sleep(6)  # a dozen ticks of the safety pass, the health sweep and the webhooks
+        own_redis.start()
+        wait_until(
+            "beat's recovery",
+            lambda: "queueing scheduled tasks again" in procs.output("beat"),
+            procs,
+            time.monotonic() + 30,
+        )
+        log = procs.output("beat")
+    finally:
+        procs.stop_all()
+    assert "Traceback" not in log, log[-3000:]
+    assert log.count("cannot queue scheduled tasks") == 1, log[-3000:]
+    assert log.count("queueing scheduled tasks again") == 1, log[-3000:]
