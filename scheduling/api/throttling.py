@@ -23,7 +23,7 @@ import redis
 from django.conf import settings
 from rest_framework.throttling import BaseThrottle
 
-from scheduling.services import redis_flags
+from scheduling.services import redis_flags, redis_outage
 
 log = logging.getLogger("tessera.api")
 
@@ -73,10 +73,12 @@ def _hit(key: str, window: int, period: int) -> int:
         pipe = redis_flags.client().pipeline(transaction=False)
         pipe.incr(name)
         pipe.expire(name, period + 1)
-        return int(pipe.execute()[0])
-    except redis.RedisError:
-        log.warning("rate limit not counted: Redis unreachable")
+        count = int(pipe.execute()[0])
+    except redis.RedisError as exc:
+        redis_outage.failed("rate limit not counted", exc)
         return 0
+    redis_outage.answered()
+    return count
 
 
 def over_limit(user, scopes: list[str]) -> float | None:

@@ -36,7 +36,7 @@ from django.conf import settings
 from django.db import transaction
 
 from scheduling.models import Node
-from scheduling.services import job_bus, live_seq, wake_bus
+from scheduling.services import job_bus, live_seq, redis_outage, wake_bus
 
 log = logging.getLogger("tessera.live")
 
@@ -90,14 +90,14 @@ class Outlet:
         if pipelined:
             try:
                 await _group_send_all(layer, merged, keys)
-            except Exception:  # Redis down: live updates are best-effort, PostgreSQL keeps the truth
-                log.warning("%d live updates not delivered", len(merged), exc_info=True)
+            except Exception as exc:  # Redis down: live updates are best-effort, PostgreSQL keeps the truth
+                redis_outage.failed(f"{len(merged)} live updates not delivered", exc)
             return
         for group, message in merged:
             try:
                 await layer.group_send(group, message)
-            except Exception:
-                log.warning("live update to %s not delivered", group, exc_info=True)
+            except Exception as exc:
+                redis_outage.failed(f"live update to {group} not delivered", exc)
 
 
 # channels_redis's own group_send script (channels_redis/core.py, 4.2 and 4.3): each channel takes

@@ -20,15 +20,12 @@ and messages go without a number (the page applies them, as before there was one
 
 from __future__ import annotations
 
-import logging
 import threading
 
 import redis
 from django.conf import settings
 
-from scheduling.services import redis_flags
-
-log = logging.getLogger("tessera.live")
+from scheduling.services import redis_flags, redis_outage
 
 _local_last = 0  # the last number taken in this process (no REDIS_URL)
 _guard = threading.Lock()
@@ -46,10 +43,12 @@ def take() -> int | None:
             _local_last += 1
             return _local_last
     try:
-        return int(redis_flags.client().incr(_key()))
-    except redis.RedisError:
-        log.warning("live sequence not taken", exc_info=True)
+        number = int(redis_flags.client().incr(_key()))
+    except redis.RedisError as exc:
+        redis_outage.failed("live sequence not taken", exc)
         return None
+    redis_outage.answered()
+    return number
 
 
 def current() -> int:
@@ -59,6 +58,6 @@ def current() -> int:
             return _local_last
     try:
         return int(redis_flags.client().get(_key()) or 0)
-    except redis.RedisError:
-        log.warning("live sequence not read", exc_info=True)
+    except redis.RedisError as exc:
+        redis_outage.failed("live sequence not read", exc)
         return 0

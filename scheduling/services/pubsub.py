@@ -10,7 +10,6 @@ It subscribes, waits until Redis confirms (from then on, what is published comes
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -18,8 +17,7 @@ import redis.asyncio
 from django.conf import settings
 
 from controlplane.env import redis_db_url
-
-log = logging.getLogger(__name__)
+from scheduling.services import redis_outage
 
 READY_TIMEOUT_S = 5.0
 
@@ -43,13 +41,14 @@ async def listen_forever(
             if subscribed_before:  # what was published meanwhile is lost
                 on_resubscribed()
             subscribed_before, delay = True, 0.5
+            redis_outage.answered()
             async for message in pubsub.listen():
                 if message.get("type") == "message":
                     on_message(message["data"])
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - Redis went away: subscribe again
-            log.warning("%s subscription lost (%s); subscribing again", what, exc)
+            redis_outage.failed(f"{what} subscription lost; subscribing again", exc)
         finally:
             ready.clear()
             await client.aclose()

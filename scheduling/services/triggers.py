@@ -29,7 +29,7 @@ from django.db import DatabaseError, transaction
 
 from scheduling.choices import JobState
 from scheduling.models import Job
-from scheduling.services import redis_flags
+from scheduling.services import redis_flags, redis_outage
 from scheduling.services.snapshot import PreparedRead
 
 log = logging.getLogger("tessera.triggers")
@@ -103,8 +103,10 @@ def queue_pass() -> None:
         return
     try:
         current_app.send_task(PASS_TASK)
-    except Exception:  # the broker is down: beat's safety pass will catch up
-        log.warning("could not queue a scheduling pass", exc_info=True)
+    except Exception as exc:  # the broker is down: beat's safety pass will catch up
+        redis_outage.failed("could not queue a scheduling pass", exc)
+    else:
+        redis_outage.answered()
 
 
 def wait_for_wake(timeout: float) -> None:

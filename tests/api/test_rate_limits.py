@@ -7,6 +7,7 @@ import pytest
 from scheduling.api import throttling
 from scheduling.models import Job
 from tests.agent.helpers import heartbeat, new_join_token, register
+from tests.support import free_port
 
 BODY = {"name": "t", "kind": "batch", "command": ["true"], "gpus": 1}
 
@@ -78,3 +79,29 @@ def test_a_bad_rate_names_the_variable(monkeypatch, value):
     monkeypatch.setenv("TESSERA_TEST_RATE", value)
     with pytest.raises(ImproperlyConfiguredEnv, match="TESSERA_TEST_RATE"):
         env_rate("TESSERA_TEST_RATE", "1/s")
+
+
+def test_requests_while_redis_is_away_are_answered_and_the_outage_logged_once(
+    world, settings, monkeypatch, caplog
+):
+    """Uncounted, not refused; and one line in the web's log for the outage, not one per request
+    (a cluster's users made it most of the log)."""
+    import logging
+
+    import redis
+
+    from scheduling.services import redis_flags, redis_outage
+
+    redis_outage.answered()  # no outage left over from another test
+    caplog.clear()
+    away = redis.Redis(host="127.0.0.1", port=free_port(), socket_timeout=1)
+    settings.REDIS_URL = "redis://127.0.0.1:6379/0"
+    settings.TESSERA_RATE_LIMITS = {"submit": (1, 60), "api": (1, 60)}
+    monkeypatch.setattr(redis_flags, "client", lambda: away)
+    with caplog.at_level(logging.DEBUG, logger="tessera.redis"):
+        codes = [world.client("alice").get("/api/v1/jobs/").status_code for _ in range(5)]
+    assert codes == [200] * 5
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(said) == 1 and "rate limit not counted" in said[0], said
+    assert len([r for r in caplog.records if r.name == "tessera.redis"]) == 5  # the rest at debug
+    redis_outage.answered()
