@@ -29,6 +29,7 @@ import contextlib
 import json
 from typing import Any
 
+import redis
 from channels.consumer import AsyncConsumer
 from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
@@ -37,7 +38,7 @@ from rest_framework.exceptions import ValidationError
 from scheduling.api.agent_auth import node_for_credential
 from scheduling.api.agent_wait import forget_join, node_id_for_secret, node_secret, wake_channel
 from scheduling.api.agents import exit_results
-from scheduling.services import wake_bus
+from scheduling.services import redis_outage, wake_bus
 
 STREAM_PATH = "/api/v1/agent/stream"
 
@@ -59,11 +60,26 @@ class AgentStream(AsyncConsumer):
             return
         self.secret, self.node_id = secret, node_id
         group = f"agent.{node_id}"
-        if wake_bus.enabled():  # the pass's wakes by pub/sub (services/wake_bus.py)
-            await wake_bus.subscription().add(node_id, self._bus_wake)
-        else:
-            await self.channel_layer.group_add(group, self.channel_name)
-        await self.channel_layer.group_discard(group, wake_channel(node_id))
+        try:
+            if wake_bus.enabled():  # the pass's wakes by pub/sub (services/wake_bus.py)
+                await wake_bus.subscription().add(node_id, self._bus_wake)
+            else:
+                await self.channel_layer.group_add(group, self.channel_name)
+            await self.channel_layer.group_discard(group, wake_channel(node_id))
+        except (redis.RedisError, OSError, TimeoutError) as exc:
+            # Redis away: no socket without its wakes. Its callback must not outlive it (it kept
+            # the subscription open and took every wake of the node, for a socket never opened),
+            # and the agent must not read a refusal (403: it would long-poll for 5 minutes), so
+            # the socket opens and closes at once with 1013, "try again later": the agent
+            # reconnects after its backoff, polling meanwhile; the outage is logged once.
+            if wake_bus.enabled():
+                wake_bus.subscription().remove(node_id, self._bus_wake)
+            self.node_id = None
+            redis_outage.failed("an agent's stream closed (1013)", exc)
+            await self.send({"type": "websocket.accept"})
+            await self.send({"type": "websocket.close", "code": 1013})
+            return
+        redis_outage.answered()
         forget_join(node_id)
         await self.send({"type": "websocket.accept"})
 

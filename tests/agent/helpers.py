@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+import redis
+from channels.layers import InMemoryChannelLayer
 from rest_framework.test import APIClient
 
 from scheduling.services.agents import do_create_join_token
@@ -129,3 +131,14 @@ def state_of(job) -> str:
     from scheduling.models import Job
 
     return Job.objects.get(pk=job.pk).state
+
+
+class UnreachableLayer(InMemoryChannelLayer):
+    """A channel layer whose Redis is out of reach: joining or leaving a group fails as
+    channels_redis fails then."""
+
+    async def group_add(self, group: str, channel: str) -> None:
+        raise redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    async def group_discard(self, group: str, channel: str) -> None:
+        raise redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")

@@ -9,6 +9,7 @@ socket; a credential that stops holding gets 401 and the socket is closed.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -235,3 +236,71 @@ def test_after_the_subscription_breaks_every_socket_is_asked_to_heartbeat(redis_
         return got
 
     assert async_to_sync(go)() == {"wake": True, "start": [], "heartbeat": True}
+
+
+def _closed_with(auth: str) -> Any:
+    """Connect with ``auth``; what the server sends first (a close names its code)."""
+
+    async def go() -> Any:
+        talk = _communicator(auth)
+        connected, _ = await talk.connect()
+        assert connected  # not a refusal: a 403 makes the agent long-poll for 5 minutes
+        return await talk.receive_output(timeout=5)
+
+    return async_to_sync(go)()
+
+
+def test_a_stream_opened_while_redis_is_away_closes_with_try_again_later(join_token, settings, caplog):
+    """The layer's Redis out of reach (no other change): the socket is told 1013, "try again
+    later" (the agent reconnects after its backoff, heartbeating meanwhile), not a traceback in
+    daphne's log per agent per attempt; the outage is logged once."""
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "tests.agent.helpers.UnreachableLayer"}}
+    _, answer = h.register(join_token, "gpu-01")
+    from scheduling.services import redis_outage
+
+    redis_outage.answered()  # no outage left over from another test
+    caplog.clear()
+    _communicator(None)  # the ASGI app's set-up configures logging afresh: done before listening
+    logger = logging.getLogger("tessera.redis")
+    logger.addHandler(caplog.handler)
+    try:
+        for _ in range(3):
+            assert _closed_with(f"Node {answer['credential']}") == {"type": "websocket.close", "code": 1013}
+    finally:
+        logger.removeHandler(caplog.handler)
+    # one record (seen once or twice: by the root's handler too when nothing reset it)
+    said = list(
+        {
+            id(r): r for r in caplog.records if r.levelno >= logging.WARNING and "Redis" in r.getMessage()
+        }.values()
+    )
+    assert len(said) == 1 and not said[0].exc_info, [r.getMessage() for r in said]
+
+
+@pytest.mark.redis(REDIS_WHY)
+def test_a_stream_that_could_not_open_leaves_no_callback_taking_its_nodes_wakes(redis_nodes, monkeypatch):
+    """Pub/sub answered but the layer did not (Redis going away between the two): the socket's
+    wake callback, registered first, went with it (it kept the subscription open and took every
+    wake of its node for a socket never opened)."""
+    import redis
+    from channels_redis.core import RedisChannelLayer
+
+    from scheduling.services import wake_bus
+
+    mine, _ = redis_nodes
+
+    async def unreachable(*_: Any) -> None:
+        raise redis.ConnectionError("Connection closed by server.")
+
+    monkeypatch.setattr(RedisChannelLayer, "group_discard", unreachable)
+
+    async def go() -> tuple[Any, Any]:
+        talk = _communicator(f"Node {mine['credential']}")
+        connected, _ = await talk.connect()
+        closed = await talk.receive_output(timeout=5)
+        subscription = wake_bus.subscription()
+        return connected and closed, (subscription.sockets, subscription.task)
+
+    closed, left = async_to_sync(go)()
+    assert closed == {"type": "websocket.close", "code": 1013}
+    assert left == ({}, None)
