@@ -70,14 +70,15 @@ class AgentStream(AsyncConsumer):
             # Redis away: no socket without its wakes. Its callback must not outlive it (it kept
             # the subscription open and took every wake of the node, for a socket never opened),
             # and the agent must not read a refusal (403: it would long-poll for 5 minutes), so
-            # the socket opens and closes at once with 1013, "try again later": the agent
+            # the socket opens and closes at once with 4013, "try again later" (1013's meaning;
+            # daphne sends an application's code only if it is 1000 or 3000-4999): the agent
             # reconnects after its backoff, polling meanwhile; the outage is logged once.
             if wake_bus.enabled():
                 wake_bus.subscription().remove(node_id, self._bus_wake)
             self.node_id = None
-            redis_outage.failed("an agent's stream closed (1013)", exc)
+            redis_outage.failed("an agent's stream closed (4013)", exc)
             await self.send({"type": "websocket.accept"})
-            await self.send({"type": "websocket.close", "code": 1013})
+            await self.send({"type": "websocket.close", "code": 4013})
             return
         redis_outage.answered()
         forget_join(node_id)

@@ -32,7 +32,7 @@ from django.conf import settings
 
 from scheduling.per_loop import PerLoop
 from scheduling.services import redis_flags
-from scheduling.services.pubsub import READY_TIMEOUT_S, listen_forever
+from scheduling.services.pubsub import listen_forever
 
 log = logging.getLogger("tessera.agents")
 
@@ -58,6 +58,12 @@ def publish(wakes: dict[int, Wake]) -> None:
         log.warning("%d agent wake(s) not published", len(wakes))
 
 
+# How long a socket's handshake waits for the subscription: under daphne's 5 s websocket handshake
+# timeout, so that with Redis away the agent is told to come back later (scheduling/api/
+# agent_stream.py) before daphne drops the half-open connection without a word.
+SOCKET_READY_TIMEOUT_S = 3.0
+
+
 class Subscription:
     """A web process's subscription (one per event loop): node id → the callbacks of its sockets.
     Subscribed while a socket is registered; closed with the last one."""
@@ -75,7 +81,7 @@ class Subscription:
             self.ready.clear()
             self.task = asyncio.ensure_future(self._listen())
         try:
-            await asyncio.wait_for(self.ready.wait(), READY_TIMEOUT_S)
+            await asyncio.wait_for(self.ready.wait(), SOCKET_READY_TIMEOUT_S)
         except TimeoutError:
             self.remove(node_id, deliver)
             raise

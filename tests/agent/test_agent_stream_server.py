@@ -251,7 +251,7 @@ def _closed_with(auth: str) -> Any:
 
 
 def test_a_stream_opened_while_redis_is_away_closes_with_try_again_later(join_token, settings, caplog):
-    """The layer's Redis out of reach (no other change): the socket is told 1013, "try again
+    """The layer's Redis out of reach (no other change): the socket is told 4013, "try again
     later" (the agent reconnects after its backoff, heartbeating meanwhile), not a traceback in
     daphne's log per agent per attempt; the outage is logged once."""
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "tests.agent.helpers.UnreachableLayer"}}
@@ -265,7 +265,7 @@ def test_a_stream_opened_while_redis_is_away_closes_with_try_again_later(join_to
     logger.addHandler(caplog.handler)
     try:
         for _ in range(3):
-            assert _closed_with(f"Node {answer['credential']}") == {"type": "websocket.close", "code": 1013}
+            assert _closed_with(f"Node {answer['credential']}") == {"type": "websocket.close", "code": 4013}
     finally:
         logger.removeHandler(caplog.handler)
     # one record (seen once or twice: by the root's handler too when nothing reset it)
@@ -302,5 +302,5 @@ def test_a_stream_that_could_not_open_leaves_no_callback_taking_its_nodes_wakes(
         return connected and closed, (subscription.sockets, subscription.task)
 
     closed, left = async_to_sync(go)()
-    assert closed == {"type": "websocket.close", "code": 1013}
+    assert closed == {"type": "websocket.close", "code": 4013}
     assert left == ({}, None)

@@ -15,7 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import Processes, RedisServer, beat_argv, database_url_of, stack_env, wait_until
+from tests.support import (
+    Processes,
+    RedisServer,
+    beat_argv,
+    database_url_of,
+    free_port,
+    stack_env,
+    wait_until,
+    web_answers,
+    web_argv,
+)
 
 pytestmark = [
     pytest.mark.services,
@@ -66,3 +76,38 @@ def test_beat_logs_a_broker_outage_once_and_its_end_once(
     assert "Traceback" not in log, log[-3000:]
     assert log.count("cannot queue scheduled tasks") == 1, log[-3000:]
     assert log.count("queueing scheduled tasks again") == 1, log[-3000:]
+
+
+def test_an_agents_stream_opened_while_redis_is_away_is_closed_at_once_by_daphne(
+    require_postgres, transactional_db, settings, own_redis
+):
+    """Under daphne, not the test communicator: the close must reach the agent (daphne, through
+    autobahn, sends an application's close code only if it is 1000 or 3000-4999; another left the
+    socket open and dead, and the agent's exit reports on it waited for their timeout)."""
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    from tests.agent import helpers as h
+
+    _, node = h.register(h.new_join_token(), "gpu-01")
+    procs = Processes(own_redis.work)
+    port = free_port()
+    env = stack_env(database_url_of(settings), f"redis://127.0.0.1:{own_redis.port}/0")
+    try:
+        procs.start("web", web_argv(port=port), env)
+        wait_until(
+            "the web server", lambda: web_answers(f"http://127.0.0.1:{port}"), procs, time.monotonic() + 60
+        )
+        own_redis.stop()
+        headers = {"Authorization": f"Node {node['credential']}"}
+        with connect(
+            f"ws://127.0.0.1:{port}/api/v1/agent/stream", additional_headers=headers, proxy=None
+        ) as ws:
+            began = time.monotonic()
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4013, closed.value
+        assert time.monotonic() - began < 3
+    finally:
+        procs.stop_all()
+    assert "Exception inside application" not in procs.output("web"), procs.output("web")[-3000:]
