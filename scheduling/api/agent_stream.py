@@ -51,6 +51,22 @@ class AgentStream(AsyncConsumer):
         super().__init__(*args, **kwargs)
         self._tasks: set[asyncio.Task] = set()  # exit reports being answered, wakes being sent
 
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except redis.RedisError as exc:
+            # The layer's Redis went away under an open socket (its channel's read failed): the
+            # consumer ends without its websocket_disconnect, so its wake callback goes here (left,
+            # it took the node's wakes for a dead socket and kept the subscription open), and
+            # the agent is told 4013 as at the handshake; the outage is logged once, not as a
+            # traceback per socket from daphne.
+            if self.node_id is not None and wake_bus.enabled():
+                wake_bus.subscription().remove(self.node_id, self._bus_wake)
+            self.node_id = None
+            redis_outage.failed("an agent's stream closed (4013)", exc)
+            with contextlib.suppress(Exception):  # the socket may be gone already
+                await send({"type": "websocket.close", "code": 4013})
+
     async def websocket_connect(self, message: dict[str, Any]) -> None:
         header = dict(self.scope.get("headers", [])).get(b"authorization", b"").decode("latin1")
         secret = node_secret(header)

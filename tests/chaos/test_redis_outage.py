@@ -111,3 +111,60 @@ def test_an_agents_stream_opened_while_redis_is_away_is_closed_at_once_by_daphne
     finally:
         procs.stop_all()
     assert "Exception inside application" not in procs.output("web"), procs.output("web")[-3000:]
+
+
+def test_an_open_agent_stream_is_closed_with_4013_when_redis_goes_and_leaves_nothing_behind(
+    require_postgres, transactional_db, settings, own_redis
+):
+    """A socket open when Redis goes: its consumer's read of its channel fails. It is told 4013
+    (it was 1011 and a traceback from daphne per socket: a cluster's worth at once), and its wake
+    callback goes with it (it stayed, taking the node's wakes for a dead socket: the wakes asked
+    of every socket once the subscription is back raised in it)."""
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    from tests.agent import helpers as h
+
+    _, node = h.register(h.new_join_token(), "gpu-01")
+    procs = Processes(own_redis.work)
+    port = free_port()
+    env = stack_env(database_url_of(settings), f"redis://127.0.0.1:{own_redis.port}/0")
+    url, headers = (
+        f"ws://127.0.0.1:{port}/api/v1/agent/stream",
+        {"Authorization": f"Node {node['credential']}"},
+    )
+    try:
+        procs.start("web", web_argv(port=port), env)
+        wait_until(
+            "the web server", lambda: web_answers(f"http://127.0.0.1:{port}"), procs, time.monotonic() + 60
+        )
+        with connect(url, additional_headers=headers, proxy=None) as ws:
+            with pytest.raises(TimeoutError):
+                ws.recv(timeout=0.5)  # open, nothing to say
+            own_redis.stop()
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4013, closed.value
+        own_redis.start()
+        wait_until(
+            "a stream that stays open again", lambda: _stays_open(url, headers), procs, time.monotonic() + 30
+        )
+    finally:
+        procs.stop_all()
+    log = procs.output("web")
+    assert "Exception inside application" not in log and "Traceback" not in log, log[-4000:]
+
+
+def _stays_open(url: str, headers: dict[str, str]) -> bool:
+    """Whether a stream opened now stays open half a second (Redis answers the web again)."""
+    from websockets.exceptions import ConnectionClosed, InvalidStatus
+    from websockets.sync.client import connect
+
+    try:
+        with connect(url, additional_headers=headers, proxy=None) as ws:
+            ws.recv(timeout=0.5)  # a heartbeat asked once the subscription is back: open too
+            return True
+    except TimeoutError:
+        return True
+    except (ConnectionClosed, InvalidStatus, OSError):
+        return False
