@@ -18,12 +18,14 @@ when it is due to expire and at least every :data:`SESSION_CHECK_S`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import time
 from importlib import import_module
 from typing import Any
 
+import redis
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
@@ -32,7 +34,7 @@ from django.contrib.auth import SESSION_KEY
 
 from frontend.redaction import Viewer, redact_device, viewer_for
 from scheduling.models import Membership
-from scheduling.services import live, live_seq
+from scheduling.services import live, live_seq, redis_outage
 
 log = logging.getLogger("tessera.ws")
 
@@ -43,6 +45,9 @@ CLOSE_UNAUTHENTICATED = 4401
 # Close code for a socket whose user's team or role changed: the page reconnects at once, and the
 # new socket joins the groups of the user as it is now.
 CLOSE_REJOIN = 4409
+# Close code for a socket whose Redis (the channel layer) went away: 1013's meaning, "try again
+# later", in the range daphne lets an application send; the page reconnects with its backoff.
+CLOSE_TRY_AGAIN_LATER = 4013
 # The longest a socket goes without looking whether its session still stands (one read of it).
 SESSION_CHECK_S = 300.0
 # A user's fields that make another viewer (``viewer_for``); a sign-in saves ``last_login`` only.
@@ -154,6 +159,21 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
     # The live sequence number once joined: messages numbered at most that may have missed this
     # socket, and any snapshot numbered at least that shows them (``live_seq``).
     joined_seq = 0
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except redis.RedisError as exc:
+            # The layer's Redis away, at the handshake (joining the groups) or under an open socket
+            # (reading its channel): the page is told to come back later (a refused handshake
+            # before the accept), and the outage is logged once, not as daphne's traceback for
+            # every open dashboard at once.
+            for task in (self.flusher, self.expiry):
+                if task is not None:
+                    task.cancel()
+            redis_outage.failed("a dashboard's socket closed (4013)", exc)
+            with contextlib.suppress(Exception):  # the socket may be gone already
+                await send({"type": "websocket.close", "code": CLOSE_TRY_AGAIN_LATER})
 
     async def connect(self) -> None:
         self.joined = []

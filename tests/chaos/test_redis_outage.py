@@ -168,3 +168,41 @@ def _stays_open(url: str, headers: dict[str, str]) -> bool:
         return True
     except (ConnectionClosed, InvalidStatus, OSError):
         return False
+
+
+def test_an_open_dashboard_is_closed_with_4013_when_redis_goes_not_with_a_traceback(
+    require_postgres, transactional_db, settings, world, own_redis
+):
+    """The dashboard's sockets read their channels from the same Redis: when it goes, each is told
+    4013 (the page reconnects with its backoff), and a socket opened meanwhile is refused at the
+    handshake; the web's log says it once, not a traceback per dashboard."""
+    import json
+
+    from django.test import Client
+    from websockets.exceptions import ConnectionClosed, InvalidStatus
+    from websockets.sync.client import connect
+
+    browser = Client()
+    browser.force_login(world.alice)
+    procs = Processes(own_redis.work)
+    port = free_port()
+    env = stack_env(database_url_of(settings), f"redis://127.0.0.1:{own_redis.port}/0")
+    base = f"127.0.0.1:{port}"
+    headers = {"Cookie": f"sessionid={browser.cookies['sessionid'].value}", "Origin": f"http://{base}"}
+    try:
+        procs.start("web", web_argv(port=port), env)
+        wait_until("the web server", lambda: web_answers(f"http://{base}"), procs, time.monotonic() + 60)
+        with connect(f"ws://{base}/ws/dashboard/", additional_headers=headers, proxy=None) as ws:
+            assert json.loads(ws.recv(timeout=10))["type"] == "ready"
+            own_redis.stop()
+            with pytest.raises(ConnectionClosed) as closed:
+                while True:
+                    ws.recv(timeout=10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4013, closed.value
+        with pytest.raises(InvalidStatus):
+            connect(f"ws://{base}/ws/dashboard/", additional_headers=headers, proxy=None, open_timeout=10)
+    finally:
+        procs.stop_all()
+    log = procs.output("web")
+    assert "Exception inside application" not in log and "Traceback" not in log, log[-4000:]
+    assert log.count("Redis unreachable") == 1, log[-4000:]
