@@ -53,7 +53,7 @@ from scheduling.engine.adjust import (
     idle_span,
 )
 from scheduling.models import AdjustmentState, Allocation, Job, JobEvent
-from scheduling.services import gpu_looks, idle_policy
+from scheduling.services import gpu_looks, idle_policy, passes
 from scheduling.services.jobs import begin_stop, locked_jobs, record_event
 from scheduling.services.resizes import CannotShrink, request_shrink
 
@@ -87,10 +87,26 @@ class AdjustResult:
     idle_gpus: int = 0
     actions: list[Adjustment] = field(default_factory=list)
     gpus: gpu_looks.Looks = field(default_factory=dict)  # for the dashboard
+    skipped: bool = False  # another pass held the lock: this one read, did and recorded nothing
 
 
 def run_adjust_pass(read: Reader, now: datetime | None = None) -> AdjustResult:
-    """One adjustment pass (safe to run twice: every action re-checks its job under lock)."""
+    """One adjustment pass, one at a time cluster-wide (a non-blocking advisory lock, as the
+    scheduling pass's): two that overlap (two beats, or a pass slower than its interval on a
+    worker with several processes) judged every job on the same marks, and each recorded the
+    same warning, so the job's next warning counted as given and was never sent. A pass that
+    finds the lock taken returns at once, ``skipped``; the next one on the schedule does the work.
+    Every action still re-checks its job under its row lock."""
+    if not passes.try_lock(passes.ADJUST_LOCK_KEY):
+        log.info("adjustment pass skipped: another one is running")
+        return AdjustResult(skipped=True)
+    try:
+        return _adjust(read, now)
+    finally:
+        passes.unlock(passes.ADJUST_LOCK_KEY)
+
+
+def _adjust(read: Reader, now: datetime | None) -> AdjustResult:
     now = now or timezone.now()
     jobs, held, policies = _running_jobs(now)
     step = idle_policy.defaults().step_s

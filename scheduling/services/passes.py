@@ -70,7 +70,8 @@ from scheduling.services.snapshot import (
 log = logging.getLogger("tessera.pass")
 
 PASS_LOCK_KEY = 0x7E55E7A  # the advisory lock's key, arbitrary but fixed
-_local_lock = threading.Lock()
+ADJUST_LOCK_KEY = 0x7E55E7B  # the adjustment pass's (services/adjust.py)
+_local_locks = {PASS_LOCK_KEY: threading.Lock(), ADJUST_LOCK_KEY: threading.Lock()}  # SQLite
 # The pass's clock: its duration and its time budget's deadline (a test may give a fake one).
 clock = time.perf_counter
 
@@ -87,25 +88,25 @@ class PassResult:
     undecided: int = 0
 
 
-def try_lock() -> bool:
-    """Take the pass lock if it is free; never waits."""
+def try_lock(key: int = PASS_LOCK_KEY) -> bool:
+    """Take the pass lock (or the lock ``key``) if it is free; never waits."""
     if connection.vendor == "postgresql":
         with connection.cursor() as cur:
-            cur.execute("SELECT pg_try_advisory_lock(%s)", [PASS_LOCK_KEY])
+            cur.execute("SELECT pg_try_advisory_lock(%s)", [key])
             return bool(cur.fetchone()[0])
-    return _local_lock.acquire(blocking=False)
+    return _local_locks[key].acquire(blocking=False)
 
 
-def unlock() -> None:
-    """Give the pass lock back. If the connection cannot say so (a Celery soft time limit broke
-    into a query), it is closed: PostgreSQL drops a session's advisory locks with it, so a pass
-    cut off half-way never keeps the next one out."""
+def unlock(key: int = PASS_LOCK_KEY) -> None:
+    """Give the pass lock (or the lock ``key``) back. If the connection cannot say so (a Celery
+    soft time limit broke into a query), it is closed: PostgreSQL drops a session's advisory locks
+    with it, so a pass cut off half-way never keeps the next one out."""
     if connection.vendor != "postgresql":
-        _local_lock.release()
+        _local_locks[key].release()
         return
     try:
         with connection.cursor() as cur:
-            cur.execute(_UNLOCK, [PASS_LOCK_KEY])
+            cur.execute(_UNLOCK, [key])
     except Exception:
         log.warning("could not release the pass lock: closing the connection", exc_info=True)
         connection.close()

@@ -229,3 +229,43 @@ def test_the_dashboard_shows_an_idle_gpu_to_its_team_and_to_no_one_else(world, n
     assert "util" not in held_gpu(world.bob) and "idle" not in held_gpu(world.bob)
     run_adjust_pass(reader({job.pk: 0}))  # busy again
     assert (held_gpu(world.alice)["util"], held_gpu(world.alice)["idle"]) == (0.9, False)
+
+
+def test_two_adjustment_passes_at_once_warn_once_and_the_second_warning_still_comes(
+    transactional_db, world, node
+):
+    """Two beats, or a pass slower than its interval on a worker with several processes: the
+    second pass, started while the first reads utilisation, stands down. Both used to judge the
+    job on the same marks and record warning 1 twice; warning 2 then counted as given and never
+    came."""
+    import threading
+
+    job = start(world, node, minutes_ago=120, gpus=2, kind="training")
+    idle_20 = reader({job.pk: 20})
+    second: list = []
+
+    def read_while_another_pass_runs(held, window_s, step_s):
+        def other() -> None:
+            from django.db import connection
+
+            try:
+                second.append(run_adjust_pass(idle_20))
+            finally:
+                connection.close()
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join(30)
+        return idle_20(held, window_s, step_s)
+
+    first = run_adjust_pass(read_while_another_pass_runs)
+    assert [a.action for a in first.actions] == ["warn"] and not first.skipped
+    assert len(second) == 1 and second[0].skipped and second[0].actions == []
+    assert len(events(job, EventType.IDLE_WARNING)) == 1
+    run_adjust_pass(reader({job.pk: 50}))
+    assert [w.reason.rsplit(": ", 1)[1] for w in events(job, EventType.IDLE_WARNING)] == [
+        "warning 1",
+        "warning 2",
+    ]
+    run_adjust_pass(idle_20)  # and the lock was given back
+    assert AdjustmentState.objects.get(id=1).last_pass_at is not None
