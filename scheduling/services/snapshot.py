@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -473,19 +473,32 @@ NODE_FIELDS = (
 DEVICE_FIELDS = ("id", "index", "uuid", "model", "memory_gib", "nvlink_island", "healthy")
 
 
-def node_spec(node: Mapping[str, Any], devices: list[dict[str, Any]], now: datetime) -> NodeSpec:
-    """``node``: its ``NODE_FIELDS``; ``devices``: its ``DEVICE_FIELDS``, by index."""
+def node_spec(
+    node: Mapping[str, Any], devices: list[dict[str, Any]], now: datetime, held: Set[int] = frozenset()
+) -> NodeSpec:
+    """``node``: its ``NODE_FIELDS``; ``devices``: its ``DEVICE_FIELDS``, by index; ``held``: the
+    indices of its devices a live allocation holds.
+
+    The engine indexes a node's GPUs 0..gpus-1 and takes every held one as it finds it. An agent
+    restarted with fewer GPUs leaves rows that break both (``services/agents._sync_devices``): a
+    gone device nothing ever held is deleted (a gap in the indices), one history holds is kept,
+    unhealthy, even while a bound job still holds it. So the node spans every index up to its
+    highest, a missing index counts as unhealthy, and an unhealthy device a job holds counts as
+    healthy until it is let go (its holder's share is taken; applying checks each device's
+    health again, so no binding lands on it)."""
     timeout = timedelta(seconds=settings.TESSERA["HEARTBEAT_TIMEOUT_S"])
     heartbeat = node["last_heartbeat"]
     fresh = heartbeat is not None and heartbeat >= now - timeout
+    healthy = {d["index"]: d["healthy"] for d in devices}
+    size = max(healthy, default=-1) + 1
     labels = dict(node["labels"] or {})
     labels["rack"] = node["rack"]
     return NodeSpec(
         name=node["name"],
         rack=node["rack"],
         model=devices[0]["model"] if devices else "",
-        gpus=len(devices),
-        nvlink_domain=max(1, min(node["nvlink_domain"], len(devices) or 1)),
+        gpus=size,
+        nvlink_domain=max(1, min(node["nvlink_domain"], size or 1)),
         cpus=node["cpus"],
         memory_gib=node["memory_gib"],
         price_per_gpu_hour=node["price_per_gpu_hour"],
@@ -493,7 +506,7 @@ def node_spec(node: Mapping[str, Any], devices: list[dict[str, Any]], now: datet
         labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
         taints=tuple(node["taints"] or ()),
         schedulable=node["state"] == NodeState.READY and fresh,
-        unhealthy_gpus=tuple(d["index"] for d in devices if not d["healthy"]),
+        unhealthy_gpus=tuple(i for i in range(size) if not healthy.get(i, False) and i not in held),
     )
 
 
@@ -711,7 +724,10 @@ def load_snapshot(now: datetime, pending: list[dict[str, Any]] | None = None) ->
     by_job: dict[int, list[tuple[int, str, int, int | None]]] = defaultdict(list)
     leaving: dict[int, list[tuple[int, str, int, int | None]]] = defaultdict(list)
     left_at: dict[int, datetime] = {}  # when a shrink removed the job's leaving replicas
+    held_at: dict[str, set[int]] = defaultdict(set)  # node name -> indices of its held devices
     for job_id, replica, node_name, share, index, leaving_at in held:
+        if index is not None:
+            held_at[node_name].add(index)
         if leaving_at is None:
             by_job[job_id].append((replica, node_name, share, index))
         else:
@@ -739,7 +755,9 @@ def load_snapshot(now: datetime, pending: list[dict[str, Any]] | None = None) ->
         )
     snapshot = Snapshot(
         now=now.timestamp(),
-        nodes=tuple(node_spec(n, devices.get(n["id"], []), now) for n in nodes),
+        nodes=tuple(
+            node_spec(n, devices.get(n["id"], []), now, held_at.get(n["name"], frozenset())) for n in nodes
+        ),
         running=tuple(running),
         pending=tuple(sorted(waiting, key=lambda j: (j.submitted_at, int(j.id)))),
         quotas=tuple(QuotaSpec(*q) for q in quotas),
