@@ -43,6 +43,7 @@ from scheduling.models import (
 )
 from scheduling.services import audit, checkpoints, live
 from scheduling.services.bulk import riding_transaction
+from scheduling.services.health import requeue_lost
 from scheduling.services.inventory import device_rows
 from scheduling.services.jobs import (
     AGENT_STOPS,
@@ -204,7 +205,8 @@ def do_register_node(
     A re-registering node has restarted its agent: the processes of its running replicas are gone,
     so those replicas are settled as lost with the node (the job is requeued without using a
     retry, up to ``TESSERA["MAX_NODE_LOSSES"]``); replicas
-    bound but not yet started stay, and the new agent starts them.
+    bound but not yet started stay, and the new agent starts them, but for jobs bound to a GPU it
+    no longer reports: those are requeued as with a lost node.
     """
     now = timezone.now()
     credential = new_secret()
@@ -213,8 +215,11 @@ def do_register_node(
         # locks its job and then bumps the node's version, cannot deadlock with this.
         previous = Node.objects.filter(name=desc["name"]).first()
         before = {"gpus": _summary(_inventory_of(previous)), "state": previous.state} if previous else None
+        gone_bound: list[int] = []
         if previous is not None:
-            list(Job.objects.select_for_update().filter(pk__in=_started_job_ids(previous)).order_by("pk"))
+            gone_bound = _bound_to_gone_devices(previous, desc["devices"])
+            locking = set(_started_job_ids(previous)) | set(gone_bound)
+            list(Job.objects.select_for_update().filter(pk__in=locking).order_by("pk"))
         node = Node.objects.select_for_update().filter(name=desc["name"]).first()
         if as_node is not None and (node is None or node.pk != as_node.pk):
             raise NameTaken(desc["name"])
@@ -262,10 +267,31 @@ def do_register_node(
         audit.record("node.register", node, by=as_node or join_token, before=before, after=after)
         if not created:
             _settle_lost_replicas(node, now)
+            for job_id in gone_bound:
+                job = locked_jobs().get(pk=job_id)
+                if job.state == JobState.SCHEDULED:
+                    requeue_lost(job, now)  # its binding names a GPU the node no longer has
         live.publish_devices(device_rows(node.devices.select_related("node")))
         request_pass_on_commit()
     log.info("node %s registered (%d devices)", node.name, len(desc["devices"]))
     return node, credential, created
+
+
+def _bound_to_gone_devices(node: Node, devices: list[dict[str, Any]]) -> list[int]:
+    """Jobs bound, not started, to a device of ``node`` its re-registering agent no longer has.
+
+    The new agent cannot start them (their bindings name GPUs it does not have: it would run
+    them on no GPU, or on another job's); they go back to the queue as with a lost node."""
+    kept = {spec["index"] for spec in devices}
+    return sorted(
+        set(
+            Allocation.objects.filter(
+                node=node, released_at__isnull=True, device__isnull=False, job__state=JobState.SCHEDULED
+            )
+            .exclude(device__index__in=kept)
+            .values_list("job_id", flat=True)
+        )
+    )
 
 
 def _sync_devices(node: Node, devices: list[dict[str, Any]]) -> None:
