@@ -9,6 +9,12 @@ class ServerError(Exception):
     """The server could not be reached or answered 5xx: try again later."""
 
 
+class ServerBusy(ServerError):
+    """The server took the connection but cannot serve it now (it closed the stream with 4013,
+    "try again later": its Redis is away): a failure like any other, not a session that went
+    well, so the agent backs off before it tries again."""
+
+
 class Rejected(Exception):
     """The server refused the request (4xx): retrying the same request will not help."""
 

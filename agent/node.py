@@ -34,6 +34,7 @@ from typing import Any
 from agent import state
 from agent.cgroups import AnyCgroups
 from agent.client import AgentClient, Rejected, ServerError
+from agent.errors import ServerBusy
 from agent.identity import JobUsers, RunAs
 from agent.inventory import Inventory
 from agent.metrics import GpuUse, util_profile
@@ -277,7 +278,7 @@ class Agent:
         While it is open, exit reports go on it too (agent/reports.py). A refused handshake (a
         server without the stream) means the long-poll for ``STREAM_RETRY_S``; a failure, another
         try after a pause that grows, with a heartbeat now, as a wake may have been missed."""
-        stream = None
+        stream, before = None, errors
         try:
             stream = self.client.open_stream(STREAM_IDLE_S)
             errors = 0
@@ -289,7 +290,9 @@ class Agent:
             log.warning("the server refused the stream (%s): long-poll for %gs", exc, STREAM_RETRY_S)
             self._stream_retry_at = time.monotonic() + STREAM_RETRY_S
         except ServerError as exc:
-            errors += 1
+            # Opened and at once told "try again later" (4013): not a good session. Counted as
+            # one, it reset the count, and the agent reopened and heartbeated without a pause.
+            errors = (before if isinstance(exc, ServerBusy) else errors) + 1
             if errors in (1, 10) or errors % 60 == 0:
                 log.warning("stream failed (%d in a row): %s", errors, exc)
             self._beat.set()

@@ -26,9 +26,12 @@ from urllib.parse import urlsplit, urlunsplit
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 from websockets.sync.client import ClientConnection, connect
 
-from agent.errors import Rejected, ServerError
+from agent.errors import Rejected, ServerBusy, ServerError
 
 MAX_MESSAGE = 64 * 1024 * 1024  # a wake with thousands of bindings is far below this
+# The server's close code for "try again later" (1013's meaning, in the range an application may
+# send): its Redis is away (scheduling/api/agent_stream.py).
+TRY_AGAIN_LATER = 4013
 CLOSE_TIMEOUT_S = 2.0  # how long closing waits for the server's half of the closing handshake
 USER_AGENT = "tessera-agent"
 
@@ -94,6 +97,8 @@ class Stream:
             except ConnectionClosed as exc:
                 why = _closed(exc)
                 self.close(why)
+                if exc.rcvd is not None and exc.rcvd.code == TRY_AGAIN_LATER:
+                    raise ServerBusy(why) from None
                 raise ServerError(why) from None
             except (OSError, ValueError, WebSocketException) as exc:
                 why = f"stream: {exc.__class__.__name__}: {exc}"

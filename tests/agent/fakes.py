@@ -13,6 +13,7 @@ from typing import Any
 
 from agent import sandbox
 from agent.client import Rejected, ServerError
+from agent.errors import ServerBusy
 from agent.identity import RunAs, resolve_run_as
 from agent.inventory import simulated_inventory
 from agent.node import Agent
@@ -201,6 +202,16 @@ class StreamingServer(FakeServer):
         self.streams[-1].inbox.put(None)
 
 
+class BusyStreamingServer(StreamingServer):
+    """A server whose Redis is away: each stream it opens is closed at once with 4013, "try
+    again later" (``scheduling/api/agent_stream.py``)."""
+
+    def open_stream(self, idle_s: float) -> FakeStream:
+        stream = super().open_stream(idle_s)
+        stream.busy = True
+        return stream
+
+
 class FakeStream:
     def __init__(self, server: StreamingServer) -> None:
         import queue
@@ -208,8 +219,12 @@ class FakeStream:
         self.server = server
         self.inbox: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
         self.closed = False
+        self.busy = False
 
     def receive(self) -> dict[str, Any]:
+        if self.busy:
+            self.closed = True
+            raise ServerBusy("stream: closed by the server (4013)")
         message = self.inbox.get()
         if message is None:
             self.closed = True

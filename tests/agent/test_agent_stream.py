@@ -24,6 +24,7 @@ from contextlib import contextmanager
 import pytest
 
 from agent.client import Rejected, ServerError
+from agent.errors import ServerBusy
 from agent.stream import Stream, stream_uri
 from tests.agent import fakes
 
@@ -310,3 +311,28 @@ def test_against_a_server_without_the_stream_the_agent_uses_the_long_poll():
     kinds = [kind for kind, _ in server.calls]
     assert kinds.count("open_stream") == 1 and "wait" in kinds
     assert "stream-exits" not in kinds
+
+
+def test_a_close_with_try_again_later_is_a_busy_server():
+    def script(conn: socket.socket, seen: dict[str, str]) -> None:
+        conn.sendall(_server_frame(CLOSE, struct.pack("!H", 4013)))
+
+    with scripted(script) as (base, _):
+        stream = _open(base)
+        with pytest.raises(ServerBusy, match="4013"):
+            stream.receive()
+
+
+def test_streams_told_to_try_again_later_are_reopened_with_a_growing_pause_not_at_once():
+    """A server whose Redis is away opens each stream and closes it with 4013 at once. Taken as
+    a session that went well, each reset the agent's count of failures: it reopened the stream
+    and heartbeated in a tight loop, every agent at once, for the whole outage."""
+    import time
+
+    server = fakes.BusyStreamingServer()
+    with fakes.agent_running_against(server):
+        time.sleep(2.0)
+        opened = len([k for k, _ in server.calls if k == "open_stream"])
+        heartbeats = len([k for k, _ in server.calls if k == "heartbeat"])
+    # pauses of 0, 0.5, 1, 1.5 s...: a handful in 2 s, not hundreds
+    assert 2 <= opened <= 6 and heartbeats <= opened + 2, (opened, heartbeats)
