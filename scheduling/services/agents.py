@@ -43,7 +43,6 @@ from scheduling.models import (
 )
 from scheduling.services import audit, checkpoints, live
 from scheduling.services.bulk import riding_transaction
-from scheduling.services.health import requeue_lost
 from scheduling.services.inventory import device_rows
 from scheduling.services.jobs import (
     AGENT_STOPS,
@@ -57,6 +56,7 @@ from scheduling.services.jobs import (
     failed_code,
     jobs_from_rows,
     locked_jobs,
+    requeue_unstarted,
     settled_with,
     settlement_reads,
 )
@@ -270,7 +270,7 @@ def do_register_node(
             for job_id in gone_bound:
                 job = locked_jobs().get(pk=job_id)
                 if job.state == JobState.SCHEDULED:
-                    requeue_lost(job, now)  # its binding names a GPU the node no longer has
+                    requeue_unstarted(job, now)  # its binding names a GPU the node no longer has
         live.publish_devices(device_rows(node.devices.select_related("node")))
         request_pass_on_commit()
     log.info("node %s registered (%d devices)", node.name, len(desc["devices"]))

@@ -33,19 +33,17 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from scheduling.choices import HOLDING_STATES, EventType, JobState, NodeState
+from scheduling.choices import HOLDING_STATES, JobState, NodeState
 from scheduling.models import Job, Node
 from scheduling.services import live
 from scheduling.services.jobs import (
     Settlement,
     active_allocations_of,
-    do_transition,
     failed_code,
     locked_jobs,
-    release_allocations,
+    requeue_unstarted,
 )
 from scheduling.services.resizes import leave_alone, leaves_alone
-from scheduling.services.triggers import request_pass_on_commit
 
 OWN_STOPS = ("cancelled", "preempt", "time-limit", "disk-limit")
 
@@ -99,20 +97,10 @@ def _resize_only(job: Job, node_id: int, now: datetime) -> bool:
 
 def requeue_lost(job: Job, now: datetime) -> None:
     """``job`` (locked) lost its node and the lease expired: free its GPUs and settle it."""
-    active = list(active_allocations_of(job))
     if job.state == JobState.SCHEDULED:
-        release_allocations(job, now, active)
-        do_transition(
-            job,
-            JobState.PENDING,
-            EventType.REQUEUED,
-            "node-lost",
-            at=now,
-            attempts=job.attempts + 1,
-            stop_reason="",
-        )
-        request_pass_on_commit()
+        requeue_unstarted(job, now)
         return
+    active = list(active_allocations_of(job))
     settlement = Settlement()
     if job.state == JobState.TERMINATING and job.stop_reason.startswith(OWN_STOPS):
         settlement.exit(job, None, now, active)

@@ -413,6 +413,23 @@ def begin_stop(job: Job, reason: str, now: datetime | None = None) -> Job:
     return job
 
 
+def requeue_unstarted(job: Job, now: datetime) -> None:
+    """``job`` (locked, ``scheduled``: bound, never started) cannot start where it is bound (its
+    node was lost, or no longer has the GPUs): free them and send it back to the queue
+    (``requeued``, ``node-lost``; no retry used, a new attempt)."""
+    release_allocations(job, now, list(active_allocations_of(job)))
+    do_transition(
+        job,
+        JobState.PENDING,
+        EventType.REQUEUED,
+        "node-lost",
+        at=now,
+        attempts=job.attempts + 1,
+        stop_reason="",
+    )
+    request_pass_on_commit()
+
+
 def release_allocations(job: Job, at: datetime | None = None, active=None) -> list[dict[str, Any]]:
     """Free a job's GPUs (its process has exited, or its node is fenced). Returns device rows.
 
