@@ -14,6 +14,7 @@ with how long it was and how much failed meanwhile. Per process: each of them sa
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 
@@ -21,21 +22,31 @@ from controlplane.errors import first_line
 
 log = logging.getLogger("tessera.redis")
 
+# A failure within this long of an outage's end is a blip, not a new outage: right after a
+# restart, each pooled connection that the old server closed fails once, then reconnects; logged,
+# each was an "unreachable" line and an "answers again after 0 s" line.
+BLIP_S = 1.0
+clock = time.monotonic  # the helper's clock (a test may give a fake one)
+
 _lock = threading.Lock()
 _down_since: float | None = None
 _failures = 0
+_logged = False  # whether this outage's start was logged (so is its end)
+_ended_at = -math.inf  # when the last outage ended
 
 
 def failed(what: str, exc: BaseException | None = None) -> None:
     """``what`` could not be done because Redis did not answer (``exc``: how it failed)."""
-    global _down_since, _failures
+    global _down_since, _failures, _logged
     why = first_line(exc) if exc is not None else "no answer"
+    now = clock()
     with _lock:
         first = _down_since is None
         if first:
-            _down_since, _failures = time.monotonic(), 0
+            _down_since, _failures, _logged = now, 0, now - _ended_at >= BLIP_S
         _failures += 1
-    if first:
+        say = first and _logged
+    if say:
         log.warning("Redis unreachable: %s (%s); not logged again until it answers", what, why)
     else:
         log.debug("Redis unreachable: %s (%s)", what, why)
@@ -43,12 +54,21 @@ def failed(what: str, exc: BaseException | None = None) -> None:
 
 def answered() -> None:
     """Redis answered: the end of an outage, if there was one (logged once)."""
-    global _down_since, _failures
+    global _down_since, _failures, _ended_at
     if _down_since is None:  # the common case: no lock, nothing to say
         return
     with _lock:
         if _down_since is None:
             return
-        lasted, failures = time.monotonic() - _down_since, _failures
-        _down_since, _failures = None, 0
-    log.warning("Redis answers again after %.0f s; %d operations failed meanwhile", lasted, failures)
+        now = clock()
+        lasted, failures, say = now - _down_since, _failures, _logged
+        _down_since, _failures, _ended_at = None, 0, now
+    if say:
+        log.warning("Redis answers again after %.0f s; %d operations failed meanwhile", lasted, failures)
+
+
+def forget() -> None:
+    """Forget any outage in progress or just ended (tests start from a quiet Redis)."""
+    global _down_since, _failures, _ended_at
+    with _lock:
+        _down_since, _failures, _ended_at = None, 0, -math.inf

@@ -258,7 +258,7 @@ def test_a_stream_opened_while_redis_is_away_closes_with_try_again_later(join_to
     _, answer = h.register(join_token, "gpu-01")
     from scheduling.services import redis_outage
 
-    redis_outage.answered()  # no outage left over from another test
+    redis_outage.forget()  # no outage left over from another test
     caplog.clear()
     _communicator(None)  # the ASGI app's set-up configures logging afresh: done before listening
     logger = logging.getLogger("tessera.redis")
