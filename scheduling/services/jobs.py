@@ -185,6 +185,26 @@ def _body_hash(body: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def _canonical(value: Any) -> Any:
+    """``value`` with every whole number one type (``2`` and ``2.0`` are one number)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {str(k): _canonical(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_canonical(v) for v in value]
+    return value
+
+
+def request_hash(tenant, cleaned: dict[str, Any]) -> str:
+    """What an Idempotency-Key remembers of its submit: the job as validated (``cleaned``: the
+    model's values) and its tenant — not the body's text, so that a retry whose client wrote
+    ``2`` as ``2.0`` or reordered the keys is the same request, and a different job (or another
+    tenant's, for an operator) is not."""
+    request = {"tenant": getattr(tenant, "pk", tenant), "job": _canonical(cleaned)}
+    return hashlib.sha256(json.dumps(request, sort_keys=True, default=str).encode()).hexdigest()
+
+
 def do_submit_job(
     user,
     tenant,
@@ -201,12 +221,15 @@ def do_submit_job(
     :class:`NotAdmissible`. The job and what goes with it are stored in one statement, so a web
     process killed mid-submit leaves nothing half-stored.
     """
-    digest = _body_hash(body)
+    digest = request_hash(tenant, cleaned)
+    # A key stored before keys remembered the validated job (at most a TTL ago) holds the hash
+    # of the body's text: a retry of the same text still matches it.
+    legacy = _body_hash(body)
     # On PostgreSQL the quota check is a condition of the submit's own statement (one round trip);
     # elsewhere it runs first.
     in_statement = check_quota and connection.vendor == "postgresql"
     if check_quota and not in_statement:
-        retried = _refuse_inadmissible(user, tenant, cleaned, idempotency_key, digest)
+        retried = _refuse_inadmissible(user, tenant, cleaned, idempotency_key, digest, legacy)
         if retried is not None:
             return retried
     # The key is not looked up first: a first submit (the common case) inserts it with its job,
@@ -223,19 +246,19 @@ def do_submit_job(
                 continue
             if existing is None:
                 raise
-            return _retried(existing, digest)
+            return _retried(existing, digest, legacy)
         if job is not None:
             return job, True
         # No quota admitted it: why (and a retry of an earlier submit gets that submit's job).
         # If they admit it now (changed since), store it.
-        retried = _refuse_inadmissible(user, tenant, cleaned, idempotency_key, digest)
+        retried = _refuse_inadmissible(user, tenant, cleaned, idempotency_key, digest, legacy)
         if retried is not None:
             return retried
     raise IntegrityError(f"job could not be stored (idempotency key {idempotency_key!r})")
 
 
 def _refuse_inadmissible(
-    user, tenant, cleaned: dict[str, Any], idempotency_key: str | None, digest: str
+    user, tenant, cleaned: dict[str, Any], idempotency_key: str | None, digest: str, legacy: str
 ) -> tuple[Job, bool] | None:
     """Raise :class:`NotAdmissible` if no quota of ``tenant`` could admit the job, unless the key
     names an earlier submit (then its job, as a retry gets it, even if quotas changed since)."""
@@ -245,7 +268,7 @@ def _refuse_inadmissible(
     existing = _find_idempotent(user, idempotency_key) if idempotency_key else None
     if existing is None:
         raise NotAdmissible(why)
-    return _retried(existing, digest)
+    return _retried(existing, digest, legacy)
 
 
 def _store_new(
@@ -309,8 +332,8 @@ _INSERT_ADMITTED = InsertWithChildren(
 )
 
 
-def _retried(existing: IdempotencyKey, digest: str) -> tuple[Job, bool]:
-    if existing.body_hash != digest:
+def _retried(existing: IdempotencyKey, digest: str, legacy: str) -> tuple[Job, bool]:
+    if existing.body_hash not in (digest, legacy):
         raise IdempotencyConflict()
     return existing.job, False
 

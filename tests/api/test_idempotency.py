@@ -64,3 +64,48 @@ def test_a_retry_returns_the_first_job_even_after_the_quota_was_lowered(world):
     again = post_json(client, JOBS, valid_body(gpus=8), HTTP_IDEMPOTENCY_KEY="k")
     assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
     assert post_json(client, JOBS, valid_body(gpus=8), HTTP_IDEMPOTENCY_KEY="new").status_code == 400
+
+
+def test_a_retry_that_writes_a_whole_number_as_a_float_is_the_same_request(world):
+    client = world.client("alice")
+    first = post_json(client, JOBS, valid_body(gpus=2, cpus=4), HTTP_IDEMPOTENCY_KEY="ci-7")
+    again = post_json(client, JOBS, valid_body(gpus=2.0, cpus=4.0), HTTP_IDEMPOTENCY_KEY="ci-7")
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.json()["id"] == first.json()["id"] and Job.objects.count() == 1
+
+
+def test_a_retry_that_reorders_the_keys_is_the_same_request(world):
+    client = world.client("alice")
+    first = post_json(client, JOBS, valid_body(env={"A": "1", "B": "2"}), HTTP_IDEMPOTENCY_KEY="k")
+    body = dict(reversed(valid_body(env={"B": "2", "A": "1"}).items()))
+    again = post_json(client, JOBS, body, HTTP_IDEMPOTENCY_KEY="k")
+    assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
+
+
+def test_the_same_key_with_a_number_that_differs_after_validation_is_still_a_422(world):
+    client = world.client("alice")
+    post_json(client, JOBS, valid_body(gpus=0.5, replicas=1), HTTP_IDEMPOTENCY_KEY="frac")
+    response = post_json(client, JOBS, valid_body(gpus=0.25, replicas=1), HTTP_IDEMPOTENCY_KEY="frac")
+    assert response.status_code == 422 and Job.objects.count() == 1
+
+
+def test_an_operators_key_reused_for_another_tenant_is_a_422(world):
+    client = world.client("admin")
+    first = post_json(client, JOBS, valid_body(tenant="vision"), HTTP_IDEMPOTENCY_KEY="op")
+    other = post_json(client, JOBS, valid_body(tenant="nlp"), HTTP_IDEMPOTENCY_KEY="op")
+    assert first.status_code == 201 and other.status_code == 422
+
+
+def test_a_key_stored_with_the_hash_of_the_bodys_text_still_matches_a_retry_of_that_text(world):
+    import hashlib
+    import json
+
+    client = world.client("alice")
+    first = post_json(client, JOBS, valid_body(), HTTP_IDEMPOTENCY_KEY="before-upgrade")
+    text_hash = hashlib.sha256(json.dumps(valid_body(), sort_keys=True, default=str).encode()).hexdigest()
+    IdempotencyKey.objects.update(body_hash=text_hash)  # as a key stored before this release holds it
+    again = post_json(client, JOBS, valid_body(), HTTP_IDEMPOTENCY_KEY="before-upgrade")
+    assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
+    assert (
+        post_json(client, JOBS, valid_body(gpus=4), HTTP_IDEMPOTENCY_KEY="before-upgrade").status_code == 422
+    )
