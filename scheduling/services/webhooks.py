@@ -16,18 +16,23 @@
 4. Targets are checked when a webhook is made and again before each attempt (the name may
    resolve elsewhere by then): every address the host resolves to must be public — no private,
    loopback, link-local, multicast or reserved address — unless the host or address is in the
-   operator's ``TESSERA_WEBHOOK_ALLOWLIST``. Redirects are not followed.
+   operator's ``TESSERA_WEBHOOK_ALLOWLIST``. An attempt connects to an address that check
+   returned (never to a second lookup: DNS rebinding), directly (no proxy), and has
+   ``TIMEOUT_S`` in all; redirects are not followed, and the answer's body is not read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
+import http.client
 import ipaddress
 import json
 import logging
 import secrets
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -35,7 +40,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
-import requests
+import requests.utils
 from celery import current_app
 from django.conf import settings
 from django.db import transaction
@@ -81,8 +86,13 @@ def _allowed(host: str, address: ipaddress.IPv4Address | ipaddress.IPv6Address) 
     return False
 
 
-def check_target(url: str) -> None:
-    """Raise :class:`TargetRefused` unless ``url`` is http(s) to public addresses (or allowlisted)."""
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def check_target(url: str) -> list[Address]:
+    """Raise :class:`TargetRefused` unless ``url`` is http(s) to public addresses (or allowlisted);
+    the addresses its host resolved to, all checked (a delivery connects to these, never to what
+    a second lookup might answer)."""
     try:
         parts = urlsplit(url)
     except ValueError:  # a bracketed host that is no IPv6 address
@@ -97,6 +107,7 @@ def check_target(url: str) -> None:
         infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
     except (OSError, ValueError, UnicodeError):
         raise TargetRefused(f"{host} does not resolve") from None
+    addresses: list[Address] = []
     for info in infos:
         address = ipaddress.ip_address(str(info[4][0]).split("%")[0])  # a TCP address: host first
         public = address.is_global and not address.is_multicast
@@ -105,6 +116,9 @@ def check_target(url: str) -> None:
                 f"{host} resolves to {address}, a private, loopback or link-local address "
                 "(an operator may allow it: TESSERA_WEBHOOK_ALLOWLIST)"
             )
+        if address not in addresses:
+            addresses.append(address)
+    return addresses
 
 
 # --- making webhooks and deliveries -----------------------------------------------------------
@@ -254,15 +268,73 @@ def _claim(now: datetime) -> list[WebhookDelivery]:
     return due
 
 
+def _post(url: str, addresses: list[Address], body: bytes, headers: dict[str, str]) -> int:
+    """POST ``body`` to ``url`` at one of ``addresses`` (checked by :func:`check_target`): its
+    HTTP status. Raises OSError, ``http.client.HTTPException`` or ValueError on any failure.
+
+    The connection goes to a checked address, never to a second lookup of the name (which a
+    hostile DNS server could answer with a private address: rebinding), and without a proxy;
+    TLS still checks the certificate against the URL's host name. The whole attempt — connect,
+    TLS handshake, request and the answer's status line and headers — has ``TIMEOUT_S``: the
+    socket is shut down when that is spent, so a receiver that trickles bytes cannot hold a
+    sender longer. The answer's body is never read (only its status counts)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    deadline = time.monotonic() + TIMEOUT_S
+    raw: socket.socket | None = None
+    failure: OSError = OSError("no address to connect to")
+    for address in addresses:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("connect timed out")
+        try:
+            raw = socket.create_connection((str(address), port), timeout=left)
+            break
+        except OSError as exc:
+            failure = exc
+    if raw is None:
+        raise failure
+    watch = raw.dup()  # the same socket: shutting it down ends any read on ``raw`` or its TLS
+    cut = threading.Event()
+    timer = threading.Timer(max(deadline - time.monotonic(), 0.0), _shut, (watch, cut))
+    timer.daemon = True
+    timer.start()
+    sock: socket.socket = raw
+    try:
+        if parts.scheme == "https":
+            context = ssl.create_default_context(cafile=requests.utils.DEFAULT_CA_BUNDLE_PATH)
+            sock = context.wrap_socket(raw, server_hostname=host)
+        connection = http.client.HTTPConnection(host, port, timeout=TIMEOUT_S)
+        connection.sock = sock  # connected and checked above: http.client only speaks HTTP on it
+        path = parts.path or "/"
+        connection.request("POST", f"{path}?{parts.query}" if parts.query else path, body, headers)
+        status = connection.getresponse().status
+        if cut.is_set():  # what was read may be cut short (headers ended by the shutdown)
+            raise TimeoutError("the receiver did not answer in time")
+        return status
+    finally:
+        timer.cancel()
+        sock.close()
+        watch.close()
+
+
+def _shut(sock: socket.socket, cut: threading.Event) -> None:
+    cut.set()
+    with contextlib.suppress(OSError):  # already closed: the attempt ended meanwhile
+        sock.shutdown(socket.SHUT_RDWR)
+
+
 def _send(delivery: WebhookDelivery) -> tuple[int | None, str]:
     """POST it once: (HTTP status or None, error words)."""
     hook = delivery.webhook
     try:
-        check_target(hook.url)
+        addresses = check_target(hook.url)
     except TargetRefused as refused:
         return None, f"target refused: {refused}"
     body = json.dumps({"delivery": delivery.pk, **delivery.payload}, separators=(",", ":")).encode()
     headers = {
+        "Host": urlsplit(hook.url).netloc,
         "Content-Type": "application/json",
         "User-Agent": "tessera-webhooks",
         "Tessera-Event": delivery.event,
@@ -270,12 +342,10 @@ def _send(delivery: WebhookDelivery) -> tuple[int | None, str]:
         "Tessera-Signature": signature(hook.secret, int(time.time()), body),
     }
     try:
-        response = requests.post(
-            hook.url, data=body, headers=headers, timeout=TIMEOUT_S, allow_redirects=False
-        )
-    except requests.RequestException as exc:
+        status = _post(hook.url, addresses, body, headers)
+    except (OSError, http.client.HTTPException, ValueError) as exc:  # ValueError: a malformed URL
         return None, type(exc).__name__
-    return response.status_code, "" if 200 <= response.status_code < 300 else f"HTTP {response.status_code}"
+    return status, "" if 200 <= status < 300 else f"HTTP {status}"
 
 
 def _backoff(attempts: int) -> timedelta:

@@ -5,7 +5,11 @@ these tests do not depend on which placement the scheduling policy of the day wo
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from django.db import transaction
@@ -99,3 +103,44 @@ def add_log(job: Job, data: bytes, replica: int = 0) -> None:
     last = LogChunk.objects.filter(job=job, replica=replica).order_by("-offset").first()
     offset = last.offset + len(bytes(last.data)) if last else 0
     LogChunk.objects.create(job=job, replica=replica, offset=offset, data=data)
+
+
+@contextlib.contextmanager
+def slow_receiver(answer: str) -> Iterator[str]:
+    """A webhook receiver on 127.0.0.1 (its URL) that, to every request, answers either its
+    status line and then one header byte every 0.2 s (``"trickled headers"``), or 200 and a body
+    that never ends (``"endless body"``), until the context ends."""
+    server = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve(conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(0.5)
+            with contextlib.suppress(OSError):
+                conn.recv(65536)
+                if answer == "trickled headers":
+                    conn.sendall(b"HTTP/1.1 200 OK\r\n")
+                    while not stop.wait(0.2):
+                        conn.sendall(b"X")
+                else:
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000000000\r\n\r\n")
+                    while not stop.is_set():
+                        conn.sendall(b"\0" * 65536)
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn = server.accept()[0]
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}/hook"
+    finally:
+        stop.set()
+        server.close()

@@ -11,17 +11,21 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import itertools
 import json
+import socket
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from scheduling.models import WebhookDelivery
+from scheduling.services import webhooks
 from scheduling.services.jobs import do_cancel_job
 from scheduling.services.webhooks import TargetRefused, check_target, deliver_due
-from tests.api.helpers import bind, finish, run, submit
+from tests.api.helpers import bind, finish, run, slow_receiver, submit
 
 
 class Receiver:
@@ -208,3 +212,50 @@ def test_a_webhook_for_another_tenant_is_refused_in_words_about_webhooks(world, 
     assert unnamed.json() == {
         "tenant": ["operators belong to no tenant: name the tenant to register the webhook for"]
     }
+
+
+def test_a_delivery_connects_to_the_address_it_checked_not_to_a_second_lookup(
+    world, receiver, monkeypatch, settings
+):
+    # A hostile name server answers the check with an allowed address, then (rebinding) the
+    # connection's own lookup with the loopback address where the receiver listens.
+    port = receiver.server.server_address[1]
+    real = socket.getaddrinfo
+    answers: Iterator[str] = itertools.repeat("127.0.0.2")  # until the webhook is registered
+
+    def rebinding(host, *args, **kwargs):
+        if host != "hook.example":
+            return real(host, *args, **kwargs)
+        address = next(answers, "127.0.0.1")
+        return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (address, port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", rebinding)
+    # 127.0.0.2 allowed, not the receiver's 127.0.0.1; one attempt
+    settings.TESSERA = {**settings.TESSERA, "WEBHOOK_ALLOWLIST": ["127.0.0.2"], "WEBHOOK_BACKOFF_S": 60.0}
+    assert register(world, "alice", f"http://hook.example:{port}/hook").status_code == 201
+    answers = iter(["127.0.0.2"])  # the delivery's check; any lookup after it: 127.0.0.1
+    do_cancel_job(submit(world.alice, world.vision).pk)
+    deliver_due()
+    assert receiver.requests == []  # nothing reached 127.0.0.1
+    assert WebhookDelivery.objects.get().last_error == "ConnectionRefusedError"  # 127.0.0.2:port
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("answer", ["trickled headers", "endless body"])
+def test_a_receiver_that_trickles_or_never_ends_its_answer_holds_a_sender_only_its_time(
+    world, receiver, monkeypatch, settings, answer
+):
+    monkeypatch.setattr(webhooks, "TIMEOUT_S", 1.0)
+    settings.TESSERA = {**settings.TESSERA, "WEBHOOK_BACKOFF_S": 60.0}  # one attempt
+    with slow_receiver(answer) as url:
+        register(world, "alice", url)
+        do_cancel_job(submit(world.alice, world.vision).pk)
+        started = time.monotonic()
+        deliver_due()
+        took = time.monotonic() - started
+    delivery = WebhookDelivery.objects.get()
+    assert took < 3, took
+    if answer == "endless body":  # its status was all that counted; the body was never read
+        assert delivery.state == "delivered" and delivery.last_status == 200
+    else:
+        assert delivery.state == "pending" and delivery.last_error
