@@ -88,6 +88,24 @@ def _allowed(host: str, address: ipaddress.IPv4Address | ipaddress.IPv6Address) 
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
+# IPv6 prefixes whose addresses carry an IPv4 address a gateway (or the host's own stack) may
+# forward to: NAT64's well-known prefix (RFC 6052) and the deprecated IPv4-compatible one, whose
+# IPv4 is the last 32 bits; 6to4's (2002::/16) is ``ip.sixtofour``.
+_EMBEDS_IPV4 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("::/96"))
+
+
+def _public(address: Address) -> bool:
+    """Whether ``address`` is one the Internet routes to, and so is any IPv4 it carries."""
+    if not address.is_global or address.is_multicast:
+        return False
+    if isinstance(address, ipaddress.IPv6Address):
+        inner = address.ipv4_mapped or address.sixtofour
+        if inner is None and any(address in net for net in _EMBEDS_IPV4):
+            inner = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+        if inner is not None:
+            return _public(inner)
+    return True
+
 
 def check_target(url: str) -> list[Address]:
     """Raise :class:`TargetRefused` unless ``url`` is http(s) to public addresses (or allowlisted);
@@ -110,8 +128,7 @@ def check_target(url: str) -> list[Address]:
     addresses: list[Address] = []
     for info in infos:
         address = ipaddress.ip_address(str(info[4][0]).split("%")[0])  # a TCP address: host first
-        public = address.is_global and not address.is_multicast
-        if not public and not _allowed(host, address):
+        if not _public(address) and not _allowed(host, address):
             raise TargetRefused(
                 f"{host} resolves to {address}, a private, loopback or link-local address "
                 "(an operator may allow it: TESSERA_WEBHOOK_ALLOWLIST)"

@@ -149,6 +149,10 @@ def test_the_backoff_between_attempts_doubles(world, receiver, settings):
         "http://169.254.169.254/latest/meta-data",
         "http://[::1]/x",
         "http://0.0.0.0/x",
+        "http://2130706433/x",
+        "http://0x7f.1/x",
+        "http://[::ffff:127.0.0.1]/x",
+        "http://[fe80::1%25eth0]/x",
         "ftp://example.org/x",
         "http://user:pw@example.org/x",
         "not a url",
@@ -157,6 +161,27 @@ def test_the_backoff_between_attempts_doubles(world, receiver, settings):
 def test_private_loopback_and_link_local_targets_are_refused_without_the_allowlist(world, url):
     answer = register(world, "alice", url)
     assert answer.status_code == 400 and list(answer.json()) == ["url"], answer.content
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "::ffff:127.0.0.1",  # IPv4-mapped
+        "64:ff9b::7f00:1",  # NAT64 (RFC 6052) of 127.0.0.1
+        "64:ff9b::a9fe:a9fe",  # ... of 169.254.169.254
+        "2002:7f00:1::1",  # 6to4 of 127.0.0.1
+        "2002:a00:1::1",  # ... of 10.0.0.1
+        "::a9fe:a9fe",  # IPv4-compatible 169.254.169.254
+        "fe80::1",
+    ],
+)
+def test_a_name_resolving_to_an_ipv6_address_that_carries_a_private_ipv4_one_is_refused(monkeypatch, address):
+    def resolve(host, port, *args, **kwargs):
+        return [(socket.AF_INET6, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (address, port, 0, 0))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    with pytest.raises(TargetRefused, match="private"):
+        check_target("https://hook.example/x")
 
 
 @pytest.mark.parametrize("port", ["0", "00", "0443", "65536"])
