@@ -23,6 +23,7 @@ from scheduling.api.pagination import BoundedLimitOffsetPagination
 from scheduling.api.permissions import OperatorWritesOnly
 from scheduling.models import Quota, Tenant
 from scheduling.services.quotas import (
+    QuotaChanged,
     QuotaExists,
     check_quota,
     do_create_quota,
@@ -164,7 +165,12 @@ class QuotaViewSet(viewsets.GenericViewSet):
         body = QuotaWriteSerializer(quota, data=request.data, partial=True)
         body.is_valid(raise_exception=True)
         fields = {k: v for k, v in body.validated_data.items() if k in ("guaranteed", "limit", "weight")}
-        return Response(with_warnings(do_update_quota(quota, by=request.user, **fields), body))
+        try:
+            quota = do_update_quota(quota, by=request.user, **fields)
+        except QuotaChanged as changed:
+            raise Conflict(changed.errors) from None
+        quota.refresh_from_db()  # the row as stored: another operator's fields too
+        return Response(with_warnings(quota, body))
 
     def destroy(self, request: Request, pk: str) -> Response:
         do_delete_quota(self.get_object(), by=request.user)

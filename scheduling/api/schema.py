@@ -180,6 +180,7 @@ EXTRA_ERRORS: dict[tuple[str, str], tuple[str, ...]] = {
     ("post", "/api/v1/webhooks/"): ("403",),  # a tenant other than the user's own
     ("post", "/api/v1/tokens/"): ("409",),  # a name the user already has
     ("post", "/api/v1/quotas/"): ("409",),  # a model the tenant already has a row for
+    ("patch", "/api/v1/quotas/{id}/"): ("409",),  # the row changed meanwhile (limit < guaranteed)
 }
 
 

@@ -39,6 +39,15 @@ class QuotaExists(Exception):
     """The tenant already has a quota row for that model."""
 
 
+class QuotaChanged(Exception):
+    """A change checked against a row that someone changed meanwhile no longer holds with the row
+    as it is now (``errors``: field → sentences)."""
+
+    def __init__(self, errors: dict[str, list[str]]) -> None:
+        super().__init__(errors)
+        self.errors = errors
+
+
 def applicable_rows(quotas: Iterable[QuotaRow], accelerators: Sequence[str]) -> list[QuotaRow]:
     """The rows that could cover a job accepting ``accelerators`` (empty = any model).
 
@@ -175,6 +184,21 @@ def do_update_quota(quota: Quota, by: Any = None, **fields: float) -> Quota:
     with transaction.atomic():
         stored = Quota.objects.select_for_update().select_related("tenant").get(pk=quota.pk)
         before = _audited(stored)
+        # The caller checked ``fields`` against the row it read; another operator may have changed
+        # the others since (two PATCHes, one of `guaranteed`, one of `limit`, each fine alone):
+        # the pair is checked again here, under the row's lock, against the row as it is now.
+        guaranteed = fields.get("guaranteed", stored.guaranteed)
+        limit = fields.get("limit", stored.limit)
+        if limit < guaranteed:
+            field = "limit" if "limit" in fields else "guaranteed"
+            raise QuotaChanged(
+                {
+                    field: [
+                        f"The limit ({limit:g}) must be at least the guarantee ({guaranteed:g}): the "
+                        "quota was changed meanwhile; read it again."
+                    ]
+                }
+            )
         for name, value in fields.items():
             setattr(quota, name, value)
         quota.save(update_fields=list(fields) or None)

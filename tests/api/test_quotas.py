@@ -106,6 +106,41 @@ def test_a_patch_is_checked_against_the_stored_values(world):
     assert (Quota.objects.get(pk=quota.pk).guaranteed, Quota.objects.get(pk=quota.pk).limit) == (4, 8)
 
 
+def test_two_operators_patches_each_fine_alone_but_not_together_give_a_409_not_a_500(world, monkeypatch):
+    # Operator A raises the guarantee (16 → 30, under the limit 64) and commits while operator
+    # B's PATCH lowering the limit to 20 (above the guarantee B read) is between its check and
+    # its write: together they would break limit >= guaranteed.
+    from scheduling.api import quotas as api
+
+    quota = Quota.objects.get(tenant=world.vision)
+    real = api.do_update_quota
+
+    def after_a_committed(row, **kwargs):
+        Quota.objects.filter(pk=row.pk).update(guaranteed=30)
+        return real(row, **kwargs)
+
+    monkeypatch.setattr(api, "do_update_quota", after_a_committed)
+    response = patch_json(world.client("admin"), f"{QUOTAS}{quota.pk}/", {"limit": 20})
+    assert response.status_code == 409 and list(response.json()) == ["limit"], response.content
+    stored = Quota.objects.get(pk=quota.pk)
+    assert (stored.guaranteed, stored.limit) == (30, 64)
+
+
+def test_a_patch_answers_the_row_as_stored_with_another_operators_change(world, monkeypatch):
+    from scheduling.api import quotas as api
+
+    quota = Quota.objects.get(tenant=world.vision)
+    real = api.do_update_quota
+
+    def after_a_committed(row, **kwargs):
+        Quota.objects.filter(pk=row.pk).update(weight=3)
+        return real(row, **kwargs)
+
+    monkeypatch.setattr(api, "do_update_quota", after_a_committed)
+    response = patch_json(world.client("admin"), f"{QUOTAS}{quota.pk}/", {"limit": 40})
+    assert response.status_code == 200 and (response.json()["limit"], response.json()["weight"]) == (40, 3)
+
+
 def test_an_unknown_quota_is_a_404_for_operators(world):
     admin = world.client("admin")
     assert admin.get(f"{QUOTAS}999999/").status_code == 404
