@@ -16,6 +16,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from scheduling.api.fields import text_problem
+from scheduling.api.filters import REPEATED
 from scheduling.api.pagination import BoundedLimitOffsetPagination
 from scheduling.api.permissions import is_operator
 from scheduling.models import AuditEntry
@@ -57,9 +58,12 @@ class AuditViewSet(viewsets.GenericViewSet):
             raise PermissionDenied("Only operators may read the audit log.")
         entries = self.get_queryset()
         for name in FILTERS:
-            value = request.query_params.get(name)
-            if value is None:
+            values = request.query_params.getlist(name)
+            if not values:
                 continue
+            if len(values) > 1:
+                raise ValidationError({name: [REPEATED]})
+            value = values[0]
             problem = text_problem(value)
             if problem:
                 raise ValidationError({name: [problem]})

@@ -3,8 +3,10 @@
 ``GET /api/v1/jobs/?state=running&owner=alice`` and ``GET /api/v1/nodes/?rack=r1``: every filter is
 an exact match, filters combine with AND, unknown query parameters are ignored, and an empty
 value filters nothing. A bad value is a 400 naming the parameter (``{"state": ["must be one of:
-..."]}``), never an echo of what was sent. Filters only narrow what the caller may already see
-(``visible_to``): naming another tenant or its users finds nothing, as a name that does not exist.
+..."]}``), never an echo of what was sent; so is a filter given twice (``state=pending&state=running``
+read as its last value alone would silently give a client meaning "either" one of them).
+Filters only narrow what the caller may already see (``visible_to``): naming another tenant or
+its users finds nothing, as a name that does not exist.
 """
 
 from __future__ import annotations
@@ -57,8 +59,25 @@ def one_of(values: list[str], label: str, **kwargs: Any) -> filters.ChoiceFilter
 
 QUEUE_LEVELS = {name: level for level, name in QUEUE_LEVEL_NAMES.items()}
 
+REPEATED = "give it at most once"
 
-class JobFilter(filters.FilterSet):
+
+class OnceEach(filters.FilterSet):
+    """A FilterSet whose every filter is given at most once (else a 400 naming it)."""
+
+    def is_valid(self) -> bool:
+        valid = super().is_valid()
+        getlist = getattr(self.data, "getlist", None)
+        if getlist is None:  # a plain dict: one value each
+            return valid
+        for name in self.filters:
+            if len(getlist(name)) > 1:
+                self.form.add_error(name, REPEATED)
+                valid = False
+        return valid
+
+
+class JobFilter(OnceEach):
     state = one_of(list(JobState.values), "only jobs in this state")
     kind = one_of(list(JobKind.values), "only jobs of this kind")
     name = text("name", 128, "only jobs with exactly this name")
@@ -74,7 +93,7 @@ class JobFilter(filters.FilterSet):
         return queryset.filter(queue_level=QUEUE_LEVELS[value])
 
 
-class NodeFilter(filters.FilterSet):
+class NodeFilter(OnceEach):
     state = one_of(list(NodeState.values), "only nodes in this state")
     rack = text("rack", 64, "only nodes in this rack")
     kind = text("kind", 16, "only nodes of this kind (gpu, cpu)")
