@@ -18,7 +18,11 @@ takes longer than that between writing it and committing.
 Both are async views: a stream holds neither a request thread nor a database connection between
 reads. They read when ``services.job_bus`` says their job (or tenant) changed, and at least every
 ``KEEPALIVE_S`` (sending a comment line, which keeps proxies from closing an idle stream).
-Access is the job read's (``retrieve``: 401, another tenant's job 404) or the list's.
+Access is the job read's (``retrieve``: 401, another tenant's job 404) or the list's, and it is
+checked again while the stream is open, at least every ``RECHECK_S`` seconds of the stream
+(it wakes for it): a stream whose token was revoked, whose user was deactivated, whose
+session ended, or whose caller no longer sees the job (or the same tenants) ends there, and
+reconnecting answers 401 or 404.
 """
 
 from __future__ import annotations
@@ -27,24 +31,28 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.contrib import auth
 from django.db import connection
 from django.http import HttpRequest, HttpResponseBase, JsonResponse, StreamingHttpResponse
+from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.response import Response
 
 from scheduling.api.job_serializers import JobEventSerializer
 from scheduling.api.jobs import JobViewSet
 from scheduling.api.logs import read_log
 from scheduling.api.permissions import is_operator
+from scheduling.api.user_auth import TokenAuthentication
 from scheduling.choices import TERMINAL_STATES
 from scheduling.models import Job, JobEvent, Tenant
 from scheduling.services import job_bus
 
 KEEPALIVE_S = 15.0
+RECHECK_S = 15.0  # the caller's access, read again (the token cache keeps it 5 s: user_auth.py)
 SETTLE_S = 5.0
 LOG_PAGE_BYTES = 64 * 1024
 EVENTS_PER_READ = 500
@@ -71,6 +79,46 @@ def _authorized(view, request: HttpRequest, **kwargs: Any) -> tuple[Response, An
         return response, user
     finally:
         _give_back_connection()
+
+
+def _caller_now(request: HttpRequest) -> Any | None:
+    """Who ``request`` authenticates as now (None: nobody any more): its token read again (revoked,
+    or its user deactivated: None), else its session, if it still exists."""
+    try:
+        if request.META.get("HTTP_AUTHORIZATION"):
+            found = TokenAuthentication().authenticate(request)  # type: ignore[arg-type]
+            return found[0] if found else None
+        session = getattr(request, "session", None)
+        if session is None or not session.session_key or not session.exists(session.session_key):
+            return None
+        user = auth.get_user(request)
+        return user if user.is_authenticated and user.is_active else None
+    except AuthenticationFailed:
+        return None
+    finally:
+        _give_back_connection()
+
+
+class Recheck:
+    """Whether a stream's caller may still read it, asked at most every ``RECHECK_S`` seconds:
+    ``allowed(user)`` (sync, with the database) says whether the user, as now, still may."""
+
+    def __init__(self, request: HttpRequest, allowed: Callable[[Any], bool]) -> None:
+        self.request, self.allowed = request, allowed
+        self.at = time.monotonic()
+
+    def _still(self) -> bool:
+        user = _caller_now(self.request)
+        try:
+            return user is not None and self.allowed(user)
+        finally:
+            _give_back_connection()
+
+    async def still(self) -> bool:
+        if time.monotonic() - self.at < RECHECK_S:
+            return True
+        self.at = time.monotonic()
+        return await sync_to_async(self._still)()
 
 
 def message(event: str, data: Any, id_: str | None = None) -> bytes:
@@ -147,10 +195,14 @@ def _job_batch(job_id: int, replica: int, cursor: JobCursor) -> JobBatch:
         _give_back_connection()
 
 
-async def _job_messages(job_id: int, replica: int, cursor: JobCursor) -> AsyncIterator[bytes]:
+async def _job_messages(
+    job_id: int, replica: int, cursor: JobCursor, access: Recheck
+) -> AsyncIterator[bytes]:
     read = sync_to_async(_job_batch)
     async with job_bus.watching(job_bus.job_key(job_id)) as changed:
         while True:
+            if not await access.still():
+                return  # the caller may no longer read it: reconnecting says why (401, 404)
             batch = await read(job_id, replica, cursor)
             for chunk in batch.messages:
                 yield chunk
@@ -159,7 +211,7 @@ async def _job_messages(job_id: int, replica: int, cursor: JobCursor) -> AsyncIt
                 return
             if batch.messages:
                 continue  # there may be more right behind (a long log): read on at once
-            if not await _wait(changed, KEEPALIVE_S):
+            if not await _wait(changed, min(KEEPALIVE_S, RECHECK_S)):
                 yield b": keepalive\n\n"
 
 
@@ -178,7 +230,9 @@ async def job_stream(request: HttpRequest, pk: str) -> HttpResponseBase:
     raw = request.GET.get("replica", "0")
     if not raw.isdigit() or int(raw) >= job["replicas"]:
         return _bad("replica", f"must be an integer below the job's {job['replicas']} replica(s)")
-    return stream_response(_job_messages(job["id"], int(raw), cursor))
+    job_id = job["id"]
+    access = Recheck(request, lambda user: Job.objects.visible_to(user).filter(pk=job_id).exists())
+    return stream_response(_job_messages(job_id, int(raw), cursor, access))
 
 
 # --- a tenant's jobs --------------------------------------------------------------------------
@@ -245,16 +299,21 @@ def _scope(user) -> tuple[list[int] | None, str]:
 
 
 async def _tenant_messages(
-    tenant_ids: list[int] | None, key: str, cursor: EventCursor
+    tenant_ids: list[int] | None, key: str, cursor: EventCursor, access: Recheck
 ) -> AsyncIterator[bytes]:
     read = sync_to_async(_tenant_batch)
     async with job_bus.watching(key) as changed:
         while True:
+            if not await access.still():
+                return  # the caller may no longer read these: reconnecting says why (401)
             chunks = await read(tenant_ids, cursor)
             for chunk in chunks:
                 yield chunk
             waiting_on_gap = bool(cursor.missing_since)
-            if not await _wait(changed, 1.0 if waiting_on_gap else KEEPALIVE_S) and not waiting_on_gap:
+            if (
+                not await _wait(changed, 1.0 if waiting_on_gap else min(KEEPALIVE_S, RECHECK_S))
+                and not waiting_on_gap
+            ):
                 yield b": keepalive\n\n"
 
 
@@ -269,4 +328,5 @@ async def jobs_stream(request: HttpRequest) -> HttpResponseBase:
             return _bad("Last-Event-ID", "must be the id of a message of this stream")
         cursor.event = int(last)
     tenant_ids, key = await sync_to_async(_scope)(user)
-    return stream_response(_tenant_messages(tenant_ids, key, cursor))
+    access = Recheck(request, lambda now: _scope(now) == (tenant_ids, key))  # the same tenants
+    return stream_response(_tenant_messages(tenant_ids, key, cursor, access))

@@ -168,3 +168,51 @@ def test_the_tenant_stream_sends_only_the_tenants_events_and_resumes_exactly(wor
         return await _read("/api/v1/jobs/stream/", auth(world, "bob"), stop_after=2)
 
     assert {m["data"]["job"] for m in async_to_sync(bobs_part)()} == {bobs.pk}
+
+
+def _ends_after(url: str, headers: dict[str, str], change) -> tuple[list[dict], float]:
+    """What ``url``'s stream sent and how long it stayed open after ``change`` (sync) was made."""
+
+    async def go():
+        reading = asyncio.ensure_future(_read(url, headers))
+        await asyncio.sleep(0.3)
+        assert not reading.done()
+        await sync_to_async(change)()
+        started = time.monotonic()
+        messages = await asyncio.wait_for(reading, 10)
+        return messages, time.monotonic() - started
+
+    return async_to_sync(go)()
+
+
+@pytest.mark.parametrize("path", ["/api/v1/jobs/{id}/stream/", "/api/v1/jobs/stream/"])
+def test_a_stream_ends_once_its_token_is_revoked(world, transactional_db, monkeypatch, path):
+    from scheduling.api import job_stream
+    from scheduling.models import ApiToken
+    from scheduling.services.tokens import do_revoke_api_token
+
+    monkeypatch.setattr(job_stream, "RECHECK_S", 0.5)
+    job = submit(world.alice, world.vision, name="live")  # pending: its stream stays open
+    revoke = lambda: do_revoke_api_token(ApiToken.objects.get(user=world.alice))  # noqa: E731
+    messages, took = _ends_after(path.format(id=job.pk), auth(world, "alice"), revoke)
+    assert took < 3 and all(m["event"] == "job-event" for m in messages)
+    assert (
+        async_to_sync(AsyncClient().get)(path.format(id=job.pk), headers=auth(world, "alice")).status_code
+        == 401
+    )
+
+
+def test_a_tenant_stream_ends_once_its_user_leaves_the_tenant(world, transactional_db, monkeypatch):
+    from scheduling.api import job_stream
+    from scheduling.models import Membership
+
+    monkeypatch.setattr(job_stream, "RECHECK_S", 0.5)
+    job = submit(world.alice, world.vision, name="live")
+
+    def moved():
+        membership = Membership.objects.get(user=world.carol)
+        membership.tenant = world.nlp  # as the admin does it (saved: the token cache forgets)
+        membership.save()
+
+    messages, took = _ends_after("/api/v1/jobs/stream/", auth(world, "carol"), moved)
+    assert took < 3 and {m["data"]["job"] for m in messages} <= {job.pk}
