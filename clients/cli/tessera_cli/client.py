@@ -112,11 +112,15 @@ class Client:
     def pages(
         self, path: str, params: dict[str, Any] | None = None, limit: int | None = None
     ) -> Iterator[Any]:
-        """Every item of a paginated list (``count``, ``results``, ``next``), up to ``limit``."""
+        """Every item of a paginated list (``count``, ``results``, ``next``), up to ``limit``, each
+        once: pages are read by offset, and a job submitted meanwhile (lists are newest first)
+        pushes the items below it one place down, so the next page starts with the last one
+        already given; an item whose ``id`` was given is skipped."""
         params = dict(params or {})
         params.setdefault("limit", 200 if limit is None else min(limit, 200))
         params.setdefault("offset", 0)
         seen = 0
+        given: set[Any] = set()
         while True:
             body = self.get(path, params=params, expect=(dict, list))
             results = body if isinstance(body, list) else body.get("results")  # a list: unpaginated
@@ -127,6 +131,10 @@ class Client:
                     outcome.UNREACHABLE,
                 )
             for item in results:
+                if "id" in item:
+                    if item["id"] in given:
+                        continue
+                    given.add(item["id"])
                 yield item
                 seen += 1
                 if limit is not None and seen >= limit:
