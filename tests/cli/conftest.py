@@ -67,6 +67,39 @@ def canned_server() -> Iterator[tuple[str, Canned]]:
 
 
 @pytest.fixture
+def hanging_server() -> Iterator[str]:
+    """A server (its URL) that takes a submit (201, a pending job) and then never answers a read:
+    it accepts each GET and keeps the connection, silent, until the test ends."""
+    done = threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - the http.server API
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = b'{"id": 7, "name": "hung", "state": "pending"}'
+            self.send_response(201)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:  # noqa: N802
+            done.wait(60)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        done.set()
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
 def run_tessera(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
     """``run_tessera(url, *args, stdin="")``: the command against ``url``, with a token, no
     retries, no CI variables and a config file of the test's own."""

@@ -7,6 +7,9 @@ never page through such a list forever; ``login`` must save nothing.
 
 from __future__ import annotations
 
+import json
+import time
+
 import pytest
 from tessera_cli import outcome
 
@@ -84,3 +87,17 @@ def test_a_write_the_server_redirects_is_refused_not_replayed_as_a_read(canned_s
     result = run_tessera(url, *args, stdin="tsr_test\n")
     assert result.returncode == outcome.UNREACHABLE, (result.stdout, result.stderr)
     assert "redirect" in result.stderr and result.stderr.count("\n") == 1, result.stderr
+
+
+@pytest.mark.parametrize("follow", [[], ["--follow"]])
+def test_wait_timeout_bounds_the_command_even_when_the_server_hangs(hanging_server, run_tessera, follow):
+    started = time.monotonic()
+    result = run_tessera(
+        hanging_server, "submit", "--wait", *follow, "--wait-timeout", "2", "-o", "json", "--", "echo"
+    )
+    took = time.monotonic() - started
+    assert result.returncode == 204, result.stderr
+    assert took < 15, took  # 2 s, and one last read's 5 s: not the 30 s of a read's own timeout
+    answer = json.loads(result.stdout)
+    assert answer["outcome"] == "wait-timeout" and answer["job"]["id"] == 7
+    assert "Traceback" not in result.stderr

@@ -31,6 +31,11 @@ RETRIES = 5
 BACKOFF_S = 0.5
 BACKOFF_MAX_S = 8.0
 TIMEOUT_S = 30.0
+GRACE_S = 5.0  # what a request made at (or near) the deadline still gets, once
+
+
+class DeadlinePassed(CliError):
+    """The caller's deadline (:attr:`Client.deadline`) passed before the server answered."""
 
 
 class Client:
@@ -41,6 +46,21 @@ class Client:
         self.session.headers["User-Agent"] = f"tessera-cli/{__version__}"
         self.retries = retries
         self.sleep = sleep
+        # Monotonic time after which no request is retried and each has at most GRACE_S, or
+        # what is left: --wait-timeout bounds the command even against a server that hangs.
+        self.deadline: float | None = None
+        self.clock = time.monotonic
+
+    def _within_deadline(self, timeout: float) -> float:
+        """``timeout``, cut to what is left before the deadline (at least GRACE_S)."""
+        if self.deadline is None:
+            return timeout
+        return min(timeout, max(self.deadline - self.clock(), GRACE_S))
+
+    def _check_deadline(self, why: str) -> None:
+        """:class:`DeadlinePassed` if the deadline has passed (``why``: what failed last)."""
+        if self.deadline is not None and self.clock() >= self.deadline:
+            raise DeadlinePassed(f"{self.base}: {why}, and the deadline passed", outcome.WAIT_TIMEOUT)
 
     def url(self, path: str) -> str:
         return self.base + "/" + path.lstrip("/")
@@ -63,6 +83,7 @@ class Client:
             safe_to_repeat = method in ("GET", "HEAD") or bool(headers and headers.get("Idempotency-Key"))
         attempt = 0
         while True:
+            attempt_timeout = self._within_deadline(timeout)
             try:
                 response = self.session.request(
                     method,
@@ -70,17 +91,19 @@ class Client:
                     json=json,
                     params=params,
                     headers=headers,
-                    timeout=timeout,
+                    timeout=attempt_timeout,
                     allow_redirects=method in ("GET", "HEAD"),  # a redirected POST becomes a GET
                 )
             except requests.ConnectionError as exc:
                 sent = not _refused_before_sending(exc)
+                self._check_deadline(_short(exc))
                 if (sent and not safe_to_repeat) or attempt >= self.retries:
                     raise CliError(f"cannot reach {self.base}: {_short(exc)}", outcome.UNREACHABLE) from None
             except requests.Timeout:
+                self._check_deadline(f"no answer in {attempt_timeout:g} s")
                 if not safe_to_repeat or attempt >= self.retries:
                     raise CliError(
-                        f"{self.base} did not answer in {timeout:g} s", outcome.UNREACHABLE
+                        f"{self.base} did not answer in {attempt_timeout:g} s", outcome.UNREACHABLE
                     ) from None
             except requests.exceptions.InvalidJSONError:  # before sending: the body is ours
                 raise CliError(
@@ -93,6 +116,8 @@ class Client:
                 if response.is_redirect:
                     raise CliError(_redirected(response, method), outcome.UNREACHABLE)
                 retry = (status in TRANSIENT and safe_to_repeat) or status == 429
+                if retry and attempt < self.retries:
+                    self._check_deadline(f"HTTP {status}")
                 if not retry or attempt >= self.retries:
                     return status, _answer(response, expect)
                 wait = _retry_after(response)

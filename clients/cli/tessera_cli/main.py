@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from tessera_cli import __version__, config, idempotency, jobfile, outcome, output, watch, webhooks
-from tessera_cli.client import RETRIES, Client
+from tessera_cli.client import RETRIES, Client, DeadlinePassed
 from tessera_cli.context import SECONDS, Context, job_ids, output_option, pass_ctx
 from tessera_cli.errors import CliError
 from tessera_cli.waiting import WaitTimeout, follow_logs, wait_for_end
@@ -195,7 +195,7 @@ def submit(ctx: Context, words, fmt, wait, wait_timeout, follow, dry_run, idempo
         verb = "submitted" if status == 201 else "already submitted (same idempotency key)"
         click.echo(f"job {job['id']} {verb}; waiting for its end", err=True)
     try:
-        code = _wait_and_report(client, job["id"], wait_timeout, follow, fmt)
+        code = _wait_and_report(client, job, wait_timeout, follow, fmt)
     except CliError as exc:
         _emit_failure(job, exc, fmt, "error")
         raise
@@ -219,24 +219,36 @@ def _refused_by_quota(exc: CliError) -> bool:
     return any("quota" in str(reason) for reason in body["accelerators"])
 
 
-def _wait_and_report(client: Client, job_id: int, timeout: float | None, follow: bool, fmt: str) -> int:
+def _wait_and_report(
+    client: Client, submitted: dict[str, Any], timeout: float | None, follow: bool, fmt: str
+) -> int:
+    job_id = submitted["id"]
+    last = submitted  # the job as last read: what a wait-timeout reports if the server hangs
+
     def changed(job: dict[str, Any]) -> None:
+        nonlocal last
+        last = job
         if fmt == "table":
             click.echo(f"job {job_id}: {job['state']}", err=True)
 
+    deadline = None if timeout is None else time.monotonic() + timeout
+    client.deadline = deadline  # a server that hangs cannot hold the command past it
     try:
-        deadline = None if timeout is None else time.monotonic() + timeout
         if follow:  # ends at the log's eof, which comes with the job's end
             follow_logs(client, job_id, deadline=deadline)
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         job = wait_for_end(client, job_id, left, on_change=changed)
-    except WaitTimeout as timed_out:
-        result = {"job": timed_out.job, "outcome": "wait-timeout", "cli_exit_code": outcome.WAIT_TIMEOUT}
+    except (WaitTimeout, DeadlinePassed) as timed_out:
+        known = timed_out.job if isinstance(timed_out, WaitTimeout) else last
+        result = {"job": known, "outcome": "wait-timeout", "cli_exit_code": outcome.WAIT_TIMEOUT}
         if fmt != "table":
             output.emit(result, fmt)
         else:
-            click.echo(f"job {job_id} is still {timed_out.job['state']} after --wait-timeout", err=True)
+            why = "" if isinstance(timed_out, WaitTimeout) else f" (last read; {timed_out.message})"
+            click.echo(f"job {job_id} is still {known['state']}{why} after --wait-timeout", err=True)
         return outcome.WAIT_TIMEOUT
+    finally:
+        client.deadline = None
     ended = outcome.outcome_of(job, _events(client, job_id))
     if fmt == "table":
         code = f", exit code {ended.exit_code}" if ended.exit_code is not None else ""
