@@ -429,12 +429,32 @@ class EngineMemoryRecordAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
 
 class SchedulerSettingsForm(forms.ModelForm):
+    # When the record the page showed was saved (carried by the page): a save from a page opened
+    # before someone else's save would write that page's old values of every other knob back
+    # over theirs (the form sends them all), so it is refused, naming who saved meanwhile.
+    seen_updated_at = forms.CharField(required=False, widget=forms.HiddenInput)
+
     class Meta:
         model = SchedulerSettings
         fields = list(KNOBS)
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk is not None and self.instance.updated_at is not None:
+            self.fields["seen_updated_at"].initial = self.instance.updated_at.isoformat()
+
     def clean(self) -> dict[str, Any]:
         cleaned = cast(dict[str, Any], super().clean())  # a ModelForm's clean: its cleaned_data
+        seen = cleaned.get("seen_updated_at")
+        stored = SchedulerSettings.objects.filter(pk=1).select_related("updated_by").first()
+        at = stored.updated_at if stored is not None else None
+        if stored is not None and at is not None and seen and at.isoformat() != seen:
+            who = stored.updated_by.username if stored.updated_by else "someone"
+            raise ValidationError(
+                f"{who} saved these settings at {at:%Y-%m-%d %H:%M:%S %Z} since "
+                "this page was opened: reload it and make your change again (saving this page "
+                "would put back the values it showed)."
+            )
         error = check_knobs(knobs_of(cleaned))  # the whole record, on top of the environment's
         if error is not None:
             raise ValidationError({error.knob: error.message})

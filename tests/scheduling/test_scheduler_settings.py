@@ -160,3 +160,17 @@ def test_exclusive_gpu_shares_keeps_two_tenants_fractions_apart_once_set(world):
     assert any(j.pending_code == "capacity" and "exclusive_gpu_shares" in j.pending_reason for j in waiting)
     entry = AuditEntry.objects.filter(action="settings.update").latest("id")
     assert entry.after["exclusive_gpu_shares"] is True and entry.actor_user == world.admin
+
+
+def test_a_save_from_a_page_opened_before_anothers_save_is_refused_not_written_over_it(world, client):
+    configure(world, alpha=0.25)
+    url = "/admin/scheduling/schedulersettings/1/change/"
+    client.force_login(world.admin)
+    page = client.get(url).context["adminform"].form  # both operators open the page
+    shown = {name: page[name].value() for name in page.fields}
+    posted = {k: v for k, v in shown.items() if v is not None}
+    assert client.post(url, {**posted, "alpha": "0.5"}).status_code == 302  # one saves first
+    response = client.post(url, {**posted, "beta": "0.5"})  # the other, from the page as it was
+    assert response.status_code == 200  # the page again, saying why
+    assert "since this page was opened" in str(response.context["adminform"].form.non_field_errors())
+    assert SchedulerSettings.objects.get().alpha == 0.5  # the first change stands
