@@ -101,3 +101,34 @@ def test_wait_timeout_bounds_the_command_even_when_the_server_hangs(hanging_serv
     answer = json.loads(result.stdout)
     assert answer["outcome"] == "wait-timeout" and answer["job"]["id"] == 7
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["ls", "--limit", "0"],
+        ["status"],
+        ["nope"],
+        ["submit", "--bogus", "--", "echo"],
+        ["submit", "--wait", "--wait-timeout", "nan", "--", "echo"],
+    ],
+)
+def test_a_bad_option_or_argument_is_one_line_naming_it_and_exit_200(canned_server, run_tessera, args):
+    url, _ = canned_server
+    result = run_tessera(url, *args)
+    assert result.returncode == outcome.BAD_INPUT
+    assert len(result.stderr.strip().splitlines()) == 1 and result.stderr.startswith("tessera: "), (
+        result.stderr
+    )
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("fmt", [["-o", "json"], ["-ojson"], ["--output=json"]])
+def test_a_submit_asked_for_json_prints_its_outcome_even_when_its_options_are_bad(
+    canned_server, run_tessera, fmt
+):
+    url, _ = canned_server
+    result = run_tessera(url, "submit", *fmt, "--wait", "--wait-timeout", "-1", "--", "echo")
+    assert result.returncode == outcome.BAD_INPUT
+    answer = json.loads(result.stdout)
+    assert answer["job"] is None and answer["outcome"] == "error" and "--wait-timeout" in answer["error"]

@@ -532,6 +532,22 @@ cli.add_command(webhooks.webhooks)
 cli.add_command(watch.watch)
 
 
+def _asked_format(argv: list[str]) -> str | None:
+    """For a ``submit`` whose options could not be read: the ``-o json|yaml`` it asked for, if
+    any (read from the words before ``--``), so that its outcome is still printed."""
+    words = argv[: argv.index("--")] if "--" in argv else argv
+    if "submit" not in words:
+        return None
+    fmt = None
+    for i, word in enumerate(words):
+        for prefix in ("--output=", "-o"):
+            if word.startswith(prefix) and len(word) > len(prefix):
+                fmt = word[len(prefix) :].removeprefix("=")
+        if word in ("-o", "--output") and i + 1 < len(words):
+            fmt = words[i + 1]
+    return fmt if fmt in ("json", "yaml") else None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command; every failure becomes a message and an exit code, never a traceback."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -545,8 +561,14 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.Abort:
         click.echo("tessera: interrupted", err=True)
         return 130
-    except click.ClickException as exc:
-        exc.show()
+    except click.ClickException as exc:  # a bad option or argument: one line, as every failure
+        message = " ".join(exc.format_message().split())
+        where = getattr(exc, "ctx", None)
+        hint = f" (see `{where.command_path} --help`)" if where is not None else ""
+        click.echo(f"tessera: {message}{hint}", err=True)
+        fmt = _asked_format(argv)
+        if fmt is not None:  # a submit's outcome, as for any other failure of it
+            _emit_failure(None, CliError(message, outcome.BAD_INPUT), fmt, "error")
         return outcome.BAD_INPUT
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 0
