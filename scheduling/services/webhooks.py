@@ -40,6 +40,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
+import requests
 import requests.utils
 from celery import current_app
 from django.conf import settings
@@ -295,9 +296,12 @@ def _post(url: str, addresses: list[Address], body: bytes, headers: dict[str, st
     TLS handshake, request and the answer's status line and headers — has ``TIMEOUT_S``: the
     socket is shut down when that is spent, so a receiver that trickles bytes cannot hold a
     sender longer. The answer's body is never read (only its status counts)."""
-    parts = urlsplit(url)
+    # As requests writes a URL on the wire: the host in IDNA, the path and query percent-encoded
+    # (a URL may be an IRI: the API keeps it as given).
+    parts = urlsplit(requests.Request("POST", url).prepare().url or url)
     host = parts.hostname or ""
     port = parts.port or (443 if parts.scheme == "https" else 80)
+    headers = {"Host": parts.netloc, **headers}
     deadline = time.monotonic() + TIMEOUT_S
     raw: socket.socket | None = None
     failure: OSError = OSError("no address to connect to")
@@ -351,7 +355,6 @@ def _send(delivery: WebhookDelivery) -> tuple[int | None, str]:
         return None, f"target refused: {refused}"
     body = json.dumps({"delivery": delivery.pk, **delivery.payload}, separators=(",", ":")).encode()
     headers = {
-        "Host": urlsplit(hook.url).netloc,
         "Content-Type": "application/json",
         "User-Agent": "tessera-webhooks",
         "Tessera-Event": delivery.event,

@@ -34,12 +34,14 @@ class Receiver:
     def __init__(self) -> None:
         self.status = 200
         self.requests: list[tuple[dict[str, str], bytes]] = []
+        self.paths: list[str] = []
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - the http.server API
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 receiver.requests.append((dict(self.headers), body))
+                receiver.paths.append(self.path)
                 self.send_response(receiver.status)
                 self.end_headers()
 
@@ -284,3 +286,14 @@ def test_a_receiver_that_trickles_or_never_ends_its_answer_holds_a_sender_only_i
         assert delivery.state == "delivered" and delivery.last_status == 200
     else:
         assert delivery.state == "pending" and delivery.last_error
+
+
+def test_a_url_with_non_ascii_characters_is_delivered_percent_encoded(world, receiver):
+    url = receiver.url.replace("/hook", "/hoök?team=visión")
+    assert register(world, "alice", url).status_code == 201
+    do_cancel_job(submit(world.alice, world.vision).pk)
+    deliver_due()
+    assert WebhookDelivery.objects.get().state == "delivered"
+    assert receiver.paths == ["/ho%C3%B6k?team=visi%C3%B3n"]
+    ((headers, _),) = receiver.requests
+    assert headers["Host"] == receiver.url.split("/")[2]
