@@ -25,7 +25,7 @@ from scheduling.models import WebhookDelivery
 from scheduling.services import webhooks
 from scheduling.services.jobs import do_cancel_job
 from scheduling.services.webhooks import TargetRefused, check_target, deliver_due
-from tests.api.helpers import bind, finish, run, slow_receiver, submit
+from tests.api.helpers import bind, finish, run, slow_receiver, submit, tls_receiver
 
 
 class Receiver:
@@ -297,3 +297,29 @@ def test_a_url_with_non_ascii_characters_is_delivered_percent_encoded(world, rec
     assert receiver.paths == ["/ho%C3%B6k?team=visi%C3%B3n"]
     ((headers, _),) = receiver.requests
     assert headers["Host"] == receiver.url.split("/")[2]
+
+
+@pytest.mark.parametrize(("name", "delivered"), [("hook.example", True), ("other.example", False)])
+def test_an_https_delivery_checks_the_certificate_against_the_urls_host_not_the_address(
+    world, receiver, monkeypatch, tmp_path, name, delivered
+):
+    import requests.utils
+
+    with tls_receiver("hook.example", str(tmp_path)) as (port, bundle, seen):
+        real = socket.getaddrinfo
+
+        def resolve(host, *args, **kwargs):  # both names: the receiver's address
+            if host in ("hook.example", "other.example"):
+                return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", ("127.0.0.1", port))]
+            return real(host, *args, **kwargs)
+
+        monkeypatch.setattr(socket, "getaddrinfo", resolve)
+        monkeypatch.setattr(requests.utils, "DEFAULT_CA_BUNDLE_PATH", bundle)
+        assert register(world, "alice", f"https://{name}:{port}/hook").status_code == 201
+        do_cancel_job(submit(world.alice, world.vision).pk)
+        deliver_due()
+    delivery = WebhookDelivery.objects.get()
+    if delivered:
+        assert delivery.state == "delivered" and seen[0]["Host"] == f"hook.example:{port}"
+    else:  # the certificate is hook.example's: no request sent, whatever the address
+        assert delivery.state != "delivered" and "SSL" in delivery.last_error and seen == []
