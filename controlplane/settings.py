@@ -335,6 +335,7 @@ TESSERA: dict[str, Any] = {
     "WEBHOOK_ALLOWLIST": env_list("TESSERA_WEBHOOK_ALLOWLIST", []),
     "WEBHOOK_BACKOFF_S": env_float("TESSERA_WEBHOOK_BACKOFF_S", 10.0, minimum=0.0),
     "WEBHOOK_ATTEMPTS": env_int("TESSERA_WEBHOOK_ATTEMPTS", 6, minimum=1),
+    "WEBHOOKS_PER_TENANT": env_int("TESSERA_WEBHOOKS_PER_TENANT", 20, minimum=1),
     # A newly registered node waits, cordoned, for an operator to uncordon it before it gets jobs.
     "APPROVE_NODES": env_bool("TESSERA_APPROVE_NODES", False),
     "WEB_THREADS": WEB_THREADS,

@@ -177,7 +177,7 @@ EXTRA_ERRORS: dict[tuple[str, str], tuple[str, ...]] = {
     ("post", "/api/v1/jobs/{id}/release/"): ("409",),
     ("post", "/api/v1/agent/register/"): ("403", "409"),
     ("put", "/api/v1/tenants/{id}/idle-policy/"): ("403",),
-    ("post", "/api/v1/webhooks/"): ("403",),  # a tenant other than the user's own
+    ("post", "/api/v1/webhooks/"): ("403", "409"),  # another tenant; the tenant has enough of them
     ("post", "/api/v1/tokens/"): ("409",),  # a name the user already has
     ("post", "/api/v1/quotas/"): ("409",),  # a model the tenant already has a row for
     ("patch", "/api/v1/quotas/{id}/"): ("409",),  # the row changed meanwhile (limit < guaranteed)

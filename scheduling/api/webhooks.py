@@ -16,6 +16,7 @@ from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from scheduling.api.errors import Conflict
 from scheduling.api.fields import NOT_PRINTABLE, RejectsUnknownFields, StrictCharField
 from scheduling.api.jobs import submit_tenant
 from scheduling.api.lookups import ID_PARAMETER, parse_pk
@@ -24,6 +25,7 @@ from scheduling.models import Webhook, WebhookDelivery
 from scheduling.services.webhooks import (
     EVENTS,
     TargetRefused,
+    TooManyWebhooks,
     do_create_webhook,
     do_delete_webhook,
     do_redeliver,
@@ -132,6 +134,8 @@ class WebhookViewSet(viewsets.GenericViewSet):
             hook, secret = do_create_webhook(tenant, data["url"], list(data.get("events", [])), request.user)
         except TargetRefused as refused:
             raise ValidationError({"url": [str(refused)]}) from None
+        except TooManyWebhooks as too_many:
+            raise Conflict(str(too_many)) from None
         return Response(
             NewWebhookSerializer(hook, context={"secret": secret}).data, status=status.HTTP_201_CREATED
         )

@@ -72,6 +72,14 @@ class TargetRefused(ValueError):
     """A URL webhooks may not be sent to (the reason in words)."""
 
 
+class TooManyWebhooks(Exception):
+    """The tenant already has ``WEBHOOKS_PER_TENANT`` webhooks."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"a tenant may have at most {limit} webhooks: delete one first")
+        self.limit = limit
+
+
 # --- targets ------------------------------------------------------------------------------------
 
 
@@ -143,10 +151,23 @@ def check_target(url: str) -> list[Address]:
 
 
 def do_create_webhook(tenant: Tenant, url: str, events: list[str], user) -> tuple[Webhook, str]:
-    """A new webhook and its secret (shown once). TargetRefused for a URL it may not call."""
+    """A new webhook and its secret (shown once). TargetRefused for a URL it may not call;
+    TooManyWebhooks once the tenant has ``WEBHOOKS_PER_TENANT`` of them.
+
+    The bound: every job end makes one delivery per webhook, sent by senders all tenants share
+    one at a time (5 s each at worst), so a tenant with thousands of webhooks would delay every
+    other tenant's deliveries, and make Tessera send thousands of POSTs for one job's end. It is
+    counted under the tenant row's lock, so parallel requests cannot pass it together."""
     check_target(url)
     secret = secrets.token_hex(32)
-    webhook = Webhook.objects.create(tenant=tenant, url=url, events=events, secret=secret, created_by=user)
+    limit = settings.TESSERA["WEBHOOKS_PER_TENANT"]
+    with transaction.atomic():
+        Tenant.objects.select_for_update().filter(pk=tenant.pk).exists()
+        if Webhook.objects.filter(tenant=tenant).count() >= limit:
+            raise TooManyWebhooks(limit)
+        webhook = Webhook.objects.create(
+            tenant=tenant, url=url, events=events, secret=secret, created_by=user
+        )
     return webhook, secret
 
 

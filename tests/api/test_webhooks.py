@@ -323,3 +323,13 @@ def test_an_https_delivery_checks_the_certificate_against_the_urls_host_not_the_
         assert delivery.state == "delivered" and seen[0]["Host"] == f"hook.example:{port}"
     else:  # the certificate is hook.example's: no request sent, whatever the address
         assert delivery.state != "delivered" and "SSL" in delivery.last_error and seen == []
+
+
+def test_a_tenant_has_at_most_its_bound_of_webhooks(world, receiver, settings):
+    settings.TESSERA = {**settings.TESSERA, "WEBHOOKS_PER_TENANT": 2}
+    answers = [register(world, who, receiver.url).status_code for who in ("alice", "carol", "alice")]
+    assert answers == [201, 201, 409]
+    assert register(world, "bob", receiver.url).status_code == 201  # another tenant's own bound
+    hook = world.client("alice").get("/api/v1/webhooks/").json()["results"][0]["id"]
+    assert world.client("alice").delete(f"/api/v1/webhooks/{hook}/").status_code == 204
+    assert register(world, "alice", receiver.url).status_code == 201
