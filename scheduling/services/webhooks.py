@@ -61,8 +61,11 @@ EVENTS = tuple(
     e for e in ("succeeded", "failed", "cancelled", "preempted", "idle-warning") if e in EventType.values
 )
 TIMEOUT_S = 5.0
-LEASE_S = 60.0  # a claimed row is not claimed again before this (its sender died meanwhile)
 BATCH = 20
+# A claimed row is not claimed again before this (its sender died meanwhile): longer than a
+# batch can take to send (each attempt has TIMEOUT_S in all), or a second sender would claim
+# and send again the rows a live sender has not reached yet.
+LEASE_S = BATCH * TIMEOUT_S + 30.0
 MAX_BACKOFF_S = 3600.0
 
 _wake = threading.Event()  # the embedded sender's

@@ -333,3 +333,20 @@ def test_a_tenant_has_at_most_its_bound_of_webhooks(world, receiver, settings):
     hook = world.client("alice").get("/api/v1/webhooks/").json()["results"][0]["id"]
     assert world.client("alice").delete(f"/api/v1/webhooks/{hook}/").status_code == 204
     assert register(world, "alice", receiver.url).status_code == 201
+
+
+def test_a_batch_claimed_by_one_sender_is_not_claimed_by_another_while_it_may_still_be_sending(
+    world, receiver
+):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    register(world, "alice", receiver.url)
+    for _ in range(webhooks.BATCH):
+        do_cancel_job(submit(world.alice, world.vision).pk)
+    now = timezone.now()
+    assert len(webhooks._claim(now)) == webhooks.BATCH
+    # every one of them slow (TIMEOUT_S each): the last is sent only this late
+    last_sent = now + timedelta(seconds=webhooks.BATCH * webhooks.TIMEOUT_S)
+    assert webhooks._claim(last_sent) == []
