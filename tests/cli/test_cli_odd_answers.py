@@ -132,3 +132,15 @@ def test_a_submit_asked_for_json_prints_its_outcome_even_when_its_options_are_ba
     assert result.returncode == outcome.BAD_INPUT
     answer = json.loads(result.stdout)
     assert answer["job"] is None and answer["outcome"] == "error" and "--wait-timeout" in answer["error"]
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [(["login"], "--token-stdin"), (["login", "--token-stdin"], "--url")],
+)
+def test_login_without_a_terminal_says_what_to_give_in_one_line(run_tessera, tmp_path, args, words):
+    url = "" if "--token-stdin" in args else "http://127.0.0.1:9"  # "": no server given either
+    result = run_tessera(url, *args)
+    assert result.returncode == outcome.BAD_INPUT, result.stderr
+    assert result.stderr.count("\n") == 1 and "no terminal" in result.stderr and words in result.stderr
+    assert not (tmp_path / "config.json").exists()

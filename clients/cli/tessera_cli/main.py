@@ -502,6 +502,12 @@ def login(ctx: Context, login_url, token_stdin, keep_token):
     the command line, where other users could see it in the process list.
     """
     url = login_url or ctx.url or config.read_file().get("url")
+    # No terminal (a CI job, a script): nothing to ask on, and getpass would read standard input
+    # with a warning, then fail on its end as if interrupted.
+    asking = not url or not token_stdin
+    if asking and not sys.stdin.isatty():
+        missing = "--url (or TESSERA_URL)" if not url else "--token-stdin, with the token on standard input"
+        raise CliError(f"no terminal to ask on: give {missing}", outcome.BAD_INPUT)
     if not url:
         url = click.prompt("Server URL")
     url = config.normal_url(url)
