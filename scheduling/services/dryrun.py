@@ -8,14 +8,14 @@ would do if nothing else changed meanwhile — a forecast, not a reservation.
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from django.utils import timezone
 
 from scheduling.models import Job
 from scheduling.services.jobs import NotAdmissible
-from scheduling.services.passes import make_policy
+from scheduling.services.passes import estimate_at, make_policy
 from scheduling.services.quotas import check_job_admissible
 from scheduling.services.snapshot import REQUEST_FIELDS, load_snapshot, request_of
 
@@ -58,11 +58,7 @@ def dry_run(tenant: Any, cleaned: dict[str, Any], now: datetime | None = None) -
         out["preemptions"] = len(preempting)
     if reason is not None:
         out["pending_code"], out["pending_reason"] = reason.code, reason.message
-        out["estimated_start"] = (
-            datetime.fromtimestamp(reason.estimated_start, tz=UTC)
-            if reason.estimated_start is not None
-            else None
-        )
+        out["estimated_start"] = estimate_at(reason.estimated_start)
     elif rejected is not None:
         out["pending_code"], out["pending_reason"], out["estimated_start"] = "capacity", rejected, None
     else:  # not reached within the pass's bound on starts: it waits behind the others

@@ -623,12 +623,12 @@ def _store_pending_reasons(
             continue
         est = estimates.get(job_id) if estimates is not None else None
         if est is not None:
-            new = (reason.code, reason.message, _at(est.start))
-            band = (_at(est.earliest), _at(est.latest), est.basis, est.position, est.ahead)
+            new = (reason.code, reason.message, estimate_at(est.start))
+            band = (estimate_at(est.earliest), estimate_at(est.latest), est.basis, est.position, est.ahead)
             if reason_changed(stored, new) or estimate_changed(had, band):
                 rows.append(_reason_row(job_id, new, band))
             continue
-        new = (reason.code, reason.message, _at(reason.estimated_start))
+        new = (reason.code, reason.message, estimate_at(reason.estimated_start))
         if reason_changed(stored, new) or had != NO_ESTIMATE:
             rows.append(_reason_row(job_id, new, NO_ESTIMATE))
     for job_id, why in decisions.rejections.items():
@@ -665,8 +665,16 @@ def _reason_row(job_id: str, reason: StoredReason, band: StoredEstimate | None =
     return (int(job_id), *reason) if band is None else (int(job_id), *reason, *band)
 
 
-def _at(t: float | None) -> datetime | None:
-    return datetime.fromtimestamp(t, tz=UTC) if t is not None else None
+# The last instant an estimate may name, a day short of what a datetime holds (so that a page
+# may still show it in any time zone). An estimate past it is no estimate: a default runtime or
+# time limits summed over a long queue can reach it, and converting it raised OverflowError,
+# failing every pass.
+LATEST_ESTIMATE = (datetime.max.replace(tzinfo=UTC) - timedelta(days=1)).timestamp()
+
+
+def estimate_at(t: float | None) -> datetime | None:
+    """Epoch seconds ``t`` as a datetime; None for none, or past :data:`LATEST_ESTIMATE`."""
+    return datetime.fromtimestamp(t, tz=UTC) if t is not None and t <= LATEST_ESTIMATE else None
 
 
 _WRITE_REASONS = RowsUpdate(

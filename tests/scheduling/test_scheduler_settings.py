@@ -174,3 +174,19 @@ def test_a_save_from_a_page_opened_before_anothers_save_is_refused_not_written_o
     assert response.status_code == 200  # the page again, saying why
     assert "since this page was opened" in str(response.context["adminform"].form.non_field_errors())
     assert SchedulerSettings.objects.get().alpha == 0.5  # the first change stands
+
+
+def test_an_estimate_past_the_calendar_is_left_out_and_the_pass_goes_on(world):
+    # A default runtime of 10^12 s (accepted: finite and positive) puts the waiting job's start
+    # past the year 9999: converting it raised OverflowError and failed every pass.
+    helpers.make_node("a100-01", gpus=8)
+    configure(world, default_runtime_s=1e12)
+    helpers.submit(world.alice, world.vision, gpus=8)
+    passes.run_pass()
+    waiting = helpers.submit(world.alice, world.vision, gpus=8)
+    passes.run_pass()
+    job = Job.objects.get(pk=waiting.pk)
+    assert (job.state, job.estimated_start) == ("pending", None)
+    assert job.pending_code
+    out = dry_run(world.vision, helpers.job_fields(gpus=8))
+    assert not out["would_start"] and out["estimated_start"] is None
