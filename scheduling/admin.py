@@ -259,12 +259,24 @@ class DeviceInline(ReadOnlyInline):
     fields = ["index", "model", "uuid", "memory_gib", "nvlink_island", "healthy"]
 
 
+class NodeForm(forms.ModelForm):
+    """The price within the bounds the agents' registration accepts (a negative one had reached
+    ``do_set_node_price`` and answered 500; 1e308 was stored)."""
+
+    price_per_gpu_hour = forms.FloatField(min_value=0, max_value=operators.MAX_PRICE_PER_GPU_HOUR)
+
+    class Meta:
+        model = Node
+        fields = ["price_per_gpu_hour"]
+
+
 @admin.register(Node)
 class NodeAdmin(ReadOnlyMixin, admin.ModelAdmin):
     list_display = ["name", "rack", "kind", "state", "gpu_count", "last_heartbeat", "held_reason", "version"]
     list_filter = ["state", "rack", "kind"]
     search_fields = ["name", "rack"]
     exclude = ["credential_hash"]  # a hash, but still nothing an operator needs to see
+    form = NodeForm
     inlines = [DeviceInline]
     actions = ["cordon", "uncordon", "join_token_for_names"]
 

@@ -38,6 +38,7 @@ from scheduling.api.fields import (
     kept,
 )
 from scheduling.services import agents as svc
+from scheduling.services.operators import MAX_PRICE_PER_GPU_HOUR
 from scheduling.services.utilisation import GpuReport
 
 MAX_INT = 2**31 - 1
@@ -71,7 +72,7 @@ class RegisterIn(FieldTemplates, serializers.Serializer):
     memory_gib = StrictFloatField(min_value=0, max_value=1e9, default=0.0)
     nvlink_domain = StrictIntegerField(min_value=1, max_value=1024, default=1)
     # What a GPU-hour on the node costs (α weighs it); left out: the node keeps the price it has.
-    price_per_gpu_hour = StrictFloatField(min_value=0, max_value=1e6, required=False)
+    price_per_gpu_hour = StrictFloatField(min_value=0, max_value=MAX_PRICE_PER_GPU_HOUR, required=False)
     metrics_url = StrictCharField(
         max_length=256,
         allow_blank=True,

@@ -68,10 +68,14 @@ def do_revoke_join_tokens(token_ids: Iterable[int], by: Any = None) -> int:
         return JoinToken.objects.filter(pk__in=[t.pk for t in tokens]).update(revoked=True)
 
 
+# The most a GPU-hour may cost, as the agents' registration accepts it (scheduling/api/agents.py).
+MAX_PRICE_PER_GPU_HOUR = 1e6
+
+
 def do_set_node_price(node: Node, price_per_gpu_hour: float, by: Any = None) -> None:
     """Set what a GPU-hour on ``node`` costs (α weighs it in placement, from the next pass)."""
-    if not price_per_gpu_hour >= 0:
-        raise ValueError("price_per_gpu_hour must be a number >= 0")
+    if not 0 <= price_per_gpu_hour <= MAX_PRICE_PER_GPU_HOUR:
+        raise ValueError(f"price_per_gpu_hour must be a number from 0 to {MAX_PRICE_PER_GPU_HOUR:g}")
     with transaction.atomic():
         stored = Node.objects.select_for_update().get(pk=node.pk)
         if stored.price_per_gpu_hour != price_per_gpu_hour:

@@ -190,3 +190,17 @@ def test_an_estimate_past_the_calendar_is_left_out_and_the_pass_goes_on(world):
     assert job.pending_code
     out = dry_run(world.vision, helpers.job_fields(gpus=8))
     assert not out["would_start"] and out["estimated_start"] is None
+
+
+@pytest.mark.parametrize("price", ["-1", "1e308", "nan", "inf", ""])
+def test_a_price_out_of_bounds_is_refused_beside_its_field_in_the_admin(world, client, price):
+    node = helpers.make_node("a100-01")
+    Node.objects.filter(pk=node.pk).update(price_per_gpu_hour=2.0)
+    client.force_login(world.admin)
+    response = client.post(
+        f"/admin/scheduling/node/{node.pk}/change/", {"price_per_gpu_hour": price, **_empty_inline()}
+    )
+    assert response.status_code == 200  # the form again, not a 500
+    assert "price_per_gpu_hour" in response.context["adminform"].form.errors
+    node.refresh_from_db()
+    assert node.price_per_gpu_hour == 2.0
