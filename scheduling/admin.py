@@ -18,6 +18,8 @@ from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
+from scheduling.api.fields import is_printable
+from scheduling.api.quotas import MAX_GPUS, MAX_WEIGHT
 from scheduling.engine.adjust import OverrideRefused
 from scheduling.engine.config import KNOBS
 from scheduling.models import (
@@ -129,13 +131,31 @@ class MembershipAdmin(admin.ModelAdmin):
     list_select_related = ["user", "tenant"]
 
 
+def printable_model(value: str) -> None:
+    if not is_printable(value):
+        raise ValidationError("must not contain control or invisible characters")
+
+
 class QuotaForm(forms.ModelForm):
-    """The API's checks in the console: a model that matches a known one only by case is refused;
-    an unknown model, or guarantees above the cluster's capacity, are saved with a warning."""
+    """The API's checks in the console: its bounds (GPUs and weight up to a million, a weight above
+    0, a model name of printable characters); a model that matches a known one only by case is
+    refused; an unknown model, or guarantees above the cluster's capacity, are saved with a
+    warning."""
+
+    model = forms.CharField(max_length=64, validators=[printable_model], strip=False)
+    guaranteed = forms.FloatField(min_value=0, max_value=MAX_GPUS)
+    limit = forms.FloatField(min_value=0, max_value=MAX_GPUS)
+    weight = forms.FloatField(min_value=0, max_value=MAX_WEIGHT, initial=1.0)
 
     class Meta:
         model = Quota
         fields = ["tenant", "model", "guaranteed", "limit", "weight"]
+
+    def clean_weight(self) -> float:
+        weight = self.cleaned_data["weight"]
+        if weight <= 0:
+            raise ValidationError("must be greater than 0")
+        return weight
 
     def clean(self) -> dict[str, Any]:
         data = cast(dict[str, Any], super().clean())  # a ModelForm's clean: its cleaned_data

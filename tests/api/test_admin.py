@@ -196,3 +196,32 @@ def test_a_tenants_idle_overrides_saved_in_the_console_are_checked_and_audited(c
     assert Tenant.objects.get(pk=world.nlp.pk).idle_policy == {"threshold": 0.1}
     (entry,) = AuditEntry.objects.filter(action="tenant.idle_policy")
     assert entry.actor == "user admin" and entry.after == {"threshold": 0.1}
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("guaranteed", "1e308"),
+        ("limit", "1e308"),
+        ("limit", "-1"),
+        ("weight", "1e308"),
+        ("weight", "0"),
+        ("weight", "-0"),
+        ("model", "H100\u200b"),
+        ("model", "H\u202e100"),
+    ],
+)
+def test_the_console_refuses_a_quota_the_api_refuses_beside_its_field(console, world, field, value):
+    body = {"tenant": world.nlp.pk, "model": "H100", "guaranteed": "2", "limit": "4", "weight": "1"}
+    response = console.post(reverse("admin:scheduling_quota_add"), {**body, field: value})
+    assert response.status_code == 200  # the form again
+    assert field in response.context["adminform"].form.errors
+    assert not Quota.objects.filter(tenant=world.nlp).exclude(model="*").exists()
+    quota = Quota.objects.get(tenant=world.vision)
+    if field != "model":
+        change = {"guaranteed": quota.guaranteed, "limit": quota.limit, "weight": quota.weight, field: value}
+        response = console.post(reverse("admin:scheduling_quota_change", args=[quota.pk]), change)
+        assert field in response.context["adminform"].form.errors
+        assert (
+            Quota.objects.get(pk=quota.pk).limit == quota.limit and Quota.objects.get(pk=quota.pk).weight == 1
+        )
