@@ -87,3 +87,36 @@ def test_signing_out_sends_an_open_dashboard_to_sign_in_and_stops_its_updates(se
             assert not any("after-sign-out" in f for f in frames)
         finally:
             browser.close()
+
+
+def test_the_back_button_after_signing_out_shows_no_private_page(server: dict[str, Any]) -> None:
+    """After alice signs out, Back must not bring her job's page (its name, its command) back from
+    the browser's cache for whoever sits at the machine next: private pages are not stored."""
+    need_chromium()
+    from playwright.sync_api import sync_playwright
+
+    job = submit(server, "alice", name="secret-experiment", gpus=64, command=["echo", "secret-flag"])
+    with sync_playwright() as p:
+        # With the back/forward cache on, as in a person's browser (Playwright turns it off).
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM, args=CHROMIUM_ARGS, ignore_default_args=["--disable-back-forward-cache"]
+        )
+        try:
+            page = browser.new_context().new_page()
+            page.goto(f"{server['url']}/jobs/{job}/")
+            page.fill("#id_username", "alice")
+            page.fill("#id_password", server["users"]["alice"]["password"])
+            page.click("button[type=submit]")
+            page.wait_for_url(f"{server['url']}/jobs/{job}/")
+            assert "secret-experiment" in page.content()
+            page.goto(f"{server['url']}/jobs/")
+            page.click("#signout button[type=submit], form[action='/logout/'] button")
+            page.wait_for_url(re.compile(r".*/login/"))
+            for _ in range(2):  # back to the list, then to the job's page
+                # commit: a page restored from the back/forward cache fires no load event.
+                page.go_back(wait_until="commit")
+                html = page.content()
+                assert "secret-experiment" not in html and "secret-flag" not in html, page.url
+                page.wait_for_url(re.compile(r".*/login/\?next=.*"), wait_until="commit", timeout=10_000)
+        finally:
+            browser.close()

@@ -160,3 +160,12 @@ def test_the_dashboard_says_when_utilisation_cannot_be_read(world: Any) -> None:
     assert "Prometheus at http://prom:9090 does not answer" in page
     state = json.loads(client.get("/dashboard/state.json").content)
     assert state["utilisation_problem"] == "Prometheus at http://prom:9090 does not answer"
+
+
+def test_every_page_alice_is_shown_is_kept_by_no_cache(running_world: Any) -> None:
+    alice = signed_in(running_world.alice)
+    job = running_world.alice_job
+    for url in ("/", "/jobs/", "/jobs/new/", f"/jobs/{job}/", f"/jobs/{job}/?fragment=status", "/team/"):
+        response = alice.get(url)
+        assert response.status_code == 200, url
+        assert "no-store" in response["Cache-Control"] and "private" in response["Cache-Control"], url
