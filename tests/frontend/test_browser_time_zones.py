@@ -1,0 +1,78 @@
+"""Times on the portal read in the viewer's own time zone, in a real browser (Debian's headless
+Chromium, Playwright, daphne over its own SQLite file: ``tests/frontend/browser.py``).
+
+The server writes every time in UTC, as ``<time datetime>``; a person in Kolkata (UTC+5:30) or
+St. John's (UTC-3:30) read a job's start estimate as their own clock's and were hours off, while
+the dashboard already showed its times in theirs.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+import requests
+
+from tests.frontend.browser import CHROMIUM, CHROMIUM_ARGS, need_chromium, submit
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+def test_a_start_estimate_and_a_jobs_times_read_in_the_viewers_time_zone(server: dict[str, Any]) -> None:
+    need_chromium()
+    from playwright.sync_api import sync_playwright
+
+    api = {"Authorization": f"Token {server['users']['alice']['token']}"}
+    submit(
+        server,
+        "alice",
+        name="holds-the-h100s",
+        gpus=16,
+        replicas=2,
+        accelerators=["H100"],
+        time_limit_seconds=7200,
+    )
+    waiting = submit(server, "alice", name="waits-for-them", gpus=16, replicas=2, accelerators=["H100"])
+    deadline = time.monotonic() + 20
+    while (
+        not requests.get(f"{server['url']}/api/v1/jobs/{waiting}/", headers=api, timeout=5)
+        .json()
+        .get("estimated_start")
+    ):
+        assert time.monotonic() < deadline, str(
+            requests.get(f"{server['url']}/api/v1/jobs/{waiting}/", headers=api, timeout=5).json()
+        )
+        time.sleep(0.2)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            for zone in ("Asia/Kolkata", "America/St_Johns"):
+                # bypass_csp: as sign_in, for the probe below (the page's own scripts keep to it).
+                page = browser.new_context(timezone_id=zone, locale="en-GB", bypass_csp=True).new_page()
+                page.goto(f"{server['url']}/jobs/{waiting}/")
+                page.fill("#id_username", "alice")
+                page.fill("#id_password", server["users"]["alice"]["password"])
+                page.click("button[type=submit]")
+                page.wait_for_url(f"{server['url']}/jobs/{waiting}/")
+                # The status box is fetched again once the socket is ready: its times too.
+                page.wait_for_function("window.TESSERA_PORTAL.refreshes > 0", timeout=10_000)
+                page.wait_for_selector("#estimate time[data-local]", timeout=10_000)
+                shown = page.eval_on_selector_all(
+                    "#job-status time[datetime]",
+                    "els => els.map(e => [e.getAttribute('datetime'), e.textContent.trim(), e.title])",
+                )
+                assert len(shown) >= 2  # submitted, the estimate (and its band)
+                for iso, text, title in shown:
+                    at = datetime.fromisoformat(iso).astimezone(ZoneInfo(zone))
+                    with_seconds = text.count(":") == 2
+                    assert text == at.strftime("%Y-%m-%d %H:%M" + (":%S" if with_seconds else "")), (
+                        zone,
+                        iso,
+                    )
+                    assert title.startswith(at.strftime("%Y-%m-%d %H:%M:%S")) and "GMT" in title
+                page.context.close()
+        finally:
+            browser.close()
