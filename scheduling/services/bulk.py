@@ -292,11 +292,15 @@ class InsertWithChildren:
         ``where``: the condition's parameters. False if the condition stored nothing (PostgreSQL
         only: elsewhere the caller checks first, and there is no condition)."""
         if connection.vendor != "postgresql":
-            obj.save(force_insert=True)
-            for (_, fk), child in zip(self.children, children(), strict=True):
-                if child is not None:
-                    setattr(child, fk, obj)
-                    child.save(force_insert=True)
+            # Several statements here: one transaction (a savepoint inside a caller's), so that a
+            # child refused (an idempotency key's unique key) takes the object back with it. In
+            # autocommit the object had stayed: a retried submit left a second job.
+            with transaction.atomic():
+                obj.save(force_insert=True)
+                for (_, fk), child in zip(self.children, children(), strict=True):
+                    if child is not None:
+                        setattr(child, fk, obj)
+                        child.save(force_insert=True)
             return True
         for name in self.unset_columns:
             field = field_of(self.model, name)

@@ -109,3 +109,13 @@ def test_a_key_stored_with_the_hash_of_the_bodys_text_still_matches_a_retry_of_t
     assert (
         post_json(client, JOBS, valid_body(gpus=4), HTTP_IDEMPOTENCY_KEY="before-upgrade").status_code == 422
     )
+
+
+def test_a_retry_outside_any_transaction_leaves_no_second_job(transactional_db, world):
+    # As in the server (autocommit), not inside a test's transaction: on SQLite the job was
+    # saved, then its key's insert failed on the unique key, and the job stayed behind.
+    client = world.client("alice")
+    first = post_json(client, JOBS, valid_body(), HTTP_IDEMPOTENCY_KEY="ci-run-43")
+    again = post_json(client, JOBS, valid_body(), HTTP_IDEMPOTENCY_KEY="ci-run-43")
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert list(Job.objects.values_list("pk", flat=True)) == [first.json()["id"]]
