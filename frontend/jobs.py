@@ -9,7 +9,9 @@ API's own messages. Forms are POSTs under Django's CSRF check.
 from __future__ import annotations
 
 import math
+import re
 import shlex
+import uuid
 from datetime import timedelta
 from typing import Any, cast
 from urllib.parse import urlencode
@@ -39,7 +41,7 @@ from scheduling.models import Job, LogChunk, Tenant
 from scheduling.services.dryrun import dry_run
 from scheduling.services.history import placements_payload, with_history
 from scheduling.services.holds import do_hold_job, do_release_job
-from scheduling.services.jobs import NotAdmissible, do_cancel_job, do_submit_job
+from scheduling.services.jobs import IdempotencyConflict, NotAdmissible, do_cancel_job, do_submit_job
 from scheduling.states import InvalidTransition
 
 PAGE_SIZE = 50
@@ -329,6 +331,10 @@ def job_new(request: HttpRequest) -> HttpResponse:
         if viewer.operator
         else [],
     }
+    # One key per form shown, sent back with it: a second press of Submit (a double click, the
+    # form sent again from history) gets the first press's job, not a second job.
+    key = request.POST.get("submit_key", "")
+    context["submit_key"] = key if SUBMIT_KEY.fullmatch(key) else new_submit_key()
     if request.method == "GET":
         initial: dict[str, str] = {}
         source = request.GET.get("from", "")
@@ -365,7 +371,19 @@ def job_new(request: HttpRequest) -> HttpResponse:
             context["dry_run"] = dry_run(tenant, cleaned)
             context["body_json"] = body_as_json(body)
             return render(request, "frontend/jobs/new.html", context)
-        job, _ = do_submit_job(request.user, tenant, cleaned, body, check_quota=True)
+        job, created = do_submit_job(
+            request.user, tenant, cleaned, body, idempotency_key=context["submit_key"], check_quota=True
+        )
+    except IdempotencyConflict:
+        # This form submitted a job already and was sent again with other values (Back, edit,
+        # Submit): say so, with a new key, so that a deliberate second job takes one more press.
+        form.add_error(
+            None,
+            "This form already submitted a job, with other values. Press Submit again to submit "
+            "this one as another job.",
+        )
+        context["submit_key"] = new_submit_key()
+        return render(request, "frontend/jobs/new.html", context, status=409)
     except ValidationError as invalid:
         attach_errors(form, invalid.detail)
         return render(request, "frontend/jobs/new.html", context, status=400)
@@ -375,8 +393,20 @@ def job_new(request: HttpRequest) -> HttpResponse:
     except PermissionDenied as denied:
         form.add_error(None, str(denied.detail))
         return render(request, "frontend/jobs/new.html", context, status=403)
-    messages.success(request, f"Job #{job.pk} submitted.")
+    if created:
+        messages.success(request, f"Job #{job.pk} submitted.")
+    else:
+        messages.info(request, f"Job #{job.pk} was submitted by this form already: not submitted twice.")
     return redirect("job", pk=job.pk)
+
+
+SUBMIT_KEY = re.compile(r"portal-[0-9a-f]{32}")
+
+
+def new_submit_key() -> str:
+    """An idempotency key for one shown form (the API's, in a namespace a client's keys may share
+    only by choosing it: the key is the user's own)."""
+    return f"portal-{uuid.uuid4().hex}"
 
 
 # Body keys whose messages belong beside another field of the form.

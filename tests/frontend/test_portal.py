@@ -536,3 +536,21 @@ def test_the_submit_form_counts_against_the_apis_submit_limit(world: Any, settin
     assert world.client("alice").post("/api/v1/jobs/", API_BODY, format="json").status_code == 429
     assert Job.objects.count() == 2  # the refused ones were not kept
     assert signed_in(world.bob).post("/jobs/new/", form()).status_code == 302  # per user
+
+
+def test_a_form_sent_twice_submits_one_job_and_a_changed_one_asks_first(world: Any) -> None:
+    alice = signed_in(world.alice)
+    page = alice.get("/jobs/new/").content.decode()
+    key = re.search(r'name="submit_key" value="(portal-[0-9a-f]{32})"', page).group(1)
+    form = {"submit_key": key, "name": "twice", "kind": "training", "command": "sleep 1", "gpus": "1"}
+    first, again = alice.post("/jobs/new/", form), alice.post("/jobs/new/", form)
+    (job,) = Job.objects.filter(name="twice")
+    assert first["Location"] == again["Location"] == f"/jobs/{job.pk}/"
+    assert "not submitted twice" in alice.get(again["Location"]).content.decode()
+    changed = alice.post("/jobs/new/", {**form, "gpus": "2"})  # Back, edit, Submit
+    assert changed.status_code == 409 and "already submitted a job" in changed.content.decode()
+    fresh = re.search(r'name="submit_key" value="(portal-[0-9a-f]{32})"', changed.content.decode()).group(1)
+    assert fresh != key and changed.context["form"]["gpus"].value() == "2"  # kept as typed
+    assert alice.post("/jobs/new/", {**form, "gpus": "2", "submit_key": fresh}).status_code == 302
+    assert alice.post("/jobs/new/", {**form, "submit_key": "x" * 300}).status_code == 302  # not a key
+    assert Job.objects.filter(name="twice").count() == 3
