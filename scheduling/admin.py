@@ -9,6 +9,9 @@ for staff only, and its job and tenant lists go through the same ``visible_to`` 
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Iterable
 from typing import Any, cast
 
 from django import forms
@@ -53,6 +56,39 @@ from scheduling.services.tokens import do_revoke_api_token
 from scheduling.states import InvalidTransition
 
 
+def fingerprint(obj: Any, fields: Iterable[str]) -> str:
+    """A digest of ``obj``'s values of ``fields``, as stored."""
+    values = {name: obj._meta.get_field(name).value_from_object(obj) for name in fields}
+    return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+class NoLostUpdate(forms.ModelForm):
+    """A change page carries a digest of the values it was shown (``seen``, hidden); saving is
+    refused when the stored values no longer match (another operator, or another tab, saved
+    since), rather than silently putting back the values this page still holds. ``watched``: the
+    fields the page edits. A post without ``seen`` (not from the page) is not checked."""
+
+    watched: tuple[str, ...] = ()
+    seen = forms.CharField(widget=forms.HiddenInput, required=False)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk is not None:
+            self.fields["seen"].initial = fingerprint(self.instance, self.watched)
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = cast(dict[str, Any], super().clean())  # a ModelForm's clean: its cleaned_data
+        seen = cleaned.get("seen")
+        # The instance still holds the stored values here (the form's are put on it after clean).
+        if seen and self.instance.pk is not None and seen != fingerprint(self.instance, self.watched):
+            raise ValidationError(
+                "This was changed since you opened this page (by another operator, or in another "
+                "tab): nothing was saved. Reload the page to see the values now, then make your "
+                "change again."
+            )
+        return cleaned
+
+
 class ReadOnlyMixin:
     """Shown, never edited here: the rows belong to the scheduler, the agents or the services."""
 
@@ -78,8 +114,10 @@ class MembershipInline(admin.TabularInline):
     autocomplete_fields = ["user"]
 
 
-class TenantForm(forms.ModelForm):
+class TenantForm(NoLostUpdate):
     """The idle-policy overrides checked as the API checks them (the operator's bounds)."""
+
+    watched = ("name", "idle_policy")
 
     class Meta:
         model = Tenant
@@ -136,12 +174,13 @@ def printable_model(value: str) -> None:
         raise ValidationError("must not contain control or invisible characters")
 
 
-class QuotaForm(forms.ModelForm):
+class QuotaForm(NoLostUpdate):
     """The API's checks in the console: its bounds (GPUs and weight up to a million, a weight above
     0, a model name of printable characters); a model that matches a known one only by case is
     refused; an unknown model, or guarantees above the cluster's capacity, are saved with a
     warning."""
 
+    watched = ("guaranteed", "limit", "weight")
     model = forms.CharField(max_length=64, validators=[printable_model], strip=False)
     guaranteed = forms.FloatField(min_value=0, max_value=MAX_GPUS)
     limit = forms.FloatField(min_value=0, max_value=MAX_GPUS)
@@ -158,7 +197,7 @@ class QuotaForm(forms.ModelForm):
         return weight
 
     def clean(self) -> dict[str, Any]:
-        data = cast(dict[str, Any], super().clean())  # a ModelForm's clean: its cleaned_data
+        data = super().clean()
         self.warnings: list[str] = []
         model = data.get("model", self.instance.model if self.instance.pk else None)
         guaranteed, limit = data.get("guaranteed"), data.get("limit")
@@ -279,10 +318,11 @@ class DeviceInline(ReadOnlyInline):
     fields = ["index", "model", "uuid", "memory_gib", "nvlink_island", "healthy"]
 
 
-class NodeForm(forms.ModelForm):
+class NodeForm(NoLostUpdate):
     """The price within the bounds the agents' registration accepts (a negative one had reached
     ``do_set_node_price`` and answered 500; 1e308 was stored)."""
 
+    watched = ("price_per_gpu_hour",)
     price_per_gpu_hour = forms.FloatField(min_value=0, max_value=operators.MAX_PRICE_PER_GPU_HOUR)
 
     class Meta:
@@ -460,33 +500,15 @@ class EngineMemoryRecordAdmin(ReadOnlyMixin, admin.ModelAdmin):
     list_display = ["__str__", "updated_at", "not_reached"]
 
 
-class SchedulerSettingsForm(forms.ModelForm):
-    # When the record the page showed was saved (carried by the page): a save from a page opened
-    # before someone else's save would write that page's old values of every other knob back
-    # over theirs (the form sends them all), so it is refused, naming who saved meanwhile.
-    seen_updated_at = forms.CharField(required=False, widget=forms.HiddenInput)
+class SchedulerSettingsForm(NoLostUpdate):
+    watched = KNOBS
 
     class Meta:
         model = SchedulerSettings
         fields = list(KNOBS)
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        if self.instance.pk is not None and self.instance.updated_at is not None:
-            self.fields["seen_updated_at"].initial = self.instance.updated_at.isoformat()
-
     def clean(self) -> dict[str, Any]:
-        cleaned = cast(dict[str, Any], super().clean())  # a ModelForm's clean: its cleaned_data
-        seen = cleaned.get("seen_updated_at")
-        stored = SchedulerSettings.objects.filter(pk=1).select_related("updated_by").first()
-        at = stored.updated_at if stored is not None else None
-        if stored is not None and at is not None and seen and at.isoformat() != seen:
-            who = stored.updated_by.username if stored.updated_by else "someone"
-            raise ValidationError(
-                f"{who} saved these settings at {at:%Y-%m-%d %H:%M:%S %Z} since "
-                "this page was opened: reload it and make your change again (saving this page "
-                "would put back the values it showed)."
-            )
+        cleaned = super().clean()
         error = check_knobs(knobs_of(cleaned))  # the whole record, on top of the environment's
         if error is not None:
             raise ValidationError({error.knob: error.message})

@@ -225,3 +225,55 @@ def test_the_console_refuses_a_quota_the_api_refuses_beside_its_field(console, w
         assert (
             Quota.objects.get(pk=quota.pk).limit == quota.limit and Quota.objects.get(pk=quota.pk).weight == 1
         )
+
+
+def seen_on(page) -> str:
+    """The digest a change page was shown with (its hidden ``seen`` field; "" without one)."""
+    form = page.context["adminform"].form
+    value = form["seen"].value() if "seen" in form.fields else ""
+    assert f'name="seen" value="{value}"' in page.content.decode() or not value
+    return value
+
+
+def test_a_quota_changed_in_another_tab_is_not_put_back_by_this_one(console, world):
+    quota = Quota.objects.get(tenant=world.vision)
+    url = reverse("admin:scheduling_quota_change", args=[quota.pk])
+    tab_a, tab_b = seen_on(console.get(url)), seen_on(console.get(url))
+    response = console.post(url, {"guaranteed": 16, "limit": 32, "weight": 1, "seen": tab_b})
+    assert response.status_code == 302
+    # Tab A still shows limit 64; its operator changes the weight only.
+    response = console.post(url, {"guaranteed": 16, "limit": 64, "weight": 2, "seen": tab_a})
+    assert response.status_code == 200
+    assert "changed since you opened this page" in str(response.context["adminform"].form.non_field_errors())
+    assert (Quota.objects.get(pk=quota.pk).limit, Quota.objects.get(pk=quota.pk).weight) == (32, 1)
+    page = console.get(url)  # reloaded: the values now, and it saves
+    response = console.post(url, {"guaranteed": 16, "limit": 32, "weight": 2, "seen": seen_on(page)})
+    assert response.status_code == 302 and Quota.objects.get(pk=quota.pk).weight == 2
+
+
+def test_scheduler_settings_changed_in_another_tab_are_not_put_back_by_this_one(console):
+    from scheduling.engine.config import KNOBS
+    from scheduling.models import SchedulerSettings
+
+    blank = {knob: "" for knob in KNOBS} | {"kind_accelerators": "null", "preemptor_levels": "null"}
+    assert (
+        console.post(reverse("admin:scheduling_schedulersettings_add"), {**blank, "alpha": "1"}).status_code
+        == 302
+    )
+    url = reverse("admin:scheduling_schedulersettings_change", args=[1])
+    tab_a, tab_b = seen_on(console.get(url)), seen_on(console.get(url))
+    assert console.post(url, {**blank, "alpha": "1", "beta": "2", "seen": tab_b}).status_code == 302
+    response = console.post(url, {**blank, "alpha": "3", "seen": tab_a})  # tab A: beta blank
+    assert response.status_code == 200
+    stored = SchedulerSettings.objects.get()
+    assert (stored.alpha, stored.beta) == (1, 2)
+
+
+def test_a_node_price_changed_in_another_tab_is_not_put_back_by_this_one(console, cluster):
+    node = Node.objects.get(name="n01")
+    url = reverse("admin:scheduling_node_change", args=[node.pk])
+    inline = {"devices-TOTAL_FORMS": 0, "devices-INITIAL_FORMS": 0}
+    tab_a, tab_b = seen_on(console.get(url)), seen_on(console.get(url))
+    assert console.post(url, {"price_per_gpu_hour": "3", "seen": tab_b, **inline}).status_code == 302
+    assert console.post(url, {"price_per_gpu_hour": "1", "seen": tab_a, **inline}).status_code == 200
+    assert Node.objects.get(pk=node.pk).price_per_gpu_hour == 3

@@ -172,7 +172,7 @@ def test_a_save_from_a_page_opened_before_anothers_save_is_refused_not_written_o
     assert client.post(url, {**posted, "alpha": "0.5"}).status_code == 302  # one saves first
     response = client.post(url, {**posted, "beta": "0.5"})  # the other, from the page as it was
     assert response.status_code == 200  # the page again, saying why
-    assert "since this page was opened" in str(response.context["adminform"].form.non_field_errors())
+    assert "changed since you opened this page" in str(response.context["adminform"].form.non_field_errors())
     assert SchedulerSettings.objects.get().alpha == 0.5  # the first change stands
 
 
