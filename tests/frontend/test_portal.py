@@ -554,3 +554,19 @@ def test_a_form_sent_twice_submits_one_job_and_a_changed_one_asks_first(world: A
     assert alice.post("/jobs/new/", {**form, "gpus": "2", "submit_key": fresh}).status_code == 302
     assert alice.post("/jobs/new/", {**form, "submit_key": "x" * 300}).status_code == 302  # not a key
     assert Job.objects.filter(name="twice").count() == 3
+
+
+def test_a_job_with_thousands_of_events_shows_its_latest_and_says_how_many_more(world: Any) -> None:
+    from django.utils import timezone
+
+    job_id = submit(world, "alice")
+    at = timezone.now()
+    JobEvent.objects.bulk_create(
+        JobEvent(job_id=job_id, type="requeued", at=at, reason=f"round {n}") for n in range(1, 2001)
+    )
+    for url in (f"/jobs/{job_id}/", f"/jobs/{job_id}/?fragment=status"):
+        page = signed_in(world.alice).get(url).content.decode()
+        assert page.count('<li class="event ') == 200
+        shown = [int(n) for n in re.findall(r"round (\d+)", page)]
+        assert shown == list(range(1801, 2001))  # the latest, oldest first
+        assert "1801 earlier ones not shown" in page and f"/api/v1/jobs/{job_id}/events/" in page
