@@ -120,13 +120,46 @@
     return chip ? chip.textContent.trim() : "";
   }
 
+  /* Output as a terminal shows it, as text (never HTML): colour and other escape sequences
+   * (CSI, OSC; "Download" keeps them) are left out, and a carriage return not followed by a
+   * newline starts its line again, so a progress bar redrawn a thousand times is one line, not a
+   * thousand glued together. An escape cut between two reads is held until the next. */
+  const ESCAPES = /\x1b(?:\[[0-?]*[ -\/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])/g;
+  const PARTIAL = /\x1b(?:\[[0-?]*[ -\/]*|\][^\x07\x1b]*\x1b?)?$/;
+  function terminal(box) {
+    let held = "", line = document.createTextNode(""), pendingCR = false;
+    box.appendChild(line);
+    return {
+      write: function (data) {
+        let text = held + data;
+        const cut = text.match(PARTIAL);
+        held = cut && cut[0].length <= 256 ? cut[0] : ""; // an escape never ended is shown as text
+        if (held) text = text.slice(0, text.length - held.length);
+        text = text.replace(ESCAPES, "");
+        let done = "";
+        for (let i = 0; i < text.length; i++) {
+          const c = text[i];
+          if (pendingCR && c !== "\n") { done = ""; line.data = ""; } // the line is drawn again
+          pendingCR = false;
+          if (c === "\r") { pendingCR = true; continue; }
+          done += c;
+          if (c === "\n") { // a finished line: keep it, and start the next one
+            line.data += done; done = "";
+            line = box.appendChild(document.createTextNode(""));
+          }
+        }
+        line.data += done;
+      },
+    };
+  }
+
   function tailLogs(page) {
     const out = document.getElementById("log");
     const note = document.getElementById("log-state");
     const follow = document.getElementById("log-follow");
     const replicaBox = document.getElementById("log-replica");
     const download = document.getElementById("log-download");
-    let offset = 0, replica = 0, timer = null, busy = false, started = false;
+    let offset = 0, replica = 0, timer = null, busy = false, started = false, screen = null;
     // Bumped when another replica is chosen: a read begun for the one before is then dropped.
     let generation = 0;
 
@@ -145,9 +178,9 @@
           if (!response.ok) { note.textContent = "Output unavailable (" + response.status + ")."; wait = 5000; break; }
           const chunk = await response.json();
           if (gen !== generation) break;
-          if (!started && (chunk.data || chunk.eof)) { out.textContent = ""; started = true; }
+          if (!started && (chunk.data || chunk.eof)) { out.textContent = ""; screen = terminal(out); started = true; }
           if (chunk.data) {
-            out.appendChild(document.createTextNode(chunk.data)); // text, never HTML
+            screen.write(chunk.data);
             if (follow.checked) out.scrollTop = out.scrollHeight;
           }
           offset = chunk.next_offset;
