@@ -2,8 +2,8 @@
  *
  * The server writes every time as <time datetime="ISO 8601">, its text in UTC. This script
  * rewrites each one's text in the browser's time zone, in the same shape (date and time, with or
- * without seconds, or the time alone), and puts the full local time and the zone's name in its
- * title; so a start estimate, a submit time and the dashboard's "ended at" all read in one zone.
+ * without seconds, or the time alone: with its date too when that is not today), and puts the
+ * full local time and the zone's name in its title; so a start estimate, a submit time and the dashboard's "ended at" all read in one zone.
  * Fragments swapped in later (a job's status, the list's rows) are caught by a MutationObserver.
  */
 (function () {
@@ -31,8 +31,15 @@
     const date = p.year + "-" + p.month + "-" + p.day;
     const time = p.hour + ":" + p.minute + (shape[2] ? ":" + p.second : "");
     el.dataset.local = el.dateTime;
-    el.textContent = shape[1] ? date + " " + time : time;
+    // A time alone (the list's "starts ~14:00") is only clear for today: another day is named.
+    el.textContent = shape[1] || date !== today() ? date + " " + time : time;
     el.title = date + " " + p.hour + ":" + p.minute + ":" + p.second + " " + p.timeZoneName;
+  }
+
+  function today() {
+    const p = {};
+    for (const part of parts.formatToParts(new Date())) p[part.type] = part.value;
+    return p.year + "-" + p.month + "-" + p.day;
   }
 
   function localAll(root) {
