@@ -124,8 +124,10 @@ class TenantForm(NoLostUpdate):
         fields = ["name", "idle_policy"]
 
     def clean_idle_policy(self) -> dict[str, float]:
+        overrides = self.cleaned_data.get("idle_policy")
         try:
-            return check_idle_overrides(self.cleaned_data.get("idle_policy") or {})
+            # Blank is none; anything else is checked as given ("[]" or "0" is not an object).
+            return check_idle_overrides({} if overrides is None else overrides)
         except OverrideRefused as exc:
             raise ValidationError(str(exc)) from None
 

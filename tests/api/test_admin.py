@@ -277,3 +277,17 @@ def test_a_node_price_changed_in_another_tab_is_not_put_back_by_this_one(console
     assert console.post(url, {"price_per_gpu_hour": "3", "seen": tab_b, **inline}).status_code == 302
     assert console.post(url, {"price_per_gpu_hour": "1", "seen": tab_a, **inline}).status_code == 200
     assert Node.objects.get(pk=node.pk).price_per_gpu_hour == 3
+
+
+@pytest.mark.parametrize("text", ["[]", "0", "false", '""'])
+def test_idle_overrides_that_are_not_an_object_are_refused_not_read_as_none(console, world, text):
+    from scheduling.models import Tenant
+
+    Tenant.objects.filter(pk=world.nlp.pk).update(idle_policy={"threshold": 0.1})
+    url = reverse("admin:scheduling_tenant_change", args=[world.nlp.pk])
+    inline = {"members-TOTAL_FORMS": 0, "members-INITIAL_FORMS": 0, "members-MAX_NUM_FORMS": 1000}
+    response = console.post(url, {"name": "nlp", "idle_policy": text, **inline})
+    assert response.status_code == 200 and b"idle_policy: must be an object" in response.content
+    assert Tenant.objects.get(pk=world.nlp.pk).idle_policy == {"threshold": 0.1}
+    response = console.post(url, {"name": "nlp", "idle_policy": "", **inline})  # blank: none
+    assert response.status_code == 302 and Tenant.objects.get(pk=world.nlp.pk).idle_policy == {}
