@@ -502,12 +502,22 @@ class EngineMemoryRecordAdmin(ReadOnlyMixin, admin.ModelAdmin):
     list_display = ["__str__", "updated_at", "not_reached"]
 
 
+class DefaultOrYesNo(forms.NullBooleanSelect):
+    """A boolean knob's choices: blank says what it means (the environment's default), where
+    Django's select said "Unknown", as if the scheduler's own setting were not known."""
+
+    def __init__(self, attrs: dict[str, Any] | None = None) -> None:
+        super().__init__(attrs)
+        self.choices = [("unknown", "— the environment's default"), ("true", "Yes"), ("false", "No")]
+
+
 class SchedulerSettingsForm(NoLostUpdate):
     watched = KNOBS
 
     class Meta:
         model = SchedulerSettings
         fields = list(KNOBS)
+        widgets = {knob: DefaultOrYesNo for knob in ("backfill", "preemption", "exclusive_gpu_shares")}
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean()

@@ -204,3 +204,20 @@ def test_a_price_out_of_bounds_is_refused_beside_its_field_in_the_admin(world, c
     assert "price_per_gpu_hour" in response.context["adminform"].form.errors
     node.refresh_from_db()
     assert node.price_per_gpu_hour == 2.0
+
+
+def test_a_blank_yes_or_no_knob_says_it_is_the_environments_default(world, client):
+    client.force_login(world.admin)
+    page = client.get("/admin/scheduling/schedulersettings/add/").content.decode()
+    for knob in ("backfill", "preemption", "exclusive_gpu_shares"):
+        select = page[page.index(f'name="{knob}"') :].split("</select>")[0]
+        assert "the environment&#x27;s default" in select and "Unknown" not in select
+    blank = {
+        "kind_accelerators": "null",
+        "preemptor_levels": "null",
+        "backfill": "unknown",
+        "preemption": "false",
+    }
+    assert client.post("/admin/scheduling/schedulersettings/add/", blank).status_code == 302
+    stored = SchedulerSettings.objects.get()
+    assert (stored.backfill, stored.preemption) == (None, False)
