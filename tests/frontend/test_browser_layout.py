@@ -45,3 +45,26 @@ def test_the_team_page_with_its_last_24_hours_fits_a_phone(server: dict[str, Any
             assert overflow <= 1, f"the team page is {overflow}px wider than the phone"
         finally:
             browser.close()
+
+
+def test_a_copy_of_a_job_with_a_long_unbroken_name_fits_the_screen(server: dict[str, Any]) -> None:
+    """The submit form's "a copy of #N <name>" beside its heading: a 128-character name with no
+    space in it must wrap, not make the page scroll sideways (it was 1,897 px wide at 1,400); the
+    job's own page and the list keep fitting too."""
+    need_chromium()
+    from playwright.sync_api import sync_playwright
+
+    job = submit(server, "alice", name="W" * 128, gpus=1)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            alice = sign_in(browser, server, "alice")
+            for width in (1400, 375):
+                alice.set_viewport_size({"width": width, "height": 900})
+                for path in (f"/jobs/new/?from={job}", f"/jobs/{job}/", "/jobs/"):
+                    alice.goto(server["url"] + path)
+                    alice.wait_for_selector("main h1")
+                    overflow = alice.evaluate("document.documentElement.scrollWidth") - width
+                    assert overflow <= 1, f"{path} is {overflow}px wider than {width}px"
+        finally:
+            browser.close()
