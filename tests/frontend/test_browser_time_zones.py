@@ -85,3 +85,38 @@ def test_a_start_estimate_and_a_jobs_times_read_in_the_viewers_time_zone(server:
                 page.context.close()
         finally:
             browser.close()
+
+
+def test_a_job_that_ended_days_ago_says_which_day_on_the_dashboard(server: dict[str, Any]) -> None:
+    need_chromium()
+    import subprocess
+    import sys
+
+    from playwright.sync_api import sync_playwright
+
+    job = submit(server, "alice", name="ended-long-ago", gpus=64)  # waits: cancelled at once
+    api = {"Authorization": f"Token {server['users']['alice']['token']}"}
+    assert requests.post(f"{server['url']}/api/v1/jobs/{job}/cancel/", headers=api, timeout=10).ok
+    # Three days ago, in the server's database (its own SQLite file).
+    move = (
+        "import django; django.setup(); from datetime import timedelta; from django.utils import timezone; "
+        "from scheduling.models import Job; "
+        f"Job.objects.filter(pk={job}).update(finished_at=timezone.now() - timedelta(days=3))"
+    )
+    subprocess.run([sys.executable, "-c", move], env=server["env"], check=True, timeout=60)
+    ended = requests.get(f"{server['url']}/api/v1/jobs/{job}/", headers=api, timeout=5).json()["finished_at"]
+    zone = "Asia/Kolkata"
+    local = datetime.fromisoformat(ended.replace("Z", "+00:00")).astimezone(ZoneInfo(zone))
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_context(timezone_id=zone, locale="en-GB").new_page()
+            page.goto(server["url"] + "/")
+            page.fill("#id_username", "alice")
+            page.fill("#id_password", server["users"]["alice"]["password"])
+            page.click("button[type=submit]")
+            item = page.wait_for_selector(f"li.job[data-job-id='{job}'] .job-meta", timeout=15_000)
+            text = item.text_content() or ""
+            assert f"ended {local:%d/%m/%Y}, {local:%H:%M:%S}" in text, text
+        finally:
+            browser.close()

@@ -693,7 +693,12 @@
     if (where) meta.push("on " + where);
     if (terminal.has(job.state)) {
       if (job.exit_code !== null && job.exit_code !== undefined) meta.push("exit " + job.exit_code);
-      if (job.finished_at) meta.push("ended " + new Date(job.finished_at).toLocaleTimeString());
+      if (job.finished_at) {
+        // The time alone only for today: the last 20 may have ended days ago.
+        const ended = new Date(job.finished_at);
+        const today = ended.toDateString() === new Date().toDateString();
+        meta.push("ended " + (today ? ended.toLocaleTimeString() : ended.toLocaleString()));
+      }
     }
     const children = [head, el("div", { class: "job-meta muted", text: meta.join(" · ") })];
     if (job.state === "pending" && job.pending_reason) {
