@@ -49,8 +49,12 @@
   }
 
   localAll(document.body);
-  new MutationObserver(function (changes) {
-    for (const change of changes) for (const node of change.addedNodes) localAll(node);
-  }).observe(document.body, { childList: true, subtree: true });
+  // Only where server fragments are swapped in (a job's page, the list): the dashboard builds its
+  // own nodes by the thousand and has no <time>, so it is not watched.
+  if (document.querySelector("[data-fragment-url]")) {
+    new MutationObserver(function (changes) {
+      for (const change of changes) for (const node of change.addedNodes) localAll(node);
+    }).observe(document.body, { childList: true, subtree: true });
+  }
   window.TESSERA_LOCALTIME = { zone: Intl.DateTimeFormat().resolvedOptions().timeZone };
 })();
