@@ -169,3 +169,16 @@ def test_every_page_alice_is_shown_is_kept_by_no_cache(running_world: Any) -> No
         response = alice.get(url)
         assert response.status_code == 200, url
         assert "no-store" in response["Cache-Control"] and "private" in response["Cache-Control"], url
+
+
+def test_a_page_served_asynchronously_is_kept_by_no_cache_either(running_world: Any) -> None:
+    from asgiref.sync import async_to_sync
+    from django.test import AsyncClient
+
+    async def get() -> Any:
+        client = AsyncClient()
+        await client.aforce_login(running_world.alice)
+        return await client.get(f"/jobs/{running_world.alice_job}/")
+
+    response = async_to_sync(get)()
+    assert response.status_code == 200 and "no-store" in response["Cache-Control"]
