@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import shlex
 
 import pytest
 from django.core.management import call_command
@@ -11,6 +13,7 @@ from django.db import transaction
 from scheduling.models import Allocation, Job
 from scheduling.services import passes
 from scheduling.services.jobs import begin_stop, do_cancel_job, do_mark_running, do_record_exit
+from scheduling.sim import cli as sim_cli
 from scheduling.sim.check import check
 from scheduling.sim.events import read_events
 from scheduling.sim.traces import read_jobs, read_nodes, read_quotas
@@ -220,3 +223,17 @@ def test_a_grow_and_a_shrink_are_exported_and_pass_the_checker(world, tmp_path):
         len(e["allocations"]) for e in events if e["job"] == str(el.pk) and e["event"] in ("start", "resize")
     ]
     assert sizes == [2, 4, 2]
+
+
+@pytest.mark.parametrize("still_at_work", [False, True])
+def test_the_check_command_export_trace_prints_passes_on_what_it_wrote(
+    world, tmp_path, still_at_work, capsys
+):
+    _live_history(world)
+    if still_at_work:
+        helpers.submit(world.alice, world.vision, gpus=1)  # still waiting at the export
+    out = io.StringIO()
+    call_command("export_trace", str(tmp_path), stdout=out)
+    printed = out.getvalue().strip().split("check with: python -m scheduling.sim ", 1)[1]
+    assert ("--unfinished-ok" in printed) == still_at_work
+    assert sim_cli.main(shlex.split(printed)) == 0, capsys.readouterr()

@@ -16,8 +16,10 @@ class Command(BaseCommand):
             counts = export_trace(directory)
         except OSError as exc:
             raise CommandError(f"cannot write to {directory}: {exc}") from exc
+        # A cluster still at work has jobs that never end in the trace: the checker, told so.
+        unfinished = " --unfinished-ok" if counts["unfinished"] else ""
         self.stdout.write(
             f"wrote {counts['nodes']} nodes, {counts['jobs']} jobs, {counts['events']} events "
-            f"to {directory}; check with: python -m scheduling.sim check {directory}/nodes.csv "
+            f"to {directory}; check with: python -m scheduling.sim check{unfinished} {directory}/nodes.csv "
             f"{directory}/jobs.csv {directory}/events.jsonl {directory}/quotas.csv"
         )
