@@ -155,19 +155,19 @@ def _holders(state: ClusterState, job: JobRequest, geo: Geometry) -> tuple[int, 
     holders = 0
     models_ok: list[str] = []
     rack = next((v for k, v in job.node_selector if k == "rack"), None)
-    for cls, spec in state.class_spec.items():  # a class is nodes alike but for the rack
+    # a class is nodes alike but for the rack, their CPUs and their memory
+    for cls, spec in state.class_spec.items():
         if class_allows(spec, c) is None:
-            continue
-        count = state.class_racks[cls].get(rack, 0) if rack else sum(state.class_racks[cls].values())
-        if not count:
             continue
         k = need if whole_job else 1
         size = (spec.nvlink_domain if req.nvlink else spec.gpus) - len(spec.unhealthy_gpus)
         if req.count and req.milli >= MILLI and req.count * k > size:
             continue
-        if (spec.cpus and req.cpu * k > to_milli(spec.cpus)) or (
-            spec.memory_gib and req.mem * k > spec.memory_gib * 1024
-        ):
+        count = 0
+        for (cpu, mem), racks in state.class_sizes[cls].items():
+            if req.cpu * k <= cpu and req.mem * k <= mem:
+                count += racks.get(rack, 0) if rack else sum(racks.values())
+        if not count:
             continue
         holders += count
         total += count * MILLI * (spec.gpus - len(spec.unhealthy_gpus))

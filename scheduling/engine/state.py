@@ -170,10 +170,12 @@ class ClusterState:
         # rack -> group id -> sorted ranks of the rack's nodes in that group: a rack gang's
         # placer looks at the rack's groups, not at each of its nodes
         self.rack_groups: dict[str, dict[int, list[int]]] = {}
-        self.class_racks: dict[int, dict[str, int]] = {}  # class -> rack -> nodes
+        # class -> (CPUs, memory) of its nodes -> rack -> nodes: a class's nodes may differ in
+        # both (openb's P100 nodes: 16 or 64 CPUs), and what one of them holds is no measure
+        self.class_sizes: dict[int, dict[tuple[int, int], dict[str, int]]] = {}
         for n in self.nodes:
-            racks = self.class_racks.setdefault(n.cls, {})
-            racks[n.spec.rack] = racks.get(n.spec.rack, 0) + 1
+            sized = self.class_sizes.setdefault(n.cls, {}).setdefault((n.cpu, n.mem), {})
+            sized[n.spec.rack] = sized.get(n.spec.rack, 0) + 1
         self.groups: dict[GroupKey, Group] = {}
         self.by_class: dict[int, dict[GroupKey, Group]] = {}  # class -> its groups
         # Per class: nodes by number of whole free GPUs, and by their largest free share; a
