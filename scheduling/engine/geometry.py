@@ -114,7 +114,7 @@ def static_check(
     cap = memo.get(ckey)
     if cap is None:
         cap = memo[ckey] = _holders(state, job, geo)
-    holders, total, models_ok = cap
+    holders, total, models_ok, most = cap
     req, need = geo.req, geo.need
     result: tuple[str, str] | None = None
     what = "|".join(job.accelerators) if job.accelerators else "GPUs"
@@ -136,6 +136,13 @@ def static_check(
             f"capacity: needs {req.demand * need / MILLI:g} {what}; the "
             f"cluster has {total / MILLI:g} it may use",
         )
+    elif most is not None and most < need:
+        where = "one rack of one model" if job.topology == "rack" else "the nodes of one model"
+        result = (
+            "capacity",
+            f"capacity: needs {need} replicas of {req.count} {what} together; "
+            f"{where} could hold at most {most}",
+        )
     memo[key] = result
     return result
 
@@ -145,15 +152,21 @@ def replica_holders(state: ClusterState, job: JobRequest, geo: Geometry) -> int:
     return _holders(state, job, geo)[0]
 
 
-def _holders(state: ClusterState, job: JobRequest, geo: Geometry) -> tuple[int, int, tuple[str, ...]]:
+def _holders(
+    state: ClusterState, job: JobRequest, geo: Geometry
+) -> tuple[int, int, tuple[str, ...], int | None]:
     """Nodes that could ever hold one replica (all of a ``node``/``nvlink`` job), the milli-GPU
-    they have, and their models."""
+    they have, their models, and for a gang of whole-GPU replicas spread over nodes the most
+    replicas the nodes of one model (of one rack, for a ``rack`` gang) could ever hold together
+    (None for any other job): placement never mixes models in a gang."""
     req, need = geo.req, geo.need
     c = constraints(job)
     whole_job = job.topology in ("node", "nvlink")
     total = 0
     holders = 0
     models_ok: list[str] = []
+    spread = need > 1 and not whole_job and req.count > 0 and req.milli >= MILLI
+    groups: dict[tuple[str, str], int] = {}  # (model, rack or "") -> replicas it could hold
     rack = next((v for k, v in job.node_selector if k == "rack"), None)
     # a class is nodes alike but for the rack, their CPUs and their memory
     for cls, spec in state.class_spec.items():
@@ -167,10 +180,20 @@ def _holders(state: ClusterState, job: JobRequest, geo: Geometry) -> tuple[int, 
         for (cpu, mem), racks in state.class_sizes[cls].items():
             if req.cpu * k <= cpu and req.mem * k <= mem:
                 count += racks.get(rack, 0) if rack else sum(racks.values())
+                if spread:
+                    per = min(
+                        size // req.count,
+                        cpu // req.cpu if req.cpu else size,
+                        mem // req.mem if req.mem else size,
+                    )
+                    for name, n in racks.items():
+                        if rack is None or name == rack:
+                            g = (spec.model, name if job.topology == "rack" else "")
+                            groups[g] = groups.get(g, 0) + per * n
         if not count:
             continue
         holders += count
         total += count * MILLI * (spec.gpus - len(spec.unhealthy_gpus))
         if spec.model not in models_ok:
             models_ok.append(spec.model)
-    return holders, total, tuple(models_ok)
+    return holders, total, tuple(models_ok), (max(groups.values(), default=0) if spread else None)
