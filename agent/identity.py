@@ -265,23 +265,16 @@ def clear_keys(uid: int, key_users: Path = KEY_USERS) -> bool:
     Whether they were cleared."""
     if SYS_KEYCTL is None or not has_keys(uid, key_users):
         return False
-    libc = ctypes.CDLL(None, use_errno=True)  # loaded before the fork: the child only calls it
-    keyctl = libc.syscall
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child exits at once
-        try:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            keyctl(SYS_KEYCTL, KEYCTL_CLEAR, KEY_SPEC_USER_KEYRING)
-            keyctl(SYS_KEYCTL, KEYCTL_CLEAR, KEY_SPEC_USER_SESSION_KEYRING)
-            persistent = keyctl(SYS_KEYCTL, KEYCTL_GET_PERSISTENT, -1, KEY_SPEC_PROCESS_KEYRING)
-            if persistent > 0:
-                keyctl(SYS_KEYCTL, KEYCTL_CLEAR, persistent)
-        except BaseException:
-            os._exit(1)
-        os._exit(0)
-    _, status = os.waitpid(pid, 0)
+    keyctl = ctypes.CDLL(None, use_errno=True).syscall  # loaded before the fork: the child calls it
+
+    def clear() -> None:
+        keyctl(SYS_KEYCTL, KEYCTL_CLEAR, KEY_SPEC_USER_KEYRING)
+        keyctl(SYS_KEYCTL, KEYCTL_CLEAR, KEY_SPEC_USER_SESSION_KEYRING)
+        persistent = keyctl(SYS_KEYCTL, KEYCTL_GET_PERSISTENT, -1, KEY_SPEC_PROCESS_KEYRING)
+        if persistent > 0:
+            keyctl(SYS_KEYCTL, KEYCTL_CLEAR, persistent)
+
+    status = _as_uid(uid, clear)
     if status != 0:
         log.warning("uid %d: its keyrings could not be cleared", uid)
     return status == 0
@@ -294,20 +287,26 @@ def clean_uid(uid: int) -> None:
     clear_keys(uid)
 
 
-def _kill_all_as(uid: int) -> None:
-    # A child that becomes ``uid`` and sends kill(-1, SIGKILL): Python's own fork, so nothing
-    # but this module is needed on the node (no setpriv, no kill binary).
+def _as_uid(uid: int, action: Callable[[], None]) -> int:
+    """Run ``action`` in a child that became ``uid`` (no group but its own): Python's own fork, so
+    nothing but this module is needed on the node (no setpriv, no kill binary). Its wait status:
+    0 when ``action`` returned."""
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child exits at once
         try:
             os.setgroups([])
             os.setgid(uid)
             os.setuid(uid)
-            os.kill(-1, signal.SIGKILL)
+            action()
         except BaseException:
             os._exit(1)
         os._exit(0)
-    os.waitpid(pid, 0)
+    return os.waitpid(pid, 0)[1]
+
+
+def _kill_all_as(uid: int) -> None:
+    # kill(-1, SIGKILL) as ``uid``: every process of it at once, none of anyone else's
+    _as_uid(uid, lambda: os.kill(-1, signal.SIGKILL))
 
 
 class JobUsers(Protocol):

@@ -129,12 +129,24 @@ def remove_tree(path: Path) -> None:
 def tree_size(path: Path) -> int:
     """Bytes ``path`` and all in it take on disk, however deep, following no link: coreutils'
     ``du`` (fts), for a tree deeper than the agent's own walk may open; 0 when it fails."""
+    return max(0, _du(path, "-B1"))
+
+
+def tree_files(path: Path) -> int:
+    """How many files (inodes: directories and links too) ``path`` holds, however deep, following
+    no link: ``du --inodes``, as :func:`tree_size`; 0 when it fails."""
+    return max(0, _du(path, "--inodes") - 1)  # not ``path`` itself
+
+
+def _du(path: Path, unit: str) -> int:
+    """``du -s`` of ``path`` in ``unit`` (``-B1``: bytes; ``--inodes``), no link followed and no
+    other file system entered; -1 when it fails."""
     du = shutil.which("du", path=TOOLS_PATH)
     if du is None:  # pragma: no cover - coreutils is on every node
-        return 0
+        return -1
     try:
         done = subprocess.run(
-            [du, "-s", "-B1", "-P", "--one-file-system", "--", str(path)],
+            [du, "-s", unit, "-P", "--one-file-system", "--", str(path)],
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
@@ -143,27 +155,7 @@ def tree_size(path: Path) -> int:
         )
         return int(done.stdout.split()[0])
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-        return 0
-
-
-def tree_files(path: Path) -> int:
-    """How many files (inodes: directories and links too) ``path`` holds, however deep, following
-    no link: ``du --inodes``, as :func:`tree_size`; 0 when it fails."""
-    du = shutil.which("du", path=TOOLS_PATH)
-    if du is None:  # pragma: no cover - coreutils is on every node
-        return 0
-    try:
-        done = subprocess.run(
-            [du, "-s", "--inodes", "-P", "--one-file-system", "--", str(path)],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            env={"PATH": TOOLS_PATH},
-            timeout=600,
-        )
-        return max(0, int(done.stdout.split()[0]) - 1)  # not ``path`` itself
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-        return 0
+        return -1
 
 
 def chown_tree(path: Path, uid: int, gid: int) -> None:
