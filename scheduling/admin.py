@@ -246,10 +246,37 @@ class QuotaAdmin(admin.ModelAdmin):
             do_delete_quota(quota, by=request.user)
 
 
+class JoinTokenForm(forms.ModelForm):
+    """A new token's expiry must lie ahead (one in the past was made a token valid for a second),
+    and its name and node-name patterns be printable (an invisible character, a right-to-left
+    override, made a pattern look like ``gpu-*`` and cover no node)."""
+
+    class Meta:
+        model = JoinToken
+        fields = ["name", "max_nodes", "names", "expires_at", "revoked"]
+
+    def clean_expires_at(self) -> Any:
+        expires_at = self.cleaned_data.get("expires_at")
+        if self.instance.pk is None and expires_at is not None and expires_at <= timezone.now():
+            raise ValidationError("must be in the future: a token that has expired registers nothing")
+        return expires_at
+
+    def clean_name(self) -> str:
+        name = self.cleaned_data.get("name") or ""
+        printable_model(name)
+        return name
+
+    def clean_names(self) -> str:
+        names = self.cleaned_data.get("names") or ""
+        printable_model(names)
+        return names
+
+
 @admin.register(JoinToken)
 class JoinTokenAdmin(admin.ModelAdmin):
     """Join tokens: made here or by ``manage.py create_join_token``; the secret is shown once."""
 
+    form = JoinTokenForm
     list_display = ["__str__", "names", "registrations", "max_nodes", "created_at", "expires_at", "revoked"]
     list_filter = ["revoked"]
     search_fields = ["name", "names"]

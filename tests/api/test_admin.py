@@ -291,3 +291,20 @@ def test_idle_overrides_that_are_not_an_object_are_refused_not_read_as_none(cons
     assert Tenant.objects.get(pk=world.nlp.pk).idle_policy == {"threshold": 0.1}
     response = console.post(url, {"name": "nlp", "idle_policy": "", **inline})  # blank: none
     assert response.status_code == 302 and Tenant.objects.get(pk=world.nlp.pk).idle_policy == {}
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("expires_at_0", "2020-01-01"), ("names", "gpu-\u202e*"), ("name", "rack\u200b-9")],
+)
+def test_a_console_join_token_already_expired_or_with_an_invisible_character_is_refused(
+    console, field, value
+):
+    body = {"name": "rack-9", "names": "gpu-*", "expires_at_0": "", "expires_at_1": ""}
+    body[field] = value
+    if field == "expires_at_0":
+        body["expires_at_1"] = "00:00:00"
+    response = console.post(reverse("admin:scheduling_jointoken_add"), body)
+    assert response.status_code == 200  # the form again, saying why
+    assert response.context["adminform"].form.errors
+    assert not JoinToken.objects.exists()
