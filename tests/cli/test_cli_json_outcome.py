@@ -44,3 +44,11 @@ def test_a_quota_refusal_keeps_its_own_outcome(canned_server, run_tessera):
     result = run_tessera(url, "submit", "--wait", "-o", "json", "--", "true")
     assert result.returncode == outcome.UNSCHEDULABLE
     assert json.loads(result.stdout)["outcome"] == "refused"
+
+
+def test_a_refused_token_says_how_to_store_a_new_one(canned_server, run_tessera):
+    url, canned = canned_server
+    canned.status, canned.body = 401, b'{"detail": "Invalid token."}'
+    result = run_tessera(url, "ls")
+    assert result.returncode == outcome.AUTH
+    assert result.stderr == "tessera: Invalid token. (HTTP 401; `tessera login` stores a new token)\n"

@@ -249,8 +249,10 @@ def _answer(response: requests.Response, expect: type | tuple[type, ...]) -> Any
             raise CliError(_not_the_api(response, shape), outcome.UNREACHABLE)
         return body
     message = describe_api_error(status, body)
-    if status in (401, 403):
-        raise CliError(f"{message} (HTTP {status})", outcome.AUTH, body)
+    if status == 401:  # a token revoked, expired with its user, or mistyped: what to do next
+        raise CliError(f"{message} (HTTP 401; `tessera login` stores a new token)", outcome.AUTH, body)
+    if status == 403:
+        raise CliError(f"{message} (HTTP 403)", outcome.AUTH, body)
     if status in (404, 409, 422):
         raise CliError(f"{message} (HTTP {status})", outcome.REFUSED_STATE, body)
     if status in (400, 413):
