@@ -318,4 +318,5 @@ def test_on_this_machine_a_job_that_asks_for_no_cpus_or_memory_still_runs_in_a_c
         job.start()
         assert server.exit_of(61)["exit_code"] == 0, server.output(61)
         assert cpu_cgroup(server.output(61).decode()) == f"/tessera/{job.workdir.name}"
+        assert job.done.wait(10)  # its exit is reported first, then its cgroup removed
         assert not job.cgroup.exists()  # gone with it
