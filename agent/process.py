@@ -346,11 +346,6 @@ class DiskUsage(NamedTuple):
     files: int
 
 
-def disk_used(top: Path) -> int:
-    """Bytes the files under ``top`` take on disk (:func:`disk_usage`)."""
-    return disk_usage(top).bytes
-
-
 def disk_usage(top: Path, most_files: int | None = None) -> DiskUsage:
     """Bytes the files under ``top`` take on disk (allocated blocks: a sparse file counts what
     it holds, not its length), and how many there are (each entry, directories and links too:

@@ -434,7 +434,6 @@ def test_a_checkpoint_taken_over_while_its_old_uid_swaps_a_directory_for_a_link_
 
 
 def test_a_jobs_directories_are_summed_by_the_blocks_they_hold_links_not_followed(tmp_path):
-    disk_used = process_module.disk_used
     top, outside = tmp_path / "job", tmp_path / "outside"
     (top / "a" / "b").mkdir(parents=True)
     outside.mkdir()
@@ -444,9 +443,9 @@ def test_a_jobs_directories_are_summed_by_the_blocks_they_hold_links_not_followe
     (outside / "big").write_bytes(os.urandom(4 << 20))
     (top / "to-file").symlink_to(outside / "big")
     (top / "to-dir").symlink_to(outside)
-    used = disk_used(top)
+    used = process_module.disk_usage(top).bytes
     assert (1 << 20) <= used < (1 << 20) + (64 << 10), used
-    assert disk_used(tmp_path / "missing") == 0
+    assert process_module.disk_usage(tmp_path / "missing").bytes == 0
 
 
 def test_a_jobs_directories_count_their_files_empty_ones_too_and_the_walk_stops_past_the_bound(tmp_path):
@@ -471,7 +470,6 @@ def test_what_a_job_hides_thousands_of_levels_deep_is_summed_too(tmp_path, level
     loop of mkdir and chdir, each path short), or 40 levels of long names, was never counted, so
     it filled the node's disk unstopped. The walk holds a descriptor per level up to
     ``MAX_HELD_LEVELS`` (a deeper tree: ``du``). Links stay unfollowed."""
-    disk_used = process_module.disk_used
     assert levels * (len(name) + 1) > 4096  # the file's path is too long to open
     top = tmp_path / "job"
     top.mkdir()
@@ -488,7 +486,7 @@ def test_what_a_job_hides_thousands_of_levels_deep_is_summed_too(tmp_path, level
     finally:
         os.close(fd)
     try:
-        used = disk_used(top)
+        used = process_module.disk_usage(top).bytes
     finally:
         state_module.remove_tree(top)  # pytest's own removal recurses once per level too
     assert (4 << 20) <= used < (4 << 20) + (16 << 20), used
