@@ -280,10 +280,37 @@ def clear_keys(uid: int, key_users: Path = KEY_USERS) -> bool:
     return status == 0
 
 
+MQUEUE = Path("/dev/mqueue")
+
+
+def remove_mqueues(uid: int, mqueue: Path = MQUEUE) -> int:
+    """Remove the POSIX message queues of the agent's IPC namespace that ``uid`` owns, found
+    where the node mounts their file system (``/dev/mqueue``): like System V's, a queue outlives
+    its last process, holding the node's memory (the messages in it) for the next job given the
+    uid to read. Where jobs have an IPC namespace each (and ``/dev/mqueue`` of their own) there
+    are none here. How many were removed; a failure is logged."""
+    removed = 0
+    try:
+        names = os.listdir(mqueue)
+    except OSError:
+        return 0
+    for name in names:
+        try:
+            if os.lstat(mqueue / name).st_uid == uid:
+                os.unlink(mqueue / name)
+                removed += 1
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            log.warning("uid %d: its message queue %s not removed: %s", uid, name, exc)
+    return removed
+
+
 def clean_uid(uid: int) -> None:
     """What a uid keeps in the kernel once its processes are gone, removed before it goes to
-    another job: its System V IPC objects and its keys."""
+    another job: its System V IPC objects, its POSIX message queues and its keys."""
     remove_ipc(uid)
+    remove_mqueues(uid)
     clear_keys(uid)
 
 

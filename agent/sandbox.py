@@ -20,8 +20,10 @@ limits (a failed move ends the spawn: the job never runs unlimited by accident);
    and ``/dev/shm`` (0700, owned by the job's uid, each at most :meth:`Sandbox.tmpfs_mb` and
    ``--job-max-files`` files) and
    on ``/run/lock`` (the same, 1 MB: ``/var/lock``), a fresh
-   ``/proc`` with ``hidepid=invisible`` (the job sees only its own processes), an empty
-   directory over each local service's socket directory (:data:`HIDDEN`), and over each GPU
+   ``/proc`` with ``hidepid=invisible`` (the job sees only its own processes), its own IPC
+   namespace's POSIX message queues on ``/dev/mqueue`` (:data:`MQUEUE`, where the node has it),
+   an empty directory over each local service's socket directory (:data:`HIDDEN`; an unreadable
+   file over a socket of its own: ``/dev/log``), and over each GPU
    device file that is not the job's an unreadable file (``open`` fails with EACCES; the job
    cannot unmount it: it has no privilege, and a mount namespace it might make of its own keeps
    the mounts it inherited locked);
@@ -104,7 +106,15 @@ HIDDEN = (
     "/run/containerd",
     "/run/dbus",
     "/run/tessera-agent",
+    # syslog's socket (a job could forge any program's lines there, as rsyslog takes the tag it
+    # is sent) and journald's (its native protocol and stdout streams): a job logs to its output.
+    "/dev/log",
+    "/run/systemd/journal",
 )
+# POSIX message queues' file system: the node's IPC namespace's queues, which its path reaches
+# whatever IPC namespace the process is in (``open`` on it gives a descriptor that ``mq_send``
+# and ``mq_receive`` take): in a job's mount namespace, its own IPC namespace's queues instead.
+MQUEUE = "/dev/mqueue"
 # The chain's last step (step 5), as the job's user: waits for its cue on its standard input, then
 # sources the rest of it, the job's environment and the line that runs its command
 # (:func:`env_script`); what comes short of that line ends here.
@@ -230,6 +240,7 @@ class Sandbox:
         self.mkdir = shutil.which("mkdir", path=SYSTEM_PATH) or "mkdir"
         self.private = [p for p in PRIVATE_TMP if os.path.isdir(p)]
         self.locks = [p for p in PRIVATE_LOCKS if os.path.isdir(p) and not os.path.islink(p)]
+        self.mqueue = MQUEUE if os.path.isdir(MQUEUE) and not os.path.islink(MQUEUE) else None
         # Host directories jobs need (the state directory, the PATH's Python) that lie under a
         # private path (a state directory in /tmp): put back on top of the private tmpfs. The
         # Landlock step runs inside the namespace too: its interpreter and script (an agent
@@ -337,6 +348,9 @@ class Sandbox:
         for kept, held in zip(self.keep, hold, strict=True):
             steps += [f"{mkdir} -p {shlex.quote(kept)}", f"{mount} --move {held} {shlex.quote(kept)}"]
         steps.append(f"{mount} -t proc -o hidepid=invisible,nosuid,nodev,noexec proc /proc")
+        if self.mqueue:  # mounted in the job's IPC namespace (unshare --ipc): its queues alone
+            queues = shlex.quote(self.mqueue)
+            steps.append(f"{mount} -t mqueue -o nosuid,nodev,noexec tessera-mqueue {queues}")
         blocker = shlex.quote(str(BLOCKER))
         # Files first: the blocker lives in a directory hidden next (/run/tessera-agent).
         blocked = [p for i, p in sorted(self.devices.items()) if i not in gpus and os.path.exists(p)]
@@ -411,7 +425,8 @@ def namespaces_unavailable() -> str | None:
         "--",
         "/bin/sh",
         "-c",
-        "mount -t tmpfs tessera-probe /tmp && mount -t proc -o hidepid=invisible proc /proc",
+        "mount -t tmpfs tessera-probe /tmp && mount -t proc -o hidepid=invisible proc /proc"
+        + (f" && mount -t mqueue tessera-probe {MQUEUE}" if os.path.isdir(MQUEUE) else ""),
     ]
     try:
         done = subprocess.run(probe, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=20)

@@ -31,6 +31,7 @@ from tests.agent import fakes
 from tests.agent.agent_process import alive
 
 ROOT = Path(__file__).resolve().parents[2]
+MQUEUE = "/dev/mqueue"  # where systemd mounts the node's POSIX message queues
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a uid per job needs an agent running as root")
 
@@ -398,6 +399,109 @@ def test_a_jobs_system_v_ipc_objects_go_with_it_never_left_holding_memory_for_th
         for option, ident in left:
             subprocess.run(["ipcrm", option, str(ident)], check=False, capture_output=True)
     assert left == []
+
+
+@pytest.fixture
+def host_mqueue():
+    """The node's POSIX message queue file system on /dev/mqueue, as systemd mounts it (mounted
+    here for the test where this machine has none), with a queue a node service left open to
+    all (0666) holding a message."""
+    made = not os.path.isdir(MQUEUE)
+    if made:
+        os.mkdir(MQUEUE, 0o1777)
+        subprocess.run(["mount", "-t", "mqueue", "mqueue", MQUEUE], check=True)
+    queue = Path(MQUEUE, f"tessera-service-{os.getpid()}")
+    os.close(os.open(queue, os.O_CREAT | os.O_RDWR, 0o666))
+    queue.chmod(0o666)
+    try:
+        yield queue
+    finally:
+        with contextlib.suppress(OSError):
+            queue.unlink()
+        if made:
+            subprocess.run(["umount", MQUEUE], check=False)
+            with contextlib.suppress(OSError):
+                os.rmdir(MQUEUE)
+
+
+MQUEUES = (
+    fakes.ATTEMPT
+    + r"""
+import ctypes, json, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+service = sys.argv[1]
+def poison():
+    fd = os.open(service, os.O_RDWR)  # a descriptor mq_send takes, as mq_open's
+    if libc.mq_send(fd, b"bob-was-here", 12, 0) != 0:
+        raise OSError(ctypes.get_errno(), "mq_send")
+left = os.open(os.path.join("/dev/mqueue", f"left-{os.getuid()}"), os.O_CREAT | os.O_RDWR, 0o600)
+print(json.dumps({
+    "sees": sorted(os.listdir("/dev/mqueue")),
+    "poison the service's queue": attempt(poison),
+    "uid": os.getuid(),
+}), flush=True)
+"""
+)
+
+
+def test_a_jobs_posix_message_queues_are_its_own_and_go_with_it(host_mqueue, node):
+    """/dev/mqueue reaches the node's IPC namespace's queues whatever namespace a process is in:
+    a job saw every queue there, could send into one a node service left open (0666) and left
+    queues of its own behind, holding the node's memory for the uid's next job. In its mount
+    namespace /dev/mqueue is its own IPC namespace's; without one, its queues are removed when
+    its uid is given back."""
+    server, box = node[0], node[3]
+    start(node, 35, ["python", "-c", MQUEUES, str(host_mqueue)])
+    assert server.exit_of(35)["exit_code"] == 0, server.output(35)
+    said = json.loads(first_line(server, 35))
+    left = f"left-{said['uid']}"
+    assert not os.path.exists(Path(MQUEUE, left))  # gone with the job, either way
+    if box.namespaces:
+        assert said["sees"] == [left]
+        assert said["poison the service's queue"] == "FileNotFoundError"
+        assert Path(host_mqueue).read_text().startswith("QSIZE:0 ")
+
+
+SYSLOG = (
+    fakes.ATTEMPT
+    + r"""
+import json, socket
+def forge():
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.sendto(b"<34>sshd[1]: Accepted publickey for root from 10.0.0.1", "/dev/log")
+print(json.dumps({"forge a syslog line": attempt(forge)}), flush=True)
+"""
+)
+
+
+@pytest.fixture
+def syslog():
+    """A syslog daemon's socket on /dev/log (made here where this machine has none)."""
+    if os.path.lexists("/dev/log"):
+        pytest.skip("this machine has a syslog of its own on /dev/log")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind("/dev/log")
+    os.chmod("/dev/log", 0o666)  # as rsyslog's and journald's
+    listener.settimeout(0.5)
+    try:
+        yield listener
+    finally:
+        listener.close()
+        with contextlib.suppress(OSError):
+            os.unlink("/dev/log")
+
+
+def test_a_job_cannot_forge_the_nodes_syslog_lines(syslog, node):
+    """rsyslog writes the tag a line is sent with: a job wrote `sshd: Accepted publickey for
+    root` into the node's logs. In its mount namespace /dev/log is an unreadable file."""
+    server, box = node[0], node[3]
+    if not box.namespaces:
+        pytest.skip("hiding /dev/log needs a mount namespace")
+    start(node, 36, ["python", "-c", SYSLOG])
+    assert server.exit_of(36)["exit_code"] == 0, server.output(36)
+    assert json.loads(first_line(server, 36)) == {"forge a syslog line": "PermissionError"}
+    with pytest.raises(TimeoutError):
+        syslog.recv(256)
 
 
 HEADLESS = r"""
