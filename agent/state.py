@@ -47,7 +47,16 @@ def default_state_dir(name: str) -> Path:
 
 
 def prepare_state_dir(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
+    """Make ``path`` the agent's state directory: 0711 (the job users reach their own directories
+    under ``jobs`` and ``checkpoints`` through it, and list nothing; its files — the credential,
+    the checkpoint key — are 0600), as is each directory above it that it makes (``var/agents``
+    of the demo, ``/var/lib/tessera-agent``: at the agent's umask, 0755, they listed the node's
+    agents to every job)."""
+    for parent in [*reversed(path.parents), path]:
+        if not parent.exists():
+            with contextlib.suppress(FileExistsError):  # another agent's start made it meanwhile
+                parent.mkdir(mode=0o711)
+                parent.chmod(0o711)
     path.chmod(0o711)
     for sub in ("jobs", "checkpoints"):
         (path / sub).mkdir(exist_ok=True)

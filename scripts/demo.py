@@ -531,6 +531,8 @@ def run(
     # As root, jobs run as uids of their own, which must reach the job directories; where this
     # checkout is private, the agent's own default (/var/lib/tessera-agent/NAME) is used instead.
     use_state_dir = "--state-dir" in flags and (os.geteuid() != 0 or traversable_by_all(state_root))
+    if use_state_dir:
+        private_dir(state_root, 0o711)  # jobs reach their agent's folder, never list the agents
     for name, spec in nodes:
         argv = [python, "-m", "agent", "--server", base]
         if spec is not None:

@@ -689,6 +689,47 @@ time.sleep(60)
 """
 
 
+STATE_SNOOP = (
+    fakes.ATTEMPT
+    + r"""
+import json, os, sys
+agents = sys.argv[1]
+print(json.dumps({
+    "list the node's agents": attempt(lambda: os.listdir(agents)),
+    "list an agent's state": attempt(lambda: os.listdir(os.path.join(agents, "gpu-01"))),
+    "read its credential": attempt(lambda: open(os.path.join(agents, "gpu-01", "credential")).read()),
+    "read its checkpoint key": attempt(
+        lambda: open(os.path.join(agents, "gpu-01", "checkpoint-key"), "rb").read()
+    ),
+}), flush=True)
+"""
+)
+
+
+def test_a_job_can_neither_list_the_agents_state_directories_nor_read_their_credentials(node):
+    """The directories the agent makes above its state directory (the demo's ``var/agents``)
+    were made at its umask, 0755: every job listed the node's agents. They are 0711, as the
+    state directory (the job users reach their own directories through it), whose credential
+    and checkpoint key are 0600."""
+    server, state_dir = node[0], node[1]
+    var = state_dir / "var"
+    var.mkdir(mode=0o711)  # as the demo's: traversable, not listable
+    before = os.umask(0o022)  # the demo's agents' umask
+    try:
+        agent_state = state.prepare_state_dir(var / "agents" / "gpu-01")
+    finally:
+        os.umask(before)
+    state.write_credential(agent_state, "tsr_node_credential")
+    start(node, 37, ["python", "-c", STATE_SNOOP, str(var / "agents")])
+    assert server.exit_of(37)["exit_code"] == 0, server.output(37)
+    assert json.loads(first_line(server, 37)) == {
+        "list the node's agents": "PermissionError",
+        "list an agent's state": "PermissionError",
+        "read its credential": "PermissionError",
+        "read its checkpoint key": "PermissionError",
+    }
+
+
 def test_a_uid_is_never_handed_out_while_a_process_of_it_runs(tmp_path):
     """An agent dies holding a uid whose job still runs: another agent takes the uid only after
     killing that process; while the first one lived, the uid was not to be had at all."""
