@@ -462,6 +462,50 @@ def test_a_jobs_posix_message_queues_are_its_own_and_go_with_it(host_mqueue, nod
         assert Path(host_mqueue).read_text().startswith("QSIZE:0 ")
 
 
+@pytest.fixture
+def crash_dir():
+    """A world-writable directory of the node's disk, as Ubuntu's /var/crash (1777)."""
+    path = Path(f"/var/tessera-crash-{os.getpid()}")
+    path.mkdir()
+    path.chmod(0o1777)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+FILL_SHARED = (
+    fakes.ATTEMPT
+    + r"""
+import json, os, sys
+shared = sys.argv[1]
+def fill():
+    with open(os.path.join(shared, "core"), "wb") as f:
+        for _ in range(16):
+            f.write(b"x" * (1 << 20))
+def many():
+    for n in range(2000):
+        open(os.path.join(shared, f"empty-{n}"), "w").close()
+print(json.dumps({"fill it": attempt(fill), "empty files": attempt(many)}), flush=True)
+"""
+)
+
+
+def test_a_job_fills_no_world_writable_directory_of_the_nodes_disk_nor_leaves_files_there(crash_dir, node):
+    """/var/crash (Ubuntu's, 1777) is on the node's disk, outside every bound of the job (its
+    directories and private tmpfs are summed, not it): a job filled it, or its inodes, and what
+    it wrote stayed, its uid's, for the uid's next job. In its mount namespace such a directory
+    is private, as /run/lock: a small tmpfs, gone with the job."""
+    server, box = node[0], node[3]
+    if not box.namespaces:
+        pytest.skip("a private directory needs a mount namespace")
+    start(node, 38, ["python", "-c", FILL_SHARED, str(crash_dir)])
+    assert server.exit_of(38)["exit_code"] == 0, server.output(38)
+    said = json.loads(first_line(server, 38))
+    assert said == {"fill it": "OSError", "empty files": "OSError"}, said
+    assert os.listdir(crash_dir) == []
+
+
 SYSLOG = (
     fakes.ATTEMPT
     + r"""
