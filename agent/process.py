@@ -264,10 +264,12 @@ def write_world(workdir: Path, world: dict[str, Any], run_as: RunAs) -> None:
         os.close(dfd)
 
 
-def _owned_dir(path: Path, run_as: RunAs) -> bool:
+def _owned_dir(path: Path, run_as: RunAs, isolated: bool = False) -> bool:
     """Make ``path`` 0700 and owned by the job user, and so everything in it (a checkpoint
-    directory an earlier attempt, another uid, wrote): chowned without following a link. Whether
-    it was there already, a directory: a checkpoint to resume from.
+    directory an earlier attempt, another uid, wrote): chowned without following a link; where
+    jobs have uids of their own (``isolated``), a file of a system user's in it (a hard link an
+    attempt made to a file of the node's) is unlinked instead (:func:`state.drop_foreign`).
+    Whether it was there already, a directory: a checkpoint to resume from.
 
     Only what differs is changed: a directory made here (empty: nothing in it to chown) or found
     as it should be costs three or two system calls, where setting it whole took ten or six
@@ -277,25 +279,25 @@ def _owned_dir(path: Path, run_as: RunAs) -> bool:
     except FileExistsError:
         made = False
     except FileNotFoundError:  # its parent is missing
-        return _owned_dir_made(path, run_as)
+        return _owned_dir_made(path, run_as, isolated)
     else:
         made = True
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode):  # a link, or not a directory at all: as it always was
-        return _owned_dir_made(path, run_as)
+        return _owned_dir_made(path, run_as, isolated)
     if stat.S_IMODE(st.st_mode) != 0o700:
         os.chmod(path, 0o700)
     if run_as.uid is None:
         return not made
     uid, gid = run_as.uid, run_as.gid if run_as.gid is not None else run_as.uid
     if not made and st.st_uid != uid:
-        state.chown_tree(path, uid, gid)
+        state.chown_tree(path, uid, gid, isolated)
     if st.st_uid != uid or st.st_gid != gid:
         os.chown(path, uid, gid, follow_symlinks=False)
     return not made
 
 
-def _owned_dir_made(path: Path, run_as: RunAs) -> bool:
+def _owned_dir_made(path: Path, run_as: RunAs, isolated: bool = False) -> bool:
     """:func:`_owned_dir` by the long way, for a path that is not a plain directory, or whose
     parent is missing: made with its parents, set whatever it was."""
     existed = path.is_dir()
@@ -305,7 +307,7 @@ def _owned_dir_made(path: Path, run_as: RunAs) -> bool:
         return existed
     uid, gid = run_as.uid, run_as.gid if run_as.gid is not None else run_as.uid
     if os.lstat(path).st_uid != uid:
-        state.chown_tree(path, uid, gid)
+        state.chown_tree(path, uid, gid, isolated)
     os.chown(path, uid, gid, follow_symlinks=False)
     return existed
 
@@ -539,7 +541,7 @@ class JobProcess:
         try:
             self.run_as = run_as = self.users.take(self.job_id, self.attempt)
             _new_workdir(self.workdir, run_as)
-            resumable = _owned_dir(self.checkpoint_dir, run_as)
+            resumable = _owned_dir(self.checkpoint_dir, run_as, self.users.isolated)
             if self.binding.get("last_checkpoint_at") and not resumable:
                 self._note(
                     "an earlier attempt checkpointed, but its checkpoint is not on this node "

@@ -34,7 +34,8 @@ log = logging.getLogger("tessera.agent")
 
 CREDENTIAL_FILE = "credential"
 CHECKPOINT_KEY = "checkpoint-key"
-TOOLS_PATH = "/usr/bin:/bin"  # coreutils' rm, chown and du
+TOOLS_PATH = "/usr/bin:/bin"  # coreutils' rm, chown and du, findutils' find
+SYSTEM_UIDS = 1000  # below: root and the node's services, never a job's (identity.MIN_FREE_UID)
 
 
 def default_state_dir(name: str) -> Path:
@@ -167,13 +168,17 @@ def _du(path: Path, unit: str) -> int:
         return -1
 
 
-def chown_tree(path: Path, uid: int, gid: int) -> None:
+def chown_tree(path: Path, uid: int, gid: int, isolated: bool = False) -> None:
     """Give ``path`` and all that is in it, however deep, to ``uid``:``gid``, following no link,
     not even one that a process of the old owner swaps in for a directory while the walk goes on:
     coreutils' ``chown -R -P -h`` (fts: each directory entered through a descriptor opened
     without following a link, each entry changed by its name in it; no recursion, where
     ``os.walk`` and ``os.fwalk`` recurse once per level and raised RecursionError for a job's
-    tree a few thousand levels deep). Raises OSError saying why when it fails."""
+    tree a few thousand levels deep). ``isolated``: the tree is of jobs that run as uids of their
+    own; a file in it that a system user owns is unlinked from it first (:func:`drop_foreign`),
+    never handed over. Raises OSError saying why when it fails."""
+    if isolated:
+        drop_foreign(path)
     chown = shutil.which("chown", path=TOOLS_PATH)
     if chown is None:  # pragma: no cover - coreutils is on every node
         raise OSError(f"no chown (coreutils) in {TOOLS_PATH}")
@@ -188,6 +193,31 @@ def chown_tree(path: Path, uid: int, gid: int) -> None:
     if done.returncode != 0:
         said = done.stderr.strip().splitlines()
         raise OSError(f"cannot hand {path} over: {said[-1] if said else f'chown exited {done.returncode}'}")
+
+
+def drop_foreign(path: Path) -> None:
+    """Unlink from the tree ``path`` every name of a file (not a directory) that a system user
+    (uid below :data:`SYSTEM_UIDS`: root, the node's services) owns: a job makes files of its own
+    uid only, which is never one of those, so such a name is a hard link it made to a file of
+    the node's (one it may write, as ``fs.protected_hardlinks`` allows no more; any file, the
+    sysctl off), which handing the tree over would have given to the next uid. Unlinking the name
+    leaves the file itself as it was. findutils' ``find -P ... -delete`` (each name removed
+    through its directory's descriptor, no link followed; no user database read). Raises OSError
+    saying why when it fails."""
+    find = shutil.which("find", path=TOOLS_PATH)
+    if find is None:  # pragma: no cover - findutils is on every node
+        raise OSError(f"no find (findutils) in {TOOLS_PATH}")
+    done = subprocess.run(
+        [find, "-P", str(path), "-mindepth", "1", "!", "-type", "d", "-uid", f"-{SYSTEM_UIDS}", "-delete"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env={"PATH": TOOLS_PATH},
+        timeout=600,
+    )
+    if done.returncode != 0:
+        said = done.stderr.strip().splitlines()
+        raise OSError(f"cannot hand {path} over: {said[-1] if said else f'find exited {done.returncode}'}")
 
 
 def disown(path: Path, uid: int) -> None:

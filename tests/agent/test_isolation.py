@@ -918,6 +918,50 @@ def test_a_retry_resumes_from_the_checkpoint_its_earlier_attempt_left_under_anot
     assert first_uid != second_uid  # each attempt its own uid, the checkpoint handed on
 
 
+@pytest.fixture
+def node_file():
+    """A file of root's that every user may write (0666), on the file system of the agent's
+    state directory (as a node's one disk holds /var/lib/tessera-agent and /etc alike)."""
+    path = Path(f"/var/tessera-root-file-{os.getpid()}")
+    path.write_text("root's\n")
+    path.chmod(0o666)
+    try:
+        yield path
+    finally:
+        path.unlink(missing_ok=True)
+
+
+LINKS = r"""
+import os, sys
+try:
+    os.link(sys.argv[1], os.path.join(os.environ["TESSERA_CHECKPOINT_DIR"], "model.ckpt"))
+    print("linked", flush=True)
+except OSError as exc:
+    print(type(exc).__name__, flush=True)
+"""
+
+
+def test_a_file_a_job_links_into_its_checkpoint_stays_its_owners_when_the_next_attempt_takes_it(
+    node_file, node
+):
+    """The next attempt of a job is handed its checkpoint (chown -R to its uid): a hard link the
+    earlier one made there to a file of another owner that it may write (``protected_hardlinks``
+    allows no more) was handed over too, and the file, root's, became the job uid's (which may
+    then chmod it, or keep it when the uid goes to another tenant's job). Only what the earlier
+    attempt's uid owned changes hands."""
+    server = node[0]
+    start(node, 15, ["python", "-c", LINKS, str(node_file)])
+    assert fakes.wait_for(lambda: len(server.exits) == 1, 15)
+    start(node, 15, ["python", "-c", "print('resumed')"], attempt=1, log_offset=1000)
+    assert fakes.wait_for(lambda: len(server.exits) == 2, 15)
+    assert server.exits[-1]["exit_code"] == 0, server.output(15)
+    linked, resumed = server.output(15).decode().splitlines()
+    # a mount namespace binds the state directory back (under /tmp here): EXDEV, another mount
+    assert linked == ("OSError" if node[3].namespaces else "linked") and resumed == "resumed"
+    assert (os.stat(node_file).st_uid, os.stat(node_file).st_gid) == (0, 0)
+    assert node_file.read_text() == "root's\n"
+
+
 KEEPS = r"""
 import os, pathlib
 pathlib.Path(os.environ["TESSERA_CHECKPOINT_DIR"], "model.ckpt").write_text("alice-weights")
