@@ -19,8 +19,8 @@ limits (a failed move ends the spawn: the job never runs unlimited by accident);
 2. ``/bin/sh -c`` mounting, in that namespace only: a private tmpfs on ``/tmp``, ``/var/tmp``
    and ``/dev/shm`` (0700, owned by the job's uid, each at most :meth:`Sandbox.tmpfs_mb` and
    ``--job-max-files`` files) and
-   on ``/run/lock`` (the same, 1 MB: ``/var/lock``) and each world-writable directory found
-   directly in :data:`SHARED_PARENTS` at the agent's start (Ubuntu's ``/var/crash``), a fresh
+   on ``/run/lock`` (the same, 1 MB: ``/var/lock``) and each of :data:`SYSTEM_SHARED` that is
+   world-writable at the agent's start (Ubuntu's ``/var/crash``), a fresh
    ``/proc`` with ``hidepid=invisible`` (the job sees only its own processes), its own IPC
    namespace's POSIX message queues on ``/dev/mqueue`` (:data:`MQUEUE`, where the node has it),
    an empty directory over each local service's socket directory (:data:`HIDDEN`; an unreadable
@@ -61,6 +61,7 @@ import pwd
 import re
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -79,12 +80,12 @@ PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm")
 # for another job to read or a later holder of the uid to own. Lock files are empty: 1 MB each.
 PRIVATE_LOCKS = ("/run/lock",)
 LOCKS_MB = 1
-# Where a system puts world-writable directories of its own (Ubuntu's /var/crash, 1777): on the
-# node's disk, outside every bound of a job (its directories and private tmpfs are summed, not
-# these), and what a job leaves there stays, its uid's. Each found directly in one of these, at
-# the agent's start, is private to the job as /run/lock is (a tmpfs of LOCKS_MB); others an
-# operator hides (``--hide-path``).
-SHARED_PARENTS = ("/var", "/var/lib", "/var/cache", "/var/spool", "/run")
+# World-writable directories of the system's own programs on the node's disk (apport's crash
+# reports, 1777 on Ubuntu; PHP's sessions, 1733): outside every bound of a job (its directories
+# and private tmpfs are summed, not these), and what a job leaves there stays, its uid's. Private
+# to the job as /run/lock is (a tmpfs of LOCKS_MB), where they are world-writable. Not every such
+# directory: one an operator made for jobs to share (a model cache) is theirs to share.
+SYSTEM_SHARED = ("/var/crash", "/var/lib/php/sessions")
 LOCKS_FILES = 1024  # files (inodes) in a job's private /run/lock: its size bounds no empty file
 # The chain's whole environment, until setpriv. No locale: each util-linux program of it (setpriv,
 # unshare, every mount of step 2) loads the one named only to word its errors, 0.25 ms of CPU
@@ -247,9 +248,7 @@ class Sandbox:
         self.mkdir = shutil.which("mkdir", path=SYSTEM_PATH) or "mkdir"
         self.private = [p for p in PRIVATE_TMP if os.path.isdir(p)]
         self.locks = [p for p in PRIVATE_LOCKS if os.path.isdir(p) and not os.path.islink(p)]
-        self.locks += world_writable(
-            SHARED_PARENTS, skip=[*self.private, *self.locks, *self.hide, MQUEUE], keep=keep
-        )
+        self.locks += [p for p in SYSTEM_SHARED if _world_writable(p) and not _holds(p, keep)]
         self.mqueue = MQUEUE if os.path.isdir(MQUEUE) and not os.path.islink(MQUEUE) else None
         # Host directories jobs need (the state directory, the PATH's Python) that lie under a
         # private path (a state directory in /tmp): put back on top of the private tmpfs. The
@@ -373,29 +372,18 @@ class Sandbox:
         return "set -e\numask 022\n" + "\n".join(steps) + f'\numask 077\n{locale}exec "$@"'
 
 
-def world_writable(
-    parents: Sequence[str], skip: Sequence[str] = (), keep: Sequence[str | Path] = ()
-) -> list[str]:
-    """The world-writable directories directly in ``parents`` (no link), but those in ``skip``
-    and those that hold a path of ``keep`` (a job must still see it)."""
-    kept = [os.path.realpath(k) for k in keep]
-    found = []
-    for parent in parents:
-        try:
-            entries = list(os.scandir(parent))
-        except OSError:
-            continue
-        for entry in entries:
-            try:
-                if not entry.is_dir(follow_symlinks=False) or not entry.stat().st_mode & 0o002:
-                    continue
-            except OSError:
-                continue
-            path = entry.path
-            if path in skip or any(_under(k, path) for k in kept):
-                continue
-            found.append(path)
-    return sorted(found)
+def _world_writable(path: str) -> bool:
+    """Whether ``path`` is a directory (not a link) that every user may write in."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and bool(st.st_mode & 0o002)
+
+
+def _holds(path: str, paths: Sequence[str | Path]) -> bool:
+    """Whether one of ``paths`` lies in ``path`` (hiding it would hide them)."""
+    return any(_under(os.path.realpath(p), path) for p in paths)
 
 
 def env_script(env: Mapping[str, str]) -> bytes:

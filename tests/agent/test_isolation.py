@@ -463,9 +463,12 @@ def test_a_jobs_posix_message_queues_are_its_own_and_go_with_it(host_mqueue, nod
 
 
 @pytest.fixture
-def crash_dir():
-    """A world-writable directory of the node's disk, as Ubuntu's /var/crash (1777)."""
+def crash_dir(monkeypatch):
+    """A world-writable directory of the system's on the node's disk, as Ubuntu's /var/crash
+    (1777), one of the agent's list."""
     path = Path(f"/var/tessera-crash-{os.getpid()}")
+    shared = (*getattr(sandbox, "SYSTEM_SHARED", ()), str(path))
+    monkeypatch.setattr(sandbox, "SYSTEM_SHARED", shared, raising=False)
     path.mkdir()
     path.chmod(0o1777)
     try:
@@ -491,11 +494,11 @@ print(json.dumps({"fill it": attempt(fill), "empty files": attempt(many)}), flus
 )
 
 
-def test_a_job_fills_no_world_writable_directory_of_the_nodes_disk_nor_leaves_files_there(crash_dir, node):
+def test_a_job_fills_no_world_writable_system_directory_nor_leaves_files_there(crash_dir, node):
     """/var/crash (Ubuntu's, 1777) is on the node's disk, outside every bound of the job (its
     directories and private tmpfs are summed, not it): a job filled it, or its inodes, and what
     it wrote stayed, its uid's, for the uid's next job. In its mount namespace such a directory
-    is private, as /run/lock: a small tmpfs, gone with the job."""
+    of the system's is private, as /run/lock: a small tmpfs, gone with the job."""
     server, box = node[0], node[3]
     if not box.namespaces:
         pytest.skip("a private directory needs a mount namespace")
