@@ -221,6 +221,7 @@ class Sandbox:
         scoped: bool = False,
         node: NodeSize | None = None,
         max_files: int | None = None,
+        mqueue: bool = True,
     ):
         self.namespaces = namespaces
         self.scoped = scoped
@@ -249,7 +250,9 @@ class Sandbox:
         self.private = [p for p in PRIVATE_TMP if os.path.isdir(p)]
         self.locks = [p for p in PRIVATE_LOCKS if os.path.isdir(p) and not os.path.islink(p)]
         self.locks += [p for p in SYSTEM_SHARED if _world_writable(p) and not _holds(p, keep)]
-        self.mqueue = MQUEUE if os.path.isdir(MQUEUE) and not os.path.islink(MQUEUE) else None
+        # The node's message queues' file system, mounted again in the job's IPC namespace
+        # (``mqueue``: where that was tried and works, :func:`mqueue_unavailable`).
+        self.mqueue = MQUEUE if mqueue and os.path.isdir(MQUEUE) and not os.path.islink(MQUEUE) else None
         # Host directories jobs need (the state directory, the PATH's Python) that lie under a
         # private path (a state directory in /tmp): put back on top of the private tmpfs. The
         # Landlock step runs inside the namespace too: its interpreter and script (an agent
@@ -448,8 +451,7 @@ def namespaces_unavailable() -> str | None:
         "--",
         "/bin/sh",
         "-c",
-        "mount -t tmpfs tessera-probe /tmp && mount -t proc -o hidepid=invisible proc /proc"
-        + (f" && mount -t mqueue tessera-probe {MQUEUE}" if os.path.isdir(MQUEUE) else ""),
+        "mount -t tmpfs tessera-probe /tmp && mount -t proc -o hidepid=invisible proc /proc",
     ]
     try:
         done = subprocess.run(probe, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=20)
@@ -457,6 +459,24 @@ def namespaces_unavailable() -> str | None:
         return f"cannot run unshare: {exc}"
     if done.returncode != 0:
         return f"unshare and mount failed: {done.stderr.strip() or done.returncode}"
+    return None
+
+
+def mqueue_unavailable() -> str | None:
+    """None when a job's IPC namespace can have ``/dev/mqueue`` of its own (tried for real, once;
+    also None where the node has no ``/dev/mqueue``: nothing to replace); otherwise why not."""
+    if not os.path.isdir(MQUEUE) or os.path.islink(MQUEUE):
+        return None
+    unshare = shutil.which("unshare", path=SYSTEM_PATH) or "unshare"
+    mount = shutil.which("mount", path=SYSTEM_PATH) or "mount"
+    probe = [unshare, "--mount", "--ipc", "--propagation", "private", "--"]
+    probe += [mount, "-t", "mqueue", "tessera-probe", MQUEUE]
+    try:
+        done = subprocess.run(probe, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"cannot run unshare: {exc}"
+    if done.returncode != 0:
+        return f"mount -t mqueue failed: {done.stderr.strip() or done.returncode}"
     return None
 
 
@@ -593,6 +613,9 @@ def detect(
             "jobs get private /tmp, /var/tmp, /dev/shm, /run/lock, /proc and IPC, "
             "and only their own GPUs' devices"
         )
+        queues = mqueue_unavailable()
+        if queues is not None:
+            log.warning("jobs see and may open the node's POSIX message queues in %s: %s", MQUEUE, queues)
         return Sandbox(
             True,
             devices,
@@ -603,6 +626,7 @@ def detect(
             scoped=unscoped is None,
             node=node,
             max_files=max_files,
+            mqueue=queues is None,
         )
     log.warning(
         "jobs share /tmp, /dev/shm and IPC, see every process and can open every GPU's device file: %s",

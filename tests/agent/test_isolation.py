@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import logging
 import os
 import re
 import shutil
@@ -460,6 +461,21 @@ def test_a_jobs_posix_message_queues_are_its_own_and_go_with_it(host_mqueue, nod
         assert said["sees"] == [left]
         assert said["poison the service's queue"] == "FileNotFoundError"
         assert Path(host_mqueue).read_text().startswith("QSIZE:0 ")
+
+
+def test_a_node_whose_mqueue_cannot_be_mounted_again_still_gives_jobs_private_mounts(
+    host_mqueue, monkeypatch, caplog
+):
+    """Where mounting the queues' file system again is refused (a container's seccomp profile),
+    jobs still get their private mounts, without their own /dev/mqueue; the agent says so."""
+    assert sandbox.mqueue_unavailable() is None  # tried for real: this machine allows it
+    monkeypatch.setattr(sandbox, "mqueue_unavailable", lambda: "mount -t mqueue failed: refused")
+    with caplog.at_level(logging.WARNING, logger="tessera.agent"):
+        box = sandbox.detect()
+    if not box.namespaces:
+        pytest.skip("this machine does not let the agent make mount namespaces")
+    assert box.mqueue is None and "mqueue" not in box._script(identity.RunAs("job", 200000, 200000), [])
+    assert "POSIX message queues in /dev/mqueue: mount -t mqueue failed: refused" in caplog.text
 
 
 @pytest.fixture
