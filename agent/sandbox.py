@@ -80,13 +80,13 @@ PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm")
 # for another job to read or a later holder of the uid to own. Lock files are empty: 1 MB each.
 PRIVATE_LOCKS = ("/run/lock",)
 LOCKS_MB = 1
+LOCKS_FILES = 1024  # files (inodes) in a job's private /run/lock: its size bounds no empty file
 # World-writable directories of the system's own programs on the node's disk (apport's crash
 # reports, 1777 on Ubuntu; PHP's sessions, 1733): outside every bound of a job (its directories
 # and private tmpfs are summed, not these), and what a job leaves there stays, its uid's. Private
 # to the job as /run/lock is (a tmpfs of LOCKS_MB), where they are world-writable. Not every such
 # directory: one an operator made for jobs to share (a model cache) is theirs to share.
 SYSTEM_SHARED = ("/var/crash", "/var/lib/php/sessions")
-LOCKS_FILES = 1024  # files (inodes) in a job's private /run/lock: its size bounds no empty file
 # The chain's whole environment, until setpriv. No locale: each util-linux program of it (setpriv,
 # unshare, every mount of step 2) loads the one named only to word its errors, 0.25 ms of CPU
 # each (docs/benchmarks/e2e.md, Session 19); the job's own ``LANG`` comes with its environment
