@@ -127,7 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="PATH",
         help="a directory or file (a service's unix socket) jobs must not see, in addition to "
-        "PostgreSQL's, MySQL's, Redis's, Docker's, containerd's and D-Bus's (repeatable)",
+        "PostgreSQL's, MySQL's, Redis's, Docker's, containerd's, D-Bus's, syslog's and journald's "
+        "(repeatable)",
     )
     p.add_argument(
         "--job-max-tasks",
