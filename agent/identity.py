@@ -32,6 +32,7 @@ import pwd
 import random
 import shutil
 import signal
+import stat
 import subprocess
 import threading
 import time
@@ -39,6 +40,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
+
+from agent.state import remove_tree
 
 log = logging.getLogger("tessera.agent")
 
@@ -281,6 +284,7 @@ def clear_keys(uid: int, key_users: Path = KEY_USERS) -> bool:
 
 
 MQUEUE = Path("/dev/mqueue")
+SHM = Path("/dev/shm")
 
 
 def remove_mqueues(uid: int, mqueue: Path = MQUEUE) -> int:
@@ -289,28 +293,50 @@ def remove_mqueues(uid: int, mqueue: Path = MQUEUE) -> int:
     its last process, holding the node's memory (the messages in it) for the next job given the
     uid to read. Where jobs have an IPC namespace each (and ``/dev/mqueue`` of their own) there
     are none here. How many were removed; a failure is logged."""
+    return remove_owned(uid, mqueue)
+
+
+def remove_shm(uid: int, shm: Path = SHM) -> int:
+    """Remove what ``uid`` owns in the node's ``/dev/shm`` (POSIX shared memory, ``shm_open``'s
+    objects, and any file or directory it made there): a tmpfs, the node's memory, which a job
+    without a private one (no mount namespaces) left holding it, for the next job given the uid
+    to own and read. With namespaces a job's ``/dev/shm`` is its own, gone with it. How many
+    entries were removed."""
+    return remove_owned(uid, shm)
+
+
+def remove_owned(uid: int, directory: Path) -> int:
+    """Remove the entries directly in ``directory`` that ``uid`` owns (a directory with all in it,
+    following no link: :func:`agent.state.remove_tree`). How many; a failure is logged."""
     removed = 0
     try:
-        names = os.listdir(mqueue)
+        entries = list(os.scandir(directory))
     except OSError:
         return 0
-    for name in names:
+    for entry in entries:
         try:
-            if os.lstat(mqueue / name).st_uid == uid:
-                os.unlink(mqueue / name)
-                removed += 1
+            st = entry.stat(follow_symlinks=False)
+            if st.st_uid != uid:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                remove_tree(Path(entry.path))
+            else:
+                os.unlink(entry.path)
+            removed += 1
         except FileNotFoundError:
             continue
         except OSError as exc:
-            log.warning("uid %d: its message queue %s not removed: %s", uid, name, exc)
+            log.warning("uid %d: %s not removed: %s", uid, entry.path, exc)
     return removed
 
 
 def clean_uid(uid: int) -> None:
     """What a uid keeps in the kernel once its processes are gone, removed before it goes to
-    another job: its System V IPC objects, its POSIX message queues and its keys."""
+    another job: its System V IPC objects, its POSIX message queues and shared memory, and its
+    keys."""
     remove_ipc(uid)
     remove_mqueues(uid)
+    remove_shm(uid)
     clear_keys(uid)
 
 

@@ -567,6 +567,32 @@ def test_a_job_cannot_forge_the_nodes_syslog_lines(syslog, node):
         syslog.recv(256)
 
 
+POSIX_SHM = r"""
+import json, mmap, os
+fd = os.open(f"/dev/shm/psm_{os.getpid()}", os.O_CREAT | os.O_RDWR, 0o600)  # as shm_open
+os.ftruncate(fd, 1 << 20)  # a MiB of the node's memory
+with mmap.mmap(fd, 1 << 20) as m:
+    m[:12] = b"alice-secret"
+os.makedirs(f"/dev/shm/cache-{os.getpid()}/deeper")
+print(json.dumps({"uid": os.getuid()}), flush=True)
+"""
+
+
+def test_a_jobs_posix_shared_memory_goes_with_it_never_left_holding_memory_for_the_uids_next_job(node):
+    """Without mount namespaces a job's /dev/shm is the node's: a POSIX shared memory object (a
+    file there, as shm_open makes them; NCCL's and PyTorch's) outlived the job, holding the node's
+    memory, and the next job given the uid owned and read it. It is removed with the uid's
+    processes; with namespaces the job's private /dev/shm takes it along."""
+    server = node[0]
+    start(node, 34, ["python", "-c", POSIX_SHM])
+    assert server.exit_of(34)["exit_code"] == 0, server.output(34)
+    uid = json.loads(first_line(server, 34))["uid"]
+    left = [e.path for e in os.scandir("/dev/shm") if e.stat(follow_symlinks=False).st_uid == uid]
+    for path in left:  # never leave this machine holding them, whatever happened
+        subprocess.run(["rm", "-rf", "--", path], check=False)
+    assert left == []
+
+
 HEADLESS = r"""
 import ctypes, os, threading, time
 read_end, write_end = os.pipe()
