@@ -219,6 +219,9 @@ class Agent:
             )
         except Rejected as exc:
             if exc.status in (401, 403):
+                if self._adopt_stored_credential():
+                    self._beat.set()  # heartbeat again now, with it
+                    return failures
                 raise CredentialRevoked(str(exc)) from None
             log.error("heartbeat refused: %s", exc)
             return failures
@@ -239,6 +242,17 @@ class Agent:
                     self._ask = None
         self._poke.set()
         return 0
+
+    def _adopt_stored_credential(self) -> bool:
+        """Refused: whether ``STATE/credential`` holds another credential than the one in use
+        (an operator rotated it, ``manage.py rotate_node_credential``), now in use. The jobs keep
+        running; the stream, closed by the server, reopens with it."""
+        stored = state.read_credential(self.state_dir)
+        if stored is None or stored == self.client.credential:
+            return False
+        self.client.credential = stored
+        log.warning("the server refused this node's credential: using the new one in %s", self.state_dir)
+        return True
 
     def _listen(self, stop: threading.Event) -> None:
         """Hold the stream (or, where the server refuses it, the long-poll) open; hand what the

@@ -96,6 +96,11 @@ post_save.connect(_cache.forget, sender=Node, dispatch_uid="tessera-node-credent
 post_delete.connect(_cache.forget, sender=Node, dispatch_uid="tessera-node-credential-delete")
 
 
+def forget_cached_nodes() -> None:
+    """Look every credential up again from now on (a rotation made in another process)."""
+    _cache.forget()
+
+
 def cached_node(secret: str) -> Node | None:
     """The credential's node if this process looked it up less than ``CACHE_S`` ago (no query)."""
     return _cache.get(hash_secret(secret))

@@ -35,7 +35,7 @@ from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from rest_framework.exceptions import ValidationError
 
-from scheduling.api.agent_auth import node_for_credential
+from scheduling.api.agent_auth import forget_cached_nodes, node_for_credential
 from scheduling.api.agent_wait import forget_join, node_id_for_secret, node_secret, wake_channel
 from scheduling.api.agents import exit_results
 from scheduling.services import redis_outage, wake_bus
@@ -136,7 +136,7 @@ class AgentStream(AsyncConsumer):
             return {"status": 400, "errors": exc.detail}
 
     async def agent_wake(self, message: dict[str, Any]) -> None:
-        if not await self._credential_holds():
+        if not await self._credential_holds(recheck=bool(message.get("recheck"))):
             # Replaced (the node registered again) or removed: bindings must not reach this agent.
             await self.send({"type": "websocket.close", "code": 4401})
             return
@@ -144,9 +144,13 @@ class AgentStream(AsyncConsumer):
             {"wake": True, "start": message.get("start", []), "heartbeat": message.get("heartbeat", True)}
         )
 
-    async def _credential_holds(self) -> bool:
+    async def _credential_holds(self, recheck: bool = False) -> bool:
         """Whether the socket's credential is still its node's, looked up as every agent call's
-        (cached ``CACHE_S`` seconds; at once in the process that saw the node saved)."""
+        (cached ``CACHE_S`` seconds; at once in the process that saw the node saved). ``recheck``
+        (a rotation's wake): this process's cache is emptied first, so the old credential is
+        refused here at once, the socket's and every later request's."""
+        if recheck:
+            forget_cached_nodes()
         return await node_id_for_secret(self.secret) == self.node_id
 
     async def websocket_disconnect(self, message: dict[str, Any]) -> None:

@@ -385,6 +385,12 @@ def wake_agent(node_id: int, start: list[dict[str, Any]] | None = None) -> None:
     _wake_on_commit({node_id: {"start": start or [], "heartbeat": start is None}})
 
 
+def recheck_agent(node_id: int) -> None:
+    """After commit: the node's streams look their credential up again, past every process's cache
+    (a rotation, ``services/node_credentials.py``): one that no longer holds is closed."""
+    _wake_on_commit({node_id: {"start": [], "heartbeat": True, "recheck": True}})
+
+
 def wake_agents(starts: dict[int, list[dict[str, Any]]]) -> None:
     """:func:`wake_agent` with its bindings for each node of ``starts``, with one commit hook."""
     _wake_on_commit({node_id: {"start": start, "heartbeat": False} for node_id, start in starts.items()})
