@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from celery import Celery
-from celery.signals import worker_ready
+from celery.signals import worker_init, worker_ready
 from django.conf import settings
 
 from controlplane.env import env_float
@@ -38,6 +38,14 @@ app.conf.beat_schedule = {
         "schedule": 10.0,
     },
 }
+
+
+@worker_init.connect
+def _quiet_broker_outages(**_: object) -> None:
+    if settings.TESSERA["CELERY_OUTAGE_LOG"]:
+        from controlplane import celery_outage  # the worker's only: Celery's worker modules
+
+        celery_outage.install(app)  # before the consumer is built: its bootstep is added
 
 
 @worker_ready.connect

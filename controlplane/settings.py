@@ -345,6 +345,7 @@ TESSERA: dict[str, Any] = {
     # its private API used (TESSERA_WEB_THREADS=0 does the same for the pooled request handler).
     "SKIP_FORM_PARSING": env_bool("TESSERA_SKIP_FORM_PARSING", True),
     "GC_TUNING": env_bool("TESSERA_GC_TUNING", True),
+    "CELERY_OUTAGE_LOG": env_bool("TESSERA_CELERY_OUTAGE_LOG", True),
     "GC_PAUSE_IN_PASS": env_bool("TESSERA_GC_PAUSE_IN_PASS", True),
     "LIVE_PIPELINE": env_bool("TESSERA_LIVE_PIPELINE", True),
     "PREPARED_READS": env_bool("TESSERA_PREPARED_READS", True),

@@ -52,6 +52,11 @@ def failed(what: str, exc: BaseException | None = None) -> None:
         log.debug("Redis unreachable: %s (%s)", what, why)
 
 
+def down() -> bool:
+    """Whether this process is in an outage: something failed and nothing has answered since."""
+    return _down_since is not None
+
+
 def answered() -> None:
     """Redis answered: the end of an outage, if there was one (logged once)."""
     global _down_since, _failures, _ended_at

@@ -8,7 +8,10 @@ traceback per tick or per request that buries when it began and ended.
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -206,3 +209,45 @@ def test_an_open_dashboard_is_closed_with_4013_when_redis_goes_not_with_a_traceb
     log = procs.output("web")
     assert "Exception inside application" not in log and "Traceback" not in log, log[-4000:]
     assert log.count("Redis unreachable") == 1, log[-4000:]
+
+
+@pytest.mark.parametrize("switch", ["1", "0"])
+def test_the_worker_logs_a_broker_outage_once_and_its_end_once_unless_switched_off(
+    require_postgres, transactional_db, settings, own_redis, switch
+):
+    """As deployed (docker-compose.yml: prefork, gossip and mingle on, INFO). Celery's consumer
+    logged every reconnection attempt as an error, and the loss with a deprecation warning and
+    (at times) "Error on restarting Gossip" with four chained tracebacks
+    (controlplane/celery_outage.py); it does again with ``TESSERA_CELERY_OUTAGE_LOG=0``."""
+    procs = Processes(own_redis.work)
+    redis_url = f"redis://127.0.0.1:{own_redis.port}/0"
+    env = stack_env(database_url_of(settings), redis_url, TESSERA_CELERY_OUTAGE_LOG=switch)
+    argv = [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "-l", "INFO", "-c", "1"]
+    argv += ["-n", f"outage-{os.getpid()}@%h"]
+    try:
+        procs.start("worker", argv, env)
+        wait_until("the worker", lambda: " ready." in procs.output("worker"), procs, time.monotonic() + 60)
+        own_redis.stop()
+        said = "Redis unreachable" if switch == "1" else "Cannot connect to"
+        outage = lambda: said in procs.output("worker")  # noqa: E731
+        wait_until("the outage", outage, procs, time.monotonic() + 30)
+        time.sleep(7)  # three attempts to reconnect or more (after 0, 2 and 6 s)
+        own_redis.start()
+        back = "Redis answers again" if switch == "1" else "Connected to"
+        wait_until(
+            "the worker's recovery",
+            lambda: procs.output("worker").count(back) == (1 if switch == "1" else 2),
+            procs,
+            time.monotonic() + 30,
+        )
+        log = procs.output("worker")
+    finally:
+        procs.stop_all()
+    if switch == "0":  # Celery's own lines
+        assert log.count("Cannot connect to") >= 2, log[-3000:]
+        return
+    assert "Traceback" not in log and "Cannot connect to" not in log, log[-3000:]
+    assert "CPendingDeprecationWarning" not in log, log[-3000:]
+    assert log.count("Redis unreachable: the worker's broker connection") == 1, log[-3000:]
+    ended = re.search(r"Redis answers again after \d+ s; (\d+) operations failed", log)
+    assert ended and int(ended[1]) >= 3, log[-3000:]

@@ -254,3 +254,19 @@ def test_the_web_process_tunes_gc_and_skips_form_parsing_unless_switched_off(swi
         assert out == [str(YOUNG_THRESHOLD), "True", "True"]
     else:
         assert out[0] != str(YOUNG_THRESHOLD) and out[1:] == ["False", "False"]
+
+
+def test_celerys_broker_outage_records_are_still_the_ones_the_worker_filter_recognises():
+    """controlplane/celery_outage.py knows Celery's reconnection records by logger and message."""
+    from celery import bootsteps
+    from celery.worker.consumer import consumer
+
+    from controlplane import celery_outage
+
+    assert consumer.logger.name == celery_outage.CONSUMER_LOGGER
+    assert bootsteps.logger.name == celery_outage.BOOTSTEPS_LOGGER
+    assert consumer.CONNECTION_ERROR.startswith("consumer: Cannot connect to %s")
+    lost = inspect.getsource(consumer.Consumer.on_connection_error_after_connected)
+    assert "warn('%s (%r)', CONNECTION_RETRY, exc)" in lost
+    assert celery_outage.CANCEL_NOTICE in consumer.CANCEL_TASKS_BY_DEFAULT
+    assert "error(CONNECTION_ERROR," in inspect.getsource(consumer.Consumer.ensure_connected)
