@@ -78,11 +78,14 @@ class ClusterCollector(Collector):
 
 
 def _redis_family() -> GaugeMetricFamily:
-    """Whether Redis answers now. Its outage loses no job (PostgreSQL keeps the truth) but stops
-    triggered passes, live updates and rate limits until it is back (docs/operations.md):
-    without this, nothing on /metrics said so (deploy/alerts.yml)."""
+    """Whether Redis answers this web process now. Its outage loses no job (PostgreSQL keeps the
+    truth) but stops this process's pass triggers, live updates and rate limits until it is back
+    (docs/operations.md): without this, nothing on /metrics said so (deploy/alerts.yml). The
+    worker's and beat's view is not here: their loss of Redis stops the passes, which
+    ``tessera_scheduling_last_pass_timestamp_seconds`` shows."""
     available = GaugeMetricFamily(
-        "tessera_redis_available", "1 when Redis answered this scrape's PING; 0 when it did not."
+        "tessera_redis_available",
+        "1 when Redis answered this web process's PING for this scrape; 0 when it did not.",
     )
     available.add_metric([], 1 if redis_flags.answers() else 0)
     return available
