@@ -26,6 +26,10 @@ What a lost node's job becomes, once the lease has expired (docs/operations.md):
 
 from __future__ import annotations
 
+import logging
+import math
+import threading
+import time
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -46,14 +50,68 @@ from scheduling.services.jobs import (
 from scheduling.services.resizes import leave_alone, leaves_alone
 
 OWN_STOPS = ("cancelled", "preempt", "time-limit", "disk-limit")
+log = logging.getLogger("tessera.health")
+
+# How much further the wall clock may move than the monotonic clock between two sweeps before it
+# counts as a step: NTP's slewing moves it by half a millisecond a second at most.
+CLOCK_STEP_S = 5.0
+monotonic = time.monotonic  # the sweep's monotonic clock (a test may give a fake one)
+
+
+class WallClockSteps:
+    """Forward steps of this process's wall clock, seen from one sweep to the next.
+
+    ``last_heartbeat`` is stamped with the wall clock. Stepped forward past the lease and the
+    margin (NTP correcting a drifted clock, a virtual machine resumed), every node whose agent had
+    not heartbeated since looked lost at the next sweep and its running jobs were requeued, though
+    each agent was alive and heartbeating every few seconds. So for a lease and a heartbeat
+    timeout after a step, the sweep takes the step off its ``now``: an agent that heartbeated just
+    before the step is judged by the time that really passed; one stamped after it, by the new
+    clock, at worst a step later than it would be; past that window, nothing is taken off.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.forget()
+
+    def forget(self) -> None:
+        self._last: tuple[float, float] | None = None
+        self._step_s = 0.0
+        self._until = -math.inf
+
+    def correction(self, wall: float, mono: float, window_s: float) -> float:
+        """Seconds to take off ``wall`` (epoch seconds) at monotonic time ``mono``."""
+        with self._lock:
+            if self._last is not None:
+                jump = (wall - self._last[0]) - (mono - self._last[1])
+                if jump > CLOCK_STEP_S:
+                    self._step_s += jump
+                    self._until = mono + window_s
+                    log.warning(
+                        "the wall clock stepped %.0f s forward since the last node sweep: nodes are "
+                        "judged by the time that really passed for the next %.0f s",
+                        jump,
+                        window_s,
+                    )
+            self._last = (wall, mono)
+            if mono >= self._until:
+                self._step_s = 0.0
+            return self._step_s
+
+
+clock_steps = WallClockSteps()  # per process: each sweeping process watches its own clock
 
 
 def sweep_nodes(now: datetime | None = None) -> list[str]:
     """Mark silent nodes not-ready; requeue the jobs of nodes whose leases expired (plus the
-    fencing margin: see the module's docstring)."""
-    now = now or timezone.now()
+    fencing margin: see the module's docstring). Without ``now``, the wall clock's forward steps
+    are taken off it for a while (:class:`WallClockSteps`)."""
     timeout = timedelta(seconds=settings.TESSERA["HEARTBEAT_TIMEOUT_S"])
     fence_after = timedelta(seconds=settings.TESSERA["LEASE_S"] + settings.TESSERA["FENCE_MARGIN_S"])
+    if now is None:
+        now = timezone.now()
+        window_s = (timeout + fence_after).total_seconds()
+        now -= timedelta(seconds=clock_steps.correction(now.timestamp(), monotonic(), window_s))
     lost = list(
         Node.objects.filter(state=NodeState.READY, last_heartbeat__lt=now - timeout).values_list(
             "name", flat=True

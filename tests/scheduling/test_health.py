@@ -193,3 +193,46 @@ def test_a_node_going_not_ready_is_pushed_to_dashboards(world, settings, django_
     message = async_to_sync(layer.receive)(channel)
     assert message["type"] == "node.update"
     assert message["node"]["name"] == "a100-01" and message["node"]["state"] == "not-ready"
+
+
+def test_a_wall_clock_stepped_forward_past_the_lease_requeues_no_job_of_a_live_node(
+    world, settings, monkeypatch
+):
+    """NTP stepping the server's clock (or a resumed virtual machine): the agents heartbeat every
+    few seconds and are alive, but their last heartbeats were stamped before the step. Only a
+    node that then stays silent for a lease and the margin of real time is lost."""
+    from scheduling.services import health
+
+    settings.TESSERA = {
+        **settings.TESSERA,
+        "HEARTBEAT_TIMEOUT_S": 30.0,
+        "LEASE_S": 60.0,
+        "FENCE_MARGIN_S": 5.0,
+    }
+    health.clock_steps.forget()
+    node = helpers.make_node("a100-01")
+    job = _running_job(world, gpus=1, max_retries=1)
+    start = timezone.now()
+    clocks = {"wall": start, "mono": 1000.0}
+    monkeypatch.setattr(health.timezone, "now", lambda: clocks["wall"])
+    monkeypatch.setattr(health, "monotonic", lambda: clocks["mono"])
+
+    def at(real_s: float, stepped_s: float = 0.0) -> list[str]:
+        clocks["wall"] = start + timedelta(seconds=real_s + stepped_s)
+        clocks["mono"] = 1000.0 + real_s
+        return sweep_nodes()
+
+    Node.objects.filter(pk=node.pk).update(last_heartbeat=start)
+    assert at(1) == []
+    assert at(3, stepped_s=120) == []  # two seconds later in real time, the clock 2 minutes on
+    job.refresh_from_db()
+    assert job.state == JobState.RUNNING
+    assert Node.objects.get(pk=node.pk).state == NodeState.READY
+
+    Node.objects.filter(pk=node.pk).update(last_heartbeat=start + timedelta(seconds=124))  # new clock
+    assert at(13, stepped_s=120) == []
+    # Silent from then on: lost, at worst a step later than without one (then the window is over).
+    at(4 + 66 + 120, stepped_s=120)
+    job.refresh_from_db()
+    assert job.state == JobState.PENDING and job.events.filter(type="requeued", reason="node-lost").exists()
+    health.clock_steps.forget()
