@@ -159,6 +159,10 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# For as long as Redis is away: Celery's default (100 attempts, 2 to 30 s apart) ended the worker
+# ("Unrecoverable error") after about 46 minutes of an outage, and no pass ran once Redis was back
+# unless something restarted the worker.
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 CELERY_TASK_ALWAYS_EAGER = False
 
 # --- The web front in production -----------------------------------------------------------------
