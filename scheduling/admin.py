@@ -51,7 +51,13 @@ from scheduling.services.agents import do_create_join_token
 from scheduling.services.idle_policy import check_idle_overrides, do_set_idle_overrides
 from scheduling.services.jobs import do_cancel_job
 from scheduling.services.knobs import check_knobs, do_save_scheduler_settings, knobs_of
-from scheduling.services.quotas import check_quota, do_create_quota, do_delete_quota, do_update_quota
+from scheduling.services.quotas import (
+    QuotaExists,
+    check_quota,
+    do_create_quota,
+    do_delete_quota,
+    do_update_quota,
+)
 from scheduling.services.tokens import do_revoke_api_token
 from scheduling.states import InvalidTransition
 
@@ -176,6 +182,9 @@ def printable_model(value: str) -> None:
         raise ValidationError("must not contain control or invisible characters")
 
 
+ONE_PER_MODEL = next(c for c in Quota._meta.constraints if c.name == "one_quota_per_tenant_model")
+
+
 class QuotaForm(NoLostUpdate):
     """The API's checks in the console: its bounds (GPUs and weight up to a million, a weight above
     0, a model name of printable characters); a model that matches a known one only by case is
@@ -183,6 +192,9 @@ class QuotaForm(NoLostUpdate):
     warning."""
 
     watched = ("guaranteed", "limit", "weight")
+    # Set (on a subclass, by QuotaAdmin.get_form) when this tenant's row for the model was saved by
+    # someone else after this form's uniqueness check had passed: refused beside ``model``.
+    taken = False
     model = forms.CharField(max_length=64, validators=[printable_model], strip=False)
     guaranteed = forms.FloatField(min_value=0, max_value=MAX_GPUS)
     limit = forms.FloatField(min_value=0, max_value=MAX_GPUS)
@@ -201,6 +213,8 @@ class QuotaForm(NoLostUpdate):
     def clean(self) -> dict[str, Any]:
         data = super().clean()
         self.warnings: list[str] = []
+        if self.taken:
+            self.add_error("model", ONE_PER_MODEL.violation_error_message)
         model = data.get("model", self.instance.model if self.instance.pk else None)
         guaranteed, limit = data.get("guaranteed"), data.get("limit")
         if model is None or guaranteed is None or limit is None:
@@ -228,15 +242,39 @@ class QuotaAdmin(admin.ModelAdmin):
     def get_readonly_fields(self, request: HttpRequest, obj: Quota | None = None) -> list[str]:
         return ["tenant", "model"] if obj is not None else []  # as in the API: delete and re-create
 
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: Any = None,
+    ) -> Any:
+        try:
+            return super().changeform_view(request, object_id, form_url, extra_context)
+        except QuotaExists:
+            # Another operator's row for this (tenant, model) landed between the form's
+            # uniqueness check and the save (the unique constraint caught it, and the view's
+            # transaction was rolled back): the same form again, refused beside ``model``.
+            request.quota_taken = True  # type: ignore[attr-defined]  # read by get_form
+            return super().changeform_view(request, object_id, form_url, extra_context)
+
+    def get_form(
+        self, request: HttpRequest, obj: Quota | None = None, change: bool = False, **kwargs: Any
+    ) -> Any:
+        form = super().get_form(request, obj, change, **kwargs)
+        if getattr(request, "quota_taken", False):
+            return type(form.__name__, (form,), {"taken": True})
+        return form
+
     def save_model(self, request: HttpRequest, obj: Quota, form: Any, change: bool) -> None:
-        for warning in getattr(form, "warnings", []):
-            messages.warning(request, warning)
         numbers = {"guaranteed": obj.guaranteed, "limit": obj.limit, "weight": obj.weight}
         if change:
             do_update_quota(obj, by=request.user, **numbers)
         else:
             created = do_create_quota(obj.tenant, obj.model, **numbers, by=request.user)
             obj.pk = created.pk
+        for warning in getattr(form, "warnings", []):  # once saved: a refused save has none
+            messages.warning(request, warning)
 
     def delete_model(self, request: HttpRequest, obj: Quota) -> None:
         do_delete_quota(obj, by=request.user)

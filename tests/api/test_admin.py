@@ -308,3 +308,26 @@ def test_a_console_join_token_already_expired_or_with_an_invisible_character_is_
     assert response.status_code == 200  # the form again, saying why
     assert response.context["adminform"].form.errors
     assert not JoinToken.objects.exists()
+
+
+def test_a_quota_another_operator_saved_meanwhile_is_a_form_error_not_a_500(console, world, monkeypatch):
+    # Two operators add nlp's H100 quota at once: both forms pass the uniqueness check, then the
+    # other one's row lands before this one's save. The page answers with the form again and the
+    # refusal beside `model`, not a 500 from the unique constraint.
+    from scheduling import admin as console_admin
+
+    real = console_admin.do_create_quota
+
+    def other_operator_first(tenant, model, **numbers):
+        Quota.objects.create(tenant=tenant, model=model, guaranteed=1, limit=1)
+        return real(tenant, model, **numbers)
+
+    monkeypatch.setattr(console_admin, "do_create_quota", other_operator_first)
+    response = console.post(
+        reverse("admin:scheduling_quota_add"),
+        {"tenant": world.nlp.pk, "model": "H100", "guaranteed": 2, "limit": 4, "weight": 1},
+    )
+    assert response.status_code == 200
+    assert response.context["adminform"].form.errors["model"] == [
+        "This team already has a quota for this model: change that one."
+    ]
