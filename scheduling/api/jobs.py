@@ -46,7 +46,7 @@ from scheduling.api.job_serializers import (
 )
 from scheduling.api.logs import MAX_OFFSET, read_log
 from scheduling.api.lookups import ID_PARAMETER, parse_nonnegative, parse_pk
-from scheduling.api.pagination import BoundedLimitOffsetPagination
+from scheduling.api.pagination import EventOrOffsetPagination, KeysetOrOffsetPagination
 from scheduling.api.permissions import is_operator, tenant_of
 from scheduling.models import Job, Tenant
 from scheduling.services.dryrun import dry_run
@@ -116,7 +116,7 @@ def dry_run_asked(request: Request) -> bool:
 class JobViewSet(viewsets.GenericViewSet):
     throttle_scope = "jobs"  # submissions (create) count against the "submit" rate limit
     serializer_class = JobSerializer
-    pagination_class = BoundedLimitOffsetPagination
+    pagination_class = KeysetOrOffsetPagination  # newest first, by a cursor (pagination.py)
     filterset_class = JobFilter  # the list's query filters (scheduling/api/filters.py)
     lookup_field = "pk"
     lookup_value_regex = "[^/]+"
@@ -248,16 +248,16 @@ class JobViewSet(viewsets.GenericViewSet):
         return Response(job_data(self.get_object()))
 
     @extend_schema(
-        summary="A job's history, in order",
+        summary="A job's history, in order, in pages",
         parameters=[ID_PARAMETER],
         filters=False,
         responses={200: JobEventSerializer(many=True)},
     )
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=EventOrOffsetPagination)
     def events(self, request: Request, pk: str) -> Response:
         job = self.get_object()
-        events = job.events.order_by("at", "id")
-        return Response(JobEventSerializer(events, many=True).data)
+        page = self.paginate_queryset(job.events.all())  # oldest first: EventPagination's order
+        return self.get_paginated_response(JobEventSerializer(page, many=True).data)
 
     @extend_schema(
         summary="A running job's per-GPU utilisation over the idle policy's window",

@@ -1,5 +1,6 @@
-"""Limit/offset pagination with bounds, so that no query parameter can overflow the database, and
-strict, so that a bad one is a 400 naming it rather than silently the default.
+"""The lists' pages: limit/offset with bounds, so that no query parameter can overflow the database,
+and strict, so that a bad one is a 400 naming it rather than silently the default; and keyset
+pages (a ``cursor``) for the lists that change while a client reads them (jobs, a job's events).
 
 DRF's stock class passes any ``offset`` to SQL (10**30 overflows PostgreSQL's bigint and SQLite's
 integer: a 500), and reads ``offset=null``, ``limit=false`` or a repeated parameter as if it were
@@ -9,14 +10,18 @@ absent. Here each is a decimal integer given at most once: ``offset`` from 0 to 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
-from rest_framework.exceptions import ValidationError
-from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.pagination import BasePagination, Cursor, CursorPagination, LimitOffsetPagination
+from rest_framework.response import Response
 
 from scheduling.api.lookups import parse_nonnegative
 
 MAX_OFFSET = 2**62
+REPEATED = "give it at most once"
 
 
 def query_integer(request, name: str, default: int, maximum: int) -> int:
@@ -24,7 +29,7 @@ def query_integer(request, name: str, default: int, maximum: int) -> int:
     ``[0, maximum]``; anything else a 400 naming it."""
     values = request.query_params.getlist(name)
     if len(values) > 1:
-        raise ValidationError({name: ["give it at most once"]})
+        raise ValidationError({name: [REPEATED]})
     if values and values[0] == "":
         raise ValidationError({name: [f"must be an integer from 0 to {maximum}"]})
     return parse_nonnegative(values[0] if values else None, name, default, maximum)
@@ -46,3 +51,135 @@ class BoundedLimitOffsetPagination(LimitOffsetPagination):
         for parameter in parameters:
             parameter["schema"] = {**parameter["schema"], "minimum": 0, "maximum": MAX_OFFSET}
         return parameters
+
+
+def _id_position(text: str) -> object:
+    return int(text) if text.isascii() and text.isdigit() and int(text) < 2**63 else None
+
+
+def _time_position(text: str) -> object:
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        return None
+
+
+BAD_CURSOR = "not a cursor this list gave: start again without it, then follow `next`"
+
+
+class KeysetPagination(CursorPagination):
+    """Pages that follow a key (``ordering``), not a count of rows: ``next`` carries a ``cursor``
+    naming the last row given, and the next page starts after it. A row that leaves the filtered
+    set (a pending job starts) or arrives (a new job, newest first: before the cursor) between
+    two pages moves no other row, so every row that stays in the set is given exactly once.
+
+    The answer keeps the shape of the other lists: ``count`` (the set as it is now), ``next``,
+    ``previous``, ``results``; ``limit`` sets the page size as there. ``position``: parses the
+    cursor's key (None: not one), so that a forged cursor is a 400 naming ``cursor``, not SQL's
+    error."""
+
+    ordering: Any = "-id"
+    page_size = 100
+    max_page_size = 1000
+    page_size_query_param = "limit"
+    position: Callable[[str], object] = staticmethod(_id_position)
+
+    def get_page_size(self, request) -> int:
+        limit = query_integer(request, self.page_size_query_param, self.page_size, MAX_OFFSET)
+        return min(limit or self.page_size, self.max_page_size)
+
+    def decode_cursor(self, request) -> Cursor | None:
+        if len(request.query_params.getlist(self.cursor_query_param)) > 1:
+            raise ValidationError({self.cursor_query_param: [REPEATED]})
+        try:
+            cursor = super().decode_cursor(request)
+        except NotFound:
+            raise ValidationError({self.cursor_query_param: [BAD_CURSOR]}) from None
+        if cursor is not None and cursor.position is not None and self.position(cursor.position) is None:
+            raise ValidationError({self.cursor_query_param: [BAD_CURSOR]})
+        return cursor
+
+    def paginate_queryset(self, queryset, request, view=None) -> list[Any] | None:
+        self.count = queryset.count()
+        return super().paginate_queryset(queryset, request, view)
+
+    def get_paginated_response(self, data: Any) -> Response:
+        return Response(
+            {
+                "count": self.count,
+                "next": self.get_next_link(),
+                "previous": self.get_previous_link(),
+                "results": data,
+            }
+        )
+
+    def get_paginated_response_schema(self, schema: dict[str, Any]) -> dict[str, Any]:
+        answer = super().get_paginated_response_schema(schema)
+        answer["required"] = ["count", "results"]
+        answer["properties"] = {"count": {"type": "integer", "example": 123}, **answer["properties"]}
+        return answer
+
+    def get_schema_operation_parameters(self, view) -> list[dict[str, Any]]:
+        parameters = super().get_schema_operation_parameters(view)
+        for parameter in parameters:
+            if parameter["name"] == self.page_size_query_param:
+                parameter["schema"] = {"type": "integer", "minimum": 0, "maximum": MAX_OFFSET}
+        return parameters
+
+
+class EventPagination(KeysetPagination):
+    """A job's events, oldest first: one page holds the history of nearly every job."""
+
+    ordering = ("at", "id")
+    page_size = 1000
+    position = staticmethod(_time_position)
+
+
+class KeysetOrOffsetPagination(BasePagination):
+    """Keyset pages (:class:`KeysetPagination`), or, for a request that names an ``offset`` (the
+    clients written before cursors), the limit/offset pages it was given before, which may skip
+    or repeat a row that moves between two requests."""
+
+    keyset_class: type[KeysetPagination] = KeysetPagination
+
+    def __init__(self) -> None:
+        self.keyset = self.keyset_class()
+        self.offset = BoundedLimitOffsetPagination()
+        self.chosen: BasePagination = self.keyset
+
+    def paginate_queryset(self, queryset, request, view=None) -> list[Any] | None:
+        if self.offset.offset_query_param in request.query_params:
+            if self.keyset.cursor_query_param in request.query_params:
+                raise ValidationError({"cursor": ["give either `cursor` or `offset`, not both"]})
+            self.chosen = self.offset
+            queryset = queryset.order_by(*_ordering(self.keyset.ordering))
+        return self.chosen.paginate_queryset(queryset, request, view)
+
+    def get_paginated_response(self, data: Any) -> Response:
+        return self.chosen.get_paginated_response(data)
+
+    def get_paginated_response_schema(self, schema: dict[str, Any]) -> dict[str, Any]:
+        return self.keyset.get_paginated_response_schema(schema)
+
+    def get_schema_operation_parameters(self, view) -> list[dict[str, Any]]:
+        offset = [p for p in self.offset.get_schema_operation_parameters(view) if p["name"] == "offset"]
+        offset[0]["description"] = (
+            "for older clients: rows from this one on (may skip or repeat a row that moves)"
+        )
+        return self.keyset.get_schema_operation_parameters(view) + offset
+
+    def query_params(self) -> set[str]:
+        """The query parameters these pages read."""
+        return {
+            self.keyset.cursor_query_param,
+            self.keyset.page_size_query_param,
+            self.offset.offset_query_param,
+        }
+
+
+def _ordering(ordering: Any) -> tuple[str, ...]:
+    return (ordering,) if isinstance(ordering, str) else tuple(ordering)
+
+
+class EventOrOffsetPagination(KeysetOrOffsetPagination):
+    keyset_class = EventPagination

@@ -19,6 +19,7 @@ from scheduling.api.job_stream import job_stream, jobs_stream
 from scheduling.api.job_wait import job_detail
 from scheduling.api.jobs import JobViewSet
 from scheduling.api.nodes import NodeViewSet
+from scheduling.api.pagination import EventOrOffsetPagination
 from scheduling.api.quotas import QuotaViewSet
 from scheduling.api.tenants import TenantIdlePolicyView, TenantViewSet
 from scheduling.api.tokens import TokenViewSet
@@ -34,8 +35,8 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("jobs/<str:pk>/release/", JobViewSet.as_view({"post": "release"}), name="job-release"),
     path(
         "jobs/<str:pk>/events/",
-        # A plain list, in order: neither the job list's pages nor its filters (nor in the schema).
-        JobViewSet.as_view({"get": "events"}, pagination_class=None, filter_backends=[]),
+        # Pages of its own (oldest first), not the job list's filters (nor in the schema).
+        JobViewSet.as_view({"get": "events"}, pagination_class=EventOrOffsetPagination, filter_backends=[]),
         name="job-events",
     ),
     path("jobs/<str:pk>/logs/", JobViewSet.as_view({"get": "logs"}), name="job-logs"),

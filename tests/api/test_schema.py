@@ -53,11 +53,16 @@ def test_every_operation_declares_its_error_answers_in_the_error_shape(world):
     assert "409" in paths["/api/v1/jobs/{id}/cancel/"]["post"]["responses"]
 
 
-def test_the_events_are_declared_as_the_plain_list_they_are(world, alice_job):
+def test_the_events_are_declared_as_the_pages_they_are(world, alice_job):
     operation = schema_of(world)["paths"]["/api/v1/jobs/{id}/events/"]["get"]
-    assert [p["name"] for p in operation["parameters"]] == ["id"]  # no pages, no job-list filters
-    assert operation["responses"]["200"]["content"]["application/json"]["schema"]["type"] == "array"
-    assert isinstance(world.client("alice").get(f"/api/v1/jobs/{alice_job.pk}/events/").json(), list)
+    names = sorted(p["name"] for p in operation["parameters"])
+    assert names == ["cursor", "id", "limit", "offset"]  # pages, no job-list filters
+    schema = operation["responses"]["200"]["content"]["application/json"]["schema"]
+    page = schema_of(world)["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]]
+    assert {"count", "next", "previous", "results"} <= set(page["properties"])
+    assert set(world.client("alice").get(f"/api/v1/jobs/{alice_job.pk}/events/").json()) == set(
+        page["properties"]
+    )
 
 
 def test_the_job_body_declares_its_kinds_and_a_non_empty_command(world):

@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 import requests
 
@@ -138,12 +139,14 @@ class Client:
         self, path: str, params: dict[str, Any] | None = None, limit: int | None = None
     ) -> Iterator[Any]:
         """Every item of a paginated list (``count``, ``results``, ``next``), up to ``limit``, each
-        once: pages are read by offset, and a job submitted meanwhile (lists are newest first)
-        pushes the items below it one place down, so the next page starts with the last one
-        already given; an item whose ``id`` was given is skipped."""
+        once, following each page's ``next``: the jobs list and a job's events carry a cursor
+        there, so that a job that starts or arrives meanwhile moves no other; an older server's
+        ``next`` carries an offset, and a job submitted meanwhile (lists are newest first) pushes
+        the items below it one place down, so an item whose ``id`` was given is skipped. Only the
+        query of ``next`` is used, sent to this client's own server: a proxy in front may have
+        told the server another host name."""
         params = dict(params or {})
         params.setdefault("limit", 200 if limit is None else min(limit, 200))
-        params.setdefault("offset", 0)
         seen = 0
         given: set[Any] = set()
         while True:
@@ -166,9 +169,14 @@ class Client:
                     return
             if isinstance(body, list):
                 return
-            if not body.get("next") or not results:
+            following = body.get("next")
+            if not following or not results:
                 return
-            params["offset"] = int(params["offset"]) + len(results)
+            if not isinstance(following, str):
+                raise CliError(
+                    f"the answer of {self.url(path)} has a `next` that is not a link", outcome.UNREACHABLE
+                )
+            params = dict(parse_qsl(urlsplit(following).query, keep_blank_values=True))
 
 
 @dataclass(frozen=True)
