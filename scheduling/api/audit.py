@@ -45,6 +45,7 @@ class AuditEntrySerializer(serializers.ModelSerializer):
 class AuditViewSet(viewsets.GenericViewSet):
     serializer_class = AuditEntrySerializer
     pagination_class = BoundedLimitOffsetPagination
+    query_filters = FILTERS  # read by list() itself; any other parameter is refused (query_params.py)
 
     def get_queryset(self) -> QuerySet[AuditEntry]:
         return AuditEntry.objects.visible_to(self.request.user)

@@ -1,10 +1,11 @@
 """The list endpoints' query filters, as django-filter FilterSets.
 
 ``GET /api/v1/jobs/?state=running&owner=alice`` and ``GET /api/v1/nodes/?rack=r1``: every filter is
-an exact match, filters combine with AND, unknown query parameters are ignored, and an empty
-value filters nothing. A bad value is a 400 naming the parameter (``{"state": ["must be one of:
-..."]}``), never an echo of what was sent; so is a filter given twice (``state=pending&state=running``
-read as its last value alone would silently give a client meaning "either" one of them).
+an exact match, filters combine with AND, an unknown query parameter is a 400 naming it (the
+paginator refuses it: ``scheduling/api/query_params.py``), and an empty value filters nothing. A
+bad value is a 400 naming the parameter (``{"state": ["must be one of: ..."]}``), never an echo
+of what was sent; so is a filter given twice (``state=pending&state=running`` read as its last
+value alone would silently give a client meaning "either" one of them).
 Filters only narrow what the caller may already see (``visible_to``): naming another tenant or
 its users finds nothing, as a name that does not exist.
 """

@@ -19,6 +19,7 @@ from rest_framework.pagination import BasePagination, Cursor, CursorPagination, 
 from rest_framework.response import Response
 
 from scheduling.api.lookups import parse_nonnegative
+from scheduling.api.query_params import refuse_unknown
 
 MAX_OFFSET = 2**62
 REPEATED = "give it at most once"
@@ -38,6 +39,14 @@ def query_integer(request, name: str, default: int, maximum: int) -> int:
 class BoundedLimitOffsetPagination(LimitOffsetPagination):
     default_limit = 100
     max_limit = 1000
+
+    def paginate_queryset(self, queryset, request, view=None) -> list[Any] | None:
+        refuse_unknown(request, view, self.query_params())
+        return super().paginate_queryset(queryset, request, view)
+
+    def query_params(self) -> set[str]:
+        """The query parameters these pages read."""
+        return {self.limit_query_param, self.offset_query_param}
 
     def get_limit(self, request) -> int:
         limit = query_integer(request, self.limit_query_param, self.default_limit, MAX_OFFSET)
@@ -91,6 +100,8 @@ class KeysetPagination(CursorPagination):
     def decode_cursor(self, request) -> Cursor | None:
         if len(request.query_params.getlist(self.cursor_query_param)) > 1:
             raise ValidationError({self.cursor_query_param: [REPEATED]})
+        if request.query_params.get(self.cursor_query_param) == "":
+            return None  # empty: none, the first page (as an empty filter filters nothing)
         try:
             cursor = super().decode_cursor(request)
         except NotFound:
@@ -148,12 +159,14 @@ class KeysetOrOffsetPagination(BasePagination):
         self.chosen: BasePagination = self.keyset
 
     def paginate_queryset(self, queryset, request, view=None) -> list[Any] | None:
+        refuse_unknown(request, view, self.query_params())
         if self.offset.offset_query_param in request.query_params:
-            if self.keyset.cursor_query_param in request.query_params:
+            if request.query_params.get(self.keyset.cursor_query_param):
                 raise ValidationError({"cursor": ["give either `cursor` or `offset`, not both"]})
             self.chosen = self.offset
             queryset = queryset.order_by(*_ordering(self.keyset.ordering))
-        return self.chosen.paginate_queryset(queryset, request, view)
+            return self.offset.paginate_queryset(queryset, request, None)  # parameters checked above
+        return self.keyset.paginate_queryset(queryset, request, view)
 
     def get_paginated_response(self, data: Any) -> Response:
         return self.chosen.get_paginated_response(data)

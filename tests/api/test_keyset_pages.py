@@ -91,6 +91,12 @@ def test_a_forged_cursor_is_a_400_naming_it(world, cursor):
     assert set(response.json()) == {"cursor"}
 
 
+def test_an_empty_cursor_is_the_first_page(world):
+    submit(world.alice, world.vision)
+    for query in ({"cursor": ""}, {"cursor": "", "offset": 0}):
+        assert world.client("alice").get(JOBS, query).json()["count"] == 1
+
+
 def test_a_cursor_with_an_offset_is_a_400(world):
     response = world.client("alice").get(JOBS, {"cursor": "cD0x", "offset": 0})
     assert response.status_code == 400 and set(response.json()) == {"cursor"}

@@ -126,6 +126,13 @@ def valid_registrations_keep_the_rules_across_items_and_keys(context: Any, case:
     return len(set(indices)) == len(indices)
 
 
+@schema.hook("filter_case").apply_to(method="GET", path=["/api/v1/jobs/", "/api/v1/jobs/{id}/events/"])
+def cursors_are_the_servers(context: Any, case: Any) -> bool:
+    """A cursor is one a page's ``next`` gave (a rule across requests): a made-up one is a 400
+    naming ``cursor``, as is one sent with an ``offset``."""
+    return not _positive(case) or not (case.query or {}).get("cursor")
+
+
 @pytest.fixture
 def in_the_test_transaction() -> Iterator[None]:
     """Requests run inside the test's transaction: as Django's test client does, do not let the
