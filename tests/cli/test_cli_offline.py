@@ -160,3 +160,15 @@ def test_a_job_id_is_ascii_digits_only(raw):
     with pytest.raises(CliError) as refused:
         job_ids((raw,))
     assert refused.value.code == outcome.BAD_INPUT and "is not a job id" in refused.value.message
+
+
+@pytest.mark.parametrize(
+    "url", ["http://[::1", "http://host:99999", "http://host:port", "https://", "http://exa mple.com"]
+)
+def test_a_malformed_server_url_is_bad_input_not_an_unreachable_server(url):
+    from tessera_cli.config import normal_url
+
+    with pytest.raises(CliError) as refused:
+        normal_url(url)
+    assert refused.value.code == outcome.BAD_INPUT
+    assert "server URL" in str(refused.value)

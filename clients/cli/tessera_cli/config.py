@@ -8,6 +8,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from tessera_cli import outcome
 from tessera_cli.errors import CliError
@@ -62,6 +63,14 @@ def normal_url(url: str) -> str:
     url = url.strip().rstrip("/")
     if not url.startswith(("http://", "https://")):
         raise CliError(f"the server URL must start with http:// or https:// (got {url!r})", outcome.BAD_INPUT)
+    try:  # a URL requests cannot even parse is the caller's mistake, not a server that is down
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  (raises ValueError for a port that is not 0-65535)
+        malformed = not parts.hostname or any(c.isspace() for c in url)
+    except ValueError:
+        malformed = True
+    if malformed:
+        raise CliError(f"the server URL is malformed (got {url!r})", outcome.BAD_INPUT)
     return url.removesuffix("/api/v1")
 
 
