@@ -252,6 +252,8 @@ REST_FRAMEWORK = {
     "DEFAULT_PARSER_CLASSES": ["scheduling.api.parsers.StrictJSONParser"],
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
     "DEFAULT_THROTTLE_CLASSES": ["scheduling.api.throttling.UserRateLimit"],
+    # ?format=xml is a 400 naming format, not DRF's bare 404
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "scheduling.api.negotiation.NamedFormatNegotiation",
 }
 
 # Per-user request limits (429 with Retry-After above them): job submissions, and every user API

@@ -77,3 +77,11 @@ def test_a_long_or_odd_unknown_name_is_named_shortly_and_safely(world):
     response = world.client("alice").get(f"/api/v1/jobs/?{'x' * 5000}=1&%FF%00=1")  # not UTF-8; NUL
     assert response.status_code == 400
     assert {len(name) for name in response.json()} <= {65, 2} and len(response.json()) == 2
+
+
+@pytest.mark.parametrize("url", ["/api/v1/jobs/", "/api/v1/cluster/", "/api/v1/nodes/"])
+def test_an_unknown_format_is_a_400_naming_it_not_a_404(world, url):
+    response = world.client("alice").get(url, {"format": "xml"})
+    assert response.status_code == 400
+    assert response.json() == {"format": ["must be one of: api, json"]}
+    assert world.client("alice").get(url, {"format": "json"}).status_code == 200
