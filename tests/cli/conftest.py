@@ -101,21 +101,26 @@ def hanging_server() -> Iterator[str]:
 
 @pytest.fixture
 def run_tessera(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
-    """``run_tessera(url, *args, stdin="")``: the command against ``url``, with a token, no
-    retries, no CI variables and a config file of the test's own."""
+    """``run_tessera(url, *args, stdin="", env={})``: the command against ``url``, with a token, no
+    retries, no CI variables, a config file of the test's own and ``env``'s variables."""
 
-    def run(url: str, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("TESSERA_", "GITHUB_", "CI_"))}
-        env.update(
+    def run(
+        url: str, *args: str, stdin: str = "", env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        environment = {
+            k: v for k, v in os.environ.items() if not k.startswith(("TESSERA_", "GITHUB_", "CI_"))
+        }
+        environment.update(
             TESSERA_URL=url,
             TESSERA_TOKEN="tsr_test",
             TESSERA_RETRIES="0",
             TESSERA_CONFIG=str(tmp_path / "config.json"),
+            **(env or {}),
         )
         code = "import sys; from tessera_cli.main import main; sys.exit(main(sys.argv[1:]))"
         return subprocess.run(
             [sys.executable, "-c", code, *args],
-            env=env,
+            env=environment,
             input=stdin,
             capture_output=True,
             text=True,

@@ -144,3 +144,31 @@ def test_login_without_a_terminal_says_what_to_give_in_one_line(run_tessera, tmp
     assert result.returncode == outcome.BAD_INPUT, result.stderr
     assert result.stderr.count("\n") == 1 and "no terminal" in result.stderr and words in result.stderr
     assert not (tmp_path / "config.json").exists()
+
+
+@pytest.fixture
+def silent_server():
+    """A server that takes connections and never answers."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    listener.close()
+
+
+@pytest.mark.parametrize("how", [["--timeout", "1"], ["TESSERA_TIMEOUT=1"]])
+def test_a_silent_server_is_given_up_on_after_the_timeout_asked_for(silent_server, run_tessera, how):
+    # Without --timeout each request waited 30 s (and each retry again): a CI step against a hung
+    # server could not say how long it was willing to wait.
+    args = how if how[0].startswith("--") else []
+    env = dict(part.split("=", 1) for part in how if "=" in part)
+    result = run_tessera(silent_server, *args, "ls", env=env)
+    assert result.returncode == outcome.UNREACHABLE, result.stderr
+    assert result.stderr == f"tessera: {silent_server}/api/v1 did not answer in 1 s\n"
+
+
+def test_a_timeout_that_is_not_a_number_of_seconds_is_bad_input(run_tessera):
+    result = run_tessera("http://127.0.0.1:9", "--timeout", "0", "ls")
+    assert result.returncode == outcome.BAD_INPUT and "--timeout" in result.stderr

@@ -40,13 +40,16 @@ class DeadlinePassed(CliError):
 
 
 class Client:
-    def __init__(self, url: str, token: str, retries: int = RETRIES, sleep=time.sleep) -> None:
+    def __init__(
+        self, url: str, token: str, retries: int = RETRIES, sleep=time.sleep, timeout: float = TIMEOUT_S
+    ) -> None:
         self.base = url.rstrip("/") + "/api/v1"
         self.session = requests.Session()
         self.session.headers["Authorization"] = f"Token {token}"
         self.session.headers["User-Agent"] = f"tessera-cli/{__version__}"
         self.retries = retries
         self.sleep = sleep
+        self.timeout = timeout  # each request's, unless it asks for its own (a long-poll's)
         # Monotonic time after which no request is retried and each has at most GRACE_S, or
         # what is left: --wait-timeout bounds the command even against a server that hangs.
         self.deadline: float | None = None
@@ -74,7 +77,7 @@ class Client:
         json: Any = None,
         params: dict[str, Any] | None = None,
         headers: dict[str, str] | None = None,
-        timeout: float = TIMEOUT_S,
+        timeout: float | None = None,
         safe_to_repeat: bool | None = None,
         expect: type | tuple[type, ...] = dict,
     ) -> tuple[int, Any]:
@@ -84,7 +87,7 @@ class Client:
             safe_to_repeat = method in ("GET", "HEAD") or bool(headers and headers.get("Idempotency-Key"))
         attempt = 0
         while True:
-            attempt_timeout = self._within_deadline(timeout)
+            attempt_timeout = self._within_deadline(self.timeout if timeout is None else timeout)
             try:
                 response = self.session.request(
                     method,

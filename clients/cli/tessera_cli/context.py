@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from tessera_cli import config, outcome, output
-from tessera_cli.client import Client
+from tessera_cli.client import TIMEOUT_S, Client
 from tessera_cli.errors import CliError
 
 
@@ -52,17 +52,18 @@ def job_ids(ids: tuple[str, ...], what: str = "job") -> list[int]:
 
 
 class Context:
-    def __init__(self, url: str | None, argv: list[str], retries: int) -> None:
+    def __init__(self, url: str | None, argv: list[str], retries: int, timeout: float = TIMEOUT_S) -> None:
         self.url = url
         self.argv = argv
         self.retries = retries
+        self.timeout = timeout
         self._client: Client | None = None
 
     @property
     def client(self) -> Client:
         if self._client is None:
             settings = config.load(self.url)
-            self._client = Client(settings.url, settings.token, retries=self.retries)
+            self._client = Client(settings.url, settings.token, retries=self.retries, timeout=self.timeout)
         return self._client
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from tessera_cli import __version__, config, idempotency, jobfile, outcome, output, watch, webhooks
-from tessera_cli.client import RETRIES, Client, DeadlinePassed
+from tessera_cli.client import RETRIES, TIMEOUT_S, Client, DeadlinePassed
 from tessera_cli.context import SECONDS, Context, job_ids, output_option, pass_ctx
 from tessera_cli.errors import CliError
 from tessera_cli.waiting import WaitTimeout, follow_logs, wait_for_end
@@ -59,15 +59,23 @@ def _end_reason(job: dict[str, Any]) -> str | None:
     show_default=True,
     help="Retries of a request after a transient fault, with backoff (TESSERA_RETRIES).",
 )
+@click.option(
+    "--timeout",
+    envvar="TESSERA_TIMEOUT",
+    type=click.FloatRange(min=1, max=3600),
+    default=TIMEOUT_S,
+    show_default=True,
+    help="Seconds to wait for each answer before it counts as a transient fault (TESSERA_TIMEOUT).",
+)
 @click.version_option(__version__, prog_name="tessera")
 @click.pass_context
-def cli(ctx: click.Context, url: str | None, retries: int) -> None:
+def cli(ctx: click.Context, url: str | None, retries: int, timeout: float) -> None:
     """Submit, wait for, follow and stop jobs on a Tessera GPU cluster.
 
     The server and token come from TESSERA_URL and TESSERA_TOKEN, or from the file
     `tessera login` writes.
     """
-    ctx.obj = Context(url, _ARGV, retries)
+    ctx.obj = Context(url, _ARGV, retries, timeout)
 
 
 # --- submit ---------------------------------------------------------------------------------
@@ -514,7 +522,7 @@ def login(ctx: Context, login_url, token_stdin, keep_token):
     token = sys.stdin.readline().strip() if token_stdin else getpass.getpass("API token: ").strip()
     if not token:
         raise CliError("no token given", outcome.AUTH)
-    client = Client(url, token, retries=ctx.retries)
+    client = Client(url, token, retries=ctx.retries, timeout=ctx.timeout)
     client.get("jobs/", params={"limit": 1})  # 401 here: the token is refused
     made = None if keep_token else _own_token(client)
     path = config.write_file(url, made["token"] if made else token)

@@ -48,7 +48,7 @@ def wait_for_end(
             raise WaitTimeout(job)
         began = clock()
         seconds = max(1, int(left))
-        job = client.get(f"jobs/{job_id}/", params={"wait": seconds}, timeout=seconds + 30)
+        job = client.get(f"jobs/{job_id}/", params={"wait": seconds}, timeout=seconds + client.timeout)
         if job["state"] != state:
             state = job["state"]
             if on_change is not None:
