@@ -172,3 +172,14 @@ def test_a_silent_server_is_given_up_on_after_the_timeout_asked_for(silent_serve
 def test_a_timeout_that_is_not_a_number_of_seconds_is_bad_input(run_tessera):
     result = run_tessera("http://127.0.0.1:9", "--timeout", "0", "ls")
     assert result.returncode == outcome.BAD_INPUT and "--timeout" in result.stderr
+
+
+@pytest.mark.parametrize("status", [429, 500, 503])
+def test_a_server_still_refusing_for_load_or_failing_after_the_retries_exits_202(
+    canned_server, run_tessera, status
+):
+    url, canned = canned_server
+    canned.status, canned.body = status, b'{"detail": "Request was throttled."}'
+    result = run_tessera(url, "ls")
+    assert result.returncode == outcome.UNREACHABLE, result.stderr
+    assert result.stderr == f"tessera: the server answered HTTP {status}: Request was throttled.\n"
