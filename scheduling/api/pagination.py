@@ -68,9 +68,10 @@ def _id_position(text: str) -> object:
 
 def _time_position(text: str) -> object:
     try:
-        return datetime.fromisoformat(text)
+        at = datetime.fromisoformat(text)
     except ValueError:
         return None
+    return at if at.tzinfo is not None else None  # the server's cursors carry their zone
 
 
 BAD_CURSOR = "not a cursor this list gave: start again without it, then follow `next`"

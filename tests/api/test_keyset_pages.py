@@ -132,3 +132,11 @@ def test_an_older_clients_events_by_offset_still_work(world):
     job = submit(world.alice, world.vision)
     page = world.client("alice").get(f"{JOBS}{job.pk}/events/", {"limit": 200, "offset": 0}).json()
     assert [e["type"] for e in page["results"]] == ["submitted"] and page["next"] is None
+
+
+@pytest.mark.parametrize("cursor", ["cD0xMjM=", "cD0yMDI2LTEyLTA3"])  # p=123; p=2026-12-07 (no zone)
+def test_a_forged_events_cursor_is_a_400_naming_it(world, cursor):
+    job = submit(world.alice, world.vision)
+    response = world.client("alice").get(f"{JOBS}{job.pk}/events/", {"cursor": cursor})
+    assert response.status_code == 400, response.content
+    assert set(response.json()) == {"cursor"}
