@@ -526,3 +526,22 @@ def test_webhooks_are_added_listed_delivered_redelivered_and_removed_through_the
     assert cli("webhooks", "rm", str(hook["id"])).returncode == 0
     assert cli("webhooks", "ls", "-o", "json").stdout.strip() == "[]"
     assert cli("webhooks", "deliveries", "x1").returncode == 200
+
+
+def test_a_token_revoked_while_submit_waits_exits_201_saying_how_to_store_a_new_one(cli, world):
+    from scheduling.services.tokens import do_create_api_token, do_revoke_api_token
+
+    token, key = do_create_api_token(world.alice, "ci-step")
+    proc = cli(
+        "submit", "--wait", "-o", "json", "--", "sleep", "100", background=True, env={"TESSERA_TOKEN": key}
+    )
+    job = newest_job()
+    do_revoke_api_token(token)
+    bind(job, cli.node, [0])  # a change: the long-poll answers, and the next read is refused
+    code, out, err = ended(proc)
+    no_traceback(out, err)
+    assert code == 201, err
+    assert err.endswith("(HTTP 401; `tessera login` stores a new token)\n") and err.count("\n") == 1
+    answer = json.loads(out)
+    assert answer["outcome"] == "error" and answer["cli_exit_code"] == 201
+    assert answer["job"]["id"] == job.pk  # the job it was waiting for, as last read
