@@ -73,10 +73,13 @@ async def job_detail(request: HttpRequest, pk: str) -> HttpResponse:
     read = sync_to_async(_read)
     if request.method != "GET" or "wait" not in request.GET:
         return await read(request, pk)
-    seconds = wait_seconds(request.GET["wait"])
+    given = request.GET.getlist("wait")
+    seconds = wait_seconds(given[0]) if len(given) == 1 else None  # twice: which one was meant?
     first = await read(request, pk)
     if first.status_code != 200:
         return first  # 401, 404 (another tenant's job), 429: as the plain read answers
+    if len(given) > 1:
+        return JsonResponse({"wait": ["give it at most once"]}, status=400)
     if seconds is None:
         return JsonResponse({"wait": [f"A number of seconds from 0 to {MAX_WAIT_S:g}."]}, status=400)
     job = first.data
