@@ -10,6 +10,7 @@ absent. Here each is a decimal integer given at most once: ``offset`` from 0 to 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -74,6 +75,7 @@ def _time_position(text: str) -> object:
     return at if at.tzinfo is not None else None  # the server's cursors carry their zone
 
 
+BASE64 = re.compile(r"[A-Za-z0-9+/]+={0,2}")
 BAD_CURSOR = "not a cursor this list gave: start again without it, then follow `next`"
 
 
@@ -103,6 +105,10 @@ class KeysetPagination(CursorPagination):
             raise ValidationError({self.cursor_query_param: [REPEATED]})
         if request.query_params.get(self.cursor_query_param) == "":
             return None  # empty: none, the first page (as an empty filter filters nothing)
+        given = request.query_params.get(self.cursor_query_param)
+        if given is not None and not BASE64.fullmatch(given):
+            # b64decode drops what is not base64, so "!!!" or NULs would read as the first page
+            raise ValidationError({self.cursor_query_param: [BAD_CURSOR]})
         try:
             cursor = super().decode_cursor(request)
         except NotFound:

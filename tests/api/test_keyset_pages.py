@@ -81,8 +81,8 @@ def test_an_offset_still_pages_by_offset_for_older_clients(world):
 
 @pytest.mark.parametrize(
     "cursor",
-    ["x", "cD1hYmM=", "cD05OTk5OTk5OTk5OTk5OTk5OTk5OTk5OQ==", "bz0tMQ==", "ü"],
-    # not base64; p=abc; p=a 23-digit id; o=-1; not ASCII
+    ["x", "!!!", "\x00" * 4, "cD1hYmM=", "cD05OTk5OTk5OTk5OTk5OTk5OTk5OTk5OQ==", "bz0tMQ==", "ü"],
+    # not base64 (3); p=abc; p=a 23-digit id; o=-1; not ASCII
 )
 def test_a_forged_cursor_is_a_400_naming_it(world, cursor):
     submit(world.alice, world.vision)
