@@ -48,6 +48,7 @@ from scheduling.api.logs import MAX_OFFSET, read_log
 from scheduling.api.lookups import ID_PARAMETER, parse_nonnegative, parse_pk
 from scheduling.api.pagination import EventOrOffsetPagination, KeysetOrOffsetPagination
 from scheduling.api.permissions import is_operator, tenant_of
+from scheduling.api.query_params import refuse_unknown
 from scheduling.models import Job, Tenant
 from scheduling.services.dryrun import dry_run
 from scheduling.services.history import with_history
@@ -95,6 +96,10 @@ def dry_run_asked(request: Request) -> bool:
     if value not in ("true", "false", "1", "0"):
         raise ValidationError({"dry_run": ["must be true or false"]})
     return value in ("true", "1")
+
+
+# A job's events are paged only when the client names one of these (else one plain list).
+PAGING = frozenset(("limit", "cursor", "offset"))
 
 
 @extend_schema_view(
@@ -248,7 +253,7 @@ class JobViewSet(viewsets.GenericViewSet):
         return Response(job_data(self.get_object()))
 
     @extend_schema(
-        summary="A job's history, in order, in pages",
+        summary="A job's history, in order: one list, or pages when `limit` or `cursor` is given",
         parameters=[ID_PARAMETER],
         filters=False,
         responses={200: JobEventSerializer(many=True)},
@@ -256,6 +261,11 @@ class JobViewSet(viewsets.GenericViewSet):
     @action(detail=True, methods=["get"], pagination_class=EventOrOffsetPagination)
     def events(self, request: Request, pk: str) -> Response:
         job = self.get_object()
+        if not PAGING.intersection(request.query_params):
+            # The contract's answer (CONTRACTS.md): the whole history, one plain list.
+            refuse_unknown(request, self, ())
+            events = job.events.order_by("at", "id")
+            return Response(JobEventSerializer(events, many=True).data)
         page = self.paginate_queryset(job.events.all())  # oldest first: EventPagination's order
         return self.get_paginated_response(JobEventSerializer(page, many=True).data)
 

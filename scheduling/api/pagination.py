@@ -202,4 +202,10 @@ def _ordering(ordering: Any) -> tuple[str, ...]:
 
 
 class EventOrOffsetPagination(KeysetOrOffsetPagination):
+    """A job's events: paged only when the request names ``limit``, ``cursor`` or ``offset``;
+    otherwise the view answers the contract's one plain list. The schema says both."""
+
     keyset_class = EventPagination
+
+    def get_paginated_response_schema(self, schema: dict[str, Any]) -> dict[str, Any]:
+        return {"oneOf": [schema, super().get_paginated_response_schema(schema)]}

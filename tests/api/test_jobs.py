@@ -360,7 +360,7 @@ def test_cancelling_a_finished_job_is_a_409(world, alice_job, exit_code, state):
 
 def test_events_record_the_jobs_history_in_order(world, alice_job):
     finish(alice_job, 3)
-    events = world.client("alice").get(f"{JOBS}{alice_job.pk}/events/").json()["results"]
+    events = world.client("alice").get(f"{JOBS}{alice_job.pk}/events/").json()
     assert [e["type"] for e in events] == ["submitted", "scheduled", "started", "failed"]
     assert events[1]["allocations"] == [{"node": "n01", "gpus": [0, 1], "share": 1.0, "replica": 0}]
     assert events[3]["reason"] == "exit 3"
