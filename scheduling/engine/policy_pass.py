@@ -263,7 +263,7 @@ class PolicyPass:
                 if kept is not None and kept.start > self.now and row not in self.held_rows:
                     self.held_rows[row] = self.admitted_hold(job, need, row, kept)
                     continue
-                s.quotas.add(job.tenant, m, need, job.preemptible)
+                s.quotas.claim(job.tenant, m, need, job.preemptible)
                 self.claimed.append((job.tenant, m, need, job.preemptible))
                 s.quota_token = (*s.quota_token, job.id)  # placements failed before it may not now
 
@@ -1015,6 +1015,8 @@ class PolicyPass:
         for tenant, m, milli, preemptible in self.claimed:
             s.quotas.add(tenant, m, -milli, preemptible)
         s.quotas.frozen = {}
+        s.quotas.claims.clear()
+        s.quotas.fixed_claims.clear()
         cache: dict[tuple[object, ...], PendingReason] = {}
         summaries: dict[str | None, dict[int, ClassSummary]] = {}
         quota_cache: dict[tuple[object, ...], PendingReason | None] = {}

@@ -18,6 +18,10 @@ from collections.abc import Iterable
 
 from .types import MILLI, QuotaSpec
 
+#: How a refusal names the room its tenant's aged jobs ahead of the job hold on the row this pass
+#: (waiting for nodes, they will start on it): held, not used, and the tenant's own jobs.
+HELD_FOR_AGED = "held for its aged jobs ahead of it in the queue"
+
 
 def fmt_gpus(milli: int | float) -> str:
     value = milli / MILLI
@@ -37,6 +41,10 @@ class Quotas:
         # non-preemptible job (row -> that job): the tenant's later jobs may not grow them, since
         # each would only be the next job preempted to make that room.
         self.frozen: dict[tuple[str, str], str] = {}
+        # The part of ``usage`` (and of ``fixed``) that is not use but room claimed, for one pass,
+        # for aged jobs waiting for nodes (row -> milli-GPU): a refusal's words count it apart.
+        self.claims: dict[tuple[str, str], int] = {}
+        self.fixed_claims: dict[tuple[str, str], int] = {}
         self.version = 0  # moves with every change of usage (answers may be kept until it does)
 
     def row(self, tenant: str, model: str) -> QuotaSpec | None:
@@ -60,6 +68,15 @@ class Quotas:
         if not preemptible:
             self.fixed[key] = self.fixed.get(key, 0) + milli
 
+    def claim(self, tenant: str, model: str, milli: int, preemptible: bool = True) -> None:
+        """Charge ``milli`` to the row as room held for an aged job of ``tenant`` that waits for
+        nodes (negative: give it back). It refuses as use does; a refusal names it apart."""
+        key = self.row_key(tenant, model)
+        self.add(tenant, model, milli, preemptible)
+        self.claims[key] = self.claims.get(key, 0) + milli
+        if not preemptible:
+            self.fixed_claims[key] = self.fixed_claims.get(key, 0) + milli
+
     def fixed_used(self, tenant: str, model: str) -> int:
         """What ``tenant``'s non-preemptible jobs hold on ``model``'s row."""
         return self.fixed.get(self.row_key(tenant, model), 0)
@@ -81,13 +98,22 @@ class Quotas:
         if holder is not None:
             return ("quota", f"quota: {tenant}'s {label} quota is being freed for its job {holder}")
         if used + milli > round(q.limit * MILLI):
+            held = self.claims.get(key, 0)
+            if held:
+                return (
+                    "quota",
+                    f"quota: {tenant} uses {fmt_gpus(used - held)} of {q.limit:g} {label}; "
+                    f"{fmt_gpus(held)} {HELD_FOR_AGED}",
+                )
             return ("quota", f"quota: {tenant} uses {fmt_gpus(used)} of {q.limit:g} {label} (limit)")
         fixed = self.fixed.get(key, 0)
         if not preemptible and fixed + milli > round(q.guaranteed * MILLI):
+            held = self.fixed_claims.get(key, 0)
+            also = f"; {fmt_gpus(held)} {HELD_FOR_AGED}" if held else ""
             return (
                 "borrow-limit",
-                f"borrow-limit: {tenant}'s non-preemptible jobs use {fmt_gpus(fixed)} of "
-                f"{q.guaranteed:g} guaranteed {label}; only preemptible jobs may borrow",
+                f"borrow-limit: {tenant}'s non-preemptible jobs use {fmt_gpus(fixed - held)} of "
+                f"{q.guaranteed:g} guaranteed {label}{also}; only preemptible jobs may borrow",
             )
         return None
 
