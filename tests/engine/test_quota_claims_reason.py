@@ -17,8 +17,8 @@ QUOTAS = [
 
 def world(*research: tuple[str, float, float]) -> TesseraScheduler:
     """nlp's service takes 6 of the one node's 8 H100; ``research`` jobs (id, GPUs, submitted)
-    follow. One reservation a pass: aged jobs beyond the first that fit nowhere claim the row."""
-    s = TesseraScheduler([node("a", gpus=8, nvlink=8)], QUOTAS, EngineConfig(aging_s=60, max_reservations=1))
+    follow. No reservations: an aged job that fits nowhere claims its need on the row."""
+    s = TesseraScheduler([node("a", gpus=8, nvlink=8)], QUOTAS, EngineConfig(aging_s=60, max_reservations=0))
     s.submit(JobRequest("serve", "nlp", "inference", 6, preemptible=False, submitted_at=0))
     assert [b.job_id for b in s.decide(0.0).bindings] == ["serve"]
     for job_id, gpus, at in research:
@@ -27,8 +27,8 @@ def world(*research: tuple[str, float, float]) -> TesseraScheduler:
 
 
 def test_a_job_refused_for_room_claimed_for_aged_jobs_is_not_told_it_is_used():
-    # big1 reserves the node; big2 and big3 (aged, 4 GPUs each, fit nowhere) claim the row's 8
-    s = world(("big1", 4, 1), ("big2", 4, 2), ("big3", 4, 3), ("small", 2, 90))
+    # big (aged, 8 GPUs, fits nowhere) claims the row's 8; small would fit beside serve
+    s = world(("big", 8, 1), ("small", 2, 90))
     d = s.decide(100.0)
     assert not d.bindings  # the decision stands: small waits behind its tenant's aged jobs
     why = d.pending["small"]
