@@ -260,7 +260,9 @@ class PolicyPass:
         for m in models:
             if s.quotas.row(job.tenant, m) is not None and s.admits(job, m, need):
                 row = s.quotas.row_key(job.tenant, m)
-                if kept is not None and kept.start > self.now and row not in self.held_rows:
+                if row in self.held_rows or row in s.quotas.claims:
+                    continue  # held for an aged job ahead of it already: one a row
+                if kept is not None and kept.start > self.now:
                     self.held_rows[row] = self.admitted_hold(job, need, row, kept)
                     continue
                 s.quotas.claim(job.tenant, m, need, job.preemptible)
@@ -507,10 +509,12 @@ class PolicyPass:
         self.res.drop(job.id)  # kept below only where its quota frees by the running jobs' ends
         if queues.is_aged(job, self.now, cfg):  # its tenant's later jobs must not overtake it
             steady_only = not job.preemptible and refusal[0] == "borrow-limit"
-            frees = {r: self.quota_frees_at(geo, r, steady_only) for r in rows}
+            frees: dict[tuple[str, str], tuple[float, int]] = {}
             for r in rows:
-                self.held_rows.setdefault(r, RowHold(job.id, steady_only, *frees[r]))
-            ready = self.quota_ready(job, geo, frees)
+                if r not in self.held_rows:
+                    frees[r] = self.quota_frees_at(geo, r, steady_only)
+                    self.held_rows[r] = RowHold(job.id, steady_only, *frees[r])
+            ready = self.quota_ready(job, geo, frees)  # none on a row held for a job ahead
             if cfg.backfill and self.res.slot_for(job.id, cfg.max_reservations) and ready:
                 ranked = tuple(m for m in s.models_for(job)[0] if m in ready)
                 kept = s.reserve_for(replace(job, accelerators=ranked), geo, self.res, self.now)

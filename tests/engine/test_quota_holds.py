@@ -218,3 +218,37 @@ def test_a_job_that_accepts_another_model_starts_there_not_on_the_held_row():
     # a job that accepts only the held model still waits, as before
     s.submit(replace(steady("only", 2, 60, 7200), accelerators=("H100",)))
     assert s.decide(150.0).pending["only"].code == "quota"
+
+
+def test_one_aged_job_a_row_claims_it_for_nodes_not_every_one():
+    # research's two aged 4-GPU jobs fit nowhere (nlp's service leaves 2 GPUs) and get no
+    # reservation; the first claims 4 of research's 8 for the pass, the second nothing more, so
+    # research's 2-GPU job starts on the 2 free GPUs (both claiming, the row read "8 of 8" while
+    # research used none: on a workload with one scarce model its jobs waited days beside free GPUs)
+    quotas = [QuotaSpec("research", "H100", 4, 8), QuotaSpec("nlp", "H100", 8, 8)]
+    s = TesseraScheduler([node("a")], quotas, EngineConfig(aging_s=60, max_reservations=0))
+    s.submit(JobRequest("serve", "nlp", "inference", 6, preemptible=False, submitted_at=0))
+    s.decide(0.0)
+    for i in (1, 2):
+        s.submit(JobRequest(f"big{i}", "research", "training", 4, submitted_at=i))
+    s.submit(JobRequest("small", "research", "training", 2, submitted_at=90, time_limit_s=600))
+    assert [b.job_id for b in s.decide(100.0).bindings] == ["small"]
+
+
+def test_one_aged_job_a_row_keeps_nodes_for_its_quota_to_free():
+    # vision's two starving steady jobs wait for s1 (its guarantee) to end at t=36000; only the
+    # first keeps a reservation (strict: it starves) for then. Each kept one, and prod's steady
+    # fine-tune without a time limit, which may not backfill a strict reservation, waited
+    # beside a free node both held (a skew-steady-1.2 job waited 16 h so beside free H100 nodes)
+    quotas = [QuotaSpec("vision", "H100", 8, 16), QuotaSpec("prod", "H100", 8, 16)]
+    s = TesseraScheduler([node(n) for n in "abc"], quotas, EngineConfig(aging_s=60, starve_s=120))
+    s.submit(steady("s1", 8, 0, 36000))
+    s.decide(0.0)
+    for i in (1, 2):
+        s.submit(steady(f"big{i}", 8, i, 3600))
+    s.decide(10.0)
+    s.submit(JobRequest("p", "prod", "finetune", 8, preemptible=False, submitted_at=900, topology="nvlink"))
+    d = s.decide(1000.0)
+    assert [b.job_id for b in d.bindings] == ["p"]
+    assert [(r.job_id, r.start) for r in s.last_reservations] == [("big1", 36000.0)]
+    assert d.pending["big2"].code == "borrow-limit"
