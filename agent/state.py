@@ -179,20 +179,7 @@ def chown_tree(path: Path, uid: int, gid: int, isolated: bool = False) -> None:
     never handed over. Raises OSError saying why when it fails."""
     if isolated:
         drop_foreign(path)
-    chown = shutil.which("chown", path=TOOLS_PATH)
-    if chown is None:  # pragma: no cover - coreutils is on every node
-        raise OSError(f"no chown (coreutils) in {TOOLS_PATH}")
-    done = subprocess.run(
-        [chown, "-R", "-P", "-h", f"{uid}:{gid}", "--", str(path)],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        env={"PATH": TOOLS_PATH},
-        timeout=600,
-    )
-    if done.returncode != 0:
-        said = done.stderr.strip().splitlines()
-        raise OSError(f"cannot hand {path} over: {said[-1] if said else f'chown exited {done.returncode}'}")
+    _hand_over_with(path, "chown", "coreutils", ["-R", "-P", "-h", f"{uid}:{gid}", "--", str(path)])
 
 
 def drop_foreign(path: Path) -> None:
@@ -204,11 +191,18 @@ def drop_foreign(path: Path) -> None:
     leaves the file itself as it was. findutils' ``find -P ... -delete`` (each name removed
     through its directory's descriptor, no link followed; no user database read). Raises OSError
     saying why when it fails."""
-    find = shutil.which("find", path=TOOLS_PATH)
-    if find is None:  # pragma: no cover - findutils is on every node
-        raise OSError(f"no find (findutils) in {TOOLS_PATH}")
+    args = ["-P", str(path), "-mindepth", "1", "!", "-type", "d", "-uid", f"-{SYSTEM_UIDS}", "-delete"]
+    _hand_over_with(path, "find", "findutils", args)
+
+
+def _hand_over_with(path: Path, tool: str, package: str, args: list[str]) -> None:
+    """Run the system's ``tool`` (of ``package``, from :data:`TOOLS_PATH` only) with ``args`` on
+    ``path``, as a step of handing it over. Raises OSError saying why when it fails."""
+    program = shutil.which(tool, path=TOOLS_PATH)
+    if program is None:  # pragma: no cover - coreutils and findutils are on every node
+        raise OSError(f"no {tool} ({package}) in {TOOLS_PATH}")
     done = subprocess.run(
-        [find, "-P", str(path), "-mindepth", "1", "!", "-type", "d", "-uid", f"-{SYSTEM_UIDS}", "-delete"],
+        [program, *args],
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
@@ -217,7 +211,7 @@ def drop_foreign(path: Path) -> None:
     )
     if done.returncode != 0:
         said = done.stderr.strip().splitlines()
-        raise OSError(f"cannot hand {path} over: {said[-1] if said else f'find exited {done.returncode}'}")
+        raise OSError(f"cannot hand {path} over: {said[-1] if said else f'{tool} exited {done.returncode}'}")
 
 
 def disown(path: Path, uid: int) -> None:

@@ -31,6 +31,7 @@ from scheduling.sim.generate import (
     Job,
     _time_limit,
     draw_job,
+    node_row,
     realised_load,
     write_workload,
 )
@@ -67,14 +68,7 @@ def parse_scarce(text: str) -> tuple[str, float]:
 def make_cluster(nodes: dict[str, int]) -> Cluster:
     rows: list[dict[str, object]] = []
     for rack, (model, count) in enumerate(nodes.items(), 1):
-        size, island, cpus, mem, gmem, price = MODELS[model]
-        for i in range(count):
-            rows.append({
-                "node": f"{model.lower()}-{i + 1:03d}", "rack": f"r{rack:02d}", "gpus": size,
-                "model": model, "gpu_memory_gib": gmem, "nvlink_domain": island, "cpus": cpus,
-                "memory_gib": mem, "price_per_gpu_hour": price,
-                "labels": "net:ib" if model == "H100" else "",
-            })  # fmt: skip
+        rows += [node_row(model, i, rack) for i in range(count)]
     return Cluster(rows, {m: c * MODELS[m][0] for m, c in nodes.items()})
 
 

@@ -165,17 +165,22 @@ def make_cluster(gpus: int = 600) -> Cluster:
     counts = {"H100": h100, "A100": a100, "T4": t4}
     rack_no = 0
     for model, count in counts.items():
-        size, island, cpus, mem, gmem, price = MODELS[model]
         for i in range(count):
             if i % per_rack == 0:
                 rack_no += 1
-            nodes.append({
-                "node": f"{model.lower()}-{i + 1:03d}", "rack": f"r{rack_no:02d}", "gpus": size,
-                "model": model, "gpu_memory_gib": gmem, "nvlink_domain": island, "cpus": cpus,
-                "memory_gib": mem, "price_per_gpu_hour": price,
-                "labels": "net:ib" if model == "H100" else "",
-            })  # fmt: skip
+            nodes.append(node_row(model, i, rack_no))
     return Cluster(nodes, {m: c * MODELS[m][0] for m, c in counts.items()})
+
+
+def node_row(model: str, index: int, rack: int) -> dict[str, object]:
+    """The ``nodes.csv`` row of the ``index``-th (from 0) node of ``model`` in rack ``rack``."""
+    size, island, cpus, mem, gmem, price = MODELS[model]
+    return {
+        "node": f"{model.lower()}-{index + 1:03d}", "rack": f"r{rack:02d}", "gpus": size,
+        "model": model, "gpu_memory_gib": gmem, "nvlink_domain": island, "cpus": cpus,
+        "memory_gib": mem, "price_per_gpu_hour": price,
+        "labels": "net:ib" if model == "H100" else "",
+    }  # fmt: skip
 
 
 def _pick(rng: random.Random, table: list[tuple[object, float]]) -> object:
