@@ -214,7 +214,7 @@ class QuotaForm(NoLostUpdate):
         data = super().clean()
         self.warnings: list[str] = []
         if self.taken:
-            self.add_error("model", ONE_PER_MODEL.violation_error_message)
+            self.add_error("model", ONE_PER_MODEL.violation_error_message or "one quota per tenant and model")
         model = data.get("model", self.instance.model if self.instance.pk else None)
         guaranteed, limit = data.get("guaranteed"), data.get("limit")
         if model is None or guaranteed is None or limit is None:

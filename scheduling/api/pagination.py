@@ -113,7 +113,7 @@ class KeysetPagination(CursorPagination):
             cursor = super().decode_cursor(request)
         except NotFound:
             raise ValidationError({self.cursor_query_param: [BAD_CURSOR]}) from None
-        if cursor is not None and cursor.position is not None and self.position(cursor.position) is None:
+        if cursor is not None and cursor.position is not None and self.position(str(cursor.position)) is None:
             raise ValidationError({self.cursor_query_param: [BAD_CURSOR]})
         return cursor
 
