@@ -136,6 +136,9 @@ class PolicyPass:
         self.to_diagnose: list[tuple[JobRequest, Geometry]] = []  # pending, reason not yet given
         self.quota_blocked: list[tuple[JobRequest, Geometry]] = []  # worded on the final usage
         self.held_rows: dict[tuple[str, str], RowHold] = {}  # quota rows held for an aged job
+        # Per quota row, the need (milli-GPU) of the aged jobs its quota refused this pass, in
+        # queue order: a later one's quota frees only once the row could hold them and it too.
+        self.refused_ahead: dict[tuple[str, str], int] = {}
         # a job's quota rows by (tenant, models): asked per job, the same for most (read only)
         self.rows_of: dict[tuple[str, tuple[str, ...]], list[tuple[str, str]]] = {}
         # quota room claimed this pass (tenant, model, milli, preemptible), undone at the end
@@ -511,10 +514,11 @@ class PolicyPass:
             steady_only = not job.preemptible and refusal[0] == "borrow-limit"
             frees: dict[tuple[str, str], tuple[float, int]] = {}
             for r in rows:
-                if r not in self.held_rows:
-                    frees[r] = self.quota_frees_at(geo, r, steady_only)
-                    self.held_rows[r] = RowHold(job.id, steady_only, *frees[r])
-            ready = self.quota_ready(job, geo, frees)  # none on a row held for a job ahead
+                ahead = self.refused_ahead.get(r, 0)
+                frees[r] = self.quota_frees_at(geo, r, steady_only, ahead)
+                self.held_rows.setdefault(r, RowHold(job.id, steady_only, *frees[r]))
+                self.refused_ahead[r] = ahead + geo.charge * geo.need
+            ready = self.quota_ready(job, geo, frees)  # after the aged jobs ahead on its rows
             if cfg.backfill and self.res.slot_for(job.id, cfg.max_reservations) and ready:
                 ranked = tuple(m for m in s.models_for(job)[0] if m in ready)
                 kept = s.reserve_for(replace(job, accelerators=ranked), geo, self.res, self.now)
@@ -543,15 +547,18 @@ class PolicyPass:
             ready[m] = at
         return ready
 
-    def quota_frees_at(self, geo: Geometry, row: tuple[str, str], steady_only: bool) -> tuple[float, int]:
-        """When the tenant's running jobs on ``row`` will have freed room for a job of ``geo``,
-        by their expected ends (inf: never by their ends alone), and how much more than its
-        need the row has free then (milli-GPU)."""
+    def quota_frees_at(
+        self, geo: Geometry, row: tuple[str, str], steady_only: bool, ahead: int = 0
+    ) -> tuple[float, int]:
+        """When the tenant's running jobs on ``row`` will have freed room for a job of ``geo``
+        (and ``ahead`` milli-GPU more: aged jobs ahead of it waiting on the row), by their
+        expected ends (inf: never by their ends alone), and how much more than its need the row
+        has free then (milli-GPU)."""
         s, now = self.s, self.now
         q = s.quotas.rows.get(row[0], {}).get(row[1])
         if q is None:
             return math.inf, 0
-        need = geo.charge * geo.need
+        need = geo.charge * geo.need + ahead
         if steady_only:
             over = s.quotas.fixed.get(row, 0) + need - round(q.guaranteed * MILLI)
         else:

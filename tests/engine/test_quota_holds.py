@@ -252,3 +252,26 @@ def test_one_aged_job_a_row_keeps_nodes_for_its_quota_to_free():
     assert [b.job_id for b in d.bindings] == ["p"]
     assert [(r.job_id, r.start) for r in s.last_reservations] == [("big1", 36000.0)]
     assert d.pending["big2"].code == "borrow-limit"
+
+
+def test_aged_jobs_on_one_row_each_keep_nodes_for_when_the_row_holds_them_all():
+    # vision's steady jobs s1, s2 hold 16 of its 16 guaranteed H100 until t=7200; its two aged steady
+    # 8-GPU jobs both fit the guarantee once s1 ends, so each keeps a reservation for then, on a
+    # node of its own. With one reservation a row, the second drained nothing until the first
+    # started, and 64-GPU gangs of a tenant with several waited up to 19 h longer at load 1.2.
+    quotas = [QuotaSpec("vision", "H100", 16, 32)]
+    s = TesseraScheduler([node(n) for n in "abcd"], quotas, EngineConfig(aging_s=60, starve_s=120))
+    s.submit(steady("s1", 8, 0, 7200))
+    s.submit(steady("s2", 8, 0, 7200))
+    assert len(s.decide(0.0).bindings) == 2
+    for i in (1, 2):
+        s.submit(steady(f"big{i}", 8, i, 3600))
+    d = s.decide(1000.0)
+    assert {d.pending[j].code for j in ("big1", "big2")} == {"borrow-limit"}
+    kept = {r.job_id: (r.start, r.nodes) for r in s.last_reservations}
+    assert set(kept) == {"big1", "big2"} and {start for start, _ in kept.values()} == {7200.0}
+    assert not set(kept["big1"][1]) & set(kept["big2"][1])
+    # a third would need 24 of the 16 guaranteed once they end: it keeps none
+    s.submit(steady("big3", 8, 3, 3600))
+    s.decide(1100.0)
+    assert "big3" not in {r.job_id for r in s.last_reservations}
