@@ -453,13 +453,7 @@ def namespaces_unavailable() -> str | None:
         "-c",
         "mount -t tmpfs tessera-probe /tmp && mount -t proc -o hidepid=invisible proc /proc",
     ]
-    try:
-        done = subprocess.run(probe, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"cannot run unshare: {exc}"
-    if done.returncode != 0:
-        return f"unshare and mount failed: {done.stderr.strip() or done.returncode}"
-    return None
+    return _probe(probe, "unshare and mount failed")
 
 
 def mqueue_unavailable() -> str | None:
@@ -471,12 +465,17 @@ def mqueue_unavailable() -> str | None:
     mount = shutil.which("mount", path=SYSTEM_PATH) or "mount"
     probe = [unshare, "--mount", "--ipc", "--propagation", "private", "--"]
     probe += [mount, "-t", "mqueue", "tessera-probe", MQUEUE]
+    return _probe(probe, "mount -t mqueue failed")
+
+
+def _probe(argv: list[str], failed: str) -> str | None:
+    """Run a namespace probe: None when it worked, else why not (``failed``: what to call it)."""
     try:
-        done = subprocess.run(probe, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=20)
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.SubprocessError) as exc:
         return f"cannot run unshare: {exc}"
     if done.returncode != 0:
-        return f"mount -t mqueue failed: {done.stderr.strip() or done.returncode}"
+        return f"{failed}: {done.stderr.strip() or done.returncode}"
     return None
 
 

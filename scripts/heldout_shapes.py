@@ -33,6 +33,7 @@ from scheduling.sim.generate import (
     draw_job,
     node_row,
     realised_load,
+    size_host_share,
     write_workload,
 )
 from scheduling.sim.traces import QUOTA_COLUMNS
@@ -121,12 +122,7 @@ def build(
     for job in jobs:
         job.duration = min(7 * 86_400.0, max(1.0, round(job.duration * scale, 1)))
         job.limit = _time_limit(rng, job)
-        per_gpu_cpu = float(rng.choice((4, 8)))
-        if 0 < job.gpus < 1:
-            job.cpus, job.memory = 2.0, 8.0
-        else:
-            job.cpus = max(1.0, job.gpus * per_gpu_cpu)
-            job.memory = max(8.0, job.gpus * 32.0)
+        size_host_share(rng, job)
     return cluster, jobs
 
 

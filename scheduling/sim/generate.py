@@ -172,6 +172,17 @@ def make_cluster(gpus: int = 600) -> Cluster:
     return Cluster(nodes, {m: c * MODELS[m][0] for m, c in counts.items()})
 
 
+def size_host_share(rng: random.Random, job: Job) -> None:
+    """The CPUs and memory ``job`` asks beside its GPUs (4 or 8 CPUs and 32 GiB a GPU; a
+    fraction of a GPU: 2 CPUs, 8 GiB)."""
+    per_gpu_cpu = float(rng.choice((4, 8)))
+    if 0 < job.gpus < 1:
+        job.cpus, job.memory = 2.0, 8.0
+    else:
+        job.cpus = max(1.0, job.gpus * per_gpu_cpu)
+        job.memory = max(8.0, job.gpus * 32.0)
+
+
 def node_row(model: str, index: int, rack: int) -> dict[str, object]:
     """The ``nodes.csv`` row of the ``index``-th (from 0) node of ``model`` in rack ``rack``."""
     size, island, cpus, mem, gmem, price = MODELS[model]
@@ -326,12 +337,7 @@ def generate_workload(
         job.limit = _time_limit(rng, job, scenario.limit_over)
         if job.rerun_of >= 0:
             job.limit = jobs[job.rerun_of].limit  # a rerun keeps its first run's time limit
-        per_gpu_cpu = float(rng.choice((4, 8)))
-        if 0 < job.gpus < 1:
-            job.cpus, job.memory = 2.0, 8.0
-        else:
-            job.cpus = max(1.0, job.gpus * per_gpu_cpu)
-            job.memory = max(8.0, job.gpus * 32.0)
+        size_host_share(rng, job)
     if scenario.steady_share:
         for job in jobs:
             if job.kind in ("training", "finetune") and knobs.random() < scenario.steady_share:
