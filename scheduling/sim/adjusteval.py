@@ -19,9 +19,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from scheduling.sim.generate import generate
 from scheduling.sim.runner import _fmt, run_replay
-from scheduling.sim.seedmatrix import parse_seeds
+from scheduling.sim.seedmatrix import ensure_workload, ensure_workloads, parse_seeds
 
 BUSY_GAIN = 0.30  # busy utilisation up at least this much, relative to off
 EXTRA_LOST = 0.01  # extra lost work at most this share of the allocated GPU-hours
@@ -30,9 +29,7 @@ MODES = ("off", "on")
 
 def _run(args: tuple[Path, str, int, str, str, float, int]) -> tuple[str, int, str]:
     out, load, seed, policy, mode, days, gpus = args
-    work = out / f"workload-{load}-{seed}"
-    if not (work / "jobs.csv").exists():
-        generate(work, seed=seed, days=days, load=float(load), gpus=gpus)
+    work = ensure_workload((out, load, seed, days, gpus))
     run = out / f"{load}-{seed}" / mode
     if not (run / "summary.json").exists():
         run_replay(
@@ -129,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         for mode in MODES
     ]
     with ProcessPoolExecutor(max_workers=max(1, args.processes)) as pool:
+        ensure_workloads(
+            pool, args.out, [(load, seed) for load in loads for seed in seeds], args.days, args.gpus
+        )
         for load, seed, mode in pool.map(_run, jobs):
             print(f"adjust {mode}: load {load} seed {seed} done", file=sys.stderr)
     text = f"## replay --adjust on / off ({args.policy})\n\n{table(args.out, seeds, loads)}"

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -31,11 +33,35 @@ def parse_seeds(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
+def workload_dir(out: Path, load: str, seed: int) -> Path:
+    return out / f"workload-{load}-{seed}"
+
+
+def ensure_workload(args: tuple[Path, str, int, float, int]) -> Path:
+    """``OUT/workload-LOAD-SEED``, generated unless it is there: into a scratch folder renamed
+    into place once whole, so a run never reads a half-written workload (two replays of one
+    workload in a pool both found it missing, and one read ``jobs.csv`` while the other wrote it)."""
+    out, load, seed, days, gpus = args
+    work = workload_dir(out, load, seed)
+    if not (work / "jobs.csv").exists():
+        scratch = work.with_name(f"{work.name}.tmp-{os.getpid()}")
+        shutil.rmtree(scratch, ignore_errors=True)
+        generate(scratch, seed=seed, days=days, load=float(load), gpus=gpus)
+        shutil.rmtree(work, ignore_errors=True)
+        os.replace(scratch, work)
+    return work
+
+
+def ensure_workloads(
+    pool: ProcessPoolExecutor, out: Path, pairs: list[tuple[str, int]], days: float, gpus: int
+) -> None:
+    """Every (load, seed) workload, each generated once, before any replay starts."""
+    list(pool.map(ensure_workload, [(out, load, seed, days, gpus) for load, seed in dict.fromkeys(pairs)]))
+
+
 def _run(args: tuple[Path, str, int, str, float, int]) -> tuple[str, int, str]:
     out, load, seed, policy, days, gpus = args
-    work = out / f"workload-{load}-{seed}"
-    if not (work / "jobs.csv").exists():
-        generate(work, seed=seed, days=days, load=float(load), gpus=gpus)
+    work = ensure_workload((out, load, seed, days, gpus))
     run = out / f"{load}-{seed}" / policy
     if not (run / "summary.json").exists():
         quotas = work / "quotas.csv"
@@ -128,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
             for pol in policies]  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     with ProcessPoolExecutor(max(1, args.processes)) as pool:
+        pairs = [(load, seed) for load in loads for seed in args.seeds]
+        ensure_workloads(pool, args.out, pairs, args.days, args.gpus)
         for done, (load, seed, policy) in enumerate(pool.map(_run, jobs), 1):
             say = f"seed matrix: {done}/{len(jobs)} load {load} seed {seed} {policy}"
             print(say, file=sys.stderr, flush=True)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+from scheduling.sim import seedmatrix
 from scheduling.sim.evaldoc import seed_rows
 from scheduling.sim.seedmatrix import main, parse_seeds
 
@@ -37,3 +40,28 @@ def test_one_row_per_seed_then_mean_and_worst(tmp_path: Path) -> None:
     before = (out / "1.0-1" / "tessera" / "summary.json").stat().st_mtime_ns
     assert main([str(out), "--seeds", "1", "--loads", "1.0", "--gpus", "64", "--days", "0.3"]) == 0
     assert (out / "1.0-1" / "tessera" / "summary.json").stat().st_mtime_ns == before
+
+
+def test_a_workload_appears_whole_or_not_at_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replays of one workload run side by side in a pool (tessera and its references; adjust
+    off and on): one that finds the workload missing must never read another's half-written
+    ``jobs.csv`` — it is generated aside and moved into place whole."""
+    real = seedmatrix.generate
+    seen: list[bool] = []
+
+    def generate(work: Path, **kw: object) -> object:
+        info = real(work, **kw)  # type: ignore[arg-type]
+        # Written, not yet in place: a concurrent reader of the workload's path finds nothing.
+        seen.append((seedmatrix.workload_dir(tmp_path, "1.0", 3) / "jobs.csv").exists())
+        return info
+
+    monkeypatch.setattr(seedmatrix, "generate", generate)
+    work = seedmatrix.ensure_workload((tmp_path, "1.0", 3, 0.1, 32))
+    assert seen == [False]
+    assert work == seedmatrix.workload_dir(tmp_path, "1.0", 3)
+    assert {p.name for p in work.iterdir()} >= {"jobs.csv", "nodes.csv", "quotas.csv"}
+    assert [p.name for p in tmp_path.iterdir()] == [work.name]  # no scratch folder left
+    # Already there: kept as it is.
+    before = (work / "jobs.csv").stat().st_mtime_ns
+    seedmatrix.ensure_workload((tmp_path, "1.0", 3, 0.1, 32))
+    assert (work / "jobs.csv").stat().st_mtime_ns == before and seen == [False]
