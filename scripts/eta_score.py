@@ -1,7 +1,7 @@
 """Score the start estimates on generated workloads: the four goals of the estimates, per workload.
 
 ``python scripts/eta_score.py [--loads 1.0,1.2] [--seeds 1,2,3] [--days 1] [--processes 2]
-[--work DIR] [--dump DIR] [--json FILE]``
+[--work DIR] [--dump DIR] [--json FILE] [--oracle]``
 
 For each load and seed it generates a workload with quotas (``python -m scheduling.sim generate
 --days DAYS --load LOAD --seed SEED``, kept in ``--work`` and reused), replays it under tessera
@@ -12,6 +12,10 @@ as multiples of the median wait, each with its goal (≥ 90%, ≥ 80%, ≤ 1, �
 it is met. ``--dump DIR`` writes, per workload, one JSON line per job that waited over a minute
 or got an estimate (submit, the pass of its first estimate and its pending code there, the
 estimate, its band and basis, its start, its shape), for looking into the misses.
+``--oracle`` plays the estimates with every job's true runtime (its work, at full speed from its
+attempt's start) in place of the predicted ones: what is left of the error is the queue's own
+doing (jobs submitted later going ahead, preemptions), which no runtime prediction can remove;
+the pass's decisions are the same either way.
 Method and history: docs/benchmarks/eta.md.
 
 Exit status: 0 (a scorer, not a gate).
@@ -31,7 +35,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scheduling.engine.types import Estimate  # noqa: E402
+from scheduling.engine import eta as eta_engine  # noqa: E402
+from scheduling.engine.runtimes import Prediction, Predictor  # noqa: E402
+from scheduling.engine.types import Estimate, JobRequest  # noqa: E402
 from scheduling.sim import policies  # noqa: E402
 from scheduling.sim.eta_score import WAITED_S, score, submits_and_starts  # noqa: E402
 from scheduling.sim.generate import generate  # noqa: E402
@@ -49,9 +55,28 @@ def workload(work: Path, days: float, load: float, seed: int) -> Path:
     return out
 
 
-def run_one(folder: Path, dump: Path | None) -> dict[str, Any]:
+def oracle(durations: Mapping[str, float]) -> type[Predictor]:
+    """A predictor that knows every job's runtime (``--oracle``)."""
+
+    class Oracle(Predictor):
+        def predict(self, job: JobRequest) -> Prediction:
+            d = durations.get(job.id)
+            return super().predict(job) if d is None else Prediction(d, d, d, "its true runtime")
+
+        def remaining_end(self, job: JobRequest, started_at: float, now: float, which: str) -> float:
+            d = durations.get(job.id)
+            if d is None:
+                return super().remaining_end(job, started_at, now, which)
+            return max(now, started_at + d)
+
+    return Oracle
+
+
+def run_one(folder: Path, dump: Path | None, known_runtimes: bool = False) -> dict[str, Any]:
     nodes = read_nodes(folder / "nodes.csv")
     jobs = read_jobs(folder / "jobs.csv")
+    if known_runtimes:
+        eta_engine.Predictor = oracle({j.request.id: j.duration_s for j in jobs if j.duration_s})  # type: ignore[attr-defined]
     quotas = read_quotas(folder / "quotas.csv")
     sched = policies.make("tessera", nodes, quotas)
     asked_at: dict[str, float] = {}
@@ -141,6 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=Path("/tmp/eta_score"), help="generated workloads")
     p.add_argument("--dump", type=Path, help="write each workload's per-job estimates here")
     p.add_argument("--json", type=Path, help="write the scores here")
+    p.add_argument("--oracle", action="store_true", help="estimates played with the true runtimes")
     args = p.parse_args(argv)
     try:
         loads = [float(x) for x in args.loads.split(",")]
@@ -156,7 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     folders = [workload(args.work, args.days, load, seed) for load in loads for seed in seeds]
     with ProcessPoolExecutor(args.processes) as pool:
-        results = list(pool.map(run_one, folders, [args.dump] * len(folders)))
+        n = len(folders)
+        results = list(pool.map(run_one, folders, [args.dump] * n, [args.oracle] * n))
     print(table(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
