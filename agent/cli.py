@@ -134,8 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--job-max-tasks",
         type=int,
         metavar="N",
-        help="processes and threads a job attempt's uid may have at once, so a fork bomb harms "
-        "only its own job (default: a quarter of kernel.pid_max, 1024..65536)",
+        help="processes and threads a job attempt's uid may have at once when it holds the whole "
+        "node (a replica gets its share of the node's GPUs, or CPUs, of it: at least 256), so a "
+        "fork bomb harms only its own job (default: a quarter of kernel.pid_max, 1024..65536)",
     )
     p.add_argument(
         "--job-log-buffer-mb",

@@ -572,13 +572,12 @@ class JobProcess:
     def _spawn(self, run_as: RunAs, command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         """Behind the sandbox's chain (its environment through a pipe, written once the chain is in
         the replica's cgroup), or, without ``setpriv``, by a fork that switches the user itself."""
+        cpus = float(self.binding.get("cpus") or 0)
         tmpfs_mb = self.sandbox.tmpfs_mb(
-            len(self.gpus),
-            self.share,
-            float(self.binding.get("cpus") or 0),
-            float(self.binding.get("memory_gib") or 0),
+            len(self.gpus), self.share, cpus, float(self.binding.get("memory_gib") or 0)
         )
-        prefix = self.sandbox.prefix(run_as, self.gpus, tmpfs_mb)
+        tasks = self.sandbox.tasks(len(self.gpus), self.share, cpus)
+        prefix = self.sandbox.prefix(run_as, self.gpus, tmpfs_mb, tasks)
         if not prefix:
             proc = subprocess.Popen(
                 command,

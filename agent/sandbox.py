@@ -270,6 +270,16 @@ class Sandbox:
             HOLD.mkdir(mode=0o700, parents=True, exist_ok=True)
             _make_blocker()
 
+    def part(self, gpus: int, share: float, cpus: float) -> float:
+        """The replica's share of the node (0 to 1): of its GPUs (``gpus`` × ``share`` ÷ the
+        node's), or of its CPUs for a CPU-only replica; one GPU's when the node's size is unknown
+        to it (1 when the node's size is not known at all)."""
+        if self.node is None:
+            return 1.0
+        gpu_part = gpus * share / self.node.gpus if self.node.gpus else 0.0
+        cpu_part = cpus / self.node.cpus if self.node.cpus > 0 else 0.0
+        return min(1.0, max(gpu_part, cpu_part) or (1.0 / max(1, self.node.gpus)))
+
     def tmpfs_mb(self, gpus: int, share: float, cpus: float, memory_gib: float) -> int | None:
         """The size of each of a replica's private tmpfs mounts, in MB (None: the kernel's default,
         half the machine's memory): they hold the node's memory, so at most what the scheduler
@@ -280,19 +290,34 @@ class Sandbox:
         if memory_gib > 0:
             mb: int | None = int(memory_gib * 1024)
         elif self.node is not None and self.node.memory_mb > 0:
-            gpu_part = gpus * share / self.node.gpus if self.node.gpus else 0.0
-            cpu_part = cpus / self.node.cpus if self.node.cpus > 0 else 0.0
-            part = max(gpu_part, cpu_part) or (1.0 / max(1, self.node.gpus))
-            mb = int(self.node.memory_mb * min(1.0, part))
+            mb = int(self.node.memory_mb * self.part(gpus, share, cpus))
         else:
             mb = None
         if self.disk_mb and (mb is None or mb > self.disk_mb):
             mb = self.disk_mb
         return None if mb is None else max(1, mb)
 
-    def prefix(self, run_as: RunAs, gpus: Sequence[int], tmpfs_mb: int | None = None) -> list[str]:
+    def tasks(self, gpus: int, share: float, cpus: float) -> int | None:
+        """The replica's ``RLIMIT_NPROC`` (None: no bound): its share of ``--job-max-tasks``
+        (:meth:`part`), which is what a replica holding the whole node may have, and at least
+        :data:`MIN_TASKS` (or the whole bound, if smaller). Each job uid is bounded alone, so a
+        bound of the whole node's for each let a few jobs together (one tenant's four one-GPU
+        jobs on a node of four) take every pid of the node: no process of another job, nor the
+        agent's next spawn, could fork."""
+        if not self.max_tasks:
+            return None
+        return max(min(self.max_tasks, MIN_TASKS), int(self.max_tasks * self.part(gpus, share, cpus)))
+
+    def prefix(
+        self,
+        run_as: RunAs,
+        gpus: Sequence[int],
+        tmpfs_mb: int | None = None,
+        max_tasks: int | None = None,
+    ) -> list[str]:
         """The argv before the job's command; [] when there is no setpriv (fork and switch).
-        ``tmpfs_mb``: the size of each private tmpfs (:meth:`tmpfs_mb`; None: ``--job-disk-mb``).
+        ``tmpfs_mb``: the size of each private tmpfs (:meth:`tmpfs_mb`; None: ``--job-disk-mb``);
+        ``max_tasks``: the replica's bound on processes (:meth:`tasks`; None: ``--job-max-tasks``).
 
         The chain runs as root until ``setpriv``: it gets a clean environment (:attr:`env`),
         never the job's, whose ``LD_PRELOAD`` or ``LD_LIBRARY_PATH`` would load a tenant's code
@@ -308,8 +333,9 @@ class Sandbox:
             user, group = setpriv_ids(run_as.uid, gid)
             chain += ["--reuid", user, "--regid", group, "--clear-groups", "--no-new-privs"]
         limits = []
-        if self.max_tasks and run_as.uid is not None:
-            limits.append(f"--nproc={self.max_tasks}")
+        tasks = max_tasks or self.max_tasks
+        if tasks and run_as.uid is not None:
+            limits.append(f"--nproc={tasks}")
         job = JOB_SHELL
         if self.disk_mb:
             if limits and self.prlimit:
@@ -532,6 +558,9 @@ def default_disk_mb(state_dir: Path) -> int:
 
 
 MAX_FILES = 1_000_000
+# The fewest processes and threads a replica's share of --job-max-tasks gives it (a small share:
+# a fraction of one GPU of eight), unless --job-max-tasks is less.
+MIN_TASKS = 256
 
 
 def default_max_files(state_dir: Path) -> int:
@@ -633,5 +662,11 @@ def detect(
     )
     max_tasks = max_tasks if enabled else None
     return Sandbox(
-        False, devices, max_tasks=max_tasks, disk_mb=disk_mb, scoped=unscoped is None, max_files=max_files
+        False,
+        devices,
+        max_tasks=max_tasks,
+        disk_mb=disk_mb,
+        scoped=unscoped is None,
+        node=node,
+        max_files=max_files,
     )

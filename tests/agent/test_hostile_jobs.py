@@ -381,3 +381,49 @@ def test_forty_cpu_only_jobs_start_only_as_many_as_the_nodes_cpus_and_the_rest_w
         assert all("lack 1 CPUs" in j.pending_reason for j in waiting if j.pending_code == "capacity")
     finally:
         processes.stop_agent(agent)
+
+
+TASKS_BOUND = r"""
+import os, resource, time
+print(resource.getrlimit(resource.RLIMIT_NPROC)[0], flush=True)
+while not os.path.exists("done"):
+    time.sleep(0.05)
+"""
+
+
+def test_bobs_jobs_filling_a_node_cannot_take_its_pids_together(live_server, world, state_dir):
+    """bob fills a real agent's node of 4 GPUs with four one-GPU jobs (each attempt a uid of its
+    own, each uid bounded alone): were each allowed a quarter of ``kernel.pid_max`` (the bound of
+    a job holding the whole node), four fork bombs together would take every pid of the node —
+    alice's next job, and the agent's own spawns, would fail to fork. Each gets its share of the
+    node's bound instead (a quarter of it here), and a job holding the whole node all of it."""
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    whole = sandbox.default_max_tasks()
+    token_file = state_dir / "join-token"
+    token_file.write_text(h.new_join_token())
+    agent = processes.start_agent(live_server.url, state_dir, "--join-token-file", str(token_file))
+    try:
+        processes.registered(state_dir)
+        command = ["python", "-c", TASKS_BOUND]
+        jobs = [
+            h.bind(h.submit(world.bob, world.nlp, command=command, gpus=1), "cli-node", [gpu])
+            for gpu in range(4)
+        ]
+        for job in jobs:
+            assert fakes.wait_for(lambda j=job: "\n" in h.output_of(j), 30), h.output_of(job)
+        bounds = [int(h.output_of(job).split()[0]) for job in jobs]
+        for job in jobs:
+            (workdir,) = state_dir.glob(f"jobs/{job.pk}-*")
+            (workdir / "done").touch()
+        for job in jobs:
+            assert fakes.wait_for(lambda j=job: h.state_of(j) in TERMINAL_STATES, 30), h.output_of(job)
+        assert bounds == [whole // 4] * 4
+        assert sum(bounds) <= pid_max // 4  # the node keeps the rest, whatever the four do
+        node_wide = h.bind(h.submit(world.bob, world.nlp, command=command, gpus=4), "cli-node", [0, 1, 2, 3])
+        assert fakes.wait_for(lambda: "\n" in h.output_of(node_wide), 30), h.output_of(node_wide)
+        assert int(h.output_of(node_wide).split()[0]) == whole
+        (workdir,) = state_dir.glob(f"jobs/{node_wide.pk}-*")
+        (workdir / "done").touch()
+        assert fakes.wait_for(lambda: h.state_of(node_wide) in TERMINAL_STATES, 30)
+    finally:
+        processes.stop_agent(agent)
