@@ -9,9 +9,10 @@ limits (a failed move ends the spawn: the job never runs unlimited by accident);
 ``mount`` programs of step 2, root's own and done before the job's, may run outside them.
 
 0. ``prlimit --nproc=N --fsize=B`` (util-linux): at most N processes and threads of the job's
-   uid (``--job-max-tasks``), no file it writes larger than ``--job-disk-mb`` (without a uid of
-   the job's own, as with ``--single-tenant``, there is no process bound, and step 5 sets the
-   file size bound with ``ulimit -f``: one program fewer to start);
+   uid (the replica's share of ``--job-max-tasks``: :meth:`Sandbox.tasks`), no file it writes
+   larger than ``--job-disk-mb`` (without a uid of the job's own, as with ``--single-tenant``,
+   there is no process bound, and step 5 sets the file size bound with ``ulimit -f``: one
+   program fewer to start);
 1. ``unshare --mount --ipc --propagation private`` (util-linux), where the agent may make
    namespaces (root, not in a locked-down container): the job gets mounts of its own, and SysV IPC
    and POSIX message queues of its own (gone with its last process, so a later job of the same

@@ -15,6 +15,7 @@ import os
 import pytest
 
 from agent import sandbox
+from agent.identity import RunAs
 from scheduling.choices import TERMINAL_STATES, JobState
 from scheduling.models import Job
 from tests.agent import agent_process as processes
@@ -41,6 +42,23 @@ def test_a_replicas_tmpfs_is_its_memory_else_its_share_of_the_nodes_and_at_most_
     assert box.tmpfs_mb(gpus=4, share=1.0, cpus=0, memory_gib=0) == 512  # the disk bound
     assert box.tmpfs_mb(gpus=1, share=1.0, cpus=0, memory_gib=4) == 512
     assert sandbox.Sandbox(False, disk_mb=512).tmpfs_mb(1, 1.0, 0, 0) == 512  # node unknown
+
+
+def test_a_replicas_process_bound_is_its_share_of_the_nodes_and_the_chain_sets_it():
+    """The same share bounds a replica's processes (``RLIMIT_NPROC`` of its uid): the GPU jobs
+    filling a node together hold ``--job-max-tasks`` at most, not that many each."""
+    node = sandbox.NodeSize(memory_mb=1024, gpus=4, cpus=8)
+    box = sandbox.Sandbox(False, max_tasks=8192, node=node)
+    assert box.tasks(gpus=1, share=1.0, cpus=0) == 2048  # a GPU of 4: a quarter
+    assert box.tasks(gpus=4, share=1.0, cpus=0) == 8192  # the whole node
+    assert box.tasks(gpus=0, share=1.0, cpus=2) == 2048  # CPU-only: 2 CPUs of 8
+    assert box.tasks(gpus=1, share=0.01, cpus=0) == sandbox.MIN_TASKS  # a sliver: the floor
+    assert sandbox.Sandbox(False, max_tasks=40, node=node).tasks(1, 1.0, 0) == 40  # less than the floor
+    assert sandbox.Sandbox(False, max_tasks=8192).tasks(1, 1.0, 0) == 8192  # node unknown
+    assert sandbox.Sandbox(False, node=node).tasks(1, 1.0, 0) is None  # no bound at all
+    if sandbox.setpriv() is not None and box.prlimit:
+        chain = box.prefix(RunAs("job", 200001, 200001), [0], max_tasks=box.tasks(1, 1.0, 0))
+        assert "--nproc=2048" in chain
 
 
 @pytest.mark.slow
