@@ -273,11 +273,15 @@ class Sandbox:
 
     def part(self, gpus: int, share: float, cpus: float) -> float:
         """The replica's share of the node (0 to 1): of its GPUs (``gpus`` × ``share`` ÷ the
-        node's), or of its CPUs for a CPU-only replica; one GPU's when the node's size is unknown
-        to it (1 when the node's size is not known at all)."""
+        node's), or of its CPUs for a CPU-only replica (one CPU when it says none, as the
+        scheduler counts it: so many of them fit the node's CPUs, where a GPU's share each let
+        a node's worth of them hold many times the node); one GPU's when the node's CPUs are
+        unknown (1 when the node's size is not known at all)."""
         if self.node is None:
             return 1.0
         gpu_part = gpus * share / self.node.gpus if self.node.gpus else 0.0
+        if gpus == 0:
+            cpus = max(cpus, 1.0)
         cpu_part = cpus / self.node.cpus if self.node.cpus > 0 else 0.0
         return min(1.0, max(gpu_part, cpu_part) or (1.0 / max(1, self.node.gpus)))
 

@@ -53,6 +53,11 @@ def test_a_replicas_process_bound_is_its_share_of_the_nodes_and_the_chain_sets_i
     assert box.tasks(gpus=4, share=1.0, cpus=0) == 8192  # the whole node
     assert box.tasks(gpus=0, share=1.0, cpus=2) == 2048  # CPU-only: 2 CPUs of 8
     assert box.tasks(gpus=1, share=0.01, cpus=0) == sandbox.MIN_TASKS  # a sliver: the floor
+    # CPU-only without a number of CPUs: one CPU, as the scheduler counts it (8 such jobs fill
+    # the node's CPUs), not a GPU's share each, which 8 of them held twice over
+    assert box.tasks(gpus=0, share=1.0, cpus=0) == 1024
+    cpu_node = sandbox.Sandbox(False, max_tasks=8192, node=sandbox.NodeSize(1024, gpus=0, cpus=32))
+    assert cpu_node.tasks(gpus=0, share=1.0, cpus=0) == 256  # 32 of them: the whole bound
     assert sandbox.Sandbox(False, max_tasks=40, node=node).tasks(1, 1.0, 0) == 40  # less than the floor
     assert sandbox.Sandbox(False, max_tasks=8192).tasks(1, 1.0, 0) == 8192  # node unknown
     assert sandbox.Sandbox(False, node=node).tasks(1, 1.0, 0) is None  # no bound at all
