@@ -155,7 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
         "at most this much, no file it writes grows past it, and a job whose own directories "
         "(working and checkpoint) and private /tmp, /var/tmp and /dev/shm hold more together is "
         "stopped, failing with reason disk-limit "
-        "(default: 100 GiB or half the state directory's free space, whichever is less)",
+        "(default: 100 GiB or its share of half the state directory's free space, by its share of "
+        "the node's GPUs or CPUs, whichever is less; at least 1 GiB)",
     )
     p.add_argument(
         "--job-max-files",
@@ -164,8 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="files (inodes: directories and links too) a job attempt may make: each of its "
         "private /tmp, /var/tmp and /dev/shm holds at most this many, and a job whose own "
         "directories and private /tmp, /var/tmp and /dev/shm hold more together is stopped, "
-        "failing with reason disk-limit (default: a million, or half the state directory's free "
-        "inodes, whichever is less)",
+        "failing with reason disk-limit (default: a million, or its share of half the state "
+        "directory's free inodes, whichever is less; at least 10,000)",
     )
     p.add_argument(
         "--require-isolation",
@@ -478,6 +479,8 @@ def run(args: argparse.Namespace) -> int:
     hide = [*sandbox.HIDDEN, *args.hide_path]
     kept: list[str | Path] = [state_dir, *path.split(":"), *([checkpoint_root] if checkpoint_root else [])]
     disk_mb = args.job_disk_mb or sandbox.default_disk_mb(state_dir)
+    # Not set: the node's jobs share half its free space (and inodes), each its part of it.
+    disk_pool = None if args.job_disk_mb else sandbox.disk_pool_mb(state_dir)
     size = sandbox.NodeSize(int(inventory.memory_gib * 1024), len(inventory.devices), inventory.cpus)
     if users.isolated and (why := protect_from_oom()) is not None:
         log.warning(
@@ -486,7 +489,10 @@ def run(args: argparse.Namespace) -> int:
             why,
         )
     max_files = args.job_max_files or sandbox.default_max_files(state_dir)
-    box = sandbox.detect(devices, users.isolated, kept, max_tasks, hide, disk_mb, size, max_files)
+    files_pool = None if args.job_max_files else sandbox.files_pool(state_dir)
+    box = sandbox.detect(
+        devices, users.isolated, kept, max_tasks, hide, disk_mb, size, max_files, disk_pool, files_pool
+    )
     walls = firewall.detect(users.ids, args.allow_local_port) if isinstance(users, identity.UidPool) else None
     if isinstance(users, identity.UidPool):
         users.watcher = walls

@@ -508,6 +508,10 @@ class JobProcess:
         # tick until it is (not held back by the once-a-minute bound), and before the exit report.
         self._owed_checkpoint = False
         self._disk_check_at = 0.0  # when its directories are summed next (``--job-disk-mb``)
+        # Its share of the node's disk and files where the operator set no bound, else the bound.
+        self.disk_mb, self.max_files = self.sandbox.bounds(
+            len(self.gpus), self.share, float(binding.get("cpus") or 0)
+        )
 
     @property
     def key(self) -> tuple[int, int, int]:
@@ -574,10 +578,10 @@ class JobProcess:
         the replica's cgroup), or, without ``setpriv``, by a fork that switches the user itself."""
         cpus = float(self.binding.get("cpus") or 0)
         tmpfs_mb = self.sandbox.tmpfs_mb(
-            len(self.gpus), self.share, cpus, float(self.binding.get("memory_gib") or 0)
+            len(self.gpus), self.share, cpus, float(self.binding.get("memory_gib") or 0), self.disk_mb
         )
         tasks = self.sandbox.tasks(len(self.gpus), self.share, cpus)
-        prefix = self.sandbox.prefix(run_as, self.gpus, tmpfs_mb, tasks)
+        prefix = self.sandbox.prefix(run_as, self.gpus, tmpfs_mb, tasks, self.disk_mb, self.max_files)
         if not prefix:
             proc = subprocess.Popen(
                 command,
@@ -851,7 +855,7 @@ class JobProcess:
         ``--job-max-files``, it is stopped at once (reason ``disk-limit``, no retry). A sum that
         took long (many files) puts the next one off in proportion: at most a fifth of the time
         goes to summing, whatever a job makes."""
-        bound, most = self.sandbox.disk_mb, self.sandbox.max_files
+        bound, most = self.disk_mb, self.max_files
         if not (bound or most) or self.stop_reason is not None or now < self._disk_check_at:
             return
         began = time.monotonic()

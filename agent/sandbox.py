@@ -223,6 +223,8 @@ class Sandbox:
         node: NodeSize | None = None,
         max_files: int | None = None,
         mqueue: bool = True,
+        disk_pool_mb: int | None = None,
+        files_pool: int | None = None,
     ):
         self.namespaces = namespaces
         self.scoped = scoped
@@ -238,6 +240,11 @@ class Sandbox:
         # own directories and private tmpfs together (summed with the bytes). The node's file
         # system has so many inodes, and empty files fill none of ``--job-disk-mb``.
         self.max_files = max_files
+        # What the node's jobs may fill together where the operator set no bound (half the state
+        # directory's free space and inodes at the start): each replica gets its share of it
+        # (:meth:`bounds`), at most ``disk_mb`` and ``max_files``; else each the whole bound.
+        self.disk_pool_mb = disk_pool_mb
+        self.files_pool = files_pool
         # The node's services reached through the file system (unix sockets), out of sight.
         self.hide = sorted({os.path.realpath(p) for p in hide if os.path.lexists(p)})
         # RLIMIT_NPROC of a job uid's processes (threads count): a fork bomb stops there, and
@@ -285,21 +292,39 @@ class Sandbox:
         cpu_part = cpus / self.node.cpus if self.node.cpus > 0 else 0.0
         return min(1.0, max(gpu_part, cpu_part) or (1.0 / max(1, self.node.gpus)))
 
-    def tmpfs_mb(self, gpus: int, share: float, cpus: float, memory_gib: float) -> int | None:
+    def bounds(self, gpus: int, share: float, cpus: float) -> tuple[int | None, int | None]:
+        """The replica's ``--job-disk-mb`` and ``--job-max-files`` (None: no bound): each the
+        whole bound where the operator set it, else the least of it and the replica's share
+        (:meth:`part`) of the node's pool (half the state directory's free space and inodes),
+        and at least :data:`MIN_DISK_MB` and :data:`MIN_FILES` (or the bound, if less). A bound of
+        half the free space for each let two jobs together fill the file system that holds every
+        job's working directory and checkpoint."""
+        part = self.part(gpus, share, cpus)
+        disk, files = self.disk_mb, self.max_files
+        if disk and self.disk_pool_mb:
+            disk = min(disk, max(MIN_DISK_MB, int(self.disk_pool_mb * part)))
+        if files and self.files_pool:
+            files = min(files, max(MIN_FILES, int(self.files_pool * part)))
+        return disk, files
+
+    def tmpfs_mb(
+        self, gpus: int, share: float, cpus: float, memory_gib: float, disk_mb: int | None = None
+    ) -> int | None:
         """The size of each of a replica's private tmpfs mounts, in MB (None: the kernel's default,
         half the machine's memory): they hold the node's memory, so at most what the scheduler
         handed the replica — its ``memory_gib`` when it has one (to which its memory cgroup
         charges them too), else its share of the node's memory in proportion to its share of the
         node's GPUs (``gpus`` × ``share``), or of its CPUs for a CPU-only replica — and never
-        more than ``--job-disk-mb``."""
+        more than ``disk_mb``, the replica's disk bound (:meth:`bounds`; None: ``--job-disk-mb``)."""
         if memory_gib > 0:
             mb: int | None = int(memory_gib * 1024)
         elif self.node is not None and self.node.memory_mb > 0:
             mb = int(self.node.memory_mb * self.part(gpus, share, cpus))
         else:
             mb = None
-        if self.disk_mb and (mb is None or mb > self.disk_mb):
-            mb = self.disk_mb
+        cap = disk_mb or self.disk_mb
+        if cap and (mb is None or mb > cap):
+            mb = cap
         return None if mb is None else max(1, mb)
 
     def tasks(self, gpus: int, share: float, cpus: float) -> int | None:
@@ -319,10 +344,13 @@ class Sandbox:
         gpus: Sequence[int],
         tmpfs_mb: int | None = None,
         max_tasks: int | None = None,
+        disk_mb: int | None = None,
+        max_files: int | None = None,
     ) -> list[str]:
         """The argv before the job's command; [] when there is no setpriv (fork and switch).
         ``tmpfs_mb``: the size of each private tmpfs (:meth:`tmpfs_mb`; None: ``--job-disk-mb``);
-        ``max_tasks``: the replica's bound on processes (:meth:`tasks`; None: ``--job-max-tasks``).
+        ``max_tasks``: the replica's bound on processes (:meth:`tasks`; None: ``--job-max-tasks``);
+        ``disk_mb``, ``max_files``: its disk bounds (:meth:`bounds`; None: the node's).
 
         The chain runs as root until ``setpriv``: it gets a clean environment (:attr:`env`),
         never the job's, whose ``LD_PRELOAD`` or ``LD_LIBRARY_PATH`` would load a tenant's code
@@ -342,24 +370,30 @@ class Sandbox:
         if tasks and run_as.uid is not None:
             limits.append(f"--nproc={tasks}")
         job = JOB_SHELL
-        if self.disk_mb:
+        disk = disk_mb or self.disk_mb
+        if disk:
             if limits and self.prlimit:
-                limits.append(f"--fsize={self.disk_mb << 20}")
+                limits.append(f"--fsize={disk << 20}")
             else:
                 # Nothing else for prlimit to set (--single-tenant): the job's shell sets the same
                 # limit (POSIX ulimit -f, in 512-byte blocks), one exec fewer per spawn.
-                job = f"ulimit -f {self.disk_mb << 11} || exit 125\n{job}"
+                job = f"ulimit -f {disk << 11} || exit 125\n{job}"
         chain += ["--", "/bin/sh", "-c", job, "tessera-job"]
         if self.scoped:
             chain = [*landlock_step(), *chain]
         if limits and self.prlimit:
             chain = [self.prlimit, *limits, "--", *chain]
         if self.namespaces:
-            chain = self._namespaced(run_as, gpus, chain, tmpfs_mb or self.disk_mb)
+            chain = self._namespaced(run_as, gpus, chain, tmpfs_mb or disk, max_files or self.max_files)
         return chain
 
     def _namespaced(
-        self, run_as: RunAs, gpus: Sequence[int], chain: list[str], tmpfs_mb: int | None
+        self,
+        run_as: RunAs,
+        gpus: Sequence[int],
+        chain: list[str],
+        tmpfs_mb: int | None,
+        max_files: int | None = None,
     ) -> list[str]:
         return [
             self.unshare,
@@ -370,16 +404,19 @@ class Sandbox:
             "--",
             "/bin/sh",
             "-c",
-            self._script(run_as, gpus, tmpfs_mb),
+            self._script(run_as, gpus, tmpfs_mb, max_files),
             "tessera-sandbox",
             *chain,
         ]
 
-    def _script(self, run_as: RunAs, gpus: Sequence[int], tmpfs_mb: int | None = None) -> str:
+    def _script(
+        self, run_as: RunAs, gpus: Sequence[int], tmpfs_mb: int | None = None, max_files: int | None = None
+    ) -> str:
         owner = f"uid={run_as.uid},gid={run_as.gid}," if run_as.uid is not None else ""
         mount, mkdir = shlex.quote(self.mount), shlex.quote(self.mkdir)
         size = f"size={tmpfs_mb}m," if tmpfs_mb else ""
-        inodes = f"nr_inodes={self.max_files}," if self.max_files else ""
+        files = max_files or self.max_files
+        inodes = f"nr_inodes={files}," if files else ""
         options = f"{owner}{size}{inodes}mode=0700,nosuid,nodev"
         hold = [f"{HOLD}/{i}" for i in range(len(self.keep))]
         steps = [f"{mount} -t tmpfs -o mode=0700 tessera-hold {HOLD}"] if self.keep else []
@@ -554,31 +591,47 @@ def default_max_tasks() -> int:
 
 def default_disk_mb(state_dir: Path) -> int:
     """What a job may fill by default: 100 GiB, or half the state directory's free space."""
+    return max(1, min(100 << 10, disk_pool_mb(state_dir)))
+
+
+def disk_pool_mb(state_dir: Path) -> int:
+    """What the node's jobs may fill together by default (each its share): half the state
+    directory's free space (100 GiB when it cannot be read)."""
     try:
         st = os.statvfs(state_dir)
-        half = st.f_bavail * st.f_frsize // 2 >> 20
+        return max(1, st.f_bavail * st.f_frsize // 2 >> 20)
     except OSError:
-        half = 100 << 10
-    return max(1, min(100 << 10, half))
+        return 100 << 10
 
 
 MAX_FILES = 1_000_000
 # The fewest processes and threads a replica's share of --job-max-tasks gives it (a small share:
 # a fraction of one GPU of eight), unless --job-max-tasks is less.
 MIN_TASKS = 256
+# The least a replica's share of the node's disk pool gives it (where --job-disk-mb and
+# --job-max-files are not set), unless the bound is less.
+MIN_DISK_MB = 1024
+MIN_FILES = 10_000
 
 
 def default_max_files(state_dir: Path) -> int:
     """What a job may make by default: a million files (inodes), or half the state directory's
     file system's free ones, whichever is less (a file system that reports no fixed number of
     inodes, as btrfs: a million)."""
+    return max(1, min(MAX_FILES, files_pool(state_dir)))
+
+
+def files_pool(state_dir: Path) -> int:
+    """What the node's jobs may make together by default (each its share): half the state
+    directory's file system's free inodes (a million when there is no fixed number, as on btrfs,
+    or it cannot be read)."""
     try:
         st = os.statvfs(state_dir)
     except OSError:
         return MAX_FILES
     if st.f_files <= 0:
         return MAX_FILES
-    return max(1, min(MAX_FILES, st.f_favail // 2))
+    return max(1, st.f_favail // 2)
 
 
 SYSCTL = Path("/proc/sys")
@@ -615,6 +668,8 @@ def detect(
     disk_mb: int | None = None,
     node: NodeSize | None = None,
     max_files: int | None = None,
+    disk_pool_mb: int | None = None,
+    files_pool: int | None = None,
 ) -> Sandbox:
     """The sandbox this machine allows (said at the start: what jobs get, and what not).
     ``keep``: host directories jobs need, e.g. the state directory."""
@@ -660,6 +715,8 @@ def detect(
             node=node,
             max_files=max_files,
             mqueue=queues is None,
+            disk_pool_mb=disk_pool_mb,
+            files_pool=files_pool,
         )
     log.warning(
         "jobs share /tmp, /dev/shm and IPC, see every process and can open every GPU's device file: %s",
@@ -674,4 +731,6 @@ def detect(
         scoped=unscoped is None,
         node=node,
         max_files=max_files,
+        disk_pool_mb=disk_pool_mb,
+        files_pool=files_pool,
     )

@@ -427,3 +427,51 @@ def test_bobs_jobs_filling_a_node_cannot_take_its_pids_together(live_server, wor
         assert fakes.wait_for(lambda: h.state_of(node_wide) in TERMINAL_STATES, 30)
     finally:
         processes.stop_agent(agent)
+
+
+DISK_BOUND = r"""
+import os, resource, time
+print(resource.getrlimit(resource.RLIMIT_FSIZE)[0] >> 20, flush=True)
+while not os.path.exists("done"):
+    time.sleep(0.05)
+"""
+
+
+def test_bobs_jobs_filling_a_node_cannot_fill_its_disk_together(live_server, world, state_dir):
+    """With no ``--job-disk-mb`` set, a job's bound was half the state directory's free space:
+    two of bob's jobs, each within its own bound, could fill the file system that holds every
+    job's working directory and checkpoint (alice's checkpoint would fail with ENOSPC). Four one-GPU
+    jobs on a node of 4 GPUs now share half the free space (each its quarter; the bound of one
+    file, ``RLIMIT_FSIZE``, and of the sum of its files alike), and a job holding the whole node
+    keeps the whole bound."""
+    pool = sandbox.disk_pool_mb(state_dir)
+    whole = sandbox.default_disk_mb(state_dir)
+    token_file = state_dir / "join-token"
+    token_file.write_text(h.new_join_token())
+    agent = processes.start_agent(live_server.url, state_dir, "--join-token-file", str(token_file))
+    try:
+        processes.registered(state_dir)
+        command = ["python", "-c", DISK_BOUND]
+        jobs = [
+            h.bind(h.submit(world.bob, world.nlp, command=command, gpus=1), "cli-node", [gpu])
+            for gpu in range(4)
+        ]
+        for job in jobs:
+            assert fakes.wait_for(lambda j=job: "\n" in h.output_of(j), 30), h.output_of(job)
+        bounds = [int(h.output_of(job).split()[0]) for job in jobs]
+        for job in jobs:
+            (workdir,) = state_dir.glob(f"jobs/{job.pk}-*")
+            (workdir / "done").touch()
+        for job in jobs:
+            assert fakes.wait_for(lambda j=job: h.state_of(j) in TERMINAL_STATES, 30), h.output_of(job)
+        # (the free space moves a little between the agent's look and the test's)
+        assert sum(bounds) <= pool * 1.05, (bounds, pool)
+        assert all(b == min(whole, max(sandbox.MIN_DISK_MB, bounds[0])) for b in bounds), bounds
+        node_wide = h.bind(h.submit(world.bob, world.nlp, command=command, gpus=4), "cli-node", [0, 1, 2, 3])
+        assert fakes.wait_for(lambda: "\n" in h.output_of(node_wide), 30), h.output_of(node_wide)
+        assert abs(int(h.output_of(node_wide).split()[0]) - whole) <= whole * 0.05
+        (workdir,) = state_dir.glob(f"jobs/{node_wide.pk}-*")
+        (workdir / "done").touch()
+        assert fakes.wait_for(lambda: h.state_of(node_wide) in TERMINAL_STATES, 30)
+    finally:
+        processes.stop_agent(agent)

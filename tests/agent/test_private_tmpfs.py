@@ -91,3 +91,23 @@ def test_a_jobs_private_tmpfs_holds_at_most_the_memory_it_was_handed(live_server
             assert sizes == dict.fromkeys(("/tmp", "/var/tmp", "/dev/shm"), expected[name]), name
     finally:
         processes.stop_agent(agent)
+
+
+def test_a_replicas_disk_bounds_are_its_share_of_the_nodes_pool_unless_the_operator_set_them():
+    """Without ``--job-disk-mb`` / ``--job-max-files`` a replica gets its share of half the
+    node's free space and inodes (at most the whole-node bound, at least the floor); a bound the
+    operator set is each replica's whole."""
+    node = sandbox.NodeSize(memory_mb=1024, gpus=4, cpus=8)
+    pooled = sandbox.Sandbox(
+        False, disk_mb=100 << 10, max_files=1_000_000, node=node, disk_pool_mb=40_000, files_pool=400_000
+    )
+    assert pooled.bounds(gpus=1, share=1.0, cpus=0) == (10_000, 100_000)  # a GPU of 4: a quarter
+    assert pooled.bounds(gpus=4, share=1.0, cpus=0) == (40_000, 400_000)  # the whole node
+    assert pooled.bounds(gpus=1, share=0.01, cpus=0) == (sandbox.MIN_DISK_MB, sandbox.MIN_FILES)
+    big = sandbox.Sandbox(False, disk_mb=100 << 10, node=node, disk_pool_mb=10 << 20)
+    assert big.bounds(gpus=4, share=1.0, cpus=0)[0] == 100 << 10  # never past the whole bound
+    set_by_operator = sandbox.Sandbox(False, disk_mb=16, max_files=500, node=node)
+    assert set_by_operator.bounds(gpus=1, share=1.0, cpus=0) == (16, 500)
+    # the replica's bound is what the chain sets for one file, and what its tmpfs may hold
+    assert pooled.tmpfs_mb(1, 1.0, 0, 0, disk_mb=10_000) == 256  # its memory share is less
+    assert sandbox.Sandbox(False, disk_mb=100 << 10).tmpfs_mb(1, 1.0, 0, 0, disk_mb=300) == 300
