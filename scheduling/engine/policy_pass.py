@@ -10,7 +10,7 @@ the queue, and what each pass leaves for the next.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -42,6 +42,7 @@ NodeOk = Callable[[int], bool]
 # For the backfill rule on a starving job's nodes: the kind level at and above which a starving
 # job could preempt the job (None: not preemptible), and whether its runtime is a hard limit.
 Removable = tuple[int | None, bool]
+Outranks = Callable[[Collection[str]], bool]
 # The pending codes of a job left waiting for nodes (its quota admitted it): its models are
 # contested (PolicyPass.off_contested).
 WAITING_FOR_NODES = frozenset(
@@ -62,6 +63,7 @@ class Want:
     runtime: float | None  # expected (time limit or history): must it end before a reservation?
     who: Removable
     node_ok: NodeOk | None  # the nodes this pass's reservations leave it (None: none reserved)
+    outranks: Outranks | None = None  # does it go before every job reserving a node (of these)?
 
 
 @dataclass(frozen=True, slots=True)
@@ -383,16 +385,55 @@ class PolicyPass:
     def want(self, job: JobRequest, geo: Geometry) -> Want:
         runtime = self.s.history.predict(job)
         who = self.removable(job)
-        node_ok = self.reservations_allow(job.id, geo, runtime, who) if self.res.items else None
-        return Want(job, geo, runtime, who, node_ok)
+        outranks = self.outranking(job, geo)
+        node_ok = self.reservations_allow(job.id, geo, runtime, who, outranks) if self.res.items else None
+        return Want(job, geo, runtime, who, node_ok, outranks)
 
-    def reservations_allow(self, job_id: str, geo: Geometry, runtime: float | None, who: Removable) -> NodeOk:
+    def reservations_allow(
+        self,
+        job_id: str,
+        geo: Geometry,
+        runtime: float | None,
+        who: Removable,
+        outranks: Outranks | None = None,
+    ) -> NodeOk:
         res, now = self.res, self.now
 
         def node_ok(i: int) -> bool:
-            return res.allows(i, now, runtime, job_id, *who) or self.beside(i, geo)
+            return (
+                res.allows(i, now, runtime, job_id, *who)
+                or self.beside(i, geo)
+                or (outranks is not None and outranks(res.owners_by_node.get(i, ())))
+            )
 
         return node_ok
+
+    def outranking(self, job: JobRequest, geo: Geometry) -> Outranks | None:
+        """For a job of a preemptor level (inference) that its tenant's guarantee holds: may it
+        use a node reserved only for jobs of lower kind levels? A guarantee is served before
+        any wait bound of lower work: an inference service within its tenant's guarantee once
+        waited 5.5 hours beside preemptible fine-tunes and batch jobs, every node of its model
+        reserved for other tenants' aged training (the scarce held-out shape). The reserving
+        jobs find their room again by their own rules (a starving one preempts younger work)."""
+        s, cfg = self.s, self.cfg
+        level = cfg.level_of(job.kind)
+        if not s.quotas.enabled or not geo.req.count or level not in cfg.preemptor_levels:
+            return None
+        models, _ = s.models_for(job)
+        charge = geo.charge * geo.need
+        if not any(s.quotas.under_guarantee(job.tenant, m, charge, job.preemptible) for m in models):
+            return None
+
+        def outranks(owners: Collection[str]) -> bool:
+            if not owners:
+                return False
+            for j in owners:
+                other = s.pending.get(j)
+                if other is None or cfg.level_of(other.kind) <= level:
+                    return False
+            return True
+
+        return outranks
 
     def beside(self, node: int, geo: Geometry) -> bool:
         """May a job of ``geo`` run on ``node`` beside the one job reserving it, however long,
@@ -768,8 +809,13 @@ class PolicyPass:
         s, job, geo, node_ok = self.s, want.job, want.geo, want.node_ok
         prev = s.prev_reserved
 
+        outranks = want.outranks
+
         def allowed(i: int) -> bool:
-            return prev.get(i, job.id) == job.id and (node_ok is None or node_ok(i))
+            before = prev.get(i, job.id)
+            if before != job.id and not (outranks is not None and outranks((before,))):
+                return False
+            return node_ok is None or node_ok(i)
 
         def gone(jid: str) -> bool:
             run = s.running.get(jid)
