@@ -79,6 +79,12 @@ class JobForm(forms.Form):
     node_selector = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
     prefer_labels = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
     max_retries = forms.CharField(required=False)
+    interactive = forms.ChoiceField(
+        required=False, choices=[("", "no (default)"), ("true", "yes"), ("false", "no")]
+    )
+    idle_reclaim = forms.ChoiceField(
+        required=False, choices=[("", "never (default)"), ("never", "never"), ("allow", "allow")]
+    )
     elastic_min_gpus = forms.CharField(required=False)
     elastic_max_gpus = forms.CharField(required=False)
 
@@ -104,8 +110,11 @@ class JobForm(forms.Form):
             text = (data.get(name) or "").strip()
             if text:
                 body[name] = number(text)
-        if data.get("preemptible"):
-            body["preemptible"] = data["preemptible"] == "true"
+        for name in ("preemptible", "interactive"):
+            if data.get(name):
+                body[name] = data[name] == "true"
+        if data.get("idle_reclaim"):
+            body["idle_reclaim"] = data["idle_reclaim"]
         accelerators = [a.strip() for a in (data.get("accelerators") or "").split(",") if a.strip()]
         if accelerators:
             body["accelerators"] = accelerators
@@ -184,12 +193,17 @@ def key_values(text: str) -> dict[str, str] | str:
 
 
 def initial_from_job(job: Any) -> dict[str, str]:
-    """A stored job's body as the form's text (resubmit as a copy)."""
+    """A stored job's body as the form's text (resubmit as a copy).
+
+    Where the fields cannot carry the body as it is (a map value with a line break, or spaces
+    at an end, is not one ``KEY=VALUE`` line), the copy is the job file instead: a copy that
+    differs from its source would be submitted without anyone seeing the difference.
+    """
     out = {
         "name": job.name,
         "kind": job.kind,
         "command": shlex.join(job.command),
-        "gpus": f"{job.gpus:g}",
+        "gpus": number_text(job.gpus),
         "replicas": str(job.replicas),
         "min_available": str(job.min_available),
         "accelerators": ", ".join(job.accelerators),
@@ -199,15 +213,61 @@ def initial_from_job(job: Any) -> dict[str, str]:
         "grace_seconds": str(job.grace_seconds),
         "checkpoint_seconds": str(job.checkpoint_seconds or ""),
         "time_limit_seconds": str(job.time_limit_seconds or ""),
-        "cpus": f"{job.cpus:g}" if job.cpus else "",
-        "memory_gib": f"{job.memory_gib:g}" if job.memory_gib else "",
+        "cpus": number_text(job.cpus) if job.cpus else "",
+        "memory_gib": number_text(job.memory_gib) if job.memory_gib else "",
         "max_retries": str(job.max_retries),
         "elastic_min_gpus": str(job.elastic_min_gpus or ""),
         "elastic_max_gpus": str(job.elastic_max_gpus or ""),
+        "interactive": "true" if job.interactive else "false",
+        "idle_reclaim": job.idle_reclaim,
     }
+    lossless = True
     for name in MAP_FIELDS:
-        out[name] = "\n".join(f"{k}={v}" for k, v in (getattr(job, name) or {}).items())
+        mapping = dict(getattr(job, name) or {})
+        out[name] = "\n".join(f"{k}={v}" for k, v in mapping.items())
+        lossless = lossless and key_values(out[name]) == mapping
+    if not lossless:
+        return {"job_file": body_as_json(job_body(job))}
     return out
+
+
+def job_body(job: Any) -> dict[str, Any]:
+    """A stored job as the API's job body (what resubmitting it sends)."""
+    body: dict[str, Any] = {
+        "name": job.name,
+        "kind": job.kind,
+        "command": list(job.command),
+        "gpus": job.gpus if not float(job.gpus).is_integer() else int(job.gpus),
+        "replicas": job.replicas,
+        "min_available": job.min_available,
+        "accelerators": list(job.accelerators),
+        "topology": job.topology,
+        "priority": job.priority,
+        "preemptible": job.preemptible,
+        "grace_seconds": job.grace_seconds,
+        "checkpoint_seconds": job.checkpoint_seconds,
+        "time_limit_seconds": job.time_limit_seconds,
+        "max_retries": job.max_retries,
+        "env": dict(job.env or {}),
+        "node_selector": dict(job.node_selector or {}),
+        "prefer_labels": dict(job.prefer_labels or {}),
+        "interactive": job.interactive,
+        "idle_reclaim": job.idle_reclaim,
+    }
+    if job.cpus:
+        body["cpus"] = job.cpus
+    if job.memory_gib:
+        body["memory_gib"] = job.memory_gib
+    if job.elastic_min_gpus is not None or job.elastic_max_gpus is not None:
+        body["elastic"] = {"min_gpus": job.elastic_min_gpus, "max_gpus": job.elastic_max_gpus}
+    return body
+
+
+def number_text(value: float) -> str:
+    """A stored number as text that reads back as the same number (``f"{x:g}"`` keeps only six
+    digits: 1.2345678 came back as 1.23457)."""
+    value = float(value)
+    return str(int(value)) if value.is_integer() else repr(value)
 
 
 def body_as_json(body: dict[str, Any]) -> str:

@@ -28,7 +28,7 @@ from django.utils.functional import cached_property
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from rest_framework.exceptions import PermissionDenied, ValidationError
 
-from frontend.forms import PRESETS, JobForm, body_as_json, initial_from_job
+from frontend.forms import PRESETS, JobForm, body_as_json, initial_from_job, job_body
 from frontend.redaction import viewer_for
 from frontend.sparklines import sparklines
 from monitoring.adjust import job_utilisation
@@ -347,10 +347,12 @@ def job_new(request: HttpRequest) -> HttpResponse:
         if source.isdigit() and len(source) < 19:
             copied = visible_job(request, int(source))
             initial = initial_from_job(copied)
-            initial["name"] = copied.name
             if viewer.operator:  # an operator submits for a team: the copy's is the job's own
+                if "job_file" in initial:
+                    initial["job_file"] = body_as_json({"tenant": copied.tenant.name, **job_body(copied)})
                 initial["tenant"] = copied.tenant.name
             context["copied"] = copied
+            context["copied_as_file"] = "job_file" in initial
         preset = request.GET.get("preset", "")
         if preset in PRESETS:
             initial = {**PRESETS[preset], "command": "", **{"name": ""}}

@@ -230,6 +230,73 @@ def test_resubmit_copies_a_teammates_job_but_bob_gets_404(world: Any) -> None:
     assert signed_in(world.bob).get(f"/jobs/new/?from={job_id}").status_code == 404
 
 
+def resubmit_unchanged(client: Client, job_id: int) -> Job:
+    """Open "Resubmit as a copy" and press Submit with the form as shown; the new job."""
+    shown = client.get(f"/jobs/new/?from={job_id}")
+    assert shown.status_code == 200
+    form = shown.context["form"]
+    data = {name: form[name].value() or "" for name in form.fields if name != "upload"}
+    data["submit_key"] = shown.context["submit_key"]
+    response = client.post("/jobs/new/", data)
+    assert response.status_code == 302, response.content.decode()[-3000:]
+    return Job.objects.get(pk=int(response["Location"].strip("/").split("/")[-1]))
+
+
+COPIED = [
+    "name",
+    "kind",
+    "command",
+    "gpus",
+    "replicas",
+    "min_available",
+    "accelerators",
+    "topology",
+    "priority",
+    "preemptible",
+    "grace_seconds",
+    "checkpoint_seconds",
+    "time_limit_seconds",
+    "cpus",
+    "memory_gib",
+    "env",
+    "node_selector",
+    "prefer_labels",
+    "max_retries",
+    "elastic_min_gpus",
+    "elastic_max_gpus",
+    "idle_mode",
+]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"interactive": True},
+        {"preemptible": False, "idle_reclaim": "allow"},
+        {"gpus": 0, "cpus": 1.2345678, "memory_gib": 3.14159265},
+        {"env": {"CONFIG": "a=1\nb=2", "PAD": "  x  ", "K": "v"}},
+        {"node_selector": {"zone": "eu west "}, "gpus": 0.25},
+    ],
+    ids=["interactive", "idle-reclaim-allow", "precise-numbers", "multi-line-env", "label-spaces"],
+)
+def test_a_copy_resubmitted_unchanged_is_the_same_job(world: Any, cluster: Any, body: Any) -> None:
+    """What "Resubmit as a copy" shows, sent back as it is, stores the job the source was: not one
+    that lost its interactive flag, six digits of a number, or an env value's second line."""
+    job_id = submit(world, "alice", name="source", kind="batch", **body)
+    source = Job.objects.get(pk=job_id)
+    copy = resubmit_unchanged(signed_in(world.carol), job_id)
+    assert copy.pk != source.pk
+    assert {f: getattr(copy, f) for f in COPIED} == {f: getattr(source, f) for f in COPIED}
+
+
+def test_the_form_sets_interactive_and_idle_reclaim(world: Any, cluster: Any) -> None:
+    client = signed_in(world.alice)
+    client.post("/jobs/new/", form(name="notebook", interactive="true"))
+    client.post("/jobs/new/", form(name="reclaimable", preemptible="false", idle_reclaim="allow"))
+    modes = dict(Job.objects.values_list("name", "idle_mode"))
+    assert modes == {"notebook": "interactive", "reclaimable": "allow"}
+
+
 def test_an_operators_copy_of_a_job_keeps_its_team(world: Any, cluster: Any) -> None:
     """An operator submits for a team (the form's Team): a copy of a team's job must have that
     team chosen, or submitting the copy unchanged is refused ("operators belong to no tenant")."""
