@@ -88,6 +88,8 @@ class JobForm(forms.Form):
     elastic_min_gpus = forms.CharField(required=False)
     elastic_max_gpus = forms.CharField(required=False)
 
+    read_so_far: dict[str, Any] | None = None
+
     def body(self) -> dict[str, Any] | None:
         """The job body (a dict for the serializer), or None with the form's errors set."""
         data = self.cleaned_data
@@ -133,6 +135,8 @@ class JobForm(forms.Form):
                 "max_gpus": number(high) if high else None,
             }
             body["elastic"] = {k: v for k, v in body["elastic"].items() if v is not None}
+        # What could be read, for the API's messages on the other fields (``read_so_far``).
+        self.read_so_far = body
         return None if self.errors else body
 
     def _file_text(self) -> str | None:

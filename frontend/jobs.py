@@ -370,6 +370,8 @@ def job_new(request: HttpRequest) -> HttpResponse:
         return response
     body = form.body() if form.is_valid() else None
     if body is None:
+        if form.read_so_far is not None:
+            other_fields_errors(form, form.read_so_far)
         return render(request, "frontend/jobs/new.html", context, status=400)
     try:
         validated = validated_submit(body)
@@ -415,6 +417,25 @@ def new_submit_key() -> str:
     """An idempotency key for one shown form (the API's, in a namespace a client's keys may share
     only by choosing it: the key is the user's own)."""
     return f"portal-{uuid.uuid4().hex}"
+
+
+def other_fields_errors(form: JobForm, read: dict[str, Any]) -> None:
+    """The API's messages on the fields that were read, beside a field the form could not read
+    (an unclosed quote, a line that is not KEY=VALUE): all of the body's problems in one answer,
+    not one more each time the person presses Submit."""
+    try:
+        validated_submit(read)
+    except ValidationError as invalid:
+        if isinstance(invalid.detail, dict):
+            attach_errors(
+                form,
+                {
+                    key: problems
+                    for key, problems in invalid.detail.items()
+                    if FIELD_OF.get(str(key), str(key)) in form.fields
+                    and not form.has_error(FIELD_OF.get(str(key), str(key)))
+                },
+            )
 
 
 # Body keys whose messages belong beside another field of the form.

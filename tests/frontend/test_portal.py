@@ -107,6 +107,23 @@ def test_the_forms_messages_are_the_apis_and_what_was_typed_stays(world: Any, cl
     assert Job.objects.count() == 0
 
 
+def test_a_field_the_form_cannot_read_comes_with_the_apis_messages_on_the_others(
+    world: Any, cluster: Any
+) -> None:
+    """An env line without "=" and an unclosed quote used to hide every other field's message:
+    the person fixed one, pressed Submit, and only then learnt of the next."""
+    typed = form(command="python 'train.py", env="novalue", gpus="abc", priority="9999999")
+    response = signed_in(world.alice).post("/jobs/new/", typed)
+    assert response.status_code == 400
+    errors = response.context["form"].errors
+    assert errors["env"] == ["line 1: write KEY=VALUE"]
+    assert errors["command"][0].startswith("cannot be split into arguments")  # not "required"
+    assert errors["gpus"] == ["must be a number"]
+    assert errors["priority"] == ["must be at most 1000000"]
+    assert 'aria-describedby="id_gpus_error"' in response.content.decode()
+    assert Job.objects.count() == 0
+
+
 def test_a_field_that_only_the_cross_field_rules_refuse_shows_its_message(world: Any) -> None:
     page = signed_in(world.alice).post("/jobs/new/", form(gpus="3", replicas="2")).content.decode()
     assert "must divide gpus" in page
