@@ -496,6 +496,26 @@ def test_the_team_page_shows_quotas_and_use_for_the_viewers_team_only(world: Any
     assert "Team nlp" in admin and "Team vision" in admin
 
 
+def test_a_share_of_a_gpu_is_shown_to_the_thousandth_the_api_answers(world: Any, cluster: Any) -> None:
+    """gpus is kept to thousandths (the allocation's unit): 0.001 was shown as "0.00" GPUs on the
+    list, the job's page and the team's use, and 0.125 as "0.13", where the API says 0.001."""
+    from scheduling.services.passes import run_pass
+
+    tiny = submit(world, "alice", name="tiny", gpus=0.001, kind="inference", accelerators=["T4"])
+    eighth = submit(world, "alice", name="eighth", gpus=0.125, kind="inference", accelerators=["T4"])
+    run_pass()
+    client = signed_in(world.alice)
+    assert world.client("alice").get(f"/api/v1/jobs/{tiny}/").json()["gpus"] == 0.001
+    cells = re.findall(r'<td class="num">([^<]*)</td>', client.get("/jobs/").content.decode())
+    assert cells == ["0.125", "0.001"]  # newest first
+    for job_id, shown in ((tiny, "0.001"), (eighth, "0.125")):
+        page = client.get(f"/jobs/{job_id}/").content.decode()
+        assert f"<dt>GPUs</dt><dd>{shown} · T4</dd>" in page
+    team = client.get("/team/").content.decode()
+    quota = re.search(r"<tr><td>any other model</td>(.*?)</tr>", team, re.S)  # the world's "*" row
+    assert quota and re.findall(r'<td class="num">([^<]*)</td>', quota.group(1))[2] == "0.126"
+
+
 def test_the_queue_order_is_the_schedulers_and_names_only_the_viewers_jobs(world: Any) -> None:
     make_node("n9", "r9", 1, "T4")
     low = submit(world, "alice", name="low", gpus=64)

@@ -255,7 +255,8 @@
     renderTimer = window.requestAnimationFrame(run);
   }
 
-  function pct(share) { return Math.round(share * 100) + "%"; }
+  // Shares are thousandths of a GPU (the allocation's unit): 0.125 is 12.5%, 0.001 is 0.1%, not 0%.
+  function pct(share) { return Math.round(share * 1000) / 10 + "%"; }
 
   function jobLabel(id) {
     const job = T.model.jobs[id];
