@@ -358,6 +358,7 @@ def job_new(request: HttpRequest) -> HttpResponse:
             initial = {**PRESETS[preset], "command": "", **{"name": ""}}
             context["preset"] = preset
         context["form"] = JobForm(initial=initial)
+        context["blank"] = not initial  # a draft kept in the tab may fill it (draft.js)
         return render(request, "frontend/jobs/new.html", context)
 
     form = JobForm(request.POST, request.FILES)
@@ -403,10 +404,15 @@ def job_new(request: HttpRequest) -> HttpResponse:
     except PermissionDenied as denied:
         form.add_error(None, str(denied.detail))
         return render(request, "frontend/jobs/new.html", context, status=403)
+    # "job-submitted": the tab's kept draft of the form is done with (draft.js).
     if created:
-        messages.success(request, f"Job #{job.pk} submitted.")
+        messages.success(request, f"Job #{job.pk} submitted.", extra_tags="job-submitted")
     else:
-        messages.info(request, f"Job #{job.pk} was submitted by this form already: not submitted twice.")
+        messages.info(
+            request,
+            f"Job #{job.pk} was submitted by this form already: not submitted twice.",
+            extra_tags="job-submitted",
+        )
     return redirect("job", pk=job.pk)
 
 
