@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
+from django.db.models import Count, Max
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.urls import reverse
@@ -19,8 +20,8 @@ from django.views.decorators.http import require_GET
 
 from frontend.redaction import viewer_for
 from frontend.state import dashboard_state, team_usage, utilisation_problem
+from scheduling.choices import JobState
 from scheduling.models import Job, Tenant
-from scheduling.services.queue_order import queue_order
 
 
 def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
@@ -65,15 +66,26 @@ def state_json(request: HttpRequest) -> HttpResponse:
 @require_GET
 @never_cache
 def queue_json(request: HttpRequest) -> HttpResponse:
-    """The viewer's pending jobs in the order the scheduler considers them, with each one's place
-    in the whole queue (other tenants' jobs count, but are never named)."""
+    """The viewer's pending jobs in the scheduler's order, each with its place in the whole queue
+    (other tenants' jobs count, but are never named): the place the last pass stored with its
+    start estimate, which the job's page, the jobs list and the API's ``queue_position`` show, so
+    that the dashboard never says "place 4" of a job its page calls first. A job the pass gave no
+    place (held, CPU-only, not estimated yet) is left out: the page lists it after the others."""
     if not request.user.is_authenticated:
         return JsonResponse({"detail": "Authentication credentials were not provided."}, status=401)
-    order = queue_order()
-    position = {job_id: n for n, job_id in enumerate(order, start=1)}
-    mine = set(Job.objects.visible_to(request.user).filter(pk__in=order).values_list("pk", flat=True))
+    ranked = Job.objects.filter(state=JobState.PENDING, queue_position__isnull=False)
+    counted = ranked.aggregate(n=Count("id"), last=Max("queue_position"))
+    mine = (
+        Job.objects.visible_to(request.user)
+        .filter(state=JobState.PENDING, queue_position__isnull=False)
+        .order_by("queue_position", "id")
+        .values_list("pk", "queue_position")
+    )
     return JsonResponse(
-        {"order": [{"id": i, "position": position[i]} for i in order if i in mine], "total": len(order)}
+        {
+            "order": [{"id": pk, "position": place} for pk, place in mine],
+            "total": max(counted["n"], counted["last"] or 0),
+        }
     )
 
 

@@ -516,16 +516,31 @@ def test_a_share_of_a_gpu_is_shown_to_the_thousandth_the_api_answers(world: Any,
     assert quota and re.findall(r'<td class="num">([^<]*)</td>', quota.group(1))[2] == "0.126"
 
 
-def test_the_queue_order_is_the_schedulers_and_names_only_the_viewers_jobs(world: Any) -> None:
+def test_the_dashboards_queue_places_are_the_ones_the_job_page_and_api_show(world: Any) -> None:
+    """The dashboard's "place N of M" came from its own ordering of every pending job (held and
+    CPU-only ones too), the job's page and the API from the pass's plan: in the demo, a job its
+    page called first ("0 jobs ahead") was "place 4 of 7" on the dashboard. Both now read the
+    place the pass stored; bob's job counts but is never named to alice."""
+    from datetime import UTC, datetime
+
     make_node("n9", "r9", 1, "T4")
     low = submit(world, "alice", name="low", gpus=64)
     bobs = submit(world, "bob", name="bobs", gpus=16, kind="inference")
     high = submit(world, "alice", name="high", gpus=64, priority=10)
+    held = submit(world, "alice", name="held", gpus=1)  # held: the pass gives it no place
+    for job_id, place in ((bobs, 1), (high, 2), (low, 3)):  # as a pass stores them
+        Job.objects.filter(pk=job_id).update(
+            queue_position=place, jobs_ahead=place - 1, estimated_start=datetime(2026, 1, 1, tzinfo=UTC)
+        )
+    Job.objects.filter(pk=held).update(held=True)
     order = signed_in(world.alice).get("/dashboard/queue.json").json()
-    assert order["total"] == 3
-    assert [row["id"] for row in order["order"]] == [high, low]  # priority first, then arrival
-    assert bobs not in [row["id"] for row in order["order"]]
-    assert order["order"][0]["position"] == 2  # bob's inference job is ahead (a higher queue level)
+    assert order == {"order": [{"id": high, "position": 2}, {"id": low, "position": 3}], "total": 3}
+    for row in order["order"]:
+        api = world.client("alice").get(f"/api/v1/jobs/{row['id']}/").json()
+        assert api["queue_position"] == row["position"]
+        page = signed_in(world.alice).get(f"/jobs/{row['id']}/").content.decode()
+        assert f"Place in the queue: {row['position']} " in page
+    assert signed_in(world.bob).get("/dashboard/queue.json").json()["order"] == [{"id": bobs, "position": 1}]
 
 
 def test_admin_and_api_docs_are_linked_the_admin_only_for_operators(world: Any) -> None:
