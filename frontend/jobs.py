@@ -25,9 +25,10 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.functional import cached_property
-from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django.views.decorators.http import require_GET, require_http_methods
 from rest_framework.exceptions import PermissionDenied, ValidationError
 
+from frontend.actions import post_action
 from frontend.forms import PRESETS, JobForm, body_as_json, initial_from_job, job_body
 from frontend.redaction import viewer_for
 from frontend.sparklines import sparklines
@@ -173,7 +174,7 @@ def query_without_page(chosen: dict[str, str]) -> str:
     return urlencode(chosen)
 
 
-@require_POST
+@post_action(lambda request: reverse("jobs"))
 @login_required
 def bulk_cancel(request: HttpRequest) -> HttpResponse:
     ids = [int(i) for i in request.POST.getlist("job") if i.isdigit() and len(i) < 19]
@@ -243,7 +244,7 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
     return render(request, template, context)
 
 
-@require_POST
+@post_action(lambda request, pk: reverse("job", args=[pk]))
 @login_required
 def job_cancel(request: HttpRequest, pk: int) -> HttpResponse:
     job = visible_job(request, pk)
@@ -272,7 +273,7 @@ def job_cancel(request: HttpRequest, pk: int) -> HttpResponse:
     return redirect("job", pk=job.pk)
 
 
-@require_POST
+@post_action(lambda request, pk: reverse("job", args=[pk]))
 @login_required
 def job_hold(request: HttpRequest, pk: int) -> HttpResponse:
     """Keep a waiting job from starting (``services.holds``, as ``POST /api/v1/jobs/{id}/hold/``)."""
@@ -287,7 +288,7 @@ def job_hold(request: HttpRequest, pk: int) -> HttpResponse:
     return redirect("job", pk=job.pk)
 
 
-@require_POST
+@post_action(lambda request, pk: reverse("job", args=[pk]))
 @login_required
 def job_release(request: HttpRequest, pk: int) -> HttpResponse:
     job = visible_job(request, pk)

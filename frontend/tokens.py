@@ -8,9 +8,11 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.cache import never_cache
-from django.views.decorators.http import require_http_methods, require_POST
+from django.views.decorators.http import require_http_methods
 
+from frontend.actions import post_action
 from frontend.redaction import viewer_for
 from scheduling.api.fields import text_problem
 from scheduling.models import ApiToken
@@ -44,7 +46,7 @@ def tokens(request: HttpRequest) -> HttpResponse:
     return render(request, "frontend/tokens.html", context, status=status)
 
 
-@require_POST
+@post_action(lambda request, pk: reverse("tokens"))
 @login_required
 def token_revoke(request: HttpRequest, pk: int) -> HttpResponse:
     token = ApiToken.objects.filter(user=request.user.pk, pk=pk).first()

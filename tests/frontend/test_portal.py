@@ -323,6 +323,34 @@ def test_an_operators_copy_of_a_job_keeps_its_team(world: Any, cluster: Any) -> 
     assert '<option value="vision" selected>' not in page
 
 
+def test_signing_in_again_after_an_action_lands_on_its_page_and_changes_nothing(world: Any) -> None:
+    """A session that ended before Cancel (or Hold, Release, bulk cancel, Revoke) was pressed sends
+    the person to sign in with the action's URL as next; signing in then brought them there with a
+    GET, and require_POST answered a blank 405. Now the GET lands on the action's page."""
+    from scheduling.services.tokens import do_create_api_token
+
+    job_id = submit(world, "alice", name="still-wanted")
+    token, _ = do_create_api_token(world.alice, "laptop")
+    pages = {
+        f"/jobs/{job_id}/cancel/": f"/jobs/{job_id}/",
+        f"/jobs/{job_id}/hold/": f"/jobs/{job_id}/",
+        f"/jobs/{job_id}/release/": f"/jobs/{job_id}/",
+        "/jobs/cancel/": "/jobs/",
+        f"/tokens/{token.pk}/revoke/": "/tokens/",
+    }
+    alice = signed_in(world.alice)
+    for action, page in pages.items():
+        expired = Client().post(action, {"job": [str(job_id)]})
+        assert expired.status_code == 302 and expired["Location"] == f"/login/?next={action}"
+        back = alice.get(action)
+        assert back.status_code == 302 and back["Location"] == page, action
+        assert alice.get(page).status_code == 200
+        assert alice.put(action).status_code == 405
+    job = Job.objects.get(pk=job_id)
+    assert job.state == "pending" and not job.held  # a GET acted on nothing
+    assert world.alice.api_tokens.filter(pk=token.pk).exists()
+
+
 def test_bob_cannot_open_or_act_on_alices_job(world: Any) -> None:
     job_id = submit(world, "alice", name="alice-secret")
     bob = signed_in(world.bob)
