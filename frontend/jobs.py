@@ -400,7 +400,9 @@ def job_new(request: HttpRequest) -> HttpResponse:
         attach_errors(form, invalid.detail)
         return render(request, "frontend/jobs/new.html", context, status=400)
     except NotAdmissible as why:
-        attach_errors(form, {"accelerators": [str(why)]})
+        # The API names accelerators; with none typed, the size is what the person can change,
+        # so the sentence goes beside the GPUs rather than beside an empty box.
+        attach_errors(form, {"accelerators" if body.get("accelerators") else "gpus": [str(why)]})
         return render(request, "frontend/jobs/new.html", context, status=400)
     except PermissionDenied as denied:
         form.add_error(None, str(denied.detail))

@@ -323,6 +323,17 @@ def test_an_operators_copy_of_a_job_keeps_its_team(world: Any, cluster: Any) -> 
     assert '<option value="vision" selected>' not in page
 
 
+def test_a_job_no_quota_admits_is_refused_beside_the_field_that_was_typed(world: Any, cluster: Any) -> None:
+    """Refused for its size with no accelerator named, the API's sentence stood beside the empty
+    Accelerators box; it now stands beside the GPUs typed (and beside the models when named)."""
+    client = signed_in(world.alice)
+    plain = client.post("/jobs/new/", form(gpus="128", replicas="16")).context["form"].errors
+    assert "largest applicable quota limit" in plain["gpus"][0] and "accelerators" not in plain
+    named = client.post("/jobs/new/", form(gpus="128", replicas="16", accelerators="H100"))
+    assert "largest applicable quota limit" in named.context["form"].errors["accelerators"][0]
+    assert Job.objects.count() == 0
+
+
 def test_signing_in_again_after_an_action_lands_on_its_page_and_changes_nothing(world: Any) -> None:
     """A session that ended before Cancel (or Hold, Release, bulk cancel, Revoke) was pressed sends
     the person to sign in with the action's URL as next; signing in then brought them there with a
