@@ -312,6 +312,9 @@ def test_the_form_sets_interactive_and_idle_reclaim(world: Any, cluster: Any) ->
     client.post("/jobs/new/", form(name="reclaimable", preemptible="false", idle_reclaim="allow"))
     modes = dict(Job.objects.values_list("name", "idle_mode"))
     assert modes == {"notebook": "interactive", "reclaimable": "allow"}
+    for name, said in (("notebook", "interactive: never judged idle"), ("reclaimable", "requeued when idle")):
+        page = client.get(f"/jobs/{Job.objects.get(name=name).pk}/").content.decode()
+        assert said in page, name
 
 
 def test_an_operators_copy_of_a_job_keeps_its_team(world: Any, cluster: Any) -> None:
