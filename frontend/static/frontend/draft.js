@@ -41,7 +41,8 @@
     const values = {};
     let any = false;
     fields().forEach(function (el) { values[el.name] = el.value; any = any || el.value !== ""; });
-    if (any) storage.setItem(KEY, JSON.stringify(values)); else drop();
+    if (!any) { drop(); return; }
+    try { storage.setItem(KEY, JSON.stringify(values)); } catch (e) { drop(); } // past the tab's quota: none kept
   }
 
   // Put the draft back only into a form shown empty (not a copy, a preset, or the server's answer
