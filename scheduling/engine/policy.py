@@ -614,14 +614,16 @@ class TesseraScheduler:
         self.quota_token = ()
         if not self.quotas.enabled:
             return
-        free_whole: dict[str, int] = {}  # model -> whole free GPUs
-        free_milli: dict[str, int] = {}  # model -> free milli-GPU, fractions included
         reserved = {i for r in self.last_reservations for i in r.nodes}
-        for n in self.state.nodes:
-            if n.spec.gpus and n.spec.schedulable and n.index not in reserved:
-                m = n.spec.model
-                free_whole[m] = free_whole.get(m, 0) + n.whole_free()
-                free_milli[m] = free_milli.get(m, 0) + sum(n.free)
+        open_nodes = [
+            (n.spec, n.whole_free(), sum(n.free))
+            for n in self.state.nodes
+            if n.spec.gpus and n.spec.schedulable and n.index not in reserved
+        ]
+        # (selector, tolerations) -> (model -> whole free GPUs, model -> free milli-GPU): only
+        # the nodes the job may run on count (a job that may run on one T4 node alone held every
+        # A100 owed to its tenant while the A100s idled).
+        free_on: dict[tuple[Any, ...], tuple[dict[str, int], dict[str, int]]] = {}
         seen: set[tuple[str, str, int, bool]] = set()
         for job in self.pending.values():
             if job.held or job.not_before > now or job.gpus <= 0:
@@ -632,6 +634,9 @@ class TesseraScheduler:
             models, _ = self.models_for(job)
             whole = geo.req.milli >= MILLI
             size = geo.req.count * geo.need if whole else geo.req.demand * geo.need
+            free_whole, free_milli = free_on.get((job.node_selector, job.tolerations)) or _free_on(
+                open_nodes, job, free_on
+            )
             for m in models:
                 if size > (free_whole.get(m, 0) if whole else free_milli.get(m, 0)):
                     continue  # too big for what is free: a reservation and reclaim serve it
@@ -1001,3 +1006,25 @@ class TesseraScheduler:
             self.sticky[job.id] = r.nodes
             r = replace(r, strict_level=strict)
         return r
+
+
+def _free_on(
+    open_nodes: list[tuple[NodeSpec, int, int]],
+    job: JobRequest,
+    memo: dict[tuple[Any, ...], tuple[dict[str, int], dict[str, int]]],
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Per model, the whole free GPUs and the free milli-GPU of ``open_nodes`` (spec, whole
+    free, milli free) that ``job``'s node selector and tolerations allow; kept in ``memo``."""
+    whole: dict[str, int] = {}
+    milli: dict[str, int] = {}
+    for spec, free_whole, free_milli in open_nodes:
+        if any(t not in job.tolerations for t in spec.taints):
+            continue
+        if job.node_selector:
+            labels = dict(spec.labels)
+            if any(labels.get(k) != v for k, v in job.node_selector):
+                continue
+        whole[spec.model] = whole.get(spec.model, 0) + free_whole
+        milli[spec.model] = milli.get(spec.model, 0) + free_milli
+    memo[(job.node_selector, job.tolerations)] = (whole, milli)
+    return whole, milli
