@@ -13,8 +13,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
+from django.db.models import Q
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.pagination import BasePagination, Cursor, CursorPagination, LimitOffsetPagination
 from rest_framework.response import Response
@@ -145,12 +146,64 @@ class KeysetPagination(CursorPagination):
         return parameters
 
 
+def _event_position(text: str) -> tuple[datetime, int] | None:
+    """An events cursor's key, ``<at>|<id>`` (None: not one the server gave)."""
+    at, bar, pk = text.rpartition("|")
+    when, number = _time_position(at), _id_position(pk)
+    if not bar or not isinstance(when, datetime) or not isinstance(number, int):
+        return None
+    return when, number
+
+
 class EventPagination(KeysetPagination):
-    """A job's events, oldest first: one page holds the history of nearly every job."""
+    """A job's events, oldest first: one page holds the history of nearly every job.
+
+    The cursor names the last event given by its whole key, ``(at, id)``: many events may share
+    one ``at`` (a bulk write, a coarse clock), and DRF's cursor, which keeps only the first
+    ordering field and a count of the rows after it (capped at 1,000), repeated or skipped
+    events once more than a page shared one timestamp."""
 
     ordering = ("at", "id")
     page_size = 1000
-    position = staticmethod(_time_position)
+    position = staticmethod(_event_position)
+
+    def paginate_queryset(self, queryset, request, view=None) -> list[Any] | None:
+        self.count = queryset.count()
+        self.request = request
+        self.page_size = self.get_page_size(request)
+        self.base_url = request.build_absolute_uri()
+        self.cursor = self.decode_cursor(request)
+        reverse = self.cursor is not None and self.cursor.reverse
+        key = _event_position(str(self.cursor.position)) if self.cursor and self.cursor.position else None
+        if key is not None:
+            at, pk = key
+            after = Q(at__lt=at) | Q(at=at, id__lt=pk) if reverse else Q(at__gt=at) | Q(at=at, id__gt=pk)
+            queryset = queryset.filter(after)
+        queryset = queryset.order_by("-at", "-id") if reverse else queryset.order_by("at", "id")
+        rows = list(queryset[: self.page_size + 1])
+        more, self.page = len(rows) > self.page_size, rows[: self.page_size]
+        if reverse:
+            self.page.reverse()
+        # Forward: more rows after this page, and (from a cursor) some before it; reverse: the
+        # other way round.
+        self.has_next, self.has_previous = (key is not None, more) if reverse else (more, key is not None)
+        self.has_previous = self.has_previous and bool(self.page)
+        self.has_next = self.has_next and bool(self.page)
+        return self.page
+
+    def _cursor(self, event: Any, reverse: bool) -> str:
+        position: Any = f"{event.at.isoformat()}|{event.id}"  # DRF's stubs say int; any text works
+        return self.encode_cursor(Cursor(offset=0, reverse=reverse, position=position))
+
+    def get_next_link(self) -> str | None:
+        if not self.has_next:
+            return None
+        return self._cursor(cast(list[Any], self.page)[-1], reverse=False)
+
+    def get_previous_link(self) -> str | None:
+        if not self.has_previous:
+            return None
+        return self._cursor(cast(list[Any], self.page)[0], reverse=True)
 
 
 class KeysetOrOffsetPagination(BasePagination):

@@ -142,3 +142,40 @@ def test_a_forged_events_cursor_is_a_400_naming_it(world, cursor):
     response = world.client("alice").get(f"{JOBS}{job.pk}/events/", {"cursor": cursor})
     assert response.status_code == 400, response.content
     assert set(response.json()) == {"cursor"}
+
+
+@pytest.mark.parametrize("limit", [None, 700, 1000])
+def test_events_sharing_one_timestamp_come_once_each_across_pages(world, limit):
+    """A burst of more events than a page at one ``at`` (a bulk write, a coarse clock): the cursor
+    names the last event given, not the timestamp and a count of rows after it, so paging neither
+    stops short, loops nor skips (DRF's cursor capped that count at 1,000)."""
+    job = submit(world.alice, world.vision)
+    at = timezone.now()
+    JobEvent.objects.bulk_create(
+        JobEvent(job=job, type=EventType.CHECKPOINTED, at=at, reason=f"step {i}") for i in range(2600)
+    )
+    client = world.client("alice")
+    params = {"cursor": ""} if limit is None else {"limit": limit}
+    rows, answer = [], client.get(f"{JOBS}{job.pk}/events/", params)
+    for _ in range(10):  # 2,601 events: at most 4 pages; a cursor that loops must not hang the test
+        rows += answer.json()["results"]
+        if not answer.json()["next"]:
+            break
+        answer = client.get(answer.json()["next"])
+    assert [row["reason"] or row["type"] for row in rows] == ["submitted"] + [
+        f"step {i}" for i in range(2600)
+    ]
+
+
+def test_an_events_previous_link_goes_back_one_page_within_one_timestamp(world):
+    job = submit(world.alice, world.vision)
+    at = timezone.now()
+    JobEvent.objects.bulk_create(
+        JobEvent(job=job, type=EventType.CHECKPOINTED, at=at, reason=f"step {i}") for i in range(2500)
+    )
+    client = world.client("alice")
+    first = client.get(f"{JOBS}{job.pk}/events/", {"limit": 1000}).json()
+    second = client.get(first["next"]).json()
+    assert [e["reason"] for e in second["results"]] == [f"step {i}" for i in range(999, 1999)]
+    back = client.get(second["previous"]).json()
+    assert back["results"] == first["results"]
