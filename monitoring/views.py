@@ -6,7 +6,7 @@ from urllib.parse import urlsplit
 
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.cache import never_cache
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_safe
 from drf_spectacular.utils import extend_schema
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from rest_framework.exceptions import PermissionDenied
@@ -19,7 +19,7 @@ from scheduling.api.permissions import is_operator
 from scheduling.models import Node
 
 
-@require_GET
+@require_safe  # GET and HEAD (a probe's or a load balancer's check): HEAD is GET without the body
 @never_cache
 def metrics(request: HttpRequest) -> HttpResponse:
     register_collector()  # normally done in AppConfig.ready; idempotent

@@ -126,6 +126,13 @@ def test_metrics_refuse_writes(db: Any) -> None:
     assert Client().post("/metrics").status_code == 405
 
 
+def test_metrics_answer_head_as_get_without_a_body(db: Any) -> None:
+    """A probe or load balancer that checks with HEAD gets what GET gets, less the body."""
+    head, get = Client().head("/metrics"), Client().get("/metrics")
+    assert head.status_code == get.status_code == 200
+    assert head["Content-Type"] == get["Content-Type"] and head.content == b""
+
+
 def test_queue_latency_fragmentation_tenants_lost_work_failures_and_heartbeats(busy_cluster: Any) -> None:
     """The job families are read from rows every deployment writes (not from the process that ran
     the pass): a run, a preemption after a checkpoint, a failure and a silent node show in them."""
