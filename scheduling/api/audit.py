@@ -19,6 +19,7 @@ from scheduling.api.fields import text_problem
 from scheduling.api.filters import REPEATED
 from scheduling.api.pagination import BoundedLimitOffsetPagination
 from scheduling.api.permissions import is_operator
+from scheduling.api.query_params import ReadsItsQueryParams
 from scheduling.models import AuditEntry
 
 FILTERS = ("action", "object_type", "object_id", "actor")
@@ -42,7 +43,7 @@ class AuditEntrySerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class AuditViewSet(viewsets.GenericViewSet):
+class AuditViewSet(ReadsItsQueryParams, viewsets.GenericViewSet):
     serializer_class = AuditEntrySerializer
     pagination_class = BoundedLimitOffsetPagination
     query_filters = FILTERS  # read by list() itself; any other parameter is refused (query_params.py)

@@ -22,6 +22,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from scheduling.api.query_params import ReadsItsQueryParams
 from scheduling.choices import HOLDING_STATES, QUEUE_LEVEL_NAMES, DeviceState, JobState, NodeState
 from scheduling.engine.fragmentation import FragmentationModel, cluster_rate, to_milli
 from scheduling.engine.types import MILLI
@@ -80,7 +81,7 @@ ClusterSchema = inline_serializer(
 )
 
 
-class ClusterView(APIView):
+class ClusterView(ReadsItsQueryParams, APIView):
     @extend_schema(summary="Cluster totals", responses={200: ClusterSchema})
     def get(self, request: Request) -> Response:
         rows = device_rows(Device.objects.select_related("node").order_by("node__name", "index"))

@@ -48,7 +48,7 @@ from scheduling.api.logs import MAX_OFFSET, read_log
 from scheduling.api.lookups import ID_PARAMETER, parse_nonnegative, parse_pk
 from scheduling.api.pagination import EventOrOffsetPagination, KeysetOrOffsetPagination
 from scheduling.api.permissions import is_operator, tenant_of
-from scheduling.api.query_params import refuse_unknown
+from scheduling.api.query_params import ReadsItsQueryParams, refuse_unknown
 from scheduling.models import Job, Tenant
 from scheduling.services.dryrun import dry_run
 from scheduling.services.history import with_history
@@ -118,7 +118,9 @@ PAGING = frozenset(("limit", "cursor", "offset"))
         ],
     ),
 )
-class JobViewSet(viewsets.GenericViewSet):
+class JobViewSet(ReadsItsQueryParams, viewsets.GenericViewSet):
+    query_params_taken = {"retrieve": ("wait",), "create": ("dry_run",), "logs": ("offset", "replica")}
+    paged_actions = frozenset({"list", "events"})  # events: paged or refused in events()
     throttle_scope = "jobs"  # submissions (create) count against the "submit" rate limit
     serializer_class = JobSerializer
     pagination_class = KeysetOrOffsetPagination  # newest first, by a cursor (pagination.py)

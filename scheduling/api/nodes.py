@@ -22,6 +22,7 @@ from scheduling.api.fields import text_problem
 from scheduling.api.filters import NodeFilter
 from scheduling.api.pagination import BoundedLimitOffsetPagination
 from scheduling.api.permissions import is_operator
+from scheduling.api.query_params import ReadsItsQueryParams
 from scheduling.models import Device, Node, Tenant
 from scheduling.services.inventory import device_rows
 
@@ -133,7 +134,7 @@ NodeSchema = inline_serializer(
     list=extend_schema(summary="Nodes with their devices", responses={200: NodeSchema}),
     retrieve=extend_schema(summary="One node with its devices", responses={200: NodeSchema}),
 )
-class NodeViewSet(viewsets.GenericViewSet):
+class NodeViewSet(ReadsItsQueryParams, viewsets.GenericViewSet):
     pagination_class = NodePagination
     lookup_field = "name"
     lookup_value_regex = "[^/]+"

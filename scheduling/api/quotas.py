@@ -21,6 +21,7 @@ from scheduling.api.fields import RejectsUnknownFields, StrictCharField, StrictF
 from scheduling.api.lookups import ID_PARAMETER, parse_pk
 from scheduling.api.pagination import BoundedLimitOffsetPagination
 from scheduling.api.permissions import OperatorWritesOnly
+from scheduling.api.query_params import ReadsItsQueryParams
 from scheduling.models import Quota, Tenant
 from scheduling.services.quotas import (
     QuotaChanged,
@@ -129,7 +130,7 @@ def with_warnings(quota: Quota, body: QuotaWriteSerializer) -> dict[str, Any]:
         summary="Delete a quota (operators only)", parameters=[ID_PARAMETER], responses={204: None}
     ),
 )
-class QuotaViewSet(viewsets.GenericViewSet):
+class QuotaViewSet(ReadsItsQueryParams, viewsets.GenericViewSet):
     serializer_class = QuotaSerializer
     permission_classes = [OperatorWritesOnly]
     pagination_class = BoundedLimitOffsetPagination

@@ -18,6 +18,7 @@ from scheduling.api.fields import StrictFloatField
 from scheduling.api.lookups import ID_PARAMETER, parse_pk
 from scheduling.api.pagination import BoundedLimitOffsetPagination
 from scheduling.api.permissions import OperatorWritesOnly
+from scheduling.api.query_params import ReadsItsQueryParams
 from scheduling.engine.adjust import OVERRIDABLE, OverrideRefused
 from scheduling.models import Tenant
 from scheduling.services import idle_policy
@@ -34,7 +35,9 @@ class TenantSerializer(serializers.ModelSerializer):
     list=extend_schema(summary="Tenants visible to the caller"),
     retrieve=extend_schema(summary="One tenant", parameters=[ID_PARAMETER]),
 )
-class TenantViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class TenantViewSet(
+    ReadsItsQueryParams, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
+):
     serializer_class = TenantSerializer
     pagination_class = BoundedLimitOffsetPagination
     lookup_value_regex = "[^/]+"
@@ -67,7 +70,7 @@ def _idle_policy_body(tenant: Tenant) -> dict[str, Any]:
     }
 
 
-class TenantIdlePolicyView(APIView):
+class TenantIdlePolicyView(ReadsItsQueryParams, APIView):
     """``/api/v1/tenants/{id}/idle-policy/``: read by the tenant's members and operators; set
     (PUT, replacing every override) by operators only."""
 

@@ -17,6 +17,7 @@ from scheduling.api.errors import Conflict
 from scheduling.api.fields import RejectsUnknownFields, StrictCharField
 from scheduling.api.lookups import ID_PARAMETER, parse_pk
 from scheduling.api.pagination import BoundedLimitOffsetPagination
+from scheduling.api.query_params import ReadsItsQueryParams
 from scheduling.models import ApiToken
 from scheduling.services.tokens import MAX_NAME, TokenNameTaken, do_create_api_token, do_revoke_api_token
 
@@ -58,7 +59,7 @@ class TokenCreateSerializer(RejectsUnknownFields, serializers.Serializer):
         responses={204: None},
     ),
 )
-class TokenViewSet(viewsets.GenericViewSet):
+class TokenViewSet(ReadsItsQueryParams, viewsets.GenericViewSet):
     serializer_class = TokenSerializer
     pagination_class = BoundedLimitOffsetPagination
 

@@ -21,6 +21,7 @@ from scheduling.api.fields import NOT_PRINTABLE, RejectsUnknownFields, StrictCha
 from scheduling.api.jobs import submit_tenant
 from scheduling.api.lookups import ID_PARAMETER, parse_pk
 from scheduling.api.pagination import BoundedLimitOffsetPagination
+from scheduling.api.query_params import ReadsItsQueryParams
 from scheduling.models import Webhook, WebhookDelivery
 from scheduling.services.webhooks import (
     EVENTS,
@@ -105,7 +106,8 @@ class DeliverySerializer(serializers.ModelSerializer):
     ),
     destroy=extend_schema(summary="Delete a webhook", parameters=[ID_PARAMETER], responses={204: None}),
 )
-class WebhookViewSet(viewsets.GenericViewSet):
+class WebhookViewSet(ReadsItsQueryParams, viewsets.GenericViewSet):
+    paged_actions = frozenset({"list", "deliveries"})
     serializer_class = WebhookSerializer
     pagination_class = BoundedLimitOffsetPagination
 

@@ -85,3 +85,82 @@ def test_an_unknown_format_is_a_400_naming_it_not_a_404(world, url):
     assert response.status_code == 400
     assert response.json() == {"format": ["must be one of: api, json"]}
     assert world.client("alice").get(url, {"format": "json"}).status_code == 200
+
+
+@pytest.fixture
+def endpoints(world, cluster):
+    """Every endpoint that is not a list, with a request that would succeed: (who, method, url,
+    JSON body or None)."""
+    from django.utils import timezone
+
+    from scheduling.models import ApiToken, Quota, WebhookDelivery
+
+    job = submit(world.alice, world.vision)
+    hook = Webhook.objects.create(tenant=world.vision, url="https://hooks.example.com/t", secret="s")
+    delivery = WebhookDelivery.objects.create(
+        webhook=hook, event="failed", payload={}, next_attempt_at=timezone.now()
+    )
+    quota = Quota.objects.get(tenant=world.vision, model="*")
+    token = ApiToken.objects.get(user=world.alice)
+    body = {"name": "t", "kind": "batch", "command": ["true"], "gpus": 0}
+    return [
+        ("alice", "post", "/api/v1/jobs/", body),
+        ("alice", "get", f"/api/v1/jobs/{job.pk}/", None),
+        ("alice", "post", f"/api/v1/jobs/{job.pk}/hold/", None),
+        ("alice", "post", f"/api/v1/jobs/{job.pk}/release/", None),
+        ("alice", "post", f"/api/v1/jobs/{job.pk}/cancel/", None),
+        ("alice", "get", f"/api/v1/jobs/{job.pk}/logs/", None),
+        ("alice", "get", f"/api/v1/jobs/{job.pk}/utilisation/", None),
+        ("alice", "get", "/api/v1/nodes/n01/", None),
+        ("alice", "get", f"/api/v1/tenants/{world.vision.pk}/", None),
+        ("alice", "get", f"/api/v1/tenants/{world.vision.pk}/idle-policy/", None),
+        ("admin", "put", f"/api/v1/tenants/{world.vision.pk}/idle-policy/", {}),
+        ("alice", "get", f"/api/v1/quotas/{quota.pk}/", None),
+        (
+            "admin",
+            "post",
+            "/api/v1/quotas/",
+            {"tenant": "vision", "model": "H100", "guaranteed": 1, "limit": 2},
+        ),
+        ("admin", "patch", f"/api/v1/quotas/{quota.pk}/", {"limit": 65}),
+        ("admin", "delete", f"/api/v1/quotas/{quota.pk}/", None),
+        ("alice", "get", "/api/v1/cluster/", None),
+        ("alice", "post", "/api/v1/webhooks/", {"url": "https://hooks.example.com/u"}),
+        ("alice", "get", f"/api/v1/webhooks/{hook.pk}/", None),
+        ("alice", "post", f"/api/v1/webhooks/{hook.pk}/deliveries/{delivery.pk}/redeliver/", None),
+        ("alice", "delete", f"/api/v1/webhooks/{hook.pk}/", None),
+        ("alice", "post", "/api/v1/tokens/", {"name": "ci"}),
+        ("alice", "delete", f"/api/v1/tokens/{token.pk}/", None),
+    ]
+
+
+def test_every_other_endpoint_refuses_a_parameter_it_does_not_read_and_does_nothing(
+    world, endpoints, monkeypatch
+):
+    """``GET /jobs/7/?wiat=30`` answered at once and ``POST /jobs/?dryrun=true`` stored a job:
+    a typo is a 400 naming it, before the endpoint acts; the endpoint then still works."""
+    import socket
+
+    from scheduling.models import Job, Quota
+
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: [(2, 1, 6, "", ("93.184.216.34", 443))])
+    jobs, quotas = Job.objects.count(), Quota.objects.count()
+    for who, method, url, body in endpoints:
+        client = world.client(who)
+        response = getattr(client, method)(f"{url}?dryrun=true", body, format="json")
+        assert response.status_code == 400, (method, url, response.status_code, response.content)
+        assert set(response.json()) == {"dryrun"}, (method, url)
+        assert "unknown query parameter; this endpoint takes:" in response.json()["dryrun"][0]
+    assert (Job.objects.count(), Quota.objects.count()) == (jobs, quotas)
+    for who, method, url, body in endpoints:
+        response = getattr(world.client(who), method)(f"{url}?format=json", body, format="json")
+        assert response.status_code < 300, (method, url, response.status_code, response.content)
+
+
+@pytest.mark.parametrize("query", ["wait=0", "format=json&wait=0"])
+def test_a_jobs_documented_parameters_still_pass(world, query):
+    job = submit(world.alice, world.vision)
+    assert world.client("alice").get(f"/api/v1/jobs/{job.pk}/?{query}").status_code == 200
+    assert world.client("alice").get(f"/api/v1/jobs/{job.pk}/logs/?offset=0&replica=0").status_code == 200
+    response = world.client("alice").get(f"/api/v1/jobs/{job.pk}/?wiat=30")
+    assert response.status_code == 400 and "wait" in response.json()["wiat"][0]
