@@ -205,7 +205,8 @@ def _blank_or(node: Any) -> None:
 
 def declare_errors(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
     """drf-spectacular post-processing hook: every operation declares the error answers it gives,
-    in the error shape: 401 everywhere; 400 where it takes a body or query parameters; 404 where
+    in the error shape: 401 everywhere; 400 where it takes a body or query parameters, and on the
+    whole user API (an unknown query parameter); 404 where
     its path names an object; 413 and 415 where it takes a body; 403 for operators' writes; 429 on
     the user API (agents are never rate-limited); and what ``EXTRA_ERRORS`` lists."""
     result.setdefault("components", {}).setdefault("schemas", {})["Error"] = ERROR_SCHEMA
@@ -223,7 +224,7 @@ def declare_errors(result: dict[str, Any], generator: Any, request: Any, public:
             if "{" in path:
                 codes.add("404")
             if not path.startswith("/api/v1/agent/"):
-                codes.add("429")
+                codes |= {"400", "429"}  # 400: a query parameter it does not read (query_params.py)
                 if method != "get" and path.startswith("/api/v1/quotas/"):
                     codes.add("403")
             codes.update(EXTRA_ERRORS.get((method, path), ()))

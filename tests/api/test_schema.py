@@ -45,6 +45,7 @@ def test_every_operation_declares_its_error_answers_in_the_error_shape(world):
                 assert "404" in codes, (method, path)
             if path.startswith("/api/v1/") and not path.startswith("/api/v1/agent/"):
                 assert "429" in codes, (method, path)
+                assert "400" in codes, (method, path)  # an unknown query parameter, anywhere
             if "requestBody" in operation or any(p["in"] == "query" for p in operation.get("parameters", [])):
                 assert "400" in codes, (method, path)
             error = operation["responses"]["401"]["content"]["application/json"]["schema"]
