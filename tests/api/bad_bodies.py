@@ -143,6 +143,19 @@ CASES: list[tuple[str, Any, int, str]] = [
     ("body-not-utf8", b'{"name": "\xff\xfe", "kind": "batch", "command": ["x"]}', 400, "detail"),
     ("body-empty", b"", 400, "detail"),
     ("body-not-json", b'{"name": ', 400, "detail"),
+    # {"gpus": 8, ..., "gpus": 1}: which one was meant? (a client's merge gone wrong); and in a map
+    (
+        "body-duplicate-key",
+        raw('{"name":"a","kind":"batch","command":["x"],"gpus":8,"gpus":1}'),
+        400,
+        "detail",
+    ),
+    (
+        "env-duplicate-key",
+        raw('{"name":"a","kind":"batch","command":["x"],"env":{"A":"1","A":"2"}}'),
+        400,
+        "detail",
+    ),
     ("body-nan", raw('{"name":"a","kind":"batch","command":["x"],"gpus":NaN}'), 400, "detail"),
     ("body-deeply-nested", raw("[" * 100_000 + "]" * 100_000), 400, "detail"),
     ("body-over-size-limit", with_(env={"BIG": "x" * 2_000_000}), 413, "detail"),
