@@ -115,8 +115,8 @@ def run_tessera(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str
             TESSERA_TOKEN="tsr_test",
             TESSERA_RETRIES="0",
             TESSERA_CONFIG=str(tmp_path / "config.json"),
-            **(env or {}),
         )
+        environment.update(env or {})  # may replace the ones above (another TESSERA_TOKEN)
         code = "import sys; from tessera_cli.main import main; sys.exit(main(sys.argv[1:]))"
         return subprocess.run(
             [sys.executable, "-c", code, *args],

@@ -172,3 +172,26 @@ def test_a_malformed_server_url_is_bad_input_not_an_unreachable_server(url):
         normal_url(url)
     assert refused.value.code == outcome.BAD_INPUT
     assert "server URL" in str(refused.value)
+
+
+@pytest.mark.parametrize("token", ["tsr_a\nb", "tsr a", "tsr_\u00e9", " \t"])
+def test_a_token_that_cannot_be_one_is_an_authentication_failure_not_an_unreachable_server(
+    run_tessera, token
+):
+    """A CI secret pasted with a line break inside (or one left blank) used to fail as "request
+    failed" with exit 202, which a pipeline treats as the server being down and retries."""
+    done = run_tessera("http://127.0.0.1:9", "status", "1", env={"TESSERA_TOKEN": token})
+    assert done.returncode == 201, done.stderr
+    assert done.stderr.startswith("tessera: ") and "token" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_token_with_its_trailing_newline_is_used_without_it(run_tessera):
+    done = run_tessera("http://127.0.0.1:9", "status", "1", env={"TESSERA_TOKEN": "tsr_test\n"})
+    assert done.returncode == 202 and "cannot reach" in done.stderr  # sent: the port is closed
+
+
+def test_login_refuses_a_token_that_cannot_be_one_before_sending_it(run_tessera):
+    done = run_tessera(
+        "http://127.0.0.1:9", "login", "--url", "http://127.0.0.1:9", "--token-stdin", stdin="tsr a\n"
+    )
+    assert done.returncode == 201 and "the token given is not a token" in done.stderr, done.stderr

@@ -81,6 +81,17 @@ def load(url: str | None = None) -> Settings:
     token = os.environ.get("TESSERA_TOKEN") or stored.get("token")
     if not chosen_url:
         raise CliError("no server: set TESSERA_URL or run `tessera login`", outcome.BAD_INPUT)
+    token = (token or "").strip()  # a secret read from a file often ends with its newline
     if not token:
         raise CliError("no token: set TESSERA_TOKEN or run `tessera login`", outcome.AUTH)
-    return Settings(url=normal_url(chosen_url), token=token.strip())
+    check_token(token, "TESSERA_TOKEN" if os.environ.get("TESSERA_TOKEN") else "the saved token")
+    return Settings(url=normal_url(chosen_url), token=token)
+
+
+def check_token(token: str, where: str) -> None:
+    """A :class:`CliError` (exit 201) for a token with a space, a control or a non-ASCII character:
+    requests would refuse such a header before sending, which read as a server that is down (202)."""
+    if not all(" " < c < "\x7f" for c in token):
+        raise CliError(
+            f"{where} is not a token: it holds a space, a control or a non-ASCII character", outcome.AUTH
+        )

@@ -522,6 +522,7 @@ def login(ctx: Context, login_url, token_stdin, keep_token):
     token = sys.stdin.readline().strip() if token_stdin else getpass.getpass("API token: ").strip()
     if not token:
         raise CliError("no token given", outcome.AUTH)
+    config.check_token(token, "the token given")
     client = Client(url, token, retries=ctx.retries, timeout=ctx.timeout)
     client.get("jobs/", params={"limit": 1})  # 401 here: the token is refused
     made = None if keep_token else _own_token(client)
