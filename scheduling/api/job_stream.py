@@ -59,7 +59,10 @@ EVENTS_PER_READ = 500
 _JOB_CURSOR = re.compile(r"^([0-9]{1,18})\.([0-9]{1,18})$")
 _EVENT_CURSOR = re.compile(r"^[0-9]{1,18}$")
 
-_retrieve = JobViewSet.as_view({"get": "retrieve"})
+# The stream's own parameters pass the plain read's check of its query (query_params.py).
+_retrieve = JobViewSet.as_view(
+    {"get": "retrieve"}, query_params_taken={"retrieve": ("replica", "last_event_id")}
+)
 _list = JobViewSet.as_view({"get": "list"})
 
 

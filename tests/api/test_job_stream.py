@@ -216,3 +216,15 @@ def test_a_tenant_stream_ends_once_its_user_leaves_the_tenant(world, transaction
 
     messages, took = _ends_after("/api/v1/jobs/stream/", auth(world, "carol"), moved)
     assert took < 3 and {m["data"]["job"] for m in messages} <= {job.pk}
+
+
+def test_the_streams_own_query_parameters_pass_and_an_unknown_one_is_a_400(world, ended_job):
+    """The stream is authorised by the plain read of the job, which refuses a query parameter it
+    does not read: the stream's own (`replica`, `last_event_id`) must still pass."""
+    url = f"/api/v1/jobs/{ended_job.pk}/stream/?replica=0&last_event_id=1.0"
+    messages = read(url, auth(world, "alice"))
+    assert messages[-1]["event"] == "end"
+    response = async_to_sync(AsyncClient().get)(
+        f"/api/v1/jobs/{ended_job.pk}/stream/", {"replca": "0"}, headers=auth(world, "alice")
+    )
+    assert response.status_code == 400 and list(response.json()) == ["replca"]
