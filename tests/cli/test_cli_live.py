@@ -545,3 +545,23 @@ def test_a_token_revoked_while_submit_waits_exits_201_saying_how_to_store_a_new_
     answer = json.loads(out)
     assert answer["outcome"] == "error" and answer["cli_exit_code"] == 201
     assert answer["job"]["id"] == job.pk  # the job it was waiting for, as last read
+
+
+@SYNC_SERVED_STREAM
+def test_logs_follow_in_json_prints_one_object_a_line_a_script_can_parse(cli):
+    """``logs -f -o json`` printed the output's bare text, which no JSON reader could parse."""
+    cli("submit", "--", "python", "x.py")
+    job = newest_job()
+    bind(job, cli.node, [0])
+    run(job)
+    add_log(job, b"one\n")
+    proc = cli("logs", "-f", str(job.pk), "-o", "json", background=True)
+    time.sleep(1.0)
+    add_log(job, "twö\n".encode())
+    time.sleep(1.0)
+    finish(job, 0)
+    code, out, err = ended(proc)
+    assert code == 0, err
+    pieces = [json.loads(line) for line in out.splitlines()]
+    assert "".join(p["data"] for p in pieces) == "one\ntwö\n"
+    assert pieces[0]["offset"] == 0 and pieces[-1]["next_offset"] == len("one\ntwö\n".encode())

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 import click
+import yaml
 
 from tessera_cli import __version__, config, idempotency, jobfile, outcome, output, watch, webhooks
 from tessera_cli.client import RETRIES, TIMEOUT_S, Client, DeadlinePassed
@@ -341,7 +342,9 @@ def logs(ctx: Context, job_id, follow, replica, raw, fmt):
     (jid,) = job_ids((job_id,))
     shown = (lambda text: text) if raw else output.visible
     if follow:
-        follow_logs(ctx.client, jid, replica, write=_write if raw else None)
+        # -o json: one object a line (JSON Lines), as `watch` prints; -o yaml: one document each
+        on_log = None if fmt == "table" else (lambda message: _emit_piece(message, fmt))
+        follow_logs(ctx.client, jid, replica, write=_write if raw else None, on_log=on_log)
         return
     offset, pieces, page = 0, [], {}
     while True:
@@ -362,6 +365,17 @@ def logs(ctx: Context, job_id, follow, replica, raw, fmt):
         "truncated": page.get("truncated"),
     }
     output.emit(answer, fmt)
+
+
+def _emit_piece(message: dict[str, Any], fmt: str) -> None:
+    """A piece of output that ``logs -f`` got, for a script: ``data``, ``offset``,
+    ``next_offset``, ``eof``, ``truncated``."""
+    piece = {k: message.get(k) for k in ("data", "offset", "next_offset", "eof", "truncated")}
+    if fmt == "json":
+        click.echo(output.as_json(piece))
+    else:
+        click.echo("---\n" + yaml.safe_dump(piece, sort_keys=False, allow_unicode=True).rstrip())
+    sys.stdout.flush()
 
 
 def _write(text: str) -> None:

@@ -65,12 +65,15 @@ def follow_logs(
     write: Callable[[str], None] | None = None,
     deadline: float | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    on_log: Callable[[dict[str, Any]], None] | None = None,
 ) -> None:
     """Write the job's output as it comes, until the job has ended and all of it was written.
 
     Read from the job's event stream (``GET /jobs/ID/stream/``, Server-Sent Events). A dropped
     connection is made again from the last message's id, so nothing is written twice or lost;
-    :class:`WaitTimeout` once ``deadline`` (monotonic) passes."""
+    :class:`WaitTimeout` once ``deadline`` (monotonic) passes. ``on_log``, if given, gets each
+    output message whole (``replica``, ``offset``, ``next_offset``, ``data``, ``eof``,
+    ``truncated``) instead of ``write`` its text."""
     write = write or _stdout
     last: str | None = None
     failures = 0
@@ -81,7 +84,9 @@ def follow_logs(
             ):
                 failures = 0
                 last = message.id or last
-                if message.event == "log":
+                if message.event == "log" and on_log is not None:
+                    on_log(message.data)
+                elif message.event == "log":
                     write(message.data.get("data", ""))
                 elif message.event == "end":
                     return
