@@ -67,7 +67,10 @@ class ReadsItsQueryParams:
 
     def initial(self, request: Any, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)  # type: ignore[misc]  # after authentication
-        name = getattr(self, "action", None) or request.method.lower()
+        method = request.method.lower()
+        if method not in self.http_method_names or getattr(self, method, None) is None:  # type: ignore[attr-defined]
+            return  # a method it does not take: DRF's 405, whatever the query
+        name = getattr(self, "action", None) or method
         if request.method == "OPTIONS" or name in self.paged_actions:
             return
         known = set(self.query_params_taken.get(name, ()))

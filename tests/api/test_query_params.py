@@ -164,3 +164,11 @@ def test_a_jobs_documented_parameters_still_pass(world, query):
     assert world.client("alice").get(f"/api/v1/jobs/{job.pk}/logs/?offset=0&replica=0").status_code == 200
     response = world.client("alice").get(f"/api/v1/jobs/{job.pk}/?wiat=30")
     assert response.status_code == 400 and "wait" in response.json()["wiat"][0]
+
+
+@pytest.mark.parametrize("method", ["put", "trace"])
+def test_a_method_an_endpoint_does_not_take_is_a_405_whatever_its_query(world, method):
+    job = submit(world.alice, world.vision)
+    for url in (f"/api/v1/jobs/{job.pk}/", "/api/v1/jobs/", "/api/v1/cluster/"):
+        response = world.client("alice").generic(method.upper(), f"{url}?state=running&bogus=1")
+        assert response.status_code == 405, (url, response.content)
