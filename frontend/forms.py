@@ -155,19 +155,45 @@ class JobForm(forms.Form):
     def _from_file(self, text: str) -> dict[str, Any] | None:
         """A YAML or JSON job file (JSON is YAML): the API's body, as the CLI reads it."""
         try:
-            body = yaml.safe_load(text)
+            body = yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader
         except RecursionError:
             self.add_error("job_file", "is nested too deeply")
             return None
         except yaml.YAMLError as why:
             mark = getattr(why, "problem_mark", None)
             where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-            self.add_error("job_file", f"is not valid YAML or JSON{where}")
+            problem = (
+                getattr(why, "problem", None) if isinstance(why, yaml.constructor.ConstructorError) else None
+            )
+            self.add_error(
+                "job_file", f"is not valid YAML or JSON{where}" + (f": {problem}" if problem else "")
+            )
             return None
         if not isinstance(body, dict):
             self.add_error("job_file", "must hold one job: a mapping of the body's fields")
             return None
         return body
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.safe_load``'s loader, refusing a mapping that gives one key twice (YAML reads the
+    last; the API refuses such JSON, so a job file that did would submit another job than the
+    same body sent as JSON)."""
+
+
+def _mapping_once_each(loader: UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen: list[Any] = []
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"the key {key!r} is given more than once", key_node.start_mark
+            )
+        seen.append(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_once_each)
 
 
 def number(text: str) -> Any:

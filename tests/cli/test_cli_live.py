@@ -232,6 +232,10 @@ def test_a_job_file_in_the_kubernetes_spelling_is_submitted_as_the_api_body(cli,
     "text, words",
     [
         ("name: [unclosed\n", ["malformed YAML", "line"]),
+        (
+            "name: x\nkind: batch\ncommand: [a]\ngpus: 8\ngpus: 1\n",
+            ["line 5", "'gpus' is given more than once"],
+        ),
         ("- just\n- a list\n", ["mapping"]),
         ("name: x\nkind: batch\ncommand: [a]\ngpu: 2\n", ["gpu: unknown field"]),
         ("name: x\nkind: batch\ncommand: [a]\ngpus: -1\n", ["gpus"]),

@@ -33,6 +33,27 @@ def read(path: str) -> tuple[dict[str, Any], bytes]:
     return parse(raw, path), raw
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.safe_load``'s loader, refusing a mapping that gives one key twice (YAML reads the
+    last; the API refuses such JSON, so a job file that did would submit another job than the
+    same body sent as JSON)."""
+
+
+def _mapping_once_each(loader: UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen: list[Any] = []
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"the key {key!r} is given more than once", key_node.start_mark
+            )
+        seen.append(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_once_each)
+
+
 def _stdin() -> bytes:
     import sys
 
@@ -41,7 +62,7 @@ def _stdin() -> bytes:
 
 def parse(raw: bytes, name: str = "job file") -> dict[str, Any]:
     try:
-        data = yaml.safe_load(raw.decode("utf-8"))
+        data = yaml.load(raw.decode("utf-8"), Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader
     except UnicodeDecodeError:
         raise CliError(f"{name}: not UTF-8 text", outcome.BAD_INPUT) from None
     except yaml.MarkedYAMLError as exc:
