@@ -21,6 +21,7 @@ import json
 import os
 import socket
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import pytest
@@ -399,34 +400,10 @@ def test_bobs_jobs_filling_a_node_cannot_take_its_pids_together(live_server, wor
     node's bound instead (a quarter of it here), and a job holding the whole node all of it."""
     pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
     whole = sandbox.default_max_tasks()
-    token_file = state_dir / "join-token"
-    token_file.write_text(h.new_join_token())
-    agent = processes.start_agent(live_server.url, state_dir, "--join-token-file", str(token_file))
-    try:
-        processes.registered(state_dir)
-        command = ["python", "-c", TASKS_BOUND]
-        jobs = [
-            h.bind(h.submit(world.bob, world.nlp, command=command, gpus=1), "cli-node", [gpu])
-            for gpu in range(4)
-        ]
-        for job in jobs:
-            assert fakes.wait_for(lambda j=job: "\n" in h.output_of(j), 30), h.output_of(job)
-        bounds = [int(h.output_of(job).split()[0]) for job in jobs]
-        for job in jobs:
-            (workdir,) = state_dir.glob(f"jobs/{job.pk}-*")
-            (workdir / "done").touch()
-        for job in jobs:
-            assert fakes.wait_for(lambda j=job: h.state_of(j) in TERMINAL_STATES, 30), h.output_of(job)
-        assert bounds == [whole // 4] * 4
-        assert sum(bounds) <= pid_max // 4  # the node keeps the rest, whatever the four do
-        node_wide = h.bind(h.submit(world.bob, world.nlp, command=command, gpus=4), "cli-node", [0, 1, 2, 3])
-        assert fakes.wait_for(lambda: "\n" in h.output_of(node_wide), 30), h.output_of(node_wide)
-        assert int(h.output_of(node_wide).split()[0]) == whole
-        (workdir,) = state_dir.glob(f"jobs/{node_wide.pk}-*")
-        (workdir / "done").touch()
-        assert fakes.wait_for(lambda: h.state_of(node_wide) in TERMINAL_STATES, 30)
-    finally:
-        processes.stop_agent(agent)
+    bounds, node_wide = bounds_read_by_bobs_jobs(live_server, world, state_dir, TASKS_BOUND)
+    assert bounds == [whole // 4] * 4
+    assert sum(bounds) <= pid_max // 4  # the node keeps the rest, whatever the four do
+    assert node_wide == whole
 
 
 DISK_BOUND = r"""
@@ -446,32 +423,46 @@ def test_bobs_jobs_filling_a_node_cannot_fill_its_disk_together(live_server, wor
     keeps the whole bound."""
     pool = sandbox.disk_pool_mb(state_dir)
     whole = sandbox.default_disk_mb(state_dir)
+    bounds, node_wide = bounds_read_by_bobs_jobs(live_server, world, state_dir, DISK_BOUND)
+    # (the free space moves a little between the agent's look and the test's)
+    assert sum(bounds) <= pool * 1.05, (bounds, pool)
+    assert all(b == min(whole, max(sandbox.MIN_DISK_MB, bounds[0])) for b in bounds), bounds
+    assert abs(node_wide - whole) <= whole * 0.05
+
+
+def bounds_read_by_bobs_jobs(
+    live_server: Any, world: Any, state_dir: Path, program: str
+) -> tuple[list[int], int]:
+    """The first number ``program`` prints, in each of four one-GPU jobs of bob's filling a real
+    agent's node of 4 GPUs, then in one job holding the whole node (each job runs until its
+    working directory holds ``done``)."""
     token_file = state_dir / "join-token"
     token_file.write_text(h.new_join_token())
     agent = processes.start_agent(live_server.url, state_dir, "--join-token-file", str(token_file))
-    try:
-        processes.registered(state_dir)
-        command = ["python", "-c", DISK_BOUND]
-        jobs = [
-            h.bind(h.submit(world.bob, world.nlp, command=command, gpus=1), "cli-node", [gpu])
-            for gpu in range(4)
-        ]
-        for job in jobs:
-            assert fakes.wait_for(lambda j=job: "\n" in h.output_of(j), 30), h.output_of(job)
-        bounds = [int(h.output_of(job).split()[0]) for job in jobs]
+
+    def read(job: Any) -> int:
+        assert fakes.wait_for(lambda: "\n" in h.output_of(job), 30), h.output_of(job)
+        return int(h.output_of(job).split()[0])
+
+    def finish(*jobs: Any) -> None:
         for job in jobs:
             (workdir,) = state_dir.glob(f"jobs/{job.pk}-*")
             (workdir / "done").touch()
         for job in jobs:
             assert fakes.wait_for(lambda j=job: h.state_of(j) in TERMINAL_STATES, 30), h.output_of(job)
-        # (the free space moves a little between the agent's look and the test's)
-        assert sum(bounds) <= pool * 1.05, (bounds, pool)
-        assert all(b == min(whole, max(sandbox.MIN_DISK_MB, bounds[0])) for b in bounds), bounds
+
+    try:
+        processes.registered(state_dir)
+        command = ["python", "-c", program]
+        jobs = [
+            h.bind(h.submit(world.bob, world.nlp, command=command, gpus=1), "cli-node", [gpu])
+            for gpu in range(4)
+        ]
+        bounds = [read(job) for job in jobs]
+        finish(*jobs)
         node_wide = h.bind(h.submit(world.bob, world.nlp, command=command, gpus=4), "cli-node", [0, 1, 2, 3])
-        assert fakes.wait_for(lambda: "\n" in h.output_of(node_wide), 30), h.output_of(node_wide)
-        assert abs(int(h.output_of(node_wide).split()[0]) - whole) <= whole * 0.05
-        (workdir,) = state_dir.glob(f"jobs/{node_wide.pk}-*")
-        (workdir / "done").touch()
-        assert fakes.wait_for(lambda: h.state_of(node_wide) in TERMINAL_STATES, 30)
+        whole = read(node_wide)
+        finish(node_wide)
+        return bounds, whole
     finally:
         processes.stop_agent(agent)
