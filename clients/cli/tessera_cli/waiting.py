@@ -22,6 +22,11 @@ from tessera_cli.output import visible
 LONG_POLL_S = 50  # below the server's bound (55 s) and common proxies' 60 s idle limit
 MIN_ROUND_S = 1.0  # an answer quicker than this with nothing changed: pause before the next
 STREAM_IDLE_S = 40.0  # no byte for this long (the server sends one every 15 s): reconnect
+# A wait without --wait-timeout rides out a server it cannot reach for this long (a rollout, a
+# restart); with one, until it passes. The client's own retries give up after about 15 s, and a
+# CI step waiting on a long job then failed (exit 202) while the job ran on.
+OUTAGE_S = 600.0
+OUTAGE_PAUSE_S = 5.0
 
 
 class WaitTimeout(Exception):
@@ -48,7 +53,8 @@ def wait_for_end(
             raise WaitTimeout(job)
         began = clock()
         seconds = max(1, int(left))
-        job = client.get(f"jobs/{job_id}/", params={"wait": seconds}, timeout=seconds + client.timeout)
+        read = _riding_out(client, job, deadline, clock, sleep)
+        job = read(f"jobs/{job_id}/", params={"wait": seconds}, timeout=seconds + client.timeout)
         if job["state"] != state:
             state = job["state"]
             if on_change is not None:
@@ -56,6 +62,38 @@ def wait_for_end(
         elif clock() - began < MIN_ROUND_S and job["state"] not in TERMINAL:
             sleep(MIN_ROUND_S)
     return job
+
+
+def _riding_out(
+    client: Client,
+    job: dict[str, Any],
+    deadline: float | None,
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+) -> Callable[..., Any]:
+    """``client.get``, read again while the server cannot be reached (exit code 202 once the
+    client's own retries are spent): until ``deadline`` (then :class:`WaitTimeout` with ``job``,
+    as last read) or, without one, for :data:`OUTAGE_S`; each time said once on stderr."""
+
+    def read(path: str, **kwargs: Any) -> Any:
+        since: float | None = None
+        while True:
+            try:
+                return client.get(path, **kwargs)
+            except CliError as exc:
+                if exc.code != outcome.UNREACHABLE:
+                    raise
+                now = clock()
+                if since is None:
+                    since = now
+                    print(f"tessera: {exc.message}; still waiting for the job", file=sys.stderr, flush=True)
+                if deadline is not None and now >= deadline:
+                    raise WaitTimeout(job) from None
+                if deadline is None and now - since >= OUTAGE_S:
+                    raise
+                sleep(OUTAGE_PAUSE_S if deadline is None else max(0.0, min(OUTAGE_PAUSE_S, deadline - now)))
+
+    return read
 
 
 def follow_logs(
