@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 from . import forward
 from .backfill import gang_shape
 from .eta_learnt import class_of
+from .placement import selects
 from .runtimes import MIN_RUNTIME_S, WHICH, Predictor, RecentRuns
 from .types import MILLI, Decisions, Estimate, JobRequest, NodeSpec
 
@@ -156,7 +157,7 @@ def _candidates(
     for model in want.models:
         ids = [i for i in pool if nodes[i].model == model] if pool else by_model.get(model, [])
         if job.node_selector or any(nodes[i].taints for i in ids):
-            ids = [i for i in ids if _allowed(nodes[i], job)]
+            ids = [i for i in ids if selects(nodes[i], job)]
         if not ids:
             continue
         if want.rack and not pool:
@@ -167,13 +168,6 @@ def _candidates(
         else:
             out[model] = [ids]
     return out
-
-
-def _allowed(node: NodeSpec, job: JobRequest) -> bool:
-    labels = dict(node.labels)
-    return all(labels.get(k) == v for k, v in job.node_selector) and all(
-        t in job.tolerations for t in node.taints
-    )
 
 
 def _basis(

@@ -26,7 +26,7 @@ from typing import Any
 
 from .fragmentation import UNTRACKED, FragmentationModel
 from .state import Alloc, ClusterState, Group, NodeState, ReplicaReq, fits_state
-from .types import MILLI, NodeSpec
+from .types import MILLI, JobRequest, NodeSpec
 
 
 def after_vector(gpus: tuple[int, ...], milli: int, count: int, value: int | None) -> tuple[int, ...]:
@@ -145,6 +145,15 @@ def locality(spec: NodeSpec, prefer: tuple[tuple[str, str], ...]) -> float:
         return 0.0
     labels = dict(spec.labels)
     return sum(labels.get(k) == v for k, v in wanted) / len(wanted)
+
+
+def selects(node: NodeSpec, job: JobRequest) -> bool:
+    """May ``job`` run on ``node`` by its node selector (the rack a label like any other) and its
+    tolerations of the node's taints? Models and sizes aside."""
+    labels = dict(node.labels)
+    return all(labels.get(k) == v for k, v in job.node_selector) and all(
+        t in job.tolerations for t in node.taints
+    )
 
 
 def class_allows(spec: NodeSpec, c: Constraints) -> int | None:

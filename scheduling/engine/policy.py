@@ -53,7 +53,7 @@ from .fragmentation import FragmentationModel, Shape, shape_of, to_milli
 from .geometry import Geometry, constraints, geometry, static_check
 from .kept_history import KeptHistory
 from .memory import EngineMemory, HeldReservation, HeldRoom
-from .placement import Constraints, Placer
+from .placement import Constraints, Placer, selects
 from .policy_pass import PolicyPass
 from .preemption import Hypo, Victim
 from .quota import Quotas
@@ -634,9 +634,11 @@ class TesseraScheduler:
             models, _ = self.models_for(job)
             whole = geo.req.milli >= MILLI
             size = geo.req.count * geo.need if whole else geo.req.demand * geo.need
-            free_whole, free_milli = free_on.get((job.node_selector, job.tolerations)) or _free_on(
-                open_nodes, job, free_on
-            )
+            selected = (job.node_selector, job.tolerations)
+            free = free_on.get(selected)
+            if free is None:
+                free = free_on[selected] = _free_on(open_nodes, job)
+            free_whole, free_milli = free
             for m in models:
                 if size > (free_whole.get(m, 0) if whole else free_milli.get(m, 0)):
                     continue  # too big for what is free: a reservation and reclaim serve it
@@ -1009,22 +1011,14 @@ class TesseraScheduler:
 
 
 def _free_on(
-    open_nodes: list[tuple[NodeSpec, int, int]],
-    job: JobRequest,
-    memo: dict[tuple[Any, ...], tuple[dict[str, int], dict[str, int]]],
+    open_nodes: list[tuple[NodeSpec, int, int]], job: JobRequest
 ) -> tuple[dict[str, int], dict[str, int]]:
     """Per model, the whole free GPUs and the free milli-GPU of ``open_nodes`` (spec, whole
-    free, milli free) that ``job``'s node selector and tolerations allow; kept in ``memo``."""
+    free, milli free) that ``job``'s node selector and tolerations allow."""
     whole: dict[str, int] = {}
     milli: dict[str, int] = {}
     for spec, free_whole, free_milli in open_nodes:
-        if any(t not in job.tolerations for t in spec.taints):
-            continue
-        if job.node_selector:
-            labels = dict(spec.labels)
-            if any(labels.get(k) != v for k, v in job.node_selector):
-                continue
-        whole[spec.model] = whole.get(spec.model, 0) + free_whole
-        milli[spec.model] = milli.get(spec.model, 0) + free_milli
-    memo[(job.node_selector, job.tolerations)] = (whole, milli)
+        if selects(spec, job):
+            whole[spec.model] = whole.get(spec.model, 0) + free_whole
+            milli[spec.model] = milli.get(spec.model, 0) + free_milli
     return whole, milli
