@@ -53,8 +53,16 @@ def wait_for_end(
             raise WaitTimeout(job)
         began = clock()
         seconds = max(1, int(left))
-        read = _riding_out(client, job, deadline, clock, sleep)
-        job = read(f"jobs/{job_id}/", params={"wait": seconds}, timeout=seconds + client.timeout)
+        job = _read_riding_out(
+            client,
+            job_id,
+            job,
+            deadline,
+            clock,
+            sleep,
+            params={"wait": seconds},
+            timeout=seconds + client.timeout,
+        )
         if job["state"] != state:
             state = job["state"]
             if on_change is not None:
@@ -64,36 +72,35 @@ def wait_for_end(
     return job
 
 
-def _riding_out(
+def _read_riding_out(
     client: Client,
+    job_id: int,
     job: dict[str, Any],
     deadline: float | None,
     clock: Callable[[], float],
     sleep: Callable[[float], None],
-) -> Callable[..., Any]:
-    """``client.get``, read again while the server cannot be reached (exit code 202 once the
-    client's own retries are spent): until ``deadline`` (then :class:`WaitTimeout` with ``job``,
-    as last read) or, without one, for :data:`OUTAGE_S`; each time said once on stderr."""
-
-    def read(path: str, **kwargs: Any) -> Any:
-        since: float | None = None
-        while True:
-            try:
-                return client.get(path, **kwargs)
-            except CliError as exc:
-                if exc.code != outcome.UNREACHABLE:
-                    raise
-                now = clock()
-                if since is None:
-                    since = now
-                    print(f"tessera: {exc.message}; still waiting for the job", file=sys.stderr, flush=True)
-                if deadline is not None and now >= deadline:
-                    raise WaitTimeout(job) from None
-                if deadline is None and now - since >= OUTAGE_S:
-                    raise
-                sleep(OUTAGE_PAUSE_S if deadline is None else max(0.0, min(OUTAGE_PAUSE_S, deadline - now)))
-
-    return read
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """Job ``job_id`` read (``client.get`` with ``kwargs``), and read again while the server
+    cannot be reached (exit code 202 once the client's own retries are spent): until
+    ``deadline`` (then :class:`WaitTimeout` with ``job``, as last read) or, without one, for
+    :data:`OUTAGE_S`; said once on stderr."""
+    since: float | None = None
+    while True:
+        try:
+            return client.get(f"jobs/{job_id}/", **kwargs)
+        except CliError as exc:
+            if exc.code != outcome.UNREACHABLE:
+                raise
+            now = clock()
+            if since is None:
+                since = now
+                print(f"tessera: {exc.message}; still waiting for the job", file=sys.stderr, flush=True)
+            if deadline is not None and now >= deadline:
+                raise WaitTimeout(job) from None
+            if deadline is None and now - since >= OUTAGE_S:
+                raise
+            sleep(OUTAGE_PAUSE_S if deadline is None else max(0.0, min(OUTAGE_PAUSE_S, deadline - now)))
 
 
 def follow_logs(
