@@ -161,19 +161,25 @@ def test_follow_streams_the_output_and_ends_with_the_jobs_exit_code(cli):
 
 @SYNC_SERVED_STREAM
 def test_logs_follow_streams_a_running_job_and_ends_at_eof(cli):
+    code, out, err = follow_a_running_job(cli)
+    assert (code, out) == (0, "one\ntwö\n"), err
+
+
+def follow_a_running_job(cli, *options: str) -> tuple[int, str, str]:
+    """``logs -f OPTIONS`` on a running job that writes ``one``, then ``twö``, then ends (still
+    following until then): what the command exited with and wrote."""
     cli("submit", "--", "python", "x.py")
     job = newest_job()
     bind(job, cli.node, [0])
     run(job)
     add_log(job, b"one\n")
-    proc = cli("logs", "-f", str(job.pk), background=True)
+    proc = cli("logs", "-f", str(job.pk), *options, background=True)
     time.sleep(1.0)
     add_log(job, "twö\n".encode())
     time.sleep(1.0)
     assert proc.poll() is None, "logs -f ended before the job did"
     finish(job, 0)
-    code, out, err = ended(proc)
-    assert (code, out) == (0, "one\ntwö\n"), err
+    return ended(proc)
 
 
 # --- idempotency in CI ---------------------------------------------------------------------------
@@ -554,17 +560,7 @@ def test_a_token_revoked_while_submit_waits_exits_201_saying_how_to_store_a_new_
 @SYNC_SERVED_STREAM
 def test_logs_follow_in_json_prints_one_object_a_line_a_script_can_parse(cli):
     """``logs -f -o json`` printed the output's bare text, which no JSON reader could parse."""
-    cli("submit", "--", "python", "x.py")
-    job = newest_job()
-    bind(job, cli.node, [0])
-    run(job)
-    add_log(job, b"one\n")
-    proc = cli("logs", "-f", str(job.pk), "-o", "json", background=True)
-    time.sleep(1.0)
-    add_log(job, "twö\n".encode())
-    time.sleep(1.0)
-    finish(job, 0)
-    code, out, err = ended(proc)
+    code, out, err = follow_a_running_job(cli, "-o", "json")
     assert code == 0, err
     pieces = [json.loads(line) for line in out.splitlines()]
     assert "".join(p["data"] for p in pieces) == "one\ntwö\n"
