@@ -180,6 +180,13 @@ def submit(server: dict[str, Any], who: str, **body: Any) -> int:
     return response.json()["id"]
 
 
+def submit_sign_in(page: Any, server: dict[str, Any], who: str) -> None:
+    """Fill in and send the sign-in form ``page`` shows, as ``who``."""
+    page.fill("#id_username", who)
+    page.fill("#id_password", server["users"][who]["password"])
+    page.click("button[type=submit]")
+
+
 def sign_in(browser: Any, server: dict[str, Any], who: str) -> Any:
     # bypass_csp: the tests' own probes (wait_for_function with a string) are evaluated as script
     # text, which the site's policy forbids; the pages' own scripts keep to it
@@ -187,9 +194,7 @@ def sign_in(browser: Any, server: dict[str, Any], who: str) -> Any:
     page = browser.new_page(viewport={"width": 1400, "height": 900}, bypass_csp=True)
     page.goto(server["url"] + "/")
     assert "/login/" in page.url  # the dashboard needs a session
-    page.fill("#id_username", who)
-    page.fill("#id_password", server["users"][who]["password"])
-    page.click("button[type=submit]")
+    submit_sign_in(page, server, who)
     page.wait_for_url(server["url"] + "/")
     page.wait_for_selector("#live.live-on", timeout=10_000)
     page.wait_for_selector(".cell[data-node]", timeout=10_000)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.frontend.browser import CHROMIUM, CHROMIUM_ARGS, need_chromium, submit
+from tests.frontend.browser import CHROMIUM, CHROMIUM_ARGS, need_chromium, submit, submit_sign_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -40,9 +40,7 @@ def test_no_page_logs_an_error_to_the_console(server: dict[str, Any]) -> None:
                 page.on("pageerror", lambda e: errors.append(str(e)))
                 page.goto(server["url"] + "/login/")
                 page.wait_for_load_state("networkidle")
-                page.fill("#id_username", who)
-                page.fill("#id_password", server["users"][who]["password"])
-                page.click("button[type=submit]")
+                submit_sign_in(page, server, who)
                 page.wait_for_url(server["url"] + "/")
                 for path in paths:
                     page.goto(server["url"] + path)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import requests
 
-from tests.frontend.browser import CHROMIUM, CHROMIUM_ARGS, need_chromium, sign_in
+from tests.frontend.browser import CHROMIUM, CHROMIUM_ARGS, need_chromium, sign_in, submit_sign_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -42,9 +42,7 @@ def test_what_was_typed_survives_the_session_ending_before_submit(server: dict[s
             context.add_cookies(kept)  # type: ignore[arg-type]
             alice.click("#submit-job")
             alice.wait_for_url("**/login/?next=/jobs/new/")
-            alice.fill("#id_username", "alice")
-            alice.fill("#id_password", server["users"]["alice"]["password"])
-            alice.click("button[type=submit]")
+            submit_sign_in(alice, server, "alice")
             alice.wait_for_url(url + "/jobs/new/")
 
             alice.wait_for_selector("#draft-note:not([hidden])")
@@ -78,9 +76,7 @@ def test_what_was_typed_survives_the_session_ending_before_submit(server: dict[s
             alice.fill("#id_name", "left-at-sign-out")
             alice.click("text=Sign out")
             alice.wait_for_url("**/login/**")
-            alice.fill("#id_username", "alice")
-            alice.fill("#id_password", server["users"]["alice"]["password"])
-            alice.click("button[type=submit]")
+            submit_sign_in(alice, server, "alice")
             alice.goto(url + "/jobs/new/")
             assert alice.input_value("#id_name") == ""
         finally:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import requests
 
-from tests.frontend.browser import CHROMIUM, CHROMIUM_ARGS, need_chromium, submit
+from tests.frontend.browser import CHROMIUM, CHROMIUM_ARGS, need_chromium, submit, submit_sign_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -32,9 +32,7 @@ def test_a_job_page_whose_session_ended_goes_to_the_sign_in_page(server: dict[st
             context = browser.new_context(bypass_csp=True)  # bypass_csp: as sign_in, for the probes
             alice = context.new_page()
             alice.goto(f"{server['url']}/jobs/{job}/")
-            alice.fill("#id_username", "alice")
-            alice.fill("#id_password", server["users"]["alice"]["password"])
-            alice.click("button[type=submit]")
+            submit_sign_in(alice, server, "alice")
             alice.wait_for_url(f"{server['url']}/jobs/{job}/")
             alice.wait_for_selector("#live.live-on", timeout=10_000)
             alice.wait_for_function("window.TESSERA_PORTAL.refreshes > 0", timeout=10_000)
@@ -70,9 +68,7 @@ def test_signing_out_sends_an_open_dashboard_to_sign_in_and_stops_its_updates(se
             frames: list[str] = []
             alice.on("websocket", lambda ws: ws.on("framereceived", lambda f: frames.append(str(f))))
             alice.goto(server["url"] + "/")
-            alice.fill("#id_username", "alice")
-            alice.fill("#id_password", server["users"]["alice"]["password"])
-            alice.click("button[type=submit]")
+            submit_sign_in(alice, server, "alice")
             alice.wait_for_url(server["url"] + "/")
             alice.wait_for_selector("#live.live-on", timeout=10_000)
 
@@ -104,9 +100,7 @@ def test_the_back_button_after_signing_out_shows_no_private_page(server: dict[st
         try:
             page = browser.new_context().new_page()
             page.goto(f"{server['url']}/jobs/{job}/")
-            page.fill("#id_username", "alice")
-            page.fill("#id_password", server["users"]["alice"]["password"])
-            page.click("button[type=submit]")
+            submit_sign_in(page, server, "alice")
             page.wait_for_url(f"{server['url']}/jobs/{job}/")
             assert "secret-experiment" in page.content()
             page.goto(f"{server['url']}/jobs/")

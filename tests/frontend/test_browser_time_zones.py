@@ -16,7 +16,7 @@ from zoneinfo import ZoneInfo
 import pytest
 import requests
 
-from tests.frontend.browser import CHROMIUM, CHROMIUM_ARGS, need_chromium, submit
+from tests.frontend.browser import CHROMIUM, CHROMIUM_ARGS, need_chromium, submit, submit_sign_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -53,9 +53,7 @@ def test_a_start_estimate_and_a_jobs_times_read_in_the_viewers_time_zone(server:
                 # bypass_csp: as sign_in, for the probe below (the page's own scripts keep to it).
                 page = browser.new_context(timezone_id=zone, locale="en-GB", bypass_csp=True).new_page()
                 page.goto(f"{server['url']}/jobs/{waiting}/")
-                page.fill("#id_username", "alice")
-                page.fill("#id_password", server["users"]["alice"]["password"])
-                page.click("button[type=submit]")
+                submit_sign_in(page, server, "alice")
                 page.wait_for_url(f"{server['url']}/jobs/{waiting}/")
                 # The status box is fetched again once the socket is ready: its times too.
                 page.wait_for_function("window.TESSERA_PORTAL.refreshes > 0", timeout=10_000)
@@ -112,9 +110,7 @@ def test_a_job_that_ended_days_ago_says_which_day_on_the_dashboard(server: dict[
         try:
             page = browser.new_context(timezone_id=zone, locale="en-GB").new_page()
             page.goto(server["url"] + "/")
-            page.fill("#id_username", "alice")
-            page.fill("#id_password", server["users"]["alice"]["password"])
-            page.click("button[type=submit]")
+            submit_sign_in(page, server, "alice")
             item = page.wait_for_selector(f"li.job[data-job-id='{job}'] .job-meta", timeout=15_000)
             text = item.text_content() or ""
             assert f"ended {local:%d/%m/%Y}, {local:%H:%M:%S}" in text, text

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.frontend.browser import CHROMIUM, CHROMIUM_ARGS, need_chromium, submit
+from tests.frontend.browser import CHROMIUM, CHROMIUM_ARGS, need_chromium, submit, submit_sign_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 REDOC_LOGO = "https://cdn.redoc.ly/redoc/logo-mini.svg"
@@ -44,9 +44,7 @@ def test_every_page_renders_under_the_csp_and_fetches_nothing_from_elsewhere(ser
             context = browser.new_context()
             alice = watch(context.new_page())
             alice.goto(server["url"] + "/login/")
-            alice.fill("#id_username", "alice")
-            alice.fill("#id_password", server["users"]["alice"]["password"])
-            alice.click("button[type=submit]")
+            submit_sign_in(alice, server, "alice")
             alice.wait_for_url(server["url"] + "/")
             alice.wait_for_selector(".cell[data-node]", timeout=10_000)  # the dashboard's script ran
             for path in ("/jobs/", f"/jobs/{job}/", "/jobs/new/", "/team/"):
